@@ -1,0 +1,96 @@
+"""The seam between the orchestrator and whatever runs a stage.
+
+A *stage* is the user's stateful logic for one logical step (VAE encode, DiT denoise, ...): it processes one
+`StageCall` at a time and keeps per-session state until `release(session_id)`. A *stage actor* owns one stage and
+runs it somewhere: `LocalStageActor` on one thread of this process, `ParallelWorkerStageActor` in spawned worker
+processes. The orchestrator only ever talks to actors through `StageActor`, so tests inject fakes at this seam.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+__all__ = ["ActorStatistics", "DeathListener", "Stage", "StageActor", "StageCall"]
+
+
+@dataclass(frozen=True, slots=True)
+class StageCall:
+    """One invocation of a stage: the joined inputs of one `(session_id, sequence_id)`."""
+
+    stage_id: str
+    session_id: str
+    sequence_id: int
+    inputs: Mapping[str, object]
+
+
+@runtime_checkable
+class Stage(Protocol):
+    """The user's stateful stage logic. Runs serially: never two calls at once on one stage object."""
+
+    def process(self, call: StageCall) -> Mapping[str, object]:
+        """Consume `call.inputs` and return every artifact the stage produces (keyed by artifact name)."""
+        ...
+
+    def release(self, session_id: str) -> None:
+        """Drop everything held for `session_id`. Must be idempotent: unknown ids are a no-op."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ActorStatistics:
+    """A snapshot of one actor, read by metrics, health and tests."""
+
+    name: str
+    healthy: bool
+    incarnation: int
+    in_flight: int
+    calls: int
+    failures: int
+    restarts: int
+
+
+DeathListener = Callable[[str, int, str], None]
+"""Called as `listener(actor_name, dead_incarnation, reason)` on the event loop when an actor's runtime dies."""
+
+
+class StageActor(Protocol):
+    """Runs one stage for the orchestrator.
+
+    Contract:
+    - `invoke` runs one call and returns the produced artifacts. A stage exception surfaces as
+      `StageFailedError` (the session fails; the actor stays healthy). If the actor's runtime dies during the call,
+      `ActorDiedError` is raised; if it is stopped or restarting, `ActorUnavailableError`.
+    - `incarnation` increases every time the runtime is (re)started; per-session state from an older incarnation
+      is gone. The orchestrator fails sessions whose state lived in a dead incarnation.
+    - `release_session` drops one session's state inside the runtime; raising means the release failed.
+    - Cancelling an `invoke` never interrupts the stage mid-call: the call in flight finishes and its result is
+      dropped (the actor's own docstring states the details).
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capacity(self) -> int:
+        """How many calls the actor runs at once (1 for a serial stage)."""
+        ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def incarnation(self) -> int: ...
+
+    def add_death_listener(self, listener: DeathListener) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def invoke(self, call: StageCall) -> Mapping[str, object]: ...
+
+    async def release_session(self, session_id: str) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def statistics(self) -> ActorStatistics: ...

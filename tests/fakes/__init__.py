@@ -1,0 +1,1 @@
+"""Hand-written fakes at the package seams."""
