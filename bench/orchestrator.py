@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import itertools
+import json
 import statistics
 import time
 from collections.abc import Mapping
