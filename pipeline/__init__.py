@@ -3,6 +3,18 @@
 from __future__ import annotations
 
 from pipeline.actor import ActorStatistics, DeathListener, Stage, StageActor, StageCall
+from pipeline.bidirectional import (
+    BidirectionalService,
+    ChunkOutput,
+    ControlMessage,
+    ControlState,
+    PreparedSession,
+    ResetPose,
+    ServiceStatistics,
+    SessionCloseMode,
+    SessionSummary,
+    Stop,
+)
 from pipeline.clock import Clock, MonotonicClock
 from pipeline.core import CloseMode, CloseReport, CoreStatistics, OutputItem, ResultKind, SchedulerCore, SessionState
 from pipeline.errors import (
@@ -31,7 +43,7 @@ from pipeline.metrics import (
     StreamingSessionMetrics,
     Summary,
 )
-from pipeline.orchestrator import OrchestratorStatistics, OutputStream, StreamingPipelineOrchestrator
+from pipeline.orchestrator import OrchestratorStatistics, OutputStream, StageListener, StreamingPipelineOrchestrator
 from pipeline.spec import (
     PipelineGraph,
     StageOrdering,
@@ -46,10 +58,14 @@ __all__ = [
     "ActorDiedError",
     "ActorStatistics",
     "ActorUnavailableError",
+    "BidirectionalService",
     "ChannelError",
+    "ChunkOutput",
     "Clock",
     "CloseMode",
     "CloseReport",
+    "ControlMessage",
+    "ControlState",
     "CoreStatistics",
     "DeathListener",
     "FunctionStage",
@@ -63,9 +79,13 @@ __all__ = [
     "PipelineError",
     "PipelineGraph",
     "PipelineSpecError",
+    "PreparedSession",
+    "ResetPose",
     "ResultKind",
     "SchedulerCore",
     "SequenceError",
+    "ServiceStatistics",
+    "SessionCloseMode",
     "SessionClosedError",
     "SessionDiagnostics",
     "SessionError",
@@ -74,12 +94,15 @@ __all__ = [
     "SessionMetricsSnapshot",
     "SessionPoisonedError",
     "SessionState",
+    "SessionSummary",
     "Stage",
     "StageActor",
     "StageCall",
     "StageFailedError",
+    "StageListener",
     "StageOrdering",
     "StageTiming",
+    "Stop",
     "StreamingEdgeSpec",
     "StreamingPipelineOrchestrator",
     "StreamingPipelineSpec",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -23,6 +23,7 @@ from pipeline.core import (
     Dispatch,
     NoticeKind,
     OutputItem,
+    ResultKind,
     SchedulerCore,
     SessionState,
 )
@@ -39,11 +40,13 @@ from pipeline.errors import (
 from pipeline.metrics import StreamingSessionMetrics
 from pipeline.spec import PipelineGraph, StreamingPipelineSpec, validate_pipeline
 
-__all__ = ["OrchestratorStatistics", "OutputStream", "StreamingPipelineOrchestrator"]
+__all__ = ["OrchestratorStatistics", "OutputStream", "StageListener", "StreamingPipelineOrchestrator"]
 
 logger = logging.getLogger(__name__)
 
 _KEPT_REPORTS = 1024
+
+StageListener = Callable[[str, int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +173,7 @@ class StreamingPipelineOrchestrator:
         self._streams: dict[str, OutputStream] = {}
         self._closing: dict[str, asyncio.Task[CloseReport]] = {}
         self._reports: OrderedDict[str, CloseReport] = OrderedDict()
+        self._stage_listeners: dict[str, list[StageListener]] = {}
         self._started = False
 
     @property
@@ -248,6 +252,15 @@ class StreamingPipelineOrchestrator:
         """Like `try_submit`, but waits for room. Raises `SessionClosedError` if the session stops accepting."""
         while not self.try_submit(session_id, items):
             await self._wait(NoticeKind.ROOM, session_id)
+
+    def add_stage_listener(self, stage_id: str, listener: StageListener) -> None:
+        """Call `listener(session_id, sequence_id)` on the loop each time `stage_id` delivers a result.
+
+        Listeners run after the result moved on and may submit (e.g. a prefetch refill); they must not block.
+        """
+        if stage_id not in self._actors:
+            raise PipelineSpecError(f"no stage {stage_id!r}")
+        self._stage_listeners.setdefault(stage_id, []).append(listener)
 
     def has_room(self, session_id: str, artifacts: tuple[str, ...]) -> bool:
         return self._core.has_room(session_id, artifacts)
@@ -396,7 +409,13 @@ class StreamingPipelineOrchestrator:
             logger.exception("actor %s raised outside its contract", call.stage_id)
             self._core.fail(dispatch.invocation_id, f"stage {call.stage_id!r}: {type(exc).__name__}: {exc}")
         else:
-            self._core.complete(dispatch.invocation_id, outputs, started)
+            kind = self._core.complete(dispatch.invocation_id, outputs, started)
+            if kind is ResultKind.DELIVERED:
+                for listener in self._stage_listeners.get(call.stage_id, ()):
+                    try:
+                        listener(call.session_id, call.sequence_id)
+                    except Exception:
+                        logger.exception("stage listener for %s failed", call.stage_id)
         self._advance()
 
     def _death_listener(self, stage_id: str) -> DeathListener:

@@ -313,3 +313,20 @@ async def test_join_of_condition_and_control_in_the_lingbot_shape() -> None:
         await orch.submit("s", {"control": (1, "k1"), "condition": (2, "c2")})
         assert (await anext(stream)).payload == ("c1", "k1")
         assert orch.metrics("s").control_to_output.count == 2
+
+
+async def test_stage_listeners_hear_each_delivered_result_and_may_submit() -> None:
+    actors = fake_actors("encode", "denoise", "decode")
+    async with StreamingPipelineOrchestrator(linear_spec(capacity=4), actors) as orch:
+        heard: list[tuple[str, int]] = []
+
+        def on_denoise(session_id: str, sequence_id: int) -> None:
+            heard.append((session_id, sequence_id))
+            if sequence_id == 0:
+                orch.try_submit(session_id, {"input": (1, "refill")})
+
+        orch.add_stage_listener("denoise", on_denoise)
+        stream = orch.open_session("s")
+        await orch.submit("s", {"input": (0, "first")})
+        assert [i.payload for i in await take(stream, 2)] == ["first", "refill"]
+        assert heard == [("s", 0), ("s", 1)]

@@ -1,0 +1,154 @@
+"""The seam between the service and a model worker: a `BidirectionalService`.
+
+A model worker runs one `BidirectionalService`: create a session from its configuration, push control into it,
+pull its output chunks, close it. The LingBot service (`pipeline.lingbot.service`) is one implementation; its
+cross-session policy is the execution lease. The HTTP service, the transports and the offline generator talk to
+model workers only through this protocol, so tests can put a scripted fake behind it.
+
+Control messages are the decoded form of control protocol v1 (the transports own the JSON codec):
+`ControlState(seq, keys)` is a snapshot of held keys (newest wins; a stale or duplicate `seq` is dropped and
+counted, never an error that ends the session), `ResetPose()` and `Stop()` are discrete commands.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "BidirectionalService",
+    "ChunkOutput",
+    "ControlMessage",
+    "ControlState",
+    "PreparedSession",
+    "ResetPose",
+    "ServiceStatistics",
+    "SessionCloseMode",
+    "SessionSummary",
+    "Stop",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ControlState:
+    """A snapshot of the keys the client holds now, with the client's sequence number."""
+
+    seq: int
+    keys: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ResetPose:
+    """Put the camera back at its start pose (applies from the next chunk)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The client wants the session to end (it drains: the chunk in progress is still delivered)."""
+
+
+ControlMessage = ControlState | ResetPose | Stop
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkOutput:
+    """One generated chunk: its frames and exactly which control snapshot they reflect.
+
+    `frames` is uint8 `[T, H, W, 3]` (RGB). `applied_seq`/`keys` are the control snapshot the chunk was generated
+    from (`applied_seq` is -1 before the client sent any). `timings` holds per-chunk figures in seconds
+    (e.g. `control_to_output`, `denoise`, `decode`). `first_frame_index` is the index of the chunk's first frame in
+    the session's video.
+    """
+
+    session_id: str
+    index: int
+    frames: npt.NDArray[np.uint8]
+    fps: float
+    first_frame_index: int
+    applied_seq: int
+    keys: frozenset[str]
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedSession:
+    """A validated session request, ready to create on a model worker.
+
+    `config` is the implementation's own validated configuration object; `width`/`height`/`fps` are what the
+    transports need to know before the first frame; `frame_limit` is the session's total frame count (None: until
+    closed).
+    """
+
+    config: object
+    width: int
+    height: int
+    fps: float
+    frame_limit: int | None
+    image: object | None = None
+
+
+class SessionCloseMode(enum.Enum):
+    DRAIN = "drain"  # deliver the chunk in progress, then close
+    CANCEL = "cancel"  # discard queued work, wait for the call in flight, then close
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    """What closing a session reports."""
+
+    session_id: str
+    chunks: int
+    failure: str | None
+    cleanup_failures: Mapping[str, str]
+    slot_leaks: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceStatistics:
+    ready: bool
+    sessions: int
+    chunks: int
+    stale_controls: int
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+
+class BidirectionalService(Protocol):
+    """One model worker's session service.
+
+    Contract:
+    - `prepare(config, image)` validates a request cheaply and raises `ValueError` (a subclass) with a message
+      naming the field for bad input. It may decode the image, so the caller runs it off the event loop.
+    - `create_session` sets up the model-side state (caches, the encoded reference) and starts generation; it
+      raises if the id is in use. Model work never runs on the event loop.
+    - `push_control` never blocks and never raises for stale input: stale snapshots are dropped and counted. It
+      raises `KeyError` for an unknown session.
+    - `outputs(session_id)` yields chunks in order; it ends after the session closes (or raises the session's
+      failure once the chunks it had produced were read).
+    - `close_session` is idempotent and returns the summary.
+    """
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def prepare(self, config: Mapping[str, object], image: bytes | None) -> PreparedSession: ...
+
+    async def create_session(self, session_id: str, prepared: PreparedSession) -> None: ...
+
+    def push_control(self, session_id: str, message: ControlMessage) -> None: ...
+
+    def outputs(self, session_id: str) -> AsyncIterator[ChunkOutput]: ...
+
+    async def close_session(
+        self, session_id: str, mode: SessionCloseMode = SessionCloseMode.DRAIN
+    ) -> SessionSummary: ...
+
+    def statistics(self) -> ServiceStatistics: ...

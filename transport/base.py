@@ -1,0 +1,116 @@
+"""The seam between the service and the transports.
+
+A transport binds a session to a browser: control in, frames out, status out. The service owns sessions and
+implements `SessionPort` for each; a `Transport` (LiveKit or embedded WebRTC) attaches to a port and returns the
+details the client needs to join (they go into the REST response). A reconnect *rebinds*: the transport attaches
+a new connection to the same port; the session, its caches, pose and sequence numbers are untouched.
+
+Status messages are the service-to-client half of control protocol v1; the transports encode them as JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pipeline.bidirectional import ChunkOutput, ControlMessage
+
+__all__ = [
+    "ChunkStatus",
+    "DoneStatus",
+    "ErrorStatus",
+    "SessionPort",
+    "StateStatus",
+    "StatusMessage",
+    "Transport",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StateStatus:
+    """The session's lifecycle state changed (e.g. "running", "draining", "closed")."""
+
+    state: str
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkStatus:
+    """A chunk was generated from control snapshot `applied_seq` holding `keys`."""
+
+    index: int
+    applied_seq: int
+    keys: tuple[str, ...]
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorStatus:
+    """Something the client sent or the session hit; `code` is stable (see the README's error table)."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class DoneStatus:
+    """The session ended; `reason` says why (e.g. "closed", "failed", "expired")."""
+
+    reason: str
+
+
+StatusMessage = StateStatus | ChunkStatus | ErrorStatus | DoneStatus
+
+
+class SessionPort(Protocol):
+    """One running session as a transport sees it (implemented by the service)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def width(self) -> int: ...
+
+    @property
+    def height(self) -> int: ...
+
+    @property
+    def fps(self) -> float: ...
+
+    def push_control(self, message: ControlMessage) -> None:
+        """Hand a decoded control message to the session (never blocks; stale snapshots are dropped)."""
+        ...
+
+    def chunks(self) -> AsyncIterator[ChunkOutput]:
+        """The session's generated chunks from now on, bounded, latest wins: a slow consumer skips chunks."""
+        ...
+
+    def status(self) -> AsyncIterator[StatusMessage]:
+        """Status messages from now on; ends after `DoneStatus`."""
+        ...
+
+    def client_gone(self, reason: str) -> None:
+        """The controlling client left for good (grace expired or an "over" disconnect): close the session."""
+        ...
+
+
+class Transport(Protocol):
+    """Binds sessions to clients. One instance per service; `attach` once per session, rebinds inside."""
+
+    @property
+    def kind(self) -> str:
+        """ "livekit" or "embedded"."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def attach(self, port: SessionPort) -> Mapping[str, object]:
+        """Start serving the session; return the JSON-able join details for the client."""
+        ...
+
+    async def detach(self, session_id: str, reason: str) -> None:
+        """Stop serving the session (it is closing); idempotent."""
+        ...
