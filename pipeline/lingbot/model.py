@@ -1,0 +1,207 @@
+"""The model seam: three small protocols so VAE encode, DiT denoise and VAE decode can each live in its own actor.
+
+Data flow of one session (every tensor float32 unless said otherwise; `h, w = H/8, W/8`; `cs` = chunk size):
+
+    ReferenceEncoder.encode_reference(session, image [3, H, W] in [0, 1] | None)  -> base latent [16, T, h, w]
+        once per session; `None` means the model's built-in default scene. `T >= 1` latent frames (the bounded
+        reference prefix; the reference model returns T = 1).
+    ChunkDenoiser.create_cache(session, config, base_latent)
+        the base latent is handed over ONCE and stays resident on the denoise side (with any KV cache).
+    ChunkDenoiser.denoise_chunk(session, chunk_index, cs, control [24, cs, h, w])   -> latent chunk [16, cs, h, w]
+        the `condition` artifact carries only `ChunkCondition(chunk_index, chunk_size)`: the denoiser slices the
+        resident base latent itself (`slice_condition`, repeating its tail when the prefix is shorter than the
+        session) and builds the first-frame mask itself (`first_frame_mask`: only latent frame 0 of chunk 0 is the
+        given reference frame). `control` is the Plücker tensor of `camera.py`.
+    ChunkDecoder.decode_chunk(session, chunk_index, latent [16, cs, h, w])           -> frames uint8 [T, H, W, 3]
+        `T = 4*(cs-1)+1` for chunk 0 and `4*cs` after (`ChunkPlan.frames_in_chunk`), on the CPU, RGB.
+
+Each protocol has its own per-session `create_cache` / `release_cache`; `release_cache` is idempotent (an unknown id
+is a no-op) so a failed release can be retried. Chunks of one session arrive in order 0, 1, 2, ... (the orchestrator
+guarantees it); implementations may reject anything else with `ModelSessionError`. Calls on one object are serial
+(one actor owns it); different sessions' caches are independent.
+
+How a real LingBot-World checkpoint fills the seam. LingBot-World is built on Wan2.2 image-to-video: a causal 3D VAE
+with 16 latent channels, 8x spatial and 4x temporal compression (first latent frame = one video frame), and a DiT
+over 1x2x2 latent patches. At the reference 832x480, 16 fps, a latent frame is 16 x 60 x 104.
+- Encode: the Wan VAE encodes the reference image followed by zero frames for the bounded prefix, giving the
+  16-channel `y` condition `[16, T, h, w]`; that is the base latent.
+- Denoise: the DiT input per chunk is the noisy latent (16 channels) concatenated with a 4-channel first-frame mask
+  (the 4 video frames folded per latent frame) and the sliced `y` (16 channels), 36 channels in all. The camera
+  enters as a Plücker embedding: the official model builds a 6-channel ray map per latent frame at pixel resolution,
+  folds each 8x8 patch onto channels (6*64 = 384 channels at latent resolution), patch-embeds it like the video
+  tokens and injects it in every transformer block as a scale/shift modulation after self-attention. An adapter
+  would recover the exact per-video-frame poses from our `[24, cs, h, w]` tensor (`camera.recover_cameras`) and
+  re-embed them in the checkpoint's own convention (relative poses, normalised translation). The causal, distilled
+  variant keeps a per-session KV cache of past chunks on the denoise side: that is `create_cache`'s state, sized by
+  the session, and what admission counts.
+- Decode: the Wan VAE decoder is causal in time and keeps a per-session feature cache between chunks, so decode has
+  its own `create_cache`/`release_cache` and needs chunks in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from pipeline.lingbot.chunks import TEMPORAL_COMPRESSION
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.errors import ChunkContractError, ModelInputError
+
+__all__ = [
+    "CONTROL_CHANNELS",
+    "LATENT_CHANNELS",
+    "ChunkCondition",
+    "ChunkDecoder",
+    "ChunkDenoiser",
+    "ReferenceEncoder",
+    "WorldModel",
+    "WorldModelParts",
+    "first_frame_mask",
+    "slice_condition",
+    "validate_base_latent",
+    "validate_control",
+    "validate_latent_chunk",
+]
+
+LATENT_CHANNELS = 16
+CONTROL_CHANNELS = TEMPORAL_COMPRESSION * 6
+"""Plücker channels per latent frame: 4 video frames x (direction, moment)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkCondition:
+    """The `condition` artifact: which chunk to generate. It carries no tensor (the base latent is resident)."""
+
+    chunk_index: int
+    chunk_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("chunk_index", "chunk_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ChunkContractError(f"{name} must be an int, got {type(value).__name__}")
+        if self.chunk_index < 0:
+            raise ChunkContractError(f"chunk_index must be >= 0, got {self.chunk_index}")
+        if self.chunk_size < 1:
+            raise ChunkContractError(f"chunk_size must be >= 1, got {self.chunk_size}")
+
+
+@runtime_checkable
+class ReferenceEncoder(Protocol):
+    """VAE encode: the reference image, once per session."""
+
+    def create_cache(self, session_id: str, config: LingBotSessionConfig) -> None: ...
+
+    def encode_reference(self, session_id: str, image: torch.Tensor | None) -> torch.Tensor:
+        """`image` float32 `[3, H, W]` in [0, 1] at the session resolution, or None for the default scene.
+
+        Returns the base latent `[16, T, H/8, W/8]` float32, `T >= 1`.
+        """
+        ...
+
+    def release_cache(self, session_id: str) -> None: ...
+
+
+@runtime_checkable
+class ChunkDenoiser(Protocol):
+    """DiT denoise: one chunk of latent frames per call, conditioned on the resident base latent and the camera."""
+
+    def create_cache(self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor) -> None: ...
+
+    def denoise_chunk(self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor) -> torch.Tensor:
+        """`control` float32 `[24, chunk_size, h, w]`; returns the latent chunk `[16, chunk_size, h, w]` float32."""
+        ...
+
+    def release_cache(self, session_id: str) -> None: ...
+
+
+@runtime_checkable
+class ChunkDecoder(Protocol):
+    """VAE decode: one latent chunk to video frames."""
+
+    def create_cache(self, session_id: str, config: LingBotSessionConfig) -> None: ...
+
+    def decode_chunk(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> torch.Tensor:
+        """`latent` `[16, cs, h, w]`; returns uint8 RGB frames `[T, H, W, 3]` on the CPU (T per the chunk contract)."""
+        ...
+
+    def release_cache(self, session_id: str) -> None: ...
+
+
+class WorldModel(Protocol):
+    """A whole world model: its three stages, each placed in its own actor by the session graph."""
+
+    @property
+    def encoder(self) -> ReferenceEncoder: ...
+
+    @property
+    def denoiser(self) -> ChunkDenoiser: ...
+
+    @property
+    def decoder(self) -> ChunkDecoder: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WorldModelParts:
+    """A `WorldModel` assembled from three independent stage objects."""
+
+    encoder: ReferenceEncoder
+    denoiser: ChunkDenoiser
+    decoder: ChunkDecoder
+
+
+def slice_condition(base_latent: torch.Tensor, chunk_index: int, chunk_size: int) -> torch.Tensor:
+    """Latent frames `[chunk_index*cs, (chunk_index+1)*cs)` of the base latent, repeating its last frame past its end.
+
+    `base_latent` `[C, T, h, w]` -> `[C, chunk_size, h, w]` (a new tensor).
+    """
+    condition = ChunkCondition(chunk_index, chunk_size)
+    if base_latent.ndim != 4 or base_latent.shape[1] < 1:
+        raise ModelInputError(f"base latent must be [C, T>=1, h, w], got {list(base_latent.shape)}")
+    start = condition.chunk_index * condition.chunk_size
+    last = base_latent.shape[1] - 1
+    index = torch.arange(start, start + condition.chunk_size, device=base_latent.device).clamp_(max=last)
+    return base_latent.index_select(1, index)
+
+
+def first_frame_mask(chunk_index: int, chunk_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """`[chunk_size]` bool: True where the latent frame is the given reference frame (frame 0 of chunk 0 only)."""
+    condition = ChunkCondition(chunk_index, chunk_size)
+    mask = torch.zeros(condition.chunk_size, dtype=torch.bool, device=device)
+    if condition.chunk_index == 0:
+        mask[0] = True
+    return mask
+
+
+def validate_base_latent(base_latent: torch.Tensor, config: LingBotSessionConfig) -> None:
+    expected = (LATENT_CHANNELS, config.latent_height, config.latent_width)
+    shape = tuple(base_latent.shape)
+    if base_latent.ndim != 4 or (shape[0], shape[2], shape[3]) != expected or shape[1] < 1:
+        raise ModelInputError(
+            f"base latent must be [{LATENT_CHANNELS}, T>=1, {config.latent_height}, {config.latent_width}], "
+            f"got {list(shape)}"
+        )
+    _check_float_finite("base latent", base_latent)
+
+
+def validate_control(control: torch.Tensor, config: LingBotSessionConfig, chunk_size: int) -> None:
+    expected = (CONTROL_CHANNELS, chunk_size, config.latent_height, config.latent_width)
+    if tuple(control.shape) != expected:
+        raise ModelInputError(f"control must be {list(expected)}, got {list(control.shape)}")
+    _check_float_finite("control", control)
+
+
+def validate_latent_chunk(latent: torch.Tensor, config: LingBotSessionConfig, chunk_size: int) -> None:
+    expected = (LATENT_CHANNELS, chunk_size, config.latent_height, config.latent_width)
+    if tuple(latent.shape) != expected:
+        raise ModelInputError(f"latent chunk must be {list(expected)}, got {list(latent.shape)}")
+    _check_float_finite("latent chunk", latent)
+
+
+def _check_float_finite(name: str, tensor: torch.Tensor) -> None:
+    if not tensor.is_floating_point():
+        raise ModelInputError(f"{name} must be a floating-point tensor, got {tensor.dtype}")
+    if not bool(torch.isfinite(tensor).all()):
+        raise ModelInputError(f"{name} holds non-finite values")

@@ -1,0 +1,607 @@
+"""The reference world model: real torch encode / denoise / decode stages with LingBot's shapes, no weights needed.
+
+It exists so the whole product runs, streams and is tested end to end on a CPU. It has the real model's interfaces
+and tensor shapes (16 latent channels, 8x spatial and 4x temporal compression, a 4-step sampler with seeded noise,
+Plücker camera control), is deterministic for a seed, and its frames follow the camera geometrically:
+
+- The world is the reference image (or a built-in procedural landscape) seen from a camera standing 1 unit above
+  a ground plane, with a 90 degree horizontal field of view. Rays above the horizon, and rays that meet the ground
+  far away, look up a panorama at infinity: the reference image mirror-tiled around the full circle (so turning
+  never runs out of picture). Rays that meet the ground nearby look up the reference's ground, back-projected onto
+  the plane and mirror-tiled so one can walk forever. At the start pose both lookups reproduce the reference exactly.
+- So yaw pans the view, pitch tilts it, w/s move the ground towards/away from the viewer (content streams out of,
+  or into, the vanishing point: a zoom-like effect below the horizon), a/d strafe with parallax (near ground shifts
+  more than far ground, the sky does not shift).
+
+Latent layout (`[16, T, h, w]` float32, `h, w = H/8, W/8`), one latent frame per 4 video frames:
+
+    channels 0..11   luma on a 3x4 sub-grid of each 8x8 block (row-major; luma at (3h, 4w)), scaled to [-1, 1]
+    channels 12, 13  chroma Cb, Cr (BT.601) per block, scaled by 2
+    channels 14, 15  motion: where a pixel of the latent frame's first video frame is in its key frame (slot 2),
+                     as a displacement in normalised image units (x, y); the decoder interpolates it linearly
+                     over the 4 video frames (a video codec's motion vectors, in place of a learned temporal decoder)
+
+Stages. Encode: colour transform and area downsampling (plus the procedural scene for `None`). Denoise: reads each
+video frame's camera back out of the Plücker control (`camera.recover_cameras`), renders the world into the key
+frame of every latent frame, then runs 4 flow-matching Euler steps from seeded noise towards that render; the
+first-frame mask pins frame 0 of chunk 0 to the resident reference latent. Decode: upsample luma and chroma, then
+warp each key frame by its motion channels into its 4 video frames (1 for the first latent frame of chunk 0).
+
+`compute_scale > 1` adds matrix work to every denoising step (the result is discarded, so frames do not change)
+to emulate a heavier model: roughly `compute_scale` times the denoise cost. No stage touches torch's thread count.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.lingbot.camera import PinholeIntrinsics, recover_cameras
+from pipeline.lingbot.chunks import TEMPORAL_COMPRESSION, ChunkPlan
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.errors import ChunkContractError, ModelInputError, ModelSessionError
+from pipeline.lingbot.model import (
+    LATENT_CHANNELS,
+    first_frame_mask,
+    slice_condition,
+    validate_base_latent,
+    validate_control,
+    validate_latent_chunk,
+)
+
+__all__ = [
+    "DENOISING_STEPS",
+    "KEY_SLOT",
+    "ReferenceDiT",
+    "ReferenceStageStatistics",
+    "ReferenceVAEDecoder",
+    "ReferenceVAEEncoder",
+    "ReferenceWorldModel",
+    "default_scene",
+]
+
+DENOISING_STEPS = 4
+KEY_SLOT = 2
+"""The video frame (0..3) of each latent frame that the denoiser renders; the others are warped from it."""
+
+_LUMA_ROWS, _LUMA_COLS = 3, 4
+_LUMA = slice(0, _LUMA_ROWS * _LUMA_COLS)
+_CHROMA = slice(12, 14)
+_FLOW = slice(14, 16)
+_CONTENT = slice(0, 14)
+_SIGMAS = (1.0, 0.3, 0.09, 0.03, 0.01)
+_CAMERA_HEIGHT = 1.0
+_GROUND_NEAR = 3.0
+_GROUND_FAR = 6.0
+_WORK_WIDTH = 64
+_WORK_UNITS_PER_SCALE = 3
+_SCENE_CACHE_SIZE = 4
+_HALF_FOV = math.pi / 4  # the 90 degree field of view every stage assumes (tan = 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceStageStatistics:
+    """A snapshot of one reference stage object."""
+
+    open_sessions: int
+    calls: int
+    busy_s: float
+
+
+_S = TypeVar("_S")
+
+
+class _SessionTable(Generic[_S]):
+    """Per-session state of one stage, with the stage's call statistics; safe to use from several threads."""
+
+    def __init__(self, stage: str) -> None:
+        self._stage = stage
+        self._lock = threading.Lock()
+        self._sessions: dict[str, _S] = {}
+        self._calls = 0
+        self._busy_s = 0.0
+
+    def add(self, session_id: str, state: _S) -> None:
+        with self._lock:
+            if session_id in self._sessions:
+                raise ModelSessionError(f"{self._stage}: session {session_id!r} already has a cache")
+            self._sessions[session_id] = state
+
+    def get(self, session_id: str) -> _S:
+        with self._lock:
+            state = self._sessions.get(session_id)
+        if state is None:
+            raise ModelSessionError(f"{self._stage}: no cache for session {session_id!r} (create_cache first)")
+        return state
+
+    def remove(self, session_id: str) -> None:
+        with self._lock:
+            self._sessions.pop(session_id, None)
+
+    def record(self, seconds: float) -> None:
+        with self._lock:
+            self._calls += 1
+            self._busy_s += seconds
+
+    def statistics(self) -> ReferenceStageStatistics:
+        with self._lock:
+            return ReferenceStageStatistics(len(self._sessions), self._calls, self._busy_s)
+
+
+# --- colour and latent packing ---------------------------------------------------------------------------------------
+
+
+def _rgb_to_ycbcr(rgb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[..., 3, H, W]` in [0, 1] -> luma `[..., 1, H, W]` in [0, 1], chroma `[..., 2, H, W]` in about [-0.5, 0.5]."""
+    r, g, b = rgb.unbind(-3)
+    y = 0.299 * r + 0.587 * g + 0.114 * b
+    return y.unsqueeze(-3), torch.stack([0.564 * (b - y), 0.713 * (r - y)], dim=-3)
+
+
+def _ycbcr_to_rgb(luma: torch.Tensor, chroma: torch.Tensor) -> torch.Tensor:
+    y = luma.squeeze(-3)
+    cb, cr = chroma.unbind(-3)
+    return torch.stack([y + 1.403 * cr, y - 0.344 * cb - 0.714 * cr, y + 1.773 * cb], dim=-3)
+
+
+def _pack_luma(luma: torch.Tensor) -> torch.Tensor:
+    """`[N, 1, 3h, 4w]` -> `[N, 12, h, w]` (sub-grid position row-major on channels)."""
+    n, _, fine_h, fine_w = luma.shape
+    h, w = fine_h // _LUMA_ROWS, fine_w // _LUMA_COLS
+    blocks = luma.reshape(n, h, _LUMA_ROWS, w, _LUMA_COLS).permute(0, 2, 4, 1, 3)
+    return blocks.reshape(n, _LUMA_ROWS * _LUMA_COLS, h, w)
+
+
+def _unpack_luma(packed: torch.Tensor) -> torch.Tensor:
+    """`[N, 12, h, w]` -> `[N, 1, 3h, 4w]`."""
+    n, _, h, w = packed.shape
+    blocks = packed.reshape(n, _LUMA_ROWS, _LUMA_COLS, h, w).permute(0, 3, 1, 4, 2)
+    return blocks.reshape(n, 1, h * _LUMA_ROWS, w * _LUMA_COLS)
+
+
+# --- the built-in scene ----------------------------------------------------------------------------------------------
+
+
+def default_scene(width: int, height: int) -> torch.Tensor:
+    """The built-in reference image: a procedural landscape, float32 `[3, height, width]` in [0, 1].
+
+    Sky with clouds, a mountain range on the horizon and a checkered meadow in perspective, all seen from the
+    reference camera (1 unit above the ground, 90 degree horizontal field of view), so its ground is real ground.
+    """
+    if width < 2 or height < 2:
+        raise ModelInputError(f"scene size must be at least 2x2, got {width}x{height}")
+    half_w = width / 2
+    xs = (torch.arange(width, dtype=torch.float32) + 0.5 - half_w) / half_w  # x / f
+    ys = (torch.arange(height, dtype=torch.float32) + 0.5 - height / 2) / half_w  # y / f (down positive)
+    y, x = torch.meshgrid(ys, xs, indexing="ij")
+    lon = torch.atan(x)
+    elevation = -y / torch.sqrt(1 + x * x)  # tan of the angle above the horizon
+
+    # Sky: a vertical gradient with soft, deterministic clouds.
+    t = (elevation * 2.2).clamp(0, 1)
+    horizon_blue = torch.tensor([0.78, 0.87, 0.96]).view(3, 1, 1)
+    zenith_blue = torch.tensor([0.22, 0.42, 0.82]).view(3, 1, 1)
+    sky = horizon_blue * (1 - t) + zenith_blue * t
+    cloud_field = (
+        torch.sin(7.0 * lon + 3.1 * elevation * 6 + 0.4)
+        + 0.7 * torch.sin(13.0 * lon - 2.3 * elevation * 9 + 1.7)
+        + 0.5 * torch.sin(23.0 * lon + 17.0 * elevation + 4.2)
+    )
+    clouds = ((cloud_field - 0.6) / 1.2).clamp(0, 1) * (elevation * 6).clamp(0, 1)
+    sky = sky * (1 - 0.8 * clouds) + 0.97 * 0.8 * clouds
+
+    # Mountains: a ridge line in elevation, shaded by slope, with snow on the high parts.
+    ridge = (
+        0.1
+        + 0.05 * torch.sin(5.0 * lon + 1.0)
+        + 0.03 * torch.sin(11.0 * lon + 2.5)
+        + 0.012 * torch.sin(27.0 * lon + 0.3)
+    )
+    slope = 0.25 * torch.cos(5.0 * lon + 1.0) + 0.33 * torch.cos(11.0 * lon + 2.5) + 0.324 * torch.cos(27.0 * lon + 0.3)
+    rock = torch.tensor([0.42, 0.40, 0.50]).view(3, 1, 1) * (1 + 0.3 * torch.tanh(2 * slope))
+    snow = ((elevation - 0.12) * 40).clamp(0, 1)
+    mountain = rock * (1 - snow) + 0.94 * snow
+    is_mountain = ((elevation > 0) & (elevation < ridge)).to(torch.float32)
+    upper = sky * (1 - is_mountain) + mountain * is_mountain
+
+    # Ground: a checkered meadow on the plane 1 unit below the camera, fading into haze with distance.
+    below = y > 0
+    depth = _CAMERA_HEIGHT / y.clamp_min(1e-4)
+    ground_x, ground_z = x * depth, depth
+    pattern = torch.sin(math.pi * ground_x) * torch.sin(math.pi * ground_z)
+    check = 0.5 + 0.5 * torch.tanh(4.0 * pattern) * torch.exp(-depth / 14.0)
+    dark = torch.tensor([0.20, 0.42, 0.16]).view(3, 1, 1)
+    light = torch.tensor([0.52, 0.72, 0.30]).view(3, 1, 1)
+    meadow = dark * (1 - check) + light * check
+    haze = 1 - torch.exp(-depth / 30.0)
+    ground = meadow * (1 - haze) + horizon_blue * 0.9 * haze
+    scene = torch.where(below, ground, upper)
+    return scene.clamp(0, 1).contiguous()
+
+
+# --- encode ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _EncoderSession:
+    config: LingBotSessionConfig
+
+
+class ReferenceVAEEncoder:
+    """Reference `ReferenceEncoder`: colour transform + area downsampling to the 16-channel latent."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self._device = torch.device(device)
+        self._sessions: _SessionTable[_EncoderSession] = _SessionTable("encode")
+        self._scenes: dict[tuple[int, int], torch.Tensor] = {}  # default scene per size; bounded, oldest dropped
+        self._scenes_lock = threading.Lock()
+
+    def create_cache(self, session_id: str, config: LingBotSessionConfig) -> None:
+        self._sessions.add(session_id, _EncoderSession(config))
+
+    def release_cache(self, session_id: str) -> None:
+        self._sessions.remove(session_id)
+
+    def statistics(self) -> ReferenceStageStatistics:
+        return self._sessions.statistics()
+
+    def encode_reference(self, session_id: str, image: torch.Tensor | None) -> torch.Tensor:
+        """Image float `[3, H, W]` in [0, 1] (or None: `default_scene`) -> base latent `[16, 1, H/8, W/8]` float32."""
+        config = self._sessions.get(session_id).config
+        started = time.perf_counter()
+        if image is None:
+            image = self._default_scene(config.width, config.height)
+        expected = (3, config.height, config.width)
+        if tuple(image.shape) != expected:
+            raise ModelInputError(f"reference image must be {list(expected)}, got {list(image.shape)}")
+        if not image.is_floating_point() or not bool(torch.isfinite(image).all()):
+            raise ModelInputError("reference image must be a finite floating-point tensor in [0, 1]")
+        with torch.inference_mode():
+            rgb = image.to(self._device, torch.float32).clamp(0, 1).unsqueeze(0)
+            luma, chroma = _rgb_to_ycbcr(rgb)
+            h, w = config.latent_height, config.latent_width
+            luma_fine = F.adaptive_avg_pool2d(luma, (h * _LUMA_ROWS, w * _LUMA_COLS))
+            latent = torch.zeros(LATENT_CHANNELS, 1, h, w, device=self._device)
+            latent[_LUMA, 0] = _pack_luma(luma_fine * 2 - 1)[0]
+            latent[_CHROMA, 0] = F.adaptive_avg_pool2d(chroma, (h, w))[0] * 2
+        self._sessions.record(time.perf_counter() - started)
+        return latent
+
+    def _default_scene(self, width: int, height: int) -> torch.Tensor:
+        with self._scenes_lock:
+            scene = self._scenes.get((width, height))
+            if scene is None:
+                scene = default_scene(width, height)
+                self._scenes[(width, height)] = scene
+                while len(self._scenes) > _SCENE_CACHE_SIZE:
+                    del self._scenes[next(iter(self._scenes))]
+            return scene
+
+
+# --- denoise ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _DenoiserSession:
+    config: LingBotSessionConfig
+    plan: ChunkPlan
+    intrinsics: PinholeIntrinsics
+    base_latent: torch.Tensor
+    luma_texture: torch.Tensor  # [1, 1, 3h, 4w]
+    chroma_texture: torch.Tensor  # [1, 2, h, w]
+    luma_sky: torch.Tensor  # [1, 1, 1, 1] colour above the picture
+    chroma_sky: torch.Tensor  # [1, 2, 1, 1]
+    fine_rays: torch.Tensor  # [3, 3h*4w] camera rays of the fine grid
+    coarse_rays: torch.Tensor  # [3, h*w]
+    coarse_points: torch.Tensor  # [2, h*w] normalised image coordinates of the coarse grid
+    next_chunk: int = 0
+
+
+def _grid_rays(grid_h: int, grid_w: int, aspect: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit camera rays `[3, P]` and normalised image coordinates `[2, P]` of a grid's pixel centres."""
+    xn = (torch.arange(grid_w, dtype=torch.float32, device=device) + 0.5) / grid_w * 2 - 1
+    yn = (torch.arange(grid_h, dtype=torch.float32, device=device) + 0.5) / grid_h * 2 - 1
+    yy, xx = torch.meshgrid(yn, xn, indexing="ij")
+    tan_half = math.tan(_HALF_FOV)
+    rays = torch.stack([xx * tan_half, yy * tan_half * aspect, torch.ones_like(xx)]).reshape(3, -1)
+    return rays / torch.linalg.vector_norm(rays, dim=0, keepdim=True), torch.stack([xx, yy]).reshape(2, -1)
+
+
+def _fold(values: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """Mirror-tile the real line onto [low, high] (a triangle wave), so tiled textures have no seams."""
+    period = 2 * (high - low)
+    phase = torch.remainder(values - low, period)
+    return low + (period / 2 - (phase - period / 2).abs())
+
+
+@dataclass(frozen=True, slots=True)
+class _Lookup:
+    """Where a batch of rays looks in the reference texture: two layers and the ground layer's weight."""
+
+    sky_grid: torch.Tensor  # [N, P, 2] normalised (x, y) into the texture, at infinity
+    sky_beyond: torch.Tensor  # [N, P] 0..1: how far above the top of the picture (1 = half a picture or more)
+    ground_grid: torch.Tensor  # [N, P, 2]
+    ground_weight: torch.Tensor  # [N, P] 0..1
+    ground_points: torch.Tensor  # [N, 3, P] world points on the ground
+
+
+def _look_up(directions: torch.Tensor, centres: torch.Tensor, aspect: float) -> _Lookup:
+    """World ray directions `[N, 3, P]` from camera centres `[N, 3]` -> texture coordinates (see module docstring)."""
+    tan_half = math.tan(_HALF_FOV)
+    dx, dy, dz = directions.unbind(1)
+    lon = _fold(torch.atan2(dx, dz), -_HALF_FOV, _HALF_FOV)
+    horizontal = torch.sqrt(dx * dx + dz * dz).clamp_min(1e-6)
+    sky_x = torch.tan(lon) / tan_half
+    sky_y = (dy / horizontal / torch.cos(lon) / (tan_half * aspect)).clamp(-50, 50)
+    sky_beyond = (-sky_y - 1).clamp(0, 1)
+
+    # Ground plane y = camera height (y points down); the reference camera sees it from z_near on.
+    height_above = (_CAMERA_HEIGHT - centres[:, 1]).clamp_min(1e-3)[:, None]
+    down = dy > 1e-4
+    distance = torch.where(down, height_above / dy.clamp_min(1e-4), torch.full_like(dy, 1e6))
+    points = centres[:, :, None] + directions * distance[:, None, :]
+    fade = ((distance - _GROUND_NEAR) / (_GROUND_FAR - _GROUND_NEAR)).clamp(0, 1)
+    weight = torch.where(down, 1 - fade * fade * (3 - 2 * fade), torch.zeros_like(dy))
+    z_near = _CAMERA_HEIGHT / (tan_half * aspect)
+    ground_x = _fold(points[:, 0], -_GROUND_FAR, _GROUND_FAR)
+    ground_z = _fold(points[:, 2], z_near, z_near + _GROUND_FAR)
+    ground_grid = torch.stack([ground_x / ground_z / tan_half, _CAMERA_HEIGHT / ground_z / (tan_half * aspect)], -1)
+    return _Lookup(
+        sky_grid=torch.stack([sky_x, sky_y.clamp(-3, 3)], dim=-1),
+        sky_beyond=sky_beyond,
+        ground_grid=ground_grid,
+        ground_weight=weight,
+        ground_points=points,
+    )
+
+
+def _sample(texture: torch.Tensor, grid: torch.Tensor, padding: str) -> torch.Tensor:
+    """`texture [1, C, th, tw]`, `grid [N, P, 2]` -> `[N, C, P]`."""
+    n = grid.shape[0]
+    out = F.grid_sample(
+        texture.expand(n, -1, -1, -1), grid[:, None], mode="bilinear", padding_mode=padding, align_corners=False
+    )
+    return out[:, :, 0]
+
+
+def _render(texture: torch.Tensor, sky: torch.Tensor, lookup: _Lookup) -> torch.Tensor:
+    """Blend the sky and ground layers of one texture: `[N, C, P]`."""
+    # Above the picture: its top mirrored, fading into the sky colour before the mirror could reach the ground.
+    far = _sample(texture, lookup.sky_grid, "reflection")
+    beyond = lookup.sky_beyond[:, None]
+    far = far * (1 - beyond) + sky[:, :, 0] * beyond
+    near = _sample(texture, lookup.ground_grid, "reflection")
+    weight = lookup.ground_weight[:, None]
+    return far * (1 - weight) + near * weight
+
+
+def _project(points_cam: torch.Tensor, aspect: float) -> torch.Tensor:
+    """Camera-frame points `[N, 3, P]` -> normalised image coordinates `[N, 2, P]`."""
+    tan_half = math.tan(_HALF_FOV)
+    depth = points_cam[:, 2].clamp_min(1e-3)
+    return torch.stack([points_cam[:, 0] / depth / tan_half, points_cam[:, 1] / depth / (tan_half * aspect)], 1)
+
+
+class ReferenceDiT:
+    """Reference `ChunkDenoiser`: camera-driven rendering of the resident reference, refined in 4 seeded steps."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self._device = torch.device(device)
+        self._sessions: _SessionTable[_DenoiserSession] = _SessionTable("denoise")
+        weights = torch.Generator().manual_seed(0x5EED)
+        self._work_in = torch.randn(LATENT_CHANNELS, _WORK_WIDTH, generator=weights).to(self._device) / 4
+        self._work = torch.randn(_WORK_WIDTH, _WORK_WIDTH, generator=weights).to(self._device) / _WORK_WIDTH**0.5
+
+    def create_cache(self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor) -> None:
+        """Keep `base_latent` `[16, T, h, w]` resident for the session and prepare its world textures."""
+        validate_base_latent(base_latent, config)
+        h, w = config.latent_height, config.latent_width
+        aspect = config.height / config.width
+        base = base_latent.detach().to(self._device, torch.float32).clone()
+        reference = base[:, 0][None]  # the reference frame [1, 16, h, w]
+        luma = _unpack_luma(reference[:, _LUMA])
+        chroma = reference[:, _CHROMA]
+        top_rows = max(1, luma.shape[2] // 8)
+        fine_rays, _ = _grid_rays(h * _LUMA_ROWS, w * _LUMA_COLS, aspect, self._device)
+        coarse_rays, coarse_points = _grid_rays(h, w, aspect, self._device)
+        state = _DenoiserSession(
+            config=config,
+            plan=config.chunk_plan,
+            intrinsics=config.latent_intrinsics(),
+            base_latent=base,
+            luma_texture=luma,
+            chroma_texture=chroma,
+            luma_sky=luma[:, :, :top_rows].mean(dim=(2, 3), keepdim=True),
+            chroma_sky=chroma[:, :, : max(1, h // 8)].mean(dim=(2, 3), keepdim=True),
+            fine_rays=fine_rays,
+            coarse_rays=coarse_rays,
+            coarse_points=coarse_points,
+        )
+        self._sessions.add(session_id, state)
+
+    def release_cache(self, session_id: str) -> None:
+        self._sessions.remove(session_id)
+
+    def statistics(self) -> ReferenceStageStatistics:
+        return self._sessions.statistics()
+
+    def denoise_chunk(self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor) -> torch.Tensor:
+        """Control `[24, cs, h, w]` -> latent chunk `[16, cs, h, w]` float32 on this stage's device."""
+        state = self._sessions.get(session_id)
+        _check_chunk(state.plan, chunk_index, chunk_size, state.next_chunk, "denoise")
+        validate_control(control, state.config, chunk_size)
+        started = time.perf_counter()
+        with torch.inference_mode():
+            rotations, centres = recover_cameras(control.to(self._device), state.intrinsics)
+            target = self._render_chunk(state, rotations.to(torch.float32), centres.to(torch.float32))
+            condition = slice_condition(state.base_latent, chunk_index, chunk_size)
+            mask = first_frame_mask(chunk_index, chunk_size, self._device)
+            target = torch.where(mask[None, :, None, None], condition, target)
+            latent = self._sample(state, chunk_index, target, mask, condition)
+        state.next_chunk += 1
+        self._sessions.record(time.perf_counter() - started)
+        return latent
+
+    def _render_chunk(self, state: _DenoiserSession, rotations: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
+        """The clean latent of each latent frame: its key frame rendered, plus motion from slot 0 to the key."""
+        config = state.config
+        aspect = config.height / config.width
+        h, w = config.latent_height, config.latent_width
+        cs = rotations.shape[0]
+        key_r, key_o = rotations[:, KEY_SLOT], centres[:, KEY_SLOT]
+
+        fine = _look_up(key_r @ state.fine_rays, key_o, aspect)
+        luma = _render(state.luma_texture, state.luma_sky, fine).reshape(cs, 1, h * _LUMA_ROWS, w * _LUMA_COLS)
+        coarse = _look_up(key_r @ state.coarse_rays, key_o, aspect)
+        chroma = _render(state.chroma_texture, state.chroma_sky, coarse).reshape(cs, 2, h, w)
+
+        # Motion: where each coarse pixel of slot 0 lands in the key frame (sky at infinity, ground at its point).
+        first = rotations[:, 0] @ state.coarse_rays
+        first_look = _look_up(first, centres[:, 0], aspect)
+        to_key = key_r.transpose(1, 2)
+        sky_at_key = _project(to_key @ first, aspect)
+        ground_at_key = _project(to_key @ (first_look.ground_points - key_o[:, :, None]), aspect)
+        weight = first_look.ground_weight[:, None]
+        landed = sky_at_key * (1 - weight) + ground_at_key * weight
+        flow = (landed - state.coarse_points[None]).clamp(-1, 1).reshape(cs, 2, h, w)
+
+        latent = torch.cat([_pack_luma(luma), chroma, flow], dim=1)  # [cs, 16, h, w]
+        return latent.permute(1, 0, 2, 3).contiguous()
+
+    def _sample(
+        self,
+        state: _DenoiserSession,
+        chunk_index: int,
+        target: torch.Tensor,
+        mask: torch.Tensor,
+        condition: torch.Tensor,
+    ) -> torch.Tensor:
+        """4 Euler steps of a flow-matching sampler from seeded noise towards the render.
+
+        The reference "network" predicts the clean latent to be the render itself, so after the last step the latent
+        is the render plus `_SIGMAS[-1]` of the seeded noise: a faint, seed-dependent grain.
+        """
+        generator = torch.Generator().manual_seed(_chunk_seed(state.config.seed, chunk_index))
+        noise = torch.randn(target.shape, generator=generator).to(self._device)
+        x = noise
+        extra_units = round((state.config.compute_scale - 1.0) * _WORK_UNITS_PER_SCALE)
+        for sigma, next_sigma in itertools.pairwise(_SIGMAS):
+            self._emulated_work(x, extra_units)
+            x = x + (next_sigma / sigma - 1.0) * (x - target)
+        x[_FLOW] = target[_FLOW]
+        return torch.where(mask[None, :, None, None], condition, x).contiguous()
+
+    def _emulated_work(self, x: torch.Tensor, units: int) -> None:
+        """Matrix work standing in for a heavier network; its result is deliberately unused."""
+        if units <= 0:
+            return
+        tokens = torch.tanh(x.permute(1, 2, 3, 0).reshape(-1, LATENT_CHANNELS) @ self._work_in)
+        for _ in range(units):
+            tokens = torch.tanh(tokens @ self._work)
+
+
+def _chunk_seed(seed: int, chunk_index: int) -> int:
+    """A per-chunk seed that depends only on (session seed, chunk index), never on scheduling."""
+    return (seed * 0x9E3779B97F4A7C15 + chunk_index * 0xBF58476D1CE4E5B9 + 1) % (2**63)
+
+
+def _check_chunk(plan: ChunkPlan, chunk_index: int, chunk_size: int, expected: int, stage: str) -> None:
+    if chunk_size != plan.chunk_size:
+        raise ChunkContractError(f"{stage}: chunk_size {chunk_size} does not match the session's {plan.chunk_size}")
+    if not 0 <= chunk_index < plan.num_chunks:
+        raise ChunkContractError(f"{stage}: chunk index {chunk_index} outside the session's 0..{plan.num_chunks - 1}")
+    if chunk_index != expected:
+        raise ModelSessionError(f"{stage}: chunk {chunk_index} arrived out of order, expected chunk {expected}")
+
+
+# --- decode ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _DecoderSession:
+    config: LingBotSessionConfig
+    plan: ChunkPlan
+    base_grid: torch.Tensor  # [1, H, W, 2] identity sampling grid
+    next_chunk: int = 0
+
+
+class ReferenceVAEDecoder:
+    """Reference `ChunkDecoder`: upsample each latent frame's key frame, then warp it into its video frames."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self._device = torch.device(device)
+        self._sessions: _SessionTable[_DecoderSession] = _SessionTable("decode")
+
+    def create_cache(self, session_id: str, config: LingBotSessionConfig) -> None:
+        xs = (torch.arange(config.width, dtype=torch.float32, device=self._device) + 0.5) / config.width * 2 - 1
+        ys = (torch.arange(config.height, dtype=torch.float32, device=self._device) + 0.5) / config.height * 2 - 1
+        yy, xx = torch.meshgrid(ys, xs, indexing="ij")
+        grid = torch.stack([xx, yy], dim=-1)[None]
+        self._sessions.add(session_id, _DecoderSession(config=config, plan=config.chunk_plan, base_grid=grid))
+
+    def release_cache(self, session_id: str) -> None:
+        self._sessions.remove(session_id)
+
+    def statistics(self) -> ReferenceStageStatistics:
+        return self._sessions.statistics()
+
+    def decode_chunk(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> torch.Tensor:
+        """Latent `[16, cs, h, w]` -> uint8 RGB frames `[T, H, W, 3]` on the CPU (T from the chunk contract)."""
+        state = self._sessions.get(session_id)
+        validate_latent_chunk(latent, state.config, state.plan.chunk_size)
+        _check_chunk(state.plan, chunk_index, state.plan.chunk_size, state.next_chunk, "decode")
+        started = time.perf_counter()
+        config = state.config
+        with torch.inference_mode():
+            frames = latent.to(self._device, torch.float32).permute(1, 0, 2, 3)  # [cs, 16, h, w]
+            size = (config.height, config.width)
+            luma = F.interpolate(_unpack_luma(frames[:, _LUMA]), size=size, mode="bicubic", align_corners=False)
+            chroma = F.interpolate(frames[:, _CHROMA] / 2, size=size, mode="bilinear", align_corners=False)
+            keys = _ycbcr_to_rgb((luma + 1) / 2, chroma)  # [cs, 3, H, W]
+            flow = F.interpolate(frames[:, _FLOW], size=size, mode="bilinear", align_corners=False)
+            # Slot k of a latent frame shows the key frame displaced by flow * (KEY_SLOT - k) / KEY_SLOT.
+            slots = torch.arange(TEMPORAL_COMPRESSION, dtype=torch.float32, device=self._device)
+            scale = (KEY_SLOT - slots) / KEY_SLOT  # [4]
+            displacement = flow[:, None] * scale[None, :, None, None, None]  # [cs, 4, 2, H, W]
+            grid = state.base_grid + displacement.reshape(-1, 2, *size).permute(0, 2, 3, 1)
+            video = F.grid_sample(
+                keys.repeat_interleave(TEMPORAL_COMPRESSION, dim=0),
+                grid,
+                mode="bilinear",
+                padding_mode="border",
+                align_corners=False,
+            )  # [cs*4, 3, H, W]
+            if chunk_index == 0:  # the first latent frame is the single reference frame
+                video = torch.cat([keys[:1], video[TEMPORAL_COMPRESSION:]])
+            out = (video.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().cpu()
+        state.next_chunk += 1
+        self._sessions.record(time.perf_counter() - started)
+        return out
+
+
+class ReferenceWorldModel:
+    """The three reference stages as one `WorldModel` (each stage can still be handed to its own actor)."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self._encoder = ReferenceVAEEncoder(device)
+        self._denoiser = ReferenceDiT(device)
+        self._decoder = ReferenceVAEDecoder(device)
+
+    @property
+    def encoder(self) -> ReferenceVAEEncoder:
+        return self._encoder
+
+    @property
+    def denoiser(self) -> ReferenceDiT:
+        return self._denoiser
+
+    @property
+    def decoder(self) -> ReferenceVAEDecoder:
+        return self._decoder
