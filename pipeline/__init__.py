@@ -44,6 +44,7 @@ from pipeline.metrics import (
     Summary,
 )
 from pipeline.orchestrator import OrchestratorStatistics, OutputStream, StageListener, StreamingPipelineOrchestrator
+from pipeline.process_actor import ParallelWorkerStageActor
 from pipeline.spec import (
     PipelineGraph,
     StageOrdering,
@@ -53,6 +54,15 @@ from pipeline.spec import (
     StreamingStageSpec,
     validate_pipeline,
 )
+from pipeline.tensor_channel import ChannelStatistics, TensorRef, WorkerTensorChannel, validate_ref
+from pipeline.worker import (
+    ParallelWorker,
+    ParallelWorkerConfig,
+    StageFactory,
+    WorkerContext,
+    WorkerState,
+    WorkerStatistics,
+)
 
 __all__ = [
     "ActorDiedError",
@@ -60,6 +70,7 @@ __all__ = [
     "ActorUnavailableError",
     "BidirectionalService",
     "ChannelError",
+    "ChannelStatistics",
     "ChunkOutput",
     "Clock",
     "CloseMode",
@@ -76,6 +87,9 @@ __all__ = [
     "OrchestratorStatistics",
     "OutputItem",
     "OutputStream",
+    "ParallelWorker",
+    "ParallelWorkerConfig",
+    "ParallelWorkerStageActor",
     "PipelineError",
     "PipelineGraph",
     "PipelineSpecError",
@@ -98,6 +112,7 @@ __all__ = [
     "Stage",
     "StageActor",
     "StageCall",
+    "StageFactory",
     "StageFailedError",
     "StageListener",
     "StageOrdering",
@@ -110,7 +125,13 @@ __all__ = [
     "StreamingSessionMetrics",
     "StreamingStageSpec",
     "Summary",
+    "TensorRef",
     "UnknownArtifactError",
     "UnknownSessionError",
+    "WorkerContext",
+    "WorkerState",
+    "WorkerStatistics",
+    "WorkerTensorChannel",
     "validate_pipeline",
+    "validate_ref",
 ]

@@ -1,0 +1,236 @@
+"""`LingBotService`: the `BidirectionalService` one model worker runs for LingBot sessions.
+
+It owns the worker's orchestrator (encode, denoise and decode actors over one `WorldModel`) and one
+`LingBotSession` policy plus one chunk-loop task per session. Its cross-session policy is the execution lease
+(`ChunkLease`, e.g. `admission.ExecutionLease`): one grant per whole chunk, round-robin across sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping
+
+import torch
+
+from pipeline.bidirectional import (
+    ChunkOutput,
+    ControlMessage,
+    PreparedSession,
+    ServiceStatistics,
+    SessionCloseMode,
+    SessionSummary,
+)
+from pipeline.clock import Clock, MonotonicClock
+from pipeline.core import CloseMode
+from pipeline.errors import PipelineError, SessionExistsError
+from pipeline.lingbot.config import (
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    LingBotSessionConfig,
+    decode_reference_image,
+)
+from pipeline.lingbot.model import WorldModel
+from pipeline.lingbot.session import ChunkLease, LingBotSession
+from pipeline.lingbot.stages import DecodeStage, DenoiseStage, EncodeStage, lingbot_pipeline_spec
+from pipeline.local_actor import LocalStageActor
+from pipeline.orchestrator import StreamingPipelineOrchestrator
+
+__all__ = ["LingBotService"]
+
+logger = logging.getLogger(__name__)
+
+_KEPT_SUMMARIES = 1024
+
+
+class LingBotService:
+    """One model worker's LingBot sessions (see `pipeline.bidirectional.BidirectionalService` for the contract).
+
+    Example::
+
+        service = LingBotService(ReferenceWorldModel("cpu"), lease=ExecutionLease())
+        await service.start()
+        prepared = service.prepare({}, None)          # every field defaults; no image = the default scene
+        await service.create_session("s1", prepared)  # prefetch of condition[0..1] starts at once
+        service.push_control("s1", ControlState(1, frozenset({"w"})))
+        async for chunk in service.outputs("s1"): ...
+        summary = await service.close_session("s1")
+
+    With `realtime` (the default) each session generates at most about one chunk ahead of playback; offline
+    generation turns it off to run as fast as the model allows. Stage placement: the three stages run on three
+    `LocalStageActor` threads of this process (encode is always its own actor); model work never runs on the event
+    loop.
+    """
+
+    def __init__(
+        self,
+        model: WorldModel,
+        *,
+        lease: ChunkLease | None = None,
+        clock: Clock | None = None,
+        edge_capacity: int = 2,
+        max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
+        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+        torch_threads: int | None = None,
+        realtime: bool = True,
+    ) -> None:
+        self._clock = clock or MonotonicClock()
+        self._lease = lease
+        self._max_image_bytes = max_image_bytes
+        self._max_image_pixels = max_image_pixels
+        self._torch_threads = torch_threads
+        self._realtime = realtime
+        actors = {
+            "encode": LocalStageActor("encode", EncodeStage(model.encoder)),
+            "denoise": LocalStageActor("denoise", DenoiseStage(model.denoiser)),
+            "decode": LocalStageActor("decode", DecodeStage(model.decoder)),
+        }
+        self._orchestrator = StreamingPipelineOrchestrator(
+            lingbot_pipeline_spec(edge_capacity), actors, clock=self._clock
+        )
+        self._orchestrator.add_stage_listener("denoise", self._on_denoised)
+        self._sessions: dict[str, LingBotSession] = {}
+        self._loops: dict[str, asyncio.Task[None]] = {}
+        self._finals: dict[str, asyncio.Task[SessionSummary]] = {}
+        self._summaries: OrderedDict[str, SessionSummary] = OrderedDict()
+        self._chunks = 0
+        self._stale = 0
+
+    @property
+    def orchestrator(self) -> StreamingPipelineOrchestrator:
+        return self._orchestrator
+
+    @property
+    def ready(self) -> bool:
+        return self._orchestrator.ready
+
+    async def start(self) -> None:
+        if self._torch_threads is not None:
+            torch.set_num_threads(self._torch_threads)
+        await self._orchestrator.start()
+
+    async def stop(self) -> None:
+        for session_id in list(self._sessions):
+            await self.close_session(session_id, SessionCloseMode.CANCEL)
+        await self._orchestrator.stop()
+
+    def prepare(self, config: Mapping[str, object], image: bytes | None) -> PreparedSession:
+        """Validate the config (`SessionConfigError`) and decode the image bounded (`ImageInputError`)."""
+        parsed = LingBotSessionConfig.from_mapping(config)
+        tensor = None
+        if image is not None:
+            tensor = decode_reference_image(
+                image,
+                max_bytes=self._max_image_bytes,
+                max_pixels=self._max_image_pixels,
+                size=(parsed.width, parsed.height),
+            )
+        return PreparedSession(
+            config=parsed,
+            width=parsed.width,
+            height=parsed.height,
+            fps=float(parsed.fps),
+            frame_limit=parsed.resolved_frame_num,
+            image=tensor,
+        )
+
+    async def create_session(self, session_id: str, prepared: PreparedSession) -> None:
+        if session_id in self._sessions:
+            raise SessionExistsError(f"session {session_id!r} is already running on this worker")
+        config = prepared.config
+        if not isinstance(config, LingBotSessionConfig):
+            raise TypeError("prepared.config must come from LingBotService.prepare")
+        image = prepared.image if isinstance(prepared.image, torch.Tensor) else None
+        pace = config.chunk_media_s if self._realtime else None
+        session = LingBotSession(
+            session_id, config, image, self._orchestrator, self._clock, self._lease, pace_ahead_s=pace
+        )
+        session.open()
+        self._sessions[session_id] = session
+        self._summaries.pop(session_id, None)
+        self._loops[session_id] = asyncio.get_running_loop().create_task(self._drive(session))
+
+    def push_control(self, session_id: str, message: ControlMessage) -> None:
+        self._sessions[session_id].push(message)
+
+    def outputs(self, session_id: str) -> AsyncIterator[ChunkOutput]:
+        return self._sessions[session_id].chunks()
+
+    async def close_session(self, session_id: str, mode: SessionCloseMode = SessionCloseMode.DRAIN) -> SessionSummary:
+        summary = self._summaries.get(session_id)
+        if summary is not None and session_id not in self._sessions:
+            return summary
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise KeyError(f"no session {session_id!r} on this worker")
+        loop_task = self._loops.get(session_id)
+        if loop_task is not None and not loop_task.done():
+            if mode is SessionCloseMode.DRAIN:
+                session.request_stop()
+            else:
+                loop_task.cancel()
+            await asyncio.wait({loop_task})
+        return await self._finalize(session, mode)
+
+    def statistics(self) -> ServiceStatistics:
+        stats = self._orchestrator.statistics()
+        return ServiceStatistics(
+            ready=self.ready,
+            sessions=len(self._sessions),
+            chunks=self._chunks + sum(s.chunks_emitted for s in self._sessions.values()),
+            stale_controls=self._stale + sum(s.stale_controls for s in self._sessions.values()),
+            extra={"orchestrator": stats},
+        )
+
+    # -- internals -------------------------------------------------------------------------------------------
+
+    def _on_denoised(self, session_id: str, _sequence_id: int) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None and self._orchestrator.session_state(session_id).value == "open":
+            session.refill()
+
+    async def _drive(self, session: LingBotSession) -> None:
+        try:
+            await session.run()
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:
+            session.failure = f"{type(exc).__name__}: {exc}"
+            logger.exception("session %s: chunk loop crashed", session.session_id)
+        # a natural end (plan done, stop, failure) releases the session's resources at once
+        await self._finalize(session, SessionCloseMode.DRAIN)
+
+    def _finalize(self, session: LingBotSession, mode: SessionCloseMode) -> asyncio.Task[SessionSummary]:
+        task = self._finals.get(session.session_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._close(session, mode))
+            self._finals[session.session_id] = task
+        return task
+
+    async def _close(self, session: LingBotSession, mode: SessionCloseMode) -> SessionSummary:
+        session_id = session.session_id
+        if self._lease is not None:
+            self._lease.remove_session(session_id)
+        close_mode = CloseMode.DRAIN if mode is SessionCloseMode.DRAIN else CloseMode.CANCEL
+        failure = session.failure
+        cleanup: Mapping[str, str] = {}
+        leaks = 0
+        try:
+            report = await self._orchestrator.close_session(session_id, close_mode, drain_timeout=30.0)
+            failure = failure or report.failure
+            cleanup = report.failed_stages
+            leaks = report.slot_leaks
+        except PipelineError as exc:
+            failure = failure or f"close failed: {exc}"
+        session.end_output(failure)
+        summary = SessionSummary(session_id, session.chunks_emitted, failure, cleanup, leaks)
+        self._chunks += session.chunks_emitted
+        self._stale += session.stale_controls
+        self._sessions.pop(session_id, None)
+        self._loops.pop(session_id, None)
+        self._finals.pop(session_id, None)
+        self._summaries[session_id] = summary
+        while len(self._summaries) > _KEPT_SUMMARIES:
+            self._summaries.popitem(last=False)
+        return summary

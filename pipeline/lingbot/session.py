@@ -1,0 +1,321 @@
+"""One LingBot session's policy on top of the orchestrator: condition prefetch, control admission, chunk loop.
+
+Condition prefetch (lookahead 2), independent of control admission::
+
+    start:                 submit condition[0], condition[1] while the ingress edge has room
+    after denoise of i:    refill the window (normally condition[i + 2])
+    always:                0 <= next_condition_index - next_control_index <= 2
+    starved (the window is empty when control i is admitted, because backpressure refused the prefetch):
+                           control[i] and condition[i] are submitted together, all or nothing
+
+The latency anchor is `control`, so a prefetched condition never starts the control-to-output clock.
+
+The chunk loop runs one chunk per execution-lease grant: it waits until the session has something to generate
+(chunk 0, a held key, a new snapshot, a pose reset), takes the lease, submits the chunk's control with the newest
+snapshot, waits for the chunk's frames, gives the lease back, then hands the chunk to the reader through a bounded
+queue (capacity 2, the producer waits: a reader that stops reading stops the session's generation, never the
+lease). Cancellation of the loop at any await leaves the orchestrator session for `close` to cancel and release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from pipeline.bidirectional import ChunkOutput, ControlMessage, ControlState, ResetPose, Stop
+from pipeline.clock import Clock
+from pipeline.errors import SessionFailedError
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.controls import ControlSnapshot
+from pipeline.lingbot.errors import ControlError
+from pipeline.lingbot.stages import CONDITION_REQUEST, CONTROL, ConditionRequest, ControlArtifact, FramesArtifact
+from pipeline.orchestrator import OutputStream, StreamingPipelineOrchestrator
+
+__all__ = ["LOOKAHEAD", "ChunkLease", "LingBotSession"]
+
+logger = logging.getLogger(__name__)
+
+LOOKAHEAD = 2
+_OUT_CAPACITY = 2
+
+
+class ChunkLease(Protocol):
+    """The cross-session policy seam: one grant = one whole chunk (admission.ExecutionLease satisfies it)."""
+
+    def grant(self, session_id: str) -> AbstractAsyncContextManager[None]: ...
+
+    def remove_session(self, session_id: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Submitted:
+    seq: int
+    keys: frozenset[str]
+    submitted_at: float
+    lease_wait: float
+
+
+class _ChunkQueue:
+    """Bounded hand-off of finished chunks to the one reader. Overflow policy: the producer waits."""
+
+    def __init__(self, session_id: str, capacity: int) -> None:
+        self._session_id = session_id
+        self._items: deque[ChunkOutput] = deque()
+        self._capacity = capacity
+        self._changed = asyncio.Event()
+        self._ended = False
+        self._failure: str | None = None
+
+    def allow_one_more(self) -> None:
+        """The session is stopping: the chunk in progress may go in even if the reader is behind (bounded: +1)."""
+        self._capacity += 1
+        self._changed.set()
+
+    async def put(self, chunk: ChunkOutput) -> None:
+        while len(self._items) >= self._capacity and not self._ended:
+            self._changed.clear()
+            await self._changed.wait()
+        if not self._ended:
+            self._items.append(chunk)
+            self._changed.set()
+
+    def end(self, failure: str | None) -> None:
+        if not self._ended:
+            self._ended = True
+            self._failure = failure
+            self._changed.set()
+
+    async def __aiter__(self) -> AsyncIterator[ChunkOutput]:
+        while True:
+            if self._items:
+                item = self._items.popleft()
+                self._changed.set()
+                yield item
+                continue
+            if self._ended:
+                if self._failure is not None:
+                    raise SessionFailedError(self._session_id, self._failure)
+                return
+            self._changed.clear()
+            await self._changed.wait()
+
+
+class LingBotSession:
+    """The policy of one session; created and driven by `LingBotService` (or the offline generator)."""
+
+    def __init__(
+        self,
+        session_id: str,
+        config: LingBotSessionConfig,
+        image: torch.Tensor | None,
+        orchestrator: StreamingPipelineOrchestrator,
+        clock: Clock,
+        lease: ChunkLease | None = None,
+        *,
+        pace_ahead_s: float | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.config = config
+        self._image = image
+        self._orchestrator = orchestrator
+        self._clock = clock
+        self._lease = lease
+        self._plan = config.chunk_plan
+        self.next_condition_index = 0
+        self.next_control_index = 0
+        self._latest: ControlSnapshot | None = None
+        self._applied_seq = -1
+        self._reset_pending = False
+        self._stop_requested = False
+        self._wake = asyncio.Event()
+        self._stream: OutputStream | None = None
+        self._submitted: dict[int, _Submitted] = {}
+        self._out = _ChunkQueue(session_id, _OUT_CAPACITY)
+        self._last_emit: float | None = None
+        self._pace_ahead_s = pace_ahead_s
+        self._media_origin: float | None = None
+        self.chunks_emitted = 0
+        self.stale_controls = 0
+        self.invalid_controls = 0
+        self.failure: str | None = None
+
+    @property
+    def num_chunks(self) -> int:
+        return self._plan.num_chunks
+
+    def is_finished(self) -> bool:
+        return self.next_control_index >= self._plan.num_chunks or self._stop_requested
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open the orchestrator session and prefetch the first conditions (before any control arrives)."""
+        self._stream = self._orchestrator.open_session(self.session_id)
+        self.refill()
+
+    def request_stop(self) -> None:
+        """Finish the chunk in progress, then end (a `Stop` control or a drain)."""
+        if not self._stop_requested:
+            self._stop_requested = True
+            self._out.allow_one_more()
+        self._wake.set()
+
+    def end_output(self, failure: str | None) -> None:
+        self._out.end(failure)
+
+    def chunks(self) -> AsyncIterator[ChunkOutput]:
+        return self._out.__aiter__()
+
+    # -- control ---------------------------------------------------------------------------------------------
+
+    def push(self, message: ControlMessage) -> None:
+        """Take a control message. Stale or duplicate snapshots are dropped and counted (newest wins)."""
+        if isinstance(message, ControlState):
+            if self._latest is not None and message.seq <= self._latest.seq:
+                self.stale_controls += 1
+                return
+            try:
+                self._latest = ControlSnapshot.from_keys(message.seq, message.keys)
+            except (ControlError, ValueError) as exc:
+                self.invalid_controls += 1
+                logger.info("session %s: invalid control snapshot dropped: %s", self.session_id, exc)
+                return
+        elif isinstance(message, ResetPose):
+            self._reset_pending = True
+        elif isinstance(message, Stop):
+            self.request_stop()
+        self._wake.set()
+
+    def wants_chunk(self) -> bool:
+        if self.is_finished():
+            return False
+        if self.next_control_index == 0 or self._reset_pending:
+            return True
+        latest = self._latest
+        return latest is not None and (not latest.idle or latest.seq > self._applied_seq)
+
+    # -- prefetch --------------------------------------------------------------------------------------------
+
+    def refill(self) -> None:
+        """Top the condition window up to LOOKAHEAD without waiting (a full edge just stops the refill)."""
+        while (
+            self.next_condition_index - self.next_control_index < LOOKAHEAD
+            and self.next_condition_index < self._plan.num_chunks
+        ):
+            index = self.next_condition_index
+            if not self._orchestrator.try_submit(self.session_id, {CONDITION_REQUEST: (index, self._request(index))}):
+                break
+            self.next_condition_index += 1
+        self._check_window()
+
+    def _request(self, index: int) -> ConditionRequest:
+        if index == 0:
+            return ConditionRequest(0, self._plan.chunk_size, self.config, self._image)
+        return ConditionRequest(index, self._plan.chunk_size)
+
+    def _check_window(self) -> None:
+        gap = self.next_condition_index - self.next_control_index
+        if not 0 <= gap <= LOOKAHEAD:
+            raise AssertionError(f"session {self.session_id}: condition window {gap} outside 0..{LOOKAHEAD}")
+
+    # -- the chunk loop --------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Generate chunks until the plan is done, a stop is requested, or the session fails."""
+        try:
+            while not self.is_finished():
+                if not self.wants_chunk():
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                await self._pace()
+                if self.is_finished():
+                    break
+                chunk = await self._one_chunk()
+                await self._out.put(chunk)
+        except SessionFailedError as exc:
+            self.failure = exc.reason
+            logger.warning("session %s failed: %s", self.session_id, exc.reason)
+
+    async def _pace(self) -> None:
+        """Real-time mode: start chunk i no earlier than `pace_ahead_s` before its media time is due.
+
+        Generation then stays about one chunk ahead of playback, so a key press shows up in the next chunk the
+        viewer sees instead of behind a growing backlog. Offline generation passes `pace_ahead_s=None`.
+        """
+        if self._pace_ahead_s is None or self._media_origin is None:
+            return
+        first_frame = self._plan.first_frame_of_chunk(self.next_control_index)
+        due = self._media_origin + first_frame / self.config.fps - self._pace_ahead_s
+        while not self._stop_requested:
+            delay = due - self._clock.now()
+            if delay <= 0:
+                return
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()  # a stop may arrive meanwhile; new controls wait for the deadline
+            except TimeoutError:
+                return
+
+    async def _one_chunk(self) -> ChunkOutput:
+        stream = self._stream
+        if stream is None:
+            raise RuntimeError("the session is not open")
+        wanted_at = self._clock.now()
+        grant: AbstractAsyncContextManager[None] = (
+            self._lease.grant(self.session_id) if self._lease is not None else nullcontext()
+        )
+        async with grant:
+            granted_at = self._clock.now()
+            index = self.next_control_index
+            latest = self._latest
+            snapshot = latest if latest is not None else ControlSnapshot(0, frozenset())
+            control = ControlArtifact(index, snapshot, reset_pose=self._reset_pending)
+            self._reset_pending = False
+            items: dict[str, tuple[int, object]] = {CONTROL: (index, control)}
+            starved = self.next_condition_index == index
+            if starved:
+                items[CONDITION_REQUEST] = (index, self._request(index))
+            await self._orchestrator.submit(self.session_id, items)
+            self.next_control_index += 1
+            if starved:
+                self.next_condition_index += 1
+            self._check_window()
+            self._submitted[index] = _Submitted(
+                latest.seq if latest is not None else -1, snapshot.keys, self._clock.now(), granted_at - wanted_at
+            )
+            item = await anext(stream)
+        self.refill()
+        return self._to_chunk(item.payload)
+
+    def _to_chunk(self, payload: object) -> ChunkOutput:
+        if not isinstance(payload, FramesArtifact):
+            raise RuntimeError(f"unexpected output {type(payload).__name__}")
+        now = self._clock.now()
+        record = self._submitted.pop(payload.chunk_index)
+        self._applied_seq = max(self._applied_seq, record.seq)
+        timings = {"control_to_output": now - record.submitted_at, "lease_wait": record.lease_wait}
+        if self._last_emit is not None:
+            timings["chunk_period"] = now - self._last_emit
+        self._last_emit = now
+        if self._media_origin is None:
+            self._media_origin = now
+        self.chunks_emitted += 1
+        return ChunkOutput(
+            session_id=self.session_id,
+            index=payload.chunk_index,
+            frames=payload.frames,
+            fps=float(self.config.fps),
+            first_frame_index=self._plan.first_frame_of_chunk(payload.chunk_index),
+            applied_seq=record.seq,
+            keys=record.keys,
+            timings=timings,
+        )

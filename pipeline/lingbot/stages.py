@@ -1,0 +1,206 @@
+"""The LingBot pipeline graph and its three stages over the `WorldModel` seam.
+
+    condition_request ─► encode ─► condition ─► denoise ◄─ control
+                                                  │
+                                                latent ─► decode ─► frames (output)
+
+Every edge is bounded (capacity 2 is the reference value) and `latency_anchor_artifact = "control"`, so a
+prefetched condition never starts the control-to-output clock. The reference-image prefix is encoded once, by the
+encode stage's call for chunk 0; that call's `condition` carries the base latent (and the session config) to the
+denoise side, where it stays resident in the denoiser's session cache. Every later `condition` carries only the
+`ChunkCondition` (chunk_index, chunk_size). The denoise stage owns the session's camera (`CameraController`):
+it turns each control snapshot into the chunk's Plücker-ray tensor in chunk order, so pose and pitch persist
+across chunks. Each stage releases its model part's per-session cache in `release`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from pipeline.actor import StageCall
+from pipeline.lingbot.camera import CameraController
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.controls import ControlSnapshot
+from pipeline.lingbot.errors import ModelSessionError
+from pipeline.lingbot.hud import draw_hud
+from pipeline.lingbot.model import ChunkCondition, ChunkDecoder, ChunkDenoiser, ReferenceEncoder
+from pipeline.spec import StreamingEdgeSpec, StreamingPipelineSpec, StreamingStageSpec
+
+__all__ = [
+    "CONDITION_REQUEST",
+    "CONTROL",
+    "FRAMES",
+    "ConditionArtifact",
+    "ConditionRequest",
+    "ControlArtifact",
+    "DecodeStage",
+    "DenoiseStage",
+    "EncodeStage",
+    "FramesArtifact",
+    "LatentArtifact",
+    "lingbot_pipeline_spec",
+]
+
+CONDITION_REQUEST = "condition_request"
+CONTROL = "control"
+FRAMES = "frames"
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionRequest:
+    """External input of the encode stage. Chunk 0's request carries the config and the reference image."""
+
+    chunk_index: int
+    chunk_size: int
+    config: LingBotSessionConfig | None = None
+    image: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionArtifact:
+    condition: ChunkCondition
+    base_latent: torch.Tensor | None = None  # only for chunk 0: handed to the denoise side once
+    config: LingBotSessionConfig | None = None  # only for chunk 0
+
+
+@dataclass(frozen=True, slots=True)
+class ControlArtifact:
+    """External input of the denoise stage: the control snapshot chunk `chunk_index` is generated from."""
+
+    chunk_index: int
+    snapshot: ControlSnapshot
+    reset_pose: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LatentArtifact:
+    chunk_index: int
+    latent: torch.Tensor
+    snapshot: ControlSnapshot
+    config: LingBotSessionConfig | None = None  # only for chunk 0
+
+
+@dataclass(frozen=True, slots=True)
+class FramesArtifact:
+    chunk_index: int
+    frames: npt.NDArray[np.uint8]
+    snapshot: ControlSnapshot
+
+
+def lingbot_pipeline_spec(edge_capacity: int = 2, output_capacity: int = 2) -> StreamingPipelineSpec:
+    return StreamingPipelineSpec(
+        stages=(
+            StreamingStageSpec("encode", consumes=(CONDITION_REQUEST,), produces=("condition",)),
+            StreamingStageSpec("denoise", consumes=("condition", CONTROL), produces=("latent",)),
+            StreamingStageSpec("decode", consumes=("latent",), produces=(FRAMES,)),
+        ),
+        edges=(
+            StreamingEdgeSpec(CONDITION_REQUEST, target="encode", capacity=edge_capacity),
+            StreamingEdgeSpec("condition", target="denoise", source="encode", capacity=edge_capacity),
+            StreamingEdgeSpec(CONTROL, target="denoise", capacity=edge_capacity),
+            StreamingEdgeSpec("latent", target="decode", source="denoise", capacity=edge_capacity),
+        ),
+        outputs=(FRAMES,),
+        output_capacity=output_capacity,
+        latency_anchor_artifact=CONTROL,
+    )
+
+
+class EncodeStage:
+    """VAE encode: encodes the reference prefix once per session (chunk 0), then only names chunks."""
+
+    def __init__(self, encoder: ReferenceEncoder) -> None:
+        self._encoder = encoder
+
+    def process(self, call: StageCall) -> Mapping[str, object]:
+        request = call.inputs[CONDITION_REQUEST]
+        if not isinstance(request, ConditionRequest):
+            raise ModelSessionError(f"encode expects a ConditionRequest, got {type(request).__name__}")
+        condition = ChunkCondition(request.chunk_index, request.chunk_size)
+        if request.chunk_index != 0:
+            return {"condition": ConditionArtifact(condition)}
+        if request.config is None:
+            raise ModelSessionError("the chunk 0 condition request must carry the session config")
+        self._encoder.create_cache(call.session_id, request.config)
+        base = self._encoder.encode_reference(call.session_id, request.image)
+        return {"condition": ConditionArtifact(condition, base_latent=base, config=request.config)}
+
+    def release(self, session_id: str) -> None:
+        self._encoder.release_cache(session_id)
+
+
+class DenoiseStage:
+    """DiT denoise: keeps the base latent resident (in the denoiser) and the session's camera (here)."""
+
+    def __init__(self, denoiser: ChunkDenoiser) -> None:
+        self._denoiser = denoiser
+        self._cameras: dict[str, CameraController] = {}
+        self._configs: dict[str, LingBotSessionConfig] = {}
+        self._lock = threading.Lock()  # process() and release() run on one thread; statistics may read
+
+    def process(self, call: StageCall) -> Mapping[str, object]:
+        condition = call.inputs["condition"]
+        control = call.inputs[CONTROL]
+        if not isinstance(condition, ConditionArtifact) or not isinstance(control, ControlArtifact):
+            raise ModelSessionError("denoise expects a ConditionArtifact and a ControlArtifact")
+        index = condition.condition.chunk_index
+        if control.chunk_index != index:
+            raise ModelSessionError(f"control for chunk {control.chunk_index} joined condition {index}")
+        sid = call.session_id
+        if condition.base_latent is not None:
+            config = condition.config
+            if config is None:
+                raise ModelSessionError("the chunk 0 condition carries no config")
+            self._denoiser.create_cache(sid, config, condition.base_latent)
+            with self._lock:
+                self._configs[sid] = config
+                self._cameras[sid] = CameraController(config.pose_steps(), config.latent_intrinsics())
+        with self._lock:
+            camera = self._cameras.get(sid)
+            config_or_none = self._configs.get(sid)
+        if camera is None or config_or_none is None:
+            raise ModelSessionError(f"session {sid!r} has no denoise cache (chunk 0 never ran here)")
+        if control.reset_pose:
+            camera.reset_pose()
+        chunk = camera.chunk_control(control.snapshot, index, condition.condition.chunk_size)
+        latent = self._denoiser.denoise_chunk(sid, index, condition.condition.chunk_size, chunk.plucker)
+        first_config = condition.config if index == 0 else None
+        return {"latent": LatentArtifact(index, latent, control.snapshot, first_config)}
+
+    def release(self, session_id: str) -> None:
+        with self._lock:
+            self._cameras.pop(session_id, None)
+            self._configs.pop(session_id, None)
+        self._denoiser.release_cache(session_id)
+
+
+class DecodeStage:
+    """VAE decode: latent chunk → uint8 RGB frames, with the optional HUD of the applied keys."""
+
+    def __init__(self, decoder: ChunkDecoder) -> None:
+        self._decoder = decoder
+        self._hud: dict[str, bool] = {}
+
+    def process(self, call: StageCall) -> Mapping[str, object]:
+        latent = call.inputs["latent"]
+        if not isinstance(latent, LatentArtifact):
+            raise ModelSessionError(f"decode expects a LatentArtifact, got {type(latent).__name__}")
+        sid = call.session_id
+        if latent.config is not None:
+            self._decoder.create_cache(sid, latent.config)
+            self._hud[sid] = latent.config.hud
+        frames = self._decoder.decode_chunk(sid, latent.chunk_index, latent.latent)
+        if self._hud.get(sid, False):
+            frames = draw_hud(frames, latent.snapshot)
+        array = np.ascontiguousarray(frames.cpu().numpy(), dtype=np.uint8)
+        return {FRAMES: FramesArtifact(latent.chunk_index, array, latent.snapshot)}
+
+    def release(self, session_id: str) -> None:
+        self._hud.pop(session_id, None)
+        self._decoder.release_cache(session_id)
