@@ -194,3 +194,27 @@ def pids_gone(pids: tuple[int, ...]) -> bool:
             continue
         return False
     return True
+
+
+class EchoStage:
+    """`x` → `y = (x, n)` where n counts the session's calls; `x == "block"` signals "started" and hangs."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
+        self._counts: dict[str, int] = {}
+
+    def process(self, call: StageCall) -> Mapping[str, object]:
+        value = call.inputs["x"]
+        if value == "block":
+            self._ctx.options["started"].set()
+            time.sleep(GATE_TIMEOUT_S)
+        count = self._counts.get(call.session_id, 0) + 1
+        self._counts[call.session_id] = count
+        return {"y": (value, count)}
+
+    def release(self, session_id: str) -> None:
+        self._counts.pop(session_id, None)
+
+
+def echo_stage(ctx: WorkerContext) -> EchoStage:
+    return EchoStage(ctx)
