@@ -398,20 +398,10 @@ class SchedulerCore:
 
     def complete(self, invocation_id: int, outputs: Mapping[str, object], started: float) -> ResultKind:
         """Take a stage result. Late results are classified and dropped; their reserved room is returned."""
-        inv = self._invocations.pop(invocation_id, None)
-        if inv is None:
-            return self._unknown_result(invocation_id)
-        self._remember(invocation_id)
-        session = self._finish_invocation(inv)
-        if session is None:
-            self._counters["orphaned"] += 1
-            return ResultKind.ORPHANED
-        if inv.cancelled or session.state not in _ACCEPTS_RESULTS:
-            self._unreserve(session, inv)
-            session.metrics.stale_results += 1
-            self._counters["stale"] += 1
-            self._check_quiescent(session)
-            return ResultKind.STALE
+        settled = self._settle(invocation_id)
+        if isinstance(settled, ResultKind):
+            return settled
+        inv, session = settled
         stage = self._graph.stages[inv.stage]
         if set(outputs) != set(stage.produces):
             self._unreserve(session, inv)
@@ -442,6 +432,16 @@ class SchedulerCore:
 
     def fail(self, invocation_id: int, reason: str) -> ResultKind:
         """A call raised (stage error, actor died or unavailable): fail its session unless it was discarded."""
+        settled = self._settle(invocation_id)
+        if isinstance(settled, ResultKind):
+            return settled
+        inv, session = settled
+        self._unreserve(session, inv)
+        self._fail(session, reason)
+        return ResultKind.DELIVERED
+
+    def _settle(self, invocation_id: int) -> tuple[_Invocation, _Session] | ResultKind:
+        """Finish a call's bookkeeping; classify it as duplicate, orphaned or stale, or return it to be used."""
         inv = self._invocations.pop(invocation_id, None)
         if inv is None:
             return self._unknown_result(invocation_id)
@@ -450,14 +450,13 @@ class SchedulerCore:
         if session is None:
             self._counters["orphaned"] += 1
             return ResultKind.ORPHANED
-        self._unreserve(session, inv)
         if inv.cancelled or session.state not in _ACCEPTS_RESULTS:
+            self._unreserve(session, inv)
             session.metrics.stale_results += 1
             self._counters["stale"] += 1
             self._check_quiescent(session)
             return ResultKind.STALE
-        self._fail(session, reason)
-        return ResultKind.DELIVERED
+        return inv, session
 
     def actor_died(self, stage_id: str, incarnation: int, reason: str) -> list[str]:
         """Fail every live session whose state lived in the dead incarnation of `stage_id`'s actor."""
