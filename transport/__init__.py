@@ -1,1 +1,187 @@
-"""transport package."""
+"""Binding sessions to browsers: LiveKit or embedded WebRTC, control protocol v1, frame pacing, tokens.
+
+The service builds one transport at start (`LiveKitTransport` when LiveKit is configured, else
+`EmbeddedTransport`) and attaches every admitted session's `SessionPort` to it. Importing this package never loads
+the `livekit.rtc` native library (it is loaded on first use, on the event loop), so it is safe before a fork.
+"""
+
+from __future__ import annotations
+
+from transport.base import (
+    ChunkStatus,
+    DoneStatus,
+    ErrorStatus,
+    SessionPort,
+    StateStatus,
+    StatusMessage,
+    Transport,
+)
+from transport.config import CONTROL_TOPIC, STATUS_TOPIC, EmbeddedConfig, LiveKitConfig
+from transport.control import ControlIntake, ControlStatistics
+from transport.embedded import (
+    EmbeddedBindingStatistics,
+    EmbeddedSessionBinding,
+    EmbeddedTransport,
+    EmbeddedTransportStatistics,
+    PacedVideoTrack,
+    PeerPresence,
+    ice_host_addresses,
+)
+from transport.errors import (
+    RoomJoinError,
+    RoomServiceAuthError,
+    RoomServiceError,
+    RoomServiceUnavailableError,
+    SessionAlreadyAttachedError,
+    SessionNotAttachedError,
+    SignalingError,
+    TransportClosedError,
+    TransportConfigError,
+    TransportError,
+    WebhookError,
+)
+from transport.events import ParticipantJoined, ParticipantLeft, RoomEvent, RoomFinished
+from transport.livekit_binding import (
+    BindingState,
+    ControllerPresence,
+    LiveKitBindingStatistics,
+    LiveKitSessionBinding,
+)
+from transport.livekit_room import (
+    OVER_DISCONNECT_REASONS,
+    LiveKitRoom,
+    LiveKitVideo,
+    LocalParticipantHandle,
+    LocalVideo,
+    Room,
+    RoomConnectionState,
+    RoomFactory,
+    RoomJoinOptions,
+    VideoPublishOptions,
+)
+from transport.livekit_transport import LiveKitTransport, LiveKitTransportStatistics
+from transport.outbox import Outbound, OutboxStatistics, StatusOutbox
+from transport.pacing import (
+    FramePacer,
+    FrameSink,
+    PacedFrame,
+    PacerStatistics,
+    PacingConfig,
+    PacingCore,
+    SendFrame,
+    WaitUntil,
+)
+from transport.protocol import (
+    ALLOWED_KEYS,
+    KEY_ALIASES,
+    MAX_INBOUND_BYTES,
+    MAX_SEQ,
+    MAX_STATUS_BYTES,
+    PROTOCOL_VERSION,
+    ControlInbox,
+    InboxStatistics,
+    ProtocolError,
+    ProtocolErrorCode,
+    decode_control,
+    decode_status,
+    encode_control,
+    encode_status,
+    error_status,
+)
+from transport.rooms import RoomAdmin, RoomConfig, RoomInfo, RoomManager
+from transport.timers import LoopTimers, TimerHandle, Timers
+from transport.tokens import DEFAULT_JOIN_TTL, IssuedToken, ParticipantRole, TokenIssuer, room_name_for
+from transport.webhooks import WebhookHandler
+
+__all__ = [
+    "ALLOWED_KEYS",
+    "CONTROL_TOPIC",
+    "DEFAULT_JOIN_TTL",
+    "KEY_ALIASES",
+    "MAX_INBOUND_BYTES",
+    "MAX_SEQ",
+    "MAX_STATUS_BYTES",
+    "OVER_DISCONNECT_REASONS",
+    "PROTOCOL_VERSION",
+    "STATUS_TOPIC",
+    "BindingState",
+    "ChunkStatus",
+    "ControlInbox",
+    "ControlIntake",
+    "ControlStatistics",
+    "ControllerPresence",
+    "DoneStatus",
+    "EmbeddedBindingStatistics",
+    "EmbeddedConfig",
+    "EmbeddedSessionBinding",
+    "EmbeddedTransport",
+    "EmbeddedTransportStatistics",
+    "ErrorStatus",
+    "FramePacer",
+    "FrameSink",
+    "InboxStatistics",
+    "IssuedToken",
+    "LiveKitBindingStatistics",
+    "LiveKitConfig",
+    "LiveKitRoom",
+    "LiveKitSessionBinding",
+    "LiveKitTransport",
+    "LiveKitTransportStatistics",
+    "LiveKitVideo",
+    "LocalParticipantHandle",
+    "LocalVideo",
+    "LoopTimers",
+    "Outbound",
+    "OutboxStatistics",
+    "PacedFrame",
+    "PacedVideoTrack",
+    "PacerStatistics",
+    "PacingConfig",
+    "PacingCore",
+    "ParticipantJoined",
+    "ParticipantLeft",
+    "ParticipantRole",
+    "PeerPresence",
+    "ProtocolError",
+    "ProtocolErrorCode",
+    "Room",
+    "RoomAdmin",
+    "RoomConfig",
+    "RoomConnectionState",
+    "RoomEvent",
+    "RoomFactory",
+    "RoomFinished",
+    "RoomInfo",
+    "RoomJoinError",
+    "RoomJoinOptions",
+    "RoomManager",
+    "RoomServiceAuthError",
+    "RoomServiceError",
+    "RoomServiceUnavailableError",
+    "SendFrame",
+    "SessionAlreadyAttachedError",
+    "SessionNotAttachedError",
+    "SessionPort",
+    "SignalingError",
+    "StateStatus",
+    "StatusMessage",
+    "StatusOutbox",
+    "TimerHandle",
+    "Timers",
+    "TokenIssuer",
+    "Transport",
+    "TransportClosedError",
+    "TransportConfigError",
+    "TransportError",
+    "VideoPublishOptions",
+    "WaitUntil",
+    "WebhookError",
+    "WebhookHandler",
+    "decode_control",
+    "decode_status",
+    "encode_control",
+    "encode_status",
+    "error_status",
+    "ice_host_addresses",
+    "room_name_for",
+]

@@ -87,7 +87,7 @@ class SessionPort(Protocol):
         ...
 
     def status(self) -> AsyncIterator[StatusMessage]:
-        """Status messages from now on; ends after `DoneStatus`."""
+        """Status messages from now on, starting with the current `StateStatus`; ends after `DoneStatus`."""
         ...
 
     def client_gone(self, reason: str) -> None:
@@ -109,6 +109,10 @@ class Transport(Protocol):
 
     async def attach(self, port: SessionPort) -> Mapping[str, object]:
         """Start serving the session; return the JSON-able join details for the client."""
+        ...
+
+    def join_details(self, session_id: str) -> Mapping[str, object]:
+        """Fresh join details for an attached session (e.g. a new short-lived LiveKit token for a GET)."""
         ...
 
     async def detach(self, session_id: str, reason: str) -> None:

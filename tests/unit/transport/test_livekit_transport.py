@@ -1,0 +1,205 @@
+"""The LiveKit transport end to end without a server: real livekit-api against the fake Twirp RoomService, the
+binding on scripted rooms, webhooks signed for real."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from livekit import api
+from livekit.api.access_token import Claims
+
+from tests.fakes.livekit import FakeRoomFactory, FakeRoomService, sign_webhook, webhook_body
+from tests.fakes.transport_port import FakeSessionPort
+from tests.fakes.transport_timers import FakeTimers
+from transport.config import LiveKitConfig
+from transport.errors import (
+    RoomJoinError,
+    RoomServiceError,
+    SessionAlreadyAttachedError,
+    SessionNotAttachedError,
+    TransportClosedError,
+    WebhookError,
+)
+from transport.events import ParticipantLeft, RoomFinished
+from transport.livekit_binding import ControllerPresence
+from transport.livekit_transport import LiveKitTransport
+from transport.rooms import RoomConfig
+
+KEY, SECRET = "devkey", "secret-that-is-long-enough-for-hs256-0123456789"
+
+
+@dataclass
+class Setup:
+    server: FakeRoomService
+    factory: FakeRoomFactory
+    timers: FakeTimers
+    transport: LiveKitTransport
+
+
+@pytest.fixture
+async def setup() -> AsyncIterator[Setup]:
+    server = FakeRoomService(KEY, SECRET)
+    url = await server.start()
+    factory = FakeRoomFactory(KEY, SECRET)
+    timers = FakeTimers()
+    config = LiveKitConfig(
+        url=url,
+        client_url="wss://livekit.example",
+        api_key=KEY,
+        api_secret=SECRET,
+        reconnect_grace=5.0,
+        room=RoomConfig(empty_timeout=40, departure_timeout=25, max_participants=4),
+    )
+    transport = LiveKitTransport(config, room_factory=factory, timers=timers)
+    await transport.start()
+    yield Setup(server, factory, timers, transport)
+    await transport.stop()
+    await server.close()
+
+
+def _claims(token: object) -> Claims:
+    assert isinstance(token, str)
+    return api.TokenVerifier(KEY, SECRET).verify(token)
+
+
+async def test_attach_creates_the_room_and_returns_controller_join_details(setup: Setup) -> None:
+    details = await setup.transport.attach(FakeSessionPort("s1"))
+    assert details["kind"] == "livekit"
+    assert details["url"] == "wss://livekit.example"
+    assert details["room"] == "lingstream-s1"
+    assert details["control_topic"] == "lingstream.control"
+    assert details["status_topic"] == "lingstream.status"
+    claims = _claims(details["token"])
+    assert claims.identity == details["identity"]
+    assert str(details["identity"]).startswith("ctl-s1-")
+    assert claims.video is not None
+    assert claims.video.room == "lingstream-s1"
+    assert claims.video.can_publish is False
+    assert str(details["service_identity"]).startswith("svc-s1-")
+    room = setup.server.rooms["lingstream-s1"]
+    assert (room.empty_timeout, room.departure_timeout, room.max_participants) == (40, 25, 4)
+    # The service participant joined that room with its own token.
+    (_, token, _) = setup.factory.current.connects[0]
+    assert _claims(token).identity == details["service_identity"]
+
+
+async def test_each_session_gets_its_own_room_and_identities(setup: Setup) -> None:
+    first = await setup.transport.attach(FakeSessionPort("s1"))
+    second = await setup.transport.attach(FakeSessionPort("s2"))
+    assert first["room"] != second["room"]
+    assert first["identity"] != second["identity"]
+    assert set(setup.server.rooms) == {"lingstream-s1", "lingstream-s2"}
+    assert setup.transport.statistics().sessions == 2
+
+
+async def test_attach_twice_is_refused(setup: Setup) -> None:
+    port = FakeSessionPort("s1")
+    await setup.transport.attach(port)
+    with pytest.raises(SessionAlreadyAttachedError):
+        await setup.transport.attach(port)
+
+
+async def test_failed_join_deletes_the_room_again(setup: Setup) -> None:
+    setup.factory.fail_connects = 1
+    with pytest.raises(RoomJoinError):
+        await setup.transport.attach(FakeSessionPort("s1"))
+    assert "lingstream-s1" not in setup.server.rooms
+    assert len(setup.server.calls_of("DeleteRoom")) == 1
+    assert setup.transport.statistics().attach_failures == 1
+    with pytest.raises(SessionNotAttachedError):
+        setup.transport.join_details("s1")
+
+
+async def test_room_service_failure_fails_the_attach(setup: Setup) -> None:
+    setup.server.fail_next["CreateRoom"] = ("internal", "database down")
+    with pytest.raises(RoomServiceError, match="database down"):
+        await setup.transport.attach(FakeSessionPort("s1"))
+    assert setup.factory.rooms == []
+
+
+async def test_join_details_reissue_the_same_controller_identity(setup: Setup) -> None:
+    details = await setup.transport.attach(FakeSessionPort("s1"))
+    again = setup.transport.join_details("s1")
+    assert again["identity"] == details["identity"]
+    assert _claims(again["token"]).identity == details["identity"]
+
+
+async def test_viewer_details_mint_watch_only_identities(setup: Setup) -> None:
+    await setup.transport.attach(FakeSessionPort("s1"))
+    one = setup.transport.viewer_details("s1")
+    two = setup.transport.viewer_details("s1")
+    assert one["identity"] != two["identity"]
+    video = _claims(one["token"]).video
+    assert video is not None
+    assert (video.can_subscribe, video.can_publish, video.can_publish_data) == (True, False, False)
+    assert "control_topic" not in one
+    with pytest.raises(SessionNotAttachedError):
+        setup.transport.viewer_details("nope")
+
+
+async def test_webhook_departure_reaches_the_session(setup: Setup) -> None:
+    port = FakeSessionPort("s1")
+    details = await setup.transport.attach(port)
+    controller = str(details["identity"])
+    setup.factory.current.participant_joins(controller)
+    setup.factory.current.remote.discard(controller)  # the room no longer has it either
+    body = webhook_body("participant_left", "lingstream-s1", controller)
+    event = setup.transport.handle_webhook(body, sign_webhook(body, KEY, SECRET))
+    assert event == ParticipantLeft("lingstream-s1", controller)
+    assert setup.transport.session_statistics("s1").controller is ControllerPresence.AWAY
+    setup.timers.advance(5.0)
+    assert port.gone == ["the controller left"]
+
+
+async def test_webhook_room_finished_ends_the_session(setup: Setup) -> None:
+    port = FakeSessionPort("s1")
+    await setup.transport.attach(port)
+    body = webhook_body("room_finished", "lingstream-s1")
+    assert setup.transport.handle_webhook(body, sign_webhook(body, KEY, SECRET)) == RoomFinished("lingstream-s1")
+    assert port.gone == ["the room finished"]
+
+
+async def test_bad_webhooks_are_rejected_and_counted(setup: Setup) -> None:
+    body = webhook_body("room_finished", "lingstream-s1")
+    with pytest.raises(WebhookError):
+        setup.transport.handle_webhook(body, sign_webhook(body, KEY, "wrong-secret-that-is-long-enough-012345678"))
+    with pytest.raises(WebhookError):
+        setup.transport.handle_webhook(body + " ", sign_webhook(body, KEY, SECRET))
+    stats = setup.transport.statistics()
+    assert (stats.webhooks_received, stats.webhooks_rejected) == (2, 2)
+
+
+async def test_webhook_for_an_unknown_room_is_counted(setup: Setup) -> None:
+    body = webhook_body("room_finished", "lingstream-gone")
+    assert setup.transport.handle_webhook(body, sign_webhook(body, KEY, SECRET)) == RoomFinished("lingstream-gone")
+    assert setup.transport.statistics().webhooks_unmatched == 1
+
+
+async def test_detach_leaves_and_deletes_the_room_once(setup: Setup) -> None:
+    await setup.transport.attach(FakeSessionPort("s1"))
+    room = setup.factory.current
+    await setup.transport.detach("s1", "closed")
+    await setup.transport.detach("s1", "closed")
+    assert room.disconnects == 1
+    assert "lingstream-s1" not in setup.server.rooms
+    assert len(setup.server.calls_of("DeleteRoom")) == 1
+
+
+async def test_detach_survives_a_room_already_gone_or_a_failing_server(setup: Setup) -> None:
+    await setup.transport.attach(FakeSessionPort("s1"))
+    await setup.transport.attach(FakeSessionPort("s2"))
+    del setup.server.rooms["lingstream-s1"]  # deleted elsewhere: not_found is fine
+    await setup.transport.detach("s1", "closed")
+    setup.server.fail_next["DeleteRoom"] = ("unavailable", "try later")
+    await setup.transport.detach("s2", "closed")
+    assert setup.transport.statistics().room_delete_failures == 1
+
+
+async def test_stop_detaches_everything_and_refuses_new_sessions(setup: Setup) -> None:
+    await setup.transport.attach(FakeSessionPort("s1"))
+    await setup.transport.stop()
+    assert setup.server.rooms == {}
+    with pytest.raises(TransportClosedError):
+        await setup.transport.attach(FakeSessionPort("s2"))

@@ -1,0 +1,651 @@
+"""The embedded transport: direct WebRTC between the browser and the service (aiortc), for machines without LiveKit.
+
+The browser POSTs an SDP offer (a receive-only video transceiver and a data channel labelled "control") to the
+session's offer URL; the REST route calls `EmbeddedTransport.answer`, which creates a peer connection, attaches a
+video track fed by the session's frame pacer, and returns the answer (candidates included: aiortc gathers before
+answering, no trickle). The data channel carries control protocol v1 both ways. Every offer for the same session
+*rebinds*: a new peer connection takes over the same pacer, control intake and status stream, and the previous one
+is closed; the session (pose, chunk index, sequence numbers) never notices. A peer connection that fails or
+closes starts the `reconnect_grace` timer; a new offer that connects within it resumes, expiry ends the session.
+
+Host candidates: aioice gathers on every interface except loopback and has no setting to change that.
+`ice_host_addresses(...)` limits gathering to the given addresses for the peer connections negotiated inside it,
+by wrapping aioice's address lookup once (the wrapper reads a context variable and otherwise defers to aioice).
+`EmbeddedConfig.ice_host_addresses` defaults to loopback only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import enum
+import fractions
+import logging
+from collections import deque
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import aioice.ice
+import av
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+from aiortc.mediastreams import MediaStreamError
+
+from pipeline.clock import Clock, MonotonicClock
+from transport.base import ChunkStatus, SessionPort, StateStatus, StatusMessage
+from transport.config import EmbeddedConfig
+from transport.control import ControlIntake, ControlStatistics
+from transport.errors import (
+    SessionAlreadyAttachedError,
+    SessionNotAttachedError,
+    SignalingError,
+    TransportClosedError,
+)
+from transport.outbox import (
+    Outbound,
+    OutboxStatistics,
+    StatusOutbox,
+    encode_outbound,
+    flush_status,
+    relay_status,
+)
+from transport.pacing import FramePacer, PacedFrame, PacerStatistics, PacingConfig
+from transport.timers import LoopTimers, TimerHandle, Timers
+
+__all__ = [
+    "EmbeddedBindingStatistics",
+    "EmbeddedSessionBinding",
+    "EmbeddedTransport",
+    "EmbeddedTransportStatistics",
+    "PacedVideoTrack",
+    "PeerPresence",
+    "ice_host_addresses",
+]
+
+logger = logging.getLogger(__name__)
+
+VIDEO_CLOCK_RATE = 90_000
+_TRACK_QUEUE = 3  # frames waiting in a track for the RTP sender; the pacer already paces, this only absorbs jitter
+
+_HOST_ADDRESSES: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
+    "lingstream_ice_host_addresses", default=None
+)
+
+
+class _HostAddressHook:
+    """Installs, once per process, a wrapper around `aioice.ice.get_host_addresses` that honours
+    `_HOST_ADDRESSES` and otherwise calls the original."""
+
+    installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        if cls.installed:
+            return
+        original = aioice.ice.get_host_addresses
+
+        def host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+            chosen = _HOST_ADDRESSES.get()
+            if chosen is None:
+                return original(use_ipv4, use_ipv6)
+            return [address for address in chosen if (use_ipv6 if ":" in address else use_ipv4)]
+
+        aioice.ice.get_host_addresses = host_addresses
+        cls.installed = True
+
+
+@contextlib.contextmanager
+def ice_host_addresses(addresses: Sequence[str] | None) -> Iterator[None]:
+    """Gather ICE host candidates only on `addresses` for peer connections whose local description is set inside
+    this block (None: aioice's default). Context-local: other tasks are not affected."""
+    _HostAddressHook.install()
+    token = _HOST_ADDRESSES.set(tuple(addresses) if addresses is not None else None)
+    try:
+        yield
+    finally:
+        _HOST_ADDRESSES.reset(token)
+
+
+class PacedVideoTrack(MediaStreamTrack):
+    """A video track fed by the frame pacer: `offer(frame)` from the pacer's sink, `recv()` by aiortc's sender.
+
+    The pacer already releases frames on their deadlines, so `recv` only waits for the next one. Between the two
+    sits a queue of `_TRACK_QUEUE` frames, latest wins (the oldest is dropped, counted). Presentation timestamps
+    are the frame's slot on the output timeline at 90 kHz, so they advance with wall time even when frames are
+    dropped. `stop()` ends a pending `recv` with `MediaStreamError`, which ends aiortc's sender loop.
+    """
+
+    kind = "video"
+
+    def __init__(self, fps: float) -> None:
+        super().__init__()
+        self._ticks_per_frame = VIDEO_CLOCK_RATE / fps
+        self._frames: deque[PacedFrame] = deque()
+        self._available = asyncio.Event()
+        self.dropped = 0
+        self.delivered = 0
+
+    def offer(self, frame: PacedFrame) -> None:
+        if self.readyState != "live":
+            return
+        if len(self._frames) >= _TRACK_QUEUE:
+            self._frames.popleft()
+            self.dropped += 1
+        self._frames.append(frame)
+        self._available.set()
+
+    async def recv(self) -> av.VideoFrame:
+        while not self._frames:
+            if self.readyState != "live":
+                raise MediaStreamError
+            self._available.clear()
+            await self._available.wait()
+        if self.readyState != "live":
+            raise MediaStreamError
+        frame = self._frames.popleft()
+        video = av.VideoFrame.from_ndarray(frame.image, format="rgb24")
+        video.pts = round(frame.media_index * self._ticks_per_frame)
+        video.time_base = fractions.Fraction(1, VIDEO_CLOCK_RATE)
+        self.delivered += 1
+        return video
+
+    def stop(self) -> None:
+        super().stop()
+        self._frames.clear()
+        self._available.set()
+
+
+class PeerPresence(enum.Enum):
+    EXPECTED = "expected"  # no peer connection has connected yet; the initial join timer runs
+    CONNECTED = "connected"  # the current peer connection is connected
+    AWAY = "away"  # the current peer connection failed or closed; the reconnect grace timer runs
+    GONE = "gone"  # nobody came back in time (client_gone was called)
+
+
+@dataclass(slots=True)
+class _Peer:
+    pc: RTCPeerConnection
+    track: PacedVideoTrack
+    generation: int
+    channel: RTCDataChannel | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedBindingStatistics:
+    """`offers`: answered offers (each one a bind or rebind). `frames_offered`: frames handed to a track;
+    `frames_unsent`: frames the pacer released with no peer to take them; `track_dropped`: frames a track's
+    queue dropped because its sender was behind."""
+
+    presence: PeerPresence
+    offers: int
+    offers_rejected: int
+    peers_failed: int
+    peer_returns: int
+    frames_offered: int
+    frames_unsent: int
+    track_dropped: int
+    control: ControlStatistics
+    pacer: PacerStatistics
+    outbox: OutboxStatistics
+
+
+class EmbeddedSessionBinding:
+    """One session served over direct WebRTC; successive peer connections rebind to it.
+
+    Cancellation contract: `close()` first lets the last status messages out (the session's final `done`, bounded
+    by `status_flush_timeout`), then cancels and awaits the binding's tasks (feeding the pacer, pacing, relaying
+    and sending status) and closes the current peer connection. An `answer` in flight when `close` runs fails
+    with `SessionNotAttachedError` and its peer connection is closed.
+    """
+
+    def __init__(
+        self, port: SessionPort, *, config: EmbeddedConfig, timers: Timers, clock: Clock | None = None
+    ) -> None:
+        self._port = port
+        self._config = config
+        self._timers = timers
+        clock = clock if clock is not None else MonotonicClock()
+        self._pacer = FramePacer(
+            PacingConfig(
+                fps=port.fps,
+                width=port.width,
+                height=port.height,
+                ring_frames=config.ring_frames,
+                reanchor_after=config.reanchor_after,
+            ),
+            clock=clock,
+        )
+        self._intake = ControlIntake(port, self._reply, clock=clock)
+        self._outbox = StatusOutbox()
+        self._rtc_config = RTCConfiguration(iceServers=[RTCIceServer(urls=url) for url in config.ice_servers])
+        self._peer: _Peer | None = None
+        self._generation = 0
+        self._answer_lock = asyncio.Lock()
+        self._channel_open = asyncio.Event()
+        self._presence = PeerPresence.EXPECTED
+        self._timer: TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._relay: asyncio.Task[None] | None = None
+        self._last_state: StateStatus | None = None
+        self._closed = False
+        self._offers = 0
+        self._offers_rejected = 0
+        self._peers_failed = 0
+        self._peer_returns = 0
+        self._frames_offered = 0
+        self._frames_unsent = 0
+        self._track_dropped = 0
+
+    @property
+    def session_id(self) -> str:
+        return self._port.session_id
+
+    @property
+    def presence(self) -> PeerPresence:
+        return self._presence
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def peer_connection(self) -> RTCPeerConnection | None:
+        return self._peer.pc if self._peer is not None else None
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro, name=f"{name}:{self.session_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("session %s: task %s failed", self.session_id, task.get_name(), exc_info=task.exception())
+
+    def start(self) -> None:
+        self._start_timer(self._config.initial_join_timeout, "the client never connected")
+        self._spawn(self._feed(), "rtc-feed")
+        self._spawn(self._pacer.run(self._sink), "rtc-pacer")
+        self._relay = self._spawn(relay_status(self._port, self._outbox, self._encode_status), "rtc-status")
+        self._spawn(self._outbox.run(self), "rtc-send")
+
+    # -- signalling -----------------------------------------------------------------------------------------------
+
+    async def answer(self, offer_sdp: str) -> tuple[str, str]:
+        """Answer an offer with a new peer connection that replaces the current one. Raises `SignalingError`."""
+        async with self._answer_lock:
+            if self._closed:
+                raise SessionNotAttachedError(self.session_id)
+            self._generation += 1
+            peer = _Peer(
+                pc=RTCPeerConnection(self._rtc_config),
+                track=PacedVideoTrack(self._port.fps),
+                generation=self._generation,
+            )
+            self._register(peer)
+            try:
+                async with asyncio.timeout(self._config.answer_timeout):
+                    with ice_host_addresses(self._config.ice_host_addresses):
+                        local = await self._negotiate(peer, offer_sdp)
+            except (SignalingError, asyncio.CancelledError):
+                await self._reject(peer)
+                raise
+            except TimeoutError as exc:
+                await self._reject(peer)
+                raise SignalingError(f"answering the offer took over {self._config.answer_timeout} s") from exc
+            except Exception as exc:  # aiortc raises assorted errors for a malformed SDP
+                await self._reject(peer)
+                raise SignalingError(f"the offer could not be answered: {type(exc).__name__}: {exc}") from exc
+            if self.closed:  # closed while negotiating
+                await self._close_peer(peer)
+                raise SessionNotAttachedError(self.session_id)
+            previous, self._peer = self._peer, peer
+            self._channel_open.clear()
+            self._offers += 1
+            # Until the new peer connection connects, the client is between connections: it has a whole grace
+            # period to finish connecting (a rebind that never connects must not keep the session forever).
+            if self._presence is PeerPresence.CONNECTED:
+                self._presence = PeerPresence.AWAY
+            if self._presence is not PeerPresence.GONE:
+                first = self._presence is PeerPresence.EXPECTED
+                reason = "the client never connected" if first else "the client did not reconnect"
+                self._start_timer(self._config.reconnect_grace, reason)
+            if previous is not None:
+                logger.info("session %s: rebinding to a new peer connection", self.session_id)
+                await self._close_peer(previous)
+            return local.sdp, local.type
+
+    async def _reject(self, peer: _Peer) -> None:
+        self._offers_rejected += 1
+        await self._close_peer(peer)
+
+    async def _negotiate(self, peer: _Peer, offer_sdp: str) -> RTCSessionDescription:
+        pc = peer.pc
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        if not any(transceiver.kind == "video" for transceiver in pc.getTransceivers()):
+            raise SignalingError("the offer has no video media section (add a recvonly video transceiver)")
+        pc.addTrack(peer.track)
+        await pc.setLocalDescription(await pc.createAnswer())
+        local = pc.localDescription
+        if local is None:
+            raise SignalingError("aiortc produced no local description")
+        return local
+
+    def _register(self, peer: _Peer) -> None:
+        pc = peer.pc
+
+        def current() -> bool:
+            return self._peer is peer and not self._closed
+
+        def on_datachannel(channel: RTCDataChannel) -> None:
+            if channel.label != self._config.control_label:
+                self._intake.ignore()
+                return
+
+            def on_message(message: bytes | str) -> None:
+                if current() and peer.channel is channel:
+                    self._intake.receive(message)
+
+            def on_open() -> None:
+                if current() and peer.channel is channel:
+                    self._channel_opened()
+
+            def on_close() -> None:
+                if peer.channel is channel:
+                    peer.channel = None
+                    if current():
+                        self._channel_open.clear()
+
+            peer.channel = channel
+            channel.on("message", on_message)
+            channel.on("open", on_open)
+            channel.on("close", on_close)
+            if channel.readyState == "open" and current():
+                self._channel_opened()
+
+        def on_connection_state() -> None:
+            if not current():
+                return
+            state = pc.connectionState
+            if state == "connected":
+                self._connected()
+                if peer.channel is not None and peer.channel.readyState == "open":
+                    self._channel_open.set()
+            elif state in ("failed", "closed"):
+                self._lost(peer, state)
+
+        pc.on("datachannel", on_datachannel)
+        pc.on("connectionstatechange", on_connection_state)
+
+    def _connected(self) -> None:
+        if self._presence is PeerPresence.GONE:
+            return
+        self._cancel_timer()
+        if self._presence is PeerPresence.AWAY:
+            self._peer_returns += 1
+            logger.info("session %s: the client is back within the grace", self.session_id)
+        self._presence = PeerPresence.CONNECTED
+
+    def _lost(self, peer: _Peer, state: str) -> None:
+        self._channel_open.clear()
+        if state == "failed":
+            self._peers_failed += 1
+            self._spawn(self._close_peer(peer), "rtc-close-failed")
+        if self._presence is PeerPresence.CONNECTED:
+            self._presence = PeerPresence.AWAY
+            logger.info(
+                "session %s: peer connection %s; %.1f s to reconnect",
+                self.session_id,
+                state,
+                self._config.reconnect_grace,
+            )
+            self._start_timer(self._config.reconnect_grace, "the client left")
+
+    def _start_timer(self, delay: float, reason: str) -> None:
+        self._cancel_timer()
+        self._timer = self._timers.call_later(delay, lambda: self._timer_expired(reason))
+
+    def _cancel_timer(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def _timer_expired(self, reason: str) -> None:
+        self._timer = None
+        if self._closed or self._presence not in (PeerPresence.EXPECTED, PeerPresence.AWAY):
+            return
+        self._presence = PeerPresence.GONE
+        logger.info("session %s: the client is gone: %s", self.session_id, reason)
+        try:
+            self._port.client_gone(reason)
+        except Exception:
+            logger.exception("session %s: client_gone failed", self.session_id)
+
+    async def _close_peer(self, peer: _Peer) -> None:
+        peer.track.stop()
+        self._track_dropped += peer.track.dropped
+        peer.track.dropped = 0
+        try:
+            await peer.pc.close()
+        except Exception:
+            logger.warning("session %s: closing a peer connection failed", self.session_id, exc_info=True)
+
+    # -- frames and status ----------------------------------------------------------------------------------------
+
+    def _sink(self, frame: PacedFrame) -> None:
+        peer = self._peer
+        if peer is None or peer.pc.connectionState != "connected":
+            self._frames_unsent += 1
+            return
+        peer.track.offer(frame)
+        self._frames_offered += 1
+
+    async def _feed(self) -> None:
+        async for chunk in self._port.chunks():
+            self._pacer.push_chunk(chunk)
+
+    def _encode_status(self, message: StatusMessage) -> Outbound:
+        # "Lossy" in the outbox's sense: dropped while no channel is open (they would be stale by then), sent on the
+        # ordered, reliable data channel otherwise. That covers chunk statuses and states (the current state is
+        # sent again on every channel that opens); errors and `done` wait for a channel.
+        encoded = encode_outbound(message, max_bytes=self._config.status_max_bytes)
+        if isinstance(message, StateStatus):
+            self._last_state = message
+            return Outbound(encoded.payload, reliable=False)
+        if isinstance(message, ChunkStatus):
+            return Outbound(encoded.payload, reliable=False)
+        return encoded
+
+    def _channel_opened(self) -> None:
+        self._channel_open.set()
+        if self._last_state is not None:
+            self._reply(self._last_state)
+
+    def _reply(self, message: StatusMessage) -> None:
+        self._outbox.put(encode_outbound(message, max_bytes=self._config.status_max_bytes))
+
+    @property
+    def link_ready(self) -> bool:
+        peer = self._peer
+        return peer is not None and peer.channel is not None and peer.channel.readyState == "open"
+
+    async def wait_link_ready(self) -> None:
+        while not self.link_ready:
+            self._channel_open.clear()
+            await self._channel_open.wait()
+
+    async def send_status(self, message: Outbound) -> None:
+        peer = self._peer
+        channel = peer.channel if peer is not None else None
+        if channel is None or channel.readyState != "open":
+            raise RuntimeError("the control data channel is not open")
+        channel.send(message.payload.decode("ascii"))
+
+    # -- closing --------------------------------------------------------------------------------------------------
+
+    async def close(self, reason: str = "detached") -> None:
+        """Stop serving the session and close its peer connection. Idempotent."""
+        if self._closed:
+            return
+        logger.info("session %s: closing the embedded binding (%s)", self.session_id, reason)
+        if self.link_ready:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._config.status_flush_timeout):
+                    await flush_status(self._relay, self._outbox)
+        if self.closed:
+            return  # closed by a concurrent call while flushing
+        self._closed = True
+        self._cancel_timer()
+        self._pacer.close()
+        tasks = tuple(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        async with self._answer_lock:
+            peer, self._peer = self._peer, None
+        if peer is not None:
+            await self._close_peer(peer)
+
+    def statistics(self) -> EmbeddedBindingStatistics:
+        peer = self._peer
+        return EmbeddedBindingStatistics(
+            presence=self._presence,
+            offers=self._offers,
+            offers_rejected=self._offers_rejected,
+            peers_failed=self._peers_failed,
+            peer_returns=self._peer_returns,
+            frames_offered=self._frames_offered,
+            frames_unsent=self._frames_unsent,
+            track_dropped=self._track_dropped + (peer.track.dropped if peer is not None else 0),
+            control=self._intake.statistics(),
+            pacer=self._pacer.statistics(),
+            outbox=self._outbox.statistics(),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedTransportStatistics:
+    sessions: int
+    attached_total: int
+    offers_total: int
+    offers_rejected: int
+
+
+class EmbeddedTransport:
+    """`Transport` over direct WebRTC. `attach` returns `{"kind": "embedded", "offer_url": ..., "data_channel":
+    "control"}`; the REST route passes each offer to `answer`."""
+
+    def __init__(
+        self, config: EmbeddedConfig | None = None, *, timers: Timers | None = None, clock: Clock | None = None
+    ) -> None:
+        self._config = config if config is not None else EmbeddedConfig()
+        self._timers: Timers = timers if timers is not None else LoopTimers()
+        self._clock = clock
+        self._bindings: dict[str, EmbeddedSessionBinding] = {}
+        self._running = False
+        self._attached_total = 0
+        self._offers_total = 0
+        self._offers_rejected = 0
+
+    @property
+    def kind(self) -> str:
+        return "embedded"
+
+    @property
+    def config(self) -> EmbeddedConfig:
+        return self._config
+
+    async def start(self) -> None:
+        _HostAddressHook.install()
+        self._running = True
+
+    async def stop(self) -> None:
+        """Detach every session (closing its peer connection). Idempotent."""
+        self._running = False
+        for session_id in tuple(self._bindings):
+            await self.detach(session_id, "the transport is stopping")
+
+    async def attach(self, port: SessionPort) -> Mapping[str, object]:
+        if not self._running:
+            raise TransportClosedError("the embedded transport is not started")
+        session_id = port.session_id
+        if session_id in self._bindings:
+            raise SessionAlreadyAttachedError(session_id)
+        binding = EmbeddedSessionBinding(port, config=self._config, timers=self._timers, clock=self._clock)
+        self._bindings[session_id] = binding
+        binding.start()
+        self._attached_total += 1
+        return self._details(session_id)
+
+    def _details(self, session_id: str) -> Mapping[str, object]:
+        return {
+            "kind": "embedded",
+            "offer_url": self._config.offer_path.format(session_id=quote(session_id, safe="")),
+            "data_channel": self._config.control_label,
+        }
+
+    def join_details(self, session_id: str) -> Mapping[str, object]:
+        """The join details again (they do not expire: every offer to the URL rebinds)."""
+        self.binding(session_id)
+        return self._details(session_id)
+
+    async def answer(self, session_id: str, offer_sdp: str, offer_type: str) -> tuple[str, str]:
+        """Answer the browser's SDP offer for the session: `(answer_sdp, "answer")`.
+
+        Raises `SessionNotAttachedError` (unknown or closed session) or `SignalingError` (not an offer, too big,
+        malformed, or no video section).
+        """
+        binding = self._bindings.get(session_id)
+        if binding is None:
+            raise SessionNotAttachedError(session_id)
+        self._offers_total += 1
+        if offer_type != "offer":
+            self._offers_rejected += 1
+            raise SignalingError(f"expected an SDP of type 'offer', got {offer_type[:32]!r}")
+        if (
+            len(offer_sdp) > self._config.max_offer_bytes
+            or len(offer_sdp.encode("utf-8")) > self._config.max_offer_bytes
+        ):
+            self._offers_rejected += 1
+            raise SignalingError(f"the offer is over {self._config.max_offer_bytes} bytes")
+        try:
+            return await binding.answer(offer_sdp)
+        except SignalingError:
+            self._offers_rejected += 1
+            raise
+
+    async def detach(self, session_id: str, reason: str) -> None:
+        binding = self._bindings.pop(session_id, None)
+        if binding is not None:
+            await binding.close(reason)
+
+    def binding(self, session_id: str) -> EmbeddedSessionBinding:
+        binding = self._bindings.get(session_id)
+        if binding is None:
+            raise SessionNotAttachedError(session_id)
+        return binding
+
+    def session_statistics(self, session_id: str) -> EmbeddedBindingStatistics:
+        return self.binding(session_id).statistics()
+
+    @property
+    def sessions(self) -> int:
+        return len(self._bindings)
+
+    def statistics(self) -> EmbeddedTransportStatistics:
+        return EmbeddedTransportStatistics(
+            sessions=len(self._bindings),
+            attached_total=self._attached_total,
+            offers_total=self._offers_total,
+            offers_rejected=self._offers_rejected,
+        )

@@ -1,0 +1,100 @@
+"""Errors raised by the transport package (LiveKit binding, embedded WebRTC, tokens, room management, webhooks).
+
+    TransportError
+    ├── TransportConfigError             a configuration value is invalid (the message names the field)
+    ├── TransportClosedError             the transport was stopped (or never started) when it was called
+    ├── SessionNotAttachedError          no session with this id is attached to the transport
+    ├── SessionAlreadyAttachedError      `attach` was called twice for the same session id
+    ├── RoomServiceError                 a LiveKit RoomService call failed (`code` is the server's error code)
+    │   ├── RoomServiceAuthError         the server rejected our credentials or grants (401/403)
+    │   └── RoomServiceUnavailableError  the server could not be reached, timed out or answered 5xx
+    ├── RoomJoinError                    the service participant could not join (or publish into) its room
+    ├── WebhookError                     a LiveKit webhook failed verification (signature, body hash, or body)
+    └── SignalingError                   an embedded WebRTC offer was malformed, oversized or could not be answered
+
+Malformed *control messages* are not errors here: the protocol decoder returns a `ProtocolError` value and the
+bindings answer it with an `error` status message (a client's mistake must never raise into the service).
+Foreign exceptions (livekit-api `ServerError`, `aiohttp` errors, `livekit.rtc.ConnectError`, aiortc errors) are
+translated where they are caught, always with `raise ... from exc`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RoomJoinError",
+    "RoomServiceAuthError",
+    "RoomServiceError",
+    "RoomServiceUnavailableError",
+    "SessionAlreadyAttachedError",
+    "SessionNotAttachedError",
+    "SignalingError",
+    "TransportClosedError",
+    "TransportConfigError",
+    "TransportError",
+    "WebhookError",
+]
+
+
+class TransportError(Exception):
+    """Root of every error the transport package raises."""
+
+
+class TransportConfigError(TransportError):
+    """A configuration value is invalid."""
+
+
+class TransportClosedError(TransportError):
+    """The transport is not running (never started, or stopped)."""
+
+
+class SessionNotAttachedError(TransportError):
+    """No session with this id is attached (never attached, or detached already)."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"no session {session_id!r} is attached to this transport")
+        self.session_id = session_id
+
+
+class SessionAlreadyAttachedError(TransportError):
+    """A session is attached once; reconnects rebind inside the transport."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} is already attached to this transport")
+        self.session_id = session_id
+
+
+class RoomServiceError(TransportError):
+    """A LiveKit RoomService call failed. `code` is the Twirp error code (e.g. "invalid_argument")."""
+
+    def __init__(self, operation: str, code: str, message: str, status: int | None = None) -> None:
+        where = f" (HTTP {status})" if status is not None else ""
+        super().__init__(f"LiveKit RoomService {operation} failed{where}: {code}: {message}")
+        self.operation = operation
+        self.code = code
+        self.status = status
+
+
+class RoomServiceAuthError(RoomServiceError):
+    """The LiveKit server rejected our API key, secret or grants: a deployment error, not a transient one."""
+
+
+class RoomServiceUnavailableError(RoomServiceError):
+    """The LiveKit server could not be reached, timed out, or failed internally (worth retrying later)."""
+
+
+class RoomJoinError(TransportError):
+    """The service participant could not join its room or publish its video track."""
+
+    def __init__(self, detail: str, room: str | None = None) -> None:
+        where = f" {room!r}" if room is not None else ""
+        super().__init__(f"the service participant could not join LiveKit room{where}: {detail}")
+        self.detail = detail
+        self.room = room
+
+
+class WebhookError(TransportError):
+    """A LiveKit webhook request failed verification; answer it with 401 and do not act on it."""
+
+
+class SignalingError(TransportError):
+    """An SDP offer for the embedded transport was rejected (malformed, oversized, wrong type, or unanswerable)."""

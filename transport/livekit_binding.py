@@ -1,0 +1,540 @@
+"""One session bound to its LiveKit room: the service participant that publishes the video and talks control.
+
+`LiveKitSessionBinding` joins the session's room as the service participant (auto-subscribe off), publishes one
+camera video track fed from the session's chunks through the frame pacer, takes control messages as data from the
+controller identity only, and publishes status messages on its own topic. It owns the reconnect rules:
+
+- the SDK resuming by itself (`reconnecting` → `reconnected`): generation goes on, nothing is republished;
+- the room connection lost for a reason that is not final (`disconnected` with e.g. SIGNAL_CLOSE): rejoin with a
+  fresh token as the same identity (a rebind; the session, its pacer and sequence state are untouched);
+- a final reason (room deleted or closed, participant removed, duplicate identity) or the room finishing: the
+  client is gone for good (`SessionPort.client_gone`);
+- the controller leaving: a `reconnect_grace` timer; its return within the grace resumes, expiry ends the session.
+  The same applies, with `initial_join_timeout`, to a controller that never joins.
+
+Lifecycle (`BindingState`), with its transitions in `_TRANSITIONS`:
+
+    NEW → JOINING → LIVE ⇄ REJOINING
+    LIVE | REJOINING → OVER   (client_gone was called; waiting for the service to detach)
+    any → CLOSED              (detached; terminal)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.clock import Clock, MonotonicClock
+from transport.base import SessionPort, StateStatus, StatusMessage
+from transport.config import LiveKitConfig
+from transport.control import ControlIntake, ControlStatistics
+from transport.errors import RoomJoinError
+from transport.events import ParticipantJoined, ParticipantLeft, RoomEvent, RoomFinished
+from transport.livekit_room import (
+    OVER_DISCONNECT_REASONS,
+    LocalVideo,
+    Room,
+    RoomConnectionState,
+    RoomFactory,
+    RoomJoinOptions,
+    VideoPublishOptions,
+)
+from transport.outbox import (
+    Outbound,
+    OutboxStatistics,
+    StatusOutbox,
+    encode_outbound,
+    flush_status,
+    relay_status,
+)
+from transport.pacing import FramePacer, PacedFrame, PacerStatistics, PacingConfig
+from transport.timers import TimerHandle, Timers
+from transport.tokens import TokenIssuer
+
+__all__ = [
+    "BindingState",
+    "ControllerPresence",
+    "LiveKitBindingStatistics",
+    "LiveKitSessionBinding",
+]
+
+logger = logging.getLogger(__name__)
+
+_MAX_REJOIN_BACKOFF = 5.0
+
+
+class BindingState(enum.Enum):
+    NEW = "new"  # created; start() not called yet
+    JOINING = "joining"  # the first join is in progress
+    LIVE = "live"  # in the room and publishing (the SDK may be resuming underneath: still live)
+    REJOINING = "rejoining"  # the room connection was lost, not for good: joining again with a fresh token
+    OVER = "over"  # the client is gone for good and client_gone was called; waiting for detach
+    CLOSED = "closed"  # detached: tasks stopped, room left, video source closed
+
+
+_TRANSITIONS: dict[BindingState, frozenset[BindingState]] = {
+    BindingState.NEW: frozenset({BindingState.JOINING, BindingState.CLOSED}),
+    BindingState.JOINING: frozenset({BindingState.LIVE, BindingState.CLOSED}),
+    BindingState.LIVE: frozenset({BindingState.REJOINING, BindingState.OVER, BindingState.CLOSED}),
+    BindingState.REJOINING: frozenset({BindingState.LIVE, BindingState.OVER, BindingState.CLOSED}),
+    BindingState.OVER: frozenset({BindingState.CLOSED}),
+    BindingState.CLOSED: frozenset(),
+}
+TERMINAL_STATES = frozenset({BindingState.CLOSED})
+
+
+class ControllerPresence(enum.Enum):
+    EXPECTED = "expected"  # not joined yet; the initial join timer runs
+    PRESENT = "present"  # in the room
+    AWAY = "away"  # left; the reconnect grace timer runs
+    GONE = "gone"  # did not come, or did not come back in time
+
+
+@dataclass(frozen=True, slots=True)
+class LiveKitBindingStatistics:
+    """`rejoins`: successful rejoins after a lost connection. `sdk_reconnects`: resumes the SDK did by itself.
+    `data_foreign`: data packets on the control topic from someone other than the controller (ignored).
+    `data_other_topic`: data on other topics (ignored). `frames_captured`: frames handed to the video source;
+    `frames_unsent`: frames the pacer released while no room was connected."""
+
+    state: BindingState
+    controller: ControllerPresence
+    rejoins: int
+    rejoin_failures: int
+    sdk_reconnects: int
+    controller_departures: int
+    controller_returns: int
+    data_foreign: int
+    data_other_topic: int
+    frames_captured: int
+    frames_unsent: int
+    control: ControlStatistics
+    pacer: PacerStatistics
+    outbox: OutboxStatistics
+
+
+class LiveKitSessionBinding:
+    """The service participant of one session. `start()` joins and publishes (raises `RoomJoinError`), then
+    serves until `close()`; `handle_room_event` takes the same events from webhooks.
+
+    Cancellation contract: `close()` first lets the last status messages out (the session's final `done`, bounded
+    by `status_flush_timeout`), then cancels and awaits every task the binding started (feeding the pacer,
+    pacing, relaying status, sending, rejoining), leaves the room and closes the video source. Frames pending in
+    the pacer are dropped.
+    """
+
+    def __init__(
+        self,
+        port: SessionPort,
+        *,
+        config: LiveKitConfig,
+        room_name: str,
+        controller_identity: str,
+        service_identity: str,
+        tokens: TokenIssuer,
+        room_factory: RoomFactory,
+        timers: Timers,
+        clock: Clock | None = None,
+    ) -> None:
+        self._port = port
+        self._config = config
+        self._room_name = room_name
+        self._controller = controller_identity
+        self._service_identity = service_identity
+        self._tokens = tokens
+        self._room_factory = room_factory
+        self._timers = timers
+        clock = clock if clock is not None else MonotonicClock()
+        self._pacer = FramePacer(
+            PacingConfig(
+                fps=port.fps,
+                width=port.width,
+                height=port.height,
+                ring_frames=config.ring_frames,
+                reanchor_after=config.reanchor_after,
+            ),
+            clock=clock,
+        )
+        self._video_options = VideoPublishOptions(
+            codec=config.codec, max_bitrate=config.max_bitrate, max_framerate=port.fps
+        )
+        self._join_options = RoomJoinOptions(auto_subscribe=False, connect_timeout=config.connect_timeout)
+        self._intake = ControlIntake(port, self._reply, clock=clock)
+        self._outbox = StatusOutbox()
+        self._state = BindingState.NEW
+        self._presence = ControllerPresence.EXPECTED
+        self._timer: TimerHandle | None = None
+        self._room: Room | None = None
+        self._video: LocalVideo | None = None
+        self._generation = 0
+        self._live = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._relay: asyncio.Task[None] | None = None
+        self._last_state: StateStatus | None = None
+        self._rejoins = 0
+        self._rejoin_failures = 0
+        self._sdk_reconnects = 0
+        self._departures = 0
+        self._returns = 0
+        self._data_foreign = 0
+        self._data_other_topic = 0
+        self._frames_captured = 0
+        self._frames_unsent = 0
+
+    @property
+    def session_id(self) -> str:
+        return self._port.session_id
+
+    @property
+    def room_name(self) -> str:
+        return self._room_name
+
+    @property
+    def controller_identity(self) -> str:
+        return self._controller
+
+    @property
+    def service_identity(self) -> str:
+        return self._service_identity
+
+    @property
+    def state(self) -> BindingState:
+        return self._state
+
+    @property
+    def presence(self) -> ControllerPresence:
+        return self._presence
+
+    def _set_state(self, new: BindingState) -> None:
+        if new not in _TRANSITIONS[self._state]:
+            raise RuntimeError(
+                f"LiveKit binding of session {self.session_id!r} cannot move from {self._state} to {new}"
+            )
+        logger.debug("session %s: binding %s -> %s", self.session_id, self._state.value, new.value)
+        self._state = new
+        if new is BindingState.LIVE:
+            self._live.set()
+        else:
+            self._live.clear()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro, name=f"{name}:{self.session_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("session %s: task %s failed", self.session_id, task.get_name(), exc_info=task.exception())
+
+    # -- joining --------------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Join the room and publish the video track, then start serving. Raises `RoomJoinError`."""
+        self._set_state(BindingState.JOINING)
+        try:
+            await self._join()
+        except BaseException:
+            await self._leave_room()
+            self._set_state(BindingState.CLOSED)
+            raise
+        self._set_state(BindingState.LIVE)
+        self._start_timer(self._config.initial_join_timeout, "the controller never joined")
+        self._reconcile_presence()
+        self._spawn(self._feed(), "lk-feed")
+        self._spawn(self._pacer.run(self._sink), "lk-pacer")
+        self._relay = self._spawn(relay_status(self._port, self._outbox, self._encode_status), "lk-status")
+        self._spawn(self._outbox.run(self), "lk-send")
+
+    async def _join(self) -> None:
+        """One join: a new room object, a fresh token for our identity, connect, publish the track."""
+        room = self._room_factory()
+        self._generation += 1
+        self._register(room, self._generation)
+        self._room = room
+        token = self._tokens.service(self.session_id, self._room_name, identity=self._service_identity)
+        try:
+            await room.connect(self._config.url, token.token, self._join_options)
+        except RoomJoinError as exc:
+            raise RoomJoinError(exc.detail, self._room_name) from exc
+        except Exception as exc:  # anything else the SDK raises is a failed join too (and worth a retry)
+            raise RoomJoinError(f"{type(exc).__name__}: {exc}", self._room_name) from exc
+        video = room.create_video(self._config.track_name, self._port.width, self._port.height)
+        self._video = video
+        try:
+            await room.local_participant.publish_track(video, self._video_options)
+        except Exception as exc:
+            raise RoomJoinError(f"publishing the video track failed: {exc}", self._room_name) from exc
+        if room.connection_state is RoomConnectionState.DISCONNECTED:
+            # Its `disconnected` event came while we were still joining, when it is not acted on.
+            raise RoomJoinError("the connection dropped while joining", self._room_name)
+
+    async def _leave_room(self) -> None:
+        room, video = self._room, self._video
+        self._room = None
+        self._video = None
+        self._generation += 1  # events of the room being left are stale from now on
+        if room is not None:
+            try:
+                await room.disconnect()
+            except Exception:
+                logger.warning("session %s: leaving room %s failed", self.session_id, self._room_name, exc_info=True)
+        if video is not None:
+            try:
+                await video.aclose()
+            except Exception:
+                logger.warning("session %s: closing the video source failed", self.session_id, exc_info=True)
+
+    def _rejoining(self) -> bool:
+        # A method, not an inline test: the state changes across the awaits of the rejoin loop.
+        return self._state is BindingState.REJOINING
+
+    async def _rejoin(self) -> None:
+        await self._leave_room()
+        delay = self._config.rejoin_backoff
+        for attempt in range(1, self._config.rejoin_attempts + 1):
+            if not self._rejoining():
+                return
+            try:
+                await self._join()
+            except RoomJoinError as exc:
+                self._rejoin_failures += 1
+                logger.warning(
+                    "session %s: rejoin %d/%d failed: %s", self.session_id, attempt, self._config.rejoin_attempts, exc
+                )
+                await self._leave_room()
+                if attempt < self._config.rejoin_attempts:
+                    await asyncio.sleep(delay)
+                    delay = min(_MAX_REJOIN_BACKOFF, delay * 2)
+                continue
+            if not self._rejoining():
+                return  # closed or over meanwhile: close() leaves the room
+            self._rejoins += 1
+            logger.info("session %s: rejoined room %s (attempt %d)", self.session_id, self._room_name, attempt)
+            self._set_state(BindingState.LIVE)
+            self._reconcile_presence()
+            return
+        self._over("the service participant could not rejoin its LiveKit room")
+
+    # -- room events ----------------------------------------------------------------------------------------------
+
+    def _register(self, room: Room, generation: int) -> None:
+        def current() -> bool:
+            return generation == self._generation
+
+        def on_joined(identity: str) -> None:
+            if current():
+                self.handle_room_event(ParticipantJoined(self._room_name, identity))
+
+        def on_left(identity: str) -> None:
+            if current():
+                self.handle_room_event(ParticipantLeft(self._room_name, identity))
+
+        def on_data(payload: bytes, identity: str | None, topic: str) -> None:
+            if current():
+                self._on_data(payload, identity, topic)
+
+        def on_reconnecting() -> None:
+            if current():
+                self._sdk_reconnects += 1
+                logger.info("session %s: the SDK is resuming the room connection", self.session_id)
+
+        def on_reconnected() -> None:
+            if current():
+                logger.info("session %s: the SDK resumed the room connection", self.session_id)
+
+        def on_disconnected(reason: str) -> None:
+            if current():
+                self._on_disconnected(reason)
+
+        room.on("participant_connected", on_joined)
+        room.on("participant_disconnected", on_left)
+        room.on("data_received", on_data)
+        room.on("reconnecting", on_reconnecting)
+        room.on("reconnected", on_reconnected)
+        room.on("disconnected", on_disconnected)
+
+    def _on_disconnected(self, reason: str) -> None:
+        if self._state is not BindingState.LIVE:
+            return  # joining (connect() reports it), rejoining already, over or closed
+        if reason == "CLIENT_INITIATED":
+            return  # we left ourselves
+        if reason in OVER_DISCONNECT_REASONS:
+            self._over(f"the room connection ended: {reason}")
+            return
+        logger.warning("session %s: lost room %s (%s); rejoining", self.session_id, self._room_name, reason)
+        self._set_state(BindingState.REJOINING)
+        self._spawn(self._rejoin(), "lk-rejoin")
+
+    def handle_room_event(self, event: RoomEvent) -> None:
+        """React to a room event, from the room itself or a webhook. Idempotent: duplicates change nothing."""
+        if self._state in (BindingState.OVER, BindingState.CLOSED) or self._presence is ControllerPresence.GONE:
+            return
+        match event:
+            case ParticipantJoined(identity=identity) if identity == self._controller:
+                self._cancel_timer()
+                if self._presence is ControllerPresence.AWAY:
+                    self._returns += 1
+                    logger.info("session %s: the controller is back within the grace", self.session_id)
+                if self._presence is not ControllerPresence.PRESENT and self._last_state is not None:
+                    # A (re)joining client learns where the session is; earlier broadcasts did not reach it.
+                    self._reply(self._last_state)
+                self._presence = ControllerPresence.PRESENT
+            case ParticipantLeft(identity=identity) if identity == self._controller:
+                if self._presence is not ControllerPresence.PRESENT:
+                    return
+                self._presence = ControllerPresence.AWAY
+                self._departures += 1
+                logger.info(
+                    "session %s: the controller left; %.1f s to come back",
+                    self.session_id,
+                    self._config.reconnect_grace,
+                )
+                self._start_timer(self._config.reconnect_grace, "the controller left")
+            case RoomFinished():
+                self._over("the room finished")
+
+    def _reconcile_presence(self) -> None:
+        """After a (re)join the SDK reports only later arrivals: read who is in the room now."""
+        room = self._room
+        if room is None:
+            return
+        if self._controller in room.remote_identities:
+            self.handle_room_event(ParticipantJoined(self._room_name, self._controller))
+        elif self._presence is ControllerPresence.PRESENT:
+            self.handle_room_event(ParticipantLeft(self._room_name, self._controller))
+
+    def _start_timer(self, delay: float, reason: str) -> None:
+        self._cancel_timer()
+        self._timer = self._timers.call_later(delay, lambda: self._timer_expired(reason))
+
+    def _cancel_timer(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def _timer_expired(self, reason: str) -> None:
+        self._timer = None
+        if self._presence not in (ControllerPresence.EXPECTED, ControllerPresence.AWAY):
+            return
+        if self._state in (BindingState.OVER, BindingState.CLOSED):
+            return
+        # Webhooks can arrive late or out of order: while we are in the room, the room has the last word.
+        room = self._room
+        if self._state is BindingState.LIVE and room is not None and self._controller in room.remote_identities:
+            self._presence = ControllerPresence.PRESENT
+            return
+        self._presence = ControllerPresence.GONE
+        self._over(reason)
+
+    def _over(self, reason: str) -> None:
+        if self._state in (BindingState.OVER, BindingState.CLOSED):
+            return
+        self._cancel_timer()
+        self._set_state(BindingState.OVER)
+        logger.info("session %s: the client is gone: %s", self.session_id, reason)
+        try:
+            self._port.client_gone(reason)
+        except Exception:
+            logger.exception("session %s: client_gone failed", self.session_id)
+
+    # -- data and frames --------------------------------------------------------------------------------------------
+
+    def _on_data(self, payload: bytes, identity: str | None, topic: str) -> None:
+        if topic != self._config.control_topic:
+            self._data_other_topic += 1
+            return
+        if identity != self._controller:
+            self._data_foreign += 1
+            return
+        self._intake.receive(payload)
+
+    def _encode_status(self, message: StatusMessage) -> Outbound:
+        if isinstance(message, StateStatus):
+            self._last_state = message
+        return encode_outbound(
+            message, max_bytes=self._config.status_max_bytes, lossy_max_bytes=self._config.lossy_max_bytes
+        )
+
+    def _reply(self, message: StatusMessage) -> None:
+        self._outbox.put(
+            encode_outbound(message, max_bytes=self._config.status_max_bytes, destination=self._controller)
+        )
+
+    def _sink(self, frame: PacedFrame) -> None:
+        video = self._video
+        if video is None or self._state is not BindingState.LIVE:
+            self._frames_unsent += 1
+            return
+        video.capture(frame)
+        self._frames_captured += 1
+
+    async def _feed(self) -> None:
+        async for chunk in self._port.chunks():
+            self._pacer.push_chunk(chunk)
+
+    # StatusLink, for the outbox's sender loop.
+    @property
+    def link_ready(self) -> bool:
+        return self._state is BindingState.LIVE and self._room is not None
+
+    async def wait_link_ready(self) -> None:
+        await self._live.wait()
+
+    async def send_status(self, message: Outbound) -> None:
+        room = self._room
+        if room is None:
+            raise RuntimeError("no room connection")
+        destinations = (message.destination,) if message.destination is not None else ()
+        await room.local_participant.publish_data(
+            message.payload,
+            reliable=message.reliable,
+            topic=self._config.status_topic,
+            destination_identities=destinations,
+        )
+
+    # -- closing --------------------------------------------------------------------------------------------------
+
+    async def close(self, reason: str = "detached") -> None:
+        """Stop serving the session and leave the room. Idempotent."""
+        if self._state is BindingState.CLOSED:
+            return
+        logger.info("session %s: closing the LiveKit binding (%s)", self.session_id, reason)
+        if self.link_ready:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._config.status_flush_timeout):
+                    await flush_status(self._relay, self._outbox)
+        if self.state is BindingState.CLOSED:
+            return  # closed by a concurrent call while flushing
+        self._set_state(BindingState.CLOSED)
+        self._cancel_timer()
+        self._pacer.close()
+        tasks = tuple(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._leave_room()
+
+    def statistics(self) -> LiveKitBindingStatistics:
+        return LiveKitBindingStatistics(
+            state=self._state,
+            controller=self._presence,
+            rejoins=self._rejoins,
+            rejoin_failures=self._rejoin_failures,
+            sdk_reconnects=self._sdk_reconnects,
+            controller_departures=self._departures,
+            controller_returns=self._returns,
+            data_foreign=self._data_foreign,
+            data_other_topic=self._data_other_topic,
+            frames_captured=self._frames_captured,
+            frames_unsent=self._frames_unsent,
+            control=self._intake.statistics(),
+            pacer=self._pacer.statistics(),
+            outbox=self._outbox.statistics(),
+        )

@@ -1,0 +1,246 @@
+"""The LiveKit transport: one room per session, the service as a participant in it, browsers joining with tokens.
+
+`LiveKitTransport.attach(port)` creates the session's room (RoomService API), mints the identities, joins the
+service participant (`LiveKitSessionBinding`) and returns what the browser needs to join:
+`{"kind": "livekit", "url", "room", "token", "identity", "expires_at", "service_identity", "control_topic",
+"status_topic"}`. `join_details` re-mints the controller's token (same identity) for a browser that reconnects
+after its token expired; `viewer_details` mints a watch-only token. `handle_webhook` verifies a LiveKit webhook
+and hands the room event to the session it concerns. `detach` leaves and deletes the room.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pipeline.clock import Clock
+from transport.base import SessionPort
+from transport.config import LiveKitConfig
+from transport.errors import (
+    RoomServiceError,
+    SessionAlreadyAttachedError,
+    SessionNotAttachedError,
+    TransportClosedError,
+)
+from transport.events import RoomEvent
+from transport.livekit_binding import LiveKitBindingStatistics, LiveKitSessionBinding
+from transport.livekit_room import RoomFactory, livekit_room_factory
+from transport.rooms import RoomAdmin, RoomManager
+from transport.timers import LoopTimers, Timers
+from transport.tokens import IssuedToken, ParticipantRole, TokenIssuer, room_name_for
+from transport.webhooks import WebhookHandler
+
+__all__ = ["LiveKitTransport", "LiveKitTransportStatistics"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveKitTransportStatistics:
+    sessions: int
+    attached_total: int
+    attach_failures: int
+    room_delete_failures: int
+    webhooks_received: int
+    webhooks_rejected: int
+    webhooks_unmatched: int
+
+
+class LiveKitTransport:
+    """`Transport` over LiveKit. One instance per service; `start()` before `attach`, `stop()` at shutdown.
+
+    `room_admin` (default: a `RoomManager` on `config.url`), `room_factory` (default: the real SDK room) and
+    `timers` are seams for tests.
+    """
+
+    def __init__(
+        self,
+        config: LiveKitConfig,
+        *,
+        room_admin: RoomAdmin | None = None,
+        room_factory: RoomFactory | None = None,
+        timers: Timers | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self._config = config
+        self._tokens = TokenIssuer(config.api_key, config.api_secret, join_ttl=config.join_ttl)
+        self._webhooks = WebhookHandler(config.api_key, config.api_secret)
+        self._owns_admin = room_admin is None
+        self._room_admin: RoomAdmin = (
+            room_admin
+            if room_admin is not None
+            else RoomManager(config.url, config.api_key, config.api_secret, config.room)
+        )
+        self._room_factory = room_factory if room_factory is not None else livekit_room_factory
+        self._timers: Timers = timers if timers is not None else LoopTimers()
+        self._clock = clock
+        self._bindings: dict[str, LiveKitSessionBinding] = {}
+        self._attaching: set[str] = set()
+        self._by_room: dict[str, str] = {}
+        self._running = False
+        self._attached_total = 0
+        self._attach_failures = 0
+        self._room_delete_failures = 0
+        self._webhooks_received = 0
+        self._webhooks_rejected = 0
+        self._webhooks_unmatched = 0
+
+    @property
+    def kind(self) -> str:
+        return "livekit"
+
+    @property
+    def config(self) -> LiveKitConfig:
+        return self._config
+
+    async def start(self) -> None:
+        if self._running:
+            return
+        if isinstance(self._room_admin, RoomManager) and self._owns_admin:
+            await self._room_admin.start()
+        self._running = True
+
+    async def stop(self) -> None:
+        """Detach every session (their rooms are deleted), then close the API client. Idempotent."""
+        self._running = False
+        for session_id in tuple(self._bindings):
+            await self.detach(session_id, "the transport is stopping")
+        if isinstance(self._room_admin, RoomManager) and self._owns_admin:
+            await self._room_admin.aclose()
+
+    def _details(self, token: IssuedToken, binding: LiveKitSessionBinding) -> Mapping[str, object]:
+        return {
+            "kind": "livekit",
+            "url": self._config.join_url,
+            "room": token.room,
+            "token": token.token,
+            "identity": token.identity,
+            "expires_at": token.expires_at,
+            "service_identity": binding.service_identity,
+            "control_topic": self._config.control_topic,
+            "status_topic": self._config.status_topic,
+        }
+
+    async def attach(self, port: SessionPort) -> Mapping[str, object]:
+        """Create the room, join the service participant, return the controller's join details.
+
+        Raises `RoomServiceError` (the room could not be created) or `RoomJoinError` (the service could not join;
+        the room is deleted again).
+        """
+        if not self._running:
+            raise TransportClosedError("the LiveKit transport is not started")
+        session_id = port.session_id
+        if session_id in self._bindings or session_id in self._attaching:
+            raise SessionAlreadyAttachedError(session_id)
+        self._attaching.add(session_id)
+        try:
+            room = room_name_for(session_id, self._config.room_prefix)
+            metadata = json.dumps({"session_id": session_id}, separators=(",", ":"))
+            await self._room_admin.create_room(room, metadata=metadata)
+            try:
+                binding = LiveKitSessionBinding(
+                    port,
+                    config=self._config,
+                    room_name=room,
+                    controller_identity=TokenIssuer.new_identity(ParticipantRole.CONTROLLER, session_id),
+                    service_identity=TokenIssuer.new_identity(ParticipantRole.SERVICE, session_id),
+                    tokens=self._tokens,
+                    room_factory=self._room_factory,
+                    timers=self._timers,
+                    clock=self._clock,
+                )
+                await binding.start()
+            except BaseException:
+                self._attach_failures += 1
+                await self._delete_room(room)
+                raise
+            self._bindings[session_id] = binding
+            self._by_room[room] = session_id
+            self._attached_total += 1
+        finally:
+            self._attaching.discard(session_id)
+        token = self._tokens.controller(session_id, room, identity=binding.controller_identity)
+        return self._details(token, binding)
+
+    def _binding(self, session_id: str) -> LiveKitSessionBinding:
+        binding = self._bindings.get(session_id)
+        if binding is None:
+            raise SessionNotAttachedError(session_id)
+        return binding
+
+    def join_details(self, session_id: str) -> Mapping[str, object]:
+        """Fresh join details for the session's controller (same identity, new token): for a rejoin after the
+        first token expired."""
+        binding = self._binding(session_id)
+        token = self._tokens.controller(session_id, binding.room_name, identity=binding.controller_identity)
+        return self._details(token, binding)
+
+    def viewer_details(self, session_id: str) -> Mapping[str, object]:
+        """Join details for a viewer: a new identity that may subscribe and nothing else."""
+        binding = self._binding(session_id)
+        token = self._tokens.viewer(session_id, binding.room_name)
+        return {
+            "kind": "livekit",
+            "url": self._config.join_url,
+            "room": token.room,
+            "token": token.token,
+            "identity": token.identity,
+            "expires_at": token.expires_at,
+            "service_identity": binding.service_identity,
+            "status_topic": self._config.status_topic,
+        }
+
+    def handle_webhook(self, body: bytes | str, authorization: str | None) -> RoomEvent | None:
+        """Verify a LiveKit webhook (raises `WebhookError`: answer 401) and apply it to its session.
+
+        Returns the room event it was mapped to (None for events no session acts on, or for a room no attached
+        session owns, e.g. one deleted a moment ago).
+        """
+        self._webhooks_received += 1
+        try:
+            event = self._webhooks.receive(body, authorization)
+        except Exception:
+            self._webhooks_rejected += 1
+            raise
+        if event is None:
+            return None
+        session_id = self._by_room.get(event.room)
+        binding = self._bindings.get(session_id) if session_id is not None else None
+        if binding is None:
+            self._webhooks_unmatched += 1
+            return event
+        binding.handle_room_event(event)
+        return event
+
+    async def detach(self, session_id: str, reason: str) -> None:
+        """Leave and delete the session's room. Idempotent; never raises for LiveKit errors (logged, counted:
+        the room's timeouts remove it anyway)."""
+        binding = self._bindings.pop(session_id, None)
+        if binding is None:
+            return
+        self._by_room.pop(binding.room_name, None)
+        await binding.close(reason)
+        await self._delete_room(binding.room_name)
+
+    async def _delete_room(self, room: str) -> None:
+        try:
+            await self._room_admin.delete_room(room)
+        except RoomServiceError:
+            self._room_delete_failures += 1
+            logger.warning("deleting LiveKit room %s failed; its timeouts will remove it", room, exc_info=True)
+
+    def session_statistics(self, session_id: str) -> LiveKitBindingStatistics:
+        return self._binding(session_id).statistics()
+
+    def statistics(self) -> LiveKitTransportStatistics:
+        return LiveKitTransportStatistics(
+            sessions=len(self._bindings),
+            attached_total=self._attached_total,
+            attach_failures=self._attach_failures,
+            room_delete_failures=self._room_delete_failures,
+            webhooks_received=self._webhooks_received,
+            webhooks_rejected=self._webhooks_rejected,
+            webhooks_unmatched=self._webhooks_unmatched,
+        )
