@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything lingstream needs into ./.venv (idempotent; a second run is quick).
-#   scripts/setup.sh          runtime dependencies
-#   scripts/setup.sh --dev    plus the test tools
+#   scripts/setup.sh          runtime dependencies (+ the browser client's livekit-client bundle)
+#   scripts/setup.sh --dev    plus the test tools and headless Chromium for the browser tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -13,4 +13,20 @@ if [ "${1:-}" = "--dev" ]; then
     pip install -e '.[dev]'
 else
     pip install -e .
+fi
+# The page's LiveKit client comes from the npm package (no CDN at run time; not committed).
+if [ ! -f web/node_modules/livekit-client/dist/livekit-client.umd.js ]; then
+    if command -v npm >/dev/null; then
+        (cd web && npm ci --no-audit --no-fund --loglevel=error)
+    else
+        echo "setup: npm not found; the page works on the embedded transport only (no livekit-client bundle)" >&2
+    fi
+fi
+if [ "${1:-}" = "--dev" ] && [ ! -x /usr/bin/chromium ]; then
+    # Debian's Chromium for the browser tests (Playwright drives it through executable_path).
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "setup: /usr/bin/chromium is missing and cannot be installed here; browser tests will be skipped" >&2
+    fi
 fi
