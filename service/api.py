@@ -1,0 +1,268 @@
+"""The HTTP routes: `/v1` sessions (REST + server-sent events), health, metrics, and the loopback admin drain.
+
+Handlers only translate: authenticate, parse, call `ServiceRuntime`, and turn snapshots into bodies. Errors are
+raised as exceptions and answered by the handlers in `service.app` through the table in `service.errors`.
+
+Request order for `POST /v1/sessions`: body size (middleware, before anything reads it) → API key → content type
+(415) → JSON and fields (422 `invalid_request`) → image bytes/pixels (413/415) → the worker's `prepare` (422
+`invalid_config`) → admission (201/202/429/503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
+
+from pipeline.bidirectional import SessionCloseMode
+from service.auth import ApiKeyAuth
+from service.errors import (
+    ForbiddenError,
+    InvalidRequestError,
+    UnsupportedMediaTypeError,
+    error_body,
+)
+from service.fanout import Subscription
+from service.images import decode_image
+from service.logs import bind_session_id
+from service.metrics import CONTENT_TYPE, render_metrics
+from service.runtime import ServiceRuntime
+from service.schemas import (
+    CreateSessionRequest,
+    DrainBody,
+    ErrorBody,
+    HealthBody,
+    SessionBody,
+    SessionList,
+    drain_body,
+    session_body,
+)
+from service.sessions import SessionSnapshot
+
+__all__ = ["describe_validation_errors", "health_router", "internal_router", "v1_router"]
+
+_bearer = HTTPBearer(auto_error=False, description="An API key, when the service is configured with keys.")
+
+
+def _runtime(request: Request) -> ServiceRuntime:
+    runtime: ServiceRuntime = request.app.state.runtime
+    return runtime
+
+
+async def _owner(
+    request: Request, _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> str:
+    auth: ApiKeyAuth = request.app.state.auth
+    return auth.owner(request.headers.get("authorization"))
+
+
+Runtime = Annotated[ServiceRuntime, Depends(_runtime)]
+Owner = Annotated[str, Depends(_owner)]
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": ErrorBody, "description": "An error (see the code)."} for status in statuses}
+
+
+def describe_validation_errors(errors: Any) -> str:
+    """One sentence from pydantic/FastAPI validation errors: `location: message` for the first few."""
+    parts = []
+    for error in list(errors)[:5]:
+        location = ".".join(str(item) for item in error.get("loc", ()) if item != "body") or "body"
+        parts.append(f"{location}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts) or "the request is invalid"
+
+
+_CREATE_BODY_SCHEMA = CreateSessionRequest.model_json_schema()
+
+v1_router = APIRouter(prefix="/v1", tags=["sessions"])
+
+
+@v1_router.post(
+    "/sessions",
+    status_code=201,
+    response_model=SessionBody,
+    summary="Create a session (admitted: 201, queued: 202)",
+    responses={
+        202: {"model": SessionBody, "description": "Queued: follow GET or the event stream for the position."},
+        **_errors(401, 413, 415, 422, 429, 500, 503),
+    },
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _CREATE_BODY_SCHEMA}}}},
+)
+async def create_session(request: Request, response: Response, owner: Owner, runtime: Runtime) -> SessionBody:
+    content_type = request.headers.get("content-type", "")
+    if not _is_json(content_type):
+        raise UnsupportedMediaTypeError("send the request body as application/json")
+    raw = await request.body()
+    try:
+        payload = CreateSessionRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise InvalidRequestError(describe_validation_errors(exc.errors())) from None
+    image = decode_image(payload.image, runtime.config.limits)
+    snapshot, admitted = await runtime.create(owner, payload.config, image)
+    bind_session_id(snapshot.id)
+    response.status_code = 201 if admitted else 202
+    response.headers["Location"] = f"/v1/sessions/{snapshot.id}"
+    return session_body(snapshot)
+
+
+@v1_router.get("/sessions", response_model=SessionList, summary="The caller's sessions", responses=_errors(401))
+async def list_sessions(owner: Owner, runtime: Runtime) -> SessionList:
+    return SessionList(sessions=[session_body(snapshot) for snapshot in runtime.list_sessions(owner)])
+
+
+@v1_router.get(
+    "/sessions/{session_id}",
+    response_model=SessionBody,
+    summary="A session's live status (a heartbeat while queued)",
+    responses=_errors(401, 404),
+)
+async def get_session(session_id: str, owner: Owner, runtime: Runtime) -> SessionBody:
+    bind_session_id(session_id)
+    return session_body(runtime.get(owner, session_id))
+
+
+@v1_router.delete(
+    "/sessions/{session_id}",
+    response_model=SessionBody,
+    summary="End a session (idempotent): 200 ended, 202 closing",
+    responses={202: {"model": SessionBody, "description": "Closing; the final status follows."}, **_errors(401, 404)},
+)
+async def delete_session(
+    session_id: str,
+    response: Response,
+    owner: Owner,
+    runtime: Runtime,
+    mode: Annotated[Literal["drain", "cancel"], Query(description="drain: deliver the chunk in progress")] = "drain",
+) -> SessionBody:
+    bind_session_id(session_id)
+    snapshot = await runtime.delete(owner, session_id, SessionCloseMode(mode))
+    response.status_code = 200 if snapshot.terminal else 202
+    return session_body(snapshot)
+
+
+@v1_router.get(
+    "/sessions/{session_id}/events",
+    summary="Server-sent events: one `session` event per change, keep-alive comments (a heartbeat while queued)",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "The event stream."}, **_errors(401, 404)},
+)
+async def session_events(session_id: str, owner: Owner, runtime: Runtime) -> StreamingResponse:
+    bind_session_id(session_id)
+    snapshot, subscription = runtime.subscribe(owner, session_id)
+    heartbeat = runtime.config.admission.queue_heartbeat_timeout
+    keepalive = runtime.tuning.sse_keepalive_s
+    if heartbeat is not None:
+        keepalive = min(keepalive, heartbeat / 3)
+    return StreamingResponse(
+        _event_stream(runtime, snapshot, subscription, keepalive),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _event_stream(
+    runtime: ServiceRuntime,
+    first: SessionSnapshot,
+    subscription: Subscription[SessionSnapshot],
+    keepalive: float,
+) -> AsyncIterator[str]:
+    """The SSE body. Ends after the terminal snapshot; closing it (client gone) unsubscribes at once."""
+    with subscription:
+        yield "retry: 3000\n\n"
+        yield _sse_event(first)
+        last = first.sequence
+        if first.terminal:
+            return
+        while True:
+            try:
+                async with asyncio.timeout(keepalive):
+                    snapshot = await anext(subscription)
+            except TimeoutError:
+                runtime.heartbeat(first.id)
+                yield ": keep-alive\n\n"
+                continue
+            except StopAsyncIteration:
+                return
+            runtime.heartbeat(first.id)
+            if snapshot.sequence <= last:
+                continue
+            last = snapshot.sequence
+            yield _sse_event(snapshot)
+            if snapshot.terminal:
+                return
+
+
+def _sse_event(snapshot: SessionSnapshot) -> str:
+    data = session_body(snapshot).model_dump_json()
+    return f"event: session\nid: {snapshot.sequence}\ndata: {data}\n\n"
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+health_router = APIRouter(tags=["health"])
+
+
+@health_router.get("/healthz", response_model=HealthBody, summary="Liveness: 200 while the process is up")
+async def healthz() -> HealthBody:
+    return HealthBody(status="ok")
+
+
+@health_router.get(
+    "/readyz",
+    response_model=HealthBody,
+    summary="Readiness: 200 when started, not draining and every model worker is ready",
+    responses=_errors(503),
+)
+async def readyz(runtime: Runtime) -> Response:
+    readiness = runtime.readiness()
+    if readiness.ready:
+        return JSONResponse({"status": "ready"})
+    return JSONResponse(error_body(readiness.code or "not_ready", readiness.reason or "not ready"), status_code=503)
+
+
+@health_router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    summary="Prometheus text exposition",
+    responses={200: {"content": {CONTENT_TYPE.split(";")[0]: {}}}},
+)
+async def metrics(runtime: Runtime) -> PlainTextResponse:
+    return PlainTextResponse(render_metrics(runtime.statistics()), media_type=CONTENT_TYPE)
+
+
+internal_router = APIRouter(prefix="/internal", include_in_schema=False)
+
+_FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip")
+
+
+def _loopback_only(request: Request) -> None:
+    """Admin endpoints answer only direct calls from this host (a proxy on loopback forwarding for others is
+    recognised by its forwarding headers and refused too)."""
+    host = request.client.host if request.client is not None else ""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback or any(name in request.headers for name in _FORWARDING_HEADERS):
+        raise ForbiddenError("internal endpoints answer only direct requests from the loopback interface")
+
+
+@internal_router.post("/drain", response_model=DrainBody, status_code=202, dependencies=[Depends(_loopback_only)])
+async def start_drain(runtime: Runtime) -> DrainBody:
+    runtime.start_drain("admin request")
+    return drain_body(runtime.drain_status())
+
+
+@internal_router.get("/drain", response_model=DrainBody, dependencies=[Depends(_loopback_only)])
+async def drain_status(runtime: Runtime) -> DrainBody:
+    return drain_body(runtime.drain_status())

@@ -1,0 +1,292 @@
+"""The service's errors and the only table from an exception to an HTTP status and a stable error code.
+
+    ServiceError
+    ├── InvalidRequestError          422 invalid_request         the request is malformed (JSON, fields, base64)
+    ├── InvalidConfigError           422 invalid_config          the model worker rejected the session config
+    ├── PayloadTooLargeError         413 payload_too_large       the request body exceeds MAX_REQUEST_BYTES
+    ├── ImageTooLargeError           413 image_too_large         the image exceeds MAX_IMAGE_BYTES or MAX_IMAGE_PIXELS
+    ├── UnsupportedMediaTypeError    415 unsupported_media_type  not JSON, or an image format that cannot be read
+    ├── UnauthorizedError            401 unauthorized            no or an unknown bearer key
+    ├── ForbiddenError               403 forbidden               an internal endpoint called from off the host
+    ├── SessionNotFoundError         404 session_not_found       no such session for this key
+    ├── QueueFullError               429 queue_full              the admission queue is full (with Retry-After)
+    ├── DrainingError                503 draining               the instance is draining and admits nobody
+    ├── NotReadyError                503 not_ready              the instance is starting or its model workers are down
+    ├── AdmissionUnavailableError    503 admission_unavailable  a shared admission backend cannot be reached
+    ├── SessionStartError            500 session_failed         the model worker or transport failed to start it
+    ├── SessionTransitionError       500 internal               an illegal session state move (a bug)
+    └── SettingsError                500 internal               invalid settings (raised at start, never served)
+
+Every error response has one body shape, `{"error": {"code": "...", "message": "..."}}`, whoever raised it:
+these errors, the admission and pipeline packages' errors, FastAPI's validation errors, 404/405 from routing, and
+anything unexpected (500 `internal`, whose message never carries details). `error_table()` is the one place a
+status and a code are decided; `lookup()` walks an exception's MRO, so the most specific entry wins. The entries for
+`pipeline.lingbot` and `transport` errors are imported lazily (torch, aiortc), when the table is first built.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import admission.errors as admission_errors
+import pipeline.errors as pipeline_errors
+
+__all__ = [
+    "AdmissionUnavailableError",
+    "DrainingError",
+    "ErrorSpec",
+    "ForbiddenError",
+    "ImageTooLargeError",
+    "InvalidConfigError",
+    "InvalidRequestError",
+    "NotReadyError",
+    "PayloadTooLargeError",
+    "QueueFullError",
+    "ServiceError",
+    "SessionNotFoundError",
+    "SessionStartError",
+    "SessionTransitionError",
+    "SettingsError",
+    "UnauthorizedError",
+    "UnsupportedMediaTypeError",
+    "error_body",
+    "error_table",
+    "http_status_spec",
+    "lookup",
+    "public_message",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    """Root of every error the service raises. The message is safe to show to the client."""
+
+
+class InvalidRequestError(ServiceError):
+    """The request is malformed: not JSON, unknown or mistyped fields, bad base64."""
+
+
+class InvalidConfigError(ServiceError):
+    """The model worker rejected the session configuration; the message names the field."""
+
+
+class PayloadTooLargeError(ServiceError):
+    """The request body is larger than MAX_REQUEST_BYTES."""
+
+
+class ImageTooLargeError(ServiceError):
+    """The reference image has more bytes than MAX_IMAGE_BYTES or more pixels than MAX_IMAGE_PIXELS."""
+
+
+class UnsupportedMediaTypeError(ServiceError):
+    """The request body is not JSON, or the reference image is in a format that cannot be read."""
+
+
+class UnauthorizedError(ServiceError):
+    """API keys are configured and the request has no valid `Authorization: Bearer <key>` header."""
+
+
+class ForbiddenError(ServiceError):
+    """An internal (admin) endpoint was called from a client that is not on the host's loopback interface."""
+
+
+class SessionNotFoundError(ServiceError):
+    """No session with this id is visible to the caller (unknown, forgotten, or another key's session)."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"no session {session_id!r}")
+        self.session_id = session_id
+
+
+class QueueFullError(ServiceError):
+    """Every slot is taken and the admission queue is full; retry after `retry_after_s` seconds."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"the admission queue is full; retry in about {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class DrainingError(ServiceError):
+    """The instance is draining (shutting down): it admits no new sessions."""
+
+
+class NotReadyError(ServiceError):
+    """The instance is starting, or none of its model workers is ready."""
+
+
+class AdmissionUnavailableError(ServiceError):
+    """A shared admission backend (redis, later) cannot be reached."""
+
+
+class SessionStartError(ServiceError):
+    """The session was admitted but its model worker or the transport failed to start it (GET shows it failed)."""
+
+
+class SessionTransitionError(ServiceError):
+    """A session state move that the lifecycle table forbids; always a bug in the service."""
+
+
+class SettingsError(ServiceError):
+    """Invalid settings; the message is one paragraph naming the variable. Raised at start, never over HTTP."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSpec:
+    """How one exception class is answered: HTTP `status`, stable `code`, and whether the exception's message is
+    shown (`expose`); a hidden message becomes a generic sentence, so server internals never leak."""
+
+    status: int
+    code: str
+    expose: bool = True
+
+
+_INTERNAL = ErrorSpec(500, "internal", expose=False)
+_NOT_FOUND = ErrorSpec(404, "session_not_found")
+_NOT_READY = ErrorSpec(503, "not_ready")
+_BAD_CONFIG = ErrorSpec(422, "invalid_config")
+
+_BASE_TABLE: Mapping[type[BaseException], ErrorSpec] = {
+    # service
+    ServiceError: _INTERNAL,
+    InvalidRequestError: ErrorSpec(422, "invalid_request"),
+    InvalidConfigError: _BAD_CONFIG,
+    PayloadTooLargeError: ErrorSpec(413, "payload_too_large"),
+    ImageTooLargeError: ErrorSpec(413, "image_too_large"),
+    UnsupportedMediaTypeError: ErrorSpec(415, "unsupported_media_type"),
+    UnauthorizedError: ErrorSpec(401, "unauthorized"),
+    ForbiddenError: ErrorSpec(403, "forbidden"),
+    SessionNotFoundError: _NOT_FOUND,
+    QueueFullError: ErrorSpec(429, "queue_full"),
+    DrainingError: ErrorSpec(503, "draining"),
+    NotReadyError: _NOT_READY,
+    AdmissionUnavailableError: ErrorSpec(503, "admission_unavailable"),
+    SessionStartError: ErrorSpec(500, "session_failed"),
+    SessionTransitionError: _INTERNAL,
+    SettingsError: _INTERNAL,
+    # admission: only an unknown ticket or a closed driver are expected at runtime; the rest are bugs.
+    admission_errors.AdmissionError: _INTERNAL,
+    admission_errors.AdmissionConfigError: _INTERNAL,
+    admission_errors.UnknownTicketError: _NOT_FOUND,
+    admission_errors.TicketExistsError: _INTERNAL,
+    admission_errors.IllegalTransitionError: _INTERNAL,
+    admission_errors.UnknownWorkerError: _INTERNAL,
+    admission_errors.AdmissionClosedError: _NOT_READY,
+    admission_errors.AdmissionInvariantError: _INTERNAL,
+    admission_errors.LeaseError: _INTERNAL,
+    admission_errors.LeaseAlreadyRequestedError: _INTERNAL,
+    admission_errors.LeaseSessionRemovedError: _INTERNAL,
+    # pipeline: a model worker's errors that may surface through the service.
+    pipeline_errors.PipelineError: _INTERNAL,
+    pipeline_errors.PipelineSpecError: _INTERNAL,
+    pipeline_errors.SessionError: _INTERNAL,
+    pipeline_errors.UnknownSessionError: _NOT_FOUND,
+    pipeline_errors.SessionExistsError: _INTERNAL,
+    pipeline_errors.SessionPoisonedError: _INTERNAL,
+    pipeline_errors.SessionClosedError: _INTERNAL,
+    pipeline_errors.UnknownArtifactError: _INTERNAL,
+    pipeline_errors.SessionFailedError: _INTERNAL,
+    pipeline_errors.SequenceError: _INTERNAL,
+    pipeline_errors.StageFailedError: _INTERNAL,
+    pipeline_errors.ActorDiedError: _NOT_READY,
+    pipeline_errors.ActorUnavailableError: _NOT_READY,
+    pipeline_errors.ChannelError: _INTERNAL,
+}
+
+
+def _lingbot_table() -> dict[type[BaseException], ErrorSpec]:
+    """Entries for `pipeline.lingbot.errors`, imported lazily because `pipeline.lingbot` imports torch."""
+    try:
+        from pipeline.lingbot import errors as lingbot
+    except ImportError as exc:
+        logger.warning("pipeline.lingbot is not importable (%s); its errors map through their base classes", exc)
+        return {}
+    return {
+        lingbot.LingBotError: _INTERNAL,
+        lingbot.ChunkContractError: _BAD_CONFIG,
+        lingbot.ControlError: ErrorSpec(422, "invalid_request"),
+        lingbot.SessionConfigError: _BAD_CONFIG,
+        lingbot.ImageInputError: ErrorSpec(422, "invalid_image"),
+        lingbot.PlacementError: _INTERNAL,
+        lingbot.ModelInputError: _INTERNAL,
+        lingbot.ModelSessionError: _INTERNAL,
+    }
+
+
+def _transport_table() -> dict[type[BaseException], ErrorSpec]:
+    """Entries for `transport.errors` (the SDP offer and webhook endpoints raise them), imported lazily."""
+    try:
+        from transport import errors as transport
+    except ImportError as exc:
+        logger.warning("transport.errors is not importable (%s); its errors answer 500", exc)
+        return {}
+    return {
+        transport.TransportError: _INTERNAL,
+        transport.TransportConfigError: _INTERNAL,
+        transport.TransportClosedError: _NOT_READY,
+        transport.SessionNotAttachedError: _NOT_FOUND,
+        transport.SessionAlreadyAttachedError: _INTERNAL,
+        transport.RoomServiceError: _INTERNAL,
+        transport.RoomServiceAuthError: _INTERNAL,
+        transport.RoomServiceUnavailableError: _NOT_READY,
+        transport.RoomJoinError: _NOT_READY,
+        transport.WebhookError: ErrorSpec(401, "unauthorized"),
+        transport.SignalingError: ErrorSpec(422, "invalid_request"),
+    }
+
+
+@functools.cache
+def error_table() -> Mapping[type[BaseException], ErrorSpec]:
+    """The whole table (built once; the app builds it at start so no request pays for the lazy imports)."""
+    return MappingProxyType({**_BASE_TABLE, **_lingbot_table(), **_transport_table()})
+
+
+# Statuses raised by routing itself (Starlette's HTTPException), with their codes.
+_HTTP_STATUS_TABLE: Mapping[int, ErrorSpec] = {
+    400: ErrorSpec(400, "bad_request"),
+    401: ErrorSpec(401, "unauthorized"),
+    403: ErrorSpec(403, "forbidden"),
+    404: ErrorSpec(404, "not_found"),
+    405: ErrorSpec(405, "method_not_allowed"),
+    413: ErrorSpec(413, "payload_too_large"),
+    415: ErrorSpec(415, "unsupported_media_type"),
+    422: ErrorSpec(422, "invalid_request"),
+}
+
+_GENERIC_MESSAGES: Mapping[int, str] = {
+    500: "internal error; the server logged the details",
+    503: "the service cannot take this request now; retry later",
+}
+
+
+def lookup(error: BaseException) -> ErrorSpec | None:
+    """The entry for `error`'s class or its nearest listed ancestor; None if nothing in its MRO is listed."""
+    table = error_table()
+    for cls in type(error).__mro__:
+        spec = table.get(cls)
+        if spec is not None:
+            return spec
+    return None
+
+
+def http_status_spec(status: int) -> ErrorSpec:
+    """The entry for a status raised by routing (404, 405, ...); unknown statuses get code `http_<status>`."""
+    return _HTTP_STATUS_TABLE.get(status, ErrorSpec(status, f"http_{status}"))
+
+
+def public_message(spec: ErrorSpec, error: BaseException) -> str:
+    """What the client reads: the exception's message when `spec.expose`, else a generic sentence."""
+    if spec.expose:
+        text = str(error)
+        if text:
+            return text
+    return _GENERIC_MESSAGES.get(spec.status, "the request failed")
+
+
+def error_body(code: str, message: str) -> dict[str, dict[str, str]]:
+    """The one error body shape."""
+    return {"error": {"code": code, "message": message}}

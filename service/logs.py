@@ -1,0 +1,92 @@
+"""Logging for the service: text or JSON lines, with the session id of the current context on every record.
+
+`session_context(session_id)` binds a session id to the current context (a request handler, or a session's own
+tasks, which inherit it when they are created inside the binding). `SessionIdFilter`, installed on the root
+handler by `configure_logging`, copies it onto every record as `record.session_id`, so every line of a session can
+be found, including lines from the admission and pipeline packages that know nothing about it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import datetime
+import json
+import logging
+import sys
+from collections.abc import Iterator
+
+__all__ = [
+    "JsonFormatter",
+    "SessionIdFilter",
+    "bind_session_id",
+    "configure_logging",
+    "current_session_id",
+    "session_context",
+]
+
+_SESSION_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("lingstream_session_id", default=None)
+
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(session_id)s] %(message)s"
+
+
+def current_session_id() -> str | None:
+    return _SESSION_ID.get()
+
+
+@contextlib.contextmanager
+def session_context(session_id: str | None) -> Iterator[None]:
+    """Bind `session_id` to the current context for the duration of the block."""
+    token = _SESSION_ID.set(session_id)
+    try:
+        yield
+    finally:
+        _SESSION_ID.reset(token)
+
+
+def bind_session_id(session_id: str | None) -> None:
+    """Bind `session_id` for the rest of the current context (a task's own context, or one request's)."""
+    _SESSION_ID.set(session_id)
+
+
+class SessionIdFilter(logging.Filter):
+    """Adds `session_id` (the context's session id, or "-") to every record that passes through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "session_id"):
+            record.session_id = _SESSION_ID.get() or "-"
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, message, session_id, and the traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": datetime.datetime.fromtimestamp(record.created, tz=datetime.UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        session_id = getattr(record, "session_id", "-")
+        if session_id != "-":
+            entry["session_id"] = session_id
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(log_format: str, level: str) -> None:
+    """Send every logger (uvicorn's included) to one stderr handler in `log_format` ("text" or "json")."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(SessionIdFilter())
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(_TEXT_FORMAT))
+    root = logging.getLogger()
+    for existing in list(root.handlers):
+        root.removeHandler(existing)
+    root.addHandler(handler)
+    root.setLevel(level)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        uvicorn_logger = logging.getLogger(name)
+        uvicorn_logger.handlers.clear()
+        uvicorn_logger.propagate = True

@@ -1,0 +1,92 @@
+"""ASGI middleware that bounds request bodies before anything parses them.
+
+`BodyLimitMiddleware` answers 413 `payload_too_large` (in the one error shape) when a request declares a
+`Content-Length` above the limit, and otherwise reads the body itself, at most `max_bytes` of it, before the app
+runs: a chunked upload that grows past the limit is answered 413 too, and never more than `max_bytes` are held in
+memory. The app then reads the buffered body; later `receive()` calls (disconnect notices for streams) pass through.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from service.errors import PayloadTooLargeError, error_body, lookup
+
+__all__ = ["BodyLimitMiddleware"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class BodyLimitMiddleware:
+    """Rejects request bodies larger than `max_bytes` with 413 before routing; buffers the rest (bounded)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await self._reject(send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.max_bytes:
+                await self._reject(send)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, send: Send) -> None:
+        error = PayloadTooLargeError(f"the request body is larger than {self.max_bytes} bytes")
+        spec = lookup(error)
+        status, code = (413, "payload_too_large") if spec is None else (spec.status, spec.code)
+        payload = json.dumps(error_body(code, str(error))).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None

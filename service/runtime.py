@@ -1,0 +1,724 @@
+"""`ServiceRuntime`: the service's sessions, wired to admission, the model workers and the transport.
+
+The HTTP layer (`service.api`) only translates requests into calls on this object. It owns:
+
+- session admission (`AdmissionController` + `AdmissionDriver`): every admission event updates the matching
+  `Session` (queue position, admitted, expired, cancelled) and is published to its SSE subscribers;
+- one *runner* task per admitted session: create it on its model worker, start its single output reader, attach the
+  transport, wait for a close request, close it on the worker (drain, escalated to cancel on request), give the
+  admission slot back exactly once, publish the final status, detach the transport;
+- worker start-up and health (an unready worker admits nothing and makes the instance unready);
+- the drain (SIGTERM or `POST /internal/drain`): not ready at once, no new admissions, queued sessions cancelled,
+  running sessions get until `drain_timeout` to end (closed with drain shortly before it, cancelled at it).
+
+Everything runs on the event loop; model-side work happens inside the `BidirectionalService` implementation (its
+threads or processes), never here. The only blocking call the runtime makes itself, `prepare` (plus the image
+header check), runs in a worker thread. Every task is owned by a `TaskSet` and cancelled and awaited on `aclose()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import dataclasses
+import enum
+import logging
+import secrets
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import PurePath
+
+from admission import (
+    AdmissionController,
+    AdmissionDriver,
+    AdmissionEvent,
+    AdmissionEventKind,
+    AdmissionStatistics,
+    Clock,
+    TicketReason,
+    TicketState,
+)
+from pipeline.bidirectional import (
+    BidirectionalService,
+    ChunkOutput,
+    PreparedSession,
+    SessionCloseMode,
+    SessionSummary,
+)
+from service.errors import (
+    DrainingError,
+    InvalidConfigError,
+    NotReadyError,
+    QueueFullError,
+    SessionNotFoundError,
+    SessionStartError,
+    SettingsError,
+    lookup,
+)
+from service.fanout import Subscription
+from service.images import check_image
+from service.logs import bind_session_id, session_context
+from service.port import LiveSessionPort
+from service.sessions import LIVE_STATES, Session, SessionBuffers, SessionSnapshot, SessionState
+from service.settings import ServiceConfig
+from service.tasks import TaskSet
+from transport.base import Transport
+
+__all__ = ["DrainStatus", "Readiness", "RuntimeStatistics", "RuntimeTuning", "ServiceRuntime"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeTuning:
+    """Timings and bounds that are not deployment settings (tests shorten them).
+
+    - `create_wait_s`: how long POST waits for an immediately admitted session to be created and attached before it
+      answers 201 with state `admitted` (the client then follows GET or the event stream).
+    - `delete_wait_s`: how long DELETE waits for the close before it answers 202 with state `draining`.
+    - `sse_keepalive_s`: the longest gap between keep-alive comments on an event stream (also capped at a third of
+      the heartbeat timeout, so an open stream always keeps its queued session's place).
+    - `health_interval_s`: how often worker readiness is polled (it is also checked on every create and /readyz).
+    - `reader_stop_s`: after the worker closed a session, how long its output reader may take to see the end.
+    - `drain_close_grace_s`: how long before the drain deadline remaining sessions are asked to close with drain
+      (at most a quarter of the drain timeout); at the deadline they are cancelled.
+    - `shutdown_close_s`: at shutdown, how long sessions get to close (cancel) before their runners are cancelled.
+    - `history`: finished sessions kept readable by GET (overflow: forget the oldest finished).
+    - `admission_tick_s`: the admission driver's expiry check interval.
+    """
+
+    create_wait_s: float = 10.0
+    delete_wait_s: float = 5.0
+    sse_keepalive_s: float = 15.0
+    health_interval_s: float = 1.0
+    reader_stop_s: float = 5.0
+    drain_close_grace_s: float = 5.0
+    shutdown_close_s: float = 10.0
+    history: int = 1024
+    admission_tick_s: float = 0.5
+    buffers: SessionBuffers = dataclasses.field(default_factory=SessionBuffers)
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """/readyz: `ready`, else a stable `code` ("not_ready" or "draining") and a sentence."""
+
+    ready: bool
+    code: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DrainStatus:
+    """GET /internal/drain: whether a drain runs, whether it is complete, and what is still open."""
+
+    draining: bool
+    complete: bool
+    running: int
+    queued: int
+    deadline_in_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeStatistics:
+    """What /metrics reads. `sessions` counts live sessions by state; `ended_total` finished ones by final state.
+    `slots_held` counts sessions holding an admission slot; `slot_mismatch` is admission's retained count minus it
+    (anything but 0 means a leak or a double count)."""
+
+    sessions: Mapping[str, int]
+    ended_total: Mapping[str, int]
+    admission: AdmissionStatistics
+    ready: bool
+    draining: bool
+    slots_held: int
+    slot_mismatch: int
+
+
+class ServiceRuntime:
+    """Owns every session of the instance and the lifecycles of admission, model workers and transport.
+
+    Life: `await start()` (returns at once; workers start in the background, `wait_ready()` waits for them),
+    requests, optionally `start_drain()`, then `await aclose()`, which closes what is left (cancel), stops the
+    workers and the transport, and awaits every task. Calls are made on one event loop.
+    """
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        workers: Sequence[BidirectionalService],
+        transport: Transport | None = None,
+        *,
+        clock: Clock | None = None,
+        tuning: RuntimeTuning | None = None,
+    ) -> None:
+        if len(workers) != config.admission.num_workers:
+            raise SettingsError(
+                f"invalid configuration: LINGSTREAM_NUM_WORKERS is {config.admission.num_workers} but "
+                f"{len(workers)} model worker(s) were built"
+            )
+        self._config = config
+        self._workers = tuple(workers)
+        self._transport = transport
+        self._tuning = tuning or RuntimeTuning()
+        self._controller = AdmissionController(config.admission, clock=clock)
+        self._driver = AdmissionDriver(self._controller, tick_interval=self._tuning.admission_tick_s)
+        self._unsubscribe = self._controller.subscribe(self._on_admission_event)
+        self._sessions: dict[str, Session] = {}
+        self._live: set[str] = set()
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._ended_total: Counter[str] = Counter()
+        self._tasks = TaskSet("runtime")
+        self._started = False
+        self._closing = False
+        self._draining = False
+        self._drain_deadline: float | None = None
+        self._drained = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._workers_ready = asyncio.Event()
+        self._worker_started = [False] * len(self._workers)
+        self._worker_errors: dict[int, str] = {}
+        self._healthy = [False] * len(self._workers)
+
+    # ------------------------------------------------------------------------------------------------ lifecycle
+
+    @property
+    def config(self) -> ServiceConfig:
+        return self._config
+
+    @property
+    def tuning(self) -> RuntimeTuning:
+        return self._tuning
+
+    @property
+    def controller(self) -> AdmissionController:
+        """The admission controller (read-only use: statistics and invariant checks)."""
+        return self._controller
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    async def start(self) -> None:
+        """Start admission and the transport; start the model workers in the background."""
+        for index in range(len(self._workers)):
+            self._controller.set_worker_healthy(index, False)
+        self._driver.start()
+        if self._transport is not None:
+            await self._transport.start()
+        self._tasks.spawn(self._start_workers(), name="start-workers")
+        self._tasks.spawn(self._monitor_health(), name="worker-health")
+        self._started = True
+        logger.info(
+            "runtime started: %d model worker(s) x %d session(s), queue %d, transport %s",
+            len(self._workers),
+            self._config.admission.max_sessions_per_worker,
+            self._config.admission.queue_size,
+            "none" if self._transport is None else self._transport.kind,
+        )
+
+    async def wait_ready(self) -> None:
+        """Wait until every model worker has started (or failed to: see `readiness()`)."""
+        await self._workers_ready.wait()
+
+    async def aclose(self) -> None:
+        """Close every session (cancel), stop workers and transport, await every task. Idempotent."""
+        if self._closing:
+            return
+        self._closing = True
+        self._controller.drain()
+        for session in self._admitted_sessions():
+            self._request_close(session, SessionCloseMode.CANCEL, "shutdown")
+        loop = asyncio.get_running_loop()
+        if not await self._wait_idle(loop.time() + self._tuning.shutdown_close_s):
+            logger.error("shutdown: %d session(s) did not close in time; cancelling their runners", len(self._live))
+        await self._tasks.aclose()
+        if self._transport is not None:
+            try:
+                await self._transport.stop()
+            except Exception:
+                logger.exception("shutdown: the transport failed to stop")
+        for index, worker in enumerate(self._workers):
+            try:
+                await worker.stop()
+            except Exception:
+                logger.exception("shutdown: model worker %d failed to stop", index)
+        self._unsubscribe()
+        await self._driver.aclose()
+        self._drained.set()
+        logger.info("runtime stopped")
+
+    def readiness(self) -> Readiness:
+        if not self._started or self._closing:
+            return Readiness(False, "not_ready", "the service is starting or stopping")
+        if self._draining:
+            return Readiness(False, "draining", "the service is draining")
+        self._refresh_health()
+        if self._worker_errors:
+            index, error = min(self._worker_errors.items())
+            return Readiness(False, "not_ready", f"model worker {index} failed to start: {error}")
+        if not all(self._worker_started):
+            return Readiness(False, "not_ready", "model workers are starting")
+        down = [str(index) for index, healthy in enumerate(self._healthy) if not healthy]
+        if down:
+            return Readiness(False, "not_ready", f"model worker(s) {', '.join(down)} not ready")
+        return Readiness(True)
+
+    # ------------------------------------------------------------------------------------------------ sessions
+
+    async def create(
+        self, owner: str, config: Mapping[str, object], image: bytes | None
+    ) -> tuple[SessionSnapshot, bool]:
+        """Validate, then admit or queue a new session; returns its snapshot and whether it was admitted at once.
+
+        Raises `InvalidConfigError` (and the image errors) for bad input, `QueueFullError`, `DrainingError`,
+        `NotReadyError`, or `SessionStartError` when an immediately admitted session failed to start.
+        """
+        self._check_accepting()
+        prepared = await asyncio.to_thread(self._prepare, config, image)
+        self._check_accepting()
+        session_id = secrets.token_urlsafe(16)
+        session = Session(session_id, owner, prepared, _config_view(prepared.config), self._tuning.buffers)
+        self._sessions[session_id] = session
+        self._live.add(session_id)
+        self._idle.clear()
+        try:
+            view = self._controller.create(owner=owner, ticket_id=session_id)
+        except BaseException:
+            self._forget_rejected(session_id)
+            raise
+        if view.state is TicketState.REJECTED:
+            self._forget_rejected(session_id)
+            if view.reason is TicketReason.QUEUE_FULL:
+                raise QueueFullError(view.retry_after_s or self._controller.retry_after_s())
+            raise DrainingError("the service is draining and admits no new sessions; retry on another instance")
+        if view.state is TicketState.QUEUED:
+            logger.info("session %s queued at position %s", session_id, view.position)
+            return session.snapshot(), False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._tuning.create_wait_s):
+                await session.settled.wait()
+        if session.state is SessionState.FAILED:
+            message = session.failure[1] if session.failure else "it failed"
+            raise SessionStartError(f"session {session_id} was admitted but could not be started: {message}")
+        return session.snapshot(), True
+
+    def get(self, owner: str, session_id: str) -> SessionSnapshot:
+        """The session's live snapshot; a GET of a queued session is a heartbeat."""
+        session = self._visible(owner, session_id)
+        self.heartbeat(session_id)
+        return session.snapshot()
+
+    def list_sessions(self, owner: str) -> list[SessionSnapshot]:
+        """The owner's sessions (live and remembered finished ones), oldest first."""
+        self._controller.tick()
+        return [session.snapshot() for session in self._sessions.values() if session.owner == owner]
+
+    def subscribe(self, owner: str, session_id: str) -> tuple[SessionSnapshot, Subscription[SessionSnapshot]]:
+        """The current snapshot and a subscription to every later one (ends after the terminal snapshot)."""
+        session = self._visible(owner, session_id)
+        subscription = session.snapshots.subscribe()
+        self.heartbeat(session_id)
+        return session.snapshot(), subscription
+
+    def heartbeat(self, session_id: str) -> None:
+        """The client of a queued session is still there (a GET, or an open event stream)."""
+        session = self._sessions.get(session_id)
+        if session is not None and session.state is SessionState.QUEUED:
+            self._controller.heartbeat(session_id)
+
+    async def delete(self, owner: str, session_id: str, mode: SessionCloseMode) -> SessionSnapshot:
+        """End the session (idempotent): cancel it while queued, else close it with `mode` and wait a little."""
+        session = self._visible(owner, session_id)
+        self._request_close(session, mode, "client_deleted")
+        if not session.terminal:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._tuning.delete_wait_s):
+                    await session.ended.wait()
+        return session.snapshot()
+
+    # ------------------------------------------------------------------------------------------------ drain
+
+    def start_drain(self, reason: str) -> None:
+        """Begin the drain (idempotent): not ready, no admissions, queued sessions cancelled, a deadline for the
+        rest."""
+        if self._draining or self._closing:
+            return
+        self._draining = True
+        loop = asyncio.get_running_loop()
+        self._drain_deadline = loop.time() + self._config.drain_timeout
+        running = self._admitted_sessions()
+        logger.warning(
+            "draining (%s): %d running session(s) get up to %g s; queued sessions are cancelled",
+            reason,
+            len(running),
+            self._config.drain_timeout,
+        )
+        self._controller.drain()
+        for session in running:
+            self._mark_service_draining(session)
+        self._tasks.spawn(self._drain(), name="drain")
+
+    @property
+    def drain_complete(self) -> bool:
+        """A started drain has ended every session (or the runtime has closed)."""
+        return self._drained.is_set()
+
+    async def wait_drained(self) -> None:
+        """Wait until a started drain has ended every session."""
+        await self._drained.wait()
+
+    def drain_status(self) -> DrainStatus:
+        deadline_in = None
+        if self._drain_deadline is not None:
+            deadline_in = max(0.0, self._drain_deadline - asyncio.get_running_loop().time())
+        return DrainStatus(
+            draining=self._draining,
+            complete=self._drained.is_set(),
+            running=len(self._admitted_sessions()),
+            queued=sum(1 for sid in self._live if self._sessions[sid].state is SessionState.QUEUED),
+            deadline_in_s=deadline_in,
+        )
+
+    def statistics(self) -> RuntimeStatistics:
+        admission = self._controller.statistics()
+        counts = Counter(self._sessions[sid].state.value for sid in self._live)
+        held = sum(1 for sid in self._live if self._sessions[sid].holds_slot)
+        return RuntimeStatistics(
+            sessions={state.value: counts.get(state.value, 0) for state in _ordered(LIVE_STATES)},
+            ended_total=dict(self._ended_total),
+            admission=admission,
+            ready=self.readiness().ready,
+            draining=self._draining,
+            slots_held=held,
+            slot_mismatch=admission.retained_total - held,
+        )
+
+    # ------------------------------------------------------------------------------------------------ internals
+
+    def _check_accepting(self) -> None:
+        if self._draining:
+            raise DrainingError("the service is draining and admits no new sessions; retry on another instance")
+        if not self._started or self._closing:
+            raise NotReadyError("the service is starting or stopping; retry shortly")
+        self._refresh_health()
+        if not any(self._healthy):
+            raise NotReadyError("no model worker is ready; retry shortly")
+
+    def _prepare(self, config: Mapping[str, object], image: bytes | None) -> PreparedSession:
+        """Runs in a worker thread: image header bounds, then the model worker's own validation."""
+        if image is not None:
+            check_image(image, self._config.limits)
+        try:
+            return self._workers[0].prepare(config, image)
+        except ValueError as exc:
+            spec = lookup(exc)
+            if spec is not None and spec.status < 500:
+                raise
+            raise InvalidConfigError(str(exc) or "invalid session config") from exc
+
+    def _visible(self, owner: str, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None or not secrets.compare_digest(session.owner, owner):
+            raise SessionNotFoundError(session_id)
+        return session
+
+    def _forget_rejected(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+        self._live.discard(session_id)
+        self._update_idle()
+
+    def _admitted_sessions(self) -> list[Session]:
+        return [self._sessions[sid] for sid in self._live if self._sessions[sid].admitted]
+
+    def _update_idle(self) -> None:
+        if self._live:
+            self._idle.clear()
+        else:
+            self._idle.set()
+
+    async def _wait_idle(self, deadline: float | None) -> bool:
+        if self._idle.is_set():
+            return True
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def _request_close(self, session: Session, mode: SessionCloseMode, reason: str) -> None:
+        if session.state is SessionState.QUEUED:
+            self._controller.release(session.id)  # -> CANCELLED (client_cancelled), through the admission event
+        else:
+            session.request_close(mode, reason)
+
+    def _mark_service_draining(self, session: Session) -> None:
+        session.service_draining = True
+        if session.state is SessionState.RUNNING and session.close_mode is None:
+            session.move(
+                SessionState.DRAINING,
+                reason="service_draining",
+                detail=f"the service is draining; the session ends within {self._config.drain_timeout:g} s",
+            )
+
+    def _on_admission_event(self, event: AdmissionEvent) -> None:
+        """Admission listener (synchronous, after the controller's state is consistent)."""
+        view = event.ticket
+        session = self._sessions.get(view.ticket_id)
+        if session is None or session.terminal:
+            return
+        with session_context(session.id):
+            self._apply_admission_event(session, event)
+
+    def _apply_admission_event(self, session: Session, event: AdmissionEvent) -> None:
+        view = event.ticket
+        kind = event.kind
+        if kind in (AdmissionEventKind.QUEUED, AdmissionEventKind.POSITION_CHANGED):
+            session.set_position(view.position)
+        elif kind is AdmissionEventKind.ADMITTED:
+            session.worker = view.worker
+            session.holds_slot = True
+            session.move(SessionState.ADMITTED)
+            logger.info("session %s admitted on worker %s", session.id, view.worker)
+            context = contextvars.copy_context()
+            context.run(bind_session_id, session.id)
+            self._tasks.spawn(self._run_session(session), name=f"session-{session.id}", context=context)
+        elif kind in (AdmissionEventKind.EXPIRED, AdmissionEventKind.CANCELLED):
+            state = SessionState.EXPIRED if kind is AdmissionEventKind.EXPIRED else SessionState.CANCELLED
+            reason = view.reason.value if view.reason is not None else state.value
+            logger.info("session %s left the queue: %s (%s)", session.id, state.value, reason)
+            session.move(state, reason=reason)
+            self._after_end(session)
+
+    def _finish(self, session: Session, summary: SessionSummary | None, *, reason: str | None = None) -> None:
+        """The admitted session is over: final state and status, then its slot goes back (exactly once)."""
+        if session.terminal:
+            return
+        if summary is not None and summary.failure:
+            session.record_failure("model_failure", summary.failure)
+        if session.failure is not None:
+            state, final = SessionState.FAILED, session.failure[0]
+        else:
+            state, final = SessionState.CLOSED, reason or session.close_reason or "closed"
+        session.move(state, reason=final)
+        if session.holds_slot:
+            session.holds_slot = False
+            self._controller.release(session.id)
+        logger.info("session %s %s (%s)", session.id, state.value, final)
+        self._after_end(session)
+
+    def _after_end(self, session: Session) -> None:
+        self._ended_total[session.state.value] += 1
+        self._live.discard(session.id)
+        self._finished[session.id] = None
+        while len(self._finished) > self._tuning.history:
+            forgotten, _ = self._finished.popitem(last=False)
+            self._sessions.pop(forgotten, None)
+        self._update_idle()
+
+    async def _run_session(self, session: Session) -> None:
+        """The admitted session's whole life on its worker. Cancellation (shutdown) still publishes a final
+        status, gives the slot back and detaches the transport in `finally`."""
+        worker_index = session.worker if session.worker is not None else 0
+        worker = self._workers[worker_index]
+        port = LiveSessionPort(session, worker, self._request_close)
+        attached = False
+        reader: asyncio.Task[None] | None = None
+        # From the create call on, the worker may hold state for the session (even if create fails half-way).
+        on_worker = True
+        try:
+            try:
+                await worker.create_session(session.id, session.prepared)
+            except Exception as exc:
+                logger.exception("session %s: model worker %d could not create it", session.id, worker_index)
+                session.record_failure("create_failed", f"the model worker could not create the session: {exc}")
+                return
+            if not session.close_requested.is_set():
+                reader = asyncio.create_task(self._read_outputs(session, worker), name=f"outputs-{session.id}")
+                if self._transport is not None:
+                    try:
+                        session.transport_details = dict(await self._transport.attach(port))
+                        attached = True
+                    except Exception as exc:
+                        logger.exception("session %s: the transport could not attach it", session.id)
+                        session.record_failure("transport_failed", f"the transport could not attach: {exc}")
+                        session.request_close(SessionCloseMode.CANCEL, "transport_failed")
+                if session.state is SessionState.ADMITTED:
+                    session.move(SessionState.RUNNING)
+                    if session.service_draining or self._draining:
+                        self._mark_service_draining(session)
+            await session.close_requested.wait()
+            summary = await self._close_on_worker(session, worker)
+            on_worker = False
+            if reader is not None:
+                await self._stop_reader(session, reader)
+                reader = None
+            self._finish(session, summary)
+        finally:
+            if reader is not None:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
+            if on_worker:
+                await self._abandon_on_worker(session, worker)
+            self._finish(session, None, reason="shutdown")
+            if attached and self._transport is not None:
+                try:
+                    await self._transport.detach(session.id, session.reason or session.state.value)
+                except Exception:
+                    logger.exception("session %s: the transport failed to detach it", session.id)
+
+    async def _close_on_worker(self, session: Session, worker: BidirectionalService) -> SessionSummary | None:
+        """`close_session` with the requested mode; a later cancel request escalates a drain in flight."""
+        mode = session.close_mode or SessionCloseMode.DRAIN
+        closing = asyncio.create_task(worker.close_session(session.id, mode), name=f"close-{session.id}")
+        helpers: list[asyncio.Task[object]] = []
+        try:
+            if mode is SessionCloseMode.DRAIN:
+                escalated = asyncio.create_task(session.escalated.wait(), name=f"escalation-{session.id}")
+                helpers.append(escalated)
+                await asyncio.wait({closing, escalated}, return_when=asyncio.FIRST_COMPLETED)
+                if not closing.done():
+                    logger.info("session %s: close escalated from drain to cancel", session.id)
+                    cancel = worker.close_session(session.id, SessionCloseMode.CANCEL)
+                    helpers.append(asyncio.create_task(cancel, name=f"cancel-{session.id}"))
+            outcome = (await asyncio.gather(closing, *helpers[1:], return_exceptions=True))[0]
+        finally:
+            pending = [task for task in (closing, *helpers) if not task.done()]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if isinstance(outcome, SessionSummary):
+            return outcome
+        logger.error("session %s: closing it on the worker failed: %r", session.id, outcome)
+        session.record_failure("close_failed", f"closing the session on the model worker failed: {outcome}")
+        return None
+
+    async def _abandon_on_worker(self, session: Session, worker: BidirectionalService) -> None:
+        """Best-effort cancel-close when the runner stopped before a regular close (a failed create, or shutdown
+        cancelled it mid-way); errors are logged only."""
+        try:
+            async with asyncio.timeout(self._tuning.shutdown_close_s):
+                await worker.close_session(session.id, SessionCloseMode.CANCEL)
+        except Exception as exc:
+            logger.warning("session %s: best-effort cancel-close on the worker failed: %r", session.id, exc)
+
+    async def _stop_reader(self, session: Session, reader: asyncio.Task[None]) -> None:
+        done, _ = await asyncio.wait({reader}, timeout=self._tuning.reader_stop_s)
+        if not done:
+            logger.warning("session %s: outputs did not end after close; cancelling the reader", session.id)
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read_outputs(self, session: Session, worker: BidirectionalService) -> None:
+        """The session's single output reader: fans chunks out; its end or failure closes the session."""
+        iterator: AsyncIterator[ChunkOutput] = worker.outputs(session.id)
+        try:
+            async for chunk in iterator:
+                session.publish_chunk(chunk)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if session.close_mode is not SessionCloseMode.CANCEL:
+                logger.warning("session %s: generation failed: %s", session.id, exc)
+                session.record_failure("model_failure", str(exc) or type(exc).__name__)
+            self._request_close(session, SessionCloseMode.CANCEL, "model_failure")
+            return
+        finally:
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+        self._request_close(session, SessionCloseMode.DRAIN, "completed")
+
+    async def _drain(self) -> None:
+        deadline = self._drain_deadline
+        if deadline is None:  # pragma: no cover - start_drain sets it before spawning
+            return
+        grace = min(self._tuning.drain_close_grace_s, self._config.drain_timeout / 4)
+        if not await self._wait_idle(deadline - grace):
+            for session in self._admitted_sessions():
+                self._request_close(session, SessionCloseMode.DRAIN, "service_drain")
+            if not await self._wait_idle(deadline):
+                for session in self._admitted_sessions():
+                    self._request_close(session, SessionCloseMode.CANCEL, "drain_deadline")
+                loop = asyncio.get_running_loop()
+                if not await self._wait_idle(loop.time() + self._tuning.shutdown_close_s):
+                    logger.error("drain: %d session(s) did not close after cancel", len(self._live))
+        logger.warning("drain complete")
+        self._drained.set()
+
+    async def _start_workers(self) -> None:
+        async def start_one(index: int, worker: BidirectionalService) -> None:
+            try:
+                await worker.start()
+            except Exception as exc:
+                logger.exception("model worker %d failed to start", index)
+                self._worker_errors[index] = f"{type(exc).__name__}: {exc}"
+                return
+            self._worker_started[index] = True
+            self._refresh_health()
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for index, worker in enumerate(self._workers):
+                    group.create_task(start_one(index, worker), name=f"start-worker-{index}")
+        finally:
+            self._workers_ready.set()
+        logger.info("model workers started: %d of %d", sum(self._worker_started), len(self._workers))
+
+    async def _monitor_health(self) -> None:
+        while True:
+            self._refresh_health()
+            await asyncio.sleep(self._tuning.health_interval_s)
+
+    def _refresh_health(self) -> None:
+        for index, worker in enumerate(self._workers):
+            try:
+                healthy = self._worker_started[index] and bool(worker.ready)
+            except Exception:
+                logger.exception("model worker %d: reading readiness failed", index)
+                healthy = False
+            if healthy != self._healthy[index]:
+                self._healthy[index] = healthy
+                if not healthy and self._worker_started[index]:
+                    logger.error("model worker %d is not ready; it admits no sessions", index)
+                self._controller.set_worker_healthy(index, healthy)
+
+
+def _ordered(states: frozenset[SessionState]) -> list[SessionState]:
+    return [state for state in SessionState if state in states]
+
+
+def _config_view(config: object) -> dict[str, object]:
+    """The resolved session config as JSON-able data (a dataclass, a mapping or a pydantic model)."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        data: object = {field.name: getattr(config, field.name) for field in dataclasses.fields(config)}
+    elif isinstance(config, Mapping):
+        data = dict(config)
+    elif hasattr(config, "model_dump"):
+        data = config.model_dump()
+    else:
+        data = {"value": repr(config)}
+    converted = _jsonable(data)
+    return converted if isinstance(converted, dict) else {"value": converted}
+
+
+def _jsonable(value: object) -> object:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, enum.Enum):
+        return _jsonable(value.value)
+    if isinstance(value, Mapping):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, set | frozenset):
+        return sorted((_jsonable(item) for item in value), key=repr)
+    if isinstance(value, PurePath):
+        return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: _jsonable(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    return repr(value)

@@ -1,0 +1,400 @@
+"""The service's settings: environment variables (`LINGSTREAM_*`), an optional config file, and their validation.
+
+`load_settings()` is the only reader of the environment in the whole product. It merges, highest priority first,
+explicit overrides (the CLI's `--host`/`--port`), the environment, and the file named by `LINGSTREAM_CONFIG_FILE`
+(or `--config`; YAML or JSON, keys are the setting names without the prefix, in any case). An invalid value raises
+`SettingsError` with one paragraph naming the variable; the CLI prints it and exits 2. `ServiceConfig.from_settings`
+converts the validated settings, once, into the frozen records the rest of the service and the packages use
+(`AdmissionConfig` and friends); nothing downstream reads `Settings` again.
+
+The three LiveKit variables keep their standard names without the prefix (`LIVEKIT_URL`, `LIVEKIT_API_KEY`,
+`LIVEKIT_API_SECRET`). Secrets (`API_KEYS`, `REDIS_URL`, `LIVEKIT_API_SECRET`) are `SecretStr`: they never appear
+in a repr, a log line or an error message.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import importlib
+import ipaddress
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+from urllib.parse import urlsplit
+
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+from admission import AdmissionConfig, AdmissionConfigError
+from service.errors import SettingsError
+
+__all__ = [
+    "CONFIG_FILE_VARIABLE",
+    "ENV_PREFIX",
+    "RequestLimits",
+    "ServiceConfig",
+    "Settings",
+    "env_name",
+    "load_settings",
+]
+
+logger = logging.getLogger(__name__)
+
+ENV_PREFIX = "LINGSTREAM_"
+CONFIG_FILE_VARIABLE = "LINGSTREAM_CONFIG_FILE"
+
+_MIB = 1024 * 1024
+_LOOPBACK = "127.0.0.1"
+_ALL_INTERFACES = "0.0.0.0"
+_SECRET_FIELDS = frozenset({"api_keys", "redis_url", "livekit_api_secret"})
+_LIVEKIT_ALIASES = {
+    "livekit_url": "LIVEKIT_URL",
+    "livekit_api_key": "LIVEKIT_API_KEY",
+    "livekit_api_secret": "LIVEKIT_API_SECRET",
+}
+_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+$")
+
+# The values read from the config file, handed to `_FileSource` while `load_settings` builds `Settings`.
+_FILE_VALUES: contextvars.ContextVar[Mapping[str, object]] = contextvars.ContextVar("lingstream_file_settings")
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """The config file, below the environment: returns what `load_settings` read and checked."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        values = _FILE_VALUES.get({})
+        return values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FILE_VALUES.get({}))
+
+
+class Settings(BaseSettings):
+    """Every setting of `lingstream serve`, validated. Field `x` is read from `LINGSTREAM_X` (LiveKit: unprefixed).
+
+    Lists (`API_KEYS`, `CORS_ORIGINS`) are plain comma-separated strings, not JSON.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        case_sensitive=False,
+        env_ignore_empty=True,
+        extra="ignore",
+        populate_by_name=True,
+        validate_default=True,
+    )
+
+    host: str | None = Field(
+        default=None, description="Bind address; default 127.0.0.1 without API keys, 0.0.0.0 with them."
+    )
+    port: int = Field(default=8080, ge=1, le=65535, description="TCP port.")
+    num_workers: int = Field(default=1, ge=1, le=64, description="Model workers (one per GPU group).")
+    max_sessions_per_worker: int = Field(default=1, ge=1, le=64, description="Retained sessions per model worker.")
+    queue_size: int = Field(default=16, ge=0, le=100_000, description="Bounded admission FIFO; 0 rejects when full.")
+    queue_timeout: float = Field(default=300.0, gt=0, le=86_400, description="Seconds a session may wait queued.")
+    queue_heartbeat_timeout: float = Field(
+        default=30.0, gt=0, le=86_400, description="Seconds a queued client may stay silent before losing its place."
+    )
+    drain_timeout: float = Field(default=60.0, gt=0, le=86_400, description="Seconds running sessions get on drain.")
+    api_keys: SecretStr = Field(default=SecretStr(""), description="Comma-separated bearer keys; empty: no auth.")
+    cors_origins: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(), description="Comma-separated browser origins allowed by CORS; empty: CORS off."
+    )
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    torch_threads: int | None = Field(default=None, ge=1, le=1024, description="torch intra-op threads.")
+    device: Literal["cpu", "cuda"] = "cpu"
+    reconnect_grace: float = Field(default=20.0, gt=0, le=3600, description="Seconds a departed browser may return.")
+    video_codec: Literal["vp8", "h264"] = "vp8"
+    video_bitrate: int = Field(default=2_000_000, ge=50_000, le=100_000_000, description="Video bits per second.")
+    web_vendor_dir: Path | None = Field(default=None, description="Directory of the vendored livekit-client build.")
+    admission_backend: str = Field(default="memory", description="Admission state backend: memory (redis planned).")
+    redis_url: SecretStr | None = Field(default=None, description="Redis URL for the redis backend (unused yet).")
+    max_request_bytes: int = Field(default=16 * _MIB, ge=1024, le=1024 * _MIB, description="Largest request body.")
+    max_image_bytes: int = Field(default=10 * _MIB, ge=1, le=512 * _MIB, description="Largest reference image.")
+    max_image_pixels: int = Field(default=16 * _MIB, ge=1, le=1 << 30, description="Most pixels of a reference image.")
+    livekit_url: str | None = Field(default=None, validation_alias=AliasChoices("LIVEKIT_URL", "livekit_url"))
+    livekit_api_key: str | None = Field(
+        default=None, validation_alias=AliasChoices("LIVEKIT_API_KEY", "livekit_api_key")
+    )
+    livekit_api_secret: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("LIVEKIT_API_SECRET", "livekit_api_secret")
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Overrides beat the environment, the environment beats the file; no dotenv, no secrets directory.
+        return init_settings, env_settings, _FileSource(settings_cls)
+
+    @field_validator("log_format", "video_codec", "device", "admission_backend", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _check_origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in value:
+            if origin != "*" and not _ORIGIN.match(origin.rstrip("/")):
+                raise ValueError(f"{origin!r} is not an origin: use scheme://host[:port] (http or https) or *")
+        return tuple(origin.rstrip("/") for origin in value)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, value: SecretStr) -> SecretStr:
+        for key in _split_keys(value):
+            if any(char.isspace() for char in key) or not key.isprintable():
+                raise ValueError("an API key contains whitespace or unprintable characters (keys are comma-separated)")
+        return value
+
+    @field_validator("host")
+    @classmethod
+    def _check_host(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip()
+        if not value:
+            raise ValueError("must be an IP address or a host name, got an empty string")
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            if not re.fullmatch(r"[A-Za-z0-9.\-]{1,253}", value):
+                raise ValueError(f"{value!r} is neither an IP address nor a host name") from None
+        return value
+
+    @field_validator("admission_backend")
+    @classmethod
+    def _check_backend(cls, value: str) -> str:
+        if value == "redis":
+            raise ValueError("the redis admission backend is not implemented yet; use memory (one replica)")
+        if value != "memory":
+            raise ValueError(f"must be memory (redis is planned), got {value!r}")
+        return value
+
+    @field_validator("livekit_url")
+    @classmethod
+    def _check_livekit_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("ws", "wss", "http", "https") or not parts.netloc:
+            raise ValueError(f"must be a ws://, wss://, http:// or https:// URL with a host, got {value!r}")
+        return value.strip()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Self:
+        if self.host is None:
+            self.host = _ALL_INTERFACES if self.api_key_list else _LOOPBACK
+        livekit = {
+            "LIVEKIT_URL": bool(self.livekit_url),
+            "LIVEKIT_API_KEY": bool(self.livekit_api_key),
+            "LIVEKIT_API_SECRET": self.livekit_api_secret is not None
+            and bool(self.livekit_api_secret.get_secret_value()),
+        }
+        if any(livekit.values()) and not all(livekit.values()):
+            missing = ", ".join(name for name, present in livekit.items() if not present)
+            present = ", ".join(name for name, present in livekit.items() if present)
+            raise ValueError(f"LiveKit needs all three variables: {present} set but {missing} missing")
+        needed = _base64_size(self.max_image_bytes) + 4096
+        if self.max_request_bytes < needed:
+            raise ValueError(
+                f"LINGSTREAM_MAX_REQUEST_BYTES ({self.max_request_bytes}) is too small for a base64 image of "
+                f"LINGSTREAM_MAX_IMAGE_BYTES ({self.max_image_bytes}): it must be at least {needed}"
+            )
+        return self
+
+    @property
+    def api_key_list(self) -> tuple[str, ...]:
+        """The configured API keys (secret: never log them)."""
+        return _split_keys(self.api_keys)
+
+    @property
+    def livekit_enabled(self) -> bool:
+        return bool(self.livekit_url)
+
+
+def _split_keys(value: SecretStr) -> tuple[str, ...]:
+    return tuple(part.strip() for part in value.get_secret_value().split(",") if part.strip())
+
+
+def _base64_size(raw_bytes: int) -> int:
+    return 4 * ((raw_bytes + 2) // 3)
+
+
+def env_name(field: str) -> str:
+    """The environment variable that sets `field`."""
+    return _LIVEKIT_ALIASES.get(field, ENV_PREFIX + field.upper())
+
+
+def load_settings(*, config_file: Path | None = None, **overrides: object) -> Settings:
+    """Read and validate the settings; raise `SettingsError` (one paragraph naming the variable) if invalid.
+
+    `config_file` wins over `LINGSTREAM_CONFIG_FILE`. `overrides` are setting names (e.g. `port=9000`) that beat
+    both the environment and the file; None values are ignored.
+    """
+    path = config_file
+    named = os.environ.get(CONFIG_FILE_VARIABLE, "").strip()
+    if path is None and named:
+        path = Path(named)
+    file_values = _read_config_file(path) if path is not None else {}
+    given = {name: value for name, value in overrides.items() if value is not None}
+    token = _FILE_VALUES.set(file_values)
+    try:
+        return Settings(**given)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise SettingsError(_explain(exc, path)) from None
+    finally:
+        _FILE_VALUES.reset(token)
+
+
+def _read_config_file(path: Path) -> dict[str, object]:
+    """Read a YAML or JSON mapping of setting names; unknown names are an error (a typo must not pass silently)."""
+    where = f"{CONFIG_FILE_VARIABLE}={path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(f"invalid configuration: cannot read the config file ({where}): {exc.strerror}") from None
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".json":
+            data: object = json.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            try:
+                yaml = importlib.import_module("yaml")
+            except ImportError:
+                raise SettingsError(
+                    f"invalid configuration: {where} is YAML but PyYAML is not installed; use JSON or install pyyaml"
+                ) from None
+            data = yaml.safe_load(text)
+        else:
+            raise SettingsError(
+                f"invalid configuration: {where} must end in .json, .yaml or .yml (got {suffix or 'no suffix'!r})"
+            )
+    except (ValueError, ImportError) as exc:
+        raise SettingsError(f"invalid configuration: {where} is not valid {suffix[1:].upper()}: {exc}") from None
+    except Exception as exc:  # yaml.YAMLError has no common base we can name without importing yaml
+        raise SettingsError(f"invalid configuration: {where} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"invalid configuration: {where} must hold a mapping of setting names to values")
+    known = set(Settings.model_fields)
+    values: dict[str, object] = {}
+    for raw_key, value in data.items():
+        key = str(raw_key).strip().lower().removeprefix(ENV_PREFIX.lower())
+        if key not in known:
+            raise SettingsError(
+                f"invalid configuration: {where} has an unknown setting {raw_key!r}; known settings are "
+                f"{', '.join(sorted(known))}"
+            )
+        if isinstance(value, list):  # a YAML list for a comma-separated setting
+            value = ",".join(str(item) for item in value)
+        values[_LIVEKIT_ALIASES.get(key, key)] = value
+    return values
+
+
+def _explain(exc: ValidationError, path: Path | None) -> str:
+    problems: list[str] = []
+    for error in exc.errors():
+        location = error.get("loc", ())
+        field = str(location[0]) if location else ""
+        name = _field_of(field)
+        message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+        if name is None:
+            problems.append(message)
+            continue
+        label = env_name(name)
+        if path is not None:
+            label += f" (or {name!r} in {path})"
+        if name in _SECRET_FIELDS or "input" not in error:
+            problems.append(f"{label}: {message}")
+        else:
+            problems.append(f"{label}: {message} (got {error['input']!r})")
+    return "invalid configuration: " + "; ".join(problems) + ". Fix the value and start again."
+
+
+def _field_of(location: str) -> str | None:
+    if location in Settings.model_fields:
+        return location
+    for field, alias in _LIVEKIT_ALIASES.items():
+        if location == alias:
+            return field
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Bounds on what clients may send: request body bytes, reference image bytes and pixels."""
+
+    max_request_bytes: int
+    max_image_bytes: int
+    max_image_pixels: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    """What the running service needs, converted once from `Settings` (no secrets beyond key digests).
+
+    `api_key_digests` are SHA-256 digests of the bearer keys: authentication compares digests, so the keys
+    themselves are not kept past start.
+    """
+
+    admission: AdmissionConfig
+    limits: RequestLimits
+    api_key_digests: tuple[bytes, ...]
+    cors_origins: tuple[str, ...]
+    drain_timeout: float
+    log_format: str
+    log_level: str
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ServiceConfig:
+        try:
+            admission = AdmissionConfig(
+                num_workers=settings.num_workers,
+                max_sessions_per_worker=settings.max_sessions_per_worker,
+                queue_size=settings.queue_size,
+                queue_timeout=settings.queue_timeout,
+                queue_heartbeat_timeout=settings.queue_heartbeat_timeout,
+            )
+        except AdmissionConfigError as exc:
+            raise SettingsError(f"invalid configuration: {exc}") from None
+        return cls(
+            admission=admission,
+            limits=RequestLimits(
+                max_request_bytes=settings.max_request_bytes,
+                max_image_bytes=settings.max_image_bytes,
+                max_image_pixels=settings.max_image_pixels,
+            ),
+            api_key_digests=tuple(hashlib.sha256(key.encode()).digest() for key in settings.api_key_list),
+            cors_origins=settings.cors_origins,
+            drain_timeout=settings.drain_timeout,
+            log_format=settings.log_format,
+            log_level=settings.log_level,
+        )

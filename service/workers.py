@@ -1,0 +1,103 @@
+"""Choosing and building the model workers and the transport: the only place the service names implementations.
+
+`build_workers(settings)` returns one `BidirectionalService` per model worker (`NUM_WORKERS`): the LingBot service
+from `pipeline.lingbot`, imported only here and only when called; start-up fails with a clear message when it is
+not importable.
+`build_transport(settings)` returns the transport (LiveKit when `LIVEKIT_URL` is set, else the embedded WebRTC one)
+or None while no transport implementation exists. Both are the wiring points for the packages' constructors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+
+from admission import ExecutionLease
+from pipeline.bidirectional import BidirectionalService
+from service.errors import SettingsError
+from service.settings import Settings
+from transport.base import Transport
+
+__all__ = ["WorkerOptions", "build_transport", "build_workers", "load_factory", "worker_options"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    """What one model worker is built from, converted once from `Settings` (the model packages never see them)."""
+
+    worker_index: int
+    num_workers: int
+    max_sessions_per_worker: int
+    device: str
+    torch_threads: int | None
+    max_image_bytes: int
+    max_image_pixels: int
+
+
+def worker_options(settings: Settings) -> list[WorkerOptions]:
+    return [
+        WorkerOptions(
+            worker_index=index,
+            num_workers=settings.num_workers,
+            max_sessions_per_worker=settings.max_sessions_per_worker,
+            device=settings.device,
+            torch_threads=settings.torch_threads,
+            max_image_bytes=settings.max_image_bytes,
+            max_image_pixels=settings.max_image_pixels,
+        )
+        for index in range(settings.num_workers)
+    ]
+
+
+def build_workers(settings: Settings) -> list[BidirectionalService]:
+    """One LingBot model worker per `NUM_WORKERS`, each with its own execution lease. Raises `SettingsError` when
+    the implementation cannot be imported.
+
+    Wiring point: `LingBotService(ReferenceWorldModel(device), lease=ExecutionLease(), max_image_bytes=...,
+    max_image_pixels=..., torch_threads=...)`; on CUDA, worker i uses `cuda:i` (one GPU per worker until the
+    placement planner assigns GPU groups). Swap `ReferenceWorldModel` for the real model here.
+    """
+    try:
+        from pipeline.lingbot import LingBotService, ReferenceWorldModel
+    except ImportError as exc:
+        raise SettingsError(
+            f"cannot start: the LingBot model worker (pipeline.lingbot.LingBotService) is not importable: {exc}"
+        ) from None
+    workers: list[BidirectionalService] = []
+    for options in worker_options(settings):
+        device = "cpu" if options.device == "cpu" else f"cuda:{options.worker_index}"
+        workers.append(
+            LingBotService(
+                ReferenceWorldModel(device),
+                lease=ExecutionLease(),
+                max_image_bytes=options.max_image_bytes,
+                max_image_pixels=options.max_image_pixels,
+                torch_threads=options.torch_threads,
+            )
+        )
+    return workers
+
+
+def build_transport(settings: Settings) -> Transport | None:
+    """The transport for these settings, or None (sessions then carry `transport: null`)."""
+    logger.warning(
+        "no transport is wired yet (%s requested): sessions run without a browser connection",
+        "LiveKit" if settings.livekit_enabled else "embedded WebRTC",
+    )
+    return None
+
+
+def load_factory(spec: str) -> object:
+    """Resolve `module:attribute` (the test-only `--worker-factory` hook of `lingstream serve`)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise SettingsError(f"invalid worker factory {spec!r}: expected module:callable")
+    try:
+        module = importlib.import_module(module_name)
+        factory: object = getattr(module, attribute)
+    except (ImportError, AttributeError) as exc:
+        raise SettingsError(f"invalid worker factory {spec!r}: {exc}") from None
+    return factory

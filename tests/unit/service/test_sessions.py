@@ -1,0 +1,119 @@
+"""The session lifecycle table and the bounded fan-out."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pipeline.bidirectional import PreparedSession, SessionCloseMode
+from service.errors import SessionTransitionError
+from service.fanout import Broadcast
+from service.sessions import (
+    LIVE_STATES,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    Session,
+    SessionBuffers,
+    SessionState,
+    require_transition,
+)
+from transport.base import DoneStatus, ErrorStatus, StateStatus
+
+
+def _session() -> Session:
+    prepared = PreparedSession(config={"fps": 10}, width=8, height=8, fps=10.0, frame_limit=None)
+    return Session("s1", "owner", prepared, {"fps": 10}, SessionBuffers(snapshots=8, statuses=8, chunks=2))
+
+
+def test_the_table_covers_every_state_and_terminal_states_have_no_moves() -> None:
+    assert set(TRANSITIONS) == set(SessionState)
+    assert frozenset({SessionState.CLOSED, SessionState.EXPIRED, SessionState.FAILED, SessionState.CANCELLED}) == (
+        TERMINAL_STATES
+    )
+    assert LIVE_STATES.isdisjoint(TERMINAL_STATES)
+    assert SessionState.QUEUED in LIVE_STATES
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (SessionState.QUEUED, SessionState.RUNNING),
+        (SessionState.RUNNING, SessionState.QUEUED),
+        (SessionState.CLOSED, SessionState.RUNNING),
+        (SessionState.DRAINING, SessionState.RUNNING),
+        (SessionState.ADMITTED, SessionState.EXPIRED),
+    ],
+)
+def test_an_illegal_move_raises_with_a_sentence(old: SessionState, new: SessionState) -> None:
+    with pytest.raises(SessionTransitionError, match=f"cannot move from {old.value} to {new.value}: "):
+        require_transition("s1", old, new)
+
+
+async def test_every_change_is_published_and_the_end_closes_every_stream() -> None:
+    session = _session()
+    with session.snapshots.subscribe() as snapshots, session.statuses.subscribe() as statuses:
+        session.set_position(2)
+        session.set_position(2)  # unchanged: not published
+        session.set_position(1)
+        session.move(SessionState.ADMITTED)
+        session.move(SessionState.RUNNING)
+        session.record_failure("model_failure", "boom")
+        session.record_failure("later", "ignored")
+        session.move(SessionState.FAILED, reason="model_failure")
+        states = [(snap.state, snap.queue_position) async for snap in snapshots]
+        messages = [message async for message in statuses]
+    assert states == [
+        (SessionState.QUEUED, 2),
+        (SessionState.QUEUED, 1),
+        (SessionState.ADMITTED, None),
+        (SessionState.RUNNING, None),
+        (SessionState.FAILED, None),
+    ]
+    assert messages[-2:] == [ErrorStatus("model_failure", "boom"), DoneStatus("failed")]
+    assert StateStatus("running", None) in messages
+    assert session.ended.is_set()
+    assert session.settled.is_set()
+
+
+def test_request_close_moves_to_draining_and_cancel_escalates_a_drain() -> None:
+    session = _session()
+    assert not session.request_close(SessionCloseMode.DRAIN, "queued sessions are cancelled through admission")
+    session.move(SessionState.ADMITTED)
+    session.move(SessionState.RUNNING)
+    assert session.request_close(SessionCloseMode.DRAIN, "client_deleted")
+    assert session.state is SessionState.DRAINING
+    assert not session.escalated.is_set()
+    assert not session.request_close(SessionCloseMode.DRAIN, "again")
+    assert session.request_close(SessionCloseMode.CANCEL, "drain_deadline")
+    assert session.escalated.is_set()
+    assert session.close_reason == "client_deleted"
+
+
+async def test_a_slow_subscriber_loses_the_oldest_items_not_memory() -> None:
+    broadcast: Broadcast[int] = Broadcast(capacity=3)
+    slow = broadcast.subscribe()
+    fast = broadcast.subscribe()
+    for item in range(10):
+        broadcast.publish(item)
+        assert await anext(fast) == item
+    broadcast.close()
+    assert [item async for item in slow] == [7, 8, 9]
+    assert slow.dropped == 7
+    stats = broadcast.statistics()
+    assert (stats.published, stats.dropped, stats.subscribers, stats.closed) == (10, 7, 0, True)
+
+
+async def test_a_subscriber_waits_for_the_next_item_and_ends_on_close() -> None:
+    broadcast: Broadcast[str] = Broadcast(capacity=2)
+    with broadcast.subscribe() as subscription:
+        pending = asyncio.ensure_future(anext(subscription))
+        await asyncio.sleep(0)
+        assert not pending.done()
+        broadcast.publish("x")
+        assert await pending == "x"
+        broadcast.close()
+        with pytest.raises(StopAsyncIteration):
+            await anext(subscription)
+    late = broadcast.subscribe()
+    assert [item async for item in late] == []

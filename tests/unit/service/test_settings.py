@@ -1,0 +1,176 @@
+"""Settings: environment, config file, precedence, and one clear paragraph per invalid value."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from service.cli import main
+from service.errors import SettingsError
+from service.settings import ServiceConfig, Settings, load_settings
+
+
+def test_defaults_bind_loopback_and_match_the_documented_contract() -> None:
+    settings = load_settings()
+    assert settings.host == "127.0.0.1"
+    assert (settings.port, settings.num_workers, settings.max_sessions_per_worker, settings.queue_size) == (
+        8080,
+        1,
+        1,
+        16,
+    )
+    assert settings.drain_timeout == 60.0
+    assert settings.admission_backend == "memory"
+    assert settings.cors_origins == ()
+    assert settings.api_key_list == ()
+    assert not settings.livekit_enabled
+
+
+def test_api_keys_make_the_default_bind_every_interface(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LINGSTREAM_API_KEYS", "alpha-key-0123456789, beta-key-0123456789 ,")
+    settings = load_settings()
+    assert settings.host == "0.0.0.0"
+    assert settings.api_key_list == ("alpha-key-0123456789", "beta-key-0123456789")
+    assert "alpha" not in repr(settings)
+
+
+def test_comma_separated_lists_are_plain_strings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LINGSTREAM_CORS_ORIGINS", "https://a.example, http://localhost:3000/")
+    assert load_settings().cors_origins == ("https://a.example", "http://localhost:3000")
+
+
+def test_livekit_variables_are_read_without_the_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIVEKIT_URL", "wss://lk.example")
+    monkeypatch.setenv("LIVEKIT_API_KEY", "APIkey")
+    monkeypatch.setenv("LIVEKIT_API_SECRET", "s3cret")
+    settings = load_settings()
+    assert settings.livekit_enabled
+    assert settings.livekit_api_secret is not None
+    assert settings.livekit_api_secret.get_secret_value() == "s3cret"
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_config_file_is_read_and_the_environment_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
+) -> None:
+    values = {"PORT": 9001, "queue_size": 3, "cors_origins": ["https://a.example"], "LIVEKIT_URL": "wss://x.example"}
+    path = tmp_path / f"settings{suffix}"
+    if suffix == ".json":
+        path.write_text(json.dumps(values))
+    else:
+        path.write_text("PORT: 9001\nqueue_size: 3\ncors_origins: [https://a.example]\nLIVEKIT_URL: wss://x.example\n")
+    monkeypatch.setenv("LINGSTREAM_CONFIG_FILE", str(path))
+    monkeypatch.setenv("LINGSTREAM_QUEUE_SIZE", "5")
+    monkeypatch.setenv("LIVEKIT_API_KEY", "k")
+    monkeypatch.setenv("LIVEKIT_API_SECRET", "s")
+    settings = load_settings()
+    assert settings.port == 9001
+    assert settings.queue_size == 5
+    assert settings.cors_origins == ("https://a.example",)
+    assert settings.livekit_url == "wss://x.example"
+
+
+def test_overrides_beat_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LINGSTREAM_PORT", "9000")
+    assert load_settings(port=9100, host=None).port == 9100
+
+
+def test_unknown_config_file_keys_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    path.write_text('{"queue_sise": 3}')
+    with pytest.raises(SettingsError, match="unknown setting 'queue_sise'"):
+        load_settings(config_file=path)
+
+
+def test_config_file_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="cannot read the config file"):
+        load_settings(config_file=tmp_path / "missing.yaml")
+    bad = tmp_path / "settings.toml"
+    bad.write_text("port = 1")
+    with pytest.raises(SettingsError, match=r"must end in \.json, \.yaml or \.yml"):
+        load_settings(config_file=bad)
+    broken = tmp_path / "settings.json"
+    broken.write_text("{not json")
+    with pytest.raises(SettingsError, match="is not valid JSON"):
+        load_settings(config_file=broken)
+
+
+INVALID = [
+    ("LINGSTREAM_PORT", "http", "LINGSTREAM_PORT"),
+    ("LINGSTREAM_PORT", "70000", "LINGSTREAM_PORT"),
+    ("LINGSTREAM_HOST", "not a host!", "LINGSTREAM_HOST"),
+    ("LINGSTREAM_NUM_WORKERS", "0", "LINGSTREAM_NUM_WORKERS"),
+    ("LINGSTREAM_MAX_SESSIONS_PER_WORKER", "0", "LINGSTREAM_MAX_SESSIONS_PER_WORKER"),
+    ("LINGSTREAM_QUEUE_SIZE", "-1", "LINGSTREAM_QUEUE_SIZE"),
+    ("LINGSTREAM_QUEUE_TIMEOUT", "0", "LINGSTREAM_QUEUE_TIMEOUT"),
+    ("LINGSTREAM_QUEUE_HEARTBEAT_TIMEOUT", "soon", "LINGSTREAM_QUEUE_HEARTBEAT_TIMEOUT"),
+    ("LINGSTREAM_DRAIN_TIMEOUT", "-5", "LINGSTREAM_DRAIN_TIMEOUT"),
+    ("LINGSTREAM_API_KEYS", "good-key,bad key", "LINGSTREAM_API_KEYS"),
+    ("LINGSTREAM_CORS_ORIGINS", "example.com", "LINGSTREAM_CORS_ORIGINS"),
+    ("LINGSTREAM_LOG_FORMAT", "xml", "LINGSTREAM_LOG_FORMAT"),
+    ("LINGSTREAM_LOG_LEVEL", "LOUD", "LINGSTREAM_LOG_LEVEL"),
+    ("LINGSTREAM_TORCH_THREADS", "0", "LINGSTREAM_TORCH_THREADS"),
+    ("LINGSTREAM_DEVICE", "tpu", "LINGSTREAM_DEVICE"),
+    ("LINGSTREAM_RECONNECT_GRACE", "-1", "LINGSTREAM_RECONNECT_GRACE"),
+    ("LINGSTREAM_VIDEO_CODEC", "av1", "LINGSTREAM_VIDEO_CODEC"),
+    ("LINGSTREAM_VIDEO_BITRATE", "10", "LINGSTREAM_VIDEO_BITRATE"),
+    ("LINGSTREAM_ADMISSION_BACKEND", "redis", "LINGSTREAM_ADMISSION_BACKEND"),
+    ("LINGSTREAM_ADMISSION_BACKEND", "etcd", "LINGSTREAM_ADMISSION_BACKEND"),
+    ("LINGSTREAM_MAX_REQUEST_BYTES", "12", "LINGSTREAM_MAX_REQUEST_BYTES"),
+    ("LINGSTREAM_MAX_REQUEST_BYTES", "2048", "LINGSTREAM_MAX_IMAGE_BYTES"),
+    ("LINGSTREAM_MAX_IMAGE_BYTES", "0", "LINGSTREAM_MAX_IMAGE_BYTES"),
+    ("LINGSTREAM_MAX_IMAGE_PIXELS", "many", "LINGSTREAM_MAX_IMAGE_PIXELS"),
+    ("LIVEKIT_URL", "ftp://lk.example", "LIVEKIT_URL"),
+    ("LIVEKIT_URL", "wss://lk.example", "LIVEKIT_API_KEY"),
+]
+
+
+@pytest.mark.parametrize(("variable", "value", "named"), INVALID, ids=[f"{v}={x}" for v, x, _ in INVALID])
+def test_every_invalid_value_stops_the_start_with_a_clear_message(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, named: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert named in message
+    assert message.startswith("invalid configuration: ")
+    assert "\n" not in message
+
+
+def test_secrets_never_appear_in_error_messages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LINGSTREAM_API_KEYS", "secret-one,secret two")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert "secret" not in str(caught.value).replace("LINGSTREAM_API_KEYS", "")
+
+
+def test_cli_prints_one_paragraph_and_exits_2_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LINGSTREAM_QUEUE_SIZE", "lots")
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert "LINGSTREAM_QUEUE_SIZE" in err
+    assert "Traceback" not in err
+    assert err.count("\n") == 1
+
+
+def test_cli_refuses_the_worker_factory_hook_without_the_test_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--worker-factory", "tests.fakes.world:idle_fake_workers"]) == 2
+    assert "LINGSTREAM_TEST_HOOKS=1" in capsys.readouterr().err
+
+
+def test_settings_convert_once_into_the_packages_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LINGSTREAM_NUM_WORKERS", "2")
+    monkeypatch.setenv("LINGSTREAM_MAX_SESSIONS_PER_WORKER", "2")
+    monkeypatch.setenv("LINGSTREAM_QUEUE_SIZE", "0")
+    monkeypatch.setenv("LINGSTREAM_API_KEYS", "k1-0123456789abcdef")
+    config = ServiceConfig.from_settings(load_settings())
+    assert config.admission.capacity == 4
+    assert config.admission.queue_size == 0
+    assert len(config.api_key_digests) == 1
+    assert b"k1-0123456789abcdef" not in config.api_key_digests[0]
+    assert isinstance(Settings.model_fields["api_keys"].default.get_secret_value(), str)
