@@ -22,11 +22,18 @@ if [ ! -f web/node_modules/livekit-client/dist/livekit-client.umd.js ]; then
         echo "setup: npm not found; the page works on the embedded transport only (no livekit-client bundle)" >&2
     fi
 fi
-if [ "${1:-}" = "--dev" ] && [ ! -x /usr/bin/chromium ]; then
-    # Debian's Chromium for the browser tests (Playwright drives it through executable_path).
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-    else
-        echo "setup: /usr/bin/chromium is missing and cannot be installed here; browser tests will be skipped" >&2
+if [ "${1:-}" = "--dev" ]; then
+    # Debian's Chromium for the browser tests (Playwright drives it through executable_path) and a real
+    # redis-server for the scale-out tests (the fixtures start it on a loopback port).
+    missing=()
+    [ -x /usr/bin/chromium ] || missing+=(chromium)
+    command -v redis-server >/dev/null || missing+=(redis-server)
+    if [ ${#missing[@]} -gt 0 ]; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+            apt-get update -qq >/dev/null
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+        else
+            echo "setup: ${missing[*]} missing and not installable here; the tests that need them will skip" >&2
+        fi
     fi
 fi
