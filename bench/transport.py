@@ -1,4 +1,4 @@
-"""Benchmark of the transport package (runs in about 15 s on 2 cores, no server needed).
+"""Benchmark of the transport package (runs in about 30 s on 2 cores, no LiveKit server needed).
 
 Measures, in one run:
 - pacing_jitter_p95_ms: p95 of |send time - deadline| of frames leaving `FramePacer` at 16 fps for ~5 s on the real
@@ -8,6 +8,11 @@ Measures, in one run:
   and of our whole sink (`LiveKitVideo.capture`: size checks, buffer copy, capture) as capture_sink_ms_720p.
 - webrtc_fps_received_aiortc: frames per second an in-process aiortc receiver decodes from `EmbeddedTransport` at
   416x240, 16 fps, fed by synthetic chunks (loopback ICE), over ~5 s after the first frame.
+- webrtc_fps_received: frames per second a real headless Chromium presents (requestVideoFrameCallback's
+  `presentedFrames`) from one embedded-WebRTC session of a real `lingstream serve` running the reference model at
+  416x240, 16 fps with a key held (target >= 15), over ~5 s after 2 s of warm-up; `webrtc_chromium_frames_dropped`
+  is what Chromium's decoder dropped meanwhile (getStats). Skipped, with a note, without /usr/bin/chromium or
+  playwright.
 
 The last line printed is one JSON object with every figure.
 """
@@ -19,11 +24,15 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
+import shutil
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import numpy.typing as npt
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
@@ -48,6 +57,42 @@ from transport import (  # noqa: E402
 
 FPS = 16.0
 CHUNK = 4
+_ROOT = _HERE.parent
+CHROMIUM = "/usr/bin/chromium"
+_CHROMIUM_PRESENT = Path(CHROMIUM).exists()
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-features=WebRtcHideLocalIpsWithMdns",
+]
+# Presented frames over a window of `ms` milliseconds, from requestVideoFrameCallback's metadata.
+_PRESENTED_JS = """
+(ms) => new Promise((resolve) => {
+  const video = document.getElementById("video");
+  let first = null;
+  const onFrame = (now, meta) => {
+    if (first === null) first = { now, frames: meta.presentedFrames };
+    if (now - first.now < ms) { video.requestVideoFrameCallback(onFrame); return; }
+    resolve({ frames: meta.presentedFrames - first.frames, seconds: (now - first.now) / 1000 });
+  };
+  video.requestVideoFrameCallback(onFrame);
+})
+"""
+_DROPPED_JS = """
+async () => {
+  let dropped = 0;
+  (await window.lingstream.pc.getStats()).forEach((report) => {
+    if (report.type === "inbound-rtp" && report.kind === "video") dropped += report.framesDropped || 0;
+  });
+  return dropped;
+}
+"""
 
 
 def _chunks(width: int, height: int, count: int) -> list[npt.NDArray[np.uint8]]:
@@ -223,12 +268,100 @@ async def bench_webrtc(seconds: float) -> dict[str, float]:
     }
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def _serve_reference_model() -> tuple[asyncio.subprocess.Process, str]:
+    """A real `lingstream serve` on loopback: the reference model, the embedded transport, one torch thread."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LINGSTREAM_", "LIVEKIT_"))}
+    env.update(PYTHONPATH=str(_ROOT), LINGSTREAM_TORCH_THREADS="1", LINGSTREAM_LOG_LEVEL="WARNING")
+    script = shutil.which("lingstream", path=str(Path(sys.executable).parent))
+    command = [script] if script else [sys.executable, "-m", "service.cli"]
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        cwd=_ROOT,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if process.returncode is not None:
+                raise RuntimeError(f"lingstream serve exited with {process.returncode}")
+            with contextlib.suppress(httpx.TransportError):
+                if (await client.get(f"{url}/readyz")).status_code == 200:
+                    return process, url
+            await asyncio.sleep(0.05)
+    process.kill()
+    await process.wait()
+    raise RuntimeError("lingstream serve was not ready in 60 s")
+
+
+async def bench_chromium(seconds: float, warmup: float = 2.0) -> dict[str, float]:
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        print("webrtc_fps_received: skipped (playwright is not installed)", file=sys.stderr)
+        return {}
+    if not _CHROMIUM_PRESENT:
+        print(f"webrtc_fps_received: skipped (no Chromium at {CHROMIUM})", file=sys.stderr)
+        return {}
+    process, url = await _serve_reference_model()
+    try:
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = await browser.new_page()
+                page.set_default_timeout(30_000)
+                await page.goto(f"{url}/")
+                await page.fill("#width", "416")
+                await page.fill("#height", "240")
+                await page.fill("#fps", str(int(FPS)))
+                await page.click("#start")
+                await page.wait_for_function("window.lingstream.frames > 0")
+                await page.focus("#stage")
+                await page.keyboard.down("w")  # a held key keeps the session generating
+                await page.wait_for_function("window.lingstream.lastChunk && window.lingstream.lastChunk.keys.length")
+                await page.evaluate(_PRESENTED_JS, warmup * 1000)
+                dropped_before = await page.evaluate(_DROPPED_JS)
+                window = await page.evaluate(_PRESENTED_JS, seconds * 1000)
+                dropped = await page.evaluate(_DROPPED_JS) - dropped_before
+                size = await page.evaluate("window.lingstream.videoSize")
+                await page.keyboard.up("w")
+                await page.click("#stop")
+                await page.wait_for_function("window.lingstream.state === 'closed'")
+            finally:
+                await browser.close()
+    finally:
+        process.terminate()
+        async with asyncio.timeout(30):
+            await process.wait()
+    assert (size["width"], size["height"]) == (416, 240), size
+    return {
+        "webrtc_fps_received": window["frames"] / window["seconds"],
+        "webrtc_chromium_frames_dropped": float(dropped),
+    }
+
+
 async def main(quick: bool) -> dict[str, float]:
     seconds = 2.0 if quick else 5.0
     results: dict[str, float] = {}
     results |= await bench_pacing(seconds)
     results |= await bench_capture(30 if quick else 100)
     results |= await bench_webrtc(seconds)
+    results |= await bench_chromium(seconds)
     return results
 
 

@@ -1,4 +1,4 @@
-"""The HTTP routes: `/v1` sessions (REST + server-sent events), health, metrics, and the loopback admin drain.
+"""The HTTP routes: `/v1` sessions (REST + server-sent events), health, and the loopback admin drain.
 
 Handlers only translate: authenticate, parse, call `ServiceRuntime`, and turn snapshots into bodies. Errors are
 raised as exceptions and answered by the handlers in `service.app` through the table in `service.errors`.
@@ -6,32 +6,41 @@ raised as exceptions and answered by the handlers in `service.app` through the t
 Request order for `POST /v1/sessions`: body size (middleware, before anything reads it) → API key → content type
 (415) → JSON and fields (422 `invalid_request`) → image bytes/pixels (413/415) → the worker's `prepare` (422
 `invalid_config`) → admission (201/202/429/503).
+
+The transport routes: `POST /v1/sessions/{id}/webrtc` (the embedded transport's SDP offer; every offer rebinds the
+session to a new peer connection), `POST /v1/sessions/{id}/viewers` (LiveKit: a subscribe-only token) and
+`POST /v1/livekit/webhook` (LiveKit's signed webhooks: the signature is the authentication, no API key). Order for
+the session routes: API key → the session (404 for an unknown or another key's session) → the transport kind (404
+when the route's transport is not the active one; 409 for an offer while LiveKit is active) → the session's state
+(409 unless it streams) → the body (415/422) → the transport (422 for an offer it refuses).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.bidirectional import SessionCloseMode
 from service.auth import ApiKeyAuth
 from service.errors import (
     ForbiddenError,
     InvalidRequestError,
+    SessionNotStreamingError,
     UnsupportedMediaTypeError,
     error_body,
 )
 from service.fanout import Subscription
 from service.images import decode_image
 from service.logs import bind_session_id
-from service.metrics import CONTENT_TYPE, render_metrics
 from service.runtime import ServiceRuntime
 from service.schemas import (
     CreateSessionRequest,
@@ -40,12 +49,21 @@ from service.schemas import (
     HealthBody,
     SessionBody,
     SessionList,
+    WebhookAck,
+    WebrtcAnswer,
+    WebrtcOffer,
     drain_body,
     session_body,
 )
-from service.sessions import SessionSnapshot
+from service.sessions import SessionSnapshot, SessionState
+from transport.base import Transport
+from transport.embedded import EmbeddedTransport
+from transport.errors import SessionNotAttachedError
+from transport.livekit_transport import LiveKitTransport
 
 __all__ = ["describe_validation_errors", "health_router", "internal_router", "v1_router"]
+
+_Model = TypeVar("_Model", bound=BaseModel)
 
 _bearer = HTTPBearer(auto_error=False, description="An API key, when the service is configured with keys.")
 
@@ -62,8 +80,14 @@ async def _owner(
     return auth.owner(request.headers.get("authorization"))
 
 
+def _transport(request: Request) -> Transport | None:
+    transport: Transport | None = getattr(request.app.state, "transport", None)
+    return transport
+
+
 Runtime = Annotated[ServiceRuntime, Depends(_runtime)]
 Owner = Annotated[str, Depends(_owner)]
+ActiveTransport = Annotated[Transport | None, Depends(_transport)]
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -123,9 +147,16 @@ async def list_sessions(owner: Owner, runtime: Runtime) -> SessionList:
     summary="A session's live status (a heartbeat while queued)",
     responses=_errors(401, 404),
 )
-async def get_session(session_id: str, owner: Owner, runtime: Runtime) -> SessionBody:
+async def get_session(session_id: str, owner: Owner, runtime: Runtime, transport: ActiveTransport) -> SessionBody:
     bind_session_id(session_id)
-    return session_body(runtime.get(owner, session_id))
+    snapshot = runtime.get(owner, session_id)
+    body = session_body(snapshot)
+    if isinstance(transport, LiveKitTransport) and snapshot.transport is not None and snapshot.state in _STREAMING:
+        # Only LiveKit's details go stale (the join token's TTL is short): mint a fresh token, same identity. The
+        # embedded transport's offer URL never changes. Detached a moment ago: the session is ending, keep the old.
+        with contextlib.suppress(SessionNotAttachedError):
+            body.transport = dict(transport.join_details(snapshot.id))
+    return body
 
 
 @v1_router.delete(
@@ -165,6 +196,99 @@ async def session_events(session_id: str, owner: Owner, runtime: Runtime) -> Str
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+_STREAMING = frozenset({SessionState.ADMITTED, SessionState.RUNNING, SessionState.DRAINING})
+
+
+def _conflict(message: str) -> SessionNotStreamingError:
+    return SessionNotStreamingError(message)
+
+
+def _require_streaming(snapshot: SessionSnapshot) -> None:
+    """409 unless the session is past the queue and not ended (its transport binding exists or is being made)."""
+    if snapshot.state is SessionState.QUEUED:
+        raise _conflict(
+            f"session {snapshot.id!r} is queued (position {snapshot.queue_position}); connect once it is running"
+        )
+    if snapshot.terminal:
+        raise _conflict(f"session {snapshot.id!r} has ended ({snapshot.state.value}); create a new one")
+
+
+@v1_router.post(
+    "/sessions/{session_id}/webrtc",
+    response_model=WebrtcAnswer,
+    summary="Embedded WebRTC: answer the browser's SDP offer (every new offer rebinds the session)",
+    responses=_errors(401, 404, 409, 413, 415, 422),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": WebrtcOffer.model_json_schema()}},
+        }
+    },
+)
+async def webrtc_offer(
+    session_id: str, request: Request, owner: Owner, runtime: Runtime, transport: ActiveTransport
+) -> WebrtcAnswer:
+    bind_session_id(session_id)
+    snapshot = runtime.get(owner, session_id)
+    if isinstance(transport, LiveKitTransport):
+        raise _conflict("this service streams through LiveKit: join the room named in the session's transport")
+    if not isinstance(transport, EmbeddedTransport):
+        raise StarletteHTTPException(status_code=404, detail="the embedded WebRTC transport is not enabled here")
+    _require_streaming(snapshot)
+    offer = await _json_body(request, WebrtcOffer)
+    try:
+        sdp, kind = await transport.answer(session_id, offer.sdp, offer.type)
+    except SessionNotAttachedError:
+        raise _conflict(f"session {session_id!r} is not connected to the transport (starting or ending)") from None
+    if kind != "answer":  # pragma: no cover - aiortc always answers an offer with an answer
+        raise _conflict(f"the transport answered with an SDP of type {kind!r}")
+    return WebrtcAnswer(sdp=sdp, type="answer")
+
+
+@v1_router.post(
+    "/sessions/{session_id}/viewers",
+    status_code=201,
+    response_model=dict[str, Any],
+    summary="LiveKit: a watch-only join token for the session's room (subscribe, no publishing)",
+    responses=_errors(401, 404, 409),
+)
+async def create_viewer(session_id: str, owner: Owner, runtime: Runtime, transport: ActiveTransport) -> dict[str, Any]:
+    bind_session_id(session_id)
+    snapshot = runtime.get(owner, session_id)
+    if not isinstance(transport, LiveKitTransport):
+        raise StarletteHTTPException(status_code=404, detail="viewer tokens need the LiveKit transport (LIVEKIT_URL)")
+    _require_streaming(snapshot)
+    try:
+        return dict(transport.viewer_details(session_id))
+    except SessionNotAttachedError:
+        raise _conflict(f"session {session_id!r} is not connected to its LiveKit room (starting or ending)") from None
+
+
+@v1_router.post(
+    "/livekit/webhook",
+    response_model=WebhookAck,
+    tags=["livekit"],
+    summary="LiveKit webhooks (authenticated by LiveKit's signature in Authorization, not by an API key)",
+    responses=_errors(401, 404, 413),
+)
+async def livekit_webhook(request: Request, transport: ActiveTransport) -> WebhookAck:
+    if not isinstance(transport, LiveKitTransport):
+        raise StarletteHTTPException(status_code=404, detail="LiveKit webhooks need the LiveKit transport")
+    body = await request.body()
+    transport.handle_webhook(body, request.headers.get("authorization"))  # WebhookError: 401
+    return WebhookAck()
+
+
+async def _json_body(request: Request, model: type[_Model]) -> _Model:
+    """The request body as `model`: 415 unless JSON, 422 `invalid_request` when it does not validate."""
+    if not _is_json(request.headers.get("content-type", "")):
+        raise UnsupportedMediaTypeError("send the request body as application/json")
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise InvalidRequestError(describe_validation_errors(exc.errors())) from None
 
 
 async def _event_stream(
@@ -228,16 +352,6 @@ async def readyz(runtime: Runtime) -> Response:
     if readiness.ready:
         return JSONResponse({"status": "ready"})
     return JSONResponse(error_body(readiness.code or "not_ready", readiness.reason or "not ready"), status_code=503)
-
-
-@health_router.get(
-    "/metrics",
-    response_class=PlainTextResponse,
-    summary="Prometheus text exposition",
-    responses={200: {"content": {CONTENT_TYPE.split(";")[0]: {}}}},
-)
-async def metrics(runtime: Runtime) -> PlainTextResponse:
-    return PlainTextResponse(render_metrics(runtime.statistics()), media_type=CONTENT_TYPE)
 
 
 internal_router = APIRouter(prefix="/internal", include_in_schema=False)

@@ -9,6 +9,7 @@ with the real ones.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
@@ -36,10 +37,13 @@ from service.errors import (
     public_message,
 )
 from service.middleware import BodyLimitMiddleware
+from service.page import install_page
 from service.runtime import RuntimeTuning, ServiceRuntime
 from service.settings import ServiceConfig, Settings
+from service.telemetry import Telemetry, TelemetryMiddleware
 from service.workers import build_workers
 from transport.base import Transport
+from transport.errors import TransportError
 
 __all__ = ["WorkerFactory", "create_app", "runtime_of"]
 
@@ -63,22 +67,31 @@ def create_app(
     transport: Transport | None = None,
     clock: Clock | None = None,
     tuning: RuntimeTuning | None = None,
+    telemetry: Telemetry | None = None,
 ) -> FastAPI:
     """The application for `settings`. `worker_factory` replaces `build_workers` (tests inject fakes); `transport`
     None means no transport (session bodies carry `transport: null`); `clock` is the admission clock (tests inject
-    a fake); `tuning` shortens the runtime's waits (tests)."""
+    a fake); `tuning` shortens the runtime's waits (tests); `telemetry` defaults to one configured from the OTEL_*
+    environment variables (the app shuts it down at the end of its lifespan)."""
     config = ServiceConfig.from_settings(settings)
     error_table()  # import the lazily-listed error classes now, not during the first failing request
+    if telemetry is None:
+        telemetry = Telemetry.from_environ(os.environ, service_version=_version())
     workers = list((worker_factory or build_workers)(settings))
-    runtime = ServiceRuntime(config, workers, transport, clock=clock, tuning=tuning)
+    runtime = ServiceRuntime(config, workers, transport, clock=clock, tuning=tuning, observer=telemetry.sessions)
+    telemetry.instrument(runtime, workers, transport)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        telemetry.start()
         await runtime.start()
         try:
             yield
         finally:
-            await runtime.aclose()
+            try:
+                await runtime.aclose()
+            finally:
+                await telemetry.aclose()
 
     app = FastAPI(
         title="lingstream",
@@ -90,11 +103,18 @@ def create_app(
         openapi_url="/openapi.json",
     )
     app.state.runtime = runtime
+    app.state.telemetry = telemetry
+    app.state.transport = transport
     app.state.auth = ApiKeyAuth(config.api_key_digests)
     _install_error_handlers(app)
     app.include_router(v1_router)
+    # `/metrics`: every instrument, through the OpenTelemetry Prometheus exporter on this app's own registry.
+    app.add_api_route(
+        "/metrics", telemetry.metrics_endpoint, methods=["GET"], summary="Prometheus text exposition", tags=["health"]
+    )
     app.include_router(health_router)
     app.include_router(internal_router)
+    install_page(app, transport=transport, vendor_dir=settings.web_vendor_dir, api_keys=bool(config.api_key_digests))
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_request_bytes)
     if config.cors_origins:
         app.add_middleware(
@@ -106,6 +126,7 @@ def create_app(
             allow_credentials=False,
             max_age=600,
         )
+    app.add_middleware(TelemetryMiddleware, telemetry=telemetry)  # added last: outermost, so every answer counts
     return app
 
 
@@ -152,7 +173,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         spec = lookup(error) or ErrorSpec(500, "internal", expose=False)
         return _respond(spec, public_message(spec, error), error)
 
-    for root in (ServiceError, AdmissionError, PipelineError):
+    for root in (ServiceError, AdmissionError, PipelineError, TransportError):
         app.add_exception_handler(root, known)
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(StarletteHTTPException, http_error)

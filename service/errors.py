@@ -48,6 +48,7 @@ __all__ = [
     "QueueFullError",
     "ServiceError",
     "SessionNotFoundError",
+    "SessionNotStreamingError",
     "SessionStartError",
     "SessionTransitionError",
     "SettingsError",
@@ -127,6 +128,10 @@ class SessionStartError(ServiceError):
     """The session was admitted but its model worker or the transport failed to start it (GET shows it failed)."""
 
 
+class SessionNotStreamingError(ServiceError):
+    """The session is queued, ended, or not attached to its transport, so it cannot be joined now."""
+
+
 class SessionTransitionError(ServiceError):
     """A session state move that the lifecycle table forbids; always a bug in the service."""
 
@@ -166,6 +171,7 @@ _BASE_TABLE: Mapping[type[BaseException], ErrorSpec] = {
     NotReadyError: _NOT_READY,
     AdmissionUnavailableError: ErrorSpec(503, "admission_unavailable"),
     SessionStartError: ErrorSpec(500, "session_failed"),
+    SessionNotStreamingError: ErrorSpec(409, "session_not_running"),
     SessionTransitionError: _INTERNAL,
     SettingsError: _INTERNAL,
     # admission: only an unknown ticket or a closed driver are expected at runtime; the rest are bugs.

@@ -3,7 +3,9 @@
 `session_context(session_id)` binds a session id to the current context (a request handler, or a session's own
 tasks, which inherit it when they are created inside the binding). `SessionIdFilter`, installed on the root
 handler by `configure_logging`, copies it onto every record as `record.session_id`, so every line of a session can
-be found, including lines from the admission and pipeline packages that know nothing about it.
+be found, including lines from the admission and pipeline packages that know nothing about it. The same filter
+copies the active OpenTelemetry span's `trace_id` and `span_id` (hex), so a JSON line leads to its trace: a
+request's span inside a handler, the session's span inside the session's own tasks (see `service.telemetry`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import json
 import logging
 import sys
 from collections.abc import Iterator
+
+from opentelemetry import trace
 
 __all__ = [
     "JsonFormatter",
@@ -50,16 +54,23 @@ def bind_session_id(session_id: str | None) -> None:
 
 
 class SessionIdFilter(logging.Filter):
-    """Adds `session_id` (the context's session id, or "-") to every record that passes through."""
+    """Adds `session_id` (the context's session id, or "-") to every record that passes through, and `trace_id` /
+    `span_id` (hex) while a recording or remote span is active."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "session_id"):
             record.session_id = _SESSION_ID.get() or "-"
+        if not hasattr(record, "trace_id"):
+            span_context = trace.get_current_span().get_span_context()
+            if span_context.is_valid:
+                record.trace_id = format(span_context.trace_id, "032x")
+                record.span_id = format(span_context.span_id, "016x")
         return True
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time (UTC, ISO 8601), level, logger, message, session_id, and the traceback."""
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, message, session_id, trace_id and span_id
+    (when set by `SessionIdFilter`), and the traceback."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
@@ -71,6 +82,10 @@ class JsonFormatter(logging.Formatter):
         session_id = getattr(record, "session_id", "-")
         if session_id != "-":
             entry["session_id"] = session_id
+        for name in ("trace_id", "span_id"):
+            value = getattr(record, name, None)
+            if isinstance(value, str):
+                entry[name] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)

@@ -29,6 +29,7 @@ from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
+from typing import Protocol
 
 from admission import (
     AdmissionController,
@@ -66,7 +67,7 @@ from service.settings import ServiceConfig
 from service.tasks import TaskSet
 from transport.base import Transport
 
-__all__ = ["DrainStatus", "Readiness", "RuntimeStatistics", "RuntimeTuning", "ServiceRuntime"]
+__all__ = ["DrainStatus", "Readiness", "RuntimeStatistics", "RuntimeTuning", "ServiceRuntime", "SessionObserver"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +137,39 @@ class RuntimeStatistics:
     slot_mismatch: int
 
 
+class SessionObserver(Protocol):
+    """Told about every session's life (`service.telemetry` implements it: spans, metric events).
+
+    Every call is synchronous, on the event loop, made by the runtime at a fixed point; it must be cheap and must
+    not raise. `admission_event` comes before the runtime applies the event; `enter_session` runs inside the new
+    runner task's own context (what it binds there, e.g. the session's span, is seen by every task the runner
+    starts); `chunk` for each chunk the session's output reader takes; `session_ended` once, at the final state,
+    before the transport is detached.
+    """
+
+    def admission_event(self, session: Session, event: AdmissionEvent) -> None: ...
+
+    def enter_session(self, session: Session) -> None: ...
+
+    def chunk(self, session: Session, chunk: ChunkOutput) -> None: ...
+
+    def session_ended(self, session: Session) -> None: ...
+
+
+class _NoObserver:
+    def admission_event(self, session: Session, event: AdmissionEvent) -> None:
+        pass
+
+    def enter_session(self, session: Session) -> None:
+        pass
+
+    def chunk(self, session: Session, chunk: ChunkOutput) -> None:
+        pass
+
+    def session_ended(self, session: Session) -> None:
+        pass
+
+
 class ServiceRuntime:
     """Owns every session of the instance and the lifecycles of admission, model workers and transport.
 
@@ -152,6 +186,7 @@ class ServiceRuntime:
         *,
         clock: Clock | None = None,
         tuning: RuntimeTuning | None = None,
+        observer: SessionObserver | None = None,
     ) -> None:
         if len(workers) != config.admission.num_workers:
             raise SettingsError(
@@ -162,6 +197,7 @@ class ServiceRuntime:
         self._workers = tuple(workers)
         self._transport = transport
         self._tuning = tuning or RuntimeTuning()
+        self._observer: SessionObserver = observer or _NoObserver()
         self._controller = AdmissionController(config.admission, clock=clock)
         self._driver = AdmissionDriver(self._controller, tick_interval=self._tuning.admission_tick_s)
         self._unsubscribe = self._controller.subscribe(self._on_admission_event)
@@ -471,6 +507,7 @@ class ServiceRuntime:
         if session is None or session.terminal:
             return
         with session_context(session.id):
+            self._observer.admission_event(session, event)
             self._apply_admission_event(session, event)
 
     def _apply_admission_event(self, session: Session, event: AdmissionEvent) -> None:
@@ -484,7 +521,7 @@ class ServiceRuntime:
             session.move(SessionState.ADMITTED)
             logger.info("session %s admitted on worker %s", session.id, view.worker)
             context = contextvars.copy_context()
-            context.run(bind_session_id, session.id)
+            context.run(self._enter_session, session)
             self._tasks.spawn(self._run_session(session), name=f"session-{session.id}", context=context)
         elif kind in (AdmissionEventKind.EXPIRED, AdmissionEventKind.CANCELLED):
             state = SessionState.EXPIRED if kind is AdmissionEventKind.EXPIRED else SessionState.CANCELLED
@@ -492,6 +529,11 @@ class ServiceRuntime:
             logger.info("session %s left the queue: %s (%s)", session.id, state.value, reason)
             session.move(state, reason=reason)
             self._after_end(session)
+
+    def _enter_session(self, session: Session) -> None:
+        """Runs in the runner's own context: the session id for every log line, the observer's binding."""
+        bind_session_id(session.id)
+        self._observer.enter_session(session)
 
     def _finish(self, session: Session, summary: SessionSummary | None, *, reason: str | None = None) -> None:
         """The admitted session is over: final state and status, then its slot goes back (exactly once)."""
@@ -511,6 +553,7 @@ class ServiceRuntime:
         self._after_end(session)
 
     def _after_end(self, session: Session) -> None:
+        self._observer.session_ended(session)
         self._ended_total[session.state.value] += 1
         self._live.discard(session.id)
         self._finished[session.id] = None
@@ -618,6 +661,7 @@ class ServiceRuntime:
         try:
             async for chunk in iterator:
                 session.publish_chunk(chunk)
+                self._observer.chunk(session, chunk)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

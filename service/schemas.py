@@ -23,6 +23,9 @@ __all__ = [
     "SessionBody",
     "SessionList",
     "VideoBody",
+    "WebhookAck",
+    "WebrtcAnswer",
+    "WebrtcOffer",
     "drain_body",
     "session_body",
 ]
@@ -78,6 +81,28 @@ class SessionBody(BaseModel):
 
 class SessionList(BaseModel):
     sessions: list[SessionBody]
+
+
+class WebrtcOffer(BaseModel):
+    """POST /v1/sessions/{id}/webrtc: the browser's SDP offer, candidates included (no trickle)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sdp: str = Field(description="The offer SDP: a recvonly video transceiver and a data channel labelled `control`.")
+    type: Literal["offer"] = Field(description="Always `offer`.")
+
+
+class WebrtcAnswer(BaseModel):
+    """The service's SDP answer, candidates included."""
+
+    sdp: str
+    type: Literal["answer"]
+
+
+class WebhookAck(BaseModel):
+    """A LiveKit webhook was verified and applied."""
+
+    received: Literal[True] = True
 
 
 class HealthBody(BaseModel):

@@ -102,6 +102,11 @@ class LingBotService:
         return self._orchestrator
 
     @property
+    def lease(self) -> ChunkLease | None:
+        """The cross-session policy this worker's sessions take turns through (read-only use: statistics)."""
+        return self._lease
+
+    @property
     def ready(self) -> bool:
         return self._orchestrator.ready
 

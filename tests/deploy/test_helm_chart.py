@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import re
 import shutil
 import subprocess
@@ -32,6 +33,8 @@ kubernetes_validate = pytest.importorskip(
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "lingstream"
 DEPLOY_DOC = REPO / "docs" / "deploy.md"
+METRICS_DOC = REPO / "docs" / "metrics.md"
+DASHBOARD = CHART / "grafana" / "dashboard.json"
 RELEASE = "demo"
 NAMESPACE = "streaming"
 FULLNAME = "demo-lingstream"
@@ -89,7 +92,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "livekit": LIVEKIT,
         "auth": {"apiKeys": CLIENT_KEYS},
         "config": {"corsOrigins": ["https://app.example.com", "https://admin.example.com"], "queueTimeout": 120.5},
-        "otel": {"endpoint": "http://otel-collector.observability:4317"},
+        "otel": {"endpoint": "http://otel-collector.observability:4318"},
         "ingress": {
             "enabled": True,
             "className": "nginx",
@@ -114,6 +117,14 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "hpa_pods_metric": {
         "admission": REDIS,
         "autoscaling": {"enabled": True, "hpa": {"queueDepthMetricType": "Pods"}},
+    },
+    "dashboard": {
+        "metrics": {"serviceMonitor": {"enabled": True}},
+        "grafanaDashboard": {
+            "enabled": True,
+            "labels": {"team": "video"},
+            "annotations": {"grafana_folder": "lingstream"},
+        },
     },
     "keda": {
         "admission": REDIS,
@@ -153,6 +164,7 @@ EXPECTED_KINDS = {
         "Service",
         "ServiceAccount",
     },
+    "dashboard": {"ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ServiceAccount", "ServiceMonitor"},
     "keda": {
         "ConfigMap",
         "Deployment",
@@ -450,7 +462,8 @@ def test_lists_and_fractional_seconds_are_rendered_as_the_service_reads_them(cha
     data = only(render(chart, VALUE_SETS["ingress_hpa"]), "ConfigMap")["data"]
     assert data["LINGSTREAM_CORS_ORIGINS"] == "https://app.example.com,https://admin.example.com"
     assert data["LINGSTREAM_QUEUE_TIMEOUT"] == "120.5"
-    assert data["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability:4317"
+    assert data["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability:4318"
+    assert data["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"  # the only protocol the service exports
     assert data["OTEL_SERVICE_NAME"] == FULLNAME
 
 
@@ -563,6 +576,9 @@ def test_autoscaling_without_redis_fails_schema_validation(chart: Any) -> None:
         pytest.param({"config": {"videoCodec": "av1"}}, id="codec"),
         pytest.param({"config": {"drainTimeout": "60"}}, id="drain-timeout-type"),
         pytest.param({"livekit": {"url": "https://livekit.example.com"}}, id="livekit-url-scheme"),
+        pytest.param({"otel": {"protocol": "grpc"}}, id="otel-protocol"),
+        pytest.param({"grafanaDashboard": {"enable": True}}, id="dashboard"),
+        pytest.param({"grafanaDashboard": {"labels": {"team": 1}}}, id="dashboard-label-type"),
     ],
 )
 def test_schema_rejects_typos_and_wrong_types(chart: Any, values: dict[str, Any]) -> None:
@@ -658,3 +674,78 @@ def test_the_documented_production_values_render_and_validate(chart: Any) -> Non
     assert main_container(docs)["image"] == "registry.example.com/lingstream:0.1.0-cuda"
     assert pod_spec(docs)["terminationGracePeriodSeconds"] == 135
     assert secret_refs(docs)["LIVEKIT_API_KEY"] == ("lingstream-credentials", "LIVEKIT_API_KEY", False)
+
+
+# --- Grafana dashboard ---------------------------------------------------------------------------------------------
+
+
+def dashboard_config_maps(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == "ConfigMap" and doc["metadata"]["name"].endswith("-dashboard")]
+
+
+def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
+    return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", ())]
+
+
+def test_no_dashboard_config_map_unless_enabled(chart: Any) -> None:
+    assert dashboard_config_maps(render(chart, {})) == []
+
+
+def test_dashboard_config_map_carries_the_chart_dashboard_for_the_grafana_sidecar(chart: Any) -> None:
+    [config_map] = dashboard_config_maps(render(chart, VALUE_SETS["dashboard"]))
+    metadata = config_map["metadata"]
+    assert metadata["name"] == f"{FULLNAME}-dashboard"
+    assert metadata["namespace"] == NAMESPACE
+    assert metadata["labels"]["grafana_dashboard"] == "1"
+    assert metadata["labels"]["team"] == "video"
+    assert metadata["labels"]["app.kubernetes.io/instance"] == RELEASE
+    assert metadata["annotations"] == {"grafana_folder": "lingstream"}
+    assert list(config_map["data"]) == ["lingstream.json"]
+    assert json.loads(config_map["data"]["lingstream.json"]) == json.loads(DASHBOARD.read_text())
+
+
+def test_dashboard_label_and_namespace_follow_the_sidecar_settings(chart: Any) -> None:
+    values = {
+        "grafanaDashboard": {"enabled": True, "namespace": "monitoring", "label": "dashboards", "labelValue": "yes"}
+    }
+    [config_map] = dashboard_config_maps(render(chart, values))
+    assert config_map["metadata"]["namespace"] == "monitoring"
+    assert config_map["metadata"]["labels"]["dashboards"] == "yes"
+    assert "grafana_dashboard" not in config_map["metadata"]["labels"]
+    kubernetes_validate.validate(config_map, KUBE_VERSION, strict=True)
+
+
+def test_dashboard_has_the_operator_panels() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    titles = {panel["title"] for panel in dashboard["panels"]}
+    for wanted in (
+        "Queue depth",
+        "Lease wait",
+        "Real-time factor",
+        "Chunk period",
+        "Control-to-output latency",
+        "Sessions by state",
+        "Requests by route and status",
+    ):
+        assert wanted in titles
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24, panel["title"]
+        for target in panel.get("targets", ()):
+            assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+    exprs = dashboard_exprs(dashboard)
+    assert any("lingstream_admission_queue_depth" in expr for expr in exprs)
+    assert all("session_id=" not in expr for expr in exprs)
+
+
+def test_dashboard_queries_only_series_the_service_documents() -> None:
+    documented = set(re.findall(r"^\| `((?:lingstream|http)_[a-z0-9_]+)` \|", METRICS_DOC.read_text(), re.MULTILINE))
+    assert "lingstream_admission_queue_depth" in documented
+    used: set[str] = set()
+    for expr in dashboard_exprs(json.loads(DASHBOARD.read_text())):
+        used.update(re.findall(r"\b((?:lingstream|http_server)_[a-z0-9_]+)\b", expr))
+    assert used
+    for name in sorted(used):
+        base = re.sub(r"_(bucket|count|sum)$", "", name)
+        assert name in documented or base in documented, f"{name} is not in docs/metrics.md"

@@ -1,0 +1,113 @@
+// The REST API and the session event stream. The event stream is read with fetch() and a streaming body reader
+// rather than EventSource, because EventSource cannot send an Authorization header (API keys).
+
+export class ApiError extends Error {
+  constructor(status, code, message, retryAfter) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.retryAfter = retryAfter;
+  }
+}
+
+const KEY_STORAGE = "lingstream.apiKey";
+
+export class Api {
+  constructor() {
+    this.key = sessionStorage.getItem(KEY_STORAGE) || "";
+  }
+
+  setKey(key) {
+    this.key = key.trim();
+    if (this.key) sessionStorage.setItem(KEY_STORAGE, this.key);
+    else sessionStorage.removeItem(KEY_STORAGE);
+  }
+
+  headers(json) {
+    const headers = {};
+    if (json) headers["Content-Type"] = "application/json";
+    if (this.key) headers.Authorization = `Bearer ${this.key}`;
+    return headers;
+  }
+
+  async request(method, path, body) {
+    const response = await fetch(path, {
+      method,
+      headers: this.headers(body !== undefined),
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    let data = null;
+    try {
+      data = await response.json();
+    } catch {
+      data = null;
+    }
+    if (!response.ok) {
+      const error = (data && data.error) || {};
+      throw new ApiError(
+        response.status,
+        error.code || `http_${response.status}`,
+        error.message || response.statusText,
+        response.headers.get("Retry-After"),
+      );
+    }
+    return { status: response.status, body: data };
+  }
+
+  createSession(body) {
+    return this.request("POST", "/v1/sessions", body);
+  }
+
+  getSession(id) {
+    return this.request("GET", `/v1/sessions/${encodeURIComponent(id)}`);
+  }
+
+  deleteSession(id, mode = "drain") {
+    return this.request("DELETE", `/v1/sessions/${encodeURIComponent(id)}?mode=${mode}`);
+  }
+
+  // Best effort while the page is being closed: `keepalive` lets the request outlive the page.
+  endOnUnload(id) {
+    fetch(`/v1/sessions/${encodeURIComponent(id)}?mode=cancel`, {
+      method: "DELETE",
+      headers: this.headers(false),
+      keepalive: true,
+    }).catch(() => {});
+  }
+
+  offer(url, sdp) {
+    return this.request("POST", url, { sdp, type: "offer" });
+  }
+
+  // Yields every session snapshot of the event stream until it ends (after the terminal one) or `signal` aborts.
+  async *events(id, signal) {
+    const response = await fetch(`/v1/sessions/${encodeURIComponent(id)}/events`, {
+      headers: this.headers(false),
+      signal,
+    });
+    if (!response.ok) throw new ApiError(response.status, `http_${response.status}`, "the event stream failed");
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) return;
+        buffer += value;
+        let cut;
+        while ((cut = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, cut);
+          buffer = buffer.slice(cut + 2);
+          let event = "message";
+          let data = "";
+          for (const line of block.split("\n")) {
+            if (line.startsWith("event: ")) event = line.slice(7);
+            else if (line.startsWith("data: ")) data += line.slice(6);
+          }
+          if (event === "session" && data) yield JSON.parse(data);
+        }
+      }
+    } finally {
+      reader.cancel().catch(() => {});
+    }
+  }
+}

@@ -1,0 +1,401 @@
+// The lingstream page: create a session, follow its queue position, join it (embedded WebRTC or LiveKit), show the
+// video, send the held keys, and show what the service applied and how fast. `window.lingstream` is a small read-only
+// view of the page's state for tests and the console.
+
+import { Api, ApiError } from "./api.js";
+import { Controls } from "./controls.js";
+import { EmbeddedLink } from "./embedded.js";
+import { LiveKitLink } from "./livekit.js";
+
+const $ = (id) => document.getElementById(id);
+const TERMINAL = new Set(["closed", "expired", "failed", "cancelled"]);
+const STREAMING = new Set(["running", "draining"]);
+const HISTORY = 64;
+
+const api = new Api();
+const video = $("video");
+let pageConfig = { transport: null, livekit_client: null, api_keys: false };
+let link = null;
+let joining = false;
+let follower = null; // AbortController of the event stream
+
+const page = {
+  state: "idle", // idle | creating | queued | admitted | running | draining | closed | expired | failed | cancelled
+  sessionId: null,
+  queuePosition: null,
+  transport: null,
+  lastChunk: null,
+  chunks: [], // the last HISTORY chunk statuses, each with the peer connection generation it arrived on
+  frames: 0, // video frames shown (requestVideoFrameCallback), over the whole session
+  framesThisConnection: 0,
+  fps: 0,
+  latencyMs: null, // control-to-output of the newest applied snapshot
+  latenciesMs: [],
+  errors: [],
+  done: null,
+  connection: null,
+};
+const frameTimes = [];
+
+const controls = new Controls(
+  (message, reliable) => (link !== null ? link.send(message, reliable) : false),
+  () => render(),
+);
+
+window.lingstream = {
+  get state() { return page.state; },
+  get sessionId() { return page.sessionId; },
+  get queuePosition() { return page.queuePosition; },
+  get transport() { return page.transport; },
+  get lastChunk() { return page.lastChunk; },
+  get chunks() { return page.chunks.slice(); },
+  get frames() { return page.frames; },
+  get framesThisConnection() { return page.framesThisConnection; },
+  get fps() { return page.fps; },
+  get latencyMs() { return page.latencyMs; },
+  get errors() { return page.errors.slice(); },
+  get done() { return page.done; },
+  get connection() { return page.connection; },
+  get generation() { return link !== null && link.generation !== undefined ? link.generation : 0; },
+  get pc() { return link !== null ? link.pc : null; },
+  get lastSent() { return controls.lastSent; },
+  get seq() { return controls.seq; },
+  get videoSize() { return { width: video.videoWidth, height: video.videoHeight }; },
+  reconnect() { return link !== null && link.kind === "embedded" ? link.connect() : Promise.resolve(); },
+};
+
+// -- rendering --------------------------------------------------------------------------------------------------
+
+function say(text, isError = false) {
+  const message = $("message");
+  message.textContent = text;
+  message.classList.toggle("error", isError);
+}
+
+function render() {
+  $("state").textContent = page.state;
+  const queued = page.state === "queued";
+  $("queue").hidden = !queued;
+  $("queue-position").textContent = queued && page.queuePosition !== null ? String(page.queuePosition) : "–";
+  const live = link !== null && !TERMINAL.has(page.state);
+  $("stop").disabled = page.sessionId === null || TERMINAL.has(page.state);
+  $("reset").disabled = !live;
+  $("start").disabled = page.sessionId !== null && !TERMINAL.has(page.state);
+  $("hud-held").textContent = controls.held.size ? [...controls.held].sort().join(" ") : "none";
+  const chunk = page.lastChunk;
+  $("hud-applied").textContent = chunk ? (chunk.keys.length ? chunk.keys.join(" ") : "none") : "–";
+  $("hud-chunk").textContent = chunk ? `#${chunk.index} (seq ${chunk.applied_seq})` : "–";
+  $("hud-fps").textContent = page.frames ? `${page.fps.toFixed(1)} fps, ${page.frames} frames` : "–";
+  $("hud-latency").textContent = latencyText();
+  $("hud-video").textContent = video.videoWidth ? `${video.videoWidth}×${video.videoHeight}` : "–";
+  $("hud-connection").textContent = page.connection || "–";
+}
+
+function latencyText() {
+  if (page.latencyMs === null) return "–";
+  const sorted = page.latenciesMs.slice().sort((a, b) => a - b);
+  const median = sorted[Math.floor(sorted.length / 2)];
+  return `${Math.round(page.latencyMs)} ms (median ${Math.round(median)} ms)`;
+}
+
+// -- video frames -------------------------------------------------------------------------------------------------
+
+function countFrames() {
+  if (!("requestVideoFrameCallback" in HTMLVideoElement.prototype)) {
+    let last = 0; // fallback: decoded frames from the playback quality counters
+    setInterval(() => {
+      const total = video.getVideoPlaybackQuality().totalVideoFrames;
+      if (total > last) frameShown(performance.now(), total - last);
+      last = total;
+    }, 250);
+    return;
+  }
+  const onFrame = (now) => {
+    frameShown(now, 1);
+    video.requestVideoFrameCallback(onFrame);
+  };
+  video.requestVideoFrameCallback(onFrame);
+}
+
+function frameShown(now, count) {
+  page.frames += count;
+  page.framesThisConnection += count;
+  for (let i = 0; i < count; i++) frameTimes.push(now);
+  while (frameTimes.length && frameTimes[0] < now - 1000) frameTimes.shift();
+  page.fps = frameTimes.length;
+}
+
+setInterval(() => {
+  const now = performance.now();
+  while (frameTimes.length && frameTimes[0] < now - 1000) frameTimes.shift();
+  page.fps = frameTimes.length;
+  render();
+}, 500);
+
+// -- status messages from the service -----------------------------------------------------------------------------
+
+function onStatus(message) {
+  switch (message.type) {
+    case "state":
+      if (!TERMINAL.has(page.state)) page.state = message.state;
+      break;
+    case "chunk": {
+      const previous = page.lastChunk;
+      page.lastChunk = message;
+      page.chunks.push({ ...message, generation: window.lingstream.generation });
+      if (page.chunks.length > HISTORY) page.chunks.shift();
+      if (!previous || previous.applied_seq !== message.applied_seq) {
+        const latency = controls.since(message.applied_seq);
+        if (latency !== null) {
+          page.latencyMs = latency;
+          page.latenciesMs.push(latency);
+          if (page.latenciesMs.length > 20) page.latenciesMs.shift();
+        }
+      }
+      break;
+    }
+    case "error":
+      page.errors.push(message);
+      say(`The service reported ${message.code}: ${message.message}`, true);
+      break;
+    case "done":
+      page.done = message.reason;
+      say(`The session is over (${message.reason}).`);
+      finish();
+      break;
+    default:
+      break;
+  }
+  render();
+}
+
+// -- the session --------------------------------------------------------------------------------------------------
+
+async function readImage() {
+  const file = $("image").files[0];
+  if (!file) return null;
+  const url = await new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+  return String(url).slice(String(url).indexOf(",") + 1);
+}
+
+function readConfig() {
+  const config = {};
+  for (const name of ["width", "height", "fps", "seed"]) {
+    const value = $(name).value.trim();
+    if (value !== "") config[name] = Number(value);
+  }
+  if (!$("hud").checked) config.hud = false;
+  return config;
+}
+
+function resetPage() {
+  if (link !== null) link.close();
+  if (follower !== null) follower.abort();
+  link = null;
+  follower = null;
+  Object.assign(page, {
+    state: "creating", sessionId: null, queuePosition: null, transport: null, lastChunk: null, chunks: [],
+    frames: 0, framesThisConnection: 0, fps: 0, latencyMs: null, latenciesMs: [], errors: [], done: null,
+    connection: null,
+  });
+  frameTimes.length = 0;
+}
+
+async function start(event) {
+  event.preventDefault();
+  if (page.sessionId !== null && !TERMINAL.has(page.state)) return;
+  if (pageConfig.api_keys) api.setKey($("api-key").value);
+  resetPage();
+  say("Creating a session…");
+  render();
+  try {
+    const body = { config: readConfig() };
+    const image = await readImage();
+    if (image !== null) body.image = image;
+    const { body: session } = await api.createSession(body);
+    onSession(session);
+    follow(session.id);
+  } catch (error) {
+    page.state = "idle";
+    if (error instanceof ApiError && error.status === 401) {
+      $("api-key-row").hidden = false;
+      say("This service needs an API key: enter it and start again.", true);
+    } else if (error instanceof ApiError && error.status === 429) {
+      say(`Every slot is taken and the queue is full; try again in about ${error.retryAfter || "a few"} s.`, true);
+    } else {
+      say(`Could not create a session: ${error.message}`, true);
+    }
+    render();
+  }
+}
+
+function onSession(session) {
+  if (session.id !== page.sessionId && page.sessionId !== null) return;
+  page.sessionId = session.id;
+  if (!(TERMINAL.has(page.state) && !TERMINAL.has(session.status))) page.state = session.status;
+  page.queuePosition = session.queue_position;
+  if (session.status === "queued") say("Waiting for a free slot…");
+  if (STREAMING.has(session.status) && link === null && !joining) join(session);
+  if (TERMINAL.has(session.status)) {
+    const why = session.error ? `${session.error.code}: ${session.error.message}` : session.reason || session.status;
+    say(`The session is over (${session.status}: ${why}).`, session.status === "failed");
+    finish();
+  }
+  render();
+}
+
+// Follow the event stream until the session ends (it is also the queued session's heartbeat).
+async function follow(id) {
+  const controller = new AbortController();
+  follower = controller;
+  let failures = 0;
+  while (!controller.signal.aborted && page.sessionId === id && !TERMINAL.has(page.state)) {
+    try {
+      for await (const session of api.events(id, controller.signal)) {
+        failures = 0;
+        onSession(session);
+      }
+    } catch (error) {
+      if (controller.signal.aborted) return;
+      if (error instanceof ApiError && error.status === 404) return;
+      failures += 1;
+    }
+    await new Promise((resolve) => setTimeout(resolve, Math.min(5000, 500 * 2 ** failures)));
+  }
+}
+
+async function freshDetails(id) {
+  const { body } = await api.getSession(id);
+  if (!STREAMING.has(body.status) || !body.transport) {
+    throw new ApiError(409, "session_not_running", `the session is ${body.status}`);
+  }
+  return body.transport;
+}
+
+async function join(session) {
+  joining = true;
+  try {
+    await connect(session);
+  } finally {
+    joining = false;
+  }
+}
+
+async function connect(session) {
+  const id = session.id;
+  const handlers = {
+    onOpen: () => {
+      controls.start();
+      controls.snapshot(); // the service learns the current keys (and a rebound session generates again)
+      render();
+    },
+    onStatus,
+    onStream: (stream) => {
+      page.framesThisConnection = 0;
+      video.srcObject = stream;
+      video.play().catch(() => {});
+    },
+    onState: (text) => {
+      page.connection = text;
+      render();
+    },
+    onFatal: (error) => {
+      say(`The connection cannot be restored: ${error.message}`, true);
+      finish();
+    },
+  };
+  let details = session.transport;
+  page.transport = details ? details.kind : null;
+  if (!details) {
+    say("This service has no transport configured: the session runs without video.", true);
+    return;
+  }
+  try {
+    if (details.kind === "embedded") {
+      link = new EmbeddedLink(api, details, handlers);
+    } else if (details.kind === "livekit") {
+      details = await freshDetails(id); // tokens are short-lived: the creation's may be stale by now
+      link = new LiveKitLink(pageConfig.livekit_client, details, () => freshDetails(id), handlers);
+    } else {
+      say(`Unknown transport ${details.kind}: cannot join.`, true);
+      return;
+    }
+    say("Connecting…");
+    render();
+    await link.connect();
+    say("Connected. Click the video, then hold W A S D / I J K L or the arrow keys.");
+    $("stage").focus();
+  } catch (error) {
+    say(`Could not join: ${error.message}`, true);
+  }
+  render();
+}
+
+function finish() {
+  controls.stop();
+  if (link !== null) link.close();
+  if (follower !== null && TERMINAL.has(page.state)) follower.abort();
+  render();
+}
+
+async function stop() {
+  if (page.sessionId === null) return;
+  say("Stopping…");
+  const sent = link !== null && link.send({ v: 1, type: "stop" }, true);
+  if (!sent) {
+    try {
+      const { body } = await api.deleteSession(page.sessionId);
+      onSession(body);
+    } catch (error) {
+      say(`Could not stop the session: ${error.message}`, true);
+    }
+  }
+}
+
+function resetPose() {
+  if (link !== null) link.send({ v: 1, type: "reset_pose" }, true);
+  $("stage").focus();
+}
+
+// -- start --------------------------------------------------------------------------------------------------------
+
+async function loadConfig() {
+  try {
+    const response = await fetch("/page-config.json");
+    pageConfig = await response.json();
+  } catch {
+    pageConfig = { transport: null, livekit_client: null, api_keys: false };
+  }
+  const parts = [];
+  if (pageConfig.transport === "embedded") parts.push("Transport: direct WebRTC with the service (embedded).");
+  else if (pageConfig.transport === "livekit") parts.push("Transport: LiveKit.");
+  else parts.push("This service has no transport: sessions run without video.");
+  if (!pageConfig.livekit_client) {
+    parts.push(
+      pageConfig.transport === "livekit"
+        ? "The livekit-client bundle is missing on this server: the page cannot join."
+        : "LiveKit is unavailable here (no livekit-client bundle).",
+    );
+  }
+  $("transport-info").textContent = parts.join(" ");
+  $("api-key-row").hidden = !pageConfig.api_keys;
+  if (pageConfig.api_keys) $("api-key").value = api.key;
+}
+
+// Leaving the page ends its session at once (instead of holding a slot until the reconnect grace runs out).
+window.addEventListener("pagehide", () => {
+  if (page.sessionId !== null && !TERMINAL.has(page.state)) api.endOnUnload(page.sessionId);
+});
+$("create-form").addEventListener("submit", start);
+$("stop").addEventListener("click", stop);
+$("reset").addEventListener("click", resetPose);
+$("stage").addEventListener("click", () => $("stage").focus());
+controls.attach(window);
+countFrames();
+render();
+loadConfig();

@@ -1,0 +1,433 @@
+"""The page in a real headless Chromium (Debian's, driven by Playwright) against a real `lingstream serve` running the
+reference LingBot model, over the embedded WebRTC transport on loopback.
+
+One service process serves the whole module (one model worker, one session per worker, so the tests also cover
+the queue); every test opens fresh browser contexts and ends its sessions. The page is driven like a user drives it
+(form fields, the start and stop buttons, the keyboard) and observed through `window.lingstream`, its testing hook.
+Waits are on conditions (`wait_for_function`), never fixed sleeps; the two fixed windows below are measurements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+try:
+    from playwright.sync_api import Browser, Page, sync_playwright
+except ImportError:  # pragma: no cover - the dev extra installs it
+    sync_playwright = None
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    # Host candidates with real addresses instead of mDNS names, so ICE can pair with the service on loopback.
+    "--disable-features=WebRtcHideLocalIpsWithMdns",
+]
+WIDTH, HEIGHT = 128, 96
+STARTUP_S = 60.0
+WAIT_MS = 20_000  # generous: a loaded 2-core CI machine; every wait ends as soon as its condition holds
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(sync_playwright is None, reason="needs playwright (python): pip install -e '.[dev]'"),
+    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs Chromium at {CHROMIUM} (scripts/setup.sh --dev)"),
+]
+
+# Two snapshots of the <video> as grey levels (drawn onto a canvas in the page): the next presented frame (or the
+# one on screen now, without `wait`) and the one `gap` presented frames later.
+_GRAB_JS = """
+async ({ gap, wait }) => {
+  const video = document.getElementById("video");
+  const canvas = document.createElement("canvas");
+  canvas.width = video.videoWidth;
+  canvas.height = video.videoHeight;
+  const context = canvas.getContext("2d", { willReadFrequently: true });
+  const nextFrame = () => new Promise((resolve) => video.requestVideoFrameCallback(() => resolve()));
+  const grab = () => {
+    context.drawImage(video, 0, 0);
+    const rgba = context.getImageData(0, 0, canvas.width, canvas.height).data;
+    const grey = new Array(canvas.width * canvas.height);
+    for (let i = 0; i < grey.length; i++) {
+      grey[i] = (299 * rgba[4 * i] + 587 * rgba[4 * i + 1] + 114 * rgba[4 * i + 2]) / 1000;
+    }
+    return grey;
+  };
+  if (wait) await nextFrame();
+  const first = grab();
+  for (let i = 0; i < gap; i++) await nextFrame();
+  return { width: canvas.width, height: canvas.height, first, second: gap > 0 ? grab() : first };
+}
+"""
+
+# Resolves once no new frame has been presented for `quiet` ms: the picture the page shows when generation idles.
+_SETTLED_JS = """
+(quiet) => new Promise((resolve) => {
+  let last = window.lingstream.frames;
+  let since = performance.now();
+  const check = () => {
+    const now = performance.now();
+    if (window.lingstream.frames !== last) { last = window.lingstream.frames; since = now; }
+    if (now - since >= quiet) resolve(last); else setTimeout(check, 50);
+  };
+  check();
+})
+"""
+
+# Frames presented during a window of `ms` milliseconds (a measurement, so a fixed window is the point).
+_FRAMES_IN_WINDOW_JS = """
+(ms) => new Promise((resolve) => {
+  const start = window.lingstream.frames;
+  setTimeout(() => resolve(window.lingstream.frames - start), ms);
+})
+"""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _lingstream() -> list[str]:
+    script = shutil.which("lingstream", path=str(Path(sys.executable).parent))
+    return [script] if script else [sys.executable, "-m", "service.cli"]
+
+
+@dataclass
+class Service:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """A real `lingstream serve` (LingBotService, embedded transport, loopback) with one session slot."""
+    with _serve(tmp_path_factory.mktemp("serve") / "serve.log") as running:
+        yield running
+
+
+@contextlib.contextmanager
+def _serve(log: Path, **extra: str) -> Iterator[Service]:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LINGSTREAM_", "LIVEKIT_"))}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        LINGSTREAM_HOST="127.0.0.1",
+        LINGSTREAM_TORCH_THREADS="1",
+        LINGSTREAM_NUM_WORKERS="1",
+        LINGSTREAM_MAX_SESSIONS_PER_WORKER="1",
+        LINGSTREAM_QUEUE_SIZE="4",
+        LINGSTREAM_DRAIN_TIMEOUT="5",
+    )
+    env.update(extra)
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [*_lingstream(), "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=sink, stderr=sink
+        )
+    running = Service(f"http://127.0.0.1:{port}", process, log)
+    try:
+        _wait_ready(running)
+        yield running
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+    assert "Traceback" not in running.output(), running.output()[-4000:]
+
+
+def _wait_ready(service: Service) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    with httpx.Client(timeout=5.0) as client:
+        while time.monotonic() < deadline:
+            if service.process.poll() is not None:
+                pytest.fail(f"lingstream serve exited with {service.process.returncode}:\n{service.output()}")
+            with contextlib.suppress(httpx.TransportError):
+                if client.get(f"{service.url}/readyz").status_code == 200:
+                    return
+            time.sleep(0.05)  # polling a subprocess against a deadline
+    pytest.fail(f"lingstream serve was not ready in {STARTUP_S} s:\n{service.output()}")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    assert sync_playwright is not None
+    with sync_playwright() as playwright:
+        # Playwright gives every launch a fresh temporary user data dir.
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def open_page(browser: Browser, service: Service) -> Iterator[Callable[[], Page]]:
+    """Opens the page in a fresh browser context; at the end, ends what the pages started and checks for JS errors."""
+    contexts: list[Any] = []
+    pages: list[Page] = []
+    errors: list[str] = []
+
+    def opener() -> Page:
+        context = browser.new_context()
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{service.url}/")
+        page.wait_for_function("window.lingstream !== undefined")
+        pages.append(page)
+        return page
+
+    yield opener
+    with httpx.Client(base_url=service.url, timeout=10.0) as client:
+        for page in pages:
+            session = page.evaluate("window.lingstream.sessionId")
+            if session:
+                client.delete(f"/v1/sessions/{session}", params={"mode": "cancel"})
+    for context in contexts:
+        context.close()
+    assert not errors, errors
+
+
+def _start(page: Page, *, image: Path | None = None, hud: bool = False) -> None:
+    page.fill("#width", str(WIDTH))
+    page.fill("#height", str(HEIGHT))
+    if not hud:
+        page.uncheck("#hud")
+    if image is not None:
+        page.set_input_files("#image", str(image))
+    page.click("#start")
+
+
+def _wait_frames(page: Page, count: int = 1) -> None:
+    page.wait_for_function("(n) => window.lingstream.frames >= n", arg=count)
+
+
+def _grab(page: Page, gap: int = 0, *, wait: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    data = page.evaluate(_GRAB_JS, {"gap": gap, "wait": wait})
+    shape = (data["height"], data["width"])
+    first = np.asarray(data["first"], dtype=np.float64).reshape(shape)
+    return first, np.asarray(data["second"], dtype=np.float64).reshape(shape)
+
+
+def _best_shift(before: np.ndarray, after: np.ndarray, limit: int = 24) -> int:
+    """The horizontal shift s that best explains `after[:, x] = before[:, x + s]`: s > 0 means the content moved
+    left by s pixels."""
+    width = before.shape[1]
+    errors = {}
+    for shift in range(-limit, limit + 1):
+        if shift >= 0:
+            diff = after[:, : width - shift] - before[:, shift:]
+        else:
+            diff = after[:, -shift:] - before[:, : width + shift]
+        errors[shift] = float(np.mean(np.abs(diff)))
+    return min(errors, key=lambda shift: errors[shift])
+
+
+@pytest.fixture(scope="module")
+def reference_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A smooth random texture (features big enough to survive the 8x latent and VP8), so a pan is unambiguous."""
+    rng = np.random.default_rng(7)
+    coarse = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), "RGB")
+    path = tmp_path_factory.mktemp("image") / "reference.png"
+    coarse.resize((WIDTH, HEIGHT), Image.Resampling.BICUBIC).save(path)
+    return path
+
+
+def test_the_page_streams_video_of_the_requested_size_while_keys_are_held(open_page: Callable[[], Page]) -> None:
+    page = open_page()
+    assert "embedded" in page.inner_text("#transport-info")
+    _start(page)
+    _wait_frames(page)
+    assert page.evaluate("window.lingstream.videoSize") == {"width": WIDTH, "height": HEIGHT}
+    assert page.evaluate("window.lingstream.pc.connectionState") == "connected"
+    assert page.evaluate("window.lingstream.transport") == "embedded"
+
+    page.focus("#stage")
+    page.keyboard.down("w")  # generation runs while a key is held (an idle session only renders its first chunk)
+    page.wait_for_function("window.lingstream.lastChunk.keys.includes('w')")
+    shown = page.evaluate(_FRAMES_IN_WINDOW_JS, 2000)
+    page.keyboard.up("w")
+    assert shown >= 16, f"{shown} frames in 2 s at 16 fps"  # at least half the nominal rate on a loaded machine
+    assert page.evaluate("window.lingstream.fps") > 0
+    assert "fps" in page.inner_text("#hud-fps")
+    page.click("#stop")
+    page.wait_for_function("window.lingstream.state === 'closed'")
+    assert "client_stop" in page.inner_text("#message")
+
+
+def test_the_vendored_livekit_client_loads_as_an_es_module(open_page: Callable[[], Page]) -> None:
+    page = open_page()
+    bundle = page.evaluate("fetch('/page-config.json').then((r) => r.json()).then((c) => c.livekit_client)")
+    if bundle is None:
+        assert "LiveKit is unavailable" in page.inner_text("#transport-info")
+        pytest.skip("no livekit-client bundle (scripts/setup.sh installs it with npm)")
+    exported = page.evaluate(
+        "(url) => import(url).then((lk) => [typeof lk.Room, lk.Track.Kind.Video, lk.RoomEvent.DataReceived])", bundle
+    )
+    assert exported == ["function", "video", "dataReceived"]
+
+
+def test_held_keys_are_applied_and_turning_right_pans_the_view_left(
+    open_page: Callable[[], Page], reference_image: Path
+) -> None:
+    page = open_page()
+    _start(page, image=reference_image)
+    _wait_frames(page)
+    page.focus("#stage")
+    page.keyboard.down("l")
+    page.wait_for_function("window.lingstream.lastSent && window.lingstream.lastSent.keys.includes('l')")
+    seq = page.evaluate("window.lingstream.lastSent.seq")
+    page.wait_for_function(
+        "(seq) => { const c = window.lingstream.lastChunk;"
+        " return c !== null && c.keys.includes('l') && c.applied_seq >= seq; }",
+        arg=seq,
+    )
+    assert page.inner_text("#hud-applied") == "l"
+    latency = page.evaluate("window.lingstream.latencyMs")
+    assert latency is not None
+    assert 0 < latency < 10_000
+
+    # The status of a chunk arrives when it is generated, its frames over the next chunk period: let the frames
+    # already queued (at most a chunk, 12 frames) play out, so both snapshots show the turn.
+    _wait_frames(page, page.evaluate("window.lingstream.frames") + 12)
+    before, after = _grab(page, gap=4)  # 4 frames at 2 degrees each: about 11 pixels at 90 degrees over 128
+    page.keyboard.up("l")
+    shift = _best_shift(before, after)
+    assert shift >= 3, f"turning right should move the content left; best shift {shift}"
+
+
+def test_a_new_offer_rebinds_and_the_session_carries_on_where_it_was(
+    open_page: Callable[[], Page], reference_image: Path, service: Service
+) -> None:
+    page = open_page()
+    _start(page, image=reference_image)
+    _wait_frames(page)
+    start_view, _ = _grab(page)
+    session = page.evaluate("window.lingstream.sessionId")
+
+    page.focus("#stage")
+    page.keyboard.down("l")
+    page.wait_for_function("window.lingstream.chunks.filter((c) => c.keys.includes('l')).length >= 2")
+    page.keyboard.up("l")
+    page.wait_for_function("window.lingstream.lastSent.keys.length === 0")
+    released = page.evaluate("window.lingstream.lastSent.seq")
+    page.wait_for_function(
+        "(seq) => window.lingstream.lastChunk.applied_seq >= seq && window.lingstream.lastChunk.keys.length === 0",
+        arg=released,
+    )
+    page.evaluate(_SETTLED_JS, 500)  # generation idles: the picture holds the turned pose
+    turned, _ = _grab(page, wait=False)
+    last_index = page.evaluate("window.lingstream.lastChunk.index")
+    generation = page.evaluate("window.lingstream.generation")
+
+    page.evaluate("window.lingstream.reconnect()")
+    page.wait_for_function(
+        "(g) => window.lingstream.generation === g && window.lingstream.pc.connectionState === 'connected'"
+        " && window.lingstream.framesThisConnection >= 2",
+        arg=generation + 1,
+    )
+    after_rebind, _ = _grab(page)
+    chunks = page.evaluate("window.lingstream.chunks")
+    rebound = [chunk["index"] for chunk in chunks if chunk["generation"] == generation + 1]
+    assert rebound, "no chunk status arrived on the new peer connection"
+    assert rebound[0] == last_index + 1, (last_index, rebound)  # the chunk index carries on, not from 0
+    assert rebound == sorted(rebound)
+
+    to_turned = float(np.mean(np.abs(after_rebind - turned)))
+    to_start = float(np.mean(np.abs(after_rebind - start_view)))
+    assert to_turned < 0.5 * to_start, (to_turned, to_start)  # the pose carried on; no jump back to the start view
+    with httpx.Client(base_url=service.url, timeout=10.0) as client:
+        assert client.get(f"/v1/sessions/{session}").json()["status"] == "running"
+
+
+def test_a_second_page_waits_in_the_queue_and_is_admitted_when_the_first_stops(
+    open_page: Callable[[], Page],
+) -> None:
+    first = open_page()
+    _start(first)
+    _wait_frames(first)
+    second = open_page()
+    _start(second)
+    second.wait_for_function("window.lingstream.state === 'queued'")
+    assert second.is_visible("#queue")
+    assert second.inner_text("#queue-position") == "1"
+    assert second.get_attribute("#queue", "aria-live") == "polite"
+
+    first.click("#stop")
+    first.wait_for_function("window.lingstream.state === 'closed'")
+    second.wait_for_function("window.lingstream.state === 'running' && window.lingstream.frames > 0")
+    assert second.is_hidden("#queue")
+    second.click("#stop")
+    second.wait_for_function("window.lingstream.state === 'closed'")
+
+
+_LIVEKIT = ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET")
+
+
+@pytest.mark.livekit_live
+@pytest.mark.skipif(
+    not all(os.environ.get(name) for name in _LIVEKIT),
+    reason="needs a LiveKit server: set LIVEKIT_URL, LIVEKIT_API_KEY and LIVEKIT_API_SECRET (livekit-server --dev)",
+)
+def test_the_page_joins_through_livekit(browser: Browser, tmp_path: Path) -> None:
+    """The LiveKit path of the page against a real server (opt-in): join with the token, video from the service
+    participant, control as data, status back."""
+    with _serve(tmp_path / "serve.log", **{name: os.environ[name] for name in _LIVEKIT}) as live:
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.set_default_timeout(WAIT_MS)
+            page.goto(f"{live.url}/")
+            page.wait_for_function("window.lingstream !== undefined")
+            assert "LiveKit" in page.inner_text("#transport-info")
+            _start(page)
+            _wait_frames(page)
+            assert page.evaluate("window.lingstream.transport") == "livekit"
+            assert page.evaluate("window.lingstream.videoSize") == {"width": WIDTH, "height": HEIGHT}
+            page.focus("#stage")
+            page.keyboard.down("l")
+            page.wait_for_function("window.lingstream.lastSent && window.lingstream.lastSent.keys.includes('l')")
+            seq = page.evaluate("window.lingstream.lastSent.seq")
+            page.wait_for_function(
+                "(seq) => { const c = window.lingstream.lastChunk;"
+                " return c !== null && c.keys.includes('l') && c.applied_seq >= seq; }",
+                arg=seq,
+            )
+            page.keyboard.up("l")
+            page.click("#stop")
+            page.wait_for_function("window.lingstream.state === 'closed'")
+        finally:
+            context.close()
