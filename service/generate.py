@@ -12,8 +12,8 @@ So the driver hands the service a `ChunkLease` of its own, `_TraceGate`: the ses
 between deciding to generate and reading the snapshot) waits until the driver has pushed chunk k's control, which it
 does as soon as chunk k-1's output arrived. Every chunk gets a fresh snapshot sequence number (`seq = k`), so the
 session also generates chunks in which no key is held, and each `ChunkOutput` is checked to report exactly the
-trace's `seq` and keys. The reference model is deterministic, and libx264 with fixed settings is too: the same
-image, seed and trace give the same file.
+trace's `seq` and keys. The reference model is deterministic, and so is libx264 once kept off its AVX-512 code
+(`_x264_params`): the same image, seed and trace give the same file.
 
 Stopping. A `stop` event (the CLI sets it on SIGINT), or a `KeyboardInterrupt` raised in this coroutine (e.g. by a
 progress callback), ends generation after the chunks already written: the session is closed with CANCEL (queued
@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import math
 import os
+import platform
 import re
 import signal
 import sys
@@ -95,6 +97,10 @@ DEFAULT_SECONDS = 10.0
 _SESSION_ID = "offline"
 _CRF = 18
 _PRESET = "fast"
+_CPUINFO = Path("/proc/cpuinfo")
+_X86_64 = frozenset({"x86_64", "amd64"})
+_AVX512 = frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
+"""The CPU flags with which libx264 turns on its AVX-512 code (it needs all five)."""
 _RESOLUTION = re.compile(r"^\s*(\d{1,5})\s*[xX]\s*(\d{1,5})\s*$")
 _CONFIG_OPTIONS = (  # a config error starts with its field's name; tell the user which option it was
     ("frame_num", "--frames"),
@@ -491,6 +497,42 @@ def _h264_encoder() -> str:
         raise GenerationError(f"PyAV's FFmpeg has no H.264 encoder: {exc}") from None
 
 
+def _x264_params(machine: str, cpu_flags: frozenset[str] | None) -> str | None:
+    """The `x264-params` that keep libx264 deterministic on this CPU (None: its defaults already are).
+
+    libx264's AVX-512 kernels for the MB-tree (the lookahead's propagation through B-frames) read memory the encoder
+    never wrote, so on an AVX-512 CPU the bitstream depends on what the heap held before: two runs over identical
+    frames write different files (run with MALLOC_PERTURB_=85 and =170 to see it every time). Its AVX2 kernels are
+    clean, so an AVX-512 CPU gets `asm=AVX2`, which every AVX-512 CPU supports: the same speed, size and quality,
+    with AVX-512 off. Without the CPU's flags (not Linux) an x86-64 CPU might have AVX-512, so MB-tree goes instead:
+    files about 40% larger at the same CRF (measured on a reference-model clip), but the same every time. Other CPUs
+    run no AVX-512 code.
+    """
+    if machine.lower() not in _X86_64:
+        return None
+    if cpu_flags is None:
+        return "mbtree=0"
+    return "asm=AVX2" if _AVX512.issubset(cpu_flags) else None
+
+
+@functools.cache
+def _host_x264_params() -> str | None:
+    return _x264_params(platform.machine(), _cpu_flags(_CPUINFO))
+
+
+def _cpu_flags(cpuinfo: Path) -> frozenset[str] | None:
+    """The first CPU's feature flags from `/proc/cpuinfo` (None when it cannot be read or lists none)."""
+    try:
+        text = cpuinfo.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() == "flags":
+            return frozenset(value.split())
+    return None
+
+
 class _Mp4Writer:
     """H.264 (yuv420p) in MP4 at a constant frame rate: frame n has pts n in a time base of 1/fps.
 
@@ -514,7 +556,11 @@ class _Mp4Writer:
             stream.height = height
             stream.pix_fmt = "yuv420p"
             if encoder == "libx264":
-                stream.options = {"crf": str(_CRF), "preset": _PRESET}
+                options: dict[str, object] = {"crf": str(_CRF), "preset": _PRESET}
+                params = _host_x264_params()
+                if params is not None:
+                    options["x264-params"] = params
+                stream.options = options
         except BaseException:
             self._container.close()
             raise

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import os
+import platform
 import pty
 import select
 import signal
@@ -30,6 +31,8 @@ from service.generate import (
     GenerateRequest,
     GenerationError,
     Progress,
+    _cpu_flags,
+    _x264_params,
     add_arguments,
     generate,
     main,
@@ -150,9 +153,53 @@ def test_the_same_image_seed_and_trace_give_identical_frames(tmp_path: Path) -> 
         hashes.append(Clip(out).hashes)
     assert len(hashes[0]) == 21
     assert hashes[0] == hashes[1]
-    # libx264 with the same settings is deterministic too: the files themselves are identical
+    # and so is the encoder (kept off libx264's AVX-512 code, see _x264_params): the files are identical
     assert (tmp_path / "a.mp4").read_bytes() == (tmp_path / "b.mp4").read_bytes()
     assert hashes[0] != hashes[2]  # and the seed matters
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="MALLOC_PERTURB_ is glibc's")
+def test_the_file_does_not_depend_on_what_the_heap_held_before(tmp_path: Path) -> None:
+    # glibc fills every fresh allocation with the MALLOC_PERTURB_ byte, so an encoder that reads memory it never wrote
+    # (libx264's AVX-512 MB-tree, see _x264_params) writes different files here every time, not once in a while.
+    trace = write_trace(tmp_path, '{"chunk": 0, "keys": ["l", "w"]}\n{"chunk": 2, "keys": ["k"]}\n')
+    image = tmp_path / "ref.png"
+    _write_png(image)
+    for perturb in ("85", "170"):
+        out = tmp_path / f"heap-{perturb}.mp4"
+        argv = ["--out", str(out), "--controls", str(trace), "--image", str(image), "--seed", "7", "--frames", "21"]
+        env = {**os.environ, "MALLOC_PERTURB_": perturb}
+        subprocess.run([sys.executable, "-m", "service.generate", *argv, *SMALL], cwd=ROOT, env=env, check=True)
+    assert Clip(tmp_path / "heap-85.mp4").hashes == Clip(tmp_path / "heap-170.mp4").hashes
+    assert (tmp_path / "heap-85.mp4").read_bytes() == (tmp_path / "heap-170.mp4").read_bytes()
+
+
+_AVX512_FLAGS = "fpu sse4_2 avx avx2 fma bmi2 avx512f avx512dq avx512cd avx512bw avx512vl"
+
+
+@pytest.mark.parametrize(
+    ("machine", "flags", "params"),
+    [
+        ("x86_64", _AVX512_FLAGS, "asm=AVX2"),  # AVX-512: libx264 is kept on its AVX2 code
+        ("AMD64", _AVX512_FLAGS, "asm=AVX2"),
+        ("x86_64", "fpu sse4_2 avx avx2 fma bmi2", None),  # no AVX-512: libx264's own choice is deterministic
+        ("x86_64", "fpu avx2 avx512f avx512cd", None),  # libx264 needs all five AVX-512 subsets
+        ("x86_64", None, "mbtree=0"),  # flags unknown: give up MB-tree rather than determinism
+        ("aarch64", None, None),
+        ("arm64", "fp asimd", None),
+    ],
+)
+def test_libx264_is_kept_off_its_avx512_code(machine: str, flags: str | None, params: str | None) -> None:
+    assert _x264_params(machine, None if flags is None else frozenset(flags.split())) == params
+
+
+def test_cpu_flags_are_read_from_the_first_processor_of_proc_cpuinfo(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert _cpu_flags(cpuinfo) == frozenset({"fpu", "avx2", "avx512f"})
+    cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd\n")  # arm64 names them differently
+    assert _cpu_flags(cpuinfo) is None
+    assert _cpu_flags(tmp_path / "missing") is None
 
 
 def test_yawing_right_pans_the_decoded_picture_so_content_moves_left(tmp_path: Path) -> None:
