@@ -38,10 +38,9 @@ from service.errors import (
     UnsupportedMediaTypeError,
     error_body,
 )
-from service.fanout import Subscription
 from service.images import decode_image
 from service.logs import bind_session_id
-from service.runtime import ServiceRuntime
+from service.runtime import ServiceRuntime, SnapshotStream
 from service.schemas import (
     CreateSessionRequest,
     DrainBody,
@@ -138,7 +137,7 @@ async def create_session(request: Request, response: Response, owner: Owner, run
 
 @v1_router.get("/sessions", response_model=SessionList, summary="The caller's sessions", responses=_errors(401))
 async def list_sessions(owner: Owner, runtime: Runtime) -> SessionList:
-    return SessionList(sessions=[session_body(snapshot) for snapshot in runtime.list_sessions(owner)])
+    return SessionList(sessions=[session_body(snapshot) for snapshot in await runtime.sessions_of(owner)])
 
 
 @v1_router.get(
@@ -149,13 +148,17 @@ async def list_sessions(owner: Owner, runtime: Runtime) -> SessionList:
 )
 async def get_session(session_id: str, owner: Owner, runtime: Runtime, transport: ActiveTransport) -> SessionBody:
     bind_session_id(session_id)
-    snapshot = runtime.get(owner, session_id)
+    snapshot = await runtime.lookup(owner, session_id)
     body = session_body(snapshot)
     if isinstance(transport, LiveKitTransport) and snapshot.transport is not None and snapshot.state in _STREAMING:
         # Only LiveKit's details go stale (the join token's TTL is short): mint a fresh token, same identity. The
         # embedded transport's offer URL never changes. Detached a moment ago: the session is ending, keep the old.
+        # Run by another replica (shared admission): mint it from the room and identity that replica published.
         with contextlib.suppress(SessionNotAttachedError):
-            body.transport = dict(transport.join_details(snapshot.id))
+            if runtime.runs_here(snapshot.id):
+                body.transport = dict(transport.join_details(snapshot.id))
+            else:
+                body.transport = dict(transport.rejoin_details(snapshot.id, snapshot.transport))
     return body
 
 
@@ -186,12 +189,13 @@ async def delete_session(
 )
 async def session_events(session_id: str, owner: Owner, runtime: Runtime) -> StreamingResponse:
     bind_session_id(session_id)
-    snapshot, subscription = runtime.subscribe(owner, session_id)
+    snapshot, subscription = await runtime.follow(owner, session_id)
     heartbeat = runtime.config.admission.queue_heartbeat_timeout
     keepalive = runtime.tuning.sse_keepalive_s
     if heartbeat is not None:
         keepalive = min(keepalive, heartbeat / 3)
-    return StreamingResponse(
+    return _EventStreamResponse(
+        subscription,
         _event_stream(runtime, snapshot, subscription, keepalive),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -231,7 +235,7 @@ async def webrtc_offer(
     session_id: str, request: Request, owner: Owner, runtime: Runtime, transport: ActiveTransport
 ) -> WebrtcAnswer:
     bind_session_id(session_id)
-    snapshot = runtime.get(owner, session_id)
+    snapshot = await runtime.lookup_here(owner, session_id)
     if isinstance(transport, LiveKitTransport):
         raise _conflict("this service streams through LiveKit: join the room named in the session's transport")
     if not isinstance(transport, EmbeddedTransport):
@@ -256,7 +260,7 @@ async def webrtc_offer(
 )
 async def create_viewer(session_id: str, owner: Owner, runtime: Runtime, transport: ActiveTransport) -> dict[str, Any]:
     bind_session_id(session_id)
-    snapshot = runtime.get(owner, session_id)
+    snapshot = await runtime.lookup_here(owner, session_id)
     if not isinstance(transport, LiveKitTransport):
         raise StarletteHTTPException(status_code=404, detail="viewer tokens need the LiveKit transport (LIVEKIT_URL)")
     _require_streaming(snapshot)
@@ -291,10 +295,29 @@ async def _json_body(request: Request, model: type[_Model]) -> _Model:
         raise InvalidRequestError(describe_validation_errors(exc.errors())) from None
 
 
+class _EventStreamResponse(StreamingResponse):
+    """The SSE response; it unsubscribes when it ends, however it ends.
+
+    A client that stops reading and then disconnects is noticed while the stream waits in `send`: Starlette then
+    cancels the stream without closing its body iterator, so the iterator's own `with subscription` would only
+    run when the garbage collector finds the suspended generator, and until then the session kept publishing to it.
+    """
+
+    def __init__(self, subscription: SnapshotStream, content: AsyncIterator[str], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._subscription = subscription
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._subscription.close()
+
+
 async def _event_stream(
     runtime: ServiceRuntime,
     first: SessionSnapshot,
-    subscription: Subscription[SessionSnapshot],
+    subscription: SnapshotStream,
     keepalive: float,
 ) -> AsyncIterator[str]:
     """The SSE body. Ends after the terminal snapshot; closing it (client gone) unsubscribes at once."""

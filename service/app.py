@@ -16,7 +16,6 @@ from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -29,6 +28,7 @@ from service.errors import (
     ErrorSpec,
     QueueFullError,
     ServiceError,
+    SessionElsewhereError,
     UnauthorizedError,
     error_body,
     error_table,
@@ -36,10 +36,11 @@ from service.errors import (
     lookup,
     public_message,
 )
-from service.middleware import BodyLimitMiddleware
+from service.middleware import BodyLimitMiddleware, StrictCORSMiddleware
 from service.page import install_page
 from service.runtime import RuntimeTuning, ServiceRuntime
 from service.settings import ServiceConfig, Settings
+from service.shared_runtime import SharedServiceRuntime
 from service.telemetry import Telemetry, TelemetryMiddleware
 from service.workers import build_workers
 from transport.base import Transport
@@ -78,7 +79,14 @@ def create_app(
     if telemetry is None:
         telemetry = Telemetry.from_environ(os.environ, service_version=_version())
     workers = list((worker_factory or build_workers)(settings))
-    runtime = ServiceRuntime(config, workers, transport, clock=clock, tuning=tuning, observer=telemetry.sessions)
+    runtime: ServiceRuntime
+    if config.shared_admission is None:
+        runtime = ServiceRuntime(config, workers, transport, clock=clock, tuning=tuning, observer=telemetry.sessions)
+    else:
+        redis_url = settings.redis_url.get_secret_value() if settings.redis_url is not None else ""
+        runtime = SharedServiceRuntime(
+            config, workers, transport, redis=redis_url, clock=clock, tuning=tuning, observer=telemetry.sessions
+        )
     telemetry.instrument(runtime, workers, transport)
 
     @asynccontextmanager
@@ -118,7 +126,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_request_bytes)
     if config.cors_origins:
         app.add_middleware(
-            CORSMiddleware,
+            StrictCORSMiddleware,
             allow_origins=list(config.cors_origins),
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type"],
@@ -140,6 +148,8 @@ def _respond(spec: ErrorSpec, message: str, error: BaseException | None = None) 
     headers: dict[str, str] = {}
     if isinstance(error, QueueFullError):
         headers["Retry-After"] = str(error.retry_after_s)
+    if isinstance(error, SessionElsewhereError):
+        headers["Lingstream-Replica"] = error.replica
     if isinstance(error, UnauthorizedError) or spec.status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="lingstream"'
     return JSONResponse(error_body(spec.code, message), status_code=spec.status, headers=headers)

@@ -13,6 +13,8 @@
     ├── DrainingError                503 draining               the instance is draining and admits nobody
     ├── NotReadyError                503 not_ready              the instance is starting or its model workers are down
     ├── AdmissionUnavailableError    503 admission_unavailable  a shared admission backend cannot be reached
+    ├── SessionElsewhereError        409 session_on_other_replica  a transport route sent to a replica that does
+    │                                                               not run the session (it names the one that does)
     ├── SessionStartError            500 session_failed         the model worker or transport failed to start it
     ├── SessionTransitionError       500 internal               an illegal session state move (a bug)
     └── SettingsError                500 internal               invalid settings (raised at start, never served)
@@ -34,6 +36,7 @@ from types import MappingProxyType
 
 import admission.errors as admission_errors
 import pipeline.errors as pipeline_errors
+from service.redis_lua.records import NotTicketOwnerError
 
 __all__ = [
     "AdmissionUnavailableError",
@@ -47,6 +50,7 @@ __all__ = [
     "PayloadTooLargeError",
     "QueueFullError",
     "ServiceError",
+    "SessionElsewhereError",
     "SessionNotFoundError",
     "SessionNotStreamingError",
     "SessionStartError",
@@ -121,7 +125,20 @@ class NotReadyError(ServiceError):
 
 
 class AdmissionUnavailableError(ServiceError):
-    """A shared admission backend (redis, later) cannot be reached."""
+    """The shared admission backend (Redis) cannot be reached: creates are refused, running sessions go on."""
+
+
+class SessionElsewhereError(ServiceError):
+    """A route bound to the transport of the replica that runs the session (the WebRTC offer, viewer tokens) was
+    sent to another replica; `replica` names the one that runs it (also in the `Lingstream-Replica` header)."""
+
+    def __init__(self, session_id: str, replica: str) -> None:
+        super().__init__(
+            f"session {session_id!r} runs on replica {replica!r}; its transport endpoints answer only there: send "
+            "this request to that replica (every other session route works on any replica)"
+        )
+        self.session_id = session_id
+        self.replica = replica
 
 
 class SessionStartError(ServiceError):
@@ -172,6 +189,7 @@ _BASE_TABLE: Mapping[type[BaseException], ErrorSpec] = {
     AdmissionUnavailableError: ErrorSpec(503, "admission_unavailable"),
     SessionStartError: ErrorSpec(500, "session_failed"),
     SessionNotStreamingError: ErrorSpec(409, "session_not_running"),
+    SessionElsewhereError: ErrorSpec(409, "session_on_other_replica"),
     SessionTransitionError: _INTERNAL,
     SettingsError: _INTERNAL,
     # admission: only an unknown ticket or a closed driver are expected at runtime; the rest are bugs.
@@ -186,6 +204,8 @@ _BASE_TABLE: Mapping[type[BaseException], ErrorSpec] = {
     admission_errors.LeaseError: _INTERNAL,
     admission_errors.LeaseAlreadyRequestedError: _INTERNAL,
     admission_errors.LeaseSessionRemovedError: _INTERNAL,
+    # the Redis admission backend: only the owner replica releases or publishes a session; anything else is a bug.
+    NotTicketOwnerError: _INTERNAL,
     # pipeline: a model worker's errors that may surface through the service.
     pipeline_errors.PipelineError: _INTERNAL,
     pipeline_errors.PipelineSpecError: _INTERNAL,

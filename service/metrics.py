@@ -190,8 +190,33 @@ def observe_runtime(meter: Meter, read: Callable[[], RuntimeStatistics | None]) 
         "1 while the model worker admits sessions (started and ready), by model worker.",
         lambda s: (Observation(int(ok), {"worker": str(i)}) for i, ok in enumerate(s.admission.healthy)),
     )
+    gauge(
+        "lingstream.admission.replicas",
+        "{replica}",
+        "Replicas registered in the shared admission, by liveness (redis backend only).",
+        _replicas,
+    )
+    gauge(
+        "lingstream.admission.deployment.slots",
+        "{session}",
+        "Session slots of every live, non-draining replica (redis backend only).",
+        lambda s: [] if s.shared is None else [Observation(s.shared.capacity)],
+    )
+    gauge(
+        "lingstream.admission.deployment.slots.retained",
+        "{session}",
+        "Slots held by admitted sessions on every replica (redis backend only).",
+        lambda s: [] if s.shared is None else [Observation(s.shared.retained_total)],
+    )
     gauge("lingstream.ready", "1", "1 when /readyz answers 200.", lambda s: [Observation(int(s.ready))])
     gauge("lingstream.draining", "1", "1 while the instance drains.", lambda s: [Observation(int(s.draining))])
+
+
+def _replicas(stats: RuntimeStatistics) -> list[Observation]:
+    if stats.shared is None:
+        return []
+    alive = sum(1 for replica in stats.shared.replicas if replica.alive)
+    return [Observation(alive, {"alive": "true"}), Observation(len(stats.shared.replicas) - alive, {"alive": "false"})]
 
 
 def _admission_results(stats: RuntimeStatistics) -> list[Observation]:

@@ -1,9 +1,14 @@
-"""ASGI middleware that bounds request bodies before anything parses them.
+"""ASGI middleware: bounding request bodies before anything parses them, and CORS that tells refused origins nothing.
 
 `BodyLimitMiddleware` answers 413 `payload_too_large` (in the one error shape) when a request declares a
 `Content-Length` above the limit, and otherwise reads the body itself, at most `max_bytes` of it, before the app
 runs: a chunked upload that grows past the limit is answered 413 too, and never more than `max_bytes` are held in
 memory. The app then reads the buffered body; later `receive()` calls (disconnect notices for streams) pass through.
+
+`StrictCORSMiddleware` is Starlette's CORS middleware, except for origins it does not allow: Starlette still sends
+them the allowed methods, headers and max-age on a refused preflight (in plain text) and the exposed headers on
+other requests; only `Access-Control-Allow-Origin` is left out. Here they get no CORS header at all, and a refused
+preflight answers in the one JSON error shape.
 """
 
 from __future__ import annotations
@@ -12,9 +17,16 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from service.errors import PayloadTooLargeError, error_body, lookup
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive as StarletteReceive
+from starlette.types import Scope as StarletteScope
+from starlette.types import Send as StarletteSend
 
-__all__ = ["BodyLimitMiddleware"]
+from service.errors import PayloadTooLargeError, error_body, http_status_spec, lookup
+
+__all__ = ["BodyLimitMiddleware", "StrictCORSMiddleware"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -90,3 +102,26 @@ def _content_length(scope: Scope) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+class StrictCORSMiddleware(CORSMiddleware):
+    """CORS for the configured origins only: a refused preflight says nothing about the policy to anyone else."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code < 400:
+            return response
+        spec = http_status_spec(response.status_code)
+        reason = bytes(response.body).decode("utf-8", "replace")
+        headers: dict[str, str] = {}
+        if self.is_allowed_origin(origin=request_headers["origin"]):
+            headers = {k: v for k, v in response.headers.items() if k.lower().startswith("access-control-")}
+        return JSONResponse(error_body(spec.code, reason), status_code=spec.status, headers=headers)
+
+    async def simple_response(
+        self, scope: StarletteScope, receive: StarletteReceive, send: StarletteSend, request_headers: Headers
+    ) -> None:
+        if self.is_allowed_origin(origin=request_headers["origin"]):
+            await super().simple_response(scope, receive, send, request_headers)
+        else:
+            await self.app(scope, receive, send)

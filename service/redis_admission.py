@@ -201,6 +201,8 @@ class RedisAdmission:
         self._closed = False
         self._available = False
         self._unavailable_since: float | None = None
+        self._registered_once = False
+        self._reconnections = 0
         self._up = asyncio.Event()
         self._kick = asyncio.Event()
         self._positions_dirty = asyncio.Event()
@@ -236,6 +238,13 @@ class RedisAdmission:
     def available(self) -> bool:
         """Registered and in contact with Redis (readiness). False from start until the first registration."""
         return self._available and not self._closed
+
+    @property
+    def reconnections(self) -> int:
+        """How often contact with Redis (or this replica's registration) came back after it was lost. Each time,
+        this replica's slots were re-asserted, re-created if Redis lost its data (then without what the owner had
+        published: a caller that keeps state in the registry writes it again when this grows)."""
+        return self._reconnections
 
     @property
     def unavailable_for_s(self) -> float | None:
@@ -329,11 +338,12 @@ class RedisAdmission:
     # ------------------------------------------------------------------------------------------------ commands
 
     async def create(
-        self, owner: str, *, ticket_id: str | None = None, payload: bytes | None = None
+        self, owner: str, *, ticket_id: str | None = None, payload: bytes | None = None, body: str | None = None
     ) -> SharedTicketView:
         """Ask for a slot for a new session: ADMITTED onto this replica, QUEUED (global `position`), or REJECTED
         (QUEUE_FULL with `retry_after_s`, or DRAINING). `payload` (opaque bytes, e.g. the request) is kept while
-        the ticket waits, for whichever replica admits it (`take_payload`). Raises `TicketExistsError`, and
+        the ticket waits, for whichever replica admits it (`take_payload`). `body` is the registry body from the
+        start (what GETs on other replicas read until the owner publishes one). Raises `TicketExistsError`, and
         `AdmissionUnavailableError` while Redis cannot be reached."""
         self._require_started()
         ticket_id = ticket_id if ticket_id is not None else secrets.token_urlsafe(12)
@@ -347,6 +357,7 @@ class RedisAdmission:
             *(ticket_id, owner, secrets.token_hex(8), config.queue_size, round(config.queue_timeout * 1000)),
             *(heartbeat_ms, round(config.default_session_seconds * 1000), config.max_retry_after_s),
             *((1, payload) if payload is not None else (0, b"")),
+            *((1, body) if body is not None else (0, "")),
         ]
         try:
             reply = await self._run("create", *args)
@@ -616,6 +627,11 @@ class RedisAdmission:
     async def _maintain_once(self) -> float:
         """Replay deferred calls, then one `maintain` script; returns the seconds until the next pass is due."""
         recovering = not self._available
+        if recovering and self._epoch is not None:
+            # Idle pooled connections may predate the outage (a restarted Redis closed them): each would fail its
+            # next call once and flap `available`. Drop them; calls reconnect.
+            with contextlib.suppress(*_UNAVAILABLE):
+                await self._timed(self._redis.connection_pool.disconnect(inuse_connections=False))
         window = self._config.session_length_window
         for ticket_id, action in list(self._mirror.deferred.items()):
             if action == "release":
@@ -658,6 +674,9 @@ class RedisAdmission:
                 if (await self._run("get", ticket_id)).code == "unknown":
                     self._mirror.apply_vanished(ticket_id, time.time())
         if recovering:
+            if self._registered_once:
+                self._reconnections += 1
+            self._registered_once = True
             self._available = True
             self._unavailable_since = None
             self._up.set()

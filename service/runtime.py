@@ -26,7 +26,7 @@ import enum
 import logging
 import secrets
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Protocol
@@ -62,12 +62,21 @@ from service.fanout import Subscription
 from service.images import check_image
 from service.logs import bind_session_id, session_context
 from service.port import LiveSessionPort
+from service.redis_lua.records import SharedAdmissionStatistics
 from service.sessions import LIVE_STATES, Session, SessionBuffers, SessionSnapshot, SessionState
 from service.settings import ServiceConfig
 from service.tasks import TaskSet
 from transport.base import Transport
 
-__all__ = ["DrainStatus", "Readiness", "RuntimeStatistics", "RuntimeTuning", "ServiceRuntime", "SessionObserver"]
+__all__ = [
+    "DrainStatus",
+    "Readiness",
+    "RuntimeStatistics",
+    "RuntimeTuning",
+    "ServiceRuntime",
+    "SessionObserver",
+    "SnapshotStream",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +135,8 @@ class DrainStatus:
 class RuntimeStatistics:
     """What /metrics reads. `sessions` counts live sessions by state; `ended_total` finished ones by final state.
     `slots_held` counts sessions holding an admission slot; `slot_mismatch` is admission's retained count minus it
-    (anything but 0 means a leak or a double count)."""
+    (anything but 0 means a leak or a double count). `shared` is the whole deployment (every replica, the global
+    queue) with the Redis backend, as of its last refresh; None in memory."""
 
     sessions: Mapping[str, int]
     ended_total: Mapping[str, int]
@@ -135,6 +145,7 @@ class RuntimeStatistics:
     draining: bool
     slots_held: int
     slot_mismatch: int
+    shared: SharedAdmissionStatistics | None = None
 
 
 class SessionObserver(Protocol):
@@ -154,6 +165,19 @@ class SessionObserver(Protocol):
     def chunk(self, session: Session, chunk: ChunkOutput) -> None: ...
 
     def session_ended(self, session: Session) -> None: ...
+
+
+class SnapshotStream(Protocol):
+    """What an event stream reads: a session's snapshots after the first (ends after the terminal one); leaving
+    `with` (or `close()`) stops it. `fanout.Subscription` is one."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
+
+    def __anext__(self) -> Awaitable[SessionSnapshot]: ...
+
+    def close(self) -> None: ...
 
 
 class _NoObserver:
@@ -198,14 +222,13 @@ class ServiceRuntime:
         self._transport = transport
         self._tuning = tuning or RuntimeTuning()
         self._observer: SessionObserver = observer or _NoObserver()
-        self._controller = AdmissionController(config.admission, clock=clock)
-        self._driver = AdmissionDriver(self._controller, tick_interval=self._tuning.admission_tick_s)
-        self._unsubscribe = self._controller.subscribe(self._on_admission_event)
+        self._setup_admission(clock)
         self._sessions: dict[str, Session] = {}
         self._live: set[str] = set()
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._ended_total: Counter[str] = Counter()
         self._tasks = TaskSet("runtime")
+        self._runners: set[asyncio.Task[None]] = set()
         self._started = False
         self._closing = False
         self._draining = False
@@ -239,9 +262,7 @@ class ServiceRuntime:
 
     async def start(self) -> None:
         """Start admission and the transport; start the model workers in the background."""
-        for index in range(len(self._workers)):
-            self._controller.set_worker_healthy(index, False)
-        self._driver.start()
+        await self._start_admission()
         if self._transport is not None:
             await self._transport.start()
         self._tasks.spawn(self._start_workers(), name="start-workers")
@@ -264,12 +285,18 @@ class ServiceRuntime:
         if self._closing:
             return
         self._closing = True
-        self._controller.drain()
+        self._stop_admitting()
         for session in self._admitted_sessions():
             self._request_close(session, SessionCloseMode.CANCEL, "shutdown")
         loop = asyncio.get_running_loop()
-        if not await self._wait_idle(loop.time() + self._tuning.shutdown_close_s):
+        deadline = loop.time() + self._tuning.shutdown_close_s
+        if not await self._wait_idle(deadline):
             logger.error("shutdown: %d session(s) did not close in time; cancelling their runners", len(self._live))
+        # An ended session's runner still detaches its transport (closing a peer connection takes a few turns of
+        # the loop): let it finish within the same deadline, or the cancellation would leave that half-closed.
+        runners = [task for task in self._runners if not task.done()]
+        if runners:
+            await asyncio.wait(runners, timeout=max(0.0, deadline - loop.time()))
         await self._tasks.aclose()
         if self._transport is not None:
             try:
@@ -281,8 +308,7 @@ class ServiceRuntime:
                 await worker.stop()
             except Exception:
                 logger.exception("shutdown: model worker %d failed to stop", index)
-        self._unsubscribe()
-        await self._driver.aclose()
+        await self._close_admission()
         self._drained.set()
         logger.info("runtime stopped")
 
@@ -312,33 +338,45 @@ class ServiceRuntime:
         Raises `InvalidConfigError` (and the image errors) for bad input, `QueueFullError`, `DrainingError`,
         `NotReadyError`, or `SessionStartError` when an immediately admitted session failed to start.
         """
+        session = await self._new_session(owner, config, image)
+        try:
+            view = self._controller.create(owner=owner, ticket_id=session.id)
+        except BaseException:
+            self._forget_rejected(session.id)
+            raise
+        if view.state is TicketState.REJECTED:
+            self._forget_rejected(session.id)
+            if view.reason is TicketReason.QUEUE_FULL:
+                raise QueueFullError(view.retry_after_s or self._controller.retry_after_s())
+            raise DrainingError("the service is draining and admits no new sessions; retry on another instance")
+        return await self._created(session, view.position if view.state is TicketState.QUEUED else None)
+
+    async def _new_session(self, owner: str, config: Mapping[str, object], image: bytes | None) -> Session:
+        """Check that creates are accepted, `prepare` off the loop, then register a new queued session."""
         self._check_accepting()
         prepared = await asyncio.to_thread(self._prepare, config, image)
         self._check_accepting()
-        session_id = secrets.token_urlsafe(16)
+        return self._register(secrets.token_urlsafe(16), owner, prepared)
+
+    def _register(self, session_id: str, owner: str, prepared: PreparedSession) -> Session:
         session = Session(session_id, owner, prepared, _config_view(prepared.config), self._tuning.buffers)
         self._sessions[session_id] = session
         self._live.add(session_id)
         self._idle.clear()
-        try:
-            view = self._controller.create(owner=owner, ticket_id=session_id)
-        except BaseException:
-            self._forget_rejected(session_id)
-            raise
-        if view.state is TicketState.REJECTED:
-            self._forget_rejected(session_id)
-            if view.reason is TicketReason.QUEUE_FULL:
-                raise QueueFullError(view.retry_after_s or self._controller.retry_after_s())
-            raise DrainingError("the service is draining and admits no new sessions; retry on another instance")
-        if view.state is TicketState.QUEUED:
-            logger.info("session %s queued at position %s", session_id, view.position)
+        return session
+
+    async def _created(self, session: Session, queued_at: int | None) -> tuple[SessionSnapshot, bool]:
+        """After admission's answer to a create: a queued session answers at once (`queued_at`, its position);
+        an admitted one once it runs (or `create_wait_s` passed). Raises `SessionStartError` if it failed."""
+        if queued_at is not None:
+            logger.info("session %s queued at position %s", session.id, queued_at)
             return session.snapshot(), False
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._tuning.create_wait_s):
                 await session.settled.wait()
         if session.state is SessionState.FAILED:
             message = session.failure[1] if session.failure else "it failed"
-            raise SessionStartError(f"session {session_id} was admitted but could not be started: {message}")
+            raise SessionStartError(f"session {session.id} was admitted but could not be started: {message}")
         return session.snapshot(), True
 
     def get(self, owner: str, session_id: str) -> SessionSnapshot:
@@ -375,6 +413,29 @@ class ServiceRuntime:
                     await session.ended.wait()
         return session.snapshot()
 
+    # What the HTTP routes call. Here they answer from this instance's sessions; a runtime whose sessions live on
+    # several replicas (`service.shared_runtime`) answers for sessions run elsewhere too.
+
+    async def lookup(self, owner: str, session_id: str) -> SessionSnapshot:
+        """`get` for the routes."""
+        return self.get(owner, session_id)
+
+    def runs_here(self, session_id: str) -> bool:
+        """Whether this instance's transport holds (or held) the session's binding; always, with one instance."""
+        return True
+
+    async def lookup_here(self, owner: str, session_id: str) -> SessionSnapshot:
+        """The session for a route bound to this instance's transport (the WebRTC offer, viewer tokens)."""
+        return self.get(owner, session_id)
+
+    async def sessions_of(self, owner: str) -> list[SessionSnapshot]:
+        """`list_sessions` for the routes."""
+        return self.list_sessions(owner)
+
+    async def follow(self, owner: str, session_id: str) -> tuple[SessionSnapshot, SnapshotStream]:
+        """`subscribe` for the routes."""
+        return self.subscribe(owner, session_id)
+
     # ------------------------------------------------------------------------------------------------ drain
 
     def start_drain(self, reason: str) -> None:
@@ -392,7 +453,7 @@ class ServiceRuntime:
             len(running),
             self._config.drain_timeout,
         )
-        self._controller.drain()
+        self._stop_admitting()
         for session in running:
             self._mark_service_draining(session)
         self._tasks.spawn(self._drain(), name="drain")
@@ -419,7 +480,7 @@ class ServiceRuntime:
         )
 
     def statistics(self) -> RuntimeStatistics:
-        admission = self._controller.statistics()
+        admission = self._admission_statistics()
         counts = Counter(self._sessions[sid].state.value for sid in self._live)
         held = sum(1 for sid in self._live if self._sessions[sid].holds_slot)
         return RuntimeStatistics(
@@ -431,6 +492,41 @@ class ServiceRuntime:
             slots_held=held,
             slot_mismatch=admission.retained_total - held,
         )
+
+    # ------------------------------------------------------------------------------------------------ admission
+    # The in-memory admission of one instance. `service.shared_runtime.SharedServiceRuntime` overrides these (and
+    # the routes' calls above) with the admission that every replica shares through Redis.
+
+    def _setup_admission(self, clock: Clock | None) -> None:
+        self._controller = AdmissionController(self._config.admission, clock=clock)
+        self._driver = AdmissionDriver(self._controller, tick_interval=self._tuning.admission_tick_s)
+        self._unsubscribe = self._controller.subscribe(self._on_admission_event)
+
+    async def _start_admission(self) -> None:
+        for index in range(len(self._workers)):
+            self._set_worker_healthy(index, False)
+        self._driver.start()
+
+    async def _close_admission(self) -> None:
+        self._unsubscribe()
+        await self._driver.aclose()
+
+    def _set_worker_healthy(self, index: int, healthy: bool) -> None:
+        self._controller.set_worker_healthy(index, healthy)
+
+    def _stop_admitting(self) -> None:
+        """Drain or shutdown: admit nothing more, cancel the queued sessions."""
+        self._controller.drain()
+
+    def _cancel_queued(self, session: Session) -> None:
+        self._controller.release(session.id)  # -> CANCELLED (client_cancelled), through the admission event
+
+    def _release_slot(self, session: Session) -> None:
+        """The admitted session has ended (`_finish`): its slot goes back, exactly once."""
+        self._controller.release(session.id)
+
+    def _admission_statistics(self) -> AdmissionStatistics:
+        return self._controller.statistics()
 
     # ------------------------------------------------------------------------------------------------ internals
 
@@ -487,7 +583,7 @@ class ServiceRuntime:
 
     def _request_close(self, session: Session, mode: SessionCloseMode, reason: str) -> None:
         if session.state is SessionState.QUEUED:
-            self._controller.release(session.id)  # -> CANCELLED (client_cancelled), through the admission event
+            self._cancel_queued(session)
         else:
             session.request_close(mode, reason)
 
@@ -522,7 +618,9 @@ class ServiceRuntime:
             logger.info("session %s admitted on worker %s", session.id, view.worker)
             context = contextvars.copy_context()
             context.run(self._enter_session, session)
-            self._tasks.spawn(self._run_session(session), name=f"session-{session.id}", context=context)
+            runner = self._tasks.spawn(self._run_session(session), name=f"session-{session.id}", context=context)
+            self._runners.add(runner)
+            runner.add_done_callback(self._runners.discard)
         elif kind in (AdmissionEventKind.EXPIRED, AdmissionEventKind.CANCELLED):
             state = SessionState.EXPIRED if kind is AdmissionEventKind.EXPIRED else SessionState.CANCELLED
             reason = view.reason.value if view.reason is not None else state.value
@@ -548,7 +646,7 @@ class ServiceRuntime:
         session.move(state, reason=final)
         if session.holds_slot:
             session.holds_slot = False
-            self._controller.release(session.id)
+            self._release_slot(session)
         logger.info("session %s %s (%s)", session.id, state.value, final)
         self._after_end(session)
 
@@ -729,7 +827,7 @@ class ServiceRuntime:
                 self._healthy[index] = healthy
                 if not healthy and self._worker_started[index]:
                     logger.error("model worker %d is not ready; it admits no sessions", index)
-                self._controller.set_worker_healthy(index, healthy)
+                self._set_worker_healthy(index, healthy)
 
 
 def _ordered(states: frozenset[SessionState]) -> list[SessionState]:

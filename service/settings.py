@@ -22,6 +22,8 @@ import json
 import logging
 import os
 import re
+import secrets
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,8 @@ __all__ = [
     "RequestLimits",
     "ServiceConfig",
     "Settings",
+    "SharedAdmissionConfig",
+    "default_replica_id",
     "env_name",
     "load_settings",
 ]
@@ -60,6 +64,7 @@ _LIVEKIT_ALIASES = {
     "livekit_api_secret": "LIVEKIT_API_SECRET",
 }
 _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+$")
+_REPLICA_ID = re.compile(r"[A-Za-z0-9._:\-]{1,200}")
 
 # The values read from the config file, handed to `_FileSource` while `load_settings` builds `Settings`.
 _FILE_VALUES: contextvars.ContextVar[Mapping[str, object]] = contextvars.ContextVar("lingstream_file_settings")
@@ -115,8 +120,16 @@ class Settings(BaseSettings):
     video_codec: Literal["vp8", "h264"] = "vp8"
     video_bitrate: int = Field(default=2_000_000, ge=50_000, le=100_000_000, description="Video bits per second.")
     web_vendor_dir: Path | None = Field(default=None, description="Directory of the vendored livekit-client build.")
-    admission_backend: str = Field(default="memory", description="Admission state backend: memory (redis planned).")
-    redis_url: SecretStr | None = Field(default=None, description="Redis URL for the redis backend (unused yet).")
+    admission_backend: str = Field(
+        default="memory", description="Admission backend: memory (one replica) or redis (shared by every replica)."
+    )
+    redis_url: SecretStr | None = Field(default=None, description="Redis URL of the redis backend (secret).")
+    replica_id: str | None = Field(
+        default=None, description="This process's id in the redis backend; default the host name + a random suffix."
+    )
+    replica_ttl: float = Field(
+        default=10.0, ge=0.3, le=3600, description="Seconds a silent replica keeps its slots (redis backend)."
+    )
     max_request_bytes: int = Field(default=16 * _MIB, ge=1024, le=1024 * _MIB, description="Largest request body.")
     max_image_bytes: int = Field(default=10 * _MIB, ge=1, le=512 * _MIB, description="Largest reference image.")
     max_image_pixels: int = Field(default=16 * _MIB, ge=1, le=1 << 30, description="Most pixels of a reference image.")
@@ -191,11 +204,18 @@ class Settings(BaseSettings):
     @field_validator("admission_backend")
     @classmethod
     def _check_backend(cls, value: str) -> str:
-        if value == "redis":
-            raise ValueError("the redis admission backend is not implemented yet; use memory (one replica)")
-        if value != "memory":
-            raise ValueError(f"must be memory (redis is planned), got {value!r}")
+        if value not in ("memory", "redis"):
+            raise ValueError(f"must be memory (one replica) or redis (several replicas), got {value!r}")
         return value
+
+    @field_validator("replica_id")
+    @classmethod
+    def _check_replica_id(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        if not _REPLICA_ID.fullmatch(value.strip()):
+            raise ValueError("must be 1-200 letters, digits or . _ : - (unique per process, e.g. the pod name)")
+        return value.strip()
 
     @field_validator("livekit_url")
     @classmethod
@@ -221,6 +241,14 @@ class Settings(BaseSettings):
             missing = ", ".join(name for name, present in livekit.items() if not present)
             present = ", ".join(name for name, present in livekit.items() if present)
             raise ValueError(f"LiveKit needs all three variables: {present} set but {missing} missing")
+        if self.admission_backend == "redis":
+            url = self.redis_url.get_secret_value().strip() if self.redis_url is not None else ""
+            if not url:
+                raise ValueError(
+                    "LINGSTREAM_ADMISSION_BACKEND=redis needs LINGSTREAM_REDIS_URL (e.g. redis://redis:6379/0)"
+                )
+            if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+                raise ValueError("LINGSTREAM_REDIS_URL must be a redis://, rediss:// or unix:// URL")
         needed = _base64_size(self.max_image_bytes) + 4096
         if self.max_request_bytes < needed:
             raise ValueError(
@@ -358,11 +386,28 @@ class RequestLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedAdmissionConfig:
+    """The redis backend's identity for this process: `replica_id` (unique per process) and how long its slots
+    outlive its silence (`replica_ttl_s`; it heartbeats every third of it)."""
+
+    replica_id: str
+    replica_ttl_s: float
+
+
+def default_replica_id() -> str:
+    """The host name (the pod name on Kubernetes) plus a random suffix: a restarted container in the same pod is
+    a new replica, so it never re-asserts the slots of the process that died before it."""
+    host = re.sub(r"[^A-Za-z0-9._\-]", "-", socket.gethostname())[:180] or "lingstream"
+    return f"{host}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True, slots=True)
 class ServiceConfig:
     """What the running service needs, converted once from `Settings` (no secrets beyond key digests).
 
     `api_key_digests` are SHA-256 digests of the bearer keys: authentication compares digests, so the keys
-    themselves are not kept past start.
+    themselves are not kept past start. `shared_admission` is set with the redis backend (its URL, a secret, is
+    not part of it: `service.app` hands it to the runtime directly).
     """
 
     admission: AdmissionConfig
@@ -372,6 +417,7 @@ class ServiceConfig:
     drain_timeout: float
     log_format: str
     log_level: str
+    shared_admission: SharedAdmissionConfig | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServiceConfig:
@@ -397,4 +443,9 @@ class ServiceConfig:
             drain_timeout=settings.drain_timeout,
             log_format=settings.log_format,
             log_level=settings.log_level,
+            shared_admission=None
+            if settings.admission_backend != "redis"
+            else SharedAdmissionConfig(
+                replica_id=settings.replica_id or default_replica_id(), replica_ttl_s=settings.replica_ttl
+            ),
         )

@@ -104,6 +104,8 @@ class EmbeddedConfig:
     (none by default: nothing outside is contacted). `offer_path`: the REST path of the SDP offer, with a
     `{session_id}` placeholder. `answer_timeout`: seconds to answer an offer (candidate gathering included).
     `status_flush_timeout`: on detach, seconds to wait for the last status messages (the final `done`) to go out.
+    `status_buffer_bytes`: the most status bytes the data channel may hold unsent (its `bufferedAmount`); while a
+    client does not consume them, further status messages are dropped and counted instead of piling up.
     """
 
     ice_host_addresses: tuple[str, ...] | None = ("127.0.0.1",)
@@ -116,6 +118,7 @@ class EmbeddedConfig:
     control_label: str = "control"
     status_max_bytes: int = MAX_STATUS_BYTES
     status_flush_timeout: float = 0.5
+    status_buffer_bytes: int = 64 * 1024
     ring_frames: int = 32
     reanchor_after: float = 0.5
 
@@ -134,3 +137,8 @@ class EmbeddedConfig:
             )
         if not self.control_label:
             raise TransportConfigError("control_label must not be empty")
+        if self.status_buffer_bytes < self.status_max_bytes:
+            raise TransportConfigError(
+                f"status_buffer_bytes must be at least status_max_bytes ({self.status_max_bytes}), "
+                f"got {self.status_buffer_bytes}"
+            )

@@ -183,7 +183,8 @@ class _Peer:
 class EmbeddedBindingStatistics:
     """`offers`: answered offers (each one a bind or rebind). `frames_offered`: frames handed to a track;
     `frames_unsent`: frames the pacer released with no peer to take them; `track_dropped`: frames a track's
-    queue dropped because its sender was behind."""
+    queue dropped because its sender was behind. `status_dropped_congested`: status messages dropped because the
+    client left over `status_buffer_bytes` unconsumed in the data channel."""
 
     presence: PeerPresence
     offers: int
@@ -193,6 +194,7 @@ class EmbeddedBindingStatistics:
     frames_offered: int
     frames_unsent: int
     track_dropped: int
+    status_dropped_congested: int
     control: ControlStatistics
     pacer: PacerStatistics
     outbox: OutboxStatistics
@@ -244,6 +246,7 @@ class EmbeddedSessionBinding:
         self._frames_offered = 0
         self._frames_unsent = 0
         self._track_dropped = 0
+        self._status_dropped_congested = 0
 
     @property
     def session_id(self) -> str:
@@ -489,6 +492,11 @@ class EmbeddedSessionBinding:
         channel = peer.channel if peer is not None else None
         if channel is None or channel.readyState != "open":
             raise RuntimeError("the control data channel is not open")
+        # aiortc buffers whatever the peer has not acknowledged without a bound: a client that stops consuming
+        # (frozen, or withholding SCTP acknowledgements) must not make the service hold its status stream forever.
+        if channel.bufferedAmount + len(message.payload) > self._config.status_buffer_bytes:
+            self._status_dropped_congested += 1
+            return
         channel.send(message.payload.decode("ascii"))
 
     # -- closing --------------------------------------------------------------------------------------------------
@@ -527,6 +535,7 @@ class EmbeddedSessionBinding:
             frames_offered=self._frames_offered,
             frames_unsent=self._frames_unsent,
             track_dropped=self._track_dropped + (peer.track.dropped if peer is not None else 0),
+            status_dropped_congested=self._status_dropped_congested,
             control=self._intake.statistics(),
             pacer=self._pacer.statistics(),
             outbox=self._outbox.statistics(),

@@ -177,6 +177,17 @@ class LiveKitTransport:
         token = self._tokens.controller(session_id, binding.room_name, identity=binding.controller_identity)
         return self._details(token, binding)
 
+    def rejoin_details(self, session_id: str, published: Mapping[str, object]) -> Mapping[str, object]:
+        """Fresh join details for a session attached by another service replica (shared admission), from the
+        details that replica published: the same room and controller identity, a new token. Minting needs only the
+        API key, so any replica can do it; raises `SessionNotAttachedError` when `published` names no LiveKit room.
+        """
+        room, identity = published.get("room"), published.get("identity")
+        if published.get("kind") != "livekit" or not isinstance(room, str) or not isinstance(identity, str):
+            raise SessionNotAttachedError(session_id)
+        token = self._tokens.controller(session_id, room, identity=identity)
+        return {**published, "url": self._config.join_url, "token": token.token, "expires_at": token.expires_at}
+
     def viewer_details(self, session_id: str) -> Mapping[str, object]:
         """Join details for a viewer: a new identity that may subscribe and nothing else."""
         binding = self._binding(session_id)

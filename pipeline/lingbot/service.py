@@ -42,6 +42,8 @@ __all__ = ["LingBotService"]
 logger = logging.getLogger(__name__)
 
 _KEPT_SUMMARIES = 1024
+_RELEASE_RETRIES = 10
+_RELEASE_RETRY_MAX_S = 30.0
 
 
 class LingBotService:
@@ -61,6 +63,10 @@ class LingBotService:
     generation turns it off to run as fast as the model allows. Stage placement: the three stages run on three
     `LocalStageActor` threads of this process (encode is always its own actor); model work never runs on the event
     loop.
+
+    A stage whose per-session release fails leaves the session id poisoned in the orchestrator (and its model-side
+    cache possibly resident); the service retries the failed releases in the background with exponential back-off
+    (`release_retry_s` doubling up to 30 s, `_RELEASE_RETRIES` attempts), which clears the poison once one succeeds.
     """
 
     def __init__(
@@ -74,6 +80,7 @@ class LingBotService:
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
         torch_threads: int | None = None,
         realtime: bool = True,
+        release_retry_s: float = 0.5,
     ) -> None:
         self._clock = clock or MonotonicClock()
         self._lease = lease
@@ -81,6 +88,8 @@ class LingBotService:
         self._max_image_pixels = max_image_pixels
         self._torch_threads = torch_threads
         self._realtime = realtime
+        self._release_retry_s = release_retry_s
+        self._retries: dict[str, asyncio.Task[None]] = {}
         actors = {
             "encode": LocalStageActor("encode", EncodeStage(model.encoder)),
             "denoise": LocalStageActor("denoise", DenoiseStage(model.denoiser)),
@@ -118,6 +127,10 @@ class LingBotService:
     async def stop(self) -> None:
         for session_id in list(self._sessions):
             await self.close_session(session_id, SessionCloseMode.CANCEL)
+        retries = list(self._retries.values())
+        for task in retries:
+            task.cancel()
+        await asyncio.gather(*retries, return_exceptions=True)
         await self._orchestrator.stop()
 
     def prepare(self, config: Mapping[str, object], image: bytes | None) -> PreparedSession:
@@ -226,6 +239,9 @@ class LingBotService:
             failure = failure or report.failure
             cleanup = report.failed_stages
             leaks = report.slot_leaks
+            if cleanup and session_id not in self._retries:
+                retry = asyncio.get_running_loop().create_task(self._retry_release(session_id))
+                self._retries[session_id] = retry
         except PipelineError as exc:
             failure = failure or f"close failed: {exc}"
         session.end_output(failure)
@@ -239,3 +255,29 @@ class LingBotService:
         while len(self._summaries) > _KEPT_SUMMARIES:
             self._summaries.popitem(last=False)
         return summary
+
+    async def _retry_release(self, session_id: str) -> None:
+        """Retry a poisoned session's failed stage releases with back-off until one succeeds (or give up, logged).
+
+        Cancellation contract: only `stop()` cancels it, just before the orchestrator stops; a release in flight
+        is then abandoned with the rest of the orchestrator's work.
+        """
+        delay = self._release_retry_s
+        try:
+            for attempt in range(1, _RELEASE_RETRIES + 1):
+                await asyncio.sleep(delay)
+                try:
+                    report = await self._orchestrator.retry_release(session_id)
+                except PipelineError as exc:
+                    logger.warning("session %s: release retry %d could not run: %s", session_id, attempt, exc)
+                    return
+                if not report.failed_stages:
+                    logger.info("session %s: release retry %d succeeded; the id is usable again", session_id, attempt)
+                    return
+                logger.warning(
+                    "session %s: release retry %d failed: %s", session_id, attempt, dict(report.failed_stages)
+                )
+                delay = min(delay * 2, _RELEASE_RETRY_MAX_S)
+            logger.error("session %s: giving up releasing stages after %d retries", session_id, _RELEASE_RETRIES)
+        finally:
+            self._retries.pop(session_id, None)

@@ -251,7 +251,8 @@ end
 
 # create: ARGV[7] id, [8] owner, [9] create token (a retried create with the same token returns the same ticket),
 # [10] queue_size, [11] queue timeout ms, [12] heartbeat timeout ms (0: off), [13] default session ms,
-# [14] max Retry-After s, [15] "1" if a payload follows, [16] payload.
+# [14] max Retry-After s, [15] "1" if a payload follows, [16] payload, [17] "1" if a registry body follows, [18] body
+# (what GET on any replica answers from until the owner publishes its own).
 # Codes: ok (the ticket: admitted at once or queued), rejected ({reason, retry_after_s, now_ms}), exists,
 # unregistered (BY's liveness key lapsed: it must re-register first).
 # Admitted at once only onto BY, only when nobody waits. It queues while the queue is shorter than queue_size plus
@@ -278,6 +279,7 @@ if w == nil then
 end
 local seq = redis.call('INCR', SEQ)
 redis.call('HSET', key, 'id', id, 'owner', owner, 'origin', BY, 'ctok', ctok, 'seq', seq, 'created', NOW, 'v', 0)
+if ARGV[17] == '1' then redis.call('HSET', key, 'body', ARGV[18]) end
 redis.call('ZADD', LIVE, seq, id)
 if w ~= nil then
   redis.call('HSET', key, 'state', 'admitted', 'replica', BY, 'worker', w, 'admitted', NOW, 'status', 'admitted')

@@ -544,6 +544,20 @@ def test_redis_backend_without_url_refuses_to_render(chart: Any) -> None:
         render(chart, {"admission": {"backend": "redis"}})
 
 
+def test_redis_backend_sets_the_replica_ttl_and_leaves_each_process_its_own_replica_id(chart: Any) -> None:
+    docs = render(chart, {"replicaCount": 3, "admission": {**REDIS, "replicaTtl": 4.5}})
+    data = only(docs, "ConfigMap")["data"]
+    assert data["LINGSTREAM_ADMISSION_BACKEND"] == "redis"
+    assert data["LINGSTREAM_REPLICA_TTL"] == "4.5"
+    # The default id (pod name + a random suffix) is unique per process: a restarted container is a new replica.
+    assert "LINGSTREAM_REPLICA_ID" not in data
+    assert "LINGSTREAM_REPLICA_ID" not in env_of(docs)
+    assert only(docs, "Deployment")["spec"]["replicas"] == 3
+    assert "LINGSTREAM_REPLICA_TTL" not in only(render(chart, {"admission": REDIS}), "ConfigMap")["data"]
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"admission": {**REDIS, "replicaTtl": 0}})
+
+
 # --- the values schema ---------------------------------------------------------------------------------------------
 
 

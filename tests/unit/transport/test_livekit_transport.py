@@ -126,6 +126,19 @@ async def test_join_details_reissue_the_same_controller_identity(setup: Setup) -
     assert _claims(again["token"]).identity == details["identity"]
 
 
+async def test_another_replica_reissues_the_published_controller_identity(setup: Setup) -> None:
+    details = await setup.transport.attach(FakeSessionPort("s1"))
+    again = setup.transport.rejoin_details("s2-elsewhere", details)
+    assert (again["room"], again["identity"]) == (details["room"], details["identity"])
+    claims = _claims(again["token"])
+    assert claims.identity == details["identity"]
+    assert claims.video is not None
+    assert claims.video.room == details["room"]
+    assert not claims.video.can_publish
+    with pytest.raises(SessionNotAttachedError):
+        setup.transport.rejoin_details("s3", {"kind": "embedded", "offer_url": "/v1/sessions/s3/webrtc"})
+
+
 async def test_viewer_details_mint_watch_only_identities(setup: Setup) -> None:
     await setup.transport.attach(FakeSessionPort("s1"))
     one = setup.transport.viewer_details("s1")

@@ -1,0 +1,445 @@
+"""Three real `lingstream serve` replicas on one real redis-server act as one service (issue #10).
+
+Each replica has one model worker with one slot (fake workers through the test-only hook), so the deployment has
+three slots, and a short liveness TTL. The tests talk to the replicas over loopback HTTP only, as a load balancer
+would spread a client's calls, and read Redis directly to check the slot accounting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from tests.e2e.test_service_process import ROOT, _environment, _free_port, _lingstream
+from tests.fakes.redis_server import REDIS_SERVER, RedisServer
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not on PATH (scripts/setup.sh installs it)"),
+]
+
+NAMES = ("r1", "r2", "r3")
+TTL_S = 1.5
+PREFIX = "lingstream:admission:"
+KEY_A = "key-alpha-0123456789abcdef"
+KEY_B = "key-beta-0123456789abcdefg"
+STARTUP_S = 40.0
+
+
+@dataclass
+class Replica:
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@dataclass
+class Cluster:
+    redis: RedisServer
+    raw: Redis
+    client: httpx.AsyncClient
+    replicas: dict[str, Replica] = field(default_factory=dict)
+
+    def url(self, name: str, path: str) -> str:
+        return self.replicas[name].url + path
+
+    async def create(self, name: str, key: str | None = None, **config: int) -> httpx.Response:
+        return await self.client.post(self.url(name, "/v1/sessions"), json={"config": config}, headers=_auth(key))
+
+    async def get(self, name: str, session: str, key: str | None = None) -> httpx.Response:
+        return await self.client.get(self.url(name, f"/v1/sessions/{session}"), headers=_auth(key))
+
+    async def delete(self, name: str, session: str, key: str | None = None, mode: str = "drain") -> httpx.Response:
+        url = self.url(name, f"/v1/sessions/{session}?mode={mode}")
+        return await self.client.delete(url, headers=_auth(key))
+
+    async def status(self, name: str, session: str, key: str | None = None) -> dict[str, Any]:
+        response = await self.get(name, session, key)
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def wait_status(self, name: str, session: str, status: str, key: str | None = None) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+
+        async def reached() -> bool:
+            nonlocal found
+            response = await self.get(name, session, key)
+            found = response.json()
+            return response.status_code == 200 and found["status"] == status
+
+        await _poll(reached, f"session {session} to be {status} on {name} (last: {found})")
+        return found
+
+    async def held(self) -> dict[str, dict[str, int]]:
+        """Redis's slot accounting: replica -> {session id: worker}."""
+        out: dict[str, dict[str, int]] = {}
+        async for key in self.raw.scan_iter(match=f"{PREFIX}held:*"):
+            name = key.decode().removeprefix(f"{PREFIX}held:")
+            out[name] = {k.decode(): int(v) for k, v in (await self.raw.hgetall(key)).items()}
+        return out
+
+    async def metric(self, name: str, series: str, default: float | None = None) -> float:
+        text = (await self.client.get(self.url(name, "/metrics"))).text
+        for line in text.splitlines():
+            if line.startswith(series + " "):
+                return float(line.rsplit(" ", 1)[1])
+        if default is not None:  # a counter nothing has counted yet
+            return default
+        raise AssertionError(f"{series} not in the metrics of {name}")
+
+
+def _auth(key: str | None) -> dict[str, str]:
+    return {} if key is None else {"Authorization": f"Bearer {key}"}
+
+
+async def _poll(predicate: Callable[[], Awaitable[bool]], what: str, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.TransportError):
+            if await predicate():
+                return
+        await asyncio.sleep(0.05)  # polling processes with a deadline
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _start(tmp_path: Path, name: str, redis_url: str, settings: dict[str, str]) -> Replica:
+    port = _free_port()
+    log = tmp_path / f"{name}.log"
+    environment = _environment(
+        LINGSTREAM_HOST="127.0.0.1",
+        LINGSTREAM_ADMISSION_BACKEND="redis",
+        LINGSTREAM_REDIS_URL=redis_url,
+        LINGSTREAM_REPLICA_ID=name,
+        LINGSTREAM_REPLICA_TTL=str(TTL_S),
+        LINGSTREAM_NUM_WORKERS="1",
+        LINGSTREAM_MAX_SESSIONS_PER_WORKER="1",
+        LINGSTREAM_QUEUE_SIZE="40",
+        LINGSTREAM_DRAIN_TIMEOUT="2",
+        **settings,
+    )
+    command = [*_lingstream(), "serve", "--port", str(port), "--worker-factory", "tests.fakes.world:paced_fake_workers"]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=sink, stderr=sink)
+    return Replica(name, process, port, log)
+
+
+async def _wait_ready(cluster: Cluster, replica: Replica) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if replica.process.poll() is not None:
+            pytest.fail(f"replica {replica.name} exited with {replica.process.returncode}:\n{replica.output()}")
+        with contextlib.suppress(httpx.TransportError):
+            if (await cluster.client.get(replica.url + "/readyz")).status_code == 200:
+                return
+        await asyncio.sleep(0.05)  # polling a subprocess with a deadline
+    pytest.fail(f"replica {replica.name} was not ready in {STARTUP_S} s:\n{replica.output()}")
+
+
+def _stop(replica: Replica) -> None:
+    if replica.process.poll() is None:
+        replica.process.kill()
+    replica.process.wait(timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def _cluster(tmp_path: Path, **settings: str) -> AsyncIterator[Cluster]:
+    with RedisServer(tmp_path) as server:
+        raw = Redis.from_url(server.url)
+        replicas = [_start(tmp_path, name, server.url, settings) for name in NAMES]
+        try:
+            async with httpx.AsyncClient(timeout=15.0) as client:
+                cluster = Cluster(server, raw, client, {replica.name: replica for replica in replicas})
+                await asyncio.gather(*(_wait_ready(cluster, replica) for replica in replicas))
+                yield cluster
+        except BaseException:
+            for replica in replicas:  # what the replicas said, in the failure report
+                sys.stderr.write(f"--- {replica.name}\n{replica.output()[-6000:]}\n")
+            raise
+        finally:
+            for replica in replicas:
+                _stop(replica)
+            await raw.aclose()
+        for replica in replicas:
+            assert "Traceback" not in replica.output(), replica.output()
+
+
+async def _fill(cluster: Cluster, key: str | None = None) -> dict[str, str]:
+    """One running session on each replica (created there, so admitted there at once): replica -> session."""
+    running = {}
+    for name in NAMES:
+        created = await cluster.create(name, key)
+        assert created.status_code == 201, created.text
+        assert created.json()["status"] == "running"
+        running[name] = created.json()["id"]
+    return running
+
+
+async def test_creates_spread_over_replicas_are_admitted_in_global_arrival_order(tmp_path: Path) -> None:
+    async with _cluster(tmp_path) as cluster:
+        running = await _fill(cluster)
+        queued = []
+        for index in range(6):
+            created = await cluster.create(NAMES[index % 3], fps=index + 1)
+            assert created.status_code == 202, created.text
+            assert created.json()["queue_position"] == index + 1
+            queued.append(created.json()["id"])
+        for index, session in enumerate(queued):  # the positions are global, on every replica
+            body = await cluster.status(NAMES[(index + 1) % 3], session)
+            assert (body["status"], body["queue_position"]) == ("queued", index + 1)
+            assert body["config"]["fps"] == index + 1  # the body stored at create time
+
+        # Free the slots one by one, each time on a replica the next session was not created on: the head of the
+        # global queue moves onto the freed slot and starts there from its stored request.
+        for step, name in enumerate(("r3", "r1", "r2")):
+            deleted = await cluster.delete(NAMES[(step + 1) % 3], running[name])
+            assert deleted.status_code == 200, deleted.text
+            assert deleted.json()["status"] == "closed"
+            head = queued[step]
+            body = await cluster.wait_status(NAMES[(step + 2) % 3], head, "running")
+            assert body["config"]["fps"] == step + 1
+            assert (await cluster.held())[name] == {head: 0}
+            for later, session in enumerate(queued[step + 1 :]):
+                body = await cluster.status(name, session)
+                assert (body["status"], body["queue_position"]) == ("queued", later + 1)
+
+
+async def test_get_list_delete_and_events_work_on_any_replica(tmp_path: Path) -> None:
+    async with _cluster(tmp_path, LINGSTREAM_API_KEYS=f"{KEY_A},{KEY_B}") as cluster:
+        running = await _fill(cluster, KEY_A)
+        session = running["r1"]
+        here = await cluster.status("r1", session, KEY_A)
+        there = await cluster.status("r2", session, KEY_A)
+        assert there["status"] == "running"
+        for name in ("id", "config", "video", "transport"):
+            assert there[name] == here[name]
+        assert (await cluster.get("r2", session, KEY_B)).status_code == 404
+        assert (await cluster.get("r3", "no-such-session", KEY_A)).status_code == 404
+        listed = (await cluster.client.get(cluster.url("r3", "/v1/sessions"), headers=_auth(KEY_A))).json()
+        assert {body["id"] for body in listed["sessions"]} == set(running.values())
+        other = (await cluster.client.get(cluster.url("r3", "/v1/sessions"), headers=_auth(KEY_B))).json()
+        assert other["sessions"] == []
+
+        # Transport routes answer only on the replica that runs the session, and say which one that is.
+        offer = {"sdp": "v=0", "type": "offer"}
+        elsewhere = await cluster.client.post(
+            cluster.url("r2", f"/v1/sessions/{session}/webrtc"), json=offer, headers=_auth(KEY_A)
+        )
+        assert elsewhere.status_code == 409
+        assert elsewhere.json()["error"]["code"] == "session_on_other_replica"
+        assert elsewhere.headers["Lingstream-Replica"] == "r1"
+        owner = await cluster.client.post(
+            cluster.url("r1", f"/v1/sessions/{session}/webrtc"), json=offer, headers=_auth(KEY_A)
+        )
+        assert owner.status_code == 422  # the owner's transport reads the offer (and refuses this one)
+
+        # A queued session followed on a replica that neither created nor runs it.
+        waiting = (await cluster.create("r1", KEY_A)).json()
+        assert waiting["status"] == "queued"
+        events: dict[str, list[dict[str, Any]]] = {"queued": [], "running": []}
+        readers = [
+            asyncio.create_task(_read_events(cluster, "r3", waiting["id"], events["queued"])),
+            asyncio.create_task(_read_events(cluster, "r3", session, events["running"])),
+        ]
+        await _poll(lambda: _true(bool(events["queued"]) and bool(events["running"])), "the first events")
+        assert (events["queued"][0]["status"], events["queued"][0]["queue_position"]) == ("queued", 1)
+
+        # DELETE on a replica that does not run it reaches the owner; the queue head starts on the freed slot.
+        deleted = await cluster.delete("r3", running["r2"], KEY_A, mode="cancel")
+        assert (deleted.status_code, deleted.json()["status"]) == (200, "closed")
+        assert deleted.json()["reason"] == "client_deleted"
+        await cluster.wait_status("r1", waiting["id"], "running", KEY_A)
+        assert waiting["id"] in (await cluster.held())["r2"]
+        deleted = await cluster.delete("r1", waiting["id"], KEY_A)
+        assert deleted.json()["status"] == "closed"
+        deleted = await cluster.delete("r2", session, KEY_A)
+        assert deleted.json()["status"] == "closed"
+        await asyncio.wait_for(asyncio.gather(*readers), timeout=10)
+        statuses = [event["status"] for event in events["queued"]]
+        assert statuses[0] == "queued"
+        assert "running" in statuses
+        assert events["queued"][-1]["status"] == "closed"
+        assert events["running"][0]["status"] == "running"
+        assert events["running"][-1]["status"] == "closed"
+        closed = await cluster.status("r3", running["r2"], KEY_A)
+        assert (closed["status"], closed["reason"]) == ("closed", "client_deleted")
+
+
+async def _read_events(cluster: Cluster, name: str, session: str, sink: list[dict[str, Any]]) -> None:
+    url = cluster.url(name, f"/v1/sessions/{session}/events")
+    async with cluster.client.stream("GET", url, headers=_auth(KEY_A)) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                sink.append(json.loads(line[len("data: ") :]))
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_concurrent_creates_over_replicas_never_exceed_the_slots_and_leak_nothing(tmp_path: Path) -> None:
+    async with _cluster(tmp_path) as cluster:
+        worst: list[int] = []
+        stop = asyncio.Event()
+
+        async def watch_slots() -> None:
+            while not stop.is_set():
+                held = await cluster.held()
+                assert all(len(slots) <= 1 for slots in held.values()), held
+                worst.append(sum(len(slots) for slots in held.values()))
+                await asyncio.sleep(0.005)  # sampling Redis while the creates race
+
+        watcher = asyncio.create_task(watch_slots())
+        answers = await asyncio.gather(*(cluster.create(NAMES[index % 3]) for index in range(30)))
+        codes = sorted(answer.status_code for answer in answers)
+        assert codes == [201] * 3 + [202] * 27
+        positions = sorted(answer.json()["queue_position"] for answer in answers if answer.status_code == 202)
+        assert positions == list(range(1, 28))
+        sessions = [answer.json()["id"] for answer in answers]
+        ends = await asyncio.gather(
+            *(cluster.delete(NAMES[(index + 1) % 3], session, mode="cancel") for index, session in enumerate(sessions))
+        )
+        assert all(end.status_code in (200, 202) for end in ends)
+
+        async def all_ended() -> bool:
+            bodies = await asyncio.gather(*(cluster.status(NAMES[0], session) for session in sessions))
+            return all(body["status"] in ("closed", "cancelled") for body in bodies)
+
+        await _poll(all_ended, "every session to end")
+        stop.set()
+        await watcher
+        assert max(worst) <= 3
+
+        async def nothing_held() -> bool:
+            held = await cluster.held()
+            return not any(held.values()) and await cluster.raw.zcard(f"{PREFIX}live") == 0
+
+        await _poll(nothing_held, "every slot to be given back")
+        assert await cluster.raw.zcard(f"{PREFIX}queue") == 0
+        for name in NAMES:
+
+            async def settled(name: str = name) -> bool:
+                retained = await cluster.metric(name, 'lingstream_admission_slots_retained{worker="0"}')
+                mismatch = await cluster.metric(name, "lingstream_admission_slot_mismatch")
+                depth = await cluster.metric(name, "lingstream_admission_queue_depth")
+                replicas = await cluster.metric(name, 'lingstream_admission_replicas{alive="true"}')
+                slots = await cluster.metric(name, "lingstream_admission_deployment_slots")
+                everywhere = await cluster.metric(name, "lingstream_admission_deployment_slots_retained")
+                return retained == mismatch == depth == everywhere == 0 and replicas == slots == 3
+
+            await _poll(settled, f"{name}'s metrics to show no slot held anywhere and an empty queue")
+
+
+async def test_a_killed_replica_is_reaped_and_its_queued_session_runs_elsewhere(tmp_path: Path) -> None:
+    async with _cluster(tmp_path) as cluster:
+        running = await _fill(cluster)
+        waiting = (await cluster.create("r1")).json()
+        assert waiting["status"] == "queued"
+        killed = time.monotonic()
+        cluster.replicas["r1"].process.send_signal(signal.SIGKILL)
+
+        lost = await cluster.wait_status("r2", running["r1"], "failed")
+        assert time.monotonic() - killed < TTL_S + 3
+        assert lost["reason"] == "replica_lost: r1"
+        assert lost["error"]["code"] == "replica_lost"
+        assert "r1" in lost["error"]["message"]
+        assert "r1" not in await cluster.held()
+        body = await cluster.status("r3", waiting["id"])
+        assert (body["status"], body["queue_position"]) == ("queued", 1)
+
+        deleted = await cluster.delete("r3", running["r2"])
+        assert deleted.json()["status"] == "closed"
+        await cluster.wait_status("r3", waiting["id"], "running")
+        assert waiting["id"] in (await cluster.held())["r2"]
+        assert set(await cluster.raw.hkeys(f"{PREFIX}replicas")) == {b"r2", b"r3"}
+
+
+async def test_a_draining_replica_ends_its_sessions_leaves_and_its_queued_session_runs_elsewhere(
+    tmp_path: Path,
+) -> None:
+    async with _cluster(tmp_path) as cluster:
+        running = await _fill(cluster)
+        waiting = (await cluster.create("r1")).json()
+        assert waiting["status"] == "queued"
+        draining = cluster.replicas["r1"]
+        draining.process.send_signal(signal.SIGTERM)
+
+        async def unready() -> bool:
+            response = await cluster.client.get(draining.url + "/readyz")
+            return response.status_code == 503 and response.json()["error"]["code"] == "draining"
+
+        await _poll(unready, "r1 to turn unready")
+        refused = await cluster.create("r1")
+        assert (refused.status_code, refused.json()["error"]["code"]) == (503, "draining")
+        returncode = await asyncio.to_thread(draining.process.wait, 15)
+        assert returncode == 0, draining.output()
+        ended = await cluster.status("r2", running["r1"])
+        assert (ended["status"], ended["reason"]) == ("closed", "service_drain")
+        assert set(await cluster.raw.hkeys(f"{PREFIX}replicas")) == {b"r2", b"r3"}  # it left the registry
+        body = await cluster.status("r3", waiting["id"])  # its queued session waits for the others
+        assert (body["status"], body["queue_position"]) == ("queued", 1)
+        await cluster.delete("r2", running["r3"])
+        await cluster.wait_status("r2", waiting["id"], "running")
+        assert waiting["id"] in (await cluster.held())["r3"]
+
+
+async def test_a_redis_outage_refuses_creates_keeps_sessions_running_and_recovers(tmp_path: Path) -> None:
+    async with _cluster(tmp_path) as cluster:
+        session = (await cluster.create("r1")).json()["id"]
+        cluster.redis.stop()
+
+        for name in NAMES:
+
+            async def unavailable(name: str = name) -> bool:
+                response = await cluster.client.get(cluster.url(name, "/readyz"))
+                return response.status_code == 503 and response.json()["error"]["code"] == "admission_unavailable"
+
+            await _poll(unavailable, f"{name} to turn unready")
+        refused = await cluster.create("r2")
+        assert (refused.status_code, refused.json()["error"]["code"]) == (503, "admission_unavailable")
+        assert (await cluster.status("r1", session))["status"] == "running"
+        chunks = await cluster.metric("r1", "lingstream_chunks_total", default=0.0)
+        await _poll(
+            lambda: _more(cluster.metric("r1", "lingstream_chunks_total", default=0.0), chunks + 3),
+            "the session to keep generating",
+        )
+
+        cluster.redis.start()  # an empty Redis on the same port: a restart without persistence
+        for name in NAMES:
+
+            async def ready(name: str = name) -> bool:
+                return (await cluster.client.get(cluster.url(name, "/readyz"))).status_code == 200
+
+            await _poll(ready, f"{name} to be ready again")
+        body = await cluster.wait_status("r3", session, "running")  # re-created and published again
+        assert body["video"]["width"] > 0
+        assert (await cluster.held())["r1"] == {session: 0}
+        created = await cluster.create("r2")
+        assert created.status_code == 201, created.text
+
+
+async def _more(reading: Awaitable[float], than: float) -> bool:
+    return await reading > than
