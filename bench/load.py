@@ -1,0 +1,615 @@
+"""Load and soak benchmark of a real `lingstream serve` on loopback: waves of clients above capacity (issue #8).
+
+The service runs in its own process on a free 127.0.0.1 port with the embedded WebRTC transport and, by default,
+the **real reference world model** (`LingBotService`: three stage threads and the execution lease) at a tiny
+resolution (64x48, chunk_size 1, compute_scale 8, one torch thread): one model worker with 4 session slots and a
+queue of 6. `--world fake` uses the test-only fake world (`tests.fakes.world:paced_fake_workers`, through
+`LINGSTREAM_TEST_HOOKS=1 --worker-factory`) instead, for pure churn without model work.
+
+Every `--wave-interval` seconds a wave of `--wave-size` clients (default 14: more than slots + queue, so some
+queue and some get 429) starts the full life cycle at once. Each client creates a session, then by role:
+
+- `peer` (3 in 7): listens to the session's SSE events, joins the embedded transport with a real aiortc peer
+  (`tests/fakes/webrtc_client.py`, loopback only), holds keys (a `control_state` snapshot every 250 ms), counts
+  the `chunk` statuses on the data channel, sends `stop` and waits for `done` on the channel and the terminal SSE
+  event;
+- `sse` (2 in 7): listens to SSE (its queue heartbeat), holds the running session a while without a transport,
+  `DELETE`s it (drain) and waits for the terminal event;
+- `poll` (1 in 7): polls `GET` (its heartbeat) until running, holds, `DELETE ?mode=cancel`, polls to the end;
+- `vanish` (1 in 7): if queued, stops talking at once (its place must expire: `heartbeat_lost`); checked later.
+
+Every session a client created must reach a terminal status the client saw (`sessions_lost` must be 0). Figures
+on the last line (one JSON object):
+
+- sessions_created / sessions_completed (closed after running) / rejected_429 / expired_heartbeat / failed;
+- errors_5xx: answers >= 500 (must be 0); create_p50_ms / create_p99_ms: `POST /v1/sessions` latency;
+- slots_leaked: after the run, `lingstream_admission_slots_retained` + |`slot_mismatch`| +
+  `lingstream_pipeline_slot_leaks_total` + live sessions, from /metrics (must be 0);
+- rss_*: the server's VmRSS from /proc/<pid>/status every `--rss-interval` s: rss_start_mb (after the warm-up, the
+  first fifth of the run), rss_end_mb (after the last client, before shutdown), rss_growth_mb, rss_peak_mb,
+  rss_slope_mb_per_min (least squares over the post-warm-up samples; flat means close to 0) and
+  rss_slope_last_half_mb_per_min (the same over their second half: bounded caches that fill up flatten out);
+- lease_fairness_index: Jain's index of chunks per session among peer sessions that ran concurrently on the one
+  model worker, over every interval with a fixed set of >= 2 such sessions lasting >= 1 s (time-weighted mean;
+  lease_fairness_min is the worst interval); per-session chunk counts come from the `chunk` statuses.
+
+    .venv/bin/python bench/load.py --quick      # ~30 s
+    .venv/bin/python bench/load.py              # the 5-minute soak (--minutes N to change it)
+
+Every loop is bounded in count and time and stops by itself; all traffic stays on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import itertools
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from aiortc import RTCSessionDescription  # noqa: E402
+
+from pipeline.bidirectional import ControlState, Stop  # noqa: E402
+from tests.fakes.webrtc_client import BrowserPeer  # noqa: E402
+from transport.base import ChunkStatus, DoneStatus  # noqa: E402
+
+SLOTS = 4
+QUEUE = 6
+HEARTBEAT_S = 3.0
+REFERENCE_CONFIG = {"width": 64, "height": 48, "fps": 16, "chunk_size": 1, "compute_scale": 8.0, "hud": False}
+FAKE_CONFIG = {"fps": 20}
+ROLES = ("peer", "sse", "peer", "poll", "peer", "sse", "vanish")
+TERMINAL = frozenset({"closed", "expired", "failed", "cancelled"})
+STEP_TIMEOUT_S = 30.0  # any single wait of a client (admission excepted) ends by then
+CONTROL_PERIOD_S = 0.25
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def serve(port: int, log: Path, world: str) -> Iterator[subprocess.Popen[bytes]]:
+    script = shutil.which("lingstream", path=str(Path(sys.executable).parent))
+    command = [script] if script else [sys.executable, "-m", "service.cli"]
+    command += ["serve", "--port", str(port)]
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LINGSTREAM_", "LIVEKIT_"))}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        LINGSTREAM_HOST="127.0.0.1",
+        LINGSTREAM_NUM_WORKERS="1",
+        LINGSTREAM_MAX_SESSIONS_PER_WORKER=str(SLOTS),
+        LINGSTREAM_QUEUE_SIZE=str(QUEUE),
+        LINGSTREAM_QUEUE_HEARTBEAT_TIMEOUT=str(HEARTBEAT_S),
+        LINGSTREAM_RECONNECT_GRACE="3",
+        LINGSTREAM_DRAIN_TIMEOUT="10",
+        LINGSTREAM_TORCH_THREADS="1",
+        LINGSTREAM_LOG_LEVEL="WARNING",
+        LINGSTREAM_LOG_FORMAT="json",
+    )
+    if world == "fake":
+        env["LINGSTREAM_TEST_HOOKS"] = "1"
+        command += ["--worker-factory", "tests.fakes.world:paced_fake_workers"]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def percentile(samples: list[float], fraction: float) -> float:
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))]
+
+
+def metric_sum(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and len(line) > len(name) and line[len(name)] in " {":
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def slope_per_minute(samples: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MB) samples, in MB per minute."""
+    if len(samples) < 3:
+        return 0.0
+    n = len(samples)
+    mean_t = sum(t for t, _ in samples) / n
+    mean_v = sum(v for _, v in samples) / n
+    var = sum((t - mean_t) ** 2 for t, _ in samples)
+    if var == 0:
+        return 0.0
+    cov = sum((t - mean_t) * (v - mean_v) for t, v in samples)
+    return cov / var * 60.0
+
+
+def jain(values: list[float]) -> float:
+    total = sum(values)
+    squares = sum(v * v for v in values)
+    return 1.0 if squares == 0 else total * total / (len(values) * squares)
+
+
+@dataclass
+class PeerRecord:
+    """One peer session's chunk statuses (monotonic arrival times) while it held keys."""
+
+    start: float
+    end: float = 0.0
+    chunks: list[float] = field(default_factory=list)
+
+
+def fairness(records: list[PeerRecord], min_window_s: float = 1.0) -> tuple[float | None, float | None, int]:
+    """Jain's index over every interval in which a fixed set of >= 2 peer sessions held keys together."""
+    edges = sorted({r.start for r in records} | {r.end for r in records})
+    weighted = 0.0
+    weight = 0.0
+    worst: float | None = None
+    windows = 0
+    for left, right in itertools.pairwise(edges):
+        if right - left < min_window_s:
+            continue
+        active = [r for r in records if r.start <= left and r.end >= right]
+        if len(active) < 2:
+            continue
+        counts = [float(sum(1 for t in r.chunks if left <= t < right)) for r in active]
+        if sum(counts) == 0:
+            continue
+        index = jain(counts)
+        windows += 1
+        weighted += index * (right - left)
+        weight += right - left
+        worst = index if worst is None else min(worst, index)
+    return (weighted / weight if weight else None), worst, windows
+
+
+class Load:
+    def __init__(self, url: str, world: str, hold: tuple[float, float], seed: int) -> None:
+        self.url = url
+        self.config = REFERENCE_CONFIG if world == "reference" else FAKE_CONFIG
+        self.hold = hold
+        self.random = random.Random(seed)
+        self.creates_ms: list[float] = []
+        self.statuses: Counter[int] = Counter()
+        self.finals: Counter[str] = Counter()
+        self.reasons: Counter[str] = Counter()
+        self.problems: Counter[str] = Counter()
+        self.errors_5xx = 0
+        self.created = 0
+        self.lost = 0
+        self.completed = 0
+        self.peers: list[PeerRecord] = []
+        self.peer_chunks = 0
+        self.peer_frames = 0
+        self.missing_retry_after = 0
+        self.vanished: dict[str, float] = {}
+        self.client: httpx.AsyncClient | None = None
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        assert self.client is not None
+        response = await self.client.request(method, path, **kwargs)
+        if response.status_code >= 500:
+            self.errors_5xx += 1
+            self.problems[f"{method} {response.status_code} {response.text[:80]}"] += 1
+        return response
+
+    def finish(self, session: dict[str, Any] | None, where: str) -> None:
+        if session is None or session.get("status") not in TERMINAL:
+            self.lost += 1
+            self.problems[f"lost ({where})"] += 1
+            return
+        self.finals[session["status"]] += 1
+        self.reasons[str(session.get("reason"))] += 1
+        if session["status"] == "failed":
+            self.problems[f"failed: {session.get('error')}"] += 1
+
+    # -- one client ---------------------------------------------------------------------------------------------
+
+    async def client_life(self, index: int, role: str) -> None:
+        body = {"config": dict(self.config, seed=index)}
+        started = time.perf_counter()
+        created = await self.request("POST", "/v1/sessions", json=body)
+        self.creates_ms.append((time.perf_counter() - started) * 1000)
+        self.statuses[created.status_code] += 1
+        if created.status_code == 429:
+            if "retry-after" not in created.headers:
+                self.missing_retry_after += 1
+            return
+        if created.status_code not in (201, 202):
+            self.problems[f"create {created.status_code}"] += 1
+            return
+        self.created += 1
+        session = created.json()
+        sid = session["id"]
+        if role == "vanish":
+            if created.status_code == 202:
+                self.vanished[sid] = time.monotonic()
+                return
+            final = await self.delete(sid, "cancel")
+            self.finish(final, "vanish-delete")
+            return
+        if role == "poll":
+            await self.poll_life(sid, session)
+            return
+        async with self.events(sid) as events:
+            current = await events.until(lambda s: s["status"] != "queued")
+            if current is None or current["status"] in TERMINAL:
+                self.finish(current, f"{role}-admission")
+                return
+            if role == "peer" and current["status"] in ("admitted", "running"):
+                current = await events.until(lambda s: s["status"] != "admitted")
+                if current is not None and current["status"] == "running":
+                    await self.peer_life(sid, current)
+                else:
+                    self.problems["peer: never running"] += 1
+                    await self.delete(sid, "cancel")
+            else:
+                await asyncio.sleep(self.random.uniform(*self.hold))
+                await self.delete(sid, "drain")
+            final = await events.until(lambda s: s["status"] in TERMINAL)
+            self.finish(final, role)
+            if final is not None and final["status"] == "closed":
+                self.completed += 1
+
+    async def poll_life(self, sid: str, session: dict[str, Any]) -> None:
+        deadline = time.monotonic() + 300
+        while session["status"] == "queued" and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)  # the poll is the queued session's heartbeat (well inside HEARTBEAT_S)
+            session = (await self.request("GET", f"/v1/sessions/{sid}")).json()
+        if session["status"] in TERMINAL:
+            self.finish(session, "poll-admission")
+            return
+        await asyncio.sleep(self.random.uniform(*self.hold))
+        await self.delete(sid, "cancel")
+        deadline = time.monotonic() + STEP_TIMEOUT_S
+        while session.get("status") not in TERMINAL and time.monotonic() < deadline:
+            session = (await self.request("GET", f"/v1/sessions/{sid}")).json()
+            if session.get("status") not in TERMINAL:
+                await asyncio.sleep(0.2)
+        self.finish(session, "poll")
+        if session.get("status") == "closed":
+            self.completed += 1
+
+    async def delete(self, sid: str, mode: str) -> dict[str, Any] | None:
+        response = await self.request("DELETE", f"/v1/sessions/{sid}?mode={mode}")
+        if response.status_code not in (200, 202):
+            self.problems[f"delete {response.status_code}"] += 1
+            return None
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def peer_life(self, sid: str, session: dict[str, Any]) -> None:
+        peer = BrowserPeer()
+        record = PeerRecord(start=0.0)
+        drain = asyncio.create_task(self.drain_frames(peer))
+        try:
+            offer = await self.request(
+                "POST", session["transport"]["offer_url"], json={"sdp": await peer.offer(), "type": "offer"}
+            )
+            if offer.status_code != 200:
+                self.problems[f"offer {offer.status_code}"] += 1
+                await self.delete(sid, "cancel")
+                return
+            answer = offer.json()
+            await peer.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+            try:
+                async with asyncio.timeout(STEP_TIMEOUT_S):
+                    await peer.opened.wait()
+            except TimeoutError:
+                self.problems["peer: channel never opened"] += 1
+                await self.delete(sid, "cancel")
+                return
+            seq = time.time_ns() // 1_000_000
+            loop = asyncio.get_running_loop()
+            record.start = loop.time()
+            hold_until = record.start + self.random.uniform(*self.hold)
+            keys = (frozenset({"w"}), frozenset({"w", "l"}), frozenset({"j"}))
+            next_send = record.start
+            while (now := loop.time()) < hold_until:
+                if now >= next_send:
+                    seq += 1
+                    peer.send(ControlState(seq, keys[seq % len(keys)]))
+                    next_send += CONTROL_PERIOD_S
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, min(next_send, hold_until) - loop.time())):
+                        status = await peer.status.get()
+                        if isinstance(status, ChunkStatus):
+                            record.chunks.append(loop.time())
+            record.end = loop.time()
+            peer.send(Stop())
+            done = False
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(STEP_TIMEOUT_S):
+                    while not done:
+                        status = await peer.status.get()
+                        if isinstance(status, ChunkStatus):
+                            self.peer_chunks += 1
+                        done = isinstance(status, DoneStatus)
+            if not done:
+                self.problems["peer: no done on the data channel"] += 1
+            self.peers.append(record)
+            self.peer_chunks += len(record.chunks)
+        finally:
+            drain.cancel()
+            await asyncio.gather(drain, return_exceptions=True)
+            await peer.close()
+
+    async def drain_frames(self, peer: BrowserPeer) -> None:
+        while True:
+            await peer.frames.get()
+            self.peer_frames += 1
+
+    @contextlib.asynccontextmanager
+    async def events(self, sid: str) -> AsyncIterator[EventReader]:
+        assert self.client is not None
+        reader = EventReader(self.client, f"/v1/sessions/{sid}/events")
+        reader.task = asyncio.create_task(reader.run())
+        try:
+            yield reader
+        finally:
+            reader.task.cancel()
+            await asyncio.gather(reader.task, return_exceptions=True)
+
+    async def check_vanished(self, older_than: float) -> None:
+        """A vanished queued client's place must be gone within the heartbeat timeout (+ the admission tick).
+
+        Only sessions created more than `older_than` seconds ago are looked at (a GET of a queued session is a
+        heartbeat, so looking earlier would keep it alive)."""
+        now = time.monotonic()
+        for sid in [sid for sid, created in self.vanished.items() if now - created > older_than]:
+            session = (await self.request("GET", f"/v1/sessions/{sid}")).json()
+            if session.get("status") == "queued":
+                self.problems["vanished client still queued after the heartbeat timeout"] += 1
+                await self.delete(sid, "cancel")
+                continue
+            if session.get("status") in ("admitted", "running", "draining"):
+                # Admitted before its heartbeat ran out (it waited less than HEARTBEAT_S): end it like a client would.
+                self.reasons["vanish_admitted_first"] += 1
+                session = await self.delete(sid, "cancel") or session
+                deadline = time.monotonic() + STEP_TIMEOUT_S
+                while session.get("status") not in TERMINAL and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                    session = (await self.request("GET", f"/v1/sessions/{sid}")).json()
+            self.finish(session, "vanish")
+            del self.vanished[sid]
+
+
+class EventReader:
+    """Reads one session's SSE stream into the latest snapshot; `until` waits for a condition (bounded)."""
+
+    def __init__(self, client: httpx.AsyncClient, path: str) -> None:
+        self.client = client
+        self.path = path
+        self.latest: dict[str, Any] | None = None
+        self.changed = asyncio.Event()
+        self.ended = False
+        self.task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        try:
+            async with self.client.stream("GET", self.path, timeout=httpx.Timeout(10.0, read=60.0)) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        self.latest = json.loads(line[len("data: ") :])
+                        self.changed.set()
+        finally:
+            self.ended = True
+            self.changed.set()
+
+    async def until(self, predicate: Any, within: float = 300.0) -> dict[str, Any] | None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                while True:
+                    if self.latest is not None and predicate(self.latest):
+                        return self.latest
+                    if self.ended:
+                        return self.latest
+                    self.changed.clear()
+                    await self.changed.wait()
+        return self.latest
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    duration = 30.0 if args.quick else args.minutes * 60.0
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as folder:
+        log = Path(folder) / "serve.log"
+        with serve(port, log, args.world) as process:
+            limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+            async with httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits) as client:
+                await wait_ready(client, process, log)
+                rss_ready = rss_mb(process.pid) or 0.0
+                load = Load(url, args.world, (args.hold_min, args.hold_max), args.seed)
+                load.client = client
+                figures = await drive(load, process.pid, duration, args)
+                text = (await client.get("/metrics")).text
+                ready_after = (await client.get("/readyz")).status_code
+            process.send_signal(signal.SIGTERM)
+            exit_code = await asyncio.to_thread(process.wait, 60)
+            log_text = log.read_text(errors="replace")
+    live = metric_sum(text, "lingstream_sessions")
+    retained = metric_sum(text, "lingstream_admission_slots_retained")
+    mismatch = abs(metric_sum(text, "lingstream_admission_slot_mismatch"))
+    pipeline_leaks = metric_sum(text, "lingstream_pipeline_slot_leaks_total")
+    figures.update(
+        rss_ready_mb=round(rss_ready, 1),
+        live_sessions_after=live,
+        slots_leaked=retained + mismatch + pipeline_leaks + live,
+        pipeline_cleanup_failures=metric_sum(text, "lingstream_pipeline_cleanup_failures_total"),
+        ready_after=ready_after,
+        serve_exit_code=exit_code,
+        server_tracebacks=log_text.count("Traceback"),
+    )
+    return figures
+
+
+async def wait_ready(client: httpx.AsyncClient, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = (await asyncio.to_thread(log.read_text))[-2000:]
+            raise RuntimeError(f"lingstream serve exited with {process.returncode}:\n{tail}")
+        with contextlib.suppress(httpx.TransportError):
+            if (await client.get("/readyz")).status_code == 200:
+                return
+        await asyncio.sleep(0.1)  # polling another process, with a deadline
+    raise RuntimeError("lingstream serve did not become ready in 120 s")
+
+
+async def drive(load: Load, pid: int, duration: float, args: argparse.Namespace) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    stop_at = began + duration
+    warmup_end = began + duration / 5
+    samples: list[tuple[float, float]] = []
+    sampling = True
+
+    async def sample() -> None:
+        while sampling:
+            value = rss_mb(pid)
+            if value is not None:
+                samples.append((loop.time() - began, value))
+            await asyncio.sleep(args.rss_interval)
+
+    clients: set[asyncio.Task[None]] = set()
+    sampler = asyncio.create_task(sample())
+    index = 0
+    waves = 0
+    try:
+        while loop.time() < stop_at:
+            for _ in range(args.wave_size):
+                role = ROLES[index % len(ROLES)]
+                task = asyncio.create_task(load.client_life(index, role))
+                clients.add(task)
+                task.add_done_callback(clients.discard)
+                index += 1
+            waves += 1
+            await load.check_vanished(older_than=HEARTBEAT_S + 1.5)
+            await asyncio.sleep(max(0.0, min(args.wave_interval, stop_at - loop.time())))
+            pending = [t for t in clients if not t.done()]
+            if len(pending) > args.max_clients:
+                await asyncio.wait(pending, timeout=STEP_TIMEOUT_S)
+        ended_load = loop.time()
+        if clients:
+            await asyncio.wait(set(clients), timeout=300)
+        for task in list(clients):
+            task.cancel()
+        results = await asyncio.gather(*clients, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                load.problems[f"client crashed: {type(result).__name__}"] += 1
+        await asyncio.sleep(HEARTBEAT_S + 1.5)  # every vanished client's place has expired by now
+        await load.check_vanished(older_than=0.0)
+        await asyncio.sleep(args.rss_interval)
+    finally:
+        sampling = False
+        await sampler
+    warm = [(t, v) for t, v in samples if t >= warmup_end - began]
+    rss_start = warm[0][1] if warm else (samples[0][1] if samples else 0.0)
+    rss_end = samples[-1][1] if samples else 0.0
+    fair, worst, windows = fairness(load.peers)
+    if args.rss_trace is not None:
+        args.rss_trace.write_text(json.dumps([[round(t, 2), round(v, 2)] for t, v in samples]))
+    return {
+        "world": args.world,
+        "mode": "quick" if args.quick else f"{args.minutes:g}-minute",
+        "duration_s": round(ended_load - began, 1),
+        "waves": waves,
+        "clients": index,
+        "sessions_created": load.created,
+        "sessions_completed": load.completed,
+        "sessions_lost": load.lost,
+        "admitted_201": load.statuses[201],
+        "queued_202": load.statuses[202],
+        "rejected_429": load.statuses[429],
+        "missing_retry_after": load.missing_retry_after,
+        "expired_heartbeat": load.reasons["heartbeat_lost"],
+        "failed": load.finals["failed"],
+        "errors_5xx": load.errors_5xx,
+        "create_p50_ms": round(percentile(load.creates_ms, 0.50), 1),
+        "create_p99_ms": round(percentile(load.creates_ms, 0.99), 1),
+        "peer_sessions": len(load.peers),
+        "peer_chunks": load.peer_chunks,
+        "peer_frames": load.peer_frames,
+        "lease_fairness_index": None if fair is None else round(fair, 4),
+        "lease_fairness_min": None if worst is None else round(worst, 4),
+        "fairness_windows": windows,
+        "rss_start_mb": round(rss_start, 1),
+        "rss_end_mb": round(rss_end, 1),
+        "rss_growth_mb": round(rss_end - rss_start, 1),
+        "rss_peak_mb": round(max((v for _, v in samples), default=0.0), 1),
+        "rss_slope_mb_per_min": round(slope_per_minute(warm), 3),
+        "rss_slope_last_half_mb_per_min": round(slope_per_minute(warm[len(warm) // 2 :]), 3),
+        "rss_samples": len(samples),
+        "problems": dict(load.problems),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a ~30 s run instead of --minutes")
+    parser.add_argument("--minutes", type=float, default=5.0, help="length of the churn run (default 5)")
+    parser.add_argument("--world", choices=("reference", "fake"), default="reference")
+    parser.add_argument("--wave-size", type=int, default=14, help="clients per wave (slots 4 + queue 6 < 14)")
+    parser.add_argument("--wave-interval", type=float, default=4.0, help="seconds between waves")
+    parser.add_argument("--max-clients", type=int, default=60, help="pause new waves above this many live clients")
+    parser.add_argument("--hold-min", type=float, default=1.5, help="shortest time a client keeps its session")
+    parser.add_argument("--hold-max", type=float, default=3.0, help="longest time a client keeps its session")
+    parser.add_argument("--rss-interval", type=float, default=2.0, help="seconds between RSS samples")
+    parser.add_argument("--seed", type=int, default=8)
+    parser.add_argument("--rss-trace", type=Path, help="write the (seconds, MB) RSS samples to this JSON file")
+    args = parser.parse_args()
+    if args.quick:
+        args.rss_interval = min(args.rss_interval, 1.0)
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    figures = asyncio.run(run(args))
+    figures = {"started_at": started, **figures}
+    width = max(len(key) for key in figures)
+    for key, value in figures.items():
+        print(f"{key:<{width}}  {value}")
+    print(json.dumps(figures, sort_keys=False))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+#!/usr/bin/env bash
+# Regenerates docs/reliability.md (issue #8): runs the reliability tests (tests/reliability, junit XML report) and
+# `bench/load.py --quick`, then writes the report from their results. With --soak it also runs the 5-minute soak
+# (`bench/load.py --minutes 5`) and records its figures; without it, the soak figures already in the report are kept.
+#
+#   bash scripts/reliability.sh            # tests + quick load run (about 2 minutes on 2 cores)
+#   bash scripts/reliability.sh --soak     # the same, plus the 5-minute soak
+#
+# Exits non-zero when a test fails or a load figure misses its bound (errors_5xx, slots_leaked, sessions_lost, the
+# server's exit code); the report is written in every case.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+SOAK=0
+[ "${1:-}" = "--soak" ] && SOAK=1
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+status=0
+echo "== reliability tests"
+started=$(date +%s)
+$PY -m pytest tests/reliability -p no:cacheprovider -q --junitxml "$work/junit.xml" || status=$?
+echo $(( $(date +%s) - started )) > "$work/tests_seconds"
+
+echo "== bench/load.py --quick"
+$PY bench/load.py --quick | tee "$work/quick.txt" || status=$?
+if [ "$SOAK" = 1 ]; then
+  echo "== bench/load.py --minutes 5"
+  $PY bench/load.py --minutes 5 | tee "$work/soak.txt" || status=$?
+fi
+
+$PY - "$work" "$SOAK" <<'PYTHON' || status=$?
+"""Writes docs/reliability.md from the junit XML, the load runs' last lines and the tests' own docstrings."""
+
+import ast
+import datetime
+import json
+import re
+import sys
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+NOTES = """
+## Defects the tests found, and their fixes
+
+| test that found it | defect | fix |
+|---|---|---|
+| `test_model_faults.py::test_a_failing_cleanup_hook_poisons_the_session_id_until_the_retry_succeeds` | When a stage's per-session release failed, the session id stayed poisoned for ever and the stage's cache for it stayed resident: nothing ever called `retry_release`. | `pipeline/lingbot/service.py`: `LingBotService._retry_release` retries the failed releases in the background with exponential back-off (`release_retry_s`, 0.5 s doubling to 30 s, 10 attempts, then an error log; `stop()` cancels it). |
+| `test_transport_faults.py::test_a_peer_that_never_consumes_its_data_channel_leaves_the_service_buffers_bounded` | A browser that stops acknowledging its data channel (frozen, or hostile) made the service keep every status message it sent in aiortc's unbounded SCTP queue for the whole session (in the test: 21.7 KB held after 300 statuses against a 4 KiB bound, growing linearly). | `transport/embedded.py` `send_status` drops status messages (counted: `status_dropped_congested`) while the channel holds more than `EmbeddedConfig.status_buffer_bytes` (64 KiB, new, `transport/config.py`) unacknowledged. |
+| the same test (its end) | Stopping the app right after a session ended cancelled the session's runner while it was still detaching the transport: the peer connection stayed half-closed (ICE transport `completed`, its UDP socket leaked). | `service/runtime.py` `aclose`: after the sessions are idle, wait for the runners to finish (detach included) within the same shutdown deadline before cancelling what is left. |
+| `test_client_faults.py::test_an_sse_subscriber_that_never_reads_keeps_a_bounded_buffer_and_is_released_when_it_goes` | An SSE client that stopped reading and then disconnected left its subscription registered (Starlette cancels the stream without closing its body iterator), so the session kept publishing to it until the garbage collector found the generator. | `service/api.py`: the event stream is an `_EventStreamResponse` that closes its subscription whenever it ends. |
+| `test_security.py::test_cors_answers_only_configured_origins` | With CORS configured, origins that are not configured still got `Access-Control-Allow-Methods/-Headers/-Max-Age` on a refused preflight (a plain-text 400, not the one error shape) and `Access-Control-Expose-Headers` on every other answer. | `service/middleware.py` `StrictCORSMiddleware` (used by `service/app.py`): no CORS header at all for an origin that is not configured; a refused preflight answers `{"error": {"code": "bad_request", ...}}`. |
+
+## What was knowingly left
+
+- **RSS creep in the soak (bounded, not a leak).** After the warm-up the server grows by about 0.8 MB a minute
+  (about 13 KB per session) while its bounded histories fill: the newest 1 024 finished sessions stay readable by
+  GET, and 1 024 admission tickets, close reports and session summaries are kept. A 5-minute soak creates about 470
+  sessions, so they are still filling when it ends; an 8-minute run (754 sessions) showed the same 0.85 MB/min.
+  Cross-check, in-process with the same model, transport and real aiortc peers but the runtime's history cut to 4
+  (2026-11-30): the traced Python heap grew about 1 KB per session (the other 1 024-entry histories) and RSS went
+  from 385.3 MB after 123 sessions to 385.9 MB after 273 (4 KB per session, flattening); object counts by type
+  showed no per-session growth but those histories. The plateau of the full histories needs a run past 1 024
+  sessions (over 11 minutes here), longer than the 5-minute soak.
+- **Never-reading HTTP connections are bounded per connection, not in number.** uvicorn has no write timeout or
+  connection limit by default: a client that never reads holds its connection and one subscription of at most 16
+  snapshots until it disconnects. Put a proxy (or uvicorn's `limit_concurrency`) in front for a hard cap.
+- **The service runs thread actors only.** The SIGKILL test drives `ParallelWorkerStageActor` through the real
+  service with a test model worker (`tests/reliability/process_world.py`, one stage in a spawned process per model
+  worker), since `LingBotService` places its stages on `LocalStageActor` threads.
+- **LiveKit's own buffers.** The LiveKit binding hands status messages to the livekit SDK; its buffering under a
+  slow subscriber can only be observed against a real LiveKit server (none here). Control from the wrong identity
+  was tested over the scripted room.
+- **docs/api.md** does not list the `bad_request` code that a refused CORS preflight now carries (the 400 status is
+  Starlette's, unchanged); that file belongs to the API owner.
+- A release that keeps failing is retried 10 times (about 2.5 minutes), then left poisoned and logged; the
+  `lingstream_pipeline_sessions_poisoned` gauge shows it.
+"""
+
+work, soak_ran = Path(sys.argv[1]), sys.argv[2] == "1"
+report = Path("docs/reliability.md")
+MARK = "<!-- soak-json: "
+
+
+def last_json(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
+quick = last_json(work / "quick.txt")
+soak = last_json(work / "soak.txt") if soak_ran else None
+soak_command = "bash scripts/reliability.sh --soak  (bench/load.py --minutes 5)"
+if soak is None and report.exists():
+    kept = re.search(re.escape(MARK) + r"(\{.*\}) -->", report.read_text())
+    if kept:
+        soak = json.loads(kept.group(1))
+
+# -- the tests ---------------------------------------------------------------------------------------------------
+results: dict[str, dict[str, dict]] = defaultdict(dict)
+for case in ET.parse(work / "junit.xml").getroot().iter("testcase"):
+    module = case.get("classname", "").rsplit(".", 1)[-1]
+    name = case.get("name", "")
+    entry = results[module].setdefault(name, {"passed": 0, "failed": 0, "skipped": 0, "time": 0.0})
+    entry["time"] += float(case.get("time", 0))
+    if case.find("failure") is not None or case.find("error") is not None:
+        entry["failed"] += 1
+    elif case.find("skipped") is not None:
+        entry["skipped"] += 1
+    else:
+        entry["passed"] += 1
+
+
+def intro(module: str) -> str:
+    source = Path("tests/reliability") / f"{module}.py"
+    doc = ast.get_docstring(ast.parse(source.read_text())) or ""
+    return " ".join(doc.split())
+
+
+def sentence(name: str) -> str:
+    base = re.sub(r"\[.*\]$", "", name).removeprefix("test_").replace("_", " ")
+    return base[:1].upper() + base[1:]
+
+
+def verdict(entry: dict) -> str:
+    if entry["failed"]:
+        return f"**FAILED** ({entry['failed']} of {entry['passed'] + entry['failed']})"
+    if entry["skipped"] and not entry["passed"]:
+        return "skipped"
+    runs = entry["passed"]
+    return "held" if runs == 1 else f"held ({runs} cases)"
+
+
+totals = {k: sum(e[k] for m in results.values() for e in m.values()) for k in ("passed", "failed", "skipped")}
+tests_seconds = int((work / "tests_seconds").read_text())
+SECTIONS = [
+    ("test_model_faults", "Faults in the model workers"),
+    ("test_transport_faults", "Faults in the transport"),
+    ("test_client_faults", "Clients that misbehave"),
+    ("test_drain_under_load", "SIGTERM under load"),
+    ("test_http_fuzz", "Bad input: OpenAPI and route fuzzing"),
+    ("test_protocol_fuzz", "Bad input: the control protocol decoder"),
+    ("test_bad_input", "Bad input: bodies, images, content types, fields, configs, identities"),
+    ("test_security", "Security"),
+]
+known = {module for module, _ in SECTIONS}
+SECTIONS += [(module, module) for module in sorted(results) if module not in known]
+
+# -- the load figures --------------------------------------------------------------------------------------------
+FIGURES = [
+    ("sessions_created", "sessions created (201 + 202)", None),
+    ("sessions_completed", "sessions completed (closed after running, full client life cycle)", None),
+    ("sessions_lost", "sessions without a terminal status seen by their client", "must be 0"),
+    ("rejected_429", "creates refused 429 (queue full)", None),
+    ("missing_retry_after", "429s without Retry-After", "must be 0"),
+    ("queued_202", "creates queued 202", None),
+    ("expired_heartbeat", "vanished queued clients expired (heartbeat_lost)", None),
+    ("failed", "sessions failed", "must be 0"),
+    ("errors_5xx", "answers >= 500", "must be 0"),
+    ("slots_leaked", "slots leaked (retained + mismatch + pipeline leaks + live, from /metrics after the run)", "must be 0"),
+    ("create_p50_ms", "POST /v1/sessions p50 (ms)", None),
+    ("create_p99_ms", "POST /v1/sessions p99 (ms)", None),
+    ("peer_sessions", "sessions joined by a real aiortc peer", None),
+    ("peer_chunks", "chunk statuses those peers received", None),
+    ("lease_fairness_index", "Jain's index of chunks per concurrent peer session (time-weighted)", "1.0 = even"),
+    ("lease_fairness_min", "worst window's Jain's index", None),
+    ("rss_ready_mb", "server RSS when ready (MB)", None),
+    ("rss_start_mb", "server RSS after the warm-up (MB)", None),
+    ("rss_end_mb", "server RSS at the end (MB)", None),
+    ("rss_growth_mb", "RSS growth after the warm-up (MB)", "flat"),
+    ("rss_slope_mb_per_min", "RSS slope after the warm-up (MB/min)", "flat"),
+    ("rss_slope_last_half_mb_per_min", "RSS slope, second half (MB/min)", "flat"),
+    ("serve_exit_code", "`lingstream serve` exit code after SIGTERM", "must be 0"),
+    ("server_tracebacks", "tracebacks in the server's log", "must be 0"),
+    ("duration_s", "load duration (s)", None),
+]
+
+
+def show(run: dict | None, key: str) -> str:
+    if run is None or key not in run:
+        return "—"
+    value = run[key]
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+bounds_ok = True
+for run in (quick, soak if soak_ran else None):
+    if run is not None:
+        for key in ("errors_5xx", "slots_leaked", "sessions_lost", "failed", "serve_exit_code", "missing_retry_after"):
+            bounds_ok &= run.get(key) in (0, 0.0)
+        bounds_ok &= not run.get("problems")
+
+now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+out: list[str] = []
+w = out.append
+w("# Reliability report (issue #8)")
+w("")
+w(f"Generated {now} by `bash scripts/reliability.sh` (do not edit by hand: the script rewrites this file). It runs")
+w("the reliability tests in `tests/reliability/` with a junit report and `bench/load.py --quick`; `--soak` adds the")
+w("5-minute soak. Everything runs on this machine (2 cores), on 127.0.0.1 only.")
+w("")
+w(f"**Tests:** {totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped in {tests_seconds} s "
+  "(`.venv/bin/pytest tests/reliability`). **Load:** " + ("all bounds held." if bounds_ok else "**a bound was missed** (see the figures)."))
+w("")
+w("## What was tried and what held")
+w("")
+for module, title in SECTIONS:
+    if module not in results:
+        continue
+    w(f"### {title}")
+    w("")
+    w(intro(module))
+    w("")
+    w("| test | result | time (s) |")
+    w("|---|---|---|")
+    for name, entry in results[module].items():
+        w(f"| {sentence(name)} (`{module}.py::{name}`) | {verdict(entry)} | {entry['time']:.2f} |")
+    w("")
+
+w("## Load, churn and soak: `bench/load.py`")
+w("")
+w("A real `lingstream serve` on a free loopback port with the embedded WebRTC transport and the **real reference")
+w("world model** (`LingBotService`: three stage threads, the execution lease) at 64x48, chunk_size 1, compute_scale 8,")
+w("one torch thread; one model worker with 4 session slots and a queue of 6 (heartbeat 3 s). Every 4 s a wave of 14")
+w("clients (more than slots + queue: some queue, some get 429) runs the whole life cycle: create, SSE events or GET")
+w("polling, a real aiortc peer (`tests/fakes/webrtc_client.py`) for 3 in 7 that holds keys (a `control_state` every")
+w("250 ms), counts `chunk` statuses, sends `stop` and waits for `done`; DELETE (drain or cancel) for the others; 1 in 7")
+w("vanishes while queued. Every session must reach a terminal status its client saw. RSS is the server's VmRSS from")
+w("`/proc/<pid>/status` every 1 s (quick) or 2 s (soak); the warm-up is the first fifth of the run. The fake world")
+w("(`--world fake`, the test hook) is available for pure churn; the figures below use the reference model. The quick")
+w("run's RSS figures are dominated by the warm-up (30 s); flatness is judged on the soak.")
+w("")
+soak_label = "5-minute soak"
+if soak is not None:
+    soak_label += f" ({soak.get('started_at', '?')})"
+w(f"| figure | bound | quick run (this report) | {soak_label} |")
+w("|---|---|---|---|")
+for key, label, bound in FIGURES:
+    w(f"| {label} (`{key}`) | {bound or ''} | {show(quick, key)} | {show(soak, key)} |")
+w("")
+if quick is not None:
+    w("Quick run, last line of `.venv/bin/python bench/load.py --quick`:")
+    w("")
+    w("```json")
+    w(json.dumps(quick))
+    w("```")
+    w("")
+if soak is not None:
+    w(f"5-minute soak, started {soak.get('started_at')} with `{soak_command}`, last line:")
+    w("")
+    w("```json")
+    w(json.dumps(soak))
+    w("```")
+    w("")
+    w(MARK + json.dumps(soak) + " -->")
+    w("")
+w(NOTES.strip())
+report.write_text("\n".join(out).rstrip() + "\n")
+print(f"wrote {report}")
+sys.exit(0 if bounds_ok and totals["failed"] == 0 else 1)
+PYTHON
+exit "$status"
