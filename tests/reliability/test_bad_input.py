@@ -28,7 +28,8 @@ from service.workers import build_workers
 from tests.fakes.livekit import FakeRoomFactory, FakeRoomService
 from tests.fakes.transport_timers import FakeTimers
 from tests.fakes.world import FakeWorld
-from tests.reliability.helpers import App, running_app, serve, until
+from tests.reliability.helpers import App, running_app, until
+from tests.serving import serve
 from transport.config import LiveKitConfig
 from transport.livekit_transport import LiveKitTransport
 from transport.protocol import encode_control

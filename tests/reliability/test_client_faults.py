@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 
 from tests.fakes.world import FakeWorld
-from tests.reliability.helpers import Events, running_app, samples, serve, until
+from tests.reliability.helpers import Events, running_app, samples, until
+from tests.serving import serve
 from tests.unit.service.helpers import metric
 
 HEARTBEAT_S = 1.5

@@ -18,7 +18,8 @@ from aiortc import RTCSessionDescription
 
 from pipeline.bidirectional import ControlState
 from tests.fakes.webrtc_client import BrowserPeer
-from tests.reliability.helpers import Events, serve
+from tests.reliability.helpers import Events
+from tests.serving import serve
 from transport.base import DoneStatus, StateStatus
 
 DRAIN_TIMEOUT_S = 3.0

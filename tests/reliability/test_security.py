@@ -29,8 +29,8 @@ from tests.reliability.helpers import (
     livekit_app,
     paced_fakes,
     running_app,
-    serve,
 )
+from tests.serving import serve
 from transport.config import EmbeddedConfig
 from transport.embedded import EmbeddedTransport
 
