@@ -23,8 +23,8 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from tests.e2e.test_service_process import ROOT, _environment, _free_port, _lingstream
 from tests.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.serving import ROOT, environment, free_port, lingstream
 
 pytestmark = [
     pytest.mark.slow,
@@ -126,9 +126,9 @@ async def _poll(predicate: Callable[[], Awaitable[bool]], what: str, within: flo
 
 
 def _start(tmp_path: Path, name: str, redis_url: str, settings: dict[str, str]) -> Replica:
-    port = _free_port()
+    port = free_port()
     log = tmp_path / f"{name}.log"
-    environment = _environment(
+    env = environment(
         LINGSTREAM_HOST="127.0.0.1",
         LINGSTREAM_ADMISSION_BACKEND="redis",
         LINGSTREAM_REDIS_URL=redis_url,
@@ -140,9 +140,9 @@ def _start(tmp_path: Path, name: str, redis_url: str, settings: dict[str, str]) 
         LINGSTREAM_DRAIN_TIMEOUT="2",
         **settings,
     )
-    command = [*_lingstream(), "serve", "--port", str(port), "--worker-factory", "tests.fakes.world:paced_fake_workers"]
+    command = [*lingstream(), "serve", "--port", str(port), "--worker-factory", "tests.fakes.world:paced_fake_workers"]
     with log.open("wb") as sink:
-        process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=sink, stderr=sink)
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink)
     return Replica(name, process, port, log)
 
 
