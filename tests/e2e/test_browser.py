@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,12 +24,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.serving import ROOT, free_port, lingstream
+
 try:
     from playwright.sync_api import Browser, Page, sync_playwright
 except ImportError:  # pragma: no cover - the dev extra installs it
     sync_playwright = None
 
-ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -105,18 +103,6 @@ _FRAMES_IN_WINDOW_JS = """
 """
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _lingstream() -> list[str]:
-    script = shutil.which("lingstream", path=str(Path(sys.executable).parent))
-    return [script] if script else [sys.executable, "-m", "service.cli"]
-
-
 @dataclass
 class Service:
     url: str
@@ -136,7 +122,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 @contextlib.contextmanager
 def _serve(log: Path, **extra: str) -> Iterator[Service]:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LINGSTREAM_", "LIVEKIT_"))}
     env.update(
         PYTHONPATH=str(ROOT),
@@ -150,7 +136,7 @@ def _serve(log: Path, **extra: str) -> Iterator[Service]:
     env.update(extra)
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [*_lingstream(), "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=sink, stderr=sink
+            [*lingstream(), "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=sink, stderr=sink
         )
     running = Service(f"http://127.0.0.1:{port}", process, log)
     try:
