@@ -238,6 +238,7 @@ class EmbeddedSessionBinding:
         self._tasks: set[asyncio.Task[None]] = set()
         self._relay: asyncio.Task[None] | None = None
         self._last_state: StateStatus | None = None
+        self._greeted: object | None = None  # the data channel that was sent the current state first
         self._closed = False
         self._offers = 0
         self._offers_rejected = 0
@@ -470,9 +471,13 @@ class EmbeddedSessionBinding:
         return encoded
 
     def _channel_opened(self) -> None:
-        self._channel_open.set()
+        # A new channel hears the current state before any chunk status: the state goes to the head of the outbox,
+        # and the link counts as ready only from here on (a chunk queued earlier is dropped as offline, not sent
+        # ahead of the state).
+        self._greeted = self._peer.channel if self._peer is not None else None
         if self._last_state is not None:
-            self._reply(self._last_state)
+            self._outbox.put_first(encode_outbound(self._last_state, max_bytes=self._config.status_max_bytes))
+        self._channel_open.set()
 
     def _reply(self, message: StatusMessage) -> None:
         self._outbox.put(encode_outbound(message, max_bytes=self._config.status_max_bytes))
@@ -480,7 +485,8 @@ class EmbeddedSessionBinding:
     @property
     def link_ready(self) -> bool:
         peer = self._peer
-        return peer is not None and peer.channel is not None and peer.channel.readyState == "open"
+        channel = peer.channel if peer is not None else None
+        return channel is not None and channel is self._greeted and channel.readyState == "open"
 
     async def wait_link_ready(self) -> None:
         while not self.link_ready:

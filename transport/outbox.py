@@ -89,6 +89,15 @@ class StatusOutbox:
         self._idle.clear()
         self._ready.set()
 
+    def put_first(self, message: Outbound) -> None:
+        """Queue `message` ahead of everything waiting (a greeting that must precede older statuses)."""
+        if len(self._queue) >= self._capacity:
+            self._queue.pop()
+            self._dropped_overflow += 1
+        self._queue.appendleft(message)
+        self._idle.clear()
+        self._ready.set()
+
     async def wait_idle(self) -> None:
         """Wait until every queued message was sent, dropped or failed (for a flush before closing)."""
         await self._idle.wait()
