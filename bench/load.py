@@ -29,6 +29,8 @@ on the last line (one JSON object):
   first fifth of the run), rss_end_mb (after the last client, before shutdown), rss_growth_mb, rss_peak_mb,
   rss_slope_mb_per_min (least squares over the post-warm-up samples; flat means close to 0) and
   rss_slope_last_half_mb_per_min (the same over their second half: bounded caches that fill up flatten out);
+  `--session-history N` sets the server's LINGSTREAM_SESSION_HISTORY (the finished sessions it keeps readable,
+  and the close records behind them, which fill up over the first N sessions);
 - lease_fairness_index: Jain's index of chunks per session among peer sessions that ran concurrently on the one
   model worker, over every interval with a fixed set of >= 2 such sessions lasting >= 1 s (time-weighted mean;
   lease_fairness_min is the worst interval); per-session chunk counts come from the `chunk` statuses.
@@ -93,7 +95,7 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(port: int, log: Path, world: str) -> Iterator[subprocess.Popen[bytes]]:
+def serve(port: int, log: Path, world: str, history: int | None) -> Iterator[subprocess.Popen[bytes]]:
     script = shutil.which("lingstream", path=str(Path(sys.executable).parent))
     command = [script] if script else [sys.executable, "-m", "service.cli"]
     command += ["serve", "--port", str(port)]
@@ -111,6 +113,8 @@ def serve(port: int, log: Path, world: str) -> Iterator[subprocess.Popen[bytes]]
         LINGSTREAM_LOG_LEVEL="WARNING",
         LINGSTREAM_LOG_FORMAT="json",
     )
+    if history is not None:
+        env["LINGSTREAM_SESSION_HISTORY"] = str(history)
     if world == "fake":
         env["LINGSTREAM_TEST_HOOKS"] = "1"
         command += ["--worker-factory", "tests.fakes.world:paced_fake_workers"]
@@ -455,7 +459,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "serve.log"
-        with serve(port, log, args.world) as process:
+        with serve(port, log, args.world, args.session_history) as process:
             limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
             async with httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits) as client:
                 await wait_ready(client, process, log)
@@ -554,6 +558,7 @@ async def drive(load: Load, pid: int, duration: float, args: argparse.Namespace)
     return {
         "world": args.world,
         "mode": "quick" if args.quick else f"{args.minutes:g}-minute",
+        "session_history": args.session_history or 1024,
         "duration_s": round(ended_load - began, 1),
         "waves": waves,
         "clients": index,
@@ -598,6 +603,11 @@ def main() -> None:
     parser.add_argument("--hold-max", type=float, default=3.0, help="longest time a client keeps its session")
     parser.add_argument("--rss-interval", type=float, default=2.0, help="seconds between RSS samples")
     parser.add_argument("--seed", type=int, default=8)
+    parser.add_argument(
+        "--session-history",
+        type=int,
+        help="LINGSTREAM_SESSION_HISTORY of the server (default: the service's 1024)",
+    )
     parser.add_argument("--rss-trace", type=Path, help="write the (seconds, MB) RSS samples to this JSON file")
     args = parser.parse_args()
     if args.quick:

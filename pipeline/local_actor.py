@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -84,13 +85,16 @@ class LocalStageActor:
         self._in_flight += 1
         self._calls += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(executor, self._run, call)
+            # The stage thread runs in a copy of the caller's context: its log lines carry the caller's session.
+            context = contextvars.copy_context()
+            return await asyncio.get_running_loop().run_in_executor(executor, context.run, self._run, call)
         finally:
             self._in_flight -= 1
 
     async def release_session(self, session_id: str) -> None:
         executor = self._require_started()
-        await asyncio.get_running_loop().run_in_executor(executor, self._stage.release, session_id)
+        context = contextvars.copy_context()
+        await asyncio.get_running_loop().run_in_executor(executor, context.run, self._stage.release, session_id)
 
     async def stop(self) -> None:
         executor, self._executor = self._executor, None

@@ -8,6 +8,7 @@ the owning actors. Everything runs on one event loop; actors hop to their own th
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -157,7 +158,10 @@ class StreamingPipelineOrchestrator:
         clock: Clock | None = None,
         metrics_window: int = 256,
         cancel_timeout: float = 30.0,
+        kept_reports: int = _KEPT_REPORTS,
     ) -> None:
+        if kept_reports < 1:
+            raise ValueError(f"kept_reports must be at least 1, got {kept_reports}")
         self._graph: PipelineGraph = validate_pipeline(spec)
         stage_ids = {s.stage_id for s in spec.stages}
         if set(actors) != stage_ids:
@@ -173,6 +177,10 @@ class StreamingPipelineOrchestrator:
         self._streams: dict[str, OutputStream] = {}
         self._closing: dict[str, asyncio.Task[CloseReport]] = {}
         self._reports: OrderedDict[str, CloseReport] = OrderedDict()
+        self._kept_reports = kept_reports
+        # Each session's context as it was at open: its stage calls, listeners and close run in a copy of it (so
+        # a log line or span inside them belongs to that session, not to whichever session triggered the dispatch).
+        self._contexts: dict[str, contextvars.Context] = {}
         self._stage_listeners: dict[str, list[StageListener]] = {}
         self._started = False
 
@@ -231,6 +239,7 @@ class StreamingPipelineOrchestrator:
             raise SessionClosedError("the orchestrator is not started")
         self._core.open_session(session_id)
         self._reports.pop(session_id, None)
+        self._contexts[session_id] = contextvars.copy_context()
         stream = OutputStream(self, session_id)
         self._streams[session_id] = stream
         return stream
@@ -313,7 +322,8 @@ class StreamingPipelineOrchestrator:
     # -- internals -------------------------------------------------------------------------------------------
 
     def _spawn_close(self, session_id: str, mode: CloseMode, drain_timeout: float | None) -> asyncio.Task[CloseReport]:
-        task = asyncio.get_running_loop().create_task(self._close(session_id, mode, drain_timeout))
+        coroutine = self._close(session_id, mode, drain_timeout)
+        task = asyncio.get_running_loop().create_task(coroutine, context=self._context_of(session_id))
         self._closing[session_id] = task
         task.add_done_callback(lambda _t: self._closing.pop(session_id, None))
         return task
@@ -358,10 +368,17 @@ class StreamingPipelineOrchestrator:
         if stream is not None:
             stream._end(failure)
         self._reports[session_id] = report
-        while len(self._reports) > _KEPT_REPORTS:
+        while len(self._reports) > self._kept_reports:
             self._reports.popitem(last=False)
+        if not self._core.has_session(session_id):  # a poisoned session keeps it for the retry
+            self._contexts.pop(session_id, None)
         self._advance()
         return report
+
+    def _context_of(self, session_id: str) -> contextvars.Context | None:
+        """A fresh copy of the session's context from open (None: the caller's, for a session never opened)."""
+        context = self._contexts.get(session_id)
+        return None if context is None else context.copy()
 
     async def _wait(self, kind: NoticeKind, session_id: str) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -381,7 +398,7 @@ class StreamingPipelineOrchestrator:
         """Start what the core dispatches and deliver its notices. Never recurses: it only schedules."""
         loop = asyncio.get_running_loop()
         for dispatch in self._core.pump():
-            task = loop.create_task(self._run(dispatch))
+            task = loop.create_task(self._run(dispatch), context=self._context_of(dispatch.call.session_id))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         for notice in self._core.take_notices():

@@ -114,6 +114,8 @@ def _serve(args: argparse.Namespace) -> int:
         server_header=False,
         lifespan="on",
         timeout_graceful_shutdown=10,
+        # None: no cap. uvicorn answers a plain-text 503 past it (before the app: not the one error shape).
+        limit_concurrency=settings.max_connections,
     )
     server = DrainingServer(config, runtime_of(app))
     server.run()

@@ -95,7 +95,6 @@ class RuntimeTuning:
     - `drain_close_grace_s`: how long before the drain deadline remaining sessions are asked to close with drain
       (at most a quarter of the drain timeout); at the deadline they are cancelled.
     - `shutdown_close_s`: at shutdown, how long sessions get to close (cancel) before their runners are cancelled.
-    - `history`: finished sessions kept readable by GET (overflow: forget the oldest finished).
     - `admission_tick_s`: the admission driver's expiry check interval.
     """
 
@@ -106,7 +105,6 @@ class RuntimeTuning:
     reader_stop_s: float = 5.0
     drain_close_grace_s: float = 5.0
     shutdown_close_s: float = 10.0
-    history: int = 1024
     admission_tick_s: float = 0.5
     buffers: SessionBuffers = dataclasses.field(default_factory=SessionBuffers)
 
@@ -655,7 +653,7 @@ class ServiceRuntime:
         self._ended_total[session.state.value] += 1
         self._live.discard(session.id)
         self._finished[session.id] = None
-        while len(self._finished) > self._tuning.history:
+        while len(self._finished) > self._config.session_history:
             forgotten, _ = self._finished.popitem(last=False)
             self._sessions.pop(forgotten, None)
         self._update_idle()

@@ -133,6 +133,18 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(default=16 * _MIB, ge=1024, le=1024 * _MIB, description="Largest request body.")
     max_image_bytes: int = Field(default=10 * _MIB, ge=1, le=512 * _MIB, description="Largest reference image.")
     max_image_pixels: int = Field(default=16 * _MIB, ge=1, le=1 << 30, description="Most pixels of a reference image.")
+    session_history: int = Field(
+        default=1024,
+        ge=1,
+        le=1_000_000,
+        description="Finished sessions kept readable by GET, and the per-session close records behind them.",
+    )
+    max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Most concurrent HTTP connections and requests (uvicorn limit_concurrency); beyond it 503.",
+    )
     livekit_url: str | None = Field(default=None, validation_alias=AliasChoices("LIVEKIT_URL", "livekit_url"))
     livekit_api_key: str | None = Field(
         default=None, validation_alias=AliasChoices("LIVEKIT_API_KEY", "livekit_api_key")
@@ -407,7 +419,8 @@ class ServiceConfig:
 
     `api_key_digests` are SHA-256 digests of the bearer keys: authentication compares digests, so the keys
     themselves are not kept past start. `shared_admission` is set with the redis backend (its URL, a secret, is
-    not part of it: `service.app` hands it to the runtime directly).
+    not part of it: `service.app` hands it to the runtime directly). `session_history` finished sessions stay
+    readable by GET (the oldest are forgotten first; the admission tickets and worker records behind them too).
     """
 
     admission: AdmissionConfig
@@ -418,6 +431,7 @@ class ServiceConfig:
     log_format: str
     log_level: str
     shared_admission: SharedAdmissionConfig | None = None
+    session_history: int = 1024
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServiceConfig:
@@ -428,6 +442,7 @@ class ServiceConfig:
                 queue_size=settings.queue_size,
                 queue_timeout=settings.queue_timeout,
                 queue_heartbeat_timeout=settings.queue_heartbeat_timeout,
+                finished_history=settings.session_history,
             )
         except AdmissionConfigError as exc:
             raise SettingsError(f"invalid configuration: {exc}") from None
@@ -448,4 +463,5 @@ class ServiceConfig:
             else SharedAdmissionConfig(
                 replica_id=settings.replica_id or default_replica_id(), replica_ttl_s=settings.replica_ttl
             ),
+            session_history=settings.session_history,
         )

@@ -54,6 +54,7 @@ class WorkerOptions:
     torch_threads: int | None
     max_image_bytes: int
     max_image_pixels: int
+    session_history: int = 1024
 
 
 def worker_options(settings: Settings) -> list[WorkerOptions]:
@@ -66,6 +67,7 @@ def worker_options(settings: Settings) -> list[WorkerOptions]:
             torch_threads=settings.torch_threads,
             max_image_bytes=settings.max_image_bytes,
             max_image_pixels=settings.max_image_pixels,
+            session_history=settings.session_history,
         )
         for index in range(settings.num_workers)
     ]
@@ -95,6 +97,7 @@ def build_workers(settings: Settings) -> list[BidirectionalService]:
                 max_image_bytes=options.max_image_bytes,
                 max_image_pixels=options.max_image_pixels,
                 torch_threads=options.torch_threads,
+                history=options.session_history,
             )
         )
     return workers

@@ -67,6 +67,9 @@ class LingBotService:
     A stage whose per-session release fails leaves the session id poisoned in the orchestrator (and its model-side
     cache possibly resident); the service retries the failed releases in the background with exponential back-off
     (`release_retry_s` doubling up to 30 s, `_RELEASE_RETRIES` attempts), which clears the poison once one succeeds.
+
+    `history` bounds what stays of finished sessions: this many summaries (so a repeated `close_session` answers
+    the same) and as many orchestrator close reports; the oldest are forgotten first.
     """
 
     def __init__(
@@ -81,7 +84,10 @@ class LingBotService:
         torch_threads: int | None = None,
         realtime: bool = True,
         release_retry_s: float = 0.5,
+        history: int = _KEPT_SUMMARIES,
     ) -> None:
+        if history < 1:
+            raise ValueError(f"history must be at least 1, got {history}")
         self._clock = clock or MonotonicClock()
         self._lease = lease
         self._max_image_bytes = max_image_bytes
@@ -96,13 +102,14 @@ class LingBotService:
             "decode": LocalStageActor("decode", DecodeStage(model.decoder)),
         }
         self._orchestrator = StreamingPipelineOrchestrator(
-            lingbot_pipeline_spec(edge_capacity), actors, clock=self._clock
+            lingbot_pipeline_spec(edge_capacity), actors, clock=self._clock, kept_reports=history
         )
         self._orchestrator.add_stage_listener("denoise", self._on_denoised)
         self._sessions: dict[str, LingBotSession] = {}
         self._loops: dict[str, asyncio.Task[None]] = {}
         self._finals: dict[str, asyncio.Task[SessionSummary]] = {}
         self._summaries: OrderedDict[str, SessionSummary] = OrderedDict()
+        self._history = history
         self._chunks = 0
         self._stale = 0
 
@@ -252,7 +259,7 @@ class LingBotService:
         self._loops.pop(session_id, None)
         self._finals.pop(session_id, None)
         self._summaries[session_id] = summary
-        while len(self._summaries) > _KEPT_SUMMARIES:
+        while len(self._summaries) > self._history:
             self._summaries.popitem(last=False)
         return summary
 

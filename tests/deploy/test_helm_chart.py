@@ -59,7 +59,14 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "gpu": {"count": 2},
         "livekit": LIVEKIT,
         "auth": {"apiKeys": CLIENT_KEYS},
-        "config": {"numWorkers": 2, "maxSessionsPerWorker": 4, "torchThreads": 8, "videoBitrate": 4_000_000},
+        "config": {
+            "numWorkers": 2,
+            "maxSessionsPerWorker": 4,
+            "torchThreads": 8,
+            "videoBitrate": 4_000_000,
+            "sessionHistory": 256,
+            "maxConnections": 2000,
+        },
         "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "96Gi"}},
         "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
@@ -451,6 +458,7 @@ def test_settings_reach_the_pod_through_the_configmap(chart: Any) -> None:
     assert data["LINGSTREAM_MAX_SESSIONS_PER_WORKER"] == "4"
     assert data["LINGSTREAM_TORCH_THREADS"] == "8"
     assert data["LINGSTREAM_VIDEO_BITRATE"] == "4000000"  # not 4e+06
+    assert (data["LINGSTREAM_SESSION_HISTORY"], data["LINGSTREAM_MAX_CONNECTIONS"]) == ("256", "2000")
     assert data["LINGSTREAM_ADMISSION_BACKEND"] == "memory"
     assert data["LIVEKIT_URL"] == "wss://livekit.example.com"
     # Unset settings are left to the service's defaults.

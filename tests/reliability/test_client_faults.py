@@ -1,6 +1,7 @@
 """Clients that misbehave: one that vanishes while queued (its heartbeat stops, it loses its place and the queue
 moves up), and ones that never read (an SSE subscriber keeps a bounded buffer and is released when it goes; a
-swarm of never-reading TCP connections leaves a real server's memory flat and its answers prompt)."""
+swarm of never-reading TCP connections leaves a real server's memory flat and its answers prompt; with
+LINGSTREAM_MAX_CONNECTIONS their number is capped too)."""
 
 from __future__ import annotations
 
@@ -187,3 +188,46 @@ async def _settled(client: httpx.AsyncClient) -> bool:
     text = (await client.get("/metrics")).text
     active = samples(text, "http_server_active_requests")
     return sum(active.values()) <= 1  # only this /metrics request
+
+
+async def test_max_connections_caps_open_connections_and_frees_with_them(tmp_path: Path) -> None:
+    """With LINGSTREAM_MAX_CONNECTIONS a swarm of idle keep-alive connections cannot grow past the cap: the next
+    one is answered 503 at once (by uvicorn, before the app), and a closed connection makes room again."""
+    with serve(tmp_path, LINGSTREAM_MAX_CONNECTIONS="3") as service:
+        async with httpx.AsyncClient(base_url=service.url, timeout=10.0) as client:
+            await service.wait_ready(client)
+        held: list[socket.socket] = []
+        try:
+            for _ in range(2):  # uvicorn refuses once the open connections reach the cap, the new one included
+                sock = socket.create_connection(("127.0.0.1", service.port), timeout=10)
+                held.append(sock)
+                assert _status_of(sock) == 200  # answered, then left open and idle
+            extra = socket.create_connection(("127.0.0.1", service.port), timeout=10)
+            held.append(extra)
+            assert _status_of(extra) == 503
+            for sock in held:
+                sock.close()
+            held.clear()
+            await until(lambda: _healthy_on_new_connection(service.port), "a slot freed by the closed connections")
+        finally:
+            for sock in held:
+                with contextlib.suppress(OSError):
+                    sock.close()
+    assert "Traceback" not in service.output()
+
+
+def _status_of(sock: socket.socket) -> int:
+    """Sends GET /healthz on a keep-alive connection and returns the answer's status code (the body is read too)."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return int(data.split(b" ", 2)[1])
+
+
+async def _healthy_on_new_connection(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        return _status_of(sock) == 200

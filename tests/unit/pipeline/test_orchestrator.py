@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections.abc import Mapping
 
@@ -137,6 +138,53 @@ async def test_stage_failure_fails_only_its_session_and_emitted_outputs_stay_rea
         assert (await anext(good)).payload == 4
         with pytest.raises(UnknownSessionError):  # released and forgotten
             await orch.submit("bad", {"input": (9, 9)})
+
+
+async def test_close_reports_are_kept_for_the_newest_sessions_only() -> None:
+    actors = fake_actors("encode", "denoise", "decode")
+    async with StreamingPipelineOrchestrator(linear_spec(), actors, kept_reports=2) as orch:
+        reports = {}
+        for sid in ("a", "b", "c"):
+            orch.open_session(sid)
+            reports[sid] = await orch.close_session(sid)
+        for sid in ("b", "c"):
+            assert await orch.close_session(sid) is reports[sid]  # idempotent while kept
+        with pytest.raises(UnknownSessionError):
+            await orch.close_session("a")
+    with pytest.raises(ValueError, match="kept_reports"):
+        StreamingPipelineOrchestrator(linear_spec(), fake_actors("encode", "denoise", "decode"), kept_reports=0)
+
+
+_WHO: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
+
+
+@pytest.mark.parametrize("kind", ["loop", "thread"])
+async def test_stage_calls_and_listeners_run_in_the_context_their_session_was_opened_in(kind: str) -> None:
+    seen: list[tuple[str, str, str]] = []
+
+    def recording(call: StageCall) -> Mapping[str, object]:
+        seen.append((call.stage_id, call.session_id, _WHO.get()))
+        return passthrough(("out",))(call)
+
+    actor = FakeActor("only", recording) if kind == "loop" else LocalStageActor("only", FunctionStage(recording))
+    actors: dict[str, FakeActor | LocalStageActor] = {"only": actor}
+    async with StreamingPipelineOrchestrator(linear_spec("only"), actors) as orch:
+        orch.add_stage_listener("only", lambda sid, _seq: seen.append(("listener", sid, _WHO.get())))
+        streams = {}
+        for sid in ("a", "b"):
+            token = _WHO.set(sid)  # e.g. the session id a service binds for its log lines
+            streams[sid] = orch.open_session(sid)
+            _WHO.reset(token)
+        _WHO.set("trigger")
+        for i in range(3):  # one task submits for both: the calls must not inherit its context
+            await orch.submit("a", {"input": (i, i)})
+            await orch.submit("b", {"input": (i, i)})
+        for stream in streams.values():
+            await take(stream, 3)
+        await orch.close_session("a")
+        await orch.close_session("b")
+    assert len(seen) == 12
+    assert all(who == sid for _, sid, who in seen), seen
 
 
 async def test_drain_delivers_every_accepted_chunk() -> None:

@@ -121,6 +121,24 @@ async def test_delete_cancels_a_queued_session_and_is_idempotent() -> None:
             assert (response.json()["status"], response.json()["reason"]) == ("cancelled", "client_cancelled")
 
 
+async def test_session_history_bounds_the_finished_sessions_get_can_read() -> None:
+    async with running_service(session_history=2, queue_size=4) as svc:
+        assert svc.runtime.config.admission.finished_history == 2  # the tickets behind them are bounded too
+        ended = []
+        for _ in range(3):
+            running = (await svc.create()).json()["id"]
+            queued = (await svc.create()).json()["id"]
+            await svc.client.delete(f"/v1/sessions/{queued}?mode=cancel")
+            await svc.client.delete(f"/v1/sessions/{running}")
+            ended += [queued, running]
+        for forgotten in ended[:-2]:
+            gone = await svc.client.get(f"/v1/sessions/{forgotten}")
+            assert (gone.status_code, gone.json()["error"]["code"]) == (404, "session_not_found")
+        kept = [(await svc.client.get(f"/v1/sessions/{sid}")).json()["status"] for sid in ended[-2:]]
+        assert kept == ["cancelled", "closed"]
+        assert {s["id"] for s in (await svc.client.get("/v1/sessions")).json()["sessions"]} == set(ended[-2:])
+
+
 async def test_delete_closes_a_running_session_with_drain_by_default() -> None:
     async with running_service() as svc:
         session = (await svc.create()).json()["id"]

@@ -10,6 +10,7 @@ import pytest
 from service.cli import main
 from service.errors import SettingsError
 from service.settings import ServiceConfig, Settings, load_settings
+from service.workers import worker_options
 
 
 def test_defaults_bind_loopback_and_match_the_documented_contract() -> None:
@@ -122,6 +123,8 @@ INVALID = [
     ("LINGSTREAM_MAX_REQUEST_BYTES", "2048", "LINGSTREAM_MAX_IMAGE_BYTES"),
     ("LINGSTREAM_MAX_IMAGE_BYTES", "0", "LINGSTREAM_MAX_IMAGE_BYTES"),
     ("LINGSTREAM_MAX_IMAGE_PIXELS", "many", "LINGSTREAM_MAX_IMAGE_PIXELS"),
+    ("LINGSTREAM_SESSION_HISTORY", "0", "LINGSTREAM_SESSION_HISTORY"),
+    ("LINGSTREAM_MAX_CONNECTIONS", "0", "LINGSTREAM_MAX_CONNECTIONS"),
     ("LIVEKIT_URL", "ftp://lk.example", "LIVEKIT_URL"),
     ("LIVEKIT_URL", "wss://lk.example", "LIVEKIT_API_KEY"),
 ]
@@ -168,7 +171,11 @@ def test_settings_convert_once_into_the_packages_records(monkeypatch: pytest.Mon
     monkeypatch.setenv("LINGSTREAM_MAX_SESSIONS_PER_WORKER", "2")
     monkeypatch.setenv("LINGSTREAM_QUEUE_SIZE", "0")
     monkeypatch.setenv("LINGSTREAM_API_KEYS", "k1-0123456789abcdef")
-    config = ServiceConfig.from_settings(load_settings())
+    monkeypatch.setenv("LINGSTREAM_SESSION_HISTORY", "7")
+    settings = load_settings()
+    config = ServiceConfig.from_settings(settings)
+    assert (config.session_history, config.admission.finished_history) == (7, 7)
+    assert {options.session_history for options in worker_options(settings)} == {7}
     assert config.admission.capacity == 4
     assert config.admission.queue_size == 0
     assert len(config.api_key_digests) == 1

@@ -122,6 +122,24 @@ async def test_closing_releases_every_stage_cache() -> None:
         await service.stop()
 
 
+async def test_history_bounds_the_summaries_and_close_reports_of_finished_sessions() -> None:
+    service = await start(history=2)
+    try:
+        summaries = {}
+        for sid in ("a", "b", "c"):
+            await service.create_session(sid, service.prepare(SMALL, None))
+            await anext(service.outputs(sid))
+            summaries[sid] = await service.close_session(sid, SessionCloseMode.CANCEL)
+        for sid in ("b", "c"):  # the newest two still answer a repeated close with the same summary
+            assert await service.close_session(sid, SessionCloseMode.CANCEL) is summaries[sid]
+        with pytest.raises(KeyError):  # the oldest is forgotten, worker and orchestrator alike
+            await service.close_session("a", SessionCloseMode.CANCEL)
+    finally:
+        await service.stop()
+    with pytest.raises(ValueError, match="history"):
+        LingBotService(ReferenceWorldModel("cpu"), history=0)
+
+
 class FailingDenoiser:
     def __init__(self, inner: Any, fail_at: int) -> None:
         self._inner = inner
