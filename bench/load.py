@@ -29,6 +29,9 @@ on the last line (one JSON object):
   first fifth of the run), rss_end_mb (after the last client, before shutdown), rss_growth_mb, rss_peak_mb,
   rss_slope_mb_per_min (least squares over the post-warm-up samples; flat means close to 0) and
   rss_slope_last_half_mb_per_min (the same over their second half: bounded caches that fill up flatten out);
+- heap_*: the server's glibc malloc heap from /metrics (`lingstream_process_heap_*`): heap_in_use_start_mb (after
+  the warm-up), heap_in_use_end_mb and heap_in_use_growth_mb (memory really held: a leak grows it), heap_free_end_mb
+  (freed memory the arenas keep: fragmentation grows it) and heap_arenas;
   `--session-history N` sets the server's LINGSTREAM_SESSION_HISTORY (the finished sessions it keeps readable,
   and the close records behind them, which fill up over the first N sessions);
 - lease_fairness_index: Jain's index of chunks per session among peer sessions that ran concurrently on the one
@@ -73,6 +76,7 @@ if str(ROOT) not in sys.path:
 from aiortc import RTCSessionDescription  # noqa: E402
 
 from pipeline.bidirectional import ControlState, Stop  # noqa: E402
+from service.settings import Settings  # noqa: E402
 from tests.fakes.webrtc_client import BrowserPeer  # noqa: E402
 from transport.base import ChunkStatus, DoneStatus  # noqa: E402
 
@@ -476,7 +480,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     retained = metric_sum(text, "lingstream_admission_slots_retained")
     mismatch = abs(metric_sum(text, "lingstream_admission_slot_mismatch"))
     pipeline_leaks = metric_sum(text, "lingstream_pipeline_slot_leaks_total")
+    heap_end = heap_figures(text)
+    start_in_use = figures.get("heap_in_use_start_mb")
     figures.update(
+        heap_in_use_end_mb=heap_end.get("in_use_mb"),
+        heap_in_use_growth_mb=None
+        if start_in_use is None or "in_use_mb" not in heap_end
+        else round(heap_end["in_use_mb"] - start_in_use, 1),
+        heap_free_end_mb=heap_end.get("free_mb"),
+        heap_arenas=heap_end.get("arenas"),
         rss_ready_mb=round(rss_ready, 1),
         live_sessions_after=live,
         slots_leaked=retained + mismatch + pipeline_leaks + live,
@@ -486,6 +498,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         server_tracebacks=log_text.count("Traceback"),
     )
     return figures
+
+
+def heap_figures(metrics_text: str) -> dict[str, float]:
+    """The server's malloc heap from its /metrics (glibc only; empty elsewhere): in use and free MB, arenas."""
+    found: dict[str, float] = {}
+    for name, key, scale in (
+        ("lingstream_process_heap_in_use_bytes", "in_use_mb", 1 / 1048576),
+        ("lingstream_process_heap_free_bytes", "free_mb", 1 / 1048576),
+        ("lingstream_process_heap_arenas", "arenas", 1.0),
+    ):
+        if f"\n{name} " in metrics_text:
+            found[key] = round(metric_sum(metrics_text, name) * scale, 1)
+    return found
 
 
 async def wait_ready(client: httpx.AsyncClient, process: subprocess.Popen[bytes], log: Path) -> None:
@@ -507,6 +532,7 @@ async def drive(load: Load, pid: int, duration: float, args: argparse.Namespace)
     stop_at = began + duration
     warmup_end = began + duration / 5
     samples: list[tuple[float, float]] = []
+    heap_start: dict[str, float] = {}
     sampling = True
 
     async def sample() -> None:
@@ -514,6 +540,8 @@ async def drive(load: Load, pid: int, duration: float, args: argparse.Namespace)
             value = rss_mb(pid)
             if value is not None:
                 samples.append((loop.time() - began, value))
+            if not heap_start and loop.time() >= warmup_end:
+                heap_start.update(heap_figures((await load.client.get("/metrics")).text))
             await asyncio.sleep(args.rss_interval)
 
     clients: set[asyncio.Task[None]] = set()
@@ -558,7 +586,7 @@ async def drive(load: Load, pid: int, duration: float, args: argparse.Namespace)
     return {
         "world": args.world,
         "mode": "quick" if args.quick else f"{args.minutes:g}-minute",
-        "session_history": args.session_history or 1024,
+        "session_history": args.session_history or Settings.model_fields["session_history"].default,
         "duration_s": round(ended_load - began, 1),
         "waves": waves,
         "clients": index,
@@ -587,6 +615,7 @@ async def drive(load: Load, pid: int, duration: float, args: argparse.Namespace)
         "rss_slope_mb_per_min": round(slope_per_minute(warm), 3),
         "rss_slope_last_half_mb_per_min": round(slope_per_minute(warm[len(warm) // 2 :]), 3),
         "rss_samples": len(samples),
+        "heap_in_use_start_mb": heap_start.get("in_use_mb"),
         "problems": dict(load.problems),
     }
 
@@ -606,7 +635,7 @@ def main() -> None:
     parser.add_argument(
         "--session-history",
         type=int,
-        help="LINGSTREAM_SESSION_HISTORY of the server (default: the service's 1024)",
+        help="LINGSTREAM_SESSION_HISTORY of the server (default: the service's own default)",
     )
     parser.add_argument("--rss-trace", type=Path, help="write the (seconds, MB) RSS samples to this JSON file")
     args = parser.parse_args()

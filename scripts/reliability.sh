@@ -51,29 +51,26 @@ NOTES = """
 | the same test (its end) | Stopping the app right after a session ended cancelled the session's runner while it was still detaching the transport: the peer connection stayed half-closed (ICE transport `completed`, its UDP socket leaked). | `service/runtime.py` `aclose`: after the sessions are idle, wait for the runners to finish (detach included) within the same shutdown deadline before cancelling what is left. |
 | `test_client_faults.py::test_an_sse_subscriber_that_never_reads_keeps_a_bounded_buffer_and_is_released_when_it_goes` | An SSE client that stopped reading and then disconnected left its subscription registered (Starlette cancels the stream without closing its body iterator), so the session kept publishing to it until the garbage collector found the generator. | `service/api.py`: the event stream is an `_EventStreamResponse` that closes its subscription whenever it ends. |
 | `test_security.py::test_cors_answers_only_configured_origins` | With CORS configured, origins that are not configured still got `Access-Control-Allow-Methods/-Headers/-Max-Age` on a refused preflight (a plain-text 400, not the one error shape) and `Access-Control-Expose-Headers` on every other answer. | `service/middleware.py` `StrictCORSMiddleware` (used by `service/app.py`): no CORS header at all for an origin that is not configured; a refused preflight answers `{"error": {"code": "bad_request", ...}}`. |
+| `bench/load.py` (the 5-minute soak) | RSS crept up under session churn (+0.87 MB/min in the second half of the soak, still rising at its end) although the malloc heap in use stayed flat: glibc gave each of the service's many threads (event loop, stage threads, aiortc's codec and network threads, torch's pool) an arena of its own, up to 8 per core, and each kept what was freed into it. Finished sessions were also larger than needed (four `asyncio.Event`s with their waiter deques, per-instance dicts: 5.9 KB each in the history). | `service/memory.py` + `service/cli.py`: `lingstream serve` limits glibc to `LINGSTREAM_MALLOC_ARENAS` arenas (default 2; `MALLOC_ARENA_MAX` wins) before its threads start; `service/fanout.py` `Flag` (a one-way event that allocates only while waited on) and `__slots__` on `Session` and `Broadcast` (2.8 KB per finished session); `LINGSTREAM_SESSION_HISTORY` (default 256) bounds every finished-session record; `/metrics` shows the heap (`lingstream_process_heap_*`) so a leak (in use grows) and fragmentation (free grows) can be told apart. |
 
 ## What was knowingly left
 
-- **RSS creep in the soak (bounded, not a leak).** After the warm-up the server grows by about 0.8 MB a minute
-  (about 13 KB per session) while its bounded histories fill: the newest 1 024 finished sessions stay readable by
-  GET, and 1 024 admission tickets, close reports and session summaries are kept. A 5-minute soak creates about 470
-  sessions, so they are still filling when it ends; an 8-minute run (754 sessions) showed the same 0.85 MB/min.
-  Cross-check, in-process with the same model, transport and real aiortc peers but the runtime's history cut to 4
-  (2026-11-30): the traced Python heap grew about 1 KB per session (the other 1 024-entry histories) and RSS went
-  from 385.3 MB after 123 sessions to 385.9 MB after 273 (4 KB per session, flattening); object counts by type
-  showed no per-session growth but those histories. The plateau of the full histories needs a run past 1 024
-  sessions (over 11 minutes here), longer than the 5-minute soak.
-- **Never-reading HTTP connections are bounded per connection, not in number.** uvicorn has no write timeout or
-  connection limit by default: a client that never reads holds its connection and one subscription of at most 16
-  snapshots until it disconnects. Put a proxy (or uvicorn's `limit_concurrency`) in front for a hard cap.
+- **Finished sessions cost memory until the history is full.** The newest `LINGSTREAM_SESSION_HISTORY` finished
+  sessions (default 256) stay readable by GET, with their admission tickets, close reports and summaries; the
+  oldest are forgotten. Each holds 2.8 KB of Python objects (tracemalloc, in-process) and, with the allocator pages
+  it keeps from being returned, 10-20 KB of RSS under this load: in the soak RSS rose 3.6 MB after the warm-up while
+  the history filled (256 sessions, about 160 s) and then stayed flat (+0.2 MB from 160 s to 300 s). A larger
+  history moves the plateau out: with 1 024 the 5-minute soak (about 470 sessions) still grew 0.75-1.1 MB/min.
+- **Never-reading HTTP connections are capped only when asked.** uvicorn has no write timeout: a client that never
+  reads holds its connection and one subscription of at most 16 snapshots until it disconnects. Set
+  `LINGSTREAM_MAX_CONNECTIONS` (uvicorn's `limit_concurrency`: a plain-text 503 beyond it, before the app) or put a
+  proxy in front for a hard cap.
 - **The service runs thread actors only.** The SIGKILL test drives `ParallelWorkerStageActor` through the real
   service with a test model worker (`tests/reliability/process_world.py`, one stage in a spawned process per model
   worker), since `LingBotService` places its stages on `LocalStageActor` threads.
 - **LiveKit's own buffers.** The LiveKit binding hands status messages to the livekit SDK; its buffering under a
   slow subscriber can only be observed against a real LiveKit server (none here). Control from the wrong identity
   was tested over the scripted room.
-- **docs/api.md** does not list the `bad_request` code that a refused CORS preflight now carries (the 400 status is
-  Starlette's, unchanged); that file belongs to the API owner.
 - A release that keeps failing is retried 10 times (about 2.5 minutes), then left poisoned and logged; the
   `lingstream_pipeline_sessions_poisoned` gauge shows it.
 """
@@ -172,6 +169,12 @@ FIGURES = [
     ("rss_growth_mb", "RSS growth after the warm-up (MB)", "flat"),
     ("rss_slope_mb_per_min", "RSS slope after the warm-up (MB/min)", "flat"),
     ("rss_slope_last_half_mb_per_min", "RSS slope, second half (MB/min)", "flat"),
+    ("heap_in_use_start_mb", "malloc heap in use after the warm-up (MB, /metrics)", None),
+    ("heap_in_use_end_mb", "malloc heap in use at the end (MB)", None),
+    ("heap_in_use_growth_mb", "malloc heap in use, growth after the warm-up (MB): a leak grows it", "flat"),
+    ("heap_free_end_mb", "malloc heap held free at the end (MB): fragmentation grows it", None),
+    ("heap_arenas", "malloc arenas (`LINGSTREAM_MALLOC_ARENAS`)", None),
+    ("session_history", "finished sessions kept readable (`LINGSTREAM_SESSION_HISTORY`)", None),
     ("serve_exit_code", "`lingstream serve` exit code after SIGTERM", "must be 0"),
     ("server_tracebacks", "tracebacks in the server's log", "must be 0"),
     ("duration_s", "load duration (s)", None),
@@ -230,7 +233,9 @@ w("250 ms), counts `chunk` statuses, sends `stop` and waits for `done`; DELETE (
 w("vanishes while queued. Every session must reach a terminal status its client saw. RSS is the server's VmRSS from")
 w("`/proc/<pid>/status` every 1 s (quick) or 2 s (soak); the warm-up is the first fifth of the run. The fake world")
 w("(`--world fake`, the test hook) is available for pure churn; the figures below use the reference model. The quick")
-w("run's RSS figures are dominated by the warm-up (30 s); flatness is judged on the soak.")
+w("run's RSS figures are dominated by the warm-up (30 s); flatness is judged on the soak. The server keeps the")
+w("service's defaults for the finished-session history (`LINGSTREAM_SESSION_HISTORY`, 256) and the malloc arenas")
+w("(`LINGSTREAM_MALLOC_ARENAS`, 2); the heap figures come from its `/metrics` (`lingstream_process_heap_*`).")
 w("")
 soak_label = "5-minute soak"
 if soak is not None:

@@ -75,6 +75,7 @@ def _serve(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         sys.stderr.write(f"lingstream: {exc}\n")
         return 2
+    arenas = _limit_malloc_arenas(settings.malloc_arenas)  # before the imports below start any thread
 
     from service.app import WorkerFactory, create_app, runtime_of
     from service.logs import configure_logging
@@ -94,6 +95,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Logging is configured only once the process is committed to serving (it replaces the root handlers).
     configure_logging(settings.log_format, settings.log_level)
     logger = logging.getLogger("service.cli")
+    logger.info("malloc arenas: %s", arenas)
     if args.worker_factory:
         logger.warning("TEST HOOK: model workers come from %s", args.worker_factory)
     try:
@@ -120,6 +122,24 @@ def _serve(args: argparse.Namespace) -> int:
     server = DrainingServer(config, runtime_of(app))
     server.run()
     return 0 if server.started else 1
+
+
+def _limit_malloc_arenas(arenas: int) -> str:
+    """At most `arenas` glibc malloc arenas from now on (service/memory.py says why); returns what was done."""
+    from service.memory import GlibcHeap
+
+    if arenas == 0:
+        return "glibc's default (LINGSTREAM_MALLOC_ARENAS=0)"
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return f"MALLOC_ARENA_MAX={os.environ['MALLOC_ARENA_MAX']} from the environment"
+    heap = GlibcHeap.load()
+    if heap is None:
+        return "not glibc: LINGSTREAM_MALLOC_ARENAS has no effect"
+    try:
+        heap.limit_arenas(arenas)
+    except OSError as exc:
+        return f"unchanged ({exc})"
+    return f"at most {arenas}"
 
 
 def _warn_about_exposure(logger: logging.Logger, host: str, keys: tuple[str, ...]) -> None:

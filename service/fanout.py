@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Generic, Self, TypeVar
 
-__all__ = ["Broadcast", "BroadcastStatistics", "Subscription"]
+__all__ = ["Broadcast", "BroadcastStatistics", "Flag", "Subscription"]
 
 T = TypeVar("T")
 
@@ -82,6 +82,55 @@ class Subscription(Generic[T]):
         self._wakeup.set()
 
 
+class Flag:
+    """A one-way `asyncio.Event` (set, never cleared) that costs almost nothing until someone waits.
+
+    Problem: a finished session stays readable for a while (`LINGSTREAM_SESSION_HISTORY` of them), and an
+    `asyncio.Event` allocates its waiter deque (about 760 bytes) up front; four per session were most of a
+    finished session's memory. A `Flag` creates its waiter list only while a coroutine waits. Example::
+
+        ended = Flag()
+        await ended.wait()     # in one task
+        ended.set()            # in another: every waiter wakes; later waits return at once
+
+    Not thread-safe: use it on its event loop, like `asyncio.Event`.
+    """
+
+    __slots__ = ("_set", "_waiters")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiters: list[asyncio.Future[None]] | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if self._set:
+            return
+        self._set = True
+        waiters, self._waiters = self._waiters, None
+        for waiter in waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(self) -> bool:
+        if self._set:
+            return True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if self._waiters is not None and waiter in self._waiters:
+                self._waiters.remove(waiter)  # cancelled: no reference stays behind
+                if not self._waiters:
+                    self._waiters = None
+        return True
+
+
 class Broadcast(Generic[T]):
     """Publishes items to every current subscriber without ever blocking the publisher.
 
@@ -97,6 +146,8 @@ class Broadcast(Generic[T]):
     design; overflow policy drop-oldest per subscriber, bounded by `capacity`. Cancellation: a subscriber that stops
     reading only fills its own buffer. Not thread-safe: publish and subscribe on the event loop.
     """
+
+    __slots__ = ("_capacity", "_closed", "_dropped", "_published", "_subscribers")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:

@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import logging
 import math
+import os
 import threading
 import time
 from collections import Counter, deque
@@ -37,6 +38,7 @@ from admission import ExecutionLease, LeaseStatistics
 from pipeline.bidirectional import BidirectionalService, ChunkOutput
 from pipeline.metrics import StageTiming
 from pipeline.orchestrator import OrchestratorStatistics, StreamingPipelineOrchestrator
+from service.memory import GlibcHeap, HeapInfo
 from service.runtime import RuntimeStatistics
 from transport.base import Transport
 
@@ -46,6 +48,7 @@ __all__ = [
     "StatisticsSnapshot",
     "TransportFigures",
     "WorkerFigures",
+    "observe_process",
     "observe_runtime",
     "render_metrics",
 ]
@@ -70,6 +73,7 @@ SESSION_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600
 _FRESH_S = 1.0  # a snapshot younger than this is reused by the callbacks of one collection
 _LOOP_WAIT_S = 2.0  # how long a collection on another thread waits for the loop to take a snapshot
 _RTF_WINDOW = 64  # chunk periods kept per running session for the real-time factor
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 # --------------------------------------------------------------------------------------------- snapshot records
@@ -212,6 +216,53 @@ def observe_runtime(meter: Meter, read: Callable[[], RuntimeStatistics | None]) 
     gauge("lingstream.draining", "1", "1 while the instance drains.", lambda s: [Observation(int(s.draining))])
 
 
+def observe_process(meter: Meter, heap: GlibcHeap | None = None) -> None:
+    """Register the process's memory series on `meter`: resident memory from /proc (Linux) and, under glibc, what
+    the malloc heap holds in use and free and its arena count (`service.memory`). Read on the collecting thread."""
+
+    def resident(_options: CallbackOptions) -> Iterable[Observation]:
+        try:
+            with open("/proc/self/statm", "rb") as statm:
+                pages = int(statm.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            return []
+        return [Observation(pages * _PAGE_BYTES)]
+
+    meter.create_observable_gauge(
+        "lingstream.process.memory.resident", [resident], unit="By", description="Resident memory of the process."
+    )
+    if heap is None:
+        return
+    reading: dict[str, HeapInfo] = {}
+
+    def heap_figure(pick: Callable[[HeapInfo], int], first: bool) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def callback(_options: CallbackOptions) -> Iterable[Observation]:
+            if first or "last" not in reading:  # one walk of the arenas per collection, shared by the three
+                reading["last"] = heap.info()
+            return [Observation(pick(reading["last"]))]
+
+        return callback
+
+    meter.create_observable_gauge(
+        "lingstream.process.heap.in_use",
+        [heap_figure(lambda info: info.in_use_bytes, True)],
+        unit="By",
+        description="Bytes the malloc heap has handed out (glibc).",
+    )
+    meter.create_observable_gauge(
+        "lingstream.process.heap.free",
+        [heap_figure(lambda info: info.free_bytes, False)],
+        unit="By",
+        description="Bytes the malloc heap holds free: resident memory nothing uses (glibc).",
+    )
+    meter.create_observable_gauge(
+        "lingstream.process.heap.arenas",
+        [heap_figure(lambda info: info.arenas, False)],
+        unit="{arena}",
+        description="malloc arenas in the process (glibc; LINGSTREAM_MALLOC_ARENAS limits them).",
+    )
+
+
 def _replicas(stats: RuntimeStatistics) -> list[Observation]:
     if stats.shared is None:
         return []
@@ -300,6 +351,7 @@ class ServiceMetrics:
         self._closing = False
         self._define_histograms(meter)
         observe_runtime(meter, lambda: self.current().runtime)
+        observe_process(meter, GlibcHeap.load())
         self._define_worker_series(meter)
         self._define_session_series(meter)
 

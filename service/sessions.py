@@ -18,7 +18,6 @@ stream live here too; all three close when the session reaches a terminal state,
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import enum
 import time
@@ -28,7 +27,7 @@ from types import MappingProxyType
 
 from pipeline.bidirectional import ChunkOutput, PreparedSession, SessionCloseMode
 from service.errors import SessionTransitionError
-from service.fanout import Broadcast
+from service.fanout import Broadcast, Flag
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
 
 __all__ = [
@@ -138,6 +137,34 @@ class Session:
     handlers). Every method is synchronous, so a state change and its publication are atomic on the loop.
     """
 
+    # Slots: a finished session stays in the history (LINGSTREAM_SESSION_HISTORY of them); no per-instance dict.
+    __slots__ = (
+        "_sequence",
+        "chunks",
+        "close_mode",
+        "close_reason",
+        "close_requested",
+        "config_view",
+        "created_at",
+        "ended",
+        "escalated",
+        "failure",
+        "holds_slot",
+        "id",
+        "owner",
+        "position",
+        "prepared",
+        "reason",
+        "service_draining",
+        "settled",
+        "snapshots",
+        "state",
+        "statuses",
+        "transport_details",
+        "updated_at",
+        "worker",
+    )
+
     def __init__(
         self,
         session_id: str,
@@ -162,10 +189,10 @@ class Session:
         self.close_reason: str | None = None
         self.holds_slot = False
         self.service_draining = False
-        self.close_requested = asyncio.Event()
-        self.escalated = asyncio.Event()
-        self.settled = asyncio.Event()
-        self.ended = asyncio.Event()
+        self.close_requested = Flag()
+        self.escalated = Flag()
+        self.settled = Flag()
+        self.ended = Flag()
         self.snapshots: Broadcast[SessionSnapshot] = Broadcast(buffers.snapshots)
         self.statuses: Broadcast[StatusMessage] = Broadcast(buffers.statuses)
         self.chunks: Broadcast[ChunkOutput] = Broadcast(buffers.chunks)

@@ -134,10 +134,16 @@ class Settings(BaseSettings):
     max_image_bytes: int = Field(default=10 * _MIB, ge=1, le=512 * _MIB, description="Largest reference image.")
     max_image_pixels: int = Field(default=16 * _MIB, ge=1, le=1 << 30, description="Most pixels of a reference image.")
     session_history: int = Field(
-        default=1024,
+        default=256,
         ge=1,
         le=1_000_000,
         description="Finished sessions kept readable by GET, and the per-session close records behind them.",
+    )
+    malloc_arenas: int = Field(
+        default=2,
+        ge=0,
+        le=1024,
+        description="glibc malloc arenas `serve` allows (0: glibc's 8 per core); MALLOC_ARENA_MAX wins if set.",
     )
     max_connections: int | None = Field(
         default=None,
@@ -431,7 +437,7 @@ class ServiceConfig:
     log_format: str
     log_level: str
     shared_admission: SharedAdmissionConfig | None = None
-    session_history: int = 1024
+    session_history: int = 256
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServiceConfig:

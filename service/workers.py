@@ -54,7 +54,7 @@ class WorkerOptions:
     torch_threads: int | None
     max_image_bytes: int
     max_image_pixels: int
-    session_history: int = 1024
+    session_history: int = 256
 
 
 def worker_options(settings: Settings) -> list[WorkerOptions]:

@@ -66,6 +66,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "videoBitrate": 4_000_000,
             "sessionHistory": 256,
             "maxConnections": 2000,
+            "mallocArenas": 4,
         },
         "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "96Gi"}},
         "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
@@ -459,6 +460,7 @@ def test_settings_reach_the_pod_through_the_configmap(chart: Any) -> None:
     assert data["LINGSTREAM_TORCH_THREADS"] == "8"
     assert data["LINGSTREAM_VIDEO_BITRATE"] == "4000000"  # not 4e+06
     assert (data["LINGSTREAM_SESSION_HISTORY"], data["LINGSTREAM_MAX_CONNECTIONS"]) == ("256", "2000")
+    assert data["LINGSTREAM_MALLOC_ARENAS"] == "4"
     assert data["LINGSTREAM_ADMISSION_BACKEND"] == "memory"
     assert data["LIVEKIT_URL"] == "wss://livekit.example.com"
     # Unset settings are left to the service's defaults.

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.bidirectional import PreparedSession, SessionCloseMode
 from service.errors import SessionTransitionError
-from service.fanout import Broadcast
+from service.fanout import Broadcast, Flag
 from service.sessions import (
     LIVE_STATES,
     TERMINAL_STATES,
@@ -117,3 +117,29 @@ async def test_a_subscriber_waits_for_the_next_item_and_ends_on_close() -> None:
             await anext(subscription)
     late = broadcast.subscribe()
     assert [item async for item in late] == []
+
+
+async def test_a_flag_wakes_every_waiter_once_set_and_keeps_nothing_for_cancelled_ones() -> None:
+    flag = Flag()
+    waiters = [asyncio.create_task(flag.wait()) for _ in range(3)]
+    cancelled = asyncio.create_task(flag.wait())
+    await asyncio.sleep(0)  # every waiter is parked
+    assert not flag.is_set()
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert flag._waiters is not None
+    assert len(flag._waiters) == 3  # the cancelled waiter left nothing behind
+    flag.set()
+    flag.set()  # idempotent
+    assert await asyncio.gather(*waiters) == [True, True, True]
+    assert flag.is_set()
+    assert flag._waiters is None
+    assert await asyncio.wait_for(flag.wait(), timeout=1) is True  # a set flag answers at once
+
+
+def test_a_finished_session_keeps_no_per_instance_dict() -> None:
+    # The history keeps LINGSTREAM_SESSION_HISTORY finished sessions: slots and lazy flags keep each one small.
+    session = _session()
+    assert not hasattr(session, "__dict__")
+    assert isinstance(session.ended, Flag)

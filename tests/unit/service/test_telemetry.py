@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import platform
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -197,6 +198,11 @@ async def test_metrics_after_a_scripted_session_count_exactly_what_happened() ->
     assert metric(text, "lingstream_admission_queue_duration_seconds_count") == 1
     assert _buckets(text, "lingstream_admission_queue_duration_seconds")["0.0"] == 1  # admitted at once
     assert "lingstream_realtime_factor{" not in text  # no running session, no figure
+    # process memory: this process's RSS and, under glibc, its malloc heap
+    assert metric(text, "lingstream_process_memory_resident_bytes") > 50 * 1024 * 1024
+    if platform.libc_ver()[0] == "glibc":
+        assert metric(text, "lingstream_process_heap_in_use_bytes") > 1024 * 1024
+        assert metric(text, "lingstream_process_heap_arenas") >= 1
     # HTTP server metrics by route template; an unmatched path has no route at all.
     post = 'http_request_method="POST",http_response_status_code="201",http_route="/v1/sessions",url_scheme="http"'
     assert metric(text, f"http_server_request_duration_seconds_count{{{post}}}") == 1
