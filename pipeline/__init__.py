@@ -16,7 +16,8 @@ from pipeline.bidirectional import (
     Stop,
 )
 from pipeline.clock import Clock, MonotonicClock
-from pipeline.core import CloseMode, CloseReport, CoreStatistics, OutputItem, ResultKind, SchedulerCore, SessionState
+from pipeline.core import SchedulerCore
+from pipeline.core_records import CloseMode, CloseReport, CoreStatistics, OutputItem, ResultKind, SessionState
 from pipeline.errors import (
     ActorDiedError,
     ActorUnavailableError,
@@ -55,8 +56,8 @@ from pipeline.spec import (
     validate_pipeline,
 )
 from pipeline.tensor_channel import ChannelStatistics, TensorRef, WorkerTensorChannel, validate_ref
-from pipeline.worker import (
-    ParallelWorker,
+from pipeline.worker import ParallelWorker
+from pipeline.worker_records import (
     ParallelWorkerConfig,
     StageFactory,
     WorkerContext,

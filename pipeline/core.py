@@ -20,19 +20,35 @@ on every downstream edge (and in the output buffer for outputs) of every produce
 off their edges, so in-flight work always owns the room it will need. `pump` loops until nothing more can be
 dispatched; nothing in the scheduling path recurses, and the work per event is bounded by the number of stages
 and eligible sessions, never by a session's length.
+
+The records it exchanges with the driver (`SessionState`, `Dispatch`, `Notice`, `CloseReport`, ...) live in
+`pipeline.core_records` and the per-session bookkeeping in `pipeline.core_session`; this module holds
+`SchedulerCore` and re-exports the public records.
 """
 
 from __future__ import annotations
 
-import enum
 import heapq
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from pipeline.actor import StageCall
 from pipeline.clock import Clock
+from pipeline.core_records import (
+    _ACCEPTS_RESULTS,
+    _DISCARDED,
+    ActorView,
+    CloseMode,
+    CloseReport,
+    CoreStatistics,
+    Dispatch,
+    Notice,
+    NoticeKind,
+    OutputItem,
+    ResultKind,
+    SessionState,
+)
+from pipeline.core_session import _Invocation, _Join, _Session
 from pipeline.errors import (
     SequenceError,
     SessionClosedError,
@@ -61,161 +77,6 @@ __all__ = [
 
 # Completed invocation ids remembered to tell a duplicate result from an orphaned one (bounded).
 _RECENT_RESULTS = 1024
-
-
-class SessionState(enum.Enum):
-    OPEN = "open"  # accepting input
-    DRAINING = "draining"  # no new input; every accepted sequence runs through to the outputs
-    CANCELLING = "cancelling"  # no new input; queued work discarded; in-flight calls finish, results dropped
-    FAILED = "failed"  # a stage failed or its actor died; queued work discarded; waiting to release
-    RELEASING = "releasing"  # stage-owned state is being released through the owning actors
-    CLOSED = "closed"  # released cleanly; the id may be used again
-    POISONED = "poisoned"  # a release failed; the id stays unusable until a retry of the failed stages succeeds
-
-
-_TRANSITIONS: Mapping[SessionState, frozenset[SessionState]] = {
-    SessionState.OPEN: frozenset({SessionState.DRAINING, SessionState.CANCELLING, SessionState.FAILED}),
-    SessionState.DRAINING: frozenset({SessionState.CANCELLING, SessionState.FAILED, SessionState.RELEASING}),
-    SessionState.CANCELLING: frozenset({SessionState.RELEASING}),
-    SessionState.FAILED: frozenset({SessionState.RELEASING}),
-    SessionState.RELEASING: frozenset({SessionState.CLOSED, SessionState.POISONED}),
-    SessionState.POISONED: frozenset({SessionState.RELEASING}),
-    SessionState.CLOSED: frozenset(),
-}
-_ACCEPTS_RESULTS = frozenset({SessionState.OPEN, SessionState.DRAINING})
-_DISCARDED = frozenset({SessionState.CANCELLING, SessionState.FAILED})
-
-
-class CloseMode(enum.Enum):
-    DRAIN = "drain"  # deliver every accepted sequence, then release
-    CANCEL = "cancel"  # discard queued work, wait for in-flight calls, then release
-
-
-class NoticeKind(enum.Enum):
-    ROOM = "room"  # ingress room freed or the session stopped accepting input: wake submitters
-    OUTPUT = "output"  # output became readable or the stream ended: wake readers
-    QUIESCENT = "quiescent"  # a closing or failed session has nothing left running: its release may start
-    FAILED = "failed"  # the session failed: the driver starts its release
-
-
-@dataclass(frozen=True, slots=True)
-class Notice:
-    kind: NoticeKind
-    session_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Dispatch:
-    """A stage call the driver must start now."""
-
-    invocation_id: int
-    call: StageCall
-
-
-@dataclass(frozen=True, slots=True)
-class OutputItem:
-    session_id: str
-    sequence_id: int
-    artifact: str
-    payload: object
-
-
-class ResultKind(enum.Enum):
-    DELIVERED = "delivered"  # the result was accepted and its artifacts moved on
-    STALE = "stale"  # the invocation's session was cancelled, failed or closing: result dropped
-    ORPHANED = "orphaned"  # no such invocation or session is known: result dropped
-    DUPLICATE = "duplicate"  # the invocation had already completed: result dropped
-    REJECTED = "rejected"  # the result did not match the stage's declared outputs: the session failed
-
-
-@dataclass(frozen=True, slots=True)
-class CloseReport:
-    session_id: str
-    state: SessionState
-    failure: str | None
-    released_stages: tuple[str, ...]
-    failed_stages: Mapping[str, str]
-    slot_leaks: int
-    discarded_items: int
-    outputs_emitted: int
-
-
-@dataclass(frozen=True, slots=True)
-class CoreStatistics:
-    sessions_by_state: Mapping[str, int]
-    poisoned_sessions: tuple[str, ...]
-    in_flight_by_stage: Mapping[str, int]
-    eligible_by_stage: Mapping[str, int]
-    dispatched: int
-    delivered: int
-    stale_results: int
-    orphaned_results: int
-    duplicate_results: int
-    rejected_results: int
-    cleanup_failures: int
-    slot_leaks: int
-
-
-class ActorView(Protocol):
-    """What the core needs to know about the actors: availability, concurrency, and their incarnation."""
-
-    def available(self, stage_id: str) -> bool: ...
-
-    def capacity(self, stage_id: str) -> int: ...
-
-    def incarnation(self, stage_id: str) -> int: ...
-
-
-@dataclass(slots=True)
-class _Join:
-    count: int = 0
-    last_artifact: str = ""
-    ready_at: float = 0.0
-
-
-@dataclass(slots=True)
-class _Invocation:
-    invocation_id: int
-    stage: int
-    session_id: str
-    sequence_id: int
-    inputs_ready: float
-    admitted: float
-    session: _Session
-    cancelled: bool = False  # the session discarded its work: the result will be dropped as stale
-    abandoned: bool = False  # the session stopped waiting for it (close timeout): its held room counts as leaked
-
-
-@dataclass(slots=True)
-class _Session:
-    session_id: str
-    state: SessionState
-    metrics: StreamingSessionMetrics
-    edge_items: list[dict[int, object]]
-    edge_reserved: list[int]
-    joins: list[dict[int, _Join]]
-    stage_next: list[int]
-    stage_in_flight: list[int]
-    none_ready: list[list[int]]
-    idle_since: list[float | None]
-    eligible_at: list[float]
-    blocker: list[tuple[IdleReason, str | None] | None]
-    touched: list[int | None]
-    external_next: dict[str, int]
-    output_next: dict[str, int]
-    output_reorder: dict[str, dict[int, object]]
-    output_reserved: dict[str, int]
-    output_unread: dict[str, int]
-    readable: deque[OutputItem] = field(default_factory=deque)
-    invocations: set[int] = field(default_factory=set)
-    failure: str | None = None
-    release_failures: dict[str, str] = field(default_factory=dict)
-    released: list[str] = field(default_factory=list)
-
-    def move(self, to: SessionState) -> None:
-        if to not in _TRANSITIONS[self.state]:
-            raise SessionError(f"session {self.session_id!r} cannot go from {self.state.value} to {to.value}")
-        self.state = to
 
 
 class SchedulerCore:

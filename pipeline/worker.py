@@ -10,38 +10,60 @@ written before a rank died is always delivered before that death. All bookkeepin
 thread only hands events over with `loop.call_soon_threadsafe`. When a rank dies the whole incarnation is torn
 down, the calls in flight fail with `ActorDiedError`, death listeners are told, and a new incarnation is started
 with exponential back-off.
+
+The records (`ParallelWorkerConfig`, `WorkerContext`, `WorkerState`, `WorkerStatistics`) live in
+`pipeline.worker_records`, the picklable wire protocol in `pipeline.worker_protocol`, what each rank runs in
+`pipeline.worker_child` and the per-incarnation bookkeeping in `pipeline.worker_incarnation`; this module holds
+the parent's side and re-exports the public records.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import itertools
 import logging
-import multiprocessing
 import multiprocessing.connection as mp_connection
-import os
 import queue
-import signal
 import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import timedelta
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from multiprocessing.queues import Queue
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, cast
 
-import torch
 import torch.multiprocessing as torch_mp
 
-from pipeline.actor import DeathListener, Stage, StageCall
+from pipeline.actor import DeathListener, StageCall
 from pipeline.clock import Clock, MonotonicClock
-from pipeline.errors import ActorDiedError, ActorUnavailableError, PipelineSpecError, StageFailedError
+from pipeline.errors import ActorDiedError, ActorUnavailableError, StageFailedError
+from pipeline.worker_child import _worker_main
+from pipeline.worker_incarnation import _drain, _Incarnation, _kill, _Operation, _terminate, _what
+from pipeline.worker_protocol import (
+    _CALL,
+    _FAILED,
+    _READY,
+    _RELEASE,
+    _START_FAILED,
+    _STOP,
+    _Bootstrap,
+    _describe,
+    _describe_exit,
+    _Reply,
+    _Request,
+    _TCPStore,
+)
+from pipeline.worker_records import (
+    _TRANSITIONS,
+    ParallelWorkerConfig,
+    StageFactory,
+    WorkerContext,
+    WorkerState,
+    WorkerStatistics,
+)
 
 __all__ = [
     "ParallelWorker",
@@ -53,338 +75,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# torch.distributed imports TCPStore from its C extension without re-exporting it for type checkers.
-_TCPStore: Any = torch.distributed.TCPStore  # type: ignore[attr-defined]
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerContext:
-    """What `stage_factory` receives inside each worker process (it is pickled into the child at spawn time).
-
-    `options` is `ParallelWorkerConfig.options` as given: picklable objects the stage needs, e.g. a
-    `WorkerTensorChannel` shared with another worker group.
-    """
-
-    name: str
-    rank: int
-    world_size: int
-    device: str
-    torch_threads: int
-    incarnation: int
-    options: Mapping[str, object]
-
-
-StageFactory = Callable[[WorkerContext], Stage]
-"""Builds the stage inside a child. Must be picklable by reference: a module-level function or class."""
-
-
-@dataclass(frozen=True, slots=True)
-class ParallelWorkerConfig:
-    """Everything a `ParallelWorker` needs; validated on construction (`PipelineSpecError` names the field)."""
-
-    name: str
-    stage_factory: StageFactory
-    devices: tuple[str, ...] = ("cpu",)
-    """One rank per entry: "cpu", "cuda" or "cuda:N". CPU and CUDA ranks cannot be mixed in one group."""
-    torch_threads: int = 1
-    """`torch.set_num_threads` in every rank."""
-    capacity: int = 1
-    """Calls in flight at once. Ranks run calls serially, so more than 1 only queues calls inside the children."""
-    max_pending_releases: int = 8
-    """`release_session` calls in flight at once; further ones wait for a slot."""
-    options: Mapping[str, object] = field(default_factory=dict)
-    start_timeout_s: float = 120.0
-    """How long a new incarnation may take until every rank has built its stage (process group included); with
-    more than one rank it is also the process group's timeout for a collective that not every rank reaches."""
-    stop_timeout_s: float = 10.0
-    """How long `stop()` waits for the ranks to finish their calls and exit before it terminates them."""
-    kill_grace_s: float = 2.0
-    """How long a terminated (SIGTERM) rank gets before it is killed (SIGKILL)."""
-    restart_backoff_initial_s: float = 0.2
-    restart_backoff_max_s: float = 30.0
-    restart_backoff_reset_s: float = 60.0
-    """An incarnation that ran this long before it died restarts after the initial back-off again."""
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise PipelineSpecError("ParallelWorkerConfig.name must not be empty")
-        if not callable(self.stage_factory):
-            raise PipelineSpecError(f"worker {self.name!r}: stage_factory must be callable")
-        if not self.devices:
-            raise PipelineSpecError(f"worker {self.name!r}: devices must name at least one device")
-        kinds = {_device_kind(self.name, device) for device in self.devices}
-        if len(kinds) > 1:
-            raise PipelineSpecError(f"worker {self.name!r}: devices {self.devices} mix CPU and CUDA ranks")
-        if kinds == {"cuda"} and len(self.devices) > 1 and len(set(self.devices)) != len(self.devices):
-            raise PipelineSpecError(f"worker {self.name!r}: NCCL needs one CUDA device per rank, got {self.devices}")
-        for field_name in ("torch_threads", "capacity", "max_pending_releases"):
-            if getattr(self, field_name) < 1:
-                raise PipelineSpecError(f"worker {self.name!r}: {field_name} must be at least 1")
-        for field_name in (
-            "start_timeout_s",
-            "stop_timeout_s",
-            "kill_grace_s",
-            "restart_backoff_initial_s",
-            "restart_backoff_max_s",
-            "restart_backoff_reset_s",
-        ):
-            if not getattr(self, field_name) > 0:
-                raise PipelineSpecError(f"worker {self.name!r}: {field_name} must be positive")
-        if self.restart_backoff_max_s < self.restart_backoff_initial_s:
-            raise PipelineSpecError(f"worker {self.name!r}: restart_backoff_max_s is below restart_backoff_initial_s")
-
-    @property
-    def world_size(self) -> int:
-        return len(self.devices)
-
-
-def _device_kind(name: str, device: str) -> str:
-    if device == "cpu":
-        return "cpu"
-    if device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
-        return "cuda"
-    raise PipelineSpecError(f"worker {name!r}: unsupported device {device!r} (use 'cpu', 'cuda' or 'cuda:N')")
-
-
-class WorkerState(enum.Enum):
-    CREATED = "created"  # constructed; no process exists yet
-    STARTING = "starting"  # an incarnation is spawned; waiting until every rank has built its stage
-    RUNNING = "running"  # every rank is ready; calls are accepted
-    RESTARTING = "restarting"  # an incarnation died: tearing it down, backing off, then STARTING again
-    STOPPING = "stopping"  # stop() is finishing the calls in flight and ending the processes
-    STOPPED = "stopped"  # no process left; terminal
-
-
-_TRANSITIONS: Mapping[WorkerState, frozenset[WorkerState]] = {
-    WorkerState.CREATED: frozenset({WorkerState.STARTING, WorkerState.STOPPING}),
-    # STARTING → STOPPED only when the very first start fails.
-    WorkerState.STARTING: frozenset(
-        {WorkerState.RUNNING, WorkerState.RESTARTING, WorkerState.STOPPING, WorkerState.STOPPED}
-    ),
-    WorkerState.RUNNING: frozenset({WorkerState.RESTARTING, WorkerState.STOPPING}),
-    WorkerState.RESTARTING: frozenset({WorkerState.STARTING, WorkerState.STOPPING}),
-    WorkerState.STOPPING: frozenset({WorkerState.STOPPED}),
-    WorkerState.STOPPED: frozenset(),
-}
-_TERMINAL_STATES = frozenset({WorkerState.STOPPED})
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerStatistics:
-    """A snapshot of one `ParallelWorker`.
-
-    `calls` counts calls handed to the ranks; `failures` those that ended in `StageFailedError`; `lost_calls`
-    those that ended because their incarnation died or the worker stopped. `in_flight` includes cancelled calls
-    that still run in the children. `stale_results` counts replies nobody waited for any more (cancelled calls, dead
-    incarnations). `deaths` counts incarnations that died while running, `restarts` successful restarts.
-    """
-
-    name: str
-    state: WorkerState
-    healthy: bool
-    incarnation: int
-    world_size: int
-    pids: tuple[int, ...]
-    capacity: int
-    in_flight: int
-    pending_releases: int
-    calls: int
-    failures: int
-    lost_calls: int
-    stale_results: int
-    deaths: int
-    restarts: int
-    backoff_s: float
-
-
-# --- wire protocol between the parent and the ranks (picklable, module level) ---
-
-_CALL = "call"
-_RELEASE = "release"
-_STOP = "stop"
-_READY = "ready"
-_START_FAILED = "start_failed"
-_DONE = "done"
-_FAILED = "failed"
-
-
-@dataclass(frozen=True, slots=True)
-class _Request:
-    kind: str
-    op_id: int = 0
-    payload: bytes = b""  # a call: the StageCall, pickled in the parent so pickling errors surface in invoke()
-    session_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class _Reply:
-    rank: int
-    kind: str
-    op_id: int = 0
-    payload: bytes | None = None  # rank 0's artifacts, pickled in the child
-    error: str = ""  # "<ExcType>: message"
-    detail: str = ""  # the child's traceback, logged at DEBUG in the parent
-
-
-@dataclass(frozen=True, slots=True)
-class _Bootstrap:
-    store_port: int
-    backend: str
-    timeout_s: float
-
-
-_PARENT_GONE_EXIT_CODE = 70
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _describe_exit(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "an unknown status"
-    if exitcode < 0:
-        try:
-            return f"exit code {exitcode} ({signal.Signals(-exitcode).name})"
-        except ValueError:
-            return f"exit code {exitcode} (signal {-exitcode})"
-    return f"exit code {exitcode}"
-
-
-# --- the child side ---
-
-
-def _worker_main(
-    context: WorkerContext,
-    factory: StageFactory,
-    requests: Queue[_Request],
-    replies: Connection,
-    bootstrap: _Bootstrap | None,
-) -> None:
-    """Entry point of one rank: build the stage, report ready, serve requests until told to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops the ranks in order
-    _exit_with_parent()
-
-    def send(reply: _Reply) -> None:
-        replies.send_bytes(bytes(ForkingPickler.dumps(reply)))
-
-    distributed = False
-    try:
-        try:
-            torch.set_num_threads(context.torch_threads)
-            if context.device.startswith("cuda:"):
-                torch.cuda.set_device(torch.device(context.device))
-            if bootstrap is not None:
-                _join_process_group(context, bootstrap)
-                distributed = True
-            stage = factory(context)
-            if not isinstance(stage, Stage):
-                raise TypeError(f"stage_factory returned {type(stage).__name__}, which has no process()/release()")
-        except Exception as exc:
-            send(_Reply(context.rank, _START_FAILED, error=_describe(exc), detail=traceback.format_exc()))
-            return
-        send(_Reply(context.rank, _READY))
-        while True:
-            request = requests.get()
-            if request.kind == _STOP:
-                return
-            send(_serve(stage, request, context.rank))
-    finally:
-        if distributed:
-            with contextlib.suppress(Exception):
-                torch.distributed.destroy_process_group()
-        replies.close()
-
-
-def _join_process_group(context: WorkerContext, bootstrap: _Bootstrap) -> None:
-    timeout = timedelta(seconds=bootstrap.timeout_s)
-    store = _TCPStore("127.0.0.1", bootstrap.store_port, is_master=False, timeout=timeout)
-    torch.distributed.init_process_group(
-        bootstrap.backend, store=store, rank=context.rank, world_size=context.world_size, timeout=timeout
-    )
-
-
-def _serve(stage: Stage, request: _Request, rank: int) -> _Reply:
-    try:
-        if request.kind == _CALL:
-            call = ForkingPickler.loads(request.payload)
-            result = stage.process(call)
-            if not isinstance(result, Mapping):
-                raise TypeError(f"process() returned {type(result).__name__}, not a mapping of artifacts")
-        elif request.kind == _RELEASE:
-            stage.release(request.session_id)
-            result = None
-        else:
-            raise ValueError(f"unknown request kind {request.kind!r}")
-    except Exception as exc:
-        return _Reply(rank, _FAILED, request.op_id, error=_describe(exc), detail=traceback.format_exc())
-    if result is None or rank != 0:
-        return _Reply(rank, _DONE, request.op_id)
-    try:
-        payload = bytes(ForkingPickler.dumps(dict(result)))
-    except Exception as exc:
-        return _Reply(rank, _FAILED, request.op_id, error=f"the artifacts are not picklable: {_describe(exc)}")
-    return _Reply(rank, _DONE, request.op_id, payload=payload)
-
-
-def _exit_with_parent() -> None:
-    """End this rank at once if the parent dies, so no worker outlives the service (a SIGKILLed parent included)."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        parent.join()
-        os._exit(_PARENT_GONE_EXIT_CODE)
-
-    threading.Thread(target=watch, name="lingstream-parent-watch", daemon=True).start()
-
-
-# --- the parent side ---
-
-
-class _Operation:
-    """One call or release handed to every rank of one incarnation; owned by the event loop."""
-
-    __slots__ = ("call", "errors", "future", "kind", "op_id", "remaining", "session_id", "value")
-
-    def __init__(
-        self, op_id: int, kind: str, session_id: str, call: StageCall | None, future: asyncio.Future[object], ranks: int
-    ) -> None:
-        self.op_id = op_id
-        self.kind = kind
-        self.session_id = session_id
-        self.call = call
-        self.future = future
-        self.remaining = set(range(ranks))
-        self.errors: list[tuple[int, str]] = []
-        self.value: object = None
-
-
-class _Incarnation:
-    """The processes, queues, pipes and watcher thread of one start of the worker.
-
-    The event loop owns the bookkeeping fields; the watcher thread owns the reply pipes and reaps the processes
-    until the closer (run in a thread by `ParallelWorker._close_incarnation`) has joined it.
-    """
-
-    def __init__(self, number: int, ready: asyncio.Future[str | None]) -> None:
-        self.number = number
-        self.ready = ready  # None once every rank is ready, else why the start failed
-        self.ranks_ready: set[int] = set()
-        self.processes: list[BaseProcess] = []
-        self.pids: tuple[int, ...] = ()
-        self.request_queues: list[Queue[_Request]] = []
-        self.reply_conns: list[Connection] = []
-        self.exited: list[threading.Event] = []
-        self.wake_r, self.wake_w = multiprocessing.Pipe(duplex=False)
-        self.watcher: threading.Thread | None = None
-        self.store: Any = None  # torch.distributed.TCPStore hosted by the parent
-        self.running = False
-        self.broken: str | None = None  # why a rank failed while STARTING, even after `ready` resolved
-        self.ready_at: float | None = None
-        self.closer: asyncio.Future[None] | None = None
 
 
 class ParallelWorker:
@@ -961,30 +651,8 @@ class ParallelWorker:
         return op
 
 
-def _what(op: _Operation) -> str:
-    if op.call is not None:
-        return f"stage {op.call.stage_id!r} session {op.call.session_id!r} sequence {op.call.sequence_id}"
-    return f"the release of session {op.session_id!r}"
-
-
 def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
     try:
         loop.call_soon_threadsafe(callback, *args)
     except RuntimeError:  # the loop is closed: nobody is waiting any more
         logger.debug("event loop closed; dropped an event for %r", callback)
-
-
-def _terminate(process: BaseProcess) -> None:
-    with contextlib.suppress(ProcessLookupError, ValueError):
-        process.terminate()
-
-
-def _kill(process: BaseProcess) -> None:
-    with contextlib.suppress(ProcessLookupError, ValueError):
-        process.kill()
-
-
-def _drain(requests: Queue[_Request]) -> None:
-    with contextlib.suppress(queue.Empty, OSError, EOFError, ValueError):
-        while True:
-            requests.get_nowait()
