@@ -13,41 +13,34 @@ between deciding to generate and reading the snapshot) waits until the driver ha
 does as soon as chunk k-1's output arrived. Every chunk gets a fresh snapshot sequence number (`seq = k`), so the
 session also generates chunks in which no key is held, and each `ChunkOutput` is checked to report exactly the
 trace's `seq` and keys. The reference model is deterministic, and so is libx264 once kept off its AVX-512 code
-(`_x264_params`): the same image, seed and trace give the same file.
+(`service.mp4`): the same image, seed and trace give the same file.
 
 Stopping. A `stop` event (the CLI sets it on SIGINT), or a `KeyboardInterrupt` raised in this coroutine (e.g. by a
 progress callback), ends generation after the chunks already written: the session is closed with CANCEL (queued
 work discarded, the call in flight awaited and dropped), the encoder is flushed and the container closed, so the
 file is a valid, shorter MP4; the result says `interrupted`. Any other exception (including cancellation of the
 coroutine) takes the same cleanup path and propagates.
+
+This module runs the session and holds the command line; the records and errors are in `service.clip` (and
+re-exported here), the MP4 writer is `service.mp4`, the progress bar and summary line are `service.console`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import logging
 import math
 import os
-import platform
 import re
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
-from fractions import Fraction
 from pathlib import Path
-from typing import TextIO
-
-import av
-import numpy as np
-import numpy.typing as npt
 
 from pipeline.bidirectional import (
     ChunkOutput,
@@ -63,7 +56,10 @@ from pipeline.lingbot.errors import ImageInputError, SessionConfigError
 from pipeline.lingbot.model import WorldModel
 from pipeline.lingbot.reference_model import ReferenceWorldModel
 from pipeline.lingbot.service import LingBotService
-from pipeline.metrics import SessionMetricsSnapshot, StreamingSessionMetrics, Summary
+from pipeline.metrics import SessionMetricsSnapshot, StreamingSessionMetrics
+from service.clip import ChunkRecord, GenerateRequest, GenerateResult, GenerationError, Progress, UsageError
+from service.console import ProgressBar, summary_line
+from service.mp4 import Mp4Writer, h264_encoder
 from service.trace import ControlTrace, TraceEntry, TraceError, parse_trace, read_trace_text
 
 __all__ = [
@@ -95,12 +91,6 @@ DEFAULT_SECONDS = 10.0
 """Clip length when neither --frames nor --seconds is given."""
 
 _SESSION_ID = "offline"
-_CRF = 18
-_PRESET = "fast"
-_CPUINFO = Path("/proc/cpuinfo")
-_X86_64 = frozenset({"x86_64", "amd64"})
-_AVX512 = frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
-"""The CPU flags with which libx264 turns on its AVX-512 code (it needs all five)."""
 _RESOLUTION = re.compile(r"^\s*(\d{1,5})\s*[xX]\s*(\d{1,5})\s*$")
 _CONFIG_OPTIONS = (  # a config error starts with its field's name; tell the user which option it was
     ("frame_num", "--frames"),
@@ -113,140 +103,6 @@ _CONFIG_OPTIONS = (  # a config error starts with its field's name; tell the use
     ("seed", "--seed"),
     ("compute_scale", "--compute-scale"),
 )
-
-
-class UsageError(Exception):
-    """Bad options or inputs (exit 2); always raised before any frame is generated or any output file written."""
-
-
-class GenerationError(Exception):
-    """Generation started but failed (exit 1): the session failed or the encoder could not write."""
-
-
-# --- records ----------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class GenerateRequest:
-    """One offline clip: where to write it, the session config (`LingBotSessionConfig` fields), image and trace.
-
-    `image` is the reference image's encoded bytes (PNG/JPEG/WebP; None: the built-in scene). `trace` is the parsed
-    control trace (empty: a still camera); it is placed on the clip, and checked against it, once the config is known.
-    """
-
-    out: Path
-    config: Mapping[str, object] = field(default_factory=dict)
-    image: bytes | None = None
-    trace: Sequence[TraceEntry] = ()
-    trace_source: str = "<trace>"
-    torch_threads: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    """Where generation stands after a chunk was written."""
-
-    chunks_done: int
-    chunks_total: int
-    frames_written: int
-    elapsed_s: float
-    real_time_factor: float | None
-    """p95 chunk period so far ÷ media seconds per chunk (None until two chunks were emitted)."""
-    eta_s: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkRecord:
-    """One written chunk: what it was generated from and how long it took."""
-
-    index: int
-    frames: int
-    applied_seq: int
-    keys: tuple[str, ...]
-    reset_pose: bool
-    wall_s: float
-    """Time from the previous chunk's arrival (for chunk 0: from session creation) to this chunk's arrival."""
-    control_to_output_s: float | None
-    lease_wait_s: float | None
-    """How long the session waited for this chunk's control (the trace gate): the driver's share of the wall time."""
-
-
-@dataclass(frozen=True, slots=True)
-class GenerateResult:
-    out: Path
-    """The MP4 (it does not exist when not a single frame was written)."""
-    config: LingBotSessionConfig
-    encoder: str
-    chunks_planned: int
-    chunks: tuple[ChunkRecord, ...]
-    frames: int
-    wall_s: float
-    interrupted: bool
-    metrics: SessionMetricsSnapshot | None
-    """The scheduler's view of the session, read while it was still open."""
-    summary: SessionSummary | None
-    """What closing the session reported (cleanup failures, slot leaks)."""
-
-    @property
-    def media_s(self) -> float:
-        return self.frames / self.config.fps
-
-    @property
-    def media_s_per_chunk(self) -> float:
-        return self.config.chunk_media_s
-
-    @property
-    def real_time_factor(self) -> float | None:
-        """p95 chunk period ÷ media seconds per chunk (DESIGN 3.3); None with fewer than two chunks."""
-        if self.metrics is None or self.metrics.chunk_period.p95 is None:
-            return None
-        return self.metrics.chunk_period.p95 / self.media_s_per_chunk
-
-    def report(self) -> dict[str, object]:
-        """The JSON report (`--report`): timings per chunk and per stage, latency, chunk period, RTF, config."""
-        metrics = self.metrics
-        return {
-            "output": str(self.out),
-            "interrupted": self.interrupted,
-            "frames": self.frames,
-            "chunks": len(self.chunks),
-            "chunks_planned": self.chunks_planned,
-            "frames_planned": self.config.chunk_plan.frame_num,
-            "media_s": self.media_s,
-            "media_s_per_chunk": self.media_s_per_chunk,
-            "wall_s": self.wall_s,
-            "seed": self.config.seed,
-            "fps": self.config.fps,
-            "width": self.config.width,
-            "height": self.config.height,
-            "encoder": self.encoder,
-            "config": self.config.to_mapping(),
-            "real_time_factor": self.real_time_factor,
-            "wall_over_media": self.wall_s / self.media_s if self.frames else None,
-            "first_output_latency_s": None if metrics is None else metrics.first_output_latency,
-            "chunk_period_s": None if metrics is None else _summary(metrics.chunk_period),
-            "control_to_output_s": None if metrics is None else _summary(metrics.control_to_output),
-            "stages": {}
-            if metrics is None
-            else {
-                stage: {"duration_s": _summary(summary), "queued_s": _summary(metrics.stage_queued[stage])}
-                for stage, summary in sorted(metrics.stage_durations.items())
-            },
-            "idle_s_by_reason": {} if metrics is None else dict(metrics.idle_by_reason),
-            "per_chunk": [asdict(record) for record in self.chunks],
-            "session": None
-            if self.summary is None
-            else {
-                "chunks": self.summary.chunks,
-                "failure": self.summary.failure,
-                "cleanup_failures": dict(self.summary.cleanup_failures),
-                "slot_leaks": self.summary.slot_leaks,
-            },
-        }
-
-
-def _summary(summary: Summary) -> dict[str, float | int | None]:
-    return {"count": summary.count, "mean": summary.mean, "p50": summary.p50, "p95": summary.p95, "max": summary.max}
 
 
 # --- the driver -------------------------------------------------------------------------------------------------------
@@ -286,7 +142,7 @@ async def generate(
         trace = ControlTrace.resolve(request.trace, plan, config.fps, request.trace_source)
     except TraceError as exc:
         raise UsageError(str(exc)) from None
-    encoder = _h264_encoder()
+    encoder = h264_encoder()
     logger.info(
         "generating %d chunks (%d frames, %dx%d at %d fps, seed %d) into %s with %s",
         plan.num_chunks,
@@ -299,7 +155,7 @@ async def generate(
         encoder,
     )
     run = _Run(service, gate, trace, config, on_progress, stop)
-    writer = _Mp4Writer(request.out, config.width, config.height, config.fps, encoder)
+    writer = Mp4Writer(request.out, config.width, config.height, config.fps, encoder)
     try:
         await run.execute(prepared, writer)
     finally:
@@ -373,7 +229,7 @@ class _Run:
         self.summary: SessionSummary | None = None
         self.wall_s = 0.0
 
-    async def execute(self, prepared: PreparedSession, writer: _Mp4Writer) -> None:
+    async def execute(self, prepared: PreparedSession, writer: Mp4Writer) -> None:
         service = self._service
         started = time.perf_counter()
         await service.start()
@@ -396,7 +252,7 @@ class _Run:
             await service.stop()
             self.wall_s = time.perf_counter() - started
 
-    async def _chunks(self, writer: _Mp4Writer, live: StreamingSessionMetrics, started: float) -> bool:
+    async def _chunks(self, writer: Mp4Writer, live: StreamingSessionMetrics, started: float) -> bool:
         """Run the clip; False when stopped early."""
         outputs = self._service.outputs(_SESSION_ID)
         total = self._trace.num_chunks
@@ -484,119 +340,6 @@ class _Run:
         )
 
 
-# --- the MP4 ----------------------------------------------------------------------------------------------------------
-
-
-def _h264_encoder() -> str:
-    """libx264 when PyAV's FFmpeg has it, else FFmpeg's default H.264 encoder; `GenerationError` when none."""
-    if "libx264" in av.codecs_available:
-        return "libx264"
-    try:
-        return str(av.codec.Codec("h264", "w").name)
-    except Exception as exc:  # PyAV raises its own error types for a missing encoder
-        raise GenerationError(f"PyAV's FFmpeg has no H.264 encoder: {exc}") from None
-
-
-def _x264_params(machine: str, cpu_flags: frozenset[str] | None) -> str | None:
-    """The `x264-params` that keep libx264 deterministic on this CPU (None: its defaults already are).
-
-    libx264's AVX-512 kernels for the MB-tree (the lookahead's propagation through B-frames) read memory the encoder
-    never wrote, so on an AVX-512 CPU the bitstream depends on what the heap held before: two runs over identical
-    frames write different files (run with MALLOC_PERTURB_=85 and =170 to see it every time). Its AVX2 kernels are
-    clean, so an AVX-512 CPU gets `asm=AVX2`, which every AVX-512 CPU supports: the same speed, size and quality,
-    with AVX-512 off. Without the CPU's flags (not Linux) an x86-64 CPU might have AVX-512, so MB-tree goes instead:
-    files about 40% larger at the same CRF (measured on a reference-model clip), but the same every time. Other CPUs
-    run no AVX-512 code.
-    """
-    if machine.lower() not in _X86_64:
-        return None
-    if cpu_flags is None:
-        return "mbtree=0"
-    return "asm=AVX2" if _AVX512.issubset(cpu_flags) else None
-
-
-@functools.cache
-def _host_x264_params() -> str | None:
-    return _x264_params(platform.machine(), _cpu_flags(_CPUINFO))
-
-
-def _cpu_flags(cpuinfo: Path) -> frozenset[str] | None:
-    """The first CPU's feature flags from `/proc/cpuinfo` (None when it cannot be read or lists none)."""
-    try:
-        text = cpuinfo.read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        name, sep, value = line.partition(":")
-        if sep and name.strip() == "flags":
-            return frozenset(value.split())
-    return None
-
-
-class _Mp4Writer:
-    """H.264 (yuv420p) in MP4 at a constant frame rate: frame n has pts n in a time base of 1/fps.
-
-    Encoding runs on one worker thread, so chunks are written in order while the model generates the next one.
-    `close` waits for that thread, flushes the encoder and closes the container (idempotent); with no frame written
-    FFmpeg never creates the file.
-    """
-
-    def __init__(self, path: Path, width: int, height: int, fps: int, encoder: str) -> None:
-        self._fps = fps
-        self._time_base = Fraction(1, fps)
-        try:
-            self._container = av.open(str(path), mode="w", format="mp4", container_options={"movflags": "+faststart"})
-        except (OSError, av.FFmpegError) as exc:
-            raise UsageError(f"--out: cannot write {path}: {exc}") from None
-        try:
-            stream = self._container.add_stream(encoder, rate=fps)
-            if not isinstance(stream, av.VideoStream):
-                raise GenerationError(f"{encoder} is not a video encoder")
-            stream.width = width
-            stream.height = height
-            stream.pix_fmt = "yuv420p"
-            if encoder == "libx264":
-                options: dict[str, object] = {"crf": str(_CRF), "preset": _PRESET}
-                params = _host_x264_params()
-                if params is not None:
-                    options["x264-params"] = params
-                stream.options = options
-        except BaseException:
-            self._container.close()
-            raise
-        self._stream = stream
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mp4-writer")
-        self._closed = False
-        self.frames = 0
-
-    async def write(self, frames: npt.NDArray[np.uint8]) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._encode, frames)
-
-    def _encode(self, frames: npt.NDArray[np.uint8]) -> None:
-        try:
-            for image in frames:
-                frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
-                frame.pts = self.frames
-                frame.time_base = self._time_base
-                for packet in self._stream.encode(frame):
-                    self._container.mux(packet)
-                self.frames += 1
-        except (OSError, av.FFmpegError) as exc:
-            raise GenerationError(f"writing the MP4 failed after {self.frames} frames: {exc}") from exc
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._executor.shutdown(wait=True)
-        try:
-            if self.frames:
-                for packet in self._stream.encode(None):
-                    self._container.mux(packet)
-        finally:
-            self._container.close()
-
-
 # --- checks -----------------------------------------------------------------------------------------------------------
 
 
@@ -661,7 +404,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run `generate` from parsed arguments; returns the exit code (0, 1 failed, 2 bad usage, 130 interrupted)."""
-    bar = _ProgressBar(sys.stderr) if sys.stderr.isatty() else None
+    bar = ProgressBar(sys.stderr) if sys.stderr.isatty() else None
     try:
         request = _request_from_args(args)
         if args.report is not None:
@@ -685,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             sys.stderr.write(f"lingstream generate: cannot write the report {args.report}: {exc}\n")
             return EXIT_FAILED
-    sys.stderr.write(_summary_line(result) + "\n")
+    sys.stderr.write(summary_line(result) + "\n")
     return EXIT_INTERRUPTED if result.interrupted else EXIT_OK
 
 
@@ -769,53 +512,9 @@ async def _generate_until_sigint(
             loop.remove_signal_handler(signal.SIGINT)
 
 
-class _ProgressBar:
-    """One carriage-return line on a terminal: chunks done/total, the current real-time factor, the ETA."""
-
-    _WIDTH = 24
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-        self._shown = 0
-
-    def update(self, progress: Progress) -> None:
-        filled = self._WIDTH * progress.chunks_done // max(1, progress.chunks_total)
-        rtf = "   -" if progress.real_time_factor is None else f"{progress.real_time_factor:4.2f}"
-        eta = "-" if progress.eta_s is None else _clock(progress.eta_s)
-        line = (
-            f"[{'#' * filled}{'.' * (self._WIDTH - filled)}] {progress.chunks_done}/{progress.chunks_total} chunks"
-            f"  RTF {rtf}  ETA {eta}"
-        )
-        self._stream.write("\r" + line.ljust(self._shown))
-        self._stream.flush()
-        self._shown = len(line)
-
-    def finish(self) -> None:
-        if self._shown:
-            self._stream.write("\n")
-            self._stream.flush()
-            self._shown = 0
-
-
-def _finish(bar: _ProgressBar | None) -> None:
+def _finish(bar: ProgressBar | None) -> None:
     if bar is not None:
         bar.finish()
-
-
-def _clock(seconds: float) -> str:
-    whole = max(0, round(seconds))
-    return f"{whole // 60}:{whole % 60:02d}"
-
-
-def _summary_line(result: GenerateResult) -> str:
-    rtf = "-" if result.real_time_factor is None else f"{result.real_time_factor:.2f}"
-    head = "interrupted: " if result.interrupted else ""
-    where = str(result.out) if result.frames else "no file (no frame was generated)"
-    return (
-        f"{head}{where}: {result.frames} frames ({result.media_s:.2f} s at {result.config.fps} fps, "
-        f"{len(result.chunks)}/{result.chunks_planned} chunks, {result.config.width}x{result.config.height}, "
-        f"seed {result.config.seed}) in {result.wall_s:.2f} s, RTF {rtf}"
-    )
 
 
 if __name__ == "__main__":

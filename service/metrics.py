@@ -39,7 +39,7 @@ from pipeline.bidirectional import BidirectionalService, ChunkOutput
 from pipeline.metrics import StageTiming
 from pipeline.orchestrator import OrchestratorStatistics, StreamingPipelineOrchestrator
 from service.memory import GlibcHeap, HeapInfo
-from service.runtime import RuntimeStatistics
+from service.runtime_records import RuntimeStatistics
 from transport.base import Transport
 
 __all__ = [

@@ -4,9 +4,10 @@ The HTTP layer (`service.api`) only translates requests into calls on this objec
 
 - session admission (`AdmissionController` + `AdmissionDriver`): every admission event updates the matching
   `Session` (queue position, admitted, expired, cancelled) and is published to its SSE subscribers;
-- one *runner* task per admitted session: create it on its model worker, start its single output reader, attach the
-  transport, wait for a close request, close it on the worker (drain, escalated to cancel on request), give the
-  admission slot back exactly once, publish the final status, detach the transport;
+- one *runner* task per admitted session (`service.runner.SessionRunner`, a base of this class): create it on its
+  model worker, start its single output reader, attach the transport, wait for a close request, close it on the
+  worker (drain, escalated to cancel on request), give the admission slot back exactly once, publish the final
+  status, detach the transport;
 - worker start-up and health (an unready worker admits nothing and makes the instance unready);
 - the drain (SIGTERM or `POST /internal/drain`): not ready at once, no new admissions, queued sessions cancelled,
   running sessions get until `drain_timeout` to end (closed with drain shortly before it, cancelled at it).
@@ -14,6 +15,8 @@ The HTTP layer (`service.api`) only translates requests into calls on this objec
 Everything runs on the event loop; model-side work happens inside the `BidirectionalService` implementation (its
 threads or processes), never here. The only blocking call the runtime makes itself, `prepare` (plus the image
 header check), runs in a worker thread. Every task is owned by a `TaskSet` and cancelled and awaited on `aclose()`.
+Its tuning, the records it answers with and the protocols it is observed through are in `service.runtime_records`
+(re-exported here).
 """
 
 from __future__ import annotations
@@ -21,15 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import dataclasses
-import enum
 import logging
 import secrets
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import PurePath
-from typing import Protocol
+from collections.abc import Mapping, Sequence
 
 from admission import (
     AdmissionController,
@@ -46,8 +44,8 @@ from pipeline.bidirectional import (
     ChunkOutput,
     PreparedSession,
     SessionCloseMode,
-    SessionSummary,
 )
+from service.config_view import config_view
 from service.errors import (
     DrainingError,
     InvalidConfigError,
@@ -61,9 +59,16 @@ from service.errors import (
 from service.fanout import Subscription
 from service.images import check_image
 from service.logs import bind_session_id, session_context
-from service.port import LiveSessionPort
-from service.redis_lua.records import SharedAdmissionStatistics
-from service.sessions import LIVE_STATES, Session, SessionBuffers, SessionSnapshot, SessionState
+from service.runner import SessionRunner
+from service.runtime_records import (
+    DrainStatus,
+    Readiness,
+    RuntimeStatistics,
+    RuntimeTuning,
+    SessionObserver,
+    SnapshotStream,
+)
+from service.sessions import LIVE_STATES, Session, SessionSnapshot, SessionState
 from service.settings import ServiceConfig
 from service.tasks import TaskSet
 from transport.base import Transport
@@ -81,103 +86,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class RuntimeTuning:
-    """Timings and bounds that are not deployment settings (tests shorten them).
-
-    - `create_wait_s`: how long POST waits for an immediately admitted session to be created and attached before it
-      answers 201 with state `admitted` (the client then follows GET or the event stream).
-    - `delete_wait_s`: how long DELETE waits for the close before it answers 202 with state `draining`.
-    - `sse_keepalive_s`: the longest gap between keep-alive comments on an event stream (also capped at a third of
-      the heartbeat timeout, so an open stream always keeps its queued session's place).
-    - `health_interval_s`: how often worker readiness is polled (it is also checked on every create and /readyz).
-    - `reader_stop_s`: after the worker closed a session, how long its output reader may take to see the end.
-    - `drain_close_grace_s`: how long before the drain deadline remaining sessions are asked to close with drain
-      (at most a quarter of the drain timeout); at the deadline they are cancelled.
-    - `shutdown_close_s`: at shutdown, how long sessions get to close (cancel) before their runners are cancelled.
-    - `admission_tick_s`: the admission driver's expiry check interval.
-    """
-
-    create_wait_s: float = 10.0
-    delete_wait_s: float = 5.0
-    sse_keepalive_s: float = 15.0
-    health_interval_s: float = 1.0
-    reader_stop_s: float = 5.0
-    drain_close_grace_s: float = 5.0
-    shutdown_close_s: float = 10.0
-    admission_tick_s: float = 0.5
-    buffers: SessionBuffers = dataclasses.field(default_factory=SessionBuffers)
-
-
-@dataclass(frozen=True, slots=True)
-class Readiness:
-    """/readyz: `ready`, else a stable `code` ("not_ready" or "draining") and a sentence."""
-
-    ready: bool
-    code: str | None = None
-    reason: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DrainStatus:
-    """GET /internal/drain: whether a drain runs, whether it is complete, and what is still open."""
-
-    draining: bool
-    complete: bool
-    running: int
-    queued: int
-    deadline_in_s: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class RuntimeStatistics:
-    """What /metrics reads. `sessions` counts live sessions by state; `ended_total` finished ones by final state.
-    `slots_held` counts sessions holding an admission slot; `slot_mismatch` is admission's retained count minus it
-    (anything but 0 means a leak or a double count). `shared` is the whole deployment (every replica, the global
-    queue) with the Redis backend, as of its last refresh; None in memory."""
-
-    sessions: Mapping[str, int]
-    ended_total: Mapping[str, int]
-    admission: AdmissionStatistics
-    ready: bool
-    draining: bool
-    slots_held: int
-    slot_mismatch: int
-    shared: SharedAdmissionStatistics | None = None
-
-
-class SessionObserver(Protocol):
-    """Told about every session's life (`service.telemetry` implements it: spans, metric events).
-
-    Every call is synchronous, on the event loop, made by the runtime at a fixed point; it must be cheap and must
-    not raise. `admission_event` comes before the runtime applies the event; `enter_session` runs inside the new
-    runner task's own context (what it binds there, e.g. the session's span, is seen by every task the runner
-    starts); `chunk` for each chunk the session's output reader takes; `session_ended` once, at the final state,
-    before the transport is detached.
-    """
-
-    def admission_event(self, session: Session, event: AdmissionEvent) -> None: ...
-
-    def enter_session(self, session: Session) -> None: ...
-
-    def chunk(self, session: Session, chunk: ChunkOutput) -> None: ...
-
-    def session_ended(self, session: Session) -> None: ...
-
-
-class SnapshotStream(Protocol):
-    """What an event stream reads: a session's snapshots after the first (ends after the terminal one); leaving
-    `with` (or `close()`) stops it. `fanout.Subscription` is one."""
-
-    def __enter__(self) -> object: ...
-
-    def __exit__(self, *exc_info: object) -> None: ...
-
-    def __anext__(self) -> Awaitable[SessionSnapshot]: ...
-
-    def close(self) -> None: ...
-
-
 class _NoObserver:
     def admission_event(self, session: Session, event: AdmissionEvent) -> None:
         pass
@@ -192,7 +100,7 @@ class _NoObserver:
         pass
 
 
-class ServiceRuntime:
+class ServiceRuntime(SessionRunner):
     """Owns every session of the instance and the lifecycles of admission, model workers and transport.
 
     Life: `await start()` (returns at once; workers start in the background, `wait_ready()` waits for them),
@@ -357,7 +265,7 @@ class ServiceRuntime:
         return self._register(secrets.token_urlsafe(16), owner, prepared)
 
     def _register(self, session_id: str, owner: str, prepared: PreparedSession) -> Session:
-        session = Session(session_id, owner, prepared, _config_view(prepared.config), self._tuning.buffers)
+        session = Session(session_id, owner, prepared, config_view(prepared.config), self._tuning.buffers)
         self._sessions[session_id] = session
         self._live.add(session_id)
         self._idle.clear()
@@ -631,23 +539,6 @@ class ServiceRuntime:
         bind_session_id(session.id)
         self._observer.enter_session(session)
 
-    def _finish(self, session: Session, summary: SessionSummary | None, *, reason: str | None = None) -> None:
-        """The admitted session is over: final state and status, then its slot goes back (exactly once)."""
-        if session.terminal:
-            return
-        if summary is not None and summary.failure:
-            session.record_failure("model_failure", summary.failure)
-        if session.failure is not None:
-            state, final = SessionState.FAILED, session.failure[0]
-        else:
-            state, final = SessionState.CLOSED, reason or session.close_reason or "closed"
-        session.move(state, reason=final)
-        if session.holds_slot:
-            session.holds_slot = False
-            self._release_slot(session)
-        logger.info("session %s %s (%s)", session.id, state.value, final)
-        self._after_end(session)
-
     def _after_end(self, session: Session) -> None:
         self._observer.session_ended(session)
         self._ended_total[session.state.value] += 1
@@ -657,121 +548,6 @@ class ServiceRuntime:
             forgotten, _ = self._finished.popitem(last=False)
             self._sessions.pop(forgotten, None)
         self._update_idle()
-
-    async def _run_session(self, session: Session) -> None:
-        """The admitted session's whole life on its worker. Cancellation (shutdown) still publishes a final
-        status, gives the slot back and detaches the transport in `finally`."""
-        worker_index = session.worker if session.worker is not None else 0
-        worker = self._workers[worker_index]
-        port = LiveSessionPort(session, worker, self._request_close)
-        attached = False
-        reader: asyncio.Task[None] | None = None
-        # From the create call on, the worker may hold state for the session (even if create fails half-way).
-        on_worker = True
-        try:
-            try:
-                await worker.create_session(session.id, session.prepared)
-            except Exception as exc:
-                logger.exception("session %s: model worker %d could not create it", session.id, worker_index)
-                session.record_failure("create_failed", f"the model worker could not create the session: {exc}")
-                return
-            if not session.close_requested.is_set():
-                reader = asyncio.create_task(self._read_outputs(session, worker), name=f"outputs-{session.id}")
-                if self._transport is not None:
-                    try:
-                        session.transport_details = dict(await self._transport.attach(port))
-                        attached = True
-                    except Exception as exc:
-                        logger.exception("session %s: the transport could not attach it", session.id)
-                        session.record_failure("transport_failed", f"the transport could not attach: {exc}")
-                        session.request_close(SessionCloseMode.CANCEL, "transport_failed")
-                if session.state is SessionState.ADMITTED:
-                    session.move(SessionState.RUNNING)
-                    if session.service_draining or self._draining:
-                        self._mark_service_draining(session)
-            await session.close_requested.wait()
-            summary = await self._close_on_worker(session, worker)
-            on_worker = False
-            if reader is not None:
-                await self._stop_reader(session, reader)
-                reader = None
-            self._finish(session, summary)
-        finally:
-            if reader is not None:
-                reader.cancel()
-                await asyncio.gather(reader, return_exceptions=True)
-            if on_worker:
-                await self._abandon_on_worker(session, worker)
-            self._finish(session, None, reason="shutdown")
-            if attached and self._transport is not None:
-                try:
-                    await self._transport.detach(session.id, session.reason or session.state.value)
-                except Exception:
-                    logger.exception("session %s: the transport failed to detach it", session.id)
-
-    async def _close_on_worker(self, session: Session, worker: BidirectionalService) -> SessionSummary | None:
-        """`close_session` with the requested mode; a later cancel request escalates a drain in flight."""
-        mode = session.close_mode or SessionCloseMode.DRAIN
-        closing = asyncio.create_task(worker.close_session(session.id, mode), name=f"close-{session.id}")
-        helpers: list[asyncio.Task[object]] = []
-        try:
-            if mode is SessionCloseMode.DRAIN:
-                escalated = asyncio.create_task(session.escalated.wait(), name=f"escalation-{session.id}")
-                helpers.append(escalated)
-                await asyncio.wait({closing, escalated}, return_when=asyncio.FIRST_COMPLETED)
-                if not closing.done():
-                    logger.info("session %s: close escalated from drain to cancel", session.id)
-                    cancel = worker.close_session(session.id, SessionCloseMode.CANCEL)
-                    helpers.append(asyncio.create_task(cancel, name=f"cancel-{session.id}"))
-            outcome = (await asyncio.gather(closing, *helpers[1:], return_exceptions=True))[0]
-        finally:
-            pending = [task for task in (closing, *helpers) if not task.done()]
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        if isinstance(outcome, SessionSummary):
-            return outcome
-        logger.error("session %s: closing it on the worker failed: %r", session.id, outcome)
-        session.record_failure("close_failed", f"closing the session on the model worker failed: {outcome}")
-        return None
-
-    async def _abandon_on_worker(self, session: Session, worker: BidirectionalService) -> None:
-        """Best-effort cancel-close when the runner stopped before a regular close (a failed create, or shutdown
-        cancelled it mid-way); errors are logged only."""
-        try:
-            async with asyncio.timeout(self._tuning.shutdown_close_s):
-                await worker.close_session(session.id, SessionCloseMode.CANCEL)
-        except Exception as exc:
-            logger.warning("session %s: best-effort cancel-close on the worker failed: %r", session.id, exc)
-
-    async def _stop_reader(self, session: Session, reader: asyncio.Task[None]) -> None:
-        done, _ = await asyncio.wait({reader}, timeout=self._tuning.reader_stop_s)
-        if not done:
-            logger.warning("session %s: outputs did not end after close; cancelling the reader", session.id)
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-
-    async def _read_outputs(self, session: Session, worker: BidirectionalService) -> None:
-        """The session's single output reader: fans chunks out; its end or failure closes the session."""
-        iterator: AsyncIterator[ChunkOutput] = worker.outputs(session.id)
-        try:
-            async for chunk in iterator:
-                session.publish_chunk(chunk)
-                self._observer.chunk(session, chunk)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if session.close_mode is not SessionCloseMode.CANCEL:
-                logger.warning("session %s: generation failed: %s", session.id, exc)
-                session.record_failure("model_failure", str(exc) or type(exc).__name__)
-            self._request_close(session, SessionCloseMode.CANCEL, "model_failure")
-            return
-        finally:
-            aclose = getattr(iterator, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
-        self._request_close(session, SessionCloseMode.DRAIN, "completed")
 
     async def _drain(self) -> None:
         deadline = self._drain_deadline
@@ -830,35 +606,3 @@ class ServiceRuntime:
 
 def _ordered(states: frozenset[SessionState]) -> list[SessionState]:
     return [state for state in SessionState if state in states]
-
-
-def _config_view(config: object) -> dict[str, object]:
-    """The resolved session config as JSON-able data (a dataclass, a mapping or a pydantic model)."""
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        data: object = {field.name: getattr(config, field.name) for field in dataclasses.fields(config)}
-    elif isinstance(config, Mapping):
-        data = dict(config)
-    elif hasattr(config, "model_dump"):
-        data = config.model_dump()
-    else:
-        data = {"value": repr(config)}
-    converted = _jsonable(data)
-    return converted if isinstance(converted, dict) else {"value": converted}
-
-
-def _jsonable(value: object) -> object:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, enum.Enum):
-        return _jsonable(value.value)
-    if isinstance(value, Mapping):
-        return {str(key): _jsonable(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, set | frozenset):
-        return sorted((_jsonable(item) for item in value), key=repr)
-    if isinstance(value, PurePath):
-        return str(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {field.name: _jsonable(getattr(value, field.name)) for field in dataclasses.fields(value)}
-    return repr(value)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.runtime import DrainStatus
+from service.runtime_records import DrainStatus
 from service.sessions import SessionSnapshot
 
 __all__ = [

@@ -31,13 +31,12 @@ from service.generate import (
     GenerateRequest,
     GenerationError,
     Progress,
-    _cpu_flags,
-    _x264_params,
     add_arguments,
     generate,
     main,
     run,
 )
+from service.mp4 import _cpu_flags, _x264_params
 from service.trace import parse_trace
 
 ROOT = Path(__file__).resolve().parents[3]

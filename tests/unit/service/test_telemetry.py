@@ -308,7 +308,7 @@ def test_render_metrics_renders_the_runtime_series_alone() -> None:
 
 def _runtime_statistics() -> Any:
     from admission import AdmissionStatistics, DurationSummary
-    from service.runtime import RuntimeStatistics
+    from service.runtime_records import RuntimeStatistics
 
     summary = DurationSummary(0, 0, 0.0, 0.0, 0.0, 0.0)
     admission = AdmissionStatistics(
