@@ -26,9 +26,12 @@ on the last line (one JSON object):
 - slots_leaked: after the run, `lingstream_admission_slots_retained` + |`slot_mismatch`| +
   `lingstream_pipeline_slot_leaks_total` + live sessions, from /metrics (must be 0);
 - rss_*: the server's VmRSS from /proc/<pid>/status every `--rss-interval` s: rss_start_mb (after the warm-up, the
-  first fifth of the run), rss_end_mb (after the last client, before shutdown), rss_growth_mb, rss_peak_mb,
+  first fifth of the run, or `--warmup` seconds), rss_end_mb (after the last client, before shutdown),
+  rss_growth_mb, rss_peak_mb,
   rss_slope_mb_per_min (least squares over the post-warm-up samples; flat means close to 0) and
   rss_slope_last_half_mb_per_min (the same over their second half: bounded caches that fill up flatten out);
+  rss_peak_growth_last_half_mb (the second half's peak minus the first half's: the plain test of "stopped
+  growing", robust to the ~1 MB the allocator arenas move between samples);
 - heap_*: the server's glibc malloc heap from /metrics (`lingstream_process_heap_*`): heap_in_use_start_mb (after
   the warm-up), heap_in_use_end_mb and heap_in_use_growth_mb (memory really held: a leak grows it), heap_free_end_mb
   (freed memory the arenas keep: fragmentation grows it) and heap_arenas;
@@ -39,7 +42,8 @@ on the last line (one JSON object):
   lease_fairness_min is the worst interval); per-session chunk counts come from the `chunk` statuses.
 
     .venv/bin/python bench/load.py --quick      # ~30 s
-    .venv/bin/python bench/load.py              # the 5-minute soak (--minutes N to change it)
+    .venv/bin/python bench/load.py              # a 5-minute run (--minutes N to change it)
+    .venv/bin/python bench/load.py --minutes 12 --warmup 420   # the soak: 5 minutes measured after 7 of warm-up
 
 Every loop is bounded in count and time and stops by itself; all traffic stays on 127.0.0.1.
 """
@@ -156,6 +160,15 @@ def metric_sum(text: str, name: str) -> float:
         if line.startswith(name) and len(line) > len(name) and line[len(name)] in " {":
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def peak_growth(samples: list[tuple[float, float]]) -> float:
+    """The peak of the second half of (seconds, MB) samples minus the peak of the first half: about 0 once memory
+    stopped growing, however much it moves between samples (allocator arenas grow and shrink by ~1 MB)."""
+    if len(samples) < 2:
+        return 0.0
+    half = len(samples) // 2
+    return max(v for _, v in samples[half:]) - max(v for _, v in samples[:half])
 
 
 def slope_per_minute(samples: list[tuple[float, float]]) -> float:
@@ -530,7 +543,7 @@ async def drive(load: Load, pid: int, duration: float, args: argparse.Namespace)
     loop = asyncio.get_running_loop()
     began = loop.time()
     stop_at = began + duration
-    warmup_end = began + duration / 5
+    warmup_end = began + (duration / 5 if args.warmup is None else min(args.warmup, duration))
     samples: list[tuple[float, float]] = []
     heap_start: dict[str, float] = {}
     sampling = True
@@ -588,6 +601,7 @@ async def drive(load: Load, pid: int, duration: float, args: argparse.Namespace)
         "mode": "quick" if args.quick else f"{args.minutes:g}-minute",
         "session_history": args.session_history or Settings.model_fields["session_history"].default,
         "duration_s": round(ended_load - began, 1),
+        "warmup_s": round(warmup_end - began, 1),
         "waves": waves,
         "clients": index,
         "sessions_created": load.created,
@@ -614,6 +628,7 @@ async def drive(load: Load, pid: int, duration: float, args: argparse.Namespace)
         "rss_peak_mb": round(max((v for _, v in samples), default=0.0), 1),
         "rss_slope_mb_per_min": round(slope_per_minute(warm), 3),
         "rss_slope_last_half_mb_per_min": round(slope_per_minute(warm[len(warm) // 2 :]), 3),
+        "rss_peak_growth_last_half_mb": round(peak_growth(warm), 1),
         "rss_samples": len(samples),
         "heap_in_use_start_mb": heap_start.get("in_use_mb"),
         "problems": dict(load.problems),
@@ -632,6 +647,9 @@ def main() -> None:
     parser.add_argument("--hold-max", type=float, default=3.0, help="longest time a client keeps its session")
     parser.add_argument("--rss-interval", type=float, default=2.0, help="seconds between RSS samples")
     parser.add_argument("--seed", type=int, default=8)
+    parser.add_argument(
+        "--warmup", type=float, help="seconds left out of the RSS and heap figures (default: a fifth of the run)"
+    )
     parser.add_argument(
         "--session-history",
         type=int,

@@ -183,6 +183,7 @@ async def test_stage_calls_and_listeners_run_in_the_context_their_session_was_op
             await take(stream, 3)
         await orch.close_session("a")
         await orch.close_session("b")
+        assert orch._contexts == {}  # a closed session's context is not kept
     assert len(seen) == 12
     assert all(who == sid for _, sid, who in seen), seen
 
