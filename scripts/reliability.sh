@@ -64,7 +64,7 @@ NOTES = """
   settle. In a 12-minute run (`bench/load.py --minutes 12`, 1 103 sessions, 2026-11-30) RSS rose from 359.0 MB
   after the first 2.4 minutes to 361.8 MB at 6 minutes and then stayed at 361.8-362.0 MB to the end (second-half
   slope 0.016 MB/min, second-half peak 0.1 MB above the first's), with the malloc heap in use falling 2.9 MB. Plain
-  5-minute runs (warm-up: their first minute) end inside that rise: second-half slopes of 0.02-0.7 MB/min in five
+  5-minute runs (warm-up: their first minute) end inside that rise: second-half slopes of 0.02-0.7 MB/min in four
   runs on 2026-11-30, so the soak leaves 7 minutes out. A larger history moves the plateau out and up (with 1 024,
   +0.75-1.1 MB/min over a 5-minute run).
 - **Never-reading HTTP connections are capped only when asked.** uvicorn has no write timeout: a client that never
