@@ -233,34 +233,34 @@ def observe_process(meter: Meter, heap: GlibcHeap | None = None) -> None:
     )
     if heap is None:
         return
-    reading: dict[str, HeapInfo] = {}
+    last: list[tuple[float, HeapInfo]] = []  # one walk of the arenas per collection, like `_FRESH_S` snapshots
 
-    def heap_figure(pick: Callable[[HeapInfo], int], first: bool) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        def callback(_options: CallbackOptions) -> Iterable[Observation]:
-            if first or "last" not in reading:  # one walk of the arenas per collection, shared by the three
-                reading["last"] = heap.info()
-            return [Observation(pick(reading["last"]))]
+    def read() -> HeapInfo:
+        if not last or time.monotonic() - last[0][0] >= _FRESH_S:
+            last[:] = [(time.monotonic(), heap.info())]
+        return last[0][1]
 
-        return callback
+    def figure(pick: Callable[[HeapInfo], int]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        return lambda _options: [Observation(pick(read()))]
 
-    meter.create_observable_gauge(
-        "lingstream.process.heap.in_use",
-        [heap_figure(lambda info: info.in_use_bytes, True)],
-        unit="By",
-        description="Bytes the malloc heap has handed out (glibc).",
-    )
-    meter.create_observable_gauge(
-        "lingstream.process.heap.free",
-        [heap_figure(lambda info: info.free_bytes, False)],
-        unit="By",
-        description="Bytes the malloc heap holds free: resident memory nothing uses (glibc).",
-    )
-    meter.create_observable_gauge(
-        "lingstream.process.heap.arenas",
-        [heap_figure(lambda info: info.arenas, False)],
-        unit="{arena}",
-        description="malloc arenas in the process (glibc; LINGSTREAM_MALLOC_ARENAS limits them).",
-    )
+    for name, unit, description, pick in (
+        ("in_use", "By", "Bytes the malloc heap has handed out (glibc).", lambda i: i.in_use_bytes),
+        (
+            "free",
+            "By",
+            "Bytes the malloc heap holds free: resident memory nothing uses (glibc).",
+            lambda i: i.free_bytes,
+        ),
+        (
+            "arenas",
+            "{arena}",
+            "malloc arenas in the process (glibc; LINGSTREAM_MALLOC_ARENAS limits them).",
+            lambda i: i.arenas,
+        ),
+    ):
+        meter.create_observable_gauge(
+            f"lingstream.process.heap.{name}", [figure(pick)], unit=unit, description=description
+        )
 
 
 def _replicas(stats: RuntimeStatistics) -> list[Observation]:
