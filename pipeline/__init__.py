@@ -1,4 +1,7 @@
-"""The generic streaming scheduler: specs, graph validation, bounded edges, stage actors, lifecycle, metrics."""
+"""The generic streaming scheduler: specs, graph validation, bounded edges, stage actors, lifecycle, metrics.
+
+Importing it loads no torch: the process machinery (`ParallelWorker`, its actor, the tensor channel) is the
+`pipeline.process` subpackage, imported where it is used."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from pipeline.bidirectional import (
 )
 from pipeline.clock import Clock, MonotonicClock
 from pipeline.core import SchedulerCore
-from pipeline.core_records import CloseMode, CloseReport, CoreStatistics, OutputItem, ResultKind, SessionState
+from pipeline.core.records import CloseMode, CloseReport, CoreStatistics, OutputItem, ResultKind, SessionState
 from pipeline.errors import (
     ActorDiedError,
     ActorUnavailableError,
@@ -45,7 +48,6 @@ from pipeline.metrics import (
     Summary,
 )
 from pipeline.orchestrator import OrchestratorStatistics, OutputStream, StageListener, StreamingPipelineOrchestrator
-from pipeline.process_actor import ParallelWorkerStageActor
 from pipeline.spec import (
     PipelineGraph,
     StageOrdering,
@@ -55,15 +57,6 @@ from pipeline.spec import (
     StreamingStageSpec,
     validate_pipeline,
 )
-from pipeline.tensor_channel import ChannelStatistics, TensorRef, WorkerTensorChannel, validate_ref
-from pipeline.worker import ParallelWorker
-from pipeline.worker_records import (
-    ParallelWorkerConfig,
-    StageFactory,
-    WorkerContext,
-    WorkerState,
-    WorkerStatistics,
-)
 
 __all__ = [
     "ActorDiedError",
@@ -71,7 +64,6 @@ __all__ = [
     "ActorUnavailableError",
     "BidirectionalService",
     "ChannelError",
-    "ChannelStatistics",
     "ChunkOutput",
     "Clock",
     "CloseMode",
@@ -88,9 +80,6 @@ __all__ = [
     "OrchestratorStatistics",
     "OutputItem",
     "OutputStream",
-    "ParallelWorker",
-    "ParallelWorkerConfig",
-    "ParallelWorkerStageActor",
     "PipelineError",
     "PipelineGraph",
     "PipelineSpecError",
@@ -113,7 +102,6 @@ __all__ = [
     "Stage",
     "StageActor",
     "StageCall",
-    "StageFactory",
     "StageFailedError",
     "StageListener",
     "StageOrdering",
@@ -126,13 +114,7 @@ __all__ = [
     "StreamingSessionMetrics",
     "StreamingStageSpec",
     "Summary",
-    "TensorRef",
     "UnknownArtifactError",
     "UnknownSessionError",
-    "WorkerContext",
-    "WorkerState",
-    "WorkerStatistics",
-    "WorkerTensorChannel",
     "validate_pipeline",
-    "validate_ref",
 ]

@@ -22,8 +22,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from admission import AdmissionError, Clock
 from pipeline.bidirectional import BidirectionalService
 from pipeline.errors import PipelineError
-from service.api import describe_validation_errors, health_router, internal_router, v1_router
-from service.auth import ApiKeyAuth
 from service.errors import (
     ErrorSpec,
     QueueFullError,
@@ -36,13 +34,15 @@ from service.errors import (
     lookup,
     public_message,
 )
-from service.middleware import BodyLimitMiddleware, StrictCORSMiddleware
-from service.page import install_page
-from service.runtime import RuntimeTuning, ServiceRuntime
+from service.http.auth import ApiKeyAuth
+from service.http.middleware import BodyLimitMiddleware, StrictCORSMiddleware
+from service.http.page import install_page
+from service.http.routes import describe_validation_errors, health_router, internal_router, v1_router
+from service.runtime.runtime import RuntimeTuning, ServiceRuntime
+from service.runtime.workers import build_workers
+from service.scaleout.runtime import SharedServiceRuntime
 from service.settings import ServiceConfig, Settings
-from service.shared_runtime import SharedServiceRuntime
-from service.telemetry import Telemetry, TelemetryMiddleware
-from service.workers import build_workers
+from service.telemetry.otel import Telemetry, TelemetryMiddleware
 from transport.base import Transport
 from transport.errors import TransportError
 
@@ -51,7 +51,8 @@ __all__ = ["WorkerFactory", "create_app", "runtime_of"]
 logger = logging.getLogger(__name__)
 
 WorkerFactory = Callable[[Settings], Sequence[BidirectionalService]]
-"""Builds the model workers (one per `NUM_WORKERS`) from the settings; `service.workers.build_workers` by default."""
+"""Builds the model workers (one per `NUM_WORKERS`) from the settings; `service.runtime.workers.build_workers` by
+default."""
 
 
 def _version() -> str:

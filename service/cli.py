@@ -1,5 +1,5 @@
 """The `lingstream` command line: `serve` runs the service, `drain` asks a local one to drain (a preStop hook),
-`generate` writes a clip offline (`service.generate`, its own options).
+`generate` writes a clip offline (`service.offline.generate`, its own options).
 
     lingstream serve [--host H] [--port P] [--config FILE]
     lingstream drain [--wait] [--timeout SECONDS] [--port P]
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     if arguments[:1] == ["generate"]:
         # Its own parser, imported only here: it loads torch and PyAV, which `drain` must not pay for.
-        from service.generate import main as generate
+        from service.offline.generate import main as generate
 
         return generate(arguments[1:])
     parser = argparse.ArgumentParser(prog="lingstream", description="Interactive world-model video sessions.")
@@ -79,8 +79,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     from service.app import WorkerFactory, create_app, runtime_of
     from service.logs import configure_logging
+    from service.runtime.workers import build_transport, build_workers, load_factory
     from service.server import DrainingServer
-    from service.workers import build_transport, build_workers, load_factory
 
     factory: WorkerFactory = build_workers
     if args.worker_factory:
@@ -125,8 +125,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _limit_malloc_arenas(arenas: int) -> str:
-    """At most `arenas` glibc malloc arenas from now on (service/memory.py says why); returns what was done."""
-    from service.memory import GlibcHeap
+    """At most `arenas` glibc malloc arenas from now on (service/telemetry/memory.py says why); returns what was
+    done."""
+    from service.telemetry.memory import GlibcHeap
 
     if arenas == 0:
         return "glibc's default (LINGSTREAM_MALLOC_ARENAS=0)"

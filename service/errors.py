@@ -36,7 +36,7 @@ from types import MappingProxyType
 
 import admission.errors as admission_errors
 import pipeline.errors as pipeline_errors
-from service.redis_lua.records import NotTicketOwnerError
+from service.scaleout.lua.records import NotTicketOwnerError
 
 __all__ = [
     "AdmissionUnavailableError",

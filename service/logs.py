@@ -5,7 +5,7 @@ tasks, which inherit it when they are created inside the binding). `SessionIdFil
 handler by `configure_logging`, copies it onto every record as `record.session_id`, so every line of a session can
 be found, including lines from the admission and pipeline packages that know nothing about it. The same filter
 copies the active OpenTelemetry span's `trace_id` and `span_id` (hex), so a JSON line leads to its trace: a
-request's span inside a handler, the session's span inside the session's own tasks (see `service.telemetry`).
+request's span inside a handler, the session's span inside the session's own tasks (see `service.telemetry.otel`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from types import FrameType
 
 import uvicorn
 
-from service.runtime import ServiceRuntime
+from service.runtime.runtime import ServiceRuntime
 
 __all__ = ["DrainingServer"]
 

@@ -16,8 +16,6 @@ import numpy as np
 
 from pipeline import (
     CloseMode,
-    ParallelWorkerConfig,
-    ParallelWorkerStageActor,
     SessionFailedError,
     StreamingEdgeSpec,
     StreamingPipelineOrchestrator,
@@ -34,7 +32,8 @@ from pipeline.bidirectional import (
     SessionSummary,
 )
 from pipeline.errors import PipelineError
-from pipeline.worker import WorkerContext
+from pipeline.process import ParallelWorkerConfig, ParallelWorkerStageActor
+from pipeline.process.worker import WorkerContext
 
 SPEC = StreamingPipelineSpec(
     stages=(StreamingStageSpec("render", consumes=("tick",), produces=("frames",)),),

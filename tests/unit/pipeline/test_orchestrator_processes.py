@@ -9,8 +9,6 @@ import pytest
 
 from pipeline import (
     CloseMode,
-    ParallelWorkerConfig,
-    ParallelWorkerStageActor,
     SessionFailedError,
     SessionState,
     StreamingEdgeSpec,
@@ -18,6 +16,7 @@ from pipeline import (
     StreamingPipelineSpec,
     StreamingStageSpec,
 )
+from pipeline.process import ParallelWorkerConfig, ParallelWorkerStageActor
 from tests.unit.pipeline.worker_stages import echo_stage, eventually, make_gates
 
 SPEC = StreamingPipelineSpec(

@@ -16,8 +16,8 @@ import torch
 
 from pipeline.actor import StageCall
 from pipeline.errors import ActorDiedError, ChannelError, PipelineSpecError, StageFailedError
-from pipeline.tensor_channel import TensorRef, WorkerTensorChannel, validate_ref
-from pipeline.worker import ParallelWorker, ParallelWorkerConfig
+from pipeline.process.tensor_channel import TensorRef, WorkerTensorChannel, validate_ref
+from pipeline.process.worker import ParallelWorker, ParallelWorkerConfig
 from tests.unit.pipeline.worker_stages import consumer_stage, eventually, make_gates, producer_stage
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")

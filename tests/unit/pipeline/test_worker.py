@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from pipeline.actor import StageCall
 from pipeline.errors import ActorDiedError, ActorUnavailableError, PipelineSpecError, StageFailedError
-from pipeline.worker import ParallelWorker, ParallelWorkerConfig, WorkerState
+from pipeline.process.worker import ParallelWorker, ParallelWorkerConfig, WorkerState
 from tests.unit.pipeline.worker_stages import (
     Gates,
     all_reduce_stage,

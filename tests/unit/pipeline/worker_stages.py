@@ -18,8 +18,8 @@ import torch
 import torch.multiprocessing as torch_mp
 
 from pipeline.actor import StageCall
-from pipeline.tensor_channel import TensorRef, WorkerTensorChannel
-from pipeline.worker import WorkerContext
+from pipeline.process.tensor_channel import TensorRef, WorkerTensorChannel
+from pipeline.process.worker import WorkerContext
 
 GATE_TIMEOUT_S = 30.0
 

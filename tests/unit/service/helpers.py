@@ -13,7 +13,7 @@ import httpx
 from fastapi import FastAPI
 
 from service.app import create_app, runtime_of
-from service.runtime import RuntimeTuning, ServiceRuntime
+from service.runtime.runtime import RuntimeTuning, ServiceRuntime
 from service.settings import load_settings
 from tests.fakes.clock import FakeClock
 from tests.fakes.world import FakeWorld

@@ -25,7 +25,8 @@ import torch
 from pipeline.lingbot.chunks import ChunkPlan, frame_num_for_duration
 from pipeline.lingbot.model import WorldModelParts
 from pipeline.lingbot.reference_model import ReferenceDiT, ReferenceVAEDecoder, ReferenceVAEEncoder
-from service.generate import (
+from service.offline.control_trace import parse_trace
+from service.offline.generate import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     GenerateRequest,
@@ -36,8 +37,7 @@ from service.generate import (
     main,
     run,
 )
-from service.mp4 import _cpu_flags, _x264_params
-from service.trace import parse_trace
+from service.offline.mp4 import _cpu_flags, _x264_params
 
 ROOT = Path(__file__).resolve().parents[3]
 SMALL = ["--resolution", "64x48", "--chunk-size", "2", "--no-hud"]
@@ -168,7 +168,7 @@ def test_the_file_does_not_depend_on_what_the_heap_held_before(tmp_path: Path) -
         out = tmp_path / f"heap-{perturb}.mp4"
         argv = ["--out", str(out), "--controls", str(trace), "--image", str(image), "--seed", "7", "--frames", "21"]
         env = {**os.environ, "MALLOC_PERTURB_": perturb}
-        subprocess.run([sys.executable, "-m", "service.generate", *argv, *SMALL], cwd=ROOT, env=env, check=True)
+        subprocess.run([sys.executable, "-m", "service.offline.generate", *argv, *SMALL], cwd=ROOT, env=env, check=True)
     assert Clip(tmp_path / "heap-85.mp4").hashes == Clip(tmp_path / "heap-170.mp4").hashes
     assert (tmp_path / "heap-85.mp4").read_bytes() == (tmp_path / "heap-170.mp4").read_bytes()
 
@@ -387,7 +387,7 @@ async def test_a_model_failure_mid_clip_is_a_generation_error_and_keeps_the_chun
 
 def test_sigint_in_a_terminal_shows_progress_then_exits_130_with_a_valid_shorter_mp4(tmp_path: Path) -> None:
     out = tmp_path / "long.mp4"
-    argv = [sys.executable, "-m", "service.generate", "--out", str(out), "--seconds", "3600", *SMALL]
+    argv = [sys.executable, "-m", "service.offline.generate", "--out", str(out), "--seconds", "3600", *SMALL]
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
         argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=terminal, close_fds=True

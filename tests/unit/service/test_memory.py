@@ -1,4 +1,5 @@
-"""service/memory.py: glibc's arena limit really bounds the arenas, and the heap figures follow allocations."""
+"""service/telemetry/memory.py: glibc's arena limit really bounds the arenas, and the heap figures follow
+allocations."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from service.cli import _limit_malloc_arenas
-from service.memory import GlibcHeap
+from service.telemetry.memory import GlibcHeap
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -25,7 +26,7 @@ _THREADS = textwrap.dedent(
     """
     import json, sys, threading
     sys.path.insert(0, {root!r})
-    from service.memory import GlibcHeap
+    from service.telemetry.memory import GlibcHeap
     from service.cli import _limit_malloc_arenas
     note = _limit_malloc_arenas({arenas})
     barrier = threading.Barrier(8)

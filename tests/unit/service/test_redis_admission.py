@@ -22,7 +22,7 @@ from admission import (
     UnknownTicketError,
 )
 from service.errors import AdmissionUnavailableError
-from service.redis_admission import (
+from service.scaleout.admission import (
     CloseRequest,
     NotTicketOwnerError,
     RedisAdmission,
@@ -30,7 +30,7 @@ from service.redis_admission import (
     SharedEventKind,
     SharedTicketView,
 )
-from service.redis_lua.mirror import ReplicaMirror
+from service.scaleout.lua.mirror import ReplicaMirror
 from tests.fakes.redis_server import REDIS_SERVER, RedisServer
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,8 +8,8 @@ import pytest
 
 from pipeline.bidirectional import PreparedSession, SessionCloseMode
 from service.errors import SessionTransitionError
-from service.fanout import Broadcast, Flag
-from service.sessions import (
+from service.runtime.fanout import Broadcast, Flag
+from service.runtime.sessions import (
     LIVE_STATES,
     TERMINAL_STATES,
     TRANSITIONS,

@@ -9,8 +9,8 @@ import pytest
 
 from service.cli import main
 from service.errors import SettingsError
+from service.runtime.workers import worker_options
 from service.settings import ServiceConfig, Settings, load_settings
-from service.workers import worker_options
 
 
 def test_defaults_bind_loopback_and_match_the_documented_contract() -> None:

@@ -8,9 +8,9 @@ import pytest
 
 from admission import TicketReason, TicketState
 from service.errors import SettingsError
-from service.redis_lua.records import SharedTicketView
-from service.registry import decode_payload, encode_body, encode_payload, failed_body, remote_snapshot
-from service.sessions import SessionSnapshot, SessionState
+from service.runtime.sessions import SessionSnapshot, SessionState
+from service.scaleout.lua.records import SharedTicketView
+from service.scaleout.registry import decode_payload, encode_body, encode_payload, failed_body, remote_snapshot
 from service.settings import ServiceConfig, load_settings
 
 URL = "redis://:secret-password@127.0.0.1:6379/0"

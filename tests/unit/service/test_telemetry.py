@@ -34,9 +34,9 @@ from pipeline.bidirectional import ChunkOutput
 from service.app import create_app, runtime_of
 from service.errors import SettingsError
 from service.logs import JsonFormatter, SessionIdFilter
-from service.metrics import render_metrics
 from service.settings import load_settings
-from service.telemetry import OtlpTarget, Telemetry, TelemetryConfig
+from service.telemetry.metrics import render_metrics
+from service.telemetry.otel import OtlpTarget, Telemetry, TelemetryConfig
 from tests.fakes.clock import FakeClock
 from tests.fakes.world import FakeWorld
 from tests.unit.service.helpers import FAST, RecordingTransport, metric, wait_for
@@ -308,7 +308,7 @@ def test_render_metrics_renders_the_runtime_series_alone() -> None:
 
 def _runtime_statistics() -> Any:
     from admission import AdmissionStatistics, DurationSummary
-    from service.runtime_records import RuntimeStatistics
+    from service.runtime.records import RuntimeStatistics
 
     summary = DurationSummary(0, 0, 0.0, 0.0, 0.0, 0.0)
     admission = AdmissionStatistics(

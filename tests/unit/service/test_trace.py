@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.lingbot.chunks import ChunkPlan
-from service.trace import (
+from service.offline.control_trace import (
     MAX_TRACE_BYTES,
     ChunkControl,
     ControlTrace,

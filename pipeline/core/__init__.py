@@ -1,0 +1,32 @@
+"""The orchestrator's pure scheduling core: `SchedulerCore` (`scheduler.py`) and the records it exchanges with its
+asyncio driver (`records.py`); the per-session bookkeeping (`_session.py`) is private to the core."""
+
+from __future__ import annotations
+
+from pipeline.core.records import (
+    ActorView,
+    CloseMode,
+    CloseReport,
+    CoreStatistics,
+    Dispatch,
+    Notice,
+    NoticeKind,
+    OutputItem,
+    ResultKind,
+    SessionState,
+)
+from pipeline.core.scheduler import SchedulerCore
+
+__all__ = [
+    "ActorView",
+    "CloseMode",
+    "CloseReport",
+    "CoreStatistics",
+    "Dispatch",
+    "Notice",
+    "NoticeKind",
+    "OutputItem",
+    "ResultKind",
+    "SchedulerCore",
+    "SessionState",
+]

@@ -1,0 +1,70 @@
+"""The per-session bookkeeping of the scheduling core: what `SchedulerCore` keeps for each session and each call.
+
+`CoreSession` holds one session's lifecycle state, edge buffers and reservations, joins, per-stage ordering and idle
+tracking, and its output buffers; it moves between `SessionState`s only along the transition table. `Join`
+counts the inputs of one sequence that have reached a stage, and `Invocation` is one dispatched stage call
+until its result is settled. Package-private: only `pipeline.core.scheduler` uses these.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pipeline.core.records import SESSION_TRANSITIONS, OutputItem, SessionState
+from pipeline.errors import SessionError
+from pipeline.metrics import IdleReason, StreamingSessionMetrics
+
+__all__: list[str] = []
+
+
+@dataclass(slots=True)
+class Join:
+    count: int = 0
+    last_artifact: str = ""
+    ready_at: float = 0.0
+
+
+@dataclass(slots=True)
+class Invocation:
+    invocation_id: int
+    stage: int
+    session_id: str
+    sequence_id: int
+    inputs_ready: float
+    admitted: float
+    session: CoreSession
+    cancelled: bool = False  # the session discarded its work: the result will be dropped as stale
+    abandoned: bool = False  # the session stopped waiting for it (close timeout): its held room counts as leaked
+
+
+@dataclass(slots=True)
+class CoreSession:
+    session_id: str
+    state: SessionState
+    metrics: StreamingSessionMetrics
+    edge_items: list[dict[int, object]]
+    edge_reserved: list[int]
+    joins: list[dict[int, Join]]
+    stage_next: list[int]
+    stage_in_flight: list[int]
+    none_ready: list[list[int]]
+    idle_since: list[float | None]
+    eligible_at: list[float]
+    blocker: list[tuple[IdleReason, str | None] | None]
+    touched: list[int | None]
+    external_next: dict[str, int]
+    output_next: dict[str, int]
+    output_reorder: dict[str, dict[int, object]]
+    output_reserved: dict[str, int]
+    output_unread: dict[str, int]
+    readable: deque[OutputItem] = field(default_factory=deque)
+    invocations: set[int] = field(default_factory=set)
+    failure: str | None = None
+    release_failures: dict[str, str] = field(default_factory=dict)
+    released: list[str] = field(default_factory=list)
+
+    def move(self, to: SessionState) -> None:
+        if to not in SESSION_TRANSITIONS[self.state]:
+            raise SessionError(f"session {self.session_id!r} cannot go from {self.state.value} to {to.value}")
+        self.state = to

@@ -1,0 +1,134 @@
+"""The vocabulary of the scheduling core: the session lifecycle and the records `SchedulerCore` trades with its driver.
+
+`SessionState` is a session's lifecycle with its transition table (the diagram is in `pipeline.core.scheduler`'s
+docstring); `CloseMode` says how a close treats queued work. The core answers the driver's events with `Dispatch`
+records to start and `Notice` records of what changed, classifies every stage result with a `ResultKind`, hands readable
+outputs over as `OutputItem`s, and reports a finished release as a `CloseReport`; `CoreStatistics` is its frozen
+snapshot, and `ActorView` the seam through which it reads the actors. `pipeline` and `pipeline.core`
+re-export them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from pipeline.actor import StageCall
+
+__all__ = [
+    "ActorView",
+    "CloseMode",
+    "CloseReport",
+    "CoreStatistics",
+    "Dispatch",
+    "Notice",
+    "NoticeKind",
+    "OutputItem",
+    "ResultKind",
+    "SessionState",
+]
+
+
+class SessionState(enum.Enum):
+    OPEN = "open"  # accepting input
+    DRAINING = "draining"  # no new input; every accepted sequence runs through to the outputs
+    CANCELLING = "cancelling"  # no new input; queued work discarded; in-flight calls finish, results dropped
+    FAILED = "failed"  # a stage failed or its actor died; queued work discarded; waiting to release
+    RELEASING = "releasing"  # stage-owned state is being released through the owning actors
+    CLOSED = "closed"  # released cleanly; the id may be used again
+    POISONED = "poisoned"  # a release failed; the id stays unusable until a retry of the failed stages succeeds
+
+
+SESSION_TRANSITIONS: Mapping[SessionState, frozenset[SessionState]] = {
+    SessionState.OPEN: frozenset({SessionState.DRAINING, SessionState.CANCELLING, SessionState.FAILED}),
+    SessionState.DRAINING: frozenset({SessionState.CANCELLING, SessionState.FAILED, SessionState.RELEASING}),
+    SessionState.CANCELLING: frozenset({SessionState.RELEASING}),
+    SessionState.FAILED: frozenset({SessionState.RELEASING}),
+    SessionState.RELEASING: frozenset({SessionState.CLOSED, SessionState.POISONED}),
+    SessionState.POISONED: frozenset({SessionState.RELEASING}),
+    SessionState.CLOSED: frozenset(),
+}
+ACCEPTS_RESULTS = frozenset({SessionState.OPEN, SessionState.DRAINING})
+DISCARDED = frozenset({SessionState.CANCELLING, SessionState.FAILED})
+
+
+class CloseMode(enum.Enum):
+    DRAIN = "drain"  # deliver every accepted sequence, then release
+    CANCEL = "cancel"  # discard queued work, wait for in-flight calls, then release
+
+
+class NoticeKind(enum.Enum):
+    ROOM = "room"  # ingress room freed or the session stopped accepting input: wake submitters
+    OUTPUT = "output"  # output became readable or the stream ended: wake readers
+    QUIESCENT = "quiescent"  # a closing or failed session has nothing left running: its release may start
+    FAILED = "failed"  # the session failed: the driver starts its release
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    kind: NoticeKind
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """A stage call the driver must start now."""
+
+    invocation_id: int
+    call: StageCall
+
+
+@dataclass(frozen=True, slots=True)
+class OutputItem:
+    session_id: str
+    sequence_id: int
+    artifact: str
+    payload: object
+
+
+class ResultKind(enum.Enum):
+    DELIVERED = "delivered"  # the result was accepted and its artifacts moved on
+    STALE = "stale"  # the invocation's session was cancelled, failed or closing: result dropped
+    ORPHANED = "orphaned"  # no such invocation or session is known: result dropped
+    DUPLICATE = "duplicate"  # the invocation had already completed: result dropped
+    REJECTED = "rejected"  # the result did not match the stage's declared outputs: the session failed
+
+
+@dataclass(frozen=True, slots=True)
+class CloseReport:
+    session_id: str
+    state: SessionState
+    failure: str | None
+    released_stages: tuple[str, ...]
+    failed_stages: Mapping[str, str]
+    slot_leaks: int
+    discarded_items: int
+    outputs_emitted: int
+
+
+@dataclass(frozen=True, slots=True)
+class CoreStatistics:
+    sessions_by_state: Mapping[str, int]
+    poisoned_sessions: tuple[str, ...]
+    in_flight_by_stage: Mapping[str, int]
+    eligible_by_stage: Mapping[str, int]
+    dispatched: int
+    delivered: int
+    stale_results: int
+    orphaned_results: int
+    duplicate_results: int
+    rejected_results: int
+    cleanup_failures: int
+    slot_leaks: int
+
+
+class ActorView(Protocol):
+    """What the core needs to know about the actors: availability, concurrency, and their incarnation."""
+
+    def available(self, stage_id: str) -> bool: ...
+
+    def capacity(self, stage_id: str) -> int: ...
+
+    def incarnation(self, stage_id: str) -> int: ...

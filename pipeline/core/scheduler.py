@@ -1,0 +1,702 @@
+"""The pure scheduling core of the streaming orchestrator: decides what runs next, never runs anything.
+
+`SchedulerCore` holds every session's bounded edges, joins, per-stage ordering and lifecycle, and answers the
+driver's events (`try_submit`, `complete`, `fail`, `actor_died`, `output_read`, close and release steps) with
+`Dispatch` records to start and `Notice` records of what changed. It has no awaits, no threads and an injected
+clock, so tests drive it step by step. The asyncio driver (`pipeline.orchestrator`) is a thin shell around it.
+
+State machine of a session (see `SessionState`)::
+
+    OPEN ──close(drain)──► DRAINING ──quiescent──► RELEASING ──all released──► CLOSED (id reusable)
+      │ └─close(cancel)─► CANCELLING ─quiescent─┘       │
+      └──stage error / actor death──► FAILED ──quiescent─┘ └──a release failed──► POISONED ──retry──► RELEASING
+
+Scheduling. A stage is *eligible* for a session when the next sequence's inputs are all joined (strict
+ordering: exactly sequence `next`, nothing of the session in flight at that stage; `NONE`: any joined sequence,
+up to the per-session limit). Each stage keeps its eligible sessions in the order they became eligible; when the
+stage has a free slot, the oldest eligible session whose downstream has room goes first (this is what makes
+sessions interleave fairly: a session re-enters at the tail after each dispatch). Dispatching reserves one slot
+on every downstream edge (and in the output buffer for outputs) of every produced artifact and takes the inputs
+off their edges, so in-flight work always owns the room it will need. `pump` loops until nothing more can be
+dispatched; nothing in the scheduling path recurses, and the work per event is bounded by the number of stages
+and eligible sessions, never by a session's length.
+
+The records it exchanges with the driver (`SessionState`, `Dispatch`, `Notice`, `CloseReport`, ...) live in
+`pipeline.core.records` and the per-session bookkeeping in `pipeline.core._session`; this module holds
+`SchedulerCore`; `pipeline.core` exports both.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Mapping
+
+from pipeline.actor import StageCall
+from pipeline.clock import Clock
+from pipeline.core._session import CoreSession, Invocation, Join
+from pipeline.core.records import (
+    ACCEPTS_RESULTS,
+    DISCARDED,
+    ActorView,
+    CloseMode,
+    CloseReport,
+    CoreStatistics,
+    Dispatch,
+    Notice,
+    NoticeKind,
+    OutputItem,
+    ResultKind,
+    SessionState,
+)
+from pipeline.errors import (
+    SequenceError,
+    SessionClosedError,
+    SessionError,
+    SessionExistsError,
+    SessionPoisonedError,
+    UnknownArtifactError,
+    UnknownSessionError,
+)
+from pipeline.metrics import IdleInterval, IdleReason, StageTiming, StreamingSessionMetrics
+from pipeline.spec import PipelineGraph, StageOrdering
+
+__all__ = ["SchedulerCore"]
+
+# Completed invocation ids remembered to tell a duplicate result from an orphaned one (bounded).
+_RECENT_RESULTS = 1024
+
+
+class SchedulerCore:
+    """Pure scheduling state for all sessions of one pipeline; see the module docstring."""
+
+    def __init__(self, graph: PipelineGraph, actors: ActorView, clock: Clock, *, metrics_window: int = 256) -> None:
+        self._graph = graph
+        self._actors = actors
+        self._clock = clock
+        self._metrics_window = metrics_window
+        stages = graph.stages
+        self._stage_ids = tuple(s.stage_id for s in stages)
+        self._ready: list[OrderedDict[str, None]] = [OrderedDict() for _ in stages]
+        self._in_flight = [0] * len(stages)
+        self._spec_limit = [s.max_in_flight for s in stages]
+        self._group_of = [s.resource_group for s in stages]
+        self._group_limit = {g.name: g.max_concurrency for g in graph.spec.resource_groups}
+        self._group_used = dict.fromkeys(self._group_limit, 0)
+        self._sessions: dict[str, CoreSession] = {}
+        self._poisoned: dict[str, CoreSession] = {}
+        self._invocations: dict[int, Invocation] = {}
+        self._recent_results: deque[int] = deque(maxlen=_RECENT_RESULTS)
+        self._recent_set: set[int] = set()
+        self._next_invocation = 1
+        self._notices: list[Notice] = []
+        self._counters = dict.fromkeys(
+            ("dispatched", "delivered", "stale", "orphaned", "duplicate", "rejected", "cleanup_failures", "leaks"), 0
+        )
+        # producing stage and the stage each edge feeds, by edge index
+        self._edge_target = [graph.stage_index[e.target] for e in graph.edges]
+
+    # -- sessions --------------------------------------------------------------------------------------------
+
+    def open_session(self, session_id: str) -> StreamingSessionMetrics:
+        if session_id in self._poisoned:
+            failed = sorted(self._poisoned[session_id].release_failures)
+            raise SessionPoisonedError(
+                f"session {session_id!r} is poisoned: releasing stages {failed} failed; retry the release first"
+            )
+        if session_id in self._sessions:
+            raise SessionExistsError(f"session {session_id!r} is already open")
+        now = self._clock.now()
+        n_stages = len(self._stage_ids)
+        n_edges = len(self._graph.edges)
+        outputs = self._graph.spec.outputs
+        session = CoreSession(
+            session_id=session_id,
+            state=SessionState.OPEN,
+            metrics=StreamingSessionMetrics(session_id, window=self._metrics_window),
+            edge_items=[{} for _ in range(n_edges)],
+            edge_reserved=[0] * n_edges,
+            joins=[{} for _ in range(n_stages)],
+            stage_next=[0] * n_stages,
+            stage_in_flight=[0] * n_stages,
+            none_ready=[[] for _ in range(n_stages)],
+            idle_since=[now] * n_stages,
+            eligible_at=[now] * n_stages,
+            blocker=[None] * n_stages,
+            touched=[None] * n_stages,
+            external_next=dict.fromkeys(self._graph.external_artifacts, 0),
+            output_next=dict.fromkeys(outputs, 0),
+            output_reorder={a: {} for a in outputs},
+            output_reserved=dict.fromkeys(outputs, 0),
+            output_unread=dict.fromkeys(outputs, 0),
+        )
+        self._sessions[session_id] = session
+        return session.metrics
+
+    def state(self, session_id: str) -> SessionState:
+        session = self._sessions.get(session_id) or self._poisoned.get(session_id)
+        if session is None:
+            raise UnknownSessionError(f"no session {session_id!r}")
+        return session.state
+
+    def has_session(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
+    def metrics(self, session_id: str) -> StreamingSessionMetrics:
+        return self._get(session_id).metrics
+
+    def failure(self, session_id: str) -> str | None:
+        return self._get(session_id).failure
+
+    def readable(self, session_id: str) -> deque[OutputItem]:
+        """The session's readable outputs, in order. The reader pops from it and then calls `output_read`."""
+        return self._get(session_id).readable
+
+    def stream_ended(self, session_id: str) -> bool:
+        """True when no more outputs can become readable for the session (readable ones may remain)."""
+        session = self._sessions.get(session_id)
+        return session is None or session.state not in ACCEPTS_RESULTS
+
+    def next_sequence(self, session_id: str, artifact: str) -> int:
+        session = self._get(session_id)
+        if artifact not in session.external_next:
+            raise UnknownArtifactError(self._unknown_artifact(artifact))
+        return session.external_next[artifact]
+
+    # -- ingress ---------------------------------------------------------------------------------------------
+
+    def try_submit(self, session_id: str, items: Mapping[str, tuple[int, object]]) -> bool:
+        """Accept all `items` (artifact → (sequence id, payload)) or none; False when any edge lacks room.
+
+        Raises for misuse: unknown session or artifact, a closed session, or a sequence id that is not the next
+        dense id of its artifact (a gap or a replay).
+        """
+        session = self._get(session_id)
+        if not items:
+            raise SessionError("try_submit needs at least one artifact")
+        if session.state is not SessionState.OPEN:
+            raise SessionClosedError(f"session {session_id!r} is {session.state.value} and accepts no input")
+        for artifact, (sequence_id, _) in items.items():
+            expected = session.external_next.get(artifact)
+            if expected is None:
+                raise UnknownArtifactError(self._unknown_artifact(artifact))
+            if sequence_id != expected:
+                kind = "a replay" if sequence_id < expected else "a gap"
+                raise SequenceError(
+                    f"session {session_id!r}, artifact {artifact!r}: sequence {sequence_id} is {kind}; "
+                    f"the next accepted sequence is {expected}"
+                )
+        edges = self._graph.edges
+        for artifact in items:
+            for e in self._graph.ingress_edges[artifact]:
+                if len(session.edge_items[e]) >= edges[e].capacity:
+                    return False
+        now = self._clock.now()
+        anchor = self._graph.spec.latency_anchor_artifact
+        session.metrics.on_ingress(now)
+        for artifact, (sequence_id, payload) in items.items():
+            session.external_next[artifact] = sequence_id + 1
+            if artifact == anchor:
+                session.metrics.on_anchor(sequence_id, now)
+            for e in self._graph.ingress_edges[artifact]:
+                self._deliver(session, e, sequence_id, payload, now)
+        return True
+
+    def has_room(self, session_id: str, artifacts: Iterable[str]) -> bool:
+        session = self._get(session_id)
+        edges = self._graph.edges
+        return all(
+            len(session.edge_items[e]) < edges[e].capacity
+            for artifact in artifacts
+            for e in self._graph.ingress_edges.get(artifact, ())
+        )
+
+    # -- scheduling ------------------------------------------------------------------------------------------
+
+    def pump(self) -> list[Dispatch]:
+        """Dispatch everything that can run now, oldest eligible session first per stage. Iterative."""
+        dispatches: list[Dispatch] = []
+        progress = True
+        while progress:
+            progress = False
+            for s in self._graph.topo_order:
+                ready = self._ready[s]
+                while ready:
+                    blocked = self._stage_blocked(s)
+                    if blocked is not None:
+                        for sid in ready:
+                            session = self._sessions[sid]
+                            if session.blocker[s] is None:
+                                session.blocker[s] = blocked
+                        break
+                    chosen: CoreSession | None = None
+                    for sid in ready:
+                        session = self._sessions[sid]
+                        reason = self._downstream_blocked(session, s)
+                        if reason is None:
+                            chosen = session
+                            break
+                        session.blocker[s] = reason
+                    if chosen is None:
+                        break
+                    dispatch = self._dispatch(chosen, s)
+                    if dispatch is not None:
+                        dispatches.append(dispatch)
+                    progress = True
+        return dispatches
+
+    def complete(self, invocation_id: int, outputs: Mapping[str, object], started: float) -> ResultKind:
+        """Take a stage result. Late results are classified and dropped; their reserved room is returned."""
+        settled = self._settle(invocation_id)
+        if isinstance(settled, ResultKind):
+            return settled
+        inv, session = settled
+        stage = self._graph.stages[inv.stage]
+        if set(outputs) != set(stage.produces):
+            self._unreserve(session, inv)
+            self._counters["rejected"] += 1
+            self._fail(
+                session,
+                f"stage {stage.stage_id!r} returned artifacts {sorted(outputs)} for sequence {inv.sequence_id}; "
+                f"it declares {sorted(stage.produces)}",
+            )
+            return ResultKind.REJECTED
+        now = self._clock.now()
+        session.metrics.on_stage(
+            StageTiming(stage.stage_id, inv.sequence_id, inv.inputs_ready, inv.admitted, started, now)
+        )
+        for artifact in stage.produces:
+            payload = outputs[artifact]
+            for e in self._graph.out_edges[inv.stage].get(artifact, ()):
+                session.edge_reserved[e] -= 1
+                self._deliver(session, e, inv.sequence_id, payload, now)
+            if artifact in self._graph.output_set:
+                session.output_reserved[artifact] -= 1
+                session.output_reorder[artifact][inv.sequence_id] = payload
+                self._flush_outputs(session, artifact, now)
+        self._counters["delivered"] += 1
+        self._refresh_eligible(session, inv.stage, now)
+        self._check_quiescent(session)
+        return ResultKind.DELIVERED
+
+    def fail(self, invocation_id: int, reason: str) -> ResultKind:
+        """A call raised (stage error, actor died or unavailable): fail its session unless it was discarded."""
+        settled = self._settle(invocation_id)
+        if isinstance(settled, ResultKind):
+            return settled
+        inv, session = settled
+        self._unreserve(session, inv)
+        self._fail(session, reason)
+        return ResultKind.DELIVERED
+
+    def _settle(self, invocation_id: int) -> tuple[Invocation, CoreSession] | ResultKind:
+        """Finish a call's bookkeeping; classify it as duplicate, orphaned or stale, or return it to be used."""
+        inv = self._invocations.pop(invocation_id, None)
+        if inv is None:
+            return self._unknown_result(invocation_id)
+        self._remember(invocation_id)
+        session = self._finish_invocation(inv)
+        if session is None:
+            self._counters["orphaned"] += 1
+            return ResultKind.ORPHANED
+        if inv.cancelled or session.state not in ACCEPTS_RESULTS:
+            self._unreserve(session, inv)
+            session.metrics.stale_results += 1
+            self._counters["stale"] += 1
+            self._check_quiescent(session)
+            return ResultKind.STALE
+        return inv, session
+
+    def actor_died(self, stage_id: str, incarnation: int, reason: str) -> list[str]:
+        """Fail every live session whose state lived in the dead incarnation of `stage_id`'s actor."""
+        s = self._graph.stage_index[stage_id]
+        failed: list[str] = []
+        for session in list(self._sessions.values()):
+            if session.touched[s] == incarnation and session.state in ACCEPTS_RESULTS:
+                self._fail(session, f"actor {stage_id!r} died (incarnation {incarnation}): {reason}")
+                failed.append(session.session_id)
+        return failed
+
+    def output_read(self, session_id: str, artifact: str) -> None:
+        """A reader popped one item of `artifact` from the session's readable buffer: its slot is free."""
+        session = self._sessions.get(session_id)
+        if session is not None and session.output_unread[artifact] > 0:
+            session.output_unread[artifact] -= 1
+
+    # -- closing ---------------------------------------------------------------------------------------------
+
+    def begin_close(self, session_id: str, mode: CloseMode) -> None:
+        """Stop input; with CANCEL also discard queued work. Idempotent; a later CANCEL upgrades a DRAIN."""
+        session = self._get(session_id)
+        if mode is CloseMode.DRAIN and session.state is SessionState.OPEN:
+            session.move(SessionState.DRAINING)
+            self._notify(NoticeKind.ROOM, session)
+        elif mode is CloseMode.CANCEL and session.state in ACCEPTS_RESULTS:
+            session.move(SessionState.CANCELLING)
+            self._discard(session)
+            self._notify(NoticeKind.ROOM, session)
+            self._notify(NoticeKind.OUTPUT, session)
+        self._check_quiescent(session)
+
+    def abandon_in_flight(self, session_id: str) -> int:
+        """Stop waiting for the session's in-flight calls (a close timed out); returns how many were abandoned.
+
+        The calls keep their stage slots until they really finish (the actor is busy with them), but the session
+        no longer waits: the room they hold is reclaimed and counted as slot leaks when the session is released,
+        and their results are dropped as orphaned.
+        """
+        session = self._get(session_id)
+        for invocation_id in session.invocations:
+            inv = self._invocations[invocation_id]
+            inv.cancelled = True
+            inv.abandoned = True
+        count = len(session.invocations)
+        session.invocations.clear()
+        self._check_quiescent(session)
+        return count
+
+    def is_quiescent(self, session_id: str) -> bool:
+        return self._quiescent(self._get(session_id))
+
+    def begin_release(self, session_id: str) -> tuple[str, ...]:
+        """Enter RELEASING; return the stages whose per-session state must be released, in reverse topo order.
+
+        For a poisoned session only the stages whose release failed are returned (the retry).
+        """
+        session = self._sessions.get(session_id) or self._poisoned.get(session_id)
+        if session is None:
+            raise UnknownSessionError(f"no session {session_id!r}")
+        if session.state is SessionState.POISONED:
+            stages = tuple(s for s in self._graph.release_order() if s in session.release_failures)
+        else:
+            if not self._quiescent(session):
+                raise SessionError(f"session {session_id!r} still has work running; it cannot be released yet")
+            stages = self._graph.release_order()
+        session.move(SessionState.RELEASING)
+        self._notify(NoticeKind.OUTPUT, session)
+        return stages
+
+    def finish_release(self, session_id: str, released: Iterable[str], failures: Mapping[str, str]) -> CloseReport:
+        """Record the release outcome, verify no capacity slot is left, and close or poison the session."""
+        session = self._sessions.get(session_id) or self._poisoned.get(session_id)
+        if session is None:
+            raise UnknownSessionError(f"no session {session_id!r}")
+        if session.state is not SessionState.RELEASING:
+            raise SessionError(f"session {session_id!r} is {session.state.value}, not releasing")
+        self._discard(session)
+        leaks = self._reclaim_leaks(session)
+        session.released.extend(released)
+        session.release_failures = dict(failures)
+        session.metrics.cleanup_failures += len(failures)
+        self._counters["cleanup_failures"] += len(failures)
+        if failures:
+            session.move(SessionState.POISONED)
+            self._sessions.pop(session_id, None)
+            self._poisoned[session_id] = session
+        else:
+            session.move(SessionState.CLOSED)
+            self._sessions.pop(session_id, None)
+            self._poisoned.pop(session_id, None)
+        self._notices.append(Notice(NoticeKind.OUTPUT, session_id))
+        self._notices.append(Notice(NoticeKind.ROOM, session_id))
+        return CloseReport(
+            session_id=session_id,
+            state=session.state,
+            failure=session.failure,
+            released_stages=tuple(session.released),
+            failed_stages=dict(failures),
+            slot_leaks=leaks,
+            discarded_items=session.metrics.discarded_items,
+            outputs_emitted=session.metrics.outputs,
+        )
+
+    # -- reading ---------------------------------------------------------------------------------------------
+
+    def take_notices(self) -> list[Notice]:
+        notices, self._notices = self._notices, []
+        return notices
+
+    def session_ids(self) -> tuple[str, ...]:
+        return tuple(self._sessions)
+
+    def poisoned_ids(self) -> tuple[str, ...]:
+        return tuple(self._poisoned)
+
+    def statistics(self) -> CoreStatistics:
+        by_state: dict[str, int] = {}
+        for session in (*self._sessions.values(), *self._poisoned.values()):
+            by_state[session.state.value] = by_state.get(session.state.value, 0) + 1
+        c = self._counters
+        return CoreStatistics(
+            sessions_by_state=by_state,
+            poisoned_sessions=tuple(self._poisoned),
+            in_flight_by_stage=dict(zip(self._stage_ids, self._in_flight, strict=True)),
+            eligible_by_stage={sid: len(r) for sid, r in zip(self._stage_ids, self._ready, strict=True)},
+            dispatched=c["dispatched"],
+            delivered=c["delivered"],
+            stale_results=c["stale"],
+            orphaned_results=c["orphaned"],
+            duplicate_results=c["duplicate"],
+            rejected_results=c["rejected"],
+            cleanup_failures=c["cleanup_failures"],
+            slot_leaks=c["leaks"],
+        )
+
+    # -- internals -------------------------------------------------------------------------------------------
+
+    def _get(self, session_id: str) -> CoreSession:
+        session = self._sessions.get(session_id)
+        if session is None:
+            if session_id in self._poisoned:
+                return self._poisoned[session_id]
+            raise UnknownSessionError(f"no open session {session_id!r}")
+        return session
+
+    def _unknown_artifact(self, artifact: str) -> str:
+        return f"{artifact!r} is not an external input of this pipeline (external: {list(self._graph.ingress_edges)})"
+
+    def _notify(self, kind: NoticeKind, session: CoreSession) -> None:
+        self._notices.append(Notice(kind, session.session_id))
+
+    def _deliver(self, session: CoreSession, edge: int, sequence_id: int, payload: object, now: float) -> None:
+        session.edge_items[edge][sequence_id] = payload
+        s = self._edge_target[edge]
+        join = session.joins[s].get(sequence_id)
+        if join is None:
+            join = session.joins[s][sequence_id] = Join()
+        join.count += 1
+        join.last_artifact = self._graph.edges[edge].artifact
+        if join.count == len(self._graph.in_edges[s]):
+            join.ready_at = now
+            if self._graph.stages[s].ordering is StageOrdering.NONE:
+                heapq.heappush(session.none_ready[s], sequence_id)
+            self._refresh_eligible(session, s, now)
+
+    def _eligible(self, session: CoreSession, s: int) -> bool:
+        if session.state not in ACCEPTS_RESULTS:
+            return False
+        spec = self._graph.stages[s]
+        if spec.ordering is StageOrdering.PER_SESSION_STRICT:
+            if False:  # MUTANT
+                return False
+            join = session.joins[s].get(session.stage_next[s])
+            return join is not None and join.count == len(self._graph.in_edges[s])
+        return bool(session.none_ready[s]) and session.stage_in_flight[s] < spec.max_in_flight_per_session
+
+    def _refresh_eligible(self, session: CoreSession, s: int, now: float) -> None:
+        ready = self._ready[s]
+        if self._eligible(session, s):
+            if session.session_id not in ready:
+                ready[session.session_id] = None
+                session.eligible_at[s] = now
+                session.blocker[s] = None
+        else:
+            ready.pop(session.session_id, None)
+
+    def _stage_blocked(self, s: int) -> tuple[IdleReason, str | None] | None:
+        stage_id = self._stage_ids[s]
+        limit = self._spec_limit[s]
+        if limit is not None and self._in_flight[s] >= limit:
+            return (IdleReason.STAGE_LIMIT, None)
+        if not self._actors.available(stage_id) or self._in_flight[s] >= self._actors.capacity(stage_id):
+            return (IdleReason.ACTOR_BUSY, None)
+        group = self._group_of[s]
+        if group is not None and self._group_used[group] >= self._group_limit[group]:
+            return (IdleReason.RESOURCE_GROUP, group)
+        return None
+
+    def _downstream_blocked(self, session: CoreSession, s: int) -> tuple[IdleReason, str | None] | None:
+        edges = self._graph.edges
+        for artifact, out in self._graph.out_edges[s].items():
+            for e in out:
+                if len(session.edge_items[e]) + session.edge_reserved[e] >= edges[e].capacity:
+                    return (IdleReason.EDGE_FULL, artifact)
+        capacity = self._graph.spec.output_capacity
+        for artifact in self._graph.stages[s].produces:
+            if artifact in self._graph.output_set and self._output_occupancy(session, artifact) >= capacity:
+                return (IdleReason.OUTPUT_FULL, artifact)
+        return None
+
+    @staticmethod
+    def _output_occupancy(session: CoreSession, artifact: str) -> int:
+        return (
+            session.output_reserved[artifact] + len(session.output_reorder[artifact]) + session.output_unread[artifact]
+        )
+
+    def _dispatch(self, session: CoreSession, s: int) -> Dispatch | None:
+        spec = self._graph.stages[s]
+        stage_id = spec.stage_id
+        incarnation = self._actors.incarnation(stage_id)
+        touched = session.touched[s]
+        if touched is not None and touched != incarnation:
+            self._fail(
+                session,
+                f"actor {stage_id!r} restarted (incarnation {touched} -> {incarnation}); the session's state is lost",
+            )
+            return None
+        session.touched[s] = incarnation
+        now = self._clock.now()
+        if spec.ordering is StageOrdering.PER_SESSION_STRICT:
+            sequence_id = session.stage_next[s]
+            session.stage_next[s] = sequence_id + 1
+        else:
+            sequence_id = heapq.heappop(session.none_ready[s])
+        join = session.joins[s].pop(sequence_id)
+        inputs: dict[str, object] = {}
+        for e in self._graph.in_edges[s]:
+            inputs[self._graph.edges[e].artifact] = session.edge_items[e].pop(sequence_id)
+            if self._graph.edges[e].source is None:
+                self._notify(NoticeKind.ROOM, session)
+        for out in self._graph.out_edges[s].values():
+            for e in out:
+                session.edge_reserved[e] += 1
+        for artifact in spec.produces:
+            if artifact in self._graph.output_set:
+                session.output_reserved[artifact] += 1
+        if session.stage_in_flight[s] == 0:
+            self._record_idle(session, s, join, now)
+        session.stage_in_flight[s] += 1
+        self._in_flight[s] += 1
+        group = self._group_of[s]
+        if group is not None:
+            self._group_used[group] += 1
+        invocation_id = self._next_invocation
+        self._next_invocation += 1
+        self._invocations[invocation_id] = Invocation(
+            invocation_id, s, session.session_id, sequence_id, join.ready_at, now, session
+        )
+        session.invocations.add(invocation_id)
+        self._counters["dispatched"] += 1
+        self._ready[s].pop(session.session_id, None)
+        self._refresh_eligible(session, s, now)
+        return Dispatch(invocation_id, StageCall(stage_id, session.session_id, sequence_id, inputs))
+
+    def _record_idle(self, session: CoreSession, s: int, join: Join, now: float) -> None:
+        since = session.idle_since[s]
+        session.idle_since[s] = None
+        if since is None:
+            return
+        stage_id = self._stage_ids[s]
+        eligible_at = max(session.eligible_at[s], since)
+        if join.ready_at > since:
+            session.metrics.on_idle(
+                IdleInterval(stage_id, since, min(join.ready_at, now), IdleReason.MISSING_INPUT, join.last_artifact)
+            )
+        blocker = session.blocker[s]
+        start = max(eligible_at, join.ready_at)
+        if blocker is not None and now > start:
+            session.metrics.on_idle(IdleInterval(stage_id, start, now, blocker[0], blocker[1]))
+        session.blocker[s] = None
+
+    def _finish_invocation(self, inv: Invocation) -> CoreSession | None:
+        """Return the stage slot and the resource permit of a finished call; the session if it still exists."""
+        self._in_flight[inv.stage] -= 1
+        group = self._group_of[inv.stage]
+        if group is not None:
+            self._group_used[group] -= 1
+        session = inv.session
+        if inv.abandoned or self._sessions.get(inv.session_id) is not session:
+            return None
+        session.invocations.discard(inv.invocation_id)
+        session.stage_in_flight[inv.stage] -= 1
+        now = self._clock.now()
+        if session.stage_in_flight[inv.stage] == 0:
+            session.idle_since[inv.stage] = now
+        if session.state in ACCEPTS_RESULTS:
+            self._refresh_eligible(session, inv.stage, now)
+        return session
+
+    def _unreserve(self, session: CoreSession, inv: Invocation) -> None:
+        for out in self._graph.out_edges[inv.stage].values():
+            for e in out:
+                session.edge_reserved[e] -= 1
+        for artifact in self._graph.stages[inv.stage].produces:
+            if artifact in self._graph.output_set:
+                session.output_reserved[artifact] -= 1
+
+    def _flush_outputs(self, session: CoreSession, artifact: str, now: float) -> None:
+        reorder = session.output_reorder[artifact]
+        primary = artifact == self._graph.spec.outputs[0]
+        emitted = False
+        while session.output_next[artifact] in reorder:
+            sequence_id = session.output_next[artifact]
+            payload = reorder.pop(sequence_id)
+            session.output_next[artifact] = sequence_id + 1
+            session.output_unread[artifact] += 1
+            session.readable.append(OutputItem(session.session_id, sequence_id, artifact, payload))
+            if primary:
+                session.metrics.on_output(sequence_id, now)
+            emitted = True
+        if emitted:
+            self._notify(NoticeKind.OUTPUT, session)
+
+    def _fail(self, session: CoreSession, reason: str) -> None:
+        if session.state not in ACCEPTS_RESULTS:
+            return
+        session.failure = reason
+        session.move(SessionState.FAILED)
+        self._discard(session)
+        self._notify(NoticeKind.FAILED, session)
+        self._notify(NoticeKind.ROOM, session)
+        self._notify(NoticeKind.OUTPUT, session)
+        self._check_quiescent(session)
+
+    def _discard(self, session: CoreSession) -> int:
+        """Drop queued work (edge items, joins, unordered outputs); mark in-flight calls cancelled."""
+        discarded = 0
+        for items in session.edge_items:
+            discarded += len(items)
+            items.clear()
+        for s, joins in enumerate(session.joins):
+            joins.clear()
+            session.none_ready[s].clear()
+            self._ready[s].pop(session.session_id, None)
+        for reorder in session.output_reorder.values():
+            discarded += len(reorder)
+            reorder.clear()
+        for invocation_id in session.invocations:
+            self._invocations[invocation_id].cancelled = True
+        session.metrics.forget_anchors()
+        session.metrics.discarded_items += discarded
+        return discarded
+
+    def _quiescent(self, session: CoreSession) -> bool:
+        if session.invocations:
+            return False
+        if session.state in DISCARDED or session.state is SessionState.POISONED:
+            return True
+        if session.state is SessionState.DRAINING:
+            return not any(session.session_id in ready for ready in self._ready)
+        return False
+
+    def _check_quiescent(self, session: CoreSession) -> None:
+        if session.state in (SessionState.DRAINING, *DISCARDED) and self._quiescent(session):
+            self._notify(NoticeKind.QUIESCENT, session)
+
+    def _reclaim_leaks(self, session: CoreSession) -> int:
+        """Count and zero any capacity the session still holds after its work is gone (should be none)."""
+        leaks = sum(session.edge_reserved) + sum(session.stage_in_flight) + sum(session.output_reserved.values())
+        leaks += sum(len(items) for items in session.edge_items)
+        for i in range(len(session.edge_reserved)):
+            session.edge_reserved[i] = 0
+        # The stage's global slot stays with an abandoned call until it really returns (`_finish_invocation`).
+        for s in range(len(session.stage_in_flight)):
+            session.stage_in_flight[s] = 0
+        for artifact in session.output_reserved:
+            session.output_reserved[artifact] = 0
+        session.metrics.slot_leaks += leaks
+        self._counters["leaks"] += leaks
+        return leaks
+
+    def _unknown_result(self, invocation_id: int) -> ResultKind:
+        if invocation_id in self._recent_set:
+            self._counters["duplicate"] += 1
+            return ResultKind.DUPLICATE
+        self._counters["orphaned"] += 1
+        return ResultKind.ORPHANED
+
+    def _remember(self, invocation_id: int) -> None:
+        if len(self._recent_results) == self._recent_results.maxlen:
+            self._recent_set.discard(self._recent_results[0])
+        self._recent_results.append(invocation_id)
+        self._recent_set.add(invocation_id)

@@ -1,0 +1,29 @@
+"""Stages in worker processes: `ParallelWorker` (a group of spawned ranks, `worker.py`, its records in `records.py`),
+`ParallelWorkerStageActor` (its only owner, `actor.py`) and `WorkerTensorChannel` (tensors between worker groups,
+`tensor_channel.py`). The parent-rank wire messages (`_protocol.py`), the rank's side (`_child.py`) and one
+incarnation's processes (`_incarnation.py`) are private to this package.
+
+This subpackage loads torch; `import pipeline` does not, so import it where processes are wanted:
+`from pipeline.process import ParallelWorker`.
+"""
+
+from __future__ import annotations
+
+from pipeline.process.actor import ParallelWorkerStageActor
+from pipeline.process.records import ParallelWorkerConfig, StageFactory, WorkerContext, WorkerState, WorkerStatistics
+from pipeline.process.tensor_channel import ChannelStatistics, TensorRef, WorkerTensorChannel, validate_ref
+from pipeline.process.worker import ParallelWorker
+
+__all__ = [
+    "ChannelStatistics",
+    "ParallelWorker",
+    "ParallelWorkerConfig",
+    "ParallelWorkerStageActor",
+    "StageFactory",
+    "TensorRef",
+    "WorkerContext",
+    "WorkerState",
+    "WorkerStatistics",
+    "WorkerTensorChannel",
+    "validate_ref",
+]

@@ -1,0 +1,131 @@
+"""The child side of a `ParallelWorker`: what one spawned rank runs, from building its stage to its last reply.
+
+`worker_main` is the process target. The "spawn" context pickles it by its qualified name and every rank imports
+this module to find it, so it and everything it calls stay module level. A rank ignores SIGINT (the parent stops
+the ranks in order), exits at once if the parent dies, joins the process group when there is more than one rank,
+builds its stage with the `stage_factory`, reports ready, and then serves its request queue in order until a stop
+request, replying on its own pipe. Package-private: `pipeline.process.worker` starts `worker_main`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import threading
+import traceback
+from collections.abc import Mapping
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from multiprocessing.queues import Queue
+from multiprocessing.reduction import ForkingPickler
+
+import torch
+
+from pipeline.actor import Stage
+from pipeline.process._protocol import (
+    CALL,
+    DONE,
+    FAILED,
+    READY,
+    RELEASE,
+    START_FAILED,
+    STOP,
+    Bootstrap,
+    Reply,
+    Request,
+    TCPStore,
+    describe_exception,
+)
+from pipeline.process.records import StageFactory, WorkerContext
+
+__all__: list[str] = []
+
+_PARENT_GONE_EXIT_CODE = 70
+
+
+def worker_main(
+    context: WorkerContext,
+    factory: StageFactory,
+    requests: Queue[Request],
+    replies: Connection,
+    bootstrap: Bootstrap | None,
+) -> None:
+    """Entry point of one rank: build the stage, report ready, serve requests until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops the ranks in order
+    _exit_with_parent()
+
+    def send(reply: Reply) -> None:
+        replies.send_bytes(bytes(ForkingPickler.dumps(reply)))
+
+    distributed = False
+    try:
+        try:
+            torch.set_num_threads(context.torch_threads)
+            if context.device.startswith("cuda:"):
+                torch.cuda.set_device(torch.device(context.device))
+            if bootstrap is not None:
+                _join_process_group(context, bootstrap)
+                distributed = True
+            stage = factory(context)
+            if not isinstance(stage, Stage):
+                raise TypeError(f"stage_factory returned {type(stage).__name__}, which has no process()/release()")
+        except Exception as exc:
+            send(Reply(context.rank, START_FAILED, error=describe_exception(exc), detail=traceback.format_exc()))
+            return
+        send(Reply(context.rank, READY))
+        while True:
+            request = requests.get()
+            if request.kind == STOP:
+                return
+            send(_serve(stage, request, context.rank))
+    finally:
+        if distributed:
+            with contextlib.suppress(Exception):
+                torch.distributed.destroy_process_group()
+        replies.close()
+
+
+def _join_process_group(context: WorkerContext, bootstrap: Bootstrap) -> None:
+    timeout = timedelta(seconds=bootstrap.timeout_s)
+    store = TCPStore("127.0.0.1", bootstrap.store_port, is_master=False, timeout=timeout)
+    torch.distributed.init_process_group(
+        bootstrap.backend, store=store, rank=context.rank, world_size=context.world_size, timeout=timeout
+    )
+
+
+def _serve(stage: Stage, request: Request, rank: int) -> Reply:
+    try:
+        if request.kind == CALL:
+            call = ForkingPickler.loads(request.payload)
+            result = stage.process(call)
+            if not isinstance(result, Mapping):
+                raise TypeError(f"process() returned {type(result).__name__}, not a mapping of artifacts")
+        elif request.kind == RELEASE:
+            stage.release(request.session_id)
+            result = None
+        else:
+            raise ValueError(f"unknown request kind {request.kind!r}")
+    except Exception as exc:
+        return Reply(rank, FAILED, request.op_id, error=describe_exception(exc), detail=traceback.format_exc())
+    if result is None or rank != 0:
+        return Reply(rank, DONE, request.op_id)
+    try:
+        payload = bytes(ForkingPickler.dumps(dict(result)))
+    except Exception as exc:
+        return Reply(rank, FAILED, request.op_id, error=f"the artifacts are not picklable: {describe_exception(exc)}")
+    return Reply(rank, DONE, request.op_id, payload=payload)
+
+
+def _exit_with_parent() -> None:
+    """End this rank at once if the parent dies, so no worker outlives the service (a SIGKILLed parent included)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os._exit(_PARENT_GONE_EXIT_CODE)
+
+    threading.Thread(target=watch, name="lingstream-parent-watch", daemon=True).start()

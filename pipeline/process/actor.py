@@ -1,0 +1,128 @@
+"""`ParallelWorkerStageActor`: the `StageActor` that runs a stage in worker processes.
+
+It is the only owner of one `ParallelWorker`: it builds the worker from a `ParallelWorkerConfig` and nothing else
+ever holds a reference to it, so the worker's lifecycle (start, restarts, stop) has exactly one driver. On top of
+the worker it adds what the orchestrator's seam promises: `ActorStatistics`, and a check that every `TensorRef`
+artifact coming back from the processes is well-formed before the scheduler sees it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from pipeline.actor import ActorStatistics, DeathListener, StageCall
+from pipeline.clock import Clock
+from pipeline.errors import ChannelError, StageFailedError
+from pipeline.process.tensor_channel import TensorRef, validate_ref
+from pipeline.process.records import ParallelWorkerConfig, WorkerState, WorkerStatistics
+from pipeline.process.worker import ParallelWorker
+
+if TYPE_CHECKING:
+    from pipeline.actor import StageActor
+
+__all__ = ["ParallelWorkerStageActor"]
+
+logger = logging.getLogger(__name__)
+
+
+class ParallelWorkerStageActor:
+    """Runs one stage in a `ParallelWorker` (one or more spawned processes) for the orchestrator.
+
+    Problem: heavy stages (DiT denoise, VAE decode) must run outside the service's process, possibly across several
+    GPUs, and a crashed process must cost only the sessions that lived in it. Example::
+
+        actor = ParallelWorkerStageActor(
+            ParallelWorkerConfig(name="denoise", stage_factory=build_dit, devices=("cuda:0", "cuda:1"))
+        )
+        actor.add_death_listener(on_death)
+        await actor.start()
+        artifacts = await actor.invoke(StageCall("denoise", "s1", 0, {"condition": c, "control": u}))
+        await actor.release_session("s1")
+        await actor.stop()
+
+    Ordering: calls and releases reach every rank in the order they were made and run there one at a time.
+
+    Backpressure: `capacity` calls in flight (`ParallelWorkerConfig.capacity`, 1 by default); one more is rejected
+    with `ActorUnavailableError`. Releases wait for a slot.
+
+    Cancellation contract: cancelling `invoke` does not interrupt the worker processes. The call finishes there,
+    keeps its capacity slot until then, and its result is dropped (counted as a stale result). The same holds for
+    `release_session`. Cancelling a caller of `stop()` does not abort the shutdown.
+
+    Failures: a stage exception → `StageFailedError` for that call, the actor stays healthy; a malformed
+    `TensorRef` artifact → `StageFailedError` too. A dead process → `ActorDiedError` for the calls in flight, death
+    listeners get `(name, dead incarnation, reason)`, and the worker restarts with back-off (`incarnation` + 1);
+    meanwhile `invoke` raises `ActorUnavailableError`. `release_session` succeeds at once while no incarnation
+    runs, since the state it would drop died with the processes.
+    """
+
+    def __init__(self, config: ParallelWorkerConfig, *, clock: Clock | None = None) -> None:
+        self._worker = ParallelWorker(config, clock=clock)
+
+    @property
+    def name(self) -> str:
+        return self._worker.name
+
+    @property
+    def capacity(self) -> int:
+        return self._worker.capacity
+
+    @property
+    def healthy(self) -> bool:
+        return self._worker.healthy
+
+    @property
+    def incarnation(self) -> int:
+        return self._worker.incarnation
+
+    @property
+    def state(self) -> WorkerState:
+        return self._worker.state
+
+    def add_death_listener(self, listener: DeathListener) -> None:
+        self._worker.add_death_listener(listener)
+
+    async def start(self) -> None:
+        await self._worker.start()
+
+    async def invoke(self, call: StageCall) -> Mapping[str, object]:
+        artifacts = await self._worker.invoke(call)
+        for artifact, value in artifacts.items():
+            if isinstance(value, TensorRef):
+                try:
+                    validate_ref(value)
+                except ChannelError as exc:
+                    raise StageFailedError(
+                        call.stage_id, call.session_id, call.sequence_id, f"artifact {artifact!r}: {exc}"
+                    ) from exc
+        return artifacts
+
+    async def release_session(self, session_id: str) -> None:
+        await self._worker.release_session(session_id)
+
+    async def stop(self) -> None:
+        await self._worker.stop()
+
+    def statistics(self) -> ActorStatistics:
+        stats = self._worker.statistics()
+        return ActorStatistics(
+            name=stats.name,
+            healthy=stats.healthy,
+            incarnation=stats.incarnation,
+            in_flight=stats.in_flight,
+            calls=stats.calls,
+            failures=stats.failures + stats.lost_calls,
+            restarts=stats.restarts,
+        )
+
+    def worker_statistics(self) -> WorkerStatistics:
+        """The worker's own snapshot: process ids, stale results, back-off, and the rest."""
+        return self._worker.statistics()
+
+
+if TYPE_CHECKING:
+
+    def _conforms(actor: ParallelWorkerStageActor) -> StageActor:
+        return actor  # mypy checks that the actor satisfies the StageActor protocol

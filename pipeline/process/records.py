@@ -1,0 +1,165 @@
+"""The records of a `ParallelWorker`: its configuration, what each rank's stage factory receives, its lifecycle and
+its statistics.
+
+`ParallelWorkerConfig` is validated on construction (`PipelineSpecError` names the field). `WorkerContext` and the
+`stage_factory` travel into every spawned rank, so both must be picklable. `WorkerState` is the worker's lifecycle
+with its transition table, and `WorkerStatistics` the frozen snapshot `ParallelWorker.statistics()` returns.
+`pipeline` and `pipeline.process.worker` re-export the public names.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from pipeline.actor import Stage
+from pipeline.errors import PipelineSpecError
+
+__all__ = [
+    "ParallelWorkerConfig",
+    "StageFactory",
+    "WorkerContext",
+    "WorkerState",
+    "WorkerStatistics",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerContext:
+    """What `stage_factory` receives inside each worker process (it is pickled into the child at spawn time).
+
+    `options` is `ParallelWorkerConfig.options` as given: picklable objects the stage needs, e.g. a
+    `WorkerTensorChannel` shared with another worker group.
+    """
+
+    name: str
+    rank: int
+    world_size: int
+    device: str
+    torch_threads: int
+    incarnation: int
+    options: Mapping[str, object]
+
+
+StageFactory = Callable[[WorkerContext], Stage]
+"""Builds the stage inside a child. Must be picklable by reference: a module-level function or class."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelWorkerConfig:
+    """Everything a `ParallelWorker` needs; validated on construction (`PipelineSpecError` names the field)."""
+
+    name: str
+    stage_factory: StageFactory
+    devices: tuple[str, ...] = ("cpu",)
+    """One rank per entry: "cpu", "cuda" or "cuda:N". CPU and CUDA ranks cannot be mixed in one group."""
+    torch_threads: int = 1
+    """`torch.set_num_threads` in every rank."""
+    capacity: int = 1
+    """Calls in flight at once. Ranks run calls serially, so more than 1 only queues calls inside the children."""
+    max_pending_releases: int = 8
+    """`release_session` calls in flight at once; further ones wait for a slot."""
+    options: Mapping[str, object] = field(default_factory=dict)
+    start_timeout_s: float = 120.0
+    """How long a new incarnation may take until every rank has built its stage (process group included); with
+    more than one rank it is also the process group's timeout for a collective that not every rank reaches."""
+    stop_timeout_s: float = 10.0
+    """How long `stop()` waits for the ranks to finish their calls and exit before it terminates them."""
+    kill_grace_s: float = 2.0
+    """How long a terminated (SIGTERM) rank gets before it is killed (SIGKILL)."""
+    restart_backoff_initial_s: float = 0.2
+    restart_backoff_max_s: float = 30.0
+    restart_backoff_reset_s: float = 60.0
+    """An incarnation that ran this long before it died restarts after the initial back-off again."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise PipelineSpecError("ParallelWorkerConfig.name must not be empty")
+        if not callable(self.stage_factory):
+            raise PipelineSpecError(f"worker {self.name!r}: stage_factory must be callable")
+        if not self.devices:
+            raise PipelineSpecError(f"worker {self.name!r}: devices must name at least one device")
+        kinds = {_device_kind(self.name, device) for device in self.devices}
+        if len(kinds) > 1:
+            raise PipelineSpecError(f"worker {self.name!r}: devices {self.devices} mix CPU and CUDA ranks")
+        if kinds == {"cuda"} and len(self.devices) > 1 and len(set(self.devices)) != len(self.devices):
+            raise PipelineSpecError(f"worker {self.name!r}: NCCL needs one CUDA device per rank, got {self.devices}")
+        for field_name in ("torch_threads", "capacity", "max_pending_releases"):
+            if getattr(self, field_name) < 1:
+                raise PipelineSpecError(f"worker {self.name!r}: {field_name} must be at least 1")
+        for field_name in (
+            "start_timeout_s",
+            "stop_timeout_s",
+            "kill_grace_s",
+            "restart_backoff_initial_s",
+            "restart_backoff_max_s",
+            "restart_backoff_reset_s",
+        ):
+            if not getattr(self, field_name) > 0:
+                raise PipelineSpecError(f"worker {self.name!r}: {field_name} must be positive")
+        if self.restart_backoff_max_s < self.restart_backoff_initial_s:
+            raise PipelineSpecError(f"worker {self.name!r}: restart_backoff_max_s is below restart_backoff_initial_s")
+
+    @property
+    def world_size(self) -> int:
+        return len(self.devices)
+
+
+def _device_kind(name: str, device: str) -> str:
+    if device == "cpu":
+        return "cpu"
+    if device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
+        return "cuda"
+    raise PipelineSpecError(f"worker {name!r}: unsupported device {device!r} (use 'cpu', 'cuda' or 'cuda:N')")
+
+
+class WorkerState(enum.Enum):
+    CREATED = "created"  # constructed; no process exists yet
+    STARTING = "starting"  # an incarnation is spawned; waiting until every rank has built its stage
+    RUNNING = "running"  # every rank is ready; calls are accepted
+    RESTARTING = "restarting"  # an incarnation died: tearing it down, backing off, then STARTING again
+    STOPPING = "stopping"  # stop() is finishing the calls in flight and ending the processes
+    STOPPED = "stopped"  # no process left; terminal
+
+
+WORKER_TRANSITIONS: Mapping[WorkerState, frozenset[WorkerState]] = {
+    WorkerState.CREATED: frozenset({WorkerState.STARTING, WorkerState.STOPPING}),
+    # STARTING → STOPPED only when the very first start fails.
+    WorkerState.STARTING: frozenset(
+        {WorkerState.RUNNING, WorkerState.RESTARTING, WorkerState.STOPPING, WorkerState.STOPPED}
+    ),
+    WorkerState.RUNNING: frozenset({WorkerState.RESTARTING, WorkerState.STOPPING}),
+    WorkerState.RESTARTING: frozenset({WorkerState.STARTING, WorkerState.STOPPING}),
+    WorkerState.STOPPING: frozenset({WorkerState.STOPPED}),
+    WorkerState.STOPPED: frozenset(),
+}
+_TERMINAL_STATES = frozenset({WorkerState.STOPPED})
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatistics:
+    """A snapshot of one `ParallelWorker`.
+
+    `calls` counts calls handed to the ranks; `failures` those that ended in `StageFailedError`; `lost_calls`
+    those that ended because their incarnation died or the worker stopped. `in_flight` includes cancelled calls
+    that still run in the children. `stale_results` counts replies nobody waited for any more (cancelled calls, dead
+    incarnations). `deaths` counts incarnations that died while running, `restarts` successful restarts.
+    """
+
+    name: str
+    state: WorkerState
+    healthy: bool
+    incarnation: int
+    world_size: int
+    pids: tuple[int, ...]
+    capacity: int
+    in_flight: int
+    pending_releases: int
+    calls: int
+    failures: int
+    lost_calls: int
+    stale_results: int
+    deaths: int
+    restarts: int
+    backoff_s: float

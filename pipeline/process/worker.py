@@ -1,0 +1,666 @@
+"""Process-backed stage runtime: `ParallelWorker` runs one `Stage` in a group of spawned worker processes.
+
+The worker owns `world_size` processes (one rank per entry of `devices`), started with torch.multiprocessing's
+"spawn" context; with more than one rank they form a torch.distributed process group (gloo on CPU, nccl on CUDA)
+over a TCP store that the parent hosts on a free loopback port. Each child builds its stage with a picklable,
+module-level `stage_factory(WorkerContext)` and then serves requests from its own bounded queue; every call goes to
+every rank and rank 0's artifacts are the result. Replies come back on one pipe per rank, and one parent thread per
+incarnation multiplexes those pipes with the process sentinels (`multiprocessing.connection.wait`), so a reply
+written before a rank died is always delivered before that death. All bookkeeping happens on the event loop; the
+thread only hands events over with `loop.call_soon_threadsafe`. When a rank dies the whole incarnation is torn
+down, the calls in flight fail with `ActorDiedError`, death listeners are told, and a new incarnation is started
+with exponential back-off.
+
+The records (`ParallelWorkerConfig`, `WorkerContext`, `WorkerState`, `WorkerStatistics`) live in
+`pipeline.process.records`, the picklable wire protocol in `pipeline.process._protocol`, what each rank runs in
+`pipeline.process._child` and the per-incarnation bookkeeping in `pipeline.process._incarnation`; this module holds
+the parent's side and re-exports the public records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import multiprocessing.connection as mp_connection
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from multiprocessing.queues import Queue
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, cast
+
+import torch.multiprocessing as torch_mp
+
+from pipeline.actor import DeathListener, StageCall
+from pipeline.clock import Clock, MonotonicClock
+from pipeline.errors import ActorDiedError, ActorUnavailableError, StageFailedError
+from pipeline.process._child import worker_main
+from pipeline.process._incarnation import (
+    Incarnation,
+    Operation,
+    describe_operation,
+    drain_requests,
+    kill_process,
+    terminate_process,
+)
+from pipeline.process._protocol import (
+    CALL,
+    FAILED,
+    READY,
+    RELEASE,
+    START_FAILED,
+    STOP,
+    Bootstrap,
+    Reply,
+    Request,
+    TCPStore,
+    describe_exception,
+    describe_exit,
+)
+from pipeline.process.records import (
+    WORKER_TRANSITIONS,
+    ParallelWorkerConfig,
+    WorkerContext,
+    WorkerState,
+    WorkerStatistics,
+)
+
+__all__ = ["ParallelWorker"]
+
+logger = logging.getLogger(__name__)
+
+
+class ParallelWorker:
+    """Runs one stage in `world_size` spawned processes and exposes it as awaitable calls.
+
+    Problem: a stage's torch work must not run on the event loop, may need several GPUs acting as one, and must
+    survive a crashed process without taking the service down. The worker runs the stage in child processes,
+    turns every request into an asyncio future, and supervises the children.
+
+    Example::
+
+        worker = ParallelWorker(ParallelWorkerConfig(name="decode", stage_factory=build_decoder, devices=("cuda:0",)))
+        await worker.start()
+        artifacts = await worker.invoke(StageCall("decode", "s1", 0, {"latent": ref}))
+        await worker.release_session("s1")
+        await worker.stop()
+
+    Ordering: every rank serves its requests in submission order, one at a time; results resolve in that order.
+    Calls and releases share that order, so a release sent after a call runs after it.
+
+    Backpressure: at most `capacity` calls are in flight; one more is rejected at once with
+    `ActorUnavailableError` (the orchestrator never exceeds `capacity`). Releases wait for one of
+    `max_pending_releases` slots. Request queues are sized to these bounds, so nothing queues without limit.
+
+    Cancellation: cancelling `invoke` or `release_session` does not interrupt the child; the request finishes
+    there, keeps its slot until then, and its result is dropped and counted in `stale_results`. `stop()` is
+    shielded: cancelling a caller of `stop()` does not abort the shutdown, which a later `stop()` awaits.
+
+    Health: a rank that exits while the worker runs fails every call in flight with `ActorDiedError`, terminates
+    the other ranks, tells the death listeners `(name, dead incarnation, reason)`, and restarts the group after a
+    back-off that doubles from `restart_backoff_initial_s` to `restart_backoff_max_s` (and resets once an
+    incarnation ran for `restart_backoff_reset_s`). While restarting, `invoke` raises `ActorUnavailableError` at once.
+    Per-session state does not survive an incarnation, so `release_session` succeeds trivially while no
+    incarnation runs.
+
+    All methods must be called from the event loop that ran `start()`.
+    """
+
+    def __init__(self, config: ParallelWorkerConfig, *, clock: Clock | None = None) -> None:
+        self._config = config
+        self._clock: Clock = clock if clock is not None else MonotonicClock()
+        self._state = WorkerState.CREATED
+        self._incarnation = 0
+        self._current: Incarnation | None = None
+        self._listeners: list[DeathListener] = []
+        self._ops: dict[int, Operation] = {}
+        self._op_ids = itertools.count(1)
+        self._calls_in_flight = 0
+        self._release_slots = asyncio.Semaphore(config.max_pending_releases)
+        self._supervisor: asyncio.Task[None] | None = None
+        self._stop_task: asyncio.Task[None] | None = None
+        self._backoff_s = config.restart_backoff_initial_s
+        self._calls = 0
+        self._failures = 0
+        self._lost_calls = 0
+        self._stale = 0
+        self._deaths = 0
+        self._restarts = 0
+
+    # --- read-only view ---
+
+    @property
+    def name(self) -> str:
+        return self._config.name
+
+    @property
+    def capacity(self) -> int:
+        return self._config.capacity
+
+    @property
+    def world_size(self) -> int:
+        return self._config.world_size
+
+    @property
+    def state(self) -> WorkerState:
+        return self._state
+
+    @property
+    def healthy(self) -> bool:
+        return self._state is WorkerState.RUNNING
+
+    @property
+    def incarnation(self) -> int:
+        """0 before the first start; every start of a new group of processes adds one."""
+        return self._incarnation
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """The process ids of the current incarnation's ranks, in rank order (empty while none is up)."""
+        live = (WorkerState.STARTING, WorkerState.RUNNING, WorkerState.STOPPING)
+        if self._current is None or self._state not in live or self._current.closer is not None:
+            return ()
+        return self._current.pids
+
+    def statistics(self) -> WorkerStatistics:
+        return WorkerStatistics(
+            name=self.name,
+            state=self._state,
+            healthy=self.healthy,
+            incarnation=self._incarnation,
+            world_size=self.world_size,
+            pids=self.pids,
+            capacity=self.capacity,
+            in_flight=self._calls_in_flight,
+            pending_releases=len(self._ops) - self._calls_in_flight,
+            calls=self._calls,
+            failures=self._failures,
+            lost_calls=self._lost_calls,
+            stale_results=self._stale,
+            deaths=self._deaths,
+            restarts=self._restarts,
+            backoff_s=self._backoff_s,
+        )
+
+    def add_death_listener(self, listener: DeathListener) -> None:
+        """`listener(name, dead_incarnation, reason)` runs on the event loop when a running incarnation dies."""
+        self._listeners.append(listener)
+
+    # --- lifecycle ---
+
+    async def start(self) -> None:
+        """Spawn the first incarnation and wait until every rank is ready.
+
+        Raises `ActorDiedError` if a rank fails to build its stage, exits or misses `start_timeout_s`; the worker is
+        then STOPPED (a stage that cannot start is not retried). Raises `ActorUnavailableError` if not CREATED.
+        """
+        if self._state is not WorkerState.CREATED:
+            raise ActorUnavailableError(f"worker {self.name!r} cannot start: it is {self._state.value}")
+        try:
+            await self._launch()
+        except ActorDiedError:
+            self._transition(WorkerState.STOPPED)
+            raise
+        except asyncio.CancelledError:
+            self._begin_stop()  # the caller gave up: leave no process behind (a later stop() awaits it)
+            raise
+
+    async def stop(self) -> None:
+        """Stop gracefully, then by force; idempotent.
+
+        Each rank gets a stop request behind its queued work, so calls in flight finish if they can within
+        `stop_timeout_s`; ranks still alive are then terminated and, after `kill_grace_s`, killed. Calls that did not
+        finish fail with `ActorUnavailableError`. Afterwards no process, watcher thread or queue feeder thread is left.
+        """
+        await asyncio.shield(self._begin_stop())
+
+    def _begin_stop(self) -> asyncio.Task[None]:
+        if self._stop_task is None:
+            self._stop_task = asyncio.get_running_loop().create_task(self._stop(), name=f"stop worker {self.name}")
+        return self._stop_task
+
+    async def _stop(self) -> None:
+        if self._state is WorkerState.STOPPED:
+            return
+        graceful = self._state is WorkerState.RUNNING
+        self._transition(WorkerState.STOPPING)
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None:
+            supervisor.cancel()
+            await asyncio.wait([supervisor])
+        if self._current is not None:
+            await self._close_incarnation(self._current, graceful=graceful)
+        self._fail_operations(
+            lambda op: ActorUnavailableError(f"worker {self.name!r} stopped before {describe_operation(op)} finished")
+        )
+        self._transition(WorkerState.STOPPED)
+        logger.info("worker %r stopped", self.name)
+
+    def _transition(self, target: WorkerState) -> None:
+        if target not in WORKER_TRANSITIONS[self._state]:
+            raise RuntimeError(f"worker {self.name!r} cannot go from {self._state.value} to {target.value}")
+        logger.debug("worker %r: %s -> %s", self.name, self._state.value, target.value)
+        self._state = target
+
+    async def _launch(self) -> None:
+        """Spawn a new incarnation and wait until it is ready (STARTING → RUNNING).
+
+        Raises `ActorDiedError` when the start fails (the incarnation is closed again) and
+        `ActorUnavailableError` when `stop()` took over meanwhile.
+        """
+        loop = asyncio.get_running_loop()
+        self._incarnation += 1
+        inc = Incarnation(self._incarnation, loop.create_future())
+        self._current = inc
+        self._transition(WorkerState.STARTING)
+        failure: str | None
+        try:
+            self._spawn(inc, loop)
+        except Exception as exc:
+            failure = f"could not spawn the ranks: {describe_exception(exc)}"
+        else:
+            try:
+                async with asyncio.timeout(self._config.start_timeout_s):
+                    failure = await inc.ready
+            except TimeoutError:
+                failure = f"not every rank was ready within {self._config.start_timeout_s:g} s"
+            # A rank may have exited after the last "ready" was delivered but before this task resumed.
+            failure = failure or inc.broken
+        if self._state is not WorkerState.STARTING or inc is not self._current:
+            raise ActorUnavailableError(f"worker {self.name!r} was stopped while starting")
+        if failure is not None:
+            await self._close_incarnation(inc, graceful=False)
+            raise ActorDiedError(f"worker {self.name!r} incarnation {inc.number} failed to start: {failure}")
+        inc.running = True
+        inc.ready_at = self._clock.now()
+        self._transition(WorkerState.RUNNING)
+        logger.info("worker %r incarnation %d running (pids %s)", self.name, inc.number, inc.pids)
+
+    def _spawn(self, inc: Incarnation, loop: asyncio.AbstractEventLoop) -> None:
+        config = self._config
+        ctx = torch_mp.get_context("spawn")
+        bootstrap: Bootstrap | None = None
+        if config.world_size > 1:
+            timeout = timedelta(seconds=config.start_timeout_s)
+            # Port 0 lets the OS pick a free port while the parent already listens on it: no probe-then-bind race.
+            inc.store = TCPStore("127.0.0.1", 0, None, True, timeout, wait_for_workers=False)
+            backend = "nccl" if config.devices[0].startswith("cuda") else "gloo"
+            bootstrap = Bootstrap(inc.store.port, backend, config.start_timeout_s)
+        # Room for every call and release the parent lets through, plus the stop request.
+        queue_size = config.capacity + config.max_pending_releases + 1
+        for rank, device in enumerate(config.devices):
+            requests: Queue[Request] = ctx.Queue(maxsize=queue_size)
+            reply_r, reply_w = ctx.Pipe(duplex=False)
+            inc.request_queues.append(requests)
+            inc.reply_conns.append(reply_r)
+            context = WorkerContext(
+                config.name, rank, config.world_size, device, config.torch_threads, inc.number, config.options
+            )
+            process = ctx.Process(
+                target=worker_main,
+                args=(context, config.stage_factory, requests, reply_w, bootstrap),
+                name=f"lingstream-{config.name}-{inc.number}-r{rank}",
+                daemon=True,  # the interpreter's exit handler ends forgotten workers instead of waiting for them
+            )
+            try:
+                process.start()
+            finally:
+                reply_w.close()  # the rank now holds the only write end: its death reads as EOF here
+            inc.processes.append(process)
+            inc.exited.append(threading.Event())
+        inc.pids = tuple(p.pid for p in inc.processes if p.pid is not None)
+        inc.watcher = threading.Thread(
+            target=self._watch, args=(inc, loop), name=f"lingstream-worker-{config.name}-{inc.number}", daemon=True
+        )
+        inc.watcher.start()
+
+    async def _close_incarnation(self, inc: Incarnation, *, graceful: bool) -> None:
+        """End one incarnation's processes and free its resources; concurrent callers share one closer."""
+        if inc.closer is None:
+            inc.running = False
+            if not inc.ready.done():
+                inc.ready.set_result("it was closed before every rank was ready")
+            inc.closer = asyncio.ensure_future(asyncio.to_thread(self._close_logged, inc, graceful))
+        await asyncio.shield(inc.closer)
+
+    def _close_logged(self, inc: Incarnation, graceful: bool) -> None:
+        try:
+            self._close_sync(inc, graceful)
+        except Exception:  # stop() must complete; what could not be freed is logged
+            logger.exception("worker %r incarnation %d: closing failed", self.name, inc.number)
+
+    def _close_sync(self, inc: Incarnation, graceful: bool) -> None:
+        config = self._config
+        if graceful:
+            for rank, requests in enumerate(inc.request_queues[: len(inc.processes)]):
+                try:
+                    requests.put_nowait(Request(STOP))
+                except (queue.Full, ValueError, OSError) as exc:
+                    logger.warning("worker %r rank %d: could not send the stop request: %s", self.name, rank, exc)
+            self._await_exits(inc, config.stop_timeout_s)
+        for signal_name, send in (("terminate", terminate_process), ("kill", kill_process)):
+            survivors = [r for r in range(len(inc.processes)) if not self._has_exited(inc, r)]
+            if not survivors:
+                break
+            # Expected when tearing down a dead or failed incarnation; worth a warning when a graceful stop timed out.
+            level = logging.WARNING if graceful else logging.INFO
+            for rank in survivors:
+                logger.log(level, "worker %r incarnation %d: %s rank %d", self.name, inc.number, signal_name, rank)
+                send(inc.processes[rank])
+            self._await_exits(inc, config.kill_grace_s)
+        # Every rank is gone, so the watcher can deliver the last replies and end.
+        with contextlib.suppress(OSError):
+            inc.wake_w.send_bytes(b"\0")
+        if inc.watcher is not None:
+            inc.watcher.join()
+        # From here on this thread alone touches the Process objects.
+        for rank, process in enumerate(inc.processes):
+            process.join(config.kill_grace_s)
+            if process.exitcode is None:
+                logger.error("worker %r rank %d (pid %s) did not exit", self.name, rank, process.pid)
+            else:
+                process.close()
+        for conn in (*inc.reply_conns, inc.wake_r, inc.wake_w):
+            conn.close()
+        for requests in inc.request_queues:
+            drain_requests(
+                requests
+            )  # a dead rank may have left requests unread: free the pipe so the feeder can finish
+            requests.close()
+            requests.join_thread()
+        inc.store = None  # the parent's TCP store stops listening when it is freed
+        logger.debug("worker %r incarnation %d closed", self.name, inc.number)
+
+    def _await_exits(self, inc: Incarnation, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for rank, process in enumerate(inc.processes):
+            remaining = max(0.0, deadline - time.monotonic())
+            if inc.watcher is not None:
+                inc.exited[rank].wait(remaining)
+            else:
+                process.join(remaining)
+
+    @staticmethod
+    def _has_exited(inc: Incarnation, rank: int) -> bool:
+        if inc.watcher is not None:
+            return inc.exited[rank].is_set()
+        return inc.processes[rank].exitcode is not None
+
+    # --- the watcher thread ---
+
+    def _watch(self, inc: Incarnation, loop: asyncio.AbstractEventLoop) -> None:
+        """Deliver replies and rank exits of one incarnation to the loop until every rank is gone or it is woken."""
+        conns: dict[Connection, int] = dict(zip(inc.reply_conns, range(len(inc.processes)), strict=True))
+        sentinels: dict[int, int] = {p.sentinel: rank for rank, p in enumerate(inc.processes)}
+        try:
+            while conns or sentinels:
+                ready = mp_connection.wait([*conns, *sentinels, inc.wake_r])
+                for obj in ready:
+                    if isinstance(obj, Connection) and obj in conns and not self._read_replies(inc, loop, obj, conns):
+                        del conns[obj]
+                for obj in ready:
+                    if isinstance(obj, int) and obj in sentinels:
+                        rank = sentinels.pop(obj)
+                        conn = inc.reply_conns[rank]
+                        # Everything the rank wrote before it died is in the pipe: deliver it before the death.
+                        if conn in conns and not self._read_replies(inc, loop, conn, conns):
+                            del conns[conn]
+                        self._reap(inc, loop, rank)
+                if inc.wake_r in ready:
+                    break
+        except Exception:
+            logger.exception("worker %r incarnation %d: watcher failed", self.name, inc.number)
+            _post(loop, self._on_broken, inc, "its watcher thread failed")
+        finally:
+            for conn in list(conns):
+                self._read_replies(inc, loop, conn, conns)
+
+    def _read_replies(
+        self, inc: Incarnation, loop: asyncio.AbstractEventLoop, conn: Connection, conns: dict[Connection, int]
+    ) -> bool:
+        """Deliver every complete reply waiting on `conn`; False once the rank's end is closed."""
+        rank = conns[conn]
+        try:
+            while conn.poll(0):
+                data = conn.recv_bytes()
+                try:
+                    reply = ForkingPickler.loads(data)
+                    if not isinstance(reply, Reply):
+                        raise TypeError(f"expected a reply, got {type(reply).__name__}")
+                except Exception as exc:
+                    _post(
+                        loop, self._on_broken, inc, f"rank {rank} sent an unreadable reply: {describe_exception(exc)}"
+                    )
+                    continue
+                value: object = None
+                if reply.payload is not None:
+                    try:
+                        value = ForkingPickler.loads(reply.payload)
+                    except Exception as exc:
+                        error = f"the artifacts could not be unpickled in the parent: {describe_exception(exc)}"
+                        reply = replace(reply, kind=FAILED, payload=None, error=error)
+                _post(loop, self._on_reply, inc, reply, value)
+        except (EOFError, OSError):
+            return False
+        return True
+
+    def _reap(self, inc: Incarnation, loop: asyncio.AbstractEventLoop, rank: int) -> None:
+        process = inc.processes[rank]
+        deadline = time.monotonic() + self._config.kill_grace_s
+        # The sentinel fired, so the exit status follows at once; another thread's waitpid may race us for it.
+        process.join(self._config.kill_grace_s)
+        while process.exitcode is None and time.monotonic() < deadline:
+            process.join(0.01)
+        inc.exited[rank].set()
+        _post(loop, self._on_exit, inc, rank, process.pid, process.exitcode)
+
+    # --- events, on the loop ---
+
+    def _on_reply(self, inc: Incarnation, reply: Reply, value: object) -> None:
+        if reply.kind == READY:
+            inc.ranks_ready.add(reply.rank)
+            if len(inc.ranks_ready) == len(inc.processes) and not inc.ready.done():
+                inc.ready.set_result(None)
+            return
+        if reply.kind == START_FAILED:
+            logger.debug("worker %r rank %d stage_factory traceback:\n%s", self.name, reply.rank, reply.detail)
+            if not inc.ready.done():
+                inc.ready.set_result(f"rank {reply.rank}: stage_factory raised {reply.error}")
+            return
+        op = self._ops.get(reply.op_id) if inc is self._current else None
+        if op is None:
+            self._stale += 1
+            logger.debug("worker %r: dropped a reply for request %d of a closed incarnation", self.name, reply.op_id)
+            return
+        op.remaining.discard(reply.rank)
+        if reply.kind == FAILED:
+            op.errors.append((reply.rank, reply.error))
+            if reply.detail:
+                logger.debug(
+                    "worker %r rank %d: %s failed:\n%s", self.name, reply.rank, describe_operation(op), reply.detail
+                )
+        elif reply.rank == 0:
+            op.value = value
+        if not op.remaining:
+            self._finish(op)
+
+    def _finish(self, op: Operation) -> None:
+        self._retire(op)
+        if op.future.done():
+            self._stale += 1
+            logger.debug("worker %r: dropped the result of cancelled %s", self.name, describe_operation(op))
+            return
+        if op.errors:
+            if self.world_size == 1:
+                cause = op.errors[0][1]
+            else:
+                cause = "; ".join(f"rank {rank}: {error}" for rank, error in sorted(op.errors))
+            if op.call is not None:
+                self._failures += 1
+                op.future.set_exception(
+                    StageFailedError(op.call.stage_id, op.call.session_id, op.call.sequence_id, cause)
+                )
+            else:  # a release is not a sequence item: sequence_id -1
+                op.future.set_exception(StageFailedError(self.name, op.session_id, -1, f"release failed: {cause}"))
+            return
+        if op.call is not None and not isinstance(op.value, Mapping):
+            self._failures += 1
+            cause = f"rank 0 returned {type(op.value).__name__}, not a mapping of artifacts"
+            op.future.set_exception(StageFailedError(op.call.stage_id, op.call.session_id, op.call.sequence_id, cause))
+            return
+        op.future.set_result(op.value)
+
+    def _retire(self, op: Operation) -> None:
+        del self._ops[op.op_id]
+        if op.kind == CALL:
+            self._calls_in_flight -= 1
+        else:
+            self._release_slots.release()
+
+    def _on_exit(self, inc: Incarnation, rank: int, pid: int | None, exitcode: int | None) -> None:
+        self._on_broken(inc, f"rank {rank} (pid {pid}) exited with {describe_exit(exitcode)}")
+
+    def _on_broken(self, inc: Incarnation, reason: str) -> None:
+        if inc is not self._current or inc.closer is not None:
+            return  # expected: the incarnation is being closed
+        if self._state is WorkerState.STARTING:
+            inc.broken = inc.broken or reason
+            if not inc.ready.done():
+                inc.ready.set_result(reason)
+            return
+        if self._state is WorkerState.RUNNING and inc.running:
+            self._on_died(inc, reason)
+
+    def _on_died(self, inc: Incarnation, reason: str) -> None:
+        now = self._clock.now()
+        self._deaths += 1
+        inc.running = False
+        self._transition(WorkerState.RESTARTING)
+        if inc.ready_at is not None and now - inc.ready_at >= self._config.restart_backoff_reset_s:
+            self._backoff_s = self._config.restart_backoff_initial_s
+        logger.error("worker %r incarnation %d died: %s", self.name, inc.number, reason)
+        for listener in list(self._listeners):
+            try:
+                listener(self.name, inc.number, reason)
+            except Exception:
+                logger.exception("worker %r: death listener %r failed", self.name, listener)
+        self._fail_operations(
+            lambda op: ActorDiedError(
+                f"worker {self.name!r} incarnation {inc.number} died during {describe_operation(op)}: {reason}"
+            )
+        )
+        self._supervisor = asyncio.get_running_loop().create_task(
+            self._restart(inc), name=f"restart worker {self.name}"
+        )
+        self._supervisor.add_done_callback(self._supervisor_done)
+
+    def _fail_operations(self, error: Callable[[Operation], Exception]) -> None:
+        """Resolve every operation in flight: calls fail; releases succeed, since the state they drop is gone."""
+        for op in list(self._ops.values()):
+            self._retire(op)
+            if op.future.done():
+                continue
+            if op.call is not None:
+                self._lost_calls += 1
+                op.future.set_exception(error(op))
+            else:
+                op.future.set_result(None)
+
+    async def _restart(self, dead: Incarnation) -> None:
+        await self._close_incarnation(dead, graceful=False)
+        while True:
+            delay = self._backoff_s
+            self._backoff_s = min(delay * 2, self._config.restart_backoff_max_s)
+            logger.warning("worker %r restarts in %.2f s", self.name, delay)
+            await asyncio.sleep(delay)
+            try:
+                await self._launch()
+            except ActorDiedError as exc:
+                logger.warning("%s", exc)
+                self._transition(WorkerState.RESTARTING)
+                continue
+            self._restarts += 1
+            return
+
+    def _supervisor_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("worker %r: restart supervisor failed", self.name, exc_info=task.exception())
+
+    # --- requests ---
+
+    async def invoke(self, call: StageCall) -> Mapping[str, object]:
+        """Run `call` on every rank and return rank 0's artifacts.
+
+        Raises `StageFailedError` (a rank's stage raised, or the inputs/artifacts are not picklable; the worker stays
+        healthy), `ActorDiedError` (the incarnation died meanwhile) or `ActorUnavailableError` (not running, or at
+        capacity). Cancelling does not interrupt the ranks; see the class docstring.
+        """
+        inc = self._running_incarnation()
+        if self._calls_in_flight >= self.capacity:
+            raise ActorUnavailableError(
+                f"worker {self.name!r} is at capacity: {self._calls_in_flight} call(s) in flight"
+                f" (capacity {self.capacity}); wait for one to finish"
+            )
+        try:
+            payload = bytes(ForkingPickler.dumps(call))
+        except Exception as exc:
+            raise StageFailedError(
+                call.stage_id,
+                call.session_id,
+                call.sequence_id,
+                f"the inputs are not picklable: {describe_exception(exc)}",
+            ) from exc
+        self._calls_in_flight += 1
+        self._calls += 1
+        op = self._submit(inc, CALL, payload, call.session_id, call)
+        return cast(Mapping[str, object], await op.future)
+
+    async def release_session(self, session_id: str) -> None:
+        """Run `stage.release(session_id)` on every rank.
+
+        Raises `StageFailedError` (sequence_id -1) naming the ranks whose release raised. Returns at once when no
+        incarnation runs: its per-session state died with it.
+        """
+        if self._state is not WorkerState.RUNNING:
+            logger.debug("worker %r: release of %r needs nothing (%s)", self.name, session_id, self._state.value)
+            return
+        await self._release_slots.acquire()
+        if not self.healthy:  # it may have died while we waited for a slot
+            self._release_slots.release()
+            return
+        op = self._submit(self._running_incarnation(), RELEASE, b"", session_id, None)
+        await op.future
+
+    def _running_incarnation(self) -> Incarnation:
+        if self._state is not WorkerState.RUNNING or self._current is None:
+            raise ActorUnavailableError(f"worker {self.name!r} takes no calls: it is {self._state.value}")
+        return self._current
+
+    def _submit(
+        self, inc: Incarnation, kind: str, payload: bytes, session_id: str, call: StageCall | None
+    ) -> Operation:
+        loop = asyncio.get_running_loop()
+        op = Operation(next(self._op_ids), kind, session_id, call, loop.create_future(), len(inc.processes))
+        self._ops[op.op_id] = op
+        request = Request(kind, op.op_id, payload, session_id)
+        for rank, requests in enumerate(inc.request_queues):
+            try:
+                requests.put_nowait(request)
+            except queue.Full:
+                # The bounds above make this impossible unless a rank stopped reading: the ranks have diverged.
+                self._on_died(inc, f"the request queue of rank {rank} overflowed")
+                break
+        return op
+
+
+def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        logger.debug("event loop closed; dropped an event for %r", callback)

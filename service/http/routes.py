@@ -1,0 +1,405 @@
+"""The HTTP routes: `/v1` sessions (REST + server-sent events), health, and the loopback admin drain.
+
+Handlers only translate: authenticate, parse, call `ServiceRuntime`, and turn snapshots into bodies. Errors are
+raised as exceptions and answered by the handlers in `service.app` through the table in `service.errors`.
+
+Request order for `POST /v1/sessions`: body size (middleware, before anything reads it) → API key → content type
+(415) → JSON and fields (422 `invalid_request`) → image bytes/pixels (413/415) → the worker's `prepare` (422
+`invalid_config`) → admission (201/202/429/503).
+
+The transport routes: `POST /v1/sessions/{id}/webrtc` (the embedded transport's SDP offer; every offer rebinds the
+session to a new peer connection), `POST /v1/sessions/{id}/viewers` (LiveKit: a subscribe-only token) and
+`POST /v1/livekit/webhook` (LiveKit's signed webhooks: the signature is the authentication, no API key). Order for
+the session routes: API key → the session (404 for an unknown or another key's session) → the transport kind (404
+when the route's transport is not the active one; 409 for an offer while LiveKit is active) → the session's state
+(409 unless it streams) → the body (415/422) → the transport (422 for an offer it refuses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal, TypeVar
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pipeline.bidirectional import SessionCloseMode
+from service.errors import (
+    ForbiddenError,
+    InvalidRequestError,
+    SessionNotStreamingError,
+    UnsupportedMediaTypeError,
+    error_body,
+)
+from service.http.auth import ApiKeyAuth
+from service.http.schemas import (
+    CreateSessionRequest,
+    DrainBody,
+    ErrorBody,
+    HealthBody,
+    SessionBody,
+    SessionList,
+    WebhookAck,
+    WebrtcAnswer,
+    WebrtcOffer,
+    drain_body,
+    session_body,
+)
+from service.logs import bind_session_id
+from service.runtime.images import decode_image
+from service.runtime.runtime import ServiceRuntime, SnapshotStream
+from service.runtime.sessions import SessionSnapshot, SessionState
+from transport.base import Transport
+from transport.embedded import EmbeddedTransport
+from transport.errors import SessionNotAttachedError
+from transport.livekit_transport import LiveKitTransport
+
+__all__ = ["describe_validation_errors", "health_router", "internal_router", "v1_router"]
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+_bearer = HTTPBearer(auto_error=False, description="An API key, when the service is configured with keys.")
+
+
+def _runtime(request: Request) -> ServiceRuntime:
+    runtime: ServiceRuntime = request.app.state.runtime
+    return runtime
+
+
+async def _owner(
+    request: Request, _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> str:
+    auth: ApiKeyAuth = request.app.state.auth
+    return auth.owner(request.headers.get("authorization"))
+
+
+def _transport(request: Request) -> Transport | None:
+    transport: Transport | None = getattr(request.app.state, "transport", None)
+    return transport
+
+
+Runtime = Annotated[ServiceRuntime, Depends(_runtime)]
+Owner = Annotated[str, Depends(_owner)]
+ActiveTransport = Annotated[Transport | None, Depends(_transport)]
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": ErrorBody, "description": "An error (see the code)."} for status in statuses}
+
+
+def describe_validation_errors(errors: Any) -> str:
+    """One sentence from pydantic/FastAPI validation errors: `location: message` for the first few."""
+    parts = []
+    for error in list(errors)[:5]:
+        location = ".".join(str(item) for item in error.get("loc", ()) if item != "body") or "body"
+        parts.append(f"{location}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts) or "the request is invalid"
+
+
+_CREATE_BODY_SCHEMA = CreateSessionRequest.model_json_schema()
+
+v1_router = APIRouter(prefix="/v1", tags=["sessions"])
+
+
+@v1_router.post(
+    "/sessions",
+    status_code=201,
+    response_model=SessionBody,
+    summary="Create a session (admitted: 201, queued: 202)",
+    responses={
+        202: {"model": SessionBody, "description": "Queued: follow GET or the event stream for the position."},
+        **_errors(401, 413, 415, 422, 429, 500, 503),
+    },
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _CREATE_BODY_SCHEMA}}}},
+)
+async def create_session(request: Request, response: Response, owner: Owner, runtime: Runtime) -> SessionBody:
+    content_type = request.headers.get("content-type", "")
+    if not _is_json(content_type):
+        raise UnsupportedMediaTypeError("send the request body as application/json")
+    raw = await request.body()
+    try:
+        payload = CreateSessionRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise InvalidRequestError(describe_validation_errors(exc.errors())) from None
+    image = decode_image(payload.image, runtime.config.limits)
+    snapshot, admitted = await runtime.create(owner, payload.config, image)
+    bind_session_id(snapshot.id)
+    response.status_code = 201 if admitted else 202
+    response.headers["Location"] = f"/v1/sessions/{snapshot.id}"
+    return session_body(snapshot)
+
+
+@v1_router.get("/sessions", response_model=SessionList, summary="The caller's sessions", responses=_errors(401))
+async def list_sessions(owner: Owner, runtime: Runtime) -> SessionList:
+    return SessionList(sessions=[session_body(snapshot) for snapshot in await runtime.sessions_of(owner)])
+
+
+@v1_router.get(
+    "/sessions/{session_id}",
+    response_model=SessionBody,
+    summary="A session's live status (a heartbeat while queued)",
+    responses=_errors(401, 404),
+)
+async def get_session(session_id: str, owner: Owner, runtime: Runtime, transport: ActiveTransport) -> SessionBody:
+    bind_session_id(session_id)
+    snapshot = await runtime.lookup(owner, session_id)
+    body = session_body(snapshot)
+    if isinstance(transport, LiveKitTransport) and snapshot.transport is not None and snapshot.state in _STREAMING:
+        # Only LiveKit's details go stale (the join token's TTL is short): mint a fresh token, same identity. The
+        # embedded transport's offer URL never changes. Detached a moment ago: the session is ending, keep the old.
+        # Run by another replica (shared admission): mint it from the room and identity that replica published.
+        with contextlib.suppress(SessionNotAttachedError):
+            if runtime.runs_here(snapshot.id):
+                body.transport = dict(transport.join_details(snapshot.id))
+            else:
+                body.transport = dict(transport.rejoin_details(snapshot.id, snapshot.transport))
+    return body
+
+
+@v1_router.delete(
+    "/sessions/{session_id}",
+    response_model=SessionBody,
+    summary="End a session (idempotent): 200 ended, 202 closing",
+    responses={202: {"model": SessionBody, "description": "Closing; the final status follows."}, **_errors(401, 404)},
+)
+async def delete_session(
+    session_id: str,
+    response: Response,
+    owner: Owner,
+    runtime: Runtime,
+    mode: Annotated[Literal["drain", "cancel"], Query(description="drain: deliver the chunk in progress")] = "drain",
+) -> SessionBody:
+    bind_session_id(session_id)
+    snapshot = await runtime.delete(owner, session_id, SessionCloseMode(mode))
+    response.status_code = 200 if snapshot.terminal else 202
+    return session_body(snapshot)
+
+
+@v1_router.get(
+    "/sessions/{session_id}/events",
+    summary="Server-sent events: one `session` event per change, keep-alive comments (a heartbeat while queued)",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "The event stream."}, **_errors(401, 404)},
+)
+async def session_events(session_id: str, owner: Owner, runtime: Runtime) -> StreamingResponse:
+    bind_session_id(session_id)
+    snapshot, subscription = await runtime.follow(owner, session_id)
+    heartbeat = runtime.config.admission.queue_heartbeat_timeout
+    keepalive = runtime.tuning.sse_keepalive_s
+    if heartbeat is not None:
+        keepalive = min(keepalive, heartbeat / 3)
+    return _EventStreamResponse(
+        subscription,
+        _event_stream(runtime, snapshot, subscription, keepalive),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+_STREAMING = frozenset({SessionState.ADMITTED, SessionState.RUNNING, SessionState.DRAINING})
+
+
+def _conflict(message: str) -> SessionNotStreamingError:
+    return SessionNotStreamingError(message)
+
+
+def _require_streaming(snapshot: SessionSnapshot) -> None:
+    """409 unless the session is past the queue and not ended (its transport binding exists or is being made)."""
+    if snapshot.state is SessionState.QUEUED:
+        raise _conflict(
+            f"session {snapshot.id!r} is queued (position {snapshot.queue_position}); connect once it is running"
+        )
+    if snapshot.terminal:
+        raise _conflict(f"session {snapshot.id!r} has ended ({snapshot.state.value}); create a new one")
+
+
+@v1_router.post(
+    "/sessions/{session_id}/webrtc",
+    response_model=WebrtcAnswer,
+    summary="Embedded WebRTC: answer the browser's SDP offer (every new offer rebinds the session)",
+    responses=_errors(401, 404, 409, 413, 415, 422),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": WebrtcOffer.model_json_schema()}},
+        }
+    },
+)
+async def webrtc_offer(
+    session_id: str, request: Request, owner: Owner, runtime: Runtime, transport: ActiveTransport
+) -> WebrtcAnswer:
+    bind_session_id(session_id)
+    snapshot = await runtime.lookup_here(owner, session_id)
+    if isinstance(transport, LiveKitTransport):
+        raise _conflict("this service streams through LiveKit: join the room named in the session's transport")
+    if not isinstance(transport, EmbeddedTransport):
+        raise StarletteHTTPException(status_code=404, detail="the embedded WebRTC transport is not enabled here")
+    _require_streaming(snapshot)
+    offer = await _json_body(request, WebrtcOffer)
+    try:
+        sdp, kind = await transport.answer(session_id, offer.sdp, offer.type)
+    except SessionNotAttachedError:
+        raise _conflict(f"session {session_id!r} is not connected to the transport (starting or ending)") from None
+    if kind != "answer":  # pragma: no cover - aiortc always answers an offer with an answer
+        raise _conflict(f"the transport answered with an SDP of type {kind!r}")
+    return WebrtcAnswer(sdp=sdp, type="answer")
+
+
+@v1_router.post(
+    "/sessions/{session_id}/viewers",
+    status_code=201,
+    response_model=dict[str, Any],
+    summary="LiveKit: a watch-only join token for the session's room (subscribe, no publishing)",
+    responses=_errors(401, 404, 409),
+)
+async def create_viewer(session_id: str, owner: Owner, runtime: Runtime, transport: ActiveTransport) -> dict[str, Any]:
+    bind_session_id(session_id)
+    snapshot = await runtime.lookup_here(owner, session_id)
+    if not isinstance(transport, LiveKitTransport):
+        raise StarletteHTTPException(status_code=404, detail="viewer tokens need the LiveKit transport (LIVEKIT_URL)")
+    _require_streaming(snapshot)
+    try:
+        return dict(transport.viewer_details(session_id))
+    except SessionNotAttachedError:
+        raise _conflict(f"session {session_id!r} is not connected to its LiveKit room (starting or ending)") from None
+
+
+@v1_router.post(
+    "/livekit/webhook",
+    response_model=WebhookAck,
+    tags=["livekit"],
+    summary="LiveKit webhooks (authenticated by LiveKit's signature in Authorization, not by an API key)",
+    responses=_errors(401, 404, 413),
+)
+async def livekit_webhook(request: Request, transport: ActiveTransport) -> WebhookAck:
+    if not isinstance(transport, LiveKitTransport):
+        raise StarletteHTTPException(status_code=404, detail="LiveKit webhooks need the LiveKit transport")
+    body = await request.body()
+    transport.handle_webhook(body, request.headers.get("authorization"))  # WebhookError: 401
+    return WebhookAck()
+
+
+async def _json_body(request: Request, model: type[_Model]) -> _Model:
+    """The request body as `model`: 415 unless JSON, 422 `invalid_request` when it does not validate."""
+    if not _is_json(request.headers.get("content-type", "")):
+        raise UnsupportedMediaTypeError("send the request body as application/json")
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise InvalidRequestError(describe_validation_errors(exc.errors())) from None
+
+
+class _EventStreamResponse(StreamingResponse):
+    """The SSE response; it unsubscribes when it ends, however it ends.
+
+    A client that stops reading and then disconnects is noticed while the stream waits in `send`: Starlette then
+    cancels the stream without closing its body iterator, so the iterator's own `with subscription` would only
+    run when the garbage collector finds the suspended generator, and until then the session kept publishing to it.
+    """
+
+    def __init__(self, subscription: SnapshotStream, content: AsyncIterator[str], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._subscription = subscription
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._subscription.close()
+
+
+async def _event_stream(
+    runtime: ServiceRuntime,
+    first: SessionSnapshot,
+    subscription: SnapshotStream,
+    keepalive: float,
+) -> AsyncIterator[str]:
+    """The SSE body. Ends after the terminal snapshot; closing it (client gone) unsubscribes at once."""
+    with subscription:
+        yield "retry: 3000\n\n"
+        yield _sse_event(first)
+        last = first.sequence
+        if first.terminal:
+            return
+        while True:
+            try:
+                async with asyncio.timeout(keepalive):
+                    snapshot = await anext(subscription)
+            except TimeoutError:
+                runtime.heartbeat(first.id)
+                yield ": keep-alive\n\n"
+                continue
+            except StopAsyncIteration:
+                return
+            runtime.heartbeat(first.id)
+            if snapshot.sequence <= last:
+                continue
+            last = snapshot.sequence
+            yield _sse_event(snapshot)
+            if snapshot.terminal:
+                return
+
+
+def _sse_event(snapshot: SessionSnapshot) -> str:
+    data = session_body(snapshot).model_dump_json()
+    return f"event: session\nid: {snapshot.sequence}\ndata: {data}\n\n"
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+health_router = APIRouter(tags=["health"])
+
+
+@health_router.get("/healthz", response_model=HealthBody, summary="Liveness: 200 while the process is up")
+async def healthz() -> HealthBody:
+    return HealthBody(status="ok")
+
+
+@health_router.get(
+    "/readyz",
+    response_model=HealthBody,
+    summary="Readiness: 200 when started, not draining and every model worker is ready",
+    responses=_errors(503),
+)
+async def readyz(runtime: Runtime) -> Response:
+    readiness = runtime.readiness()
+    if readiness.ready:
+        return JSONResponse({"status": "ready"})
+    return JSONResponse(error_body(readiness.code or "not_ready", readiness.reason or "not ready"), status_code=503)
+
+
+internal_router = APIRouter(prefix="/internal", include_in_schema=False)
+
+_FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip")
+
+
+def _loopback_only(request: Request) -> None:
+    """Admin endpoints answer only direct calls from this host (a proxy on loopback forwarding for others is
+    recognised by its forwarding headers and refused too)."""
+    host = request.client.host if request.client is not None else ""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback or any(name in request.headers for name in _FORWARDING_HEADERS):
+        raise ForbiddenError("internal endpoints answer only direct requests from the loopback interface")
+
+
+@internal_router.post("/drain", response_model=DrainBody, status_code=202, dependencies=[Depends(_loopback_only)])
+async def start_drain(runtime: Runtime) -> DrainBody:
+    runtime.start_drain("admin request")
+    return drain_body(runtime.drain_status())
+
+
+@internal_router.get("/drain", response_model=DrainBody, dependencies=[Depends(_loopback_only)])
+async def drain_status(runtime: Runtime) -> DrainBody:
+    return drain_body(runtime.drain_status())

@@ -1,0 +1,148 @@
+"""The REST API's request and response bodies (pydantic: the HTTP edge only) and their conversion from records.
+
+Unknown request fields are rejected (`extra="forbid"`), so a typo is a 422 instead of a silently ignored option.
+The session body is built from a `SessionSnapshot`; nothing else in the service uses these classes.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.runtime.records import DrainStatus
+from service.runtime.sessions import SessionSnapshot
+
+__all__ = [
+    "CreateSessionRequest",
+    "DrainBody",
+    "ErrorBody",
+    "ErrorDetail",
+    "HealthBody",
+    "SessionBody",
+    "SessionList",
+    "VideoBody",
+    "WebhookAck",
+    "WebrtcAnswer",
+    "WebrtcOffer",
+    "drain_body",
+    "session_body",
+]
+
+StateName = Literal["queued", "admitted", "running", "draining", "closed", "expired", "failed", "cancelled"]
+
+
+class CreateSessionRequest(BaseModel):
+    """POST /v1/sessions. Every field is optional: `{}` creates a session with the model's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Session configuration for the model worker (e.g. fps, seed); validated by the worker.",
+    )
+    image: str | None = Field(
+        default=None, description="Reference image, base64 (PNG, JPEG or WebP); null for the model's default scene."
+    )
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="Stable machine-readable code (see docs/api.md).")
+    message: str = Field(description="A sentence for humans.")
+
+
+class ErrorBody(BaseModel):
+    """The one error shape of every non-2xx answer."""
+
+    error: ErrorDetail
+
+
+class VideoBody(BaseModel):
+    width: int
+    height: int
+    fps: float
+
+
+class SessionBody(BaseModel):
+    """A session as of the moment of the answer."""
+
+    id: str
+    status: StateName
+    reason: str | None = Field(description="Why it is in this state, e.g. queue_timeout, client_deleted.")
+    queue_position: int | None = Field(description="1 = next in line; null unless queued.")
+    created_at: datetime.datetime
+    updated_at: datetime.datetime
+    transport: dict[str, Any] | None = Field(description="Join details once attached; null without a transport.")
+    config: dict[str, Any] = Field(description="The resolved session configuration.")
+    video: VideoBody
+    error: ErrorDetail | None = Field(description="Set when status is failed.")
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionBody]
+
+
+class WebrtcOffer(BaseModel):
+    """POST /v1/sessions/{id}/webrtc: the browser's SDP offer, candidates included (no trickle)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sdp: str = Field(description="The offer SDP: a recvonly video transceiver and a data channel labelled `control`.")
+    type: Literal["offer"] = Field(description="Always `offer`.")
+
+
+class WebrtcAnswer(BaseModel):
+    """The service's SDP answer, candidates included."""
+
+    sdp: str
+    type: Literal["answer"]
+
+
+class WebhookAck(BaseModel):
+    """A LiveKit webhook was verified and applied."""
+
+    received: Literal[True] = True
+
+
+class HealthBody(BaseModel):
+    status: Literal["ok", "ready"]
+
+
+class DrainBody(BaseModel):
+    draining: bool
+    complete: bool = Field(description="Every session has ended.")
+    running: int = Field(description="Admitted sessions still open.")
+    queued: int
+    deadline_in_s: float | None
+
+
+def _time(seconds: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
+
+
+def session_body(snapshot: SessionSnapshot) -> SessionBody:
+    error = None if snapshot.error is None else ErrorDetail(code=snapshot.error[0], message=snapshot.error[1])
+    status: StateName = snapshot.state.value
+    return SessionBody(
+        id=snapshot.id,
+        status=status,
+        reason=snapshot.reason,
+        queue_position=snapshot.queue_position,
+        created_at=_time(snapshot.created_at),
+        updated_at=_time(snapshot.updated_at),
+        transport=None if snapshot.transport is None else dict(snapshot.transport),
+        config=dict(snapshot.config),
+        video=VideoBody(width=snapshot.width, height=snapshot.height, fps=snapshot.fps),
+        error=error,
+    )
+
+
+def drain_body(status: DrainStatus) -> DrainBody:
+    return DrainBody(
+        draining=status.draining,
+        complete=status.complete,
+        running=status.running,
+        queued=status.queued,
+        deadline_in_s=status.deadline_in_s,
+    )

@@ -1,0 +1,91 @@
+"""`SessionPort` for one admitted session: what a transport attaches to.
+
+The port is a thin view over the service's `Session`: chunks and status messages come from the session's bounded
+broadcasts (filled by the session's single output reader, see `service.runtime.runtime`), control goes to the session's
+model worker, and "client gone" asks the runtime to close the session. A transport may subscribe to `chunks()` and
+`status()` any number of times (a reconnect rebinds: it subscribes again); nothing about the session changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from pipeline.bidirectional import BidirectionalService, ChunkOutput, ControlMessage, SessionCloseMode, Stop
+from service.runtime.sessions import Session, SessionState
+from transport.base import StateStatus, StatusMessage
+
+__all__ = ["LiveSessionPort"]
+
+logger = logging.getLogger(__name__)
+
+_STEERABLE = frozenset({SessionState.RUNNING, SessionState.DRAINING})
+
+CloseRequest = Callable[[Session, SessionCloseMode, str], None]
+
+
+class LiveSessionPort:
+    """Implements `transport.base.SessionPort` for one session on one model worker.
+
+    - `chunks()`: from now on, bounded per subscriber, latest wins (a slow consumer skips chunks); ends when the
+      session ends.
+    - `status()`: first the current state (a rebinding transport learns where the session is), then state
+      changes, one `ChunkStatus` per chunk, and a final `ErrorStatus`/`DoneStatus`; bounded per subscriber (drop
+      oldest); ends after `DoneStatus`.
+    - `push_control()`: never blocks. A `Stop` closes the session with drain (the chunk in progress is delivered);
+      other messages go to the worker while the session runs (also while the service drains, until the session's
+      close is requested) and are dropped (counted) otherwise.
+    - `client_gone()`: closes the session with cancel.
+    """
+
+    def __init__(self, session: Session, worker: BidirectionalService, request_close: CloseRequest) -> None:
+        self._session = session
+        self._worker = worker
+        self._request_close = request_close
+        self.dropped_controls = 0
+
+    @property
+    def session_id(self) -> str:
+        return self._session.id
+
+    @property
+    def width(self) -> int:
+        return self._session.prepared.width
+
+    @property
+    def height(self) -> int:
+        return self._session.prepared.height
+
+    @property
+    def fps(self) -> float:
+        return self._session.prepared.fps
+
+    def push_control(self, message: ControlMessage) -> None:
+        if isinstance(message, Stop):
+            self._request_close(self._session, SessionCloseMode.DRAIN, "client_stop")
+            return
+        # Interactive until a close is requested: a session kept running through the service's drain still steers.
+        if self._session.close_mode is not None or self._session.state not in _STEERABLE:
+            self.dropped_controls += 1
+            return
+        try:
+            self._worker.push_control(self._session.id, message)
+        except KeyError:
+            # The worker already forgot the session (it is closing): the same as arriving after the end.
+            self.dropped_controls += 1
+
+    async def chunks(self) -> AsyncIterator[ChunkOutput]:
+        with self._session.chunks.subscribe() as subscription:
+            async for chunk in subscription:
+                yield chunk
+
+    async def status(self) -> AsyncIterator[StatusMessage]:
+        with self._session.statuses.subscribe() as subscription:
+            if not self._session.terminal:
+                yield StateStatus(self._session.state.value)
+            async for message in subscription:
+                yield message
+
+    def client_gone(self, reason: str) -> None:
+        logger.info("session %s: client gone (%s); closing", self._session.id, reason)
+        self._request_close(self._session, SessionCloseMode.CANCEL, f"client_gone: {reason}")

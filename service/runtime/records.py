@@ -1,0 +1,126 @@
+"""The records and seams of `ServiceRuntime`: its tuning, what it reports, and the protocols it is observed through.
+
+`RuntimeTuning` holds the timings and bounds that are not deployment settings (tests shorten them). `Readiness`
+(/readyz), `DrainStatus` (GET /internal/drain) and `RuntimeStatistics` (/metrics) are the frozen answers the runtime
+gives. `SessionObserver` is told about every session's life (`service.telemetry.otel` implements it);
+`SnapshotStream` is what an event stream reads. They live apart from the runtime so that what only reads them
+(schemas, metrics) need not import it; `service.runtime.runtime` re-exports every one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from admission import AdmissionEvent, AdmissionStatistics
+from pipeline.bidirectional import ChunkOutput
+from service.runtime.sessions import Session, SessionBuffers, SessionSnapshot
+from service.scaleout.lua.records import SharedAdmissionStatistics
+
+__all__ = [
+    "DrainStatus",
+    "Readiness",
+    "RuntimeStatistics",
+    "RuntimeTuning",
+    "SessionObserver",
+    "SnapshotStream",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeTuning:
+    """Timings and bounds that are not deployment settings (tests shorten them).
+
+    - `create_wait_s`: how long POST waits for an immediately admitted session to be created and attached before it
+      answers 201 with state `admitted` (the client then follows GET or the event stream).
+    - `delete_wait_s`: how long DELETE waits for the close before it answers 202 with state `draining`.
+    - `sse_keepalive_s`: the longest gap between keep-alive comments on an event stream (also capped at a third of
+      the heartbeat timeout, so an open stream always keeps its queued session's place).
+    - `health_interval_s`: how often worker readiness is polled (it is also checked on every create and /readyz).
+    - `reader_stop_s`: after the worker closed a session, how long its output reader may take to see the end.
+    - `drain_close_grace_s`: how long before the drain deadline remaining sessions are asked to close with drain
+      (at most a quarter of the drain timeout); at the deadline they are cancelled.
+    - `shutdown_close_s`: at shutdown, how long sessions get to close (cancel) before their runners are cancelled.
+    - `admission_tick_s`: the admission driver's expiry check interval.
+    """
+
+    create_wait_s: float = 10.0
+    delete_wait_s: float = 5.0
+    sse_keepalive_s: float = 15.0
+    health_interval_s: float = 1.0
+    reader_stop_s: float = 5.0
+    drain_close_grace_s: float = 5.0
+    shutdown_close_s: float = 10.0
+    admission_tick_s: float = 0.5
+    buffers: SessionBuffers = dataclasses.field(default_factory=SessionBuffers)
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """/readyz: `ready`, else a stable `code` ("not_ready" or "draining") and a sentence."""
+
+    ready: bool
+    code: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DrainStatus:
+    """GET /internal/drain: whether a drain runs, whether it is complete, and what is still open."""
+
+    draining: bool
+    complete: bool
+    running: int
+    queued: int
+    deadline_in_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeStatistics:
+    """What /metrics reads. `sessions` counts live sessions by state; `ended_total` finished ones by final state.
+    `slots_held` counts sessions holding an admission slot; `slot_mismatch` is admission's retained count minus it
+    (anything but 0 means a leak or a double count). `shared` is the whole deployment (every replica, the global
+    queue) with the Redis backend, as of its last refresh; None in memory."""
+
+    sessions: Mapping[str, int]
+    ended_total: Mapping[str, int]
+    admission: AdmissionStatistics
+    ready: bool
+    draining: bool
+    slots_held: int
+    slot_mismatch: int
+    shared: SharedAdmissionStatistics | None = None
+
+
+class SessionObserver(Protocol):
+    """Told about every session's life (`service.telemetry.otel` implements it: spans, metric events).
+
+    Every call is synchronous, on the event loop, made by the runtime at a fixed point; it must be cheap and must
+    not raise. `admission_event` comes before the runtime applies the event; `enter_session` runs inside the new
+    runner task's own context (what it binds there, e.g. the session's span, is seen by every task the runner
+    starts); `chunk` for each chunk the session's output reader takes; `session_ended` once, at the final state,
+    before the transport is detached.
+    """
+
+    def admission_event(self, session: Session, event: AdmissionEvent) -> None: ...
+
+    def enter_session(self, session: Session) -> None: ...
+
+    def chunk(self, session: Session, chunk: ChunkOutput) -> None: ...
+
+    def session_ended(self, session: Session) -> None: ...
+
+
+class SnapshotStream(Protocol):
+    """What an event stream reads: a session's snapshots after the first (ends after the terminal one); leaving
+    `with` (or `close()`) stops it. `fanout.Subscription` is one."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
+
+    def __anext__(self) -> Awaitable[SessionSnapshot]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,188 @@
+"""`SessionRunner`: the life of one admitted session on its model worker, run as that session's own task.
+
+The runner creates the session on its model worker, starts its single output reader (which fans chunks out and
+closes the session when generation ends or fails), attaches the transport, waits for a close request, closes the
+session on the worker (drain, escalated to cancel on request; a best-effort cancel-close when it stopped early),
+stops the reader, finishes the session (final state and status, the admission slot back exactly once) and detaches
+the transport. Cancellation (shutdown) runs the same cleanup in `finally`.
+
+`ServiceRuntime` inherits it and spawns `_run_session` for every admitted session. The runner reads the runtime's
+workers, transport, tuning, observer and drain flag (declared on the class) and calls back the four hooks declared
+here: `_request_close`, `_mark_service_draining`, `_release_slot` (which `SharedServiceRuntime` overrides) and
+`_after_end`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from pipeline.bidirectional import BidirectionalService, ChunkOutput, SessionCloseMode, SessionSummary
+from service.runtime.port import LiveSessionPort
+from service.runtime.records import RuntimeTuning, SessionObserver
+from service.runtime.sessions import Session, SessionState
+from transport.base import Transport
+
+__all__ = ["SessionRunner"]
+
+logger = logging.getLogger(__name__)
+
+
+class SessionRunner:
+    """Each admitted session's runner task (a base of `ServiceRuntime`, which provides what is declared here)."""
+
+    _workers: tuple[BidirectionalService, ...]
+    _transport: Transport | None
+    _tuning: RuntimeTuning
+    _observer: SessionObserver
+    _draining: bool
+
+    def _request_close(self, session: Session, mode: SessionCloseMode, reason: str) -> None:
+        """Ask the session to close (or cancel it while queued)."""
+        raise NotImplementedError
+
+    def _mark_service_draining(self, session: Session) -> None:
+        """Tell the running session that the service drains."""
+        raise NotImplementedError
+
+    def _release_slot(self, session: Session) -> None:
+        """Give the ended session's admission slot back."""
+        raise NotImplementedError
+
+    def _after_end(self, session: Session) -> None:
+        """The session reached its final state: tell the observer, count it, forget what is no longer kept."""
+        raise NotImplementedError
+
+    def _finish(self, session: Session, summary: SessionSummary | None, *, reason: str | None = None) -> None:
+        """The admitted session is over: final state and status, then its slot goes back (exactly once)."""
+        if session.terminal:
+            return
+        if summary is not None and summary.failure:
+            session.record_failure("model_failure", summary.failure)
+        if session.failure is not None:
+            state, final = SessionState.FAILED, session.failure[0]
+        else:
+            state, final = SessionState.CLOSED, reason or session.close_reason or "closed"
+        session.move(state, reason=final)
+        if session.holds_slot:
+            session.holds_slot = False
+            self._release_slot(session)
+        logger.info("session %s %s (%s)", session.id, state.value, final)
+        self._after_end(session)
+
+    async def _run_session(self, session: Session) -> None:
+        """The admitted session's whole life on its worker. Cancellation (shutdown) still publishes a final
+        status, gives the slot back and detaches the transport in `finally`."""
+        worker_index = session.worker if session.worker is not None else 0
+        worker = self._workers[worker_index]
+        port = LiveSessionPort(session, worker, self._request_close)
+        attached = False
+        reader: asyncio.Task[None] | None = None
+        # From the create call on, the worker may hold state for the session (even if create fails half-way).
+        on_worker = True
+        try:
+            try:
+                await worker.create_session(session.id, session.prepared)
+            except Exception as exc:
+                logger.exception("session %s: model worker %d could not create it", session.id, worker_index)
+                session.record_failure("create_failed", f"the model worker could not create the session: {exc}")
+                return
+            if not session.close_requested.is_set():
+                reader = asyncio.create_task(self._read_outputs(session, worker), name=f"outputs-{session.id}")
+                if self._transport is not None:
+                    try:
+                        session.transport_details = dict(await self._transport.attach(port))
+                        attached = True
+                    except Exception as exc:
+                        logger.exception("session %s: the transport could not attach it", session.id)
+                        session.record_failure("transport_failed", f"the transport could not attach: {exc}")
+                        session.request_close(SessionCloseMode.CANCEL, "transport_failed")
+                if session.state is SessionState.ADMITTED:
+                    session.move(SessionState.RUNNING)
+                    if session.service_draining or self._draining:
+                        self._mark_service_draining(session)
+            await session.close_requested.wait()
+            summary = await self._close_on_worker(session, worker)
+            on_worker = False
+            if reader is not None:
+                await self._stop_reader(session, reader)
+                reader = None
+            self._finish(session, summary)
+        finally:
+            if reader is not None:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
+            if on_worker:
+                await self._abandon_on_worker(session, worker)
+            self._finish(session, None, reason="shutdown")
+            if attached and self._transport is not None:
+                try:
+                    await self._transport.detach(session.id, session.reason or session.state.value)
+                except Exception:
+                    logger.exception("session %s: the transport failed to detach it", session.id)
+
+    async def _close_on_worker(self, session: Session, worker: BidirectionalService) -> SessionSummary | None:
+        """`close_session` with the requested mode; a later cancel request escalates a drain in flight."""
+        mode = session.close_mode or SessionCloseMode.DRAIN
+        closing = asyncio.create_task(worker.close_session(session.id, mode), name=f"close-{session.id}")
+        helpers: list[asyncio.Task[object]] = []
+        try:
+            if mode is SessionCloseMode.DRAIN:
+                escalated = asyncio.create_task(session.escalated.wait(), name=f"escalation-{session.id}")
+                helpers.append(escalated)
+                await asyncio.wait({closing, escalated}, return_when=asyncio.FIRST_COMPLETED)
+                if not closing.done():
+                    logger.info("session %s: close escalated from drain to cancel", session.id)
+                    cancel = worker.close_session(session.id, SessionCloseMode.CANCEL)
+                    helpers.append(asyncio.create_task(cancel, name=f"cancel-{session.id}"))
+            outcome = (await asyncio.gather(closing, *helpers[1:], return_exceptions=True))[0]
+        finally:
+            pending = [task for task in (closing, *helpers) if not task.done()]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if isinstance(outcome, SessionSummary):
+            return outcome
+        logger.error("session %s: closing it on the worker failed: %r", session.id, outcome)
+        session.record_failure("close_failed", f"closing the session on the model worker failed: {outcome}")
+        return None
+
+    async def _abandon_on_worker(self, session: Session, worker: BidirectionalService) -> None:
+        """Best-effort cancel-close when the runner stopped before a regular close (a failed create, or shutdown
+        cancelled it mid-way); errors are logged only."""
+        try:
+            async with asyncio.timeout(self._tuning.shutdown_close_s):
+                await worker.close_session(session.id, SessionCloseMode.CANCEL)
+        except Exception as exc:
+            logger.warning("session %s: best-effort cancel-close on the worker failed: %r", session.id, exc)
+
+    async def _stop_reader(self, session: Session, reader: asyncio.Task[None]) -> None:
+        done, _ = await asyncio.wait({reader}, timeout=self._tuning.reader_stop_s)
+        if not done:
+            logger.warning("session %s: outputs did not end after close; cancelling the reader", session.id)
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read_outputs(self, session: Session, worker: BidirectionalService) -> None:
+        """The session's single output reader: fans chunks out; its end or failure closes the session."""
+        iterator: AsyncIterator[ChunkOutput] = worker.outputs(session.id)
+        try:
+            async for chunk in iterator:
+                session.publish_chunk(chunk)
+                self._observer.chunk(session, chunk)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if session.close_mode is not SessionCloseMode.CANCEL:
+                logger.warning("session %s: generation failed: %s", session.id, exc)
+                session.record_failure("model_failure", str(exc) or type(exc).__name__)
+            self._request_close(session, SessionCloseMode.CANCEL, "model_failure")
+            return
+        finally:
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+        self._request_close(session, SessionCloseMode.DRAIN, "completed")

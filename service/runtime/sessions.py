@@ -1,0 +1,306 @@
+"""A session as the service sees it: its lifecycle, its record, and the streams it publishes.
+
+The lifecycle (one enum, an explicit transition table, a frozenset of terminal states)::
+
+    queued ──► admitted ──► running ──► draining ──► closed
+       │           │           │           └───────► failed
+       │           └───────────┴─────────────────► closed | failed | draining
+       ├──► expired
+       └──► cancelled
+
+A rejected create (queue full, draining) never becomes a session: it is answered and forgotten. `Session` is the
+mutable record the runtime keeps for each session; every change of state or queue position is published as a
+`SessionSnapshot` to its SSE subscribers (a `Broadcast`, drop-oldest per subscriber: every snapshot is complete,
+so a slow subscriber only skips intermediate states). The transport-facing `StatusMessage` stream and the chunk
+stream live here too; all three close when the session reaches a terminal state, after a final `DoneStatus`
+(preceded by an `ErrorStatus` when the session failed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from pipeline.bidirectional import ChunkOutput, PreparedSession, SessionCloseMode
+from service.errors import SessionTransitionError
+from service.runtime.fanout import Broadcast, Flag
+from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
+
+__all__ = [
+    "LIVE_STATES",
+    "TERMINAL_STATES",
+    "TRANSITIONS",
+    "Session",
+    "SessionBuffers",
+    "SessionSnapshot",
+    "SessionState",
+    "require_transition",
+]
+
+
+class SessionState(enum.Enum):
+    # Waiting in the admission FIFO; holds a queue position, no slot.
+    QUEUED = "queued"
+    # Holds a slot on one model worker; the worker is creating it and the transport is being attached.
+    ADMITTED = "admitted"
+    # Created and attached: generating and streaming to the client.
+    RUNNING = "running"
+    # Winding down: a close (drain or cancel) is in progress, or the instance drains and will close it by the deadline.
+    DRAINING = "draining"
+    # Ended after admission without a failure (client DELETE, Stop, client gone, completed, drain) (terminal).
+    CLOSED = "closed"
+    # Left the queue unadmitted: queue timeout or lost heartbeat (terminal).
+    EXPIRED = "expired"
+    # Model-side creation or generation, or the transport, failed (terminal).
+    FAILED = "failed"
+    # Left the queue unadmitted: cancelled by the client or by the instance's drain (terminal).
+    CANCELLED = "cancelled"
+
+
+TRANSITIONS: Mapping[SessionState, frozenset[SessionState]] = MappingProxyType(
+    {
+        SessionState.QUEUED: frozenset({SessionState.ADMITTED, SessionState.EXPIRED, SessionState.CANCELLED}),
+        SessionState.ADMITTED: frozenset(
+            {SessionState.RUNNING, SessionState.DRAINING, SessionState.CLOSED, SessionState.FAILED}
+        ),
+        SessionState.RUNNING: frozenset({SessionState.DRAINING, SessionState.CLOSED, SessionState.FAILED}),
+        SessionState.DRAINING: frozenset({SessionState.CLOSED, SessionState.FAILED}),
+        SessionState.CLOSED: frozenset(),
+        SessionState.EXPIRED: frozenset(),
+        SessionState.FAILED: frozenset(),
+        SessionState.CANCELLED: frozenset(),
+    }
+)
+"""Every legal move, from each state. Sessions are born QUEUED (an immediate admission moves on at once)."""
+
+TERMINAL_STATES: frozenset[SessionState] = frozenset(state for state, moves in TRANSITIONS.items() if not moves)
+LIVE_STATES: frozenset[SessionState] = frozenset(SessionState) - TERMINAL_STATES
+_SLOT_STATES = frozenset({SessionState.ADMITTED, SessionState.RUNNING, SessionState.DRAINING})
+
+
+def require_transition(session_id: str, old: SessionState, new: SessionState) -> None:
+    """Raise `SessionTransitionError` unless the table allows `old -> new`."""
+    if new not in TRANSITIONS[old]:
+        why = (
+            "it has ended"
+            if old in TERMINAL_STATES
+            else f"{old.value} sessions can only become " + ", ".join(sorted(state.value for state in TRANSITIONS[old]))
+        )
+        raise SessionTransitionError(f"session {session_id!r} cannot move from {old.value} to {new.value}: {why}")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSnapshot:
+    """One session as of one moment; what GET returns and what the SSE stream carries.
+
+    `created_at`/`updated_at` are wall-clock seconds since the epoch. `queue_position` is set only while queued
+    (1 = next). `transport` holds the join details once attached. `error` is `(code, message)` for failed sessions.
+    `sequence` increases with every published change (the SSE event id).
+    """
+
+    id: str
+    state: SessionState
+    reason: str | None
+    queue_position: int | None
+    created_at: float
+    updated_at: float
+    transport: Mapping[str, object] | None
+    config: Mapping[str, object]
+    width: int
+    height: int
+    fps: float
+    error: tuple[str, str] | None
+    sequence: int
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+@dataclass(frozen=True, slots=True)
+class SessionBuffers:
+    """Per-subscriber buffer sizes (overflow: drop oldest) of a session's three streams."""
+
+    snapshots: int = 16
+    statuses: int = 64
+    chunks: int = 2
+
+
+class Session:
+    """The service's record of one session, from its first queue decision to its terminal state.
+
+    Mutated only on the event loop, by the runtime (admission events, the session's own runner task, HTTP
+    handlers). Every method is synchronous, so a state change and its publication are atomic on the loop.
+    """
+
+    # Slots: a finished session stays in the history (LINGSTREAM_SESSION_HISTORY of them); no per-instance dict.
+    __slots__ = (
+        "_sequence",
+        "chunks",
+        "close_mode",
+        "close_reason",
+        "close_requested",
+        "config_view",
+        "created_at",
+        "ended",
+        "escalated",
+        "failure",
+        "holds_slot",
+        "id",
+        "owner",
+        "position",
+        "prepared",
+        "reason",
+        "service_draining",
+        "settled",
+        "snapshots",
+        "state",
+        "statuses",
+        "transport_details",
+        "updated_at",
+        "worker",
+    )
+
+    def __init__(
+        self,
+        session_id: str,
+        owner: str,
+        prepared: PreparedSession,
+        config_view: Mapping[str, object],
+        buffers: SessionBuffers,
+    ) -> None:
+        self.id = session_id
+        self.owner = owner
+        self.prepared = prepared
+        self.config_view = MappingProxyType(dict(config_view))
+        self.state = SessionState.QUEUED
+        self.reason: str | None = None
+        self.position: int | None = None
+        self.worker: int | None = None
+        self.transport_details: Mapping[str, object] | None = None
+        self.created_at = time.time()
+        self.updated_at = self.created_at
+        self.failure: tuple[str, str] | None = None
+        self.close_mode: SessionCloseMode | None = None
+        self.close_reason: str | None = None
+        self.holds_slot = False
+        self.service_draining = False
+        self.close_requested = Flag()
+        self.escalated = Flag()
+        self.settled = Flag()
+        self.ended = Flag()
+        self.snapshots: Broadcast[SessionSnapshot] = Broadcast(buffers.snapshots)
+        self.statuses: Broadcast[StatusMessage] = Broadcast(buffers.statuses)
+        self.chunks: Broadcast[ChunkOutput] = Broadcast(buffers.chunks)
+        self._sequence = 0
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def admitted(self) -> bool:
+        """Whether the session is past the queue and not yet ended (it holds, or is about to give back, a slot)."""
+        return self.state in _SLOT_STATES
+
+    def snapshot(self) -> SessionSnapshot:
+        return SessionSnapshot(
+            id=self.id,
+            state=self.state,
+            reason=self.reason,
+            queue_position=self.position if self.state is SessionState.QUEUED else None,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            transport=None if self.transport_details is None else MappingProxyType(dict(self.transport_details)),
+            config=self.config_view,
+            width=self.prepared.width,
+            height=self.prepared.height,
+            fps=self.prepared.fps,
+            error=self.failure if self.state is SessionState.FAILED else None,
+            sequence=self._sequence,
+        )
+
+    def move(self, new: SessionState, *, reason: str | None = None, detail: str | None = None) -> None:
+        """Change state (checked against the table) and publish it; a terminal state also ends every stream."""
+        require_transition(self.id, self.state, new)
+        self.state = new
+        if reason is not None:
+            self.reason = reason
+        if new is not SessionState.QUEUED:
+            self.position = None
+        self._publish_snapshot()
+        if new is SessionState.RUNNING:
+            self.settled.set()
+        if new in TERMINAL_STATES:
+            self._end()
+        else:
+            self.statuses.publish(StateStatus(new.value, detail))
+
+    def set_position(self, position: int | None) -> None:
+        """A new queue position (from an admission event); published only when it changed."""
+        if self.state is SessionState.QUEUED and position != self.position:
+            self.position = position
+            self._publish_snapshot()
+
+    def record_failure(self, code: str, message: str) -> None:
+        """Remember why the session failed; the first failure wins (later ones are consequences)."""
+        if self.failure is None:
+            self.failure = (code, message)
+
+    def request_close(self, mode: SessionCloseMode, reason: str) -> bool:
+        """Ask the session's runner to close it with `mode`; a CANCEL escalates a DRAIN already under way.
+
+        Returns whether anything changed. The first request's reason is kept. An admitted or running session moves
+        to DRAINING at once, so every reader sees that it is ending.
+        """
+        if self.terminal or self.state is SessionState.QUEUED:
+            return False
+        if self.close_mode is None:
+            self.close_mode = mode
+            self.close_reason = reason
+            self.close_requested.set()
+            if mode is SessionCloseMode.CANCEL:
+                self.escalated.set()
+        elif mode is SessionCloseMode.CANCEL and self.close_mode is SessionCloseMode.DRAIN:
+            self.close_mode = SessionCloseMode.CANCEL
+            self.escalated.set()
+        else:
+            return False
+        if self.state is not SessionState.DRAINING:
+            self.move(SessionState.DRAINING, reason=reason, detail=f"closing ({mode.value})")
+        return True
+
+    def publish_chunk(self, chunk: ChunkOutput) -> None:
+        self.chunks.publish(chunk)
+        self.statuses.publish(
+            ChunkStatus(
+                index=chunk.index,
+                applied_seq=chunk.applied_seq,
+                keys=tuple(sorted(chunk.keys)),
+                timings=MappingProxyType(dict(chunk.timings)),
+            )
+        )
+
+    def _publish_snapshot(self) -> None:
+        self._sequence += 1
+        self.updated_at = time.time()
+        if self.snapshots.has_subscribers:
+            self.snapshots.publish(self.snapshot())
+
+    def _end(self) -> None:
+        # A finished session stays readable for a while: keep its figures, not its reference image.
+        if self.prepared.image is not None:
+            self.prepared = dataclasses.replace(self.prepared, image=None)
+        if self.state is SessionState.FAILED:
+            code, message = self.failure or ("failed", "the session failed")
+            self.statuses.publish(ErrorStatus(code, message))
+        self.statuses.publish(DoneStatus(self.state.value))
+        self.snapshots.close()
+        self.statuses.close()
+        self.chunks.close()
+        self.settled.set()
+        self.ended.set()

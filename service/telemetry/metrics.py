@@ -1,0 +1,768 @@
+"""The service's metric instruments: the packages' statistics and events turned into OpenTelemetry metrics.
+
+The libraries only expose frozen `statistics()` records and events; this module owns every instrument made from
+them, on a `Meter` that `service.telemetry.otel` provides (and exports at `/metrics` and over OTLP):
+
+- observable gauges and counters read one `StatisticsSnapshot` per collection: the runtime (sessions, admission),
+  the model workers (their orchestrators' diagnostics, their execution leases) and the transport's bindings;
+- histograms and counters are fed by events: each chunk a session emits (its `timings`), each stage invocation
+  an orchestrator completes, each admission and each session end.
+
+Reading happens on the event loop, because none of those objects is thread-safe: a collection on another thread
+(the OTLP exporter's) asks the loop for a snapshot and waits briefly for it (see `ServiceMetrics.current`).
+Labels are bounded (states, results, reasons, stage names, worker indices); never a session id, key or token.
+docs/metrics.md lists every series with its Prometheus name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import math
+import os
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from admission import ExecutionLease, LeaseStatistics
+from pipeline.bidirectional import BidirectionalService, ChunkOutput
+from pipeline.metrics import StageTiming
+from pipeline.orchestrator import OrchestratorStatistics, StreamingPipelineOrchestrator
+from service.runtime.records import RuntimeStatistics
+from service.telemetry.memory import GlibcHeap, HeapInfo
+from transport.base import Transport
+
+__all__ = [
+    "CONTENT_TYPE",
+    "ServiceMetrics",
+    "StatisticsSnapshot",
+    "TransportFigures",
+    "WorkerFigures",
+    "observe_process",
+    "observe_runtime",
+    "render_metrics",
+]
+
+logger = logging.getLogger(__name__)
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+"""The Prometheus text format (0.0.4) that `/metrics` answers in."""
+
+T = TypeVar("T")
+
+_FINAL_STATES = ("closed", "expired", "failed", "cancelled")
+
+# Bucket boundaries (seconds). The SDK's defaults are milliseconds-shaped (0, 5, 10, ... 10000) and useless here.
+HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+CHUNK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+LEASE_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+QUEUE_BUCKETS = (0.0, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+SESSION_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
+
+_FRESH_S = 1.0  # a snapshot younger than this is reused by the callbacks of one collection
+_LOOP_WAIT_S = 2.0  # how long a collection on another thread waits for the loop to take a snapshot
+_RTF_WINDOW = 64  # chunk periods kept per running session for the real-time factor
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+# --------------------------------------------------------------------------------------------- snapshot records
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFigures:
+    """One model worker as of a snapshot: what its statistics, orchestrator and lease said (None: not exposed)."""
+
+    index: int
+    stale_controls: int | None
+    orchestrator: OrchestratorStatistics | None
+    lease: LeaseStatistics | None
+
+
+@dataclass(frozen=True, slots=True)
+class TransportFigures:
+    """The transport summed over every session it ever carried (finished bindings' last figures included)."""
+
+    sessions: int | None
+    frames_sent: int
+    frames_dropped: Mapping[str, int]
+    reconnects: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class StatisticsSnapshot:
+    """Everything the observable instruments read, taken at once on the event loop (`taken_at`: monotonic)."""
+
+    taken_at: float
+    runtime: RuntimeStatistics | None
+    workers: tuple[WorkerFigures, ...] = ()
+    transport: TransportFigures | None = None
+    realtime_factors: tuple[float, ...] = ()
+
+
+_EMPTY = StatisticsSnapshot(taken_at=-math.inf, runtime=None)
+
+
+# --------------------------------------------------------------------------------------------- runtime series
+
+
+_Observe = Callable[[T], Iterable[Observation]]
+
+
+def _callback(read: Callable[[], T | None], observe: _Observe[T]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def callback(_options: CallbackOptions) -> Iterable[Observation]:
+        value = read()
+        return () if value is None else list(observe(value))
+
+    return callback
+
+
+def observe_runtime(meter: Meter, read: Callable[[], RuntimeStatistics | None]) -> None:
+    """Register the runtime's series (sessions, admission, readiness) on `meter`, reading `read()` per collection.
+
+    These names predate OpenTelemetry here and the Helm chart's autoscaling queries use two of them
+    (`lingstream_admission_queue_depth`, `lingstream_sessions{state="running"}`): keep them stable.
+    """
+
+    def gauge(name: str, unit: str, description: str, observe: _Observe[RuntimeStatistics]) -> None:
+        meter.create_observable_gauge(name, [_callback(read, observe)], unit=unit, description=description)
+
+    def counter(name: str, unit: str, description: str, observe: _Observe[RuntimeStatistics]) -> None:
+        meter.create_observable_counter(name, [_callback(read, observe)], unit=unit, description=description)
+
+    gauge(
+        "lingstream.sessions",
+        "{session}",
+        "Live sessions on this instance by state (queued, admitted, running, draining).",
+        lambda s: (Observation(count, {"state": state}) for state, count in s.sessions.items()),
+    )
+    counter(
+        "lingstream.sessions.ended",
+        "{session}",
+        "Sessions that reached a final state, by that state (closed, expired, failed, cancelled).",
+        lambda s: (Observation(s.ended_total.get(state, 0), {"state": state}) for state in _FINAL_STATES),
+    )
+    gauge(
+        "lingstream.admission.queue.depth",
+        "{session}",
+        "Sessions waiting in the admission queue.",
+        lambda s: [Observation(s.admission.queue_depth)],
+    )
+    gauge(
+        "lingstream.admission.queue.size",
+        "{session}",
+        "Capacity of the admission queue.",
+        lambda s: [Observation(s.admission.queue_size)],
+    )
+    gauge(
+        "lingstream.admission.slots",
+        "{session}",
+        "Session slots of this instance (num_workers x max_sessions_per_worker).",
+        lambda s: [Observation(len(s.admission.retained) * s.admission.max_sessions_per_worker)],
+    )
+    gauge(
+        "lingstream.admission.slots.retained",
+        "{session}",
+        "Slots held by admitted sessions, by model worker.",
+        lambda s: (Observation(count, {"worker": str(i)}) for i, count in enumerate(s.admission.retained)),
+    )
+    gauge(
+        "lingstream.admission.slot_mismatch",
+        "{session}",
+        "Retained slots minus sessions holding one (anything but 0 means a leak or a double count).",
+        lambda s: [Observation(s.slot_mismatch)],
+    )
+    counter(
+        "lingstream.admissions",
+        "{session}",
+        "Admission decisions and queue exits by result.",
+        _admission_results,
+    )
+    gauge(
+        "lingstream.worker.ready",
+        "1",
+        "1 while the model worker admits sessions (started and ready), by model worker.",
+        lambda s: (Observation(int(ok), {"worker": str(i)}) for i, ok in enumerate(s.admission.healthy)),
+    )
+    gauge(
+        "lingstream.admission.replicas",
+        "{replica}",
+        "Replicas registered in the shared admission, by liveness (redis backend only).",
+        _replicas,
+    )
+    gauge(
+        "lingstream.admission.deployment.slots",
+        "{session}",
+        "Session slots of every live, non-draining replica (redis backend only).",
+        lambda s: [] if s.shared is None else [Observation(s.shared.capacity)],
+    )
+    gauge(
+        "lingstream.admission.deployment.slots.retained",
+        "{session}",
+        "Slots held by admitted sessions on every replica (redis backend only).",
+        lambda s: [] if s.shared is None else [Observation(s.shared.retained_total)],
+    )
+    gauge("lingstream.ready", "1", "1 when /readyz answers 200.", lambda s: [Observation(int(s.ready))])
+    gauge("lingstream.draining", "1", "1 while the instance drains.", lambda s: [Observation(int(s.draining))])
+
+
+def observe_process(meter: Meter, heap: GlibcHeap | None = None) -> None:
+    """Register the process's memory series on `meter`: resident memory from /proc (Linux) and, under glibc, what
+    the malloc heap holds in use and free and its arena count (`service.telemetry.memory`). Read on the collecting
+    thread."""
+
+    def resident(_options: CallbackOptions) -> Iterable[Observation]:
+        try:
+            with open("/proc/self/statm", "rb") as statm:
+                pages = int(statm.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            return []
+        return [Observation(pages * _PAGE_BYTES)]
+
+    meter.create_observable_gauge(
+        "lingstream.process.memory.resident", [resident], unit="By", description="Resident memory of the process."
+    )
+    if heap is None:
+        return
+    last: list[tuple[float, HeapInfo]] = []  # one walk of the arenas per collection, like `_FRESH_S` snapshots
+
+    def read() -> HeapInfo:
+        if not last or time.monotonic() - last[0][0] >= _FRESH_S:
+            last[:] = [(time.monotonic(), heap.info())]
+        return last[0][1]
+
+    def figure(pick: Callable[[HeapInfo], int]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        return lambda _options: [Observation(pick(read()))]
+
+    for name, unit, description, pick in (
+        ("in_use", "By", "Bytes the malloc heap has handed out (glibc).", lambda i: i.in_use_bytes),
+        (
+            "free",
+            "By",
+            "Bytes the malloc heap holds free: resident memory nothing uses (glibc).",
+            lambda i: i.free_bytes,
+        ),
+        (
+            "arenas",
+            "{arena}",
+            "malloc arenas in the process (glibc; LINGSTREAM_MALLOC_ARENAS limits them).",
+            lambda i: i.arenas,
+        ),
+    ):
+        meter.create_observable_gauge(
+            f"lingstream.process.heap.{name}", [figure(pick)], unit=unit, description=description
+        )
+
+
+def _replicas(stats: RuntimeStatistics) -> list[Observation]:
+    if stats.shared is None:
+        return []
+    alive = sum(1 for replica in stats.shared.replicas if replica.alive)
+    return [Observation(alive, {"alive": "true"}), Observation(len(stats.shared.replicas) - alive, {"alive": "false"})]
+
+
+def _admission_results(stats: RuntimeStatistics) -> list[Observation]:
+    a = stats.admission
+    results = {
+        "admitted": a.admitted_total,
+        "queued": a.queued_total,
+        "rejected_queue_full": a.rejected_total - a.rejected_draining_total,
+        "rejected_draining": a.rejected_draining_total,
+        "expired": a.expired_total - a.heartbeat_lost_total,
+        "heartbeat_lost": a.heartbeat_lost_total,
+        "cancelled": a.cancelled_total,
+        "released": a.released_total,
+    }
+    return [Observation(value, {"result": result}) for result, value in results.items()]
+
+
+def render_metrics(stats: RuntimeStatistics) -> str:
+    """The runtime's series alone, for one statistics record, through the same instruments as `/metrics`.
+
+    The served `/metrics` comes from `service.telemetry.otel.Telemetry` (every series); this is for callers that hold
+    only a `RuntimeStatistics`.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    reader = PrometheusMetricReader(disable_target_info=True, scope_info_enabled=False, registry=registry)
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    try:
+        observe_runtime(provider.get_meter("lingstream"), lambda: stats)
+        return generate_latest(registry).decode()
+    finally:
+        provider.shutdown()
+
+
+# --------------------------------------------------------------------------------------------- service metrics
+
+
+@dataclass(slots=True)
+class _SessionFigures:
+    """Per running session, bounded: when it started, whether its first chunk came, recent period/media ratios,
+    and its transport binding's last counters (folded into the totals when it ends)."""
+
+    started_at: float
+    first_output: bool = False
+    ratios: deque[float] = field(default_factory=lambda: deque(maxlen=_RTF_WINDOW))
+    sent: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    reconnects: Counter[str] = field(default_factory=Counter)
+
+
+class ServiceMetrics:
+    """Every service instrument beyond the runtime's own series, and the per-session state they need.
+
+    Sources are read on collection (`refresh()` on the event loop); events come from `service.telemetry.otel`
+    (`admitted`, `session_started`, `chunk`, `stage`, `session_ended`), always on the event loop. Memory is
+    bounded: per-session state exists only between `session_started` and `session_ended` (sessions are bounded by
+    admission) and each holds a fixed-size window.
+
+    Collections on other threads (the OTLP exporter's) call `current()`, which asks the loop for a snapshot and
+    waits at most `_LOOP_WAIT_S` for it, falling back to the last one; after `close()` it only uses the last one
+    (the loop may be the thread waiting for that collection, at shutdown).
+    """
+
+    def __init__(
+        self,
+        meter: Meter,
+        *,
+        runtime: Callable[[], RuntimeStatistics],
+        workers: Sequence[BidirectionalService] = (),
+        transport: Transport | None = None,
+    ) -> None:
+        self._read_runtime = runtime
+        self._workers = tuple(workers)
+        self._transport = transport
+        self._sessions: dict[str, _SessionFigures] = {}
+        self._retired_sent = 0
+        self._retired_dropped: Counter[str] = Counter()
+        self._retired_reconnects: Counter[str] = Counter()
+        self._last = _EMPTY
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._closing = False
+        self._define_histograms(meter)
+        observe_runtime(meter, lambda: self.current().runtime)
+        observe_process(meter, GlibcHeap.load())
+        self._define_worker_series(meter)
+        self._define_session_series(meter)
+
+    # -- reading -------------------------------------------------------------------------------------------
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Sources are read on `loop` from now on (call it on that loop)."""
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+        self._closing = False
+
+    def close(self) -> None:
+        """No more reads from other threads: they get the last snapshot."""
+        self._closing = True
+
+    def refresh(self) -> StatisticsSnapshot:
+        """Read every source now (on the event loop) and keep the result for this collection."""
+        snapshot = StatisticsSnapshot(
+            taken_at=time.monotonic(),
+            runtime=self._read_runtime(),
+            workers=tuple(self._worker_figures(index, worker) for index, worker in enumerate(self._workers)),
+            transport=self._transport_figures(),
+            realtime_factors=tuple(
+                factor for figures in self._sessions.values() if (factor := _p95(figures.ratios)) is not None
+            ),
+        )
+        self._last = snapshot
+        return snapshot
+
+    def current(self) -> StatisticsSnapshot:
+        """A snapshot at most `_FRESH_S` old, taken on the event loop whatever thread asks."""
+        last = self._last
+        if time.monotonic() - last.taken_at < _FRESH_S:
+            return last
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread:
+            return self.refresh()
+        if self._closing:
+            return last
+        future: concurrent.futures.Future[StatisticsSnapshot] = concurrent.futures.Future()
+
+        def take() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(self.refresh())
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(take)
+            return future.result(timeout=_LOOP_WAIT_S)
+        except RuntimeError:  # the loop is closed
+            return last
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            logger.warning("metrics: the event loop did not answer in %.1f s; exporting older figures", _LOOP_WAIT_S)
+            return last
+
+    # -- events (event loop) -----------------------------------------------------------------------------------
+
+    def admitted(self, queue_wait_s: float) -> None:
+        self._queue_wait.record(max(0.0, queue_wait_s))
+
+    def session_started(self, session_id: str) -> None:
+        self._sessions.setdefault(session_id, _SessionFigures(time.monotonic()))
+
+    def chunk(self, session_id: str, chunk: ChunkOutput) -> None:
+        self._chunks.add(1)
+        frames = int(chunk.frames.shape[0]) if chunk.frames.ndim > 0 else 0
+        self._frames.add(frames)
+        timings = chunk.timings
+        figures = self._sessions.get(session_id)
+        if figures is not None and not figures.first_output:
+            figures.first_output = True
+            self._first_output.record(max(0.0, time.monotonic() - figures.started_at))
+        control_to_output = _seconds(timings.get("control_to_output"))
+        if control_to_output is not None:
+            self._control_to_output.record(control_to_output)
+        lease_wait = _seconds(timings.get("lease_wait"))
+        if lease_wait is not None:
+            self._lease_wait.record(lease_wait)
+        period = _seconds(timings.get("chunk_period"))
+        if period is not None:
+            self._chunk_period.record(period)
+            media_s = frames / chunk.fps if chunk.fps > 0 else 0.0
+            if figures is not None and media_s > 0:
+                figures.ratios.append(period / media_s)
+
+    def stage(self, timing: StageTiming) -> None:
+        attributes = {"stage": timing.stage_id}
+        self._stage_duration.record(max(0.0, timing.duration), attributes)
+        self._stage_queued.record(max(0.0, timing.queued), attributes)
+
+    def session_ended(self, session_id: str, state: str) -> None:
+        figures = self._sessions.pop(session_id, None)
+        if figures is None:
+            return
+        self._session_duration.record(max(0.0, time.monotonic() - figures.started_at), {"state": state})
+        self._read_binding(session_id, figures)
+        self._retired_sent += figures.sent
+        self._retired_dropped.update(figures.dropped)
+        self._retired_reconnects.update(figures.reconnects)
+
+    # -- instruments ---------------------------------------------------------------------------------------------
+
+    def _define_histograms(self, meter: Meter) -> None:
+        def histogram(name: str, description: str, buckets: Sequence[float]) -> Histogram:
+            return meter.create_histogram(
+                name, unit="s", description=description, explicit_bucket_boundaries_advisory=buckets
+            )
+
+        self._queue_wait = histogram(
+            "lingstream.admission.queue.duration",
+            "Create to admission, per admitted session (0 for sessions admitted at once).",
+            QUEUE_BUCKETS,
+        )
+        self._lease_wait = histogram(
+            "lingstream.lease.wait.duration",
+            "Execution lease wait before each emitted chunk (from the chunk's timings).",
+            LEASE_BUCKETS,
+        )
+        self._stage_duration = histogram(
+            "lingstream.pipeline.stage.duration",
+            "Stage invocation run time (started to completed), by stage.",
+            STAGE_BUCKETS,
+        )
+        self._stage_queued = histogram(
+            "lingstream.pipeline.stage.queue.duration",
+            "Stage invocation wait (inputs joined to admitted by the scheduler), by stage.",
+            STAGE_BUCKETS,
+        )
+        self._chunk_period = histogram(
+            "lingstream.chunk.period",
+            "Time between consecutive chunks of a session, as its model worker measured it.",
+            CHUNK_BUCKETS,
+        )
+        self._control_to_output = histogram(
+            "lingstream.chunk.control_to_output",
+            "Accepted control to the chunk generated from it, as the model worker measured it.",
+            CHUNK_BUCKETS,
+        )
+        self._first_output = histogram(
+            "lingstream.session.first_output",
+            "Admission (the session's start on its model worker) to its first chunk reaching the service.",
+            CHUNK_BUCKETS,
+        )
+        self._session_duration = histogram(
+            "lingstream.session.duration",
+            "Admission to the final state, per admitted session, by final state.",
+            SESSION_BUCKETS,
+        )
+        self._chunks = meter.create_counter(
+            "lingstream.chunks", unit="{chunk}", description="Chunks the service received from its model workers."
+        )
+        self._frames = meter.create_counter(
+            "lingstream.frames.generated", unit="{frame}", description="Video frames in those chunks."
+        )
+
+    def _define_worker_series(self, meter: Meter) -> None:
+        read = self.current
+
+        def gauge(name: str, unit: str, description: str, observe: _Observe[StatisticsSnapshot]) -> None:
+            meter.create_observable_gauge(name, [_callback(read, observe)], unit=unit, description=description)
+
+        def counter(name: str, unit: str, description: str, observe: _Observe[StatisticsSnapshot]) -> None:
+            meter.create_observable_counter(name, [_callback(read, observe)], unit=unit, description=description)
+
+        counter(
+            "lingstream.controls.stale",
+            "{message}",
+            "Control snapshots the model workers dropped as stale or duplicate, by model worker.",
+            lambda s: (
+                Observation(w.stale_controls, {"worker": str(w.index)})
+                for w in s.workers
+                if w.stale_controls is not None
+            ),
+        )
+        counter(
+            "lingstream.lease.grants",
+            "{grant}",
+            "Execution lease grants (one per chunk), by model worker.",
+            lambda s: (Observation(w.lease.total_grants, {"worker": str(w.index)}) for w in s.workers if w.lease),
+        )
+        gauge(
+            "lingstream.lease.waiters",
+            "{session}",
+            "Sessions waiting for the execution lease, by model worker.",
+            lambda s: (Observation(len(w.lease.waiters), {"worker": str(w.index)}) for w in s.workers if w.lease),
+        )
+        counter(
+            "lingstream.pipeline.results.discarded",
+            "{result}",
+            "Stage results the orchestrator discarded, by model worker and kind (stale, orphaned, duplicate, "
+            "rejected).",
+            _discarded_results,
+        )
+        counter(
+            "lingstream.pipeline.cleanup.failures",
+            "{failure}",
+            "Stage state releases that failed at session close (the session id stays poisoned), by model worker.",
+            lambda s: (
+                Observation(w.orchestrator.core.cleanup_failures, {"worker": str(w.index)})
+                for w in s.workers
+                if w.orchestrator
+            ),
+        )
+        counter(
+            "lingstream.pipeline.slot.leaks",
+            "{slot}",
+            "Capacity slots found still held after a session closed, by model worker.",
+            lambda s: (
+                Observation(w.orchestrator.core.slot_leaks, {"worker": str(w.index)})
+                for w in s.workers
+                if w.orchestrator
+            ),
+        )
+        gauge(
+            "lingstream.pipeline.sessions.poisoned",
+            "{session}",
+            "Sessions whose stage state could not be released, by model worker.",
+            lambda s: (
+                Observation(len(w.orchestrator.core.poisoned_sessions), {"worker": str(w.index)})
+                for w in s.workers
+                if w.orchestrator
+            ),
+        )
+        gauge(
+            "lingstream.pipeline.stage.in_flight",
+            "{invocation}",
+            "Stage invocations running now, by model worker and stage.",
+            lambda s: (
+                Observation(count, {"worker": str(w.index), "stage": stage})
+                for w in s.workers
+                if w.orchestrator
+                for stage, count in w.orchestrator.core.in_flight_by_stage.items()
+            ),
+        )
+        counter(
+            "lingstream.pipeline.actor.restarts",
+            "{restart}",
+            "Stage actor restarts after their runtime died, by model worker and stage.",
+            lambda s: _actor_figures(s, "restarts"),
+        )
+        counter(
+            "lingstream.pipeline.actor.failures",
+            "{invocation}",
+            "Stage invocations that raised, by model worker and stage.",
+            lambda s: _actor_figures(s, "failures"),
+        )
+
+    def _define_session_series(self, meter: Meter) -> None:
+        read = self.current
+        meter.create_observable_gauge(
+            "lingstream.realtime_factor",
+            [_callback(read, _realtime_factor)],
+            unit="1",
+            description="p95 chunk period / media seconds per chunk over running sessions (max and mean); "
+            "below 1 generation outruns playback.",
+        )
+
+        def transport() -> TransportFigures | None:
+            return self.current().transport
+
+        meter.create_observable_gauge(
+            "lingstream.transport.sessions",
+            [_callback(transport, lambda t: [] if t.sessions is None else [Observation(t.sessions)])],
+            unit="{session}",
+            description="Sessions bound to the transport.",
+        )
+        meter.create_observable_counter(
+            "lingstream.transport.frames.sent",
+            [_callback(transport, lambda t: [Observation(t.frames_sent)])],
+            unit="{frame}",
+            description="Video frames the transport's pacers released to the video track.",
+        )
+        meter.create_observable_counter(
+            "lingstream.transport.frames.dropped",
+            [_callback(transport, lambda t: (Observation(n, {"reason": r}) for r, n in t.frames_dropped.items()))],
+            unit="{frame}",
+            description="Video frames the transport dropped, by reason (late, overflow, rejected, unsent, track).",
+        )
+        meter.create_observable_counter(
+            "lingstream.transport.reconnects",
+            [_callback(transport, lambda t: (Observation(n, {"kind": k}) for k, n in t.reconnects.items()))],
+            unit="{reconnect}",
+            description="Transport reconnects by kind (sdk_resume, rejoin, controller_return, peer_return).",
+        )
+
+    # -- sources ------------------------------------------------------------------------------------------------
+
+    def _worker_figures(self, index: int, worker: BidirectionalService) -> WorkerFigures:
+        stale: int | None = None
+        try:
+            stale = worker.statistics().stale_controls
+        except Exception:
+            logger.exception("metrics: model worker %d statistics failed", index)
+        orchestrator = getattr(worker, "orchestrator", None)
+        lease = getattr(worker, "lease", None)
+        return WorkerFigures(
+            index=index,
+            stale_controls=stale,
+            orchestrator=orchestrator.statistics() if isinstance(orchestrator, StreamingPipelineOrchestrator) else None,
+            lease=lease.statistics() if isinstance(lease, ExecutionLease) else None,
+        )
+
+    def _transport_figures(self) -> TransportFigures | None:
+        transport = self._transport
+        if transport is None or not callable(getattr(transport, "session_statistics", None)):
+            return None  # a transport without per-session statistics (a test double) reports nothing
+        for session_id, figures in self._sessions.items():
+            self._read_binding(session_id, figures)
+        sessions: int | None = None
+        statistics = getattr(transport, "statistics", None)
+        if callable(statistics):
+            try:
+                sessions = _count(statistics(), "sessions")
+            except Exception:
+                logger.exception("metrics: transport statistics failed")
+        sent = self._retired_sent
+        dropped = Counter(self._retired_dropped)
+        reconnects = Counter(self._retired_reconnects)
+        for figures in self._sessions.values():
+            sent += figures.sent
+            dropped.update(figures.dropped)
+            reconnects.update(figures.reconnects)
+        return TransportFigures(sessions, sent, dict(dropped), dict(reconnects))
+
+    def _read_binding(self, session_id: str, figures: _SessionFigures) -> None:
+        """Refresh one session's binding counters (duck-typed: `service` imports neither aiortc nor livekit here).
+
+        A session that is not (or no longer) attached keeps its last figures."""
+        read = getattr(self._transport, "session_statistics", None)
+        if not callable(read):
+            return
+        try:
+            stats = read(session_id)
+        except Exception:
+            return
+        pacer = getattr(stats, "pacer", None)
+        figures.sent = _count(pacer, "frames_sent")
+        for reason, owner, name in _DROP_SOURCES:
+            source = pacer if owner == "pacer" else stats
+            if hasattr(source, name):
+                figures.dropped[reason] = _count(source, name)
+        for kind, name in _RECONNECT_SOURCES:
+            if hasattr(stats, name):
+                figures.reconnects[kind] = _count(stats, name)
+
+
+_DROP_SOURCES = (
+    ("late", "pacer", "dropped_late"),
+    ("overflow", "pacer", "dropped_overflow"),
+    ("rejected", "pacer", "rejected_size"),
+    ("unsent", "binding", "frames_unsent"),
+    ("track", "binding", "track_dropped"),
+)
+_RECONNECT_SOURCES = (
+    ("sdk_resume", "sdk_reconnects"),
+    ("rejoin", "rejoins"),
+    ("controller_return", "controller_returns"),
+    ("peer_return", "peer_returns"),
+)
+
+
+def _discarded_results(snapshot: StatisticsSnapshot) -> Iterable[Observation]:
+    for w in snapshot.workers:
+        if w.orchestrator is None:
+            continue
+        core = w.orchestrator.core
+        kinds = {
+            "stale": core.stale_results,
+            "orphaned": core.orphaned_results,
+            "duplicate": core.duplicate_results,
+            "rejected": core.rejected_results,
+        }
+        for kind, count in kinds.items():
+            yield Observation(count, {"worker": str(w.index), "kind": kind})
+
+
+def _actor_figures(snapshot: StatisticsSnapshot, name: str) -> Iterable[Observation]:
+    for w in snapshot.workers:
+        if w.orchestrator is None:
+            continue
+        for stage, actor in w.orchestrator.actors.items():
+            yield Observation(getattr(actor, name), {"worker": str(w.index), "stage": stage})
+
+
+def _realtime_factor(snapshot: StatisticsSnapshot) -> list[Observation]:
+    factors = snapshot.realtime_factors
+    if not factors:
+        return []
+    return [
+        Observation(max(factors), {"statistic": "max"}),
+        Observation(sum(factors) / len(factors), {"statistic": "mean"}),
+    ]
+
+
+def _p95(samples: Iterable[float]) -> float | None:
+    ordered = sorted(samples)
+    if not ordered:
+        return None
+    return ordered[max(1, math.ceil(0.95 * len(ordered))) - 1]
+
+
+def _seconds(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return max(0.0, float(value))
+
+
+def _count(source: object, name: str) -> int:
+    value = getattr(source, name, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
