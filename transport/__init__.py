@@ -16,6 +16,17 @@ from transport.base import (
     StatusMessage,
     Transport,
 )
+from transport.binding import (
+    TERMINAL_BINDING_STATES,
+    BindingCore,
+    BindingCoreStatistics,
+    BindingLifecycle,
+    BindingSettings,
+    BindingState,
+    DeliverFrame,
+    EncodeStatus,
+    TransitionTable,
+)
 from transport.config import CONTROL_TOPIC, STATUS_TOPIC, EmbeddedConfig, LiveKitConfig
 from transport.control import ControlIntake, ControlStatistics
 from transport.embedded import (
@@ -42,7 +53,6 @@ from transport.errors import (
 )
 from transport.events import ParticipantJoined, ParticipantLeft, RoomEvent, RoomFinished
 from transport.livekit_binding import (
-    BindingState,
     ControllerPresence,
     LiveKitBindingStatistics,
     LiveKitSessionBinding,
@@ -89,7 +99,7 @@ from transport.protocol import (
     error_status,
 )
 from transport.rooms import RoomAdmin, RoomConfig, RoomInfo, RoomManager
-from transport.timers import LoopTimers, TimerHandle, Timers
+from transport.timers import GraceTimer, LoopTimers, TimerHandle, Timers
 from transport.tokens import DEFAULT_JOIN_TTL, IssuedToken, ParticipantRole, TokenIssuer, room_name_for
 from transport.webhooks import WebhookHandler
 
@@ -104,21 +114,29 @@ __all__ = [
     "OVER_DISCONNECT_REASONS",
     "PROTOCOL_VERSION",
     "STATUS_TOPIC",
+    "TERMINAL_BINDING_STATES",
+    "BindingCore",
+    "BindingCoreStatistics",
+    "BindingLifecycle",
+    "BindingSettings",
     "BindingState",
     "ChunkStatus",
     "ControlInbox",
     "ControlIntake",
     "ControlStatistics",
     "ControllerPresence",
+    "DeliverFrame",
     "DoneStatus",
     "EmbeddedBindingStatistics",
     "EmbeddedConfig",
     "EmbeddedSessionBinding",
     "EmbeddedTransport",
     "EmbeddedTransportStatistics",
+    "EncodeStatus",
     "ErrorStatus",
     "FramePacer",
     "FrameSink",
+    "GraceTimer",
     "InboxStatistics",
     "IssuedToken",
     "LiveKitBindingStatistics",
@@ -169,6 +187,7 @@ __all__ = [
     "TimerHandle",
     "Timers",
     "TokenIssuer",
+    "TransitionTable",
     "Transport",
     "TransportClosedError",
     "TransportConfigError",

@@ -8,6 +8,14 @@ answering, no trickle). The data channel carries control protocol v1 both ways. 
 is closed; the session (pose, chunk index, sequence numbers) never notices. A peer connection that fails or
 closes starts the `reconnect_grace` timer; a new offer that connects within it resumes, expiry ends the session.
 
+Lifecycle (`BindingState`, shared with the LiveKit binding), with this binding's transitions in `_TRANSITIONS`:
+
+    NEW → LIVE                (start(): served from then on; peer connections come and go through `answer`)
+    LIVE → OVER               (client_gone was called; waiting for the service to detach)
+    any → CLOSED              (detached; terminal)
+
+The tasks, the grace timer, the status outbox and the steps of closing live in the composed `BindingCore`.
+
 Host candidates: aioice gathers on every interface except loopback and has no setting to change that.
 `ice_host_addresses(...)` limits gathering to the given addresses for the peer connections negotiated inside it,
 by wrapping aioice's address lookup once (the wrapper reads a context variable and otherwise defers to aioice).
@@ -23,9 +31,8 @@ import enum
 import fractions
 import logging
 from collections import deque
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import quote
 
 import aioice.ice
@@ -40,26 +47,20 @@ from aiortc import (
 )
 from aiortc.mediastreams import MediaStreamError
 
-from pipeline.clock import Clock, MonotonicClock
+from pipeline.clock import Clock
 from transport.base import ChunkStatus, SessionPort, StateStatus, StatusMessage
+from transport.binding import TERMINAL_BINDING_STATES, BindingCore, BindingState, TransitionTable
 from transport.config import EmbeddedConfig
-from transport.control import ControlIntake, ControlStatistics
+from transport.control import ControlStatistics
 from transport.errors import (
     SessionAlreadyAttachedError,
     SessionNotAttachedError,
     SignalingError,
     TransportClosedError,
 )
-from transport.outbox import (
-    Outbound,
-    OutboxStatistics,
-    StatusOutbox,
-    encode_outbound,
-    flush_status,
-    relay_status,
-)
-from transport.pacing import FramePacer, PacedFrame, PacerStatistics, PacingConfig
-from transport.timers import LoopTimers, TimerHandle, Timers
+from transport.outbox import Outbound, OutboxStatistics, encode_outbound
+from transport.pacing import PacedFrame, PacerStatistics
+from transport.timers import LoopTimers, Timers
 
 __all__ = [
     "EmbeddedBindingStatistics",
@@ -164,6 +165,16 @@ class PacedVideoTrack(MediaStreamTrack):
         self._available.set()
 
 
+# The embedded binding never joins anything: it serves from start() on, and its peer connections come and go
+# through `answer` without changing the binding's state (they are `PeerPresence`).
+_TRANSITIONS: TransitionTable = {
+    BindingState.NEW: frozenset({BindingState.LIVE, BindingState.CLOSED}),
+    BindingState.LIVE: frozenset({BindingState.OVER, BindingState.CLOSED}),
+    BindingState.OVER: frozenset({BindingState.CLOSED}),
+    BindingState.CLOSED: frozenset(),
+}
+
+
 class PeerPresence(enum.Enum):
     EXPECTED = "expected"  # no peer connection has connected yet; the initial join timer runs
     CONNECTED = "connected"  # the current peer connection is connected
@@ -184,8 +195,10 @@ class EmbeddedBindingStatistics:
     """`offers`: answered offers (each one a bind or rebind). `frames_offered`: frames handed to a track;
     `frames_unsent`: frames the pacer released with no peer to take them; `track_dropped`: frames a track's
     queue dropped because its sender was behind. `status_dropped_congested`: status messages dropped because the
-    client left over `status_buffer_bytes` unconsumed in the data channel."""
+    client left over `status_buffer_bytes` unconsumed in the data channel. `tasks`: the binding's background tasks
+    running now (none once closed)."""
 
+    state: BindingState
     presence: PeerPresence
     offers: int
     offers_rejected: int
@@ -195,6 +208,7 @@ class EmbeddedBindingStatistics:
     frames_unsent: int
     track_dropped: int
     status_dropped_congested: int
+    tasks: int
     control: ControlStatistics
     pacer: PacerStatistics
     outbox: OutboxStatistics
@@ -214,38 +228,30 @@ class EmbeddedSessionBinding:
     ) -> None:
         self._port = port
         self._config = config
-        self._timers = timers
-        clock = clock if clock is not None else MonotonicClock()
-        self._pacer = FramePacer(
-            PacingConfig(
-                fps=port.fps,
-                width=port.width,
-                height=port.height,
-                ring_frames=config.ring_frames,
-                reanchor_after=config.reanchor_after,
-            ),
+        self._core = BindingCore(
+            port,
+            kind="embedded",
+            task_prefix="rtc",
+            settings=config,
+            transitions=_TRANSITIONS,
+            timers=timers,
             clock=clock,
+            link=self,
+            deliver=self._deliver,
+            encode=self._encode_status,
+            on_grace_expired=self._grace_expired,
         )
-        self._intake = ControlIntake(port, self._reply, clock=clock)
-        self._outbox = StatusOutbox()
         self._rtc_config = RTCConfiguration(iceServers=[RTCIceServer(urls=url) for url in config.ice_servers])
         self._peer: _Peer | None = None
         self._generation = 0
         self._answer_lock = asyncio.Lock()
         self._channel_open = asyncio.Event()
         self._presence = PeerPresence.EXPECTED
-        self._timer: TimerHandle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._relay: asyncio.Task[None] | None = None
-        self._last_state: StateStatus | None = None
         self._greeted: object | None = None  # the data channel that was sent the current state first
-        self._closed = False
         self._offers = 0
         self._offers_rejected = 0
         self._peers_failed = 0
         self._peer_returns = 0
-        self._frames_offered = 0
-        self._frames_unsent = 0
         self._track_dropped = 0
         self._status_dropped_congested = 0
 
@@ -258,37 +264,28 @@ class EmbeddedSessionBinding:
         return self._presence
 
     @property
+    def state(self) -> BindingState:
+        return self._core.state
+
+    @property
     def closed(self) -> bool:
-        return self._closed
+        return self._core.closed
 
     @property
     def peer_connection(self) -> RTCPeerConnection | None:
         return self._peer.pc if self._peer is not None else None
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro, name=f"{name}:{self.session_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("session %s: task %s failed", self.session_id, task.get_name(), exc_info=task.exception())
-
     def start(self) -> None:
-        self._start_timer(self._config.initial_join_timeout, "the client never connected")
-        self._spawn(self._feed(), "rtc-feed")
-        self._spawn(self._pacer.run(self._sink), "rtc-pacer")
-        self._relay = self._spawn(relay_status(self._port, self._outbox, self._encode_status), "rtc-status")
-        self._spawn(self._outbox.run(self), "rtc-send")
+        self._core.move(BindingState.LIVE)
+        self._core.start_timer(self._config.initial_join_timeout, "the client never connected")
+        self._core.start_serving()
 
     # -- signalling -----------------------------------------------------------------------------------------------
 
     async def answer(self, offer_sdp: str) -> tuple[str, str]:
         """Answer an offer with a new peer connection that replaces the current one. Raises `SignalingError`."""
         async with self._answer_lock:
-            if self._closed:
+            if self.closed:
                 raise SessionNotAttachedError(self.session_id)
             self._generation += 1
             peer = _Peer(
@@ -310,7 +307,7 @@ class EmbeddedSessionBinding:
             except Exception as exc:  # aiortc raises assorted errors for a malformed SDP
                 await self._reject(peer)
                 raise SignalingError(f"the offer could not be answered: {type(exc).__name__}: {exc}") from exc
-            if self.closed:  # closed while negotiating
+            if self.state in TERMINAL_BINDING_STATES:  # read again after the awaits: closed while negotiating
                 await self._close_peer(peer)
                 raise SessionNotAttachedError(self.session_id)
             previous, self._peer = self._peer, peer
@@ -323,7 +320,7 @@ class EmbeddedSessionBinding:
             if self._presence is not PeerPresence.GONE:
                 first = self._presence is PeerPresence.EXPECTED
                 reason = "the client never connected" if first else "the client did not reconnect"
-                self._start_timer(self._config.reconnect_grace, reason)
+                self._core.start_timer(self._config.reconnect_grace, reason)
             if previous is not None:
                 logger.info("session %s: rebinding to a new peer connection", self.session_id)
                 await self._close_peer(previous)
@@ -349,16 +346,16 @@ class EmbeddedSessionBinding:
         pc = peer.pc
 
         def current() -> bool:
-            return self._peer is peer and not self._closed
+            return self._peer is peer and not self.closed
 
         def on_datachannel(channel: RTCDataChannel) -> None:
             if channel.label != self._config.control_label:
-                self._intake.ignore()
+                self._core.intake.ignore()
                 return
 
             def on_message(message: bytes | str) -> None:
                 if current() and peer.channel is channel:
-                    self._intake.receive(message)
+                    self._core.intake.receive(message)
 
             def on_open() -> None:
                 if current() and peer.channel is channel:
@@ -394,7 +391,7 @@ class EmbeddedSessionBinding:
     def _connected(self) -> None:
         if self._presence is PeerPresence.GONE:
             return
-        self._cancel_timer()
+        self._core.cancel_timer()
         if self._presence is PeerPresence.AWAY:
             self._peer_returns += 1
             logger.info("session %s: the client is back within the grace", self.session_id)
@@ -404,7 +401,7 @@ class EmbeddedSessionBinding:
         self._channel_open.clear()
         if state == "failed":
             self._peers_failed += 1
-            self._spawn(self._close_peer(peer), "rtc-close-failed")
+            self._core.spawn(self._close_peer(peer), "close-failed")
         if self._presence is PeerPresence.CONNECTED:
             self._presence = PeerPresence.AWAY
             logger.info(
@@ -413,27 +410,14 @@ class EmbeddedSessionBinding:
                 state,
                 self._config.reconnect_grace,
             )
-            self._start_timer(self._config.reconnect_grace, "the client left")
+            self._core.start_timer(self._config.reconnect_grace, "the client left")
 
-    def _start_timer(self, delay: float, reason: str) -> None:
-        self._cancel_timer()
-        self._timer = self._timers.call_later(delay, lambda: self._timer_expired(reason))
-
-    def _cancel_timer(self) -> None:
-        timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
-
-    def _timer_expired(self, reason: str) -> None:
-        self._timer = None
-        if self._closed or self._presence not in (PeerPresence.EXPECTED, PeerPresence.AWAY):
+    def _grace_expired(self, reason: str) -> None:
+        # Called by the core only while the binding has not ended.
+        if self._presence not in (PeerPresence.EXPECTED, PeerPresence.AWAY):
             return
         self._presence = PeerPresence.GONE
-        logger.info("session %s: the client is gone: %s", self.session_id, reason)
-        try:
-            self._port.client_gone(reason)
-        except Exception:
-            logger.exception("session %s: client_gone failed", self.session_id)
+        self._core.over(reason)
 
     async def _close_peer(self, peer: _Peer) -> None:
         peer.track.stop()
@@ -446,27 +430,19 @@ class EmbeddedSessionBinding:
 
     # -- frames and status ----------------------------------------------------------------------------------------
 
-    def _sink(self, frame: PacedFrame) -> None:
+    def _deliver(self, frame: PacedFrame) -> bool:
         peer = self._peer
         if peer is None or peer.pc.connectionState != "connected":
-            self._frames_unsent += 1
-            return
+            return False
         peer.track.offer(frame)
-        self._frames_offered += 1
-
-    async def _feed(self) -> None:
-        async for chunk in self._port.chunks():
-            self._pacer.push_chunk(chunk)
+        return True
 
     def _encode_status(self, message: StatusMessage) -> Outbound:
         # "Lossy" in the outbox's sense: dropped while no channel is open (they would be stale by then), sent on the
         # ordered, reliable data channel otherwise. That covers chunk statuses and states (the current state is
         # sent again on every channel that opens); errors and `done` wait for a channel.
         encoded = encode_outbound(message, max_bytes=self._config.status_max_bytes)
-        if isinstance(message, StateStatus):
-            self._last_state = message
-            return Outbound(encoded.payload, reliable=False)
-        if isinstance(message, ChunkStatus):
+        if isinstance(message, StateStatus | ChunkStatus):
             return Outbound(encoded.payload, reliable=False)
         return encoded
 
@@ -475,12 +451,10 @@ class EmbeddedSessionBinding:
         # and the link counts as ready only from here on (a chunk queued earlier is dropped as offline, not sent
         # ahead of the state).
         self._greeted = self._peer.channel if self._peer is not None else None
-        if self._last_state is not None:
-            self._outbox.put_first(encode_outbound(self._last_state, max_bytes=self._config.status_max_bytes))
+        last_state = self._core.last_state
+        if last_state is not None:
+            self._core.outbox.put_first(self._core.encode_reply(last_state))
         self._channel_open.set()
-
-    def _reply(self, message: StatusMessage) -> None:
-        self._outbox.put(encode_outbound(message, max_bytes=self._config.status_max_bytes))
 
     @property
     def link_ready(self) -> bool:
@@ -509,22 +483,8 @@ class EmbeddedSessionBinding:
 
     async def close(self, reason: str = "detached") -> None:
         """Stop serving the session and close its peer connection. Idempotent."""
-        if self._closed:
+        if not await self._core.close(reason):
             return
-        logger.info("session %s: closing the embedded binding (%s)", self.session_id, reason)
-        if self.link_ready:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._config.status_flush_timeout):
-                    await flush_status(self._relay, self._outbox)
-        if self.closed:
-            return  # closed by a concurrent call while flushing
-        self._closed = True
-        self._cancel_timer()
-        self._pacer.close()
-        tasks = tuple(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         async with self._answer_lock:
             peer, self._peer = self._peer, None
         if peer is not None:
@@ -532,19 +492,22 @@ class EmbeddedSessionBinding:
 
     def statistics(self) -> EmbeddedBindingStatistics:
         peer = self._peer
+        core = self._core.statistics()
         return EmbeddedBindingStatistics(
+            state=core.state,
             presence=self._presence,
             offers=self._offers,
             offers_rejected=self._offers_rejected,
             peers_failed=self._peers_failed,
             peer_returns=self._peer_returns,
-            frames_offered=self._frames_offered,
-            frames_unsent=self._frames_unsent,
+            frames_offered=core.frames_delivered,
+            frames_unsent=core.frames_unsent,
             track_dropped=self._track_dropped + (peer.track.dropped if peer is not None else 0),
             status_dropped_congested=self._status_dropped_congested,
-            control=self._intake.statistics(),
-            pacer=self._pacer.statistics(),
-            outbox=self._outbox.statistics(),
+            tasks=core.tasks,
+            control=core.control,
+            pacer=core.pacer,
+            outbox=core.outbox,
         )
 
 

@@ -12,7 +12,8 @@ controller identity only, and publishes status messages on its own topic. It own
 - the controller leaving: a `reconnect_grace` timer; its return within the grace resumes, expiry ends the session.
   The same applies, with `initial_join_timeout`, to a controller that never joins.
 
-Lifecycle (`BindingState`), with its transitions in `_TRANSITIONS`:
+Lifecycle (`BindingState`, shared with the embedded binding), with this binding's transitions in `_TRANSITIONS`;
+the tasks, the grace timer, the status outbox and the steps of closing live in the composed `BindingCore`:
 
     NEW → JOINING → LIVE ⇄ REJOINING
     LIVE | REJOINING → OVER   (client_gone was called; waiting for the service to detach)
@@ -22,17 +23,15 @@ Lifecycle (`BindingState`), with its transitions in `_TRANSITIONS`:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
-from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
 
-from pipeline.clock import Clock, MonotonicClock
-from transport.base import SessionPort, StateStatus, StatusMessage
+from pipeline.clock import Clock
+from transport.base import SessionPort, StatusMessage
+from transport.binding import BindingCore, BindingState, TransitionTable
 from transport.config import LiveKitConfig
-from transport.control import ControlIntake, ControlStatistics
+from transport.control import ControlStatistics
 from transport.errors import RoomJoinError
 from transport.events import ParticipantJoined, ParticipantLeft, RoomEvent, RoomFinished
 from transport.livekit_room import (
@@ -44,16 +43,9 @@ from transport.livekit_room import (
     RoomJoinOptions,
     VideoPublishOptions,
 )
-from transport.outbox import (
-    Outbound,
-    OutboxStatistics,
-    StatusOutbox,
-    encode_outbound,
-    flush_status,
-    relay_status,
-)
-from transport.pacing import FramePacer, PacedFrame, PacerStatistics, PacingConfig
-from transport.timers import TimerHandle, Timers
+from transport.outbox import Outbound, OutboxStatistics, encode_outbound
+from transport.pacing import PacedFrame, PacerStatistics
+from transport.timers import Timers
 from transport.tokens import TokenIssuer
 
 __all__ = [
@@ -68,16 +60,9 @@ logger = logging.getLogger(__name__)
 _MAX_REJOIN_BACKOFF = 5.0
 
 
-class BindingState(enum.Enum):
-    NEW = "new"  # created; start() not called yet
-    JOINING = "joining"  # the first join is in progress
-    LIVE = "live"  # in the room and publishing (the SDK may be resuming underneath: still live)
-    REJOINING = "rejoining"  # the room connection was lost, not for good: joining again with a fresh token
-    OVER = "over"  # the client is gone for good and client_gone was called; waiting for detach
-    CLOSED = "closed"  # detached: tasks stopped, room left, video source closed
-
-
-_TRANSITIONS: dict[BindingState, frozenset[BindingState]] = {
+# LIVE: in the room and publishing (the SDK may be resuming underneath: still live). CLOSED: tasks stopped, room
+# left, video source closed.
+_TRANSITIONS: TransitionTable = {
     BindingState.NEW: frozenset({BindingState.JOINING, BindingState.CLOSED}),
     BindingState.JOINING: frozenset({BindingState.LIVE, BindingState.CLOSED}),
     BindingState.LIVE: frozenset({BindingState.REJOINING, BindingState.OVER, BindingState.CLOSED}),
@@ -85,7 +70,6 @@ _TRANSITIONS: dict[BindingState, frozenset[BindingState]] = {
     BindingState.OVER: frozenset({BindingState.CLOSED}),
     BindingState.CLOSED: frozenset(),
 }
-TERMINAL_STATES = frozenset({BindingState.CLOSED})
 
 
 class ControllerPresence(enum.Enum):
@@ -100,7 +84,8 @@ class LiveKitBindingStatistics:
     """`rejoins`: successful rejoins after a lost connection. `sdk_reconnects`: resumes the SDK did by itself.
     `data_foreign`: data packets on the control topic from someone other than the controller (ignored).
     `data_other_topic`: data on other topics (ignored). `frames_captured`: frames handed to the video source;
-    `frames_unsent`: frames the pacer released while no room was connected."""
+    `frames_unsent`: frames the pacer released while no room was connected. `tasks`: the binding's background
+    tasks running now (none once closed)."""
 
     state: BindingState
     controller: ControllerPresence
@@ -113,6 +98,7 @@ class LiveKitBindingStatistics:
     data_other_topic: int
     frames_captured: int
     frames_unsent: int
+    tasks: int
     control: ControlStatistics
     pacer: PacerStatistics
     outbox: OutboxStatistics
@@ -148,34 +134,28 @@ class LiveKitSessionBinding:
         self._service_identity = service_identity
         self._tokens = tokens
         self._room_factory = room_factory
-        self._timers = timers
-        clock = clock if clock is not None else MonotonicClock()
-        self._pacer = FramePacer(
-            PacingConfig(
-                fps=port.fps,
-                width=port.width,
-                height=port.height,
-                ring_frames=config.ring_frames,
-                reanchor_after=config.reanchor_after,
-            ),
+        self._core = BindingCore(
+            port,
+            kind="LiveKit",
+            task_prefix="lk",
+            settings=config,
+            transitions=_TRANSITIONS,
+            timers=timers,
             clock=clock,
+            link=self,
+            deliver=self._deliver,
+            encode=self._encode_status,
+            on_grace_expired=self._grace_expired,
+            reply_to=controller_identity,
         )
         self._video_options = VideoPublishOptions(
             codec=config.codec, max_bitrate=config.max_bitrate, max_framerate=port.fps
         )
         self._join_options = RoomJoinOptions(auto_subscribe=False, connect_timeout=config.connect_timeout)
-        self._intake = ControlIntake(port, self._reply, clock=clock)
-        self._outbox = StatusOutbox()
-        self._state = BindingState.NEW
         self._presence = ControllerPresence.EXPECTED
-        self._timer: TimerHandle | None = None
         self._room: Room | None = None
         self._video: LocalVideo | None = None
         self._generation = 0
-        self._live = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._relay: asyncio.Task[None] | None = None
-        self._last_state: StateStatus | None = None
         self._rejoins = 0
         self._rejoin_failures = 0
         self._sdk_reconnects = 0
@@ -183,8 +163,6 @@ class LiveKitSessionBinding:
         self._returns = 0
         self._data_foreign = 0
         self._data_other_topic = 0
-        self._frames_captured = 0
-        self._frames_unsent = 0
 
     @property
     def session_id(self) -> str:
@@ -204,53 +182,27 @@ class LiveKitSessionBinding:
 
     @property
     def state(self) -> BindingState:
-        return self._state
+        return self._core.state
 
     @property
     def presence(self) -> ControllerPresence:
         return self._presence
 
-    def _set_state(self, new: BindingState) -> None:
-        if new not in _TRANSITIONS[self._state]:
-            raise RuntimeError(
-                f"LiveKit binding of session {self.session_id!r} cannot move from {self._state} to {new}"
-            )
-        logger.debug("session %s: binding %s -> %s", self.session_id, self._state.value, new.value)
-        self._state = new
-        if new is BindingState.LIVE:
-            self._live.set()
-        else:
-            self._live.clear()
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro, name=f"{name}:{self.session_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("session %s: task %s failed", self.session_id, task.get_name(), exc_info=task.exception())
-
     # -- joining --------------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Join the room and publish the video track, then start serving. Raises `RoomJoinError`."""
-        self._set_state(BindingState.JOINING)
+        self._core.move(BindingState.JOINING)
         try:
             await self._join()
         except BaseException:
             await self._leave_room()
-            self._set_state(BindingState.CLOSED)
+            self._core.move(BindingState.CLOSED)
             raise
-        self._set_state(BindingState.LIVE)
-        self._start_timer(self._config.initial_join_timeout, "the controller never joined")
+        self._core.move(BindingState.LIVE)
+        self._core.start_timer(self._config.initial_join_timeout, "the controller never joined")
         self._reconcile_presence()
-        self._spawn(self._feed(), "lk-feed")
-        self._spawn(self._pacer.run(self._sink), "lk-pacer")
-        self._relay = self._spawn(relay_status(self._port, self._outbox, self._encode_status), "lk-status")
-        self._spawn(self._outbox.run(self), "lk-send")
+        self._core.start_serving()
 
     async def _join(self) -> None:
         """One join: a new room object, a fresh token for our identity, connect, publish the track."""
@@ -293,7 +245,7 @@ class LiveKitSessionBinding:
 
     def _rejoining(self) -> bool:
         # A method, not an inline test: the state changes across the awaits of the rejoin loop.
-        return self._state is BindingState.REJOINING
+        return self._core.state is BindingState.REJOINING
 
     async def _rejoin(self) -> None:
         await self._leave_room()
@@ -317,10 +269,10 @@ class LiveKitSessionBinding:
                 return  # closed or over meanwhile: close() leaves the room
             self._rejoins += 1
             logger.info("session %s: rejoined room %s (attempt %d)", self.session_id, self._room_name, attempt)
-            self._set_state(BindingState.LIVE)
+            self._core.move(BindingState.LIVE)
             self._reconcile_presence()
             return
-        self._over("the service participant could not rejoin its LiveKit room")
+        self._core.over("the service participant could not rejoin its LiveKit room")
 
     # -- room events ----------------------------------------------------------------------------------------------
 
@@ -361,30 +313,31 @@ class LiveKitSessionBinding:
         room.on("disconnected", on_disconnected)
 
     def _on_disconnected(self, reason: str) -> None:
-        if self._state is not BindingState.LIVE:
+        if self._core.state is not BindingState.LIVE:
             return  # joining (connect() reports it), rejoining already, over or closed
         if reason == "CLIENT_INITIATED":
             return  # we left ourselves
         if reason in OVER_DISCONNECT_REASONS:
-            self._over(f"the room connection ended: {reason}")
+            self._core.over(f"the room connection ended: {reason}")
             return
         logger.warning("session %s: lost room %s (%s); rejoining", self.session_id, self._room_name, reason)
-        self._set_state(BindingState.REJOINING)
-        self._spawn(self._rejoin(), "lk-rejoin")
+        self._core.move(BindingState.REJOINING)
+        self._core.spawn(self._rejoin(), "rejoin")
 
     def handle_room_event(self, event: RoomEvent) -> None:
         """React to a room event, from the room itself or a webhook. Idempotent: duplicates change nothing."""
-        if self._state in (BindingState.OVER, BindingState.CLOSED) or self._presence is ControllerPresence.GONE:
+        if self._core.ended or self._presence is ControllerPresence.GONE:
             return
         match event:
             case ParticipantJoined(identity=identity) if identity == self._controller:
-                self._cancel_timer()
+                self._core.cancel_timer()
                 if self._presence is ControllerPresence.AWAY:
                     self._returns += 1
                     logger.info("session %s: the controller is back within the grace", self.session_id)
-                if self._presence is not ControllerPresence.PRESENT and self._last_state is not None:
+                last_state = self._core.last_state
+                if self._presence is not ControllerPresence.PRESENT and last_state is not None:
                     # A (re)joining client learns where the session is; earlier broadcasts did not reach it.
-                    self._reply(self._last_state)
+                    self._core.reply(last_state)
                 self._presence = ControllerPresence.PRESENT
             case ParticipantLeft(identity=identity) if identity == self._controller:
                 if self._presence is not ControllerPresence.PRESENT:
@@ -396,9 +349,9 @@ class LiveKitSessionBinding:
                     self.session_id,
                     self._config.reconnect_grace,
                 )
-                self._start_timer(self._config.reconnect_grace, "the controller left")
+                self._core.start_timer(self._config.reconnect_grace, "the controller left")
             case RoomFinished():
-                self._over("the room finished")
+                self._core.over("the room finished")
 
     def _reconcile_presence(self) -> None:
         """After a (re)join the SDK reports only later arrivals: read who is in the room now."""
@@ -410,39 +363,17 @@ class LiveKitSessionBinding:
         elif self._presence is ControllerPresence.PRESENT:
             self.handle_room_event(ParticipantLeft(self._room_name, self._controller))
 
-    def _start_timer(self, delay: float, reason: str) -> None:
-        self._cancel_timer()
-        self._timer = self._timers.call_later(delay, lambda: self._timer_expired(reason))
-
-    def _cancel_timer(self) -> None:
-        timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
-
-    def _timer_expired(self, reason: str) -> None:
-        self._timer = None
+    def _grace_expired(self, reason: str) -> None:
+        # Called by the core only while the binding has not ended.
         if self._presence not in (ControllerPresence.EXPECTED, ControllerPresence.AWAY):
-            return
-        if self._state in (BindingState.OVER, BindingState.CLOSED):
             return
         # Webhooks can arrive late or out of order: while we are in the room, the room has the last word.
         room = self._room
-        if self._state is BindingState.LIVE and room is not None and self._controller in room.remote_identities:
+        if self._core.state is BindingState.LIVE and room is not None and self._controller in room.remote_identities:
             self._presence = ControllerPresence.PRESENT
             return
         self._presence = ControllerPresence.GONE
-        self._over(reason)
-
-    def _over(self, reason: str) -> None:
-        if self._state in (BindingState.OVER, BindingState.CLOSED):
-            return
-        self._cancel_timer()
-        self._set_state(BindingState.OVER)
-        logger.info("session %s: the client is gone: %s", self.session_id, reason)
-        try:
-            self._port.client_gone(reason)
-        except Exception:
-            logger.exception("session %s: client_gone failed", self.session_id)
+        self._core.over(reason)
 
     # -- data and frames --------------------------------------------------------------------------------------------
 
@@ -453,39 +384,27 @@ class LiveKitSessionBinding:
         if identity != self._controller:
             self._data_foreign += 1
             return
-        self._intake.receive(payload)
+        self._core.intake.receive(payload)
 
     def _encode_status(self, message: StatusMessage) -> Outbound:
-        if isinstance(message, StateStatus):
-            self._last_state = message
         return encode_outbound(
             message, max_bytes=self._config.status_max_bytes, lossy_max_bytes=self._config.lossy_max_bytes
         )
 
-    def _reply(self, message: StatusMessage) -> None:
-        self._outbox.put(
-            encode_outbound(message, max_bytes=self._config.status_max_bytes, destination=self._controller)
-        )
-
-    def _sink(self, frame: PacedFrame) -> None:
+    def _deliver(self, frame: PacedFrame) -> bool:
         video = self._video
-        if video is None or self._state is not BindingState.LIVE:
-            self._frames_unsent += 1
-            return
+        if video is None or self._core.state is not BindingState.LIVE:
+            return False
         video.capture(frame)
-        self._frames_captured += 1
-
-    async def _feed(self) -> None:
-        async for chunk in self._port.chunks():
-            self._pacer.push_chunk(chunk)
+        return True
 
     # StatusLink, for the outbox's sender loop.
     @property
     def link_ready(self) -> bool:
-        return self._state is BindingState.LIVE and self._room is not None
+        return self._core.state is BindingState.LIVE and self._room is not None
 
     async def wait_link_ready(self) -> None:
-        await self._live.wait()
+        await self._core.wait_live()
 
     async def send_status(self, message: Outbound) -> None:
         room = self._room
@@ -503,27 +422,13 @@ class LiveKitSessionBinding:
 
     async def close(self, reason: str = "detached") -> None:
         """Stop serving the session and leave the room. Idempotent."""
-        if self._state is BindingState.CLOSED:
-            return
-        logger.info("session %s: closing the LiveKit binding (%s)", self.session_id, reason)
-        if self.link_ready:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._config.status_flush_timeout):
-                    await flush_status(self._relay, self._outbox)
-        if self.state is BindingState.CLOSED:
-            return  # closed by a concurrent call while flushing
-        self._set_state(BindingState.CLOSED)
-        self._cancel_timer()
-        self._pacer.close()
-        tasks = tuple(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self._leave_room()
+        if await self._core.close(reason):
+            await self._leave_room()
 
     def statistics(self) -> LiveKitBindingStatistics:
+        core = self._core.statistics()
         return LiveKitBindingStatistics(
-            state=self._state,
+            state=core.state,
             controller=self._presence,
             rejoins=self._rejoins,
             rejoin_failures=self._rejoin_failures,
@@ -532,9 +437,10 @@ class LiveKitSessionBinding:
             controller_returns=self._returns,
             data_foreign=self._data_foreign,
             data_other_topic=self._data_other_topic,
-            frames_captured=self._frames_captured,
-            frames_unsent=self._frames_unsent,
-            control=self._intake.statistics(),
-            pacer=self._pacer.statistics(),
-            outbox=self._outbox.statistics(),
+            frames_captured=core.frames_delivered,
+            frames_unsent=core.frames_unsent,
+            tasks=core.tasks,
+            control=core.control,
+            pacer=core.pacer,
+            outbox=core.outbox,
         )

@@ -15,8 +15,9 @@ from tests.fakes.transport_port import FakeSessionPort, make_chunk
 from tests.fakes.transport_timers import FakeTimers
 from tests.fakes.webrtc_client import BrowserPeer, frame_index_of
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus
+from transport.binding import BindingState
 from transport.config import EmbeddedConfig
-from transport.embedded import EmbeddedTransport, PeerPresence
+from transport.embedded import EmbeddedSessionBinding, EmbeddedTransport, PeerPresence
 from transport.errors import SessionAlreadyAttachedError, SessionNotAttachedError, SignalingError, TransportClosedError
 
 W, H, FPS = 96, 64, 30.0
@@ -223,6 +224,34 @@ async def test_detach_closes_the_peer_and_refuses_more_offers(setup: Setup) -> N
             with pytest.raises(SessionNotAttachedError):
                 await setup.transport.answer("s1", await late.offer(), "offer")
     assert setup.port.gone == []
+
+
+async def test_the_binding_state_follows_start_the_client_leaving_and_detach() -> None:
+    port = FakeSessionPort("s1", width=W, height=H, fps=FPS)
+    timers = FakeTimers()
+    binding = EmbeddedSessionBinding(port, config=EmbeddedConfig(initial_join_timeout=30.0), timers=timers)
+    assert binding.state is BindingState.NEW
+    binding.start()
+    assert binding.state is BindingState.LIVE
+    assert binding.statistics().tasks == 4
+    with pytest.raises(RuntimeError, match=r"embedded binding of session 's1' cannot move from .*LIVE to .*LIVE"):
+        binding.start()
+    timers.advance(30.0)
+    assert port.gone == ["the client never connected"]
+    assert (binding.state, binding.presence) == (BindingState.OVER, PeerPresence.GONE)
+    assert not binding.closed
+    await binding.close("client_gone")
+    stats = binding.statistics()
+    assert (stats.state, stats.tasks) == (BindingState.CLOSED, 0)
+    assert binding.closed
+
+
+async def test_a_binding_closed_before_start_is_closed() -> None:
+    binding = EmbeddedSessionBinding(FakeSessionPort("s1"), config=EmbeddedConfig(), timers=FakeTimers())
+    await binding.close("never started")
+    assert binding.state is BindingState.CLOSED
+    with pytest.raises(SessionNotAttachedError):
+        await binding.answer("v=0")
 
 
 async def test_attach_rules() -> None:

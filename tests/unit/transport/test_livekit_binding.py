@@ -476,7 +476,7 @@ async def test_close_leaves_the_room_and_is_idempotent() -> None:
     assert harness.binding.state is BindingState.CLOSED
     assert harness.room.disconnects == 1
     assert harness.video.closed
-    assert harness.binding._tasks == set()
+    assert harness.binding.statistics().tasks == 0
     harness.room.participant_leaves(harness.binding.controller_identity)
     harness.timers.advance(1000)
     assert harness.port.gone == []
