@@ -38,13 +38,8 @@ import numpy.typing as npt
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-# This script is named like the package it measures: run as `python bench/transport.py`, its own folder comes first
-# on sys.path and `import transport` would import the script itself. Drop that folder before importing.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _HERE]
-
-from pipeline.bidirectional import ChunkOutput, ControlMessage  # noqa: E402
-from transport import (  # noqa: E402
+from pipeline.bidirectional import ChunkOutput, ControlMessage
+from transport import (
     EmbeddedConfig,
     EmbeddedTransport,
     FramePacer,
@@ -57,7 +52,7 @@ from transport import (  # noqa: E402
 
 FPS = 16.0
 CHUNK = 4
-_ROOT = _HERE.parent
+_ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 _CHROMIUM_PRESENT = Path(CHROMIUM).exists()
 CHROMIUM_ARGS = [

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import httpx
 
+from admission import ExecutionLease
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -166,23 +168,8 @@ async def run_cycles(url: str, cycles: int, concurrency: int) -> dict[str, float
     }
 
 
-def _execution_lease() -> type:
-    """`admission.ExecutionLease`. This script is named like the package, and a script's own folder comes first
-    on sys.path, so the import is made once that folder is out of the way."""
-    here = Path(__file__).resolve().parent
-    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != here]
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    shadow = sys.modules.get("admission")
-    if shadow is not None and Path(getattr(shadow, "__file__", "") or "").resolve() == Path(__file__).resolve():
-        del sys.modules["admission"]
-    from admission import ExecutionLease
-
-    return ExecutionLease
-
-
 async def lease_fairness(sessions: int, seconds: float) -> dict[str, float]:
-    lease = _execution_lease()()
+    lease = ExecutionLease()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
 
