@@ -28,7 +28,7 @@ WEB_DIR = Path(__file__).resolve().parent / "web"
 """The page's own static files (package data)."""
 LIVEKIT_BUNDLE = "livekit-client.esm.mjs"
 """The ES module build of livekit-client the page imports."""
-_CHECKOUT_VENDOR = Path(__file__).resolve().parents[1] / "web" / "node_modules" / "livekit-client" / "dist"
+_CHECKOUT_VENDOR = Path(__file__).resolve().parents[2] / "web" / "node_modules" / "livekit-client" / "dist"
 _VENDOR_PREFIX = "/vendor/livekit-client"
 _NO_CACHE = {"Cache-Control": "no-cache"}
 

@@ -89,7 +89,7 @@ async def test_drain_command_waits_for_running_sessions_then_sigterm_exits_at_on
             started = time.monotonic()
             drained = await asyncio.to_thread(
                 subprocess.run,
-                [*lingstream(), "drain", "--wait", "--timeout", "20", "--port", str(service.runtime.port)],
+                [*lingstream(), "drain", "--wait", "--timeout", "20", "--port", str(service.port)],
                 capture_output=True,
                 text=True,
                 timeout=30,

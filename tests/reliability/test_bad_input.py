@@ -110,7 +110,7 @@ async def test_a_real_server_refuses_lying_and_endless_uploads_without_buffering
             before = _rss_mb(service.process.pid)
             head = b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             declared = await asyncio.to_thread(
-                _raw_request, service.runtime.port, head + b"Content-Length: 1000000000000\r\n\r\n", iter([b"{}"])
+                _raw_request, service.port, head + b"Content-Length: 1000000000000\r\n\r\n", iter([b"{}"])
             )
             assert declared.startswith(b"HTTP/1.1 413"), declared[:200]
             assert b'"payload_too_large"' in declared
@@ -122,7 +122,7 @@ async def test_a_real_server_refuses_lying_and_endless_uploads_without_buffering
 
             started = time.monotonic()
             chunked = await asyncio.to_thread(
-                _raw_request, service.runtime.port, head + b"Transfer-Encoding: chunked\r\n\r\n", endless()
+                _raw_request, service.port, head + b"Transfer-Encoding: chunked\r\n\r\n", endless()
             )
             assert chunked.startswith(b"HTTP/1.1 413"), chunked[:200]
             assert time.monotonic() - started < 10

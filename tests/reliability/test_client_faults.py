@@ -157,7 +157,7 @@ async def test_never_reading_connections_leave_a_real_server_flat_and_responsive
                 for _ in range(readers):
                     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
-                    sock.connect(("127.0.0.1", service.runtime.port))
+                    sock.connect(("127.0.0.1", service.port))
                     sock.sendall(f"GET /v1/sessions/{tail}/events HTTP/1.1\r\nHost: x\r\n\r\n".encode())
                     sockets.append(sock)  # ... and never read
                 for sid in ahead:  # 30 position changes for every never-reading subscriber
@@ -199,17 +199,17 @@ async def test_max_connections_caps_open_connections_and_frees_with_them(tmp_pat
         held: list[socket.socket] = []
         try:
             for _ in range(2):  # uvicorn refuses once the open connections reach the cap, the new one included
-                sock = socket.create_connection(("127.0.0.1", service.runtime.port), timeout=10)
+                sock = socket.create_connection(("127.0.0.1", service.port), timeout=10)
                 held.append(sock)
                 assert _status_of(sock) == 200  # answered, then left open and idle
-            extra = socket.create_connection(("127.0.0.1", service.runtime.port), timeout=10)
+            extra = socket.create_connection(("127.0.0.1", service.port), timeout=10)
             held.append(extra)
             assert _status_of(extra) == 503
             for sock in held:
                 sock.close()
             held.clear()
             await until(
-                lambda: _healthy_on_new_connection(service.runtime.port), "a slot freed by the closed connections"
+                lambda: _healthy_on_new_connection(service.port), "a slot freed by the closed connections"
             )
         finally:
             for sock in held:
