@@ -25,7 +25,7 @@ from admission.errors import (
     UnknownWorkerError,
 )
 from admission.lease import ExecutionLease, LeaseCore, LeaseStatistics
-from admission.summary import DurationSummary, RingBufferSummary
+from admission.summary import DurationSummary, PercentileMethod, RingBufferSummary, percentile
 from admission.ticket import (
     INITIAL_STATES,
     TERMINAL_STATES,
@@ -63,6 +63,7 @@ __all__ = [
     "LeaseSessionRemovedError",
     "LeaseStatistics",
     "MonotonicClock",
+    "PercentileMethod",
     "RingBufferSummary",
     "TicketExistsError",
     "TicketReason",
@@ -70,5 +71,6 @@ __all__ = [
     "TicketView",
     "UnknownTicketError",
     "UnknownWorkerError",
+    "percentile",
     "require_transition",
 ]

@@ -4,16 +4,18 @@
 signals DESIGN 3.3 names: first-output latency, control-to-output latency (anchored on the latency anchor
 artifact), chunk period, per-invocation stage timings, idle intervals with their reason, diagnostics and the
 real-time factor. Samples live in fixed-size windows (`SampleWindow`), so memory per session does not grow with
-the session's length; lifetime counts and maxima are kept as plain numbers.
+the session's length; lifetime counts and maxima are kept as plain numbers. `percentile` is the project's one
+helper (`admission.summary`, stdlib only), re-exported here.
 """
 
 from __future__ import annotations
 
 import enum
-import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from admission.summary import percentile
 
 __all__ = [
     "IdleInterval",
@@ -86,19 +88,6 @@ class Summary:
     p50: float | None
     p95: float | None
     max: float | None
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """The q-th percentile (0..100) with linear interpolation between closest ranks; None for no values."""
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    if not 0.0 <= q <= 100.0:
-        raise ValueError(f"percentile {q} is outside 0..100")
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 class SampleWindow:

@@ -34,7 +34,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from admission import ExecutionLease, LeaseStatistics
+from admission import ExecutionLease, LeaseStatistics, percentile
 from pipeline.bidirectional import BidirectionalService, ChunkOutput
 from pipeline.metrics import StageTiming
 from pipeline.orchestrator import OrchestratorStatistics, StreamingPipelineOrchestrator
@@ -376,7 +376,9 @@ class ServiceMetrics:
             workers=tuple(self._worker_figures(index, worker) for index, worker in enumerate(self._workers)),
             transport=self._transport_figures(),
             realtime_factors=tuple(
-                factor for figures in self._sessions.values() if (factor := _p95(figures.ratios)) is not None
+                factor
+                for figures in self._sessions.values()
+                if (factor := percentile(figures.ratios, 95, method="nearest_rank")) is not None
             ),
         )
         self._last = snapshot
@@ -748,13 +750,6 @@ def _realtime_factor(snapshot: StatisticsSnapshot) -> list[Observation]:
         Observation(max(factors), {"statistic": "max"}),
         Observation(sum(factors) / len(factors), {"statistic": "mean"}),
     ]
-
-
-def _p95(samples: Iterable[float]) -> float | None:
-    ordered = sorted(samples)
-    if not ordered:
-        return None
-    return ordered[max(1, math.ceil(0.95 * len(ordered))) - 1]
 
 
 def _seconds(value: object) -> float | None:
