@@ -69,13 +69,14 @@ def _serve(args: argparse.Namespace) -> int:
     # Imported here so that `lingstream drain` (a preStop hook) starts fast and needs nothing but the stdlib.
     from service.errors import SettingsError
     from service.settings import load_settings
+    from service.telemetry.memory import limit_malloc_arenas
 
     try:
         settings = load_settings(config_file=args.config, host=args.host, port=args.port)
     except SettingsError as exc:
         sys.stderr.write(f"lingstream: {exc}\n")
         return 2
-    arenas = _limit_malloc_arenas(settings.malloc_arenas)  # before the imports below start any thread
+    arenas = limit_malloc_arenas(settings.malloc_arenas)  # before the imports below start any thread
 
     from service.app import WorkerFactory, create_app, runtime_of
     from service.logs import configure_logging
@@ -122,25 +123,6 @@ def _serve(args: argparse.Namespace) -> int:
     server = DrainingServer(config, runtime_of(app))
     server.run()
     return 0 if server.started else 1
-
-
-def _limit_malloc_arenas(arenas: int) -> str:
-    """At most `arenas` glibc malloc arenas from now on (service/telemetry/memory.py says why); returns what was
-    done."""
-    from service.telemetry.memory import GlibcHeap
-
-    if arenas == 0:
-        return "glibc's default (LINGSTREAM_MALLOC_ARENAS=0)"
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return f"MALLOC_ARENA_MAX={os.environ['MALLOC_ARENA_MAX']} from the environment"
-    heap = GlibcHeap.load()
-    if heap is None:
-        return "not glibc: LINGSTREAM_MALLOC_ARENAS has no effect"
-    try:
-        heap.limit_arenas(arenas)
-    except OSError as exc:
-        return f"unchanged ({exc})"
-    return f"at most {arenas}"
 
 
 def _warn_about_exposure(logger: logging.Logger, host: str, keys: tuple[str, ...]) -> None:

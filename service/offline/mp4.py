@@ -2,7 +2,7 @@
 
 `h264_encoder` picks libx264 when PyAV's FFmpeg has it (else FFmpeg's default H.264 encoder); `Mp4Writer` encodes
 each chunk's frames in order while the model generates the next chunk. libx264 writes the same file for the same
-frames only when it is kept off its AVX-512 code: `_x264_params` says how on this CPU (`asm=AVX2`, read from
+frames only when it is kept off its AVX-512 code: `x264_params` says how on this CPU (`asm=AVX2`, read from
 `/proc/cpuinfo`). Errors are `service.offline.clip`'s: an output that cannot be opened is a `UsageError`, a failure
 while encoding a `GenerationError`.
 """
@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from service.offline.clip import GenerationError, UsageError
 
-__all__ = ["Mp4Writer", "h264_encoder"]
+__all__ = ["Mp4Writer", "h264_encoder", "read_cpu_flags", "x264_params"]
 
 _CRF = 18
 _PRESET = "fast"
@@ -42,7 +42,7 @@ def h264_encoder() -> str:
         raise GenerationError(f"PyAV's FFmpeg has no H.264 encoder: {exc}") from None
 
 
-def _x264_params(machine: str, cpu_flags: frozenset[str] | None) -> str | None:
+def x264_params(machine: str, cpu_flags: frozenset[str] | None) -> str | None:
     """The `x264-params` that keep libx264 deterministic on this CPU (None: its defaults already are).
 
     libx264's AVX-512 kernels for the MB-tree (the lookahead's propagation through B-frames) read memory the encoder
@@ -62,10 +62,10 @@ def _x264_params(machine: str, cpu_flags: frozenset[str] | None) -> str | None:
 
 @functools.cache
 def _host_x264_params() -> str | None:
-    return _x264_params(platform.machine(), _cpu_flags(_CPUINFO))
+    return x264_params(platform.machine(), read_cpu_flags(_CPUINFO))
 
 
-def _cpu_flags(cpuinfo: Path) -> frozenset[str] | None:
+def read_cpu_flags(cpuinfo: Path) -> frozenset[str] | None:
     """The first CPU's feature flags from `/proc/cpuinfo` (None when it cannot be read or lists none)."""
     try:
         text = cpuinfo.read_text(encoding="ascii", errors="replace")

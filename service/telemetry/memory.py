@@ -7,7 +7,7 @@ and tensors of several sizes made and freed for every session) RSS then creeps u
 with `bench/load.py` (5 minutes, ~470 sessions), +0.87 MB/min in the second half with glibc's default arenas and
 +0.05 MB/min with two (docs/reliability.md). `lingstream serve` therefore limits the arenas at start
 (`LINGSTREAM_MALLOC_ARENAS`, default 2; an explicit `MALLOC_ARENA_MAX` in the environment wins), before the threads
-that would create them exist.
+that would create them exist: `limit_malloc_arenas`.
 
 Example::
 
@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import re
 from dataclasses import dataclass
 
-__all__ = ["GlibcHeap", "HeapInfo"]
+__all__ = ["GlibcHeap", "HeapInfo", "limit_malloc_arenas"]
 
 _M_ARENA_MAX = -8  # malloc.h
 _HEAP_ENTRY = re.compile(rb'<heap nr="\d+">')
@@ -120,3 +121,20 @@ class GlibcHeap:
             return len(_HEAP_ENTRY.findall(ctypes.string_at(buffer.value, size.value))) if buffer.value else 0
         finally:
             self._libc.free(buffer.value)
+
+
+def limit_malloc_arenas(arenas: int) -> str:
+    """At most `arenas` glibc malloc arenas from now on (0: glibc's default; `MALLOC_ARENA_MAX` in the environment
+    wins); returns what was done, for the start-up log. Call it before the process starts its threads."""
+    if arenas == 0:
+        return "glibc's default (LINGSTREAM_MALLOC_ARENAS=0)"
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return f"MALLOC_ARENA_MAX={os.environ['MALLOC_ARENA_MAX']} from the environment"
+    heap = GlibcHeap.load()
+    if heap is None:
+        return "not glibc: LINGSTREAM_MALLOC_ARENAS has no effect"
+    try:
+        heap.limit_arenas(arenas)
+    except OSError as exc:
+        return f"unchanged ({exc})"
+    return f"at most {arenas}"

@@ -37,7 +37,7 @@ from service.offline.generate import (
     main,
     run,
 )
-from service.offline.mp4 import _cpu_flags, _x264_params
+from service.offline.mp4 import read_cpu_flags, x264_params
 
 ROOT = Path(__file__).resolve().parents[3]
 SMALL = ["--resolution", "64x48", "--chunk-size", "2", "--no-hud"]
@@ -152,7 +152,7 @@ def test_the_same_image_seed_and_trace_give_identical_frames(tmp_path: Path) -> 
         hashes.append(Clip(out).hashes)
     assert len(hashes[0]) == 21
     assert hashes[0] == hashes[1]
-    # and so is the encoder (kept off libx264's AVX-512 code, see _x264_params): the files are identical
+    # and so is the encoder (kept off libx264's AVX-512 code, see x264_params): the files are identical
     assert (tmp_path / "a.mp4").read_bytes() == (tmp_path / "b.mp4").read_bytes()
     assert hashes[0] != hashes[2]  # and the seed matters
 
@@ -160,7 +160,7 @@ def test_the_same_image_seed_and_trace_give_identical_frames(tmp_path: Path) -> 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="MALLOC_PERTURB_ is glibc's")
 def test_the_file_does_not_depend_on_what_the_heap_held_before(tmp_path: Path) -> None:
     # glibc fills every fresh allocation with the MALLOC_PERTURB_ byte, so an encoder that reads memory it never wrote
-    # (libx264's AVX-512 MB-tree, see _x264_params) writes different files here every time, not once in a while.
+    # (libx264's AVX-512 MB-tree, see x264_params) writes different files here every time, not once in a while.
     trace = write_trace(tmp_path, '{"chunk": 0, "keys": ["l", "w"]}\n{"chunk": 2, "keys": ["k"]}\n')
     image = tmp_path / "ref.png"
     _write_png(image)
@@ -189,16 +189,16 @@ _AVX512_FLAGS = "fpu sse4_2 avx avx2 fma bmi2 avx512f avx512dq avx512cd avx512bw
     ],
 )
 def test_libx264_is_kept_off_its_avx512_code(machine: str, flags: str | None, params: str | None) -> None:
-    assert _x264_params(machine, None if flags is None else frozenset(flags.split())) == params
+    assert x264_params(machine, None if flags is None else frozenset(flags.split())) == params
 
 
 def test_cpu_flags_are_read_from_the_first_processor_of_proc_cpuinfo(tmp_path: Path) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\n\nprocessor\t: 1\nflags\t\t: fpu\n")
-    assert _cpu_flags(cpuinfo) == frozenset({"fpu", "avx2", "avx512f"})
+    assert read_cpu_flags(cpuinfo) == frozenset({"fpu", "avx2", "avx512f"})
     cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd\n")  # arm64 names them differently
-    assert _cpu_flags(cpuinfo) is None
-    assert _cpu_flags(tmp_path / "missing") is None
+    assert read_cpu_flags(cpuinfo) is None
+    assert read_cpu_flags(tmp_path / "missing") is None
 
 
 def test_yawing_right_pans_the_decoded_picture_so_content_moves_left(tmp_path: Path) -> None:

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cli import _limit_malloc_arenas
-from service.telemetry.memory import GlibcHeap
+from service.telemetry.memory import GlibcHeap, limit_malloc_arenas
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -26,9 +25,8 @@ _THREADS = textwrap.dedent(
     """
     import json, sys, threading
     sys.path.insert(0, {root!r})
-    from service.telemetry.memory import GlibcHeap
-    from service.cli import _limit_malloc_arenas
-    note = _limit_malloc_arenas({arenas})
+    from service.telemetry.memory import GlibcHeap, limit_malloc_arenas
+    note = limit_malloc_arenas({arenas})
     barrier = threading.Barrier(8)
     kept = []
 
@@ -90,4 +88,4 @@ def test_a_limit_below_one_is_refused() -> None:
     assert heap is not None
     with pytest.raises(ValueError, match="at least 1"):
         heap.limit_arenas(0)
-    assert _limit_malloc_arenas(0) == "glibc's default (LINGSTREAM_MALLOC_ARENAS=0)"
+    assert limit_malloc_arenas(0) == "glibc's default (LINGSTREAM_MALLOC_ARENAS=0)"
