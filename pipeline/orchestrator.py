@@ -331,13 +331,14 @@ class StreamingPipelineOrchestrator:
     async def _close(self, session_id: str, mode: CloseMode, drain_timeout: float | None) -> CloseReport:
         self._core.begin_close(session_id, mode)
         self._advance()
-        if not await self._wait_quiescent(session_id, drain_timeout):
+        if mode is CloseMode.DRAIN and not await self._wait_quiescent(session_id, drain_timeout):
             logger.warning("session %s: drain did not finish in %ss; cancelling", session_id, drain_timeout)
             self._core.begin_close(session_id, CloseMode.CANCEL)
             self._advance()
-            if not await self._wait_quiescent(session_id, self._cancel_timeout):
-                abandoned = self._core.abandon_in_flight(session_id)
-                logger.error("session %s: abandoned %d in-flight calls after cancel timeout", session_id, abandoned)
+        # A cancel (asked for, or a drain that ran out of time) waits `cancel_timeout` for the calls in flight.
+        if not await self._wait_quiescent(session_id, self._cancel_timeout):
+            abandoned = self._core.abandon_in_flight(session_id)
+            logger.error("session %s: abandoned %d in-flight calls after cancel timeout", session_id, abandoned)
         return await self._release(session_id)
 
     async def _wait_quiescent(self, session_id: str, limit: float | None) -> bool:
