@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable
+
+
+def _describe(predicate: Callable[[], bool]) -> str:
+    """The predicate's source line when it can be read (a lambda at the call site), else its name."""
+    try:
+        return inspect.getsource(predicate).strip()
+    except (OSError, TypeError):
+        return getattr(predicate, "__qualname__", repr(predicate))
 
 
 class FakeTimer:
@@ -24,7 +33,9 @@ class FakeTimers:
     """`call_later` records; `advance(seconds)` moves time and runs every due, live timer in due order.
 
     Starting or cancelling a timer is often the only visible effect of an event (a peer connection closing starts
-    the grace timer), so `wait_until(predicate)` waits for the timers to reach a state.
+    the grace timer), so `wait_until(predicate)` waits for the timers to reach a state, for at most `within`
+    seconds of real time: a regression fails fast with the predicate named instead of hanging until the test
+    timeout.
     """
 
     def __init__(self) -> None:
@@ -46,10 +57,18 @@ class FakeTimers:
         """Timers neither fired nor cancelled, soonest first."""
         return sorted((t for t in self._timers if not t.cancelled and not t.fired), key=lambda t: t.due)
 
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        while not predicate():
-            self._changed.clear()
-            await self._changed.wait()
+    async def wait_until(self, predicate: Callable[[], bool], *, within: float = 5.0) -> None:
+        try:
+            async with asyncio.timeout(within):
+                while not predicate():
+                    self._changed.clear()
+                    await self._changed.wait()
+        except TimeoutError:
+            live = [round(t.due - self.now, 3) for t in self.live]
+            raise AssertionError(
+                f"the timers did not reach {_describe(predicate)} within {within} s "
+                f"(fake time {self.now}, live timers due in {live})"
+            ) from None
 
     def advance(self, seconds: float) -> None:
         if seconds < 0:
