@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from pipeline.actor import ActorStatistics, DeathListener, Stage, StageActor, StageCall
 from pipeline.bidirectional import (
+    CANONICAL_KEYS,
+    KEY_ALIASES,
+    MAX_KEYS_PER_SNAPSHOT,
+    MAX_SEQ,
     BidirectionalService,
     ChunkOutput,
     ControlMessage,
@@ -17,6 +21,7 @@ from pipeline.bidirectional import (
     SessionCloseMode,
     SessionSummary,
     Stop,
+    canonical_key,
 )
 from pipeline.clock import Clock, MonotonicClock
 from pipeline.core import SchedulerCore
@@ -59,6 +64,10 @@ from pipeline.spec import (
 )
 
 __all__ = [
+    "CANONICAL_KEYS",
+    "KEY_ALIASES",
+    "MAX_KEYS_PER_SNAPSHOT",
+    "MAX_SEQ",
     "ActorDiedError",
     "ActorStatistics",
     "ActorUnavailableError",
@@ -116,5 +125,6 @@ __all__ = [
     "Summary",
     "UnknownArtifactError",
     "UnknownSessionError",
+    "canonical_key",
     "validate_pipeline",
 ]

@@ -7,7 +7,10 @@ model workers only through this protocol, so tests can put a scripted fake behin
 
 Control messages are the decoded form of control protocol v1 (the transports own the JSON codec):
 `ControlState(seq, keys)` is a snapshot of held keys (newest wins; a stale or duplicate `seq` is dropped and
-counted, never an error that ends the session), `ResetPose()` and `Stop()` are discrete commands.
+counted, never an error that ends the session), `ResetPose()` and `Stop()` are discrete commands. The protocol's
+key table lives here, once, for the wire codec (`transport.protocol`) and the model's normaliser
+(`pipeline.lingbot.controls`): the canonical keys `w a s d i j k l`, their aliases (arrows, upper case) and the
+bounds of a snapshot (`MAX_SEQ`, `MAX_KEYS_PER_SNAPSHOT`).
 """
 
 from __future__ import annotations
@@ -15,12 +18,17 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "CANONICAL_KEYS",
+    "KEY_ALIASES",
+    "MAX_KEYS_PER_SNAPSHOT",
+    "MAX_SEQ",
     "BidirectionalService",
     "ChunkOutput",
     "ControlMessage",
@@ -31,7 +39,33 @@ __all__ = [
     "SessionCloseMode",
     "SessionSummary",
     "Stop",
+    "canonical_key",
 ]
+
+CANONICAL_KEYS: frozenset[str] = frozenset("wasdijkl")
+"""The keys a control snapshot holds once normalised (forward/back w s, strafe a d, pitch i k, yaw j l)."""
+
+KEY_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "ArrowUp": "w",
+        "ArrowDown": "s",
+        "ArrowLeft": "j",
+        "ArrowRight": "l",
+        **{key.upper(): key for key in "wasdijkl"},  # Shift or Caps Lock held: the same keys
+    }
+)
+"""Accepted spellings besides the canonical keys, and what they normalise to."""
+
+MAX_KEYS_PER_SNAPSHOT = 16
+"""More entries than this in one snapshot is malformed input (8 keys have 20 spellings; a client sends each once)."""
+
+MAX_SEQ = 2**53 - 1
+"""The largest control `seq`: JavaScript's Number.MAX_SAFE_INTEGER, so a browser counts exactly over JSON."""
+
+
+def canonical_key(name: str) -> str | None:
+    """The canonical key that `name` spells (itself or an alias), or None for a name that is not a key."""
+    return name if name in CANONICAL_KEYS else KEY_ALIASES.get(name)
 
 
 @dataclass(frozen=True, slots=True)

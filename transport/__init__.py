@@ -82,7 +82,7 @@ from transport.pacing import (
     WaitUntil,
 )
 from transport.protocol import (
-    ALLOWED_KEYS,
+    CANONICAL_KEYS,
     KEY_ALIASES,
     MAX_INBOUND_BYTES,
     MAX_SEQ,
@@ -104,7 +104,7 @@ from transport.tokens import DEFAULT_JOIN_TTL, IssuedToken, ParticipantRole, Tok
 from transport.webhooks import WebhookHandler
 
 __all__ = [
-    "ALLOWED_KEYS",
+    "CANONICAL_KEYS",
     "CONTROL_TOPIC",
     "DEFAULT_JOIN_TTL",
     "KEY_ALIASES",

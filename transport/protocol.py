@@ -21,11 +21,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.bidirectional import ControlMessage, ControlState, ResetPose, Stop
+from pipeline.bidirectional import (
+    CANONICAL_KEYS,
+    KEY_ALIASES,
+    MAX_KEYS_PER_SNAPSHOT,
+    MAX_SEQ,
+    ControlMessage,
+    ControlState,
+    ResetPose,
+    Stop,
+    canonical_key,
+)
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
 
 __all__ = [
-    "ALLOWED_KEYS",
+    "CANONICAL_KEYS",
     "KEY_ALIASES",
     "MAX_INBOUND_BYTES",
     "MAX_KEYS_PER_SNAPSHOT",
@@ -50,18 +60,8 @@ MAX_STATUS_BYTES = 15 * 1024
 """Outbound messages never exceed this (LiveKit's reliable data packet limit is 15 KiB)."""
 MIN_STATUS_BYTES = 256
 """The smallest outbound cap an encoder accepts: room for any message with its free text cut short."""
-MAX_SEQ = 2**53 - 1
-"""The largest `seq` (JavaScript's Number.MAX_SAFE_INTEGER, so browsers can count exactly)."""
-MAX_KEYS_PER_SNAPSHOT = 16
-ALLOWED_KEYS: frozenset[str] = frozenset("wasdijkl")
-KEY_ALIASES: Mapping[str, str] = {
-    "ArrowUp": "w",
-    "ArrowDown": "s",
-    "ArrowLeft": "j",
-    "ArrowRight": "l",
-    # Shift or Caps Lock held: the same keys (the model's own normaliser accepts these too).
-    **{key.upper(): key for key in "wasdijkl"},
-}
+# The key table and the bounds of a snapshot (`CANONICAL_KEYS`, `KEY_ALIASES`, `MAX_KEYS_PER_SNAPSHOT`, `MAX_SEQ`)
+# are defined once in `pipeline.bidirectional`, next to `ControlState`; this module re-exports them.
 
 _CONTROL_FIELDS: Mapping[str, frozenset[str]] = {
     "control_state": frozenset({"v", "type", "seq", "keys"}),
@@ -153,15 +153,13 @@ def _normalise_keys(value: object) -> frozenset[str] | ProtocolError:
     for key in value:
         if not isinstance(key, str):
             return ProtocolError(ProtocolErrorCode.INVALID_KEYS, f"a key must be a string, got {_echo(key)}")
-        if key in ALLOWED_KEYS:
-            keys.add(key)
-        elif key in KEY_ALIASES:
-            keys.add(KEY_ALIASES[key])
-        else:
+        canonical = canonical_key(key)
+        if canonical is None:
             return ProtocolError(
                 ProtocolErrorCode.INVALID_KEYS,
                 f"unknown key {_echo(key)}; valid: w a s d i j k l, ArrowUp/Down/Left/Right",
             )
+        keys.add(canonical)
     return frozenset(keys)
 
 

@@ -9,7 +9,8 @@ wins. Canonical keys (lower case):
 Aliases: upper-case letters map to their lower-case key (Shift or Caps Lock held), `ArrowUp`/`ArrowDown` map to
 `w`/`s` (walk) and `ArrowLeft`/`ArrowRight` map to `j`/`l` (turn, as in most first-person games; strafing stays on
 `a`/`d`). Anything else is rejected with a `ControlError` that names the offending keys. Opposite keys held together
-cancel out (`ControlSnapshot.axes`).
+cancel out (`ControlSnapshot.axes`). The key table and the bounds are control protocol v1's, defined once in
+`pipeline.bidirectional` and re-exported here.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from pipeline.bidirectional import CANONICAL_KEYS, KEY_ALIASES, MAX_KEYS_PER_SNAPSHOT, MAX_SEQ, canonical_key
 from pipeline.lingbot.errors import ControlError
 
 __all__ = [
@@ -29,22 +31,6 @@ __all__ = [
     "normalize_keys",
 ]
 
-CANONICAL_KEYS: frozenset[str] = frozenset("wasdijkl")
-"""The keys a normalised snapshot may hold."""
-
-KEY_ALIASES: dict[str, str] = {
-    "ArrowUp": "w",
-    "ArrowDown": "s",
-    "ArrowLeft": "j",
-    "ArrowRight": "l",
-    **{key.upper(): key for key in "wasdijkl"},
-}
-"""Accepted spellings besides the canonical keys, and what they normalise to."""
-
-MAX_KEYS_PER_SNAPSHOT = 16
-"""More entries than this in one snapshot is malformed input (there are only 12 distinct spellings)."""
-
-MAX_SEQ = 2**63 - 1
 _MAX_KEY_LENGTH = 32
 
 
@@ -60,10 +46,9 @@ def normalize_keys(keys: Iterable[str]) -> frozenset[str]:
     for key in entries:
         if not isinstance(key, str):
             raise ControlError(f"a key must be a string, got {type(key).__name__}")
-        if key in CANONICAL_KEYS:
-            normalised.add(key)
-        elif key in KEY_ALIASES:
-            normalised.add(KEY_ALIASES[key])
+        canonical = canonical_key(key)
+        if canonical is not None:
+            normalised.add(canonical)
         else:
             unknown.add(key[:_MAX_KEY_LENGTH])
     if unknown:

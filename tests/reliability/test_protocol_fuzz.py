@@ -16,7 +16,7 @@ from pipeline.bidirectional import ControlMessage, ControlState, ResetPose, Stop
 from tests.fakes.transport_port import FakeSessionPort
 from transport.control import ControlIntake
 from transport.protocol import (
-    ALLOWED_KEYS,
+    CANONICAL_KEYS,
     KEY_ALIASES,
     MAX_INBOUND_BYTES,
     MAX_KEYS_PER_SNAPSHOT,
@@ -35,7 +35,7 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=8), children, max_size=6),
     max_leaves=30,
 )
-key_names = st.sampled_from(sorted(ALLOWED_KEYS) + sorted(KEY_ALIASES) + ["q", "", "ArrowUpp", "W ", "ww", "\u0000"])
+key_names = st.sampled_from(sorted(CANONICAL_KEYS) + sorted(KEY_ALIASES) + ["q", "", "ArrowUpp", "W ", "ww", "\u0000"])
 messages = st.fixed_dictionaries(
     {
         "v": st.one_of(st.just(1), st.integers(-3, 3), st.floats(), st.booleans(), st.text(max_size=3), st.none()),
@@ -69,7 +69,7 @@ def _check(data: bytes | str, result: Any) -> None:
     assert size <= MAX_INBOUND_BYTES
     if isinstance(result, ControlState):
         assert 0 <= result.seq <= MAX_SEQ
-        assert result.keys <= ALLOWED_KEYS
+        assert result.keys <= CANONICAL_KEYS
     assert decode_control(encode_control(result)) == result  # what is accepted round-trips
 
 

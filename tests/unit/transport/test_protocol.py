@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pipeline.bidirectional
+import transport.protocol
 from pipeline.bidirectional import ControlState, ResetPose, Stop
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus
 from transport.protocol import (
@@ -95,6 +97,14 @@ def test_largest_seq_is_accepted() -> None:
     assert decode_control(json.dumps({"v": 1, "type": "control_state", "seq": MAX_SEQ, "keys": []})) == ControlState(
         MAX_SEQ, frozenset()
     )
+
+
+def test_the_codec_and_the_model_share_one_seq_bound_and_key_table() -> None:
+    # The browser's Number.MAX_SAFE_INTEGER bounds every seq; the model's normaliser reads the same table.
+    assert MAX_SEQ == 2**53 - 1
+    assert transport.protocol.MAX_SEQ is pipeline.bidirectional.MAX_SEQ
+    assert transport.protocol.KEY_ALIASES is pipeline.bidirectional.KEY_ALIASES
+    assert transport.protocol.CANONICAL_KEYS is pipeline.bidirectional.CANONICAL_KEYS
 
 
 def test_oversized_input_is_rejected_before_parsing() -> None:

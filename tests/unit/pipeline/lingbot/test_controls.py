@@ -29,7 +29,7 @@ def test_non_string_key_is_rejected() -> None:
         normalize_keys([1])  # type: ignore[list-item]
 
 
-@pytest.mark.parametrize("seq", [-1, True, 2**63, 1.0])
+@pytest.mark.parametrize("seq", [-1, True, 2**53, 2**63, 1.0])  # 2**53: over the wire's MAX_SEQ
 def test_bad_sequence_numbers_are_rejected(seq: object) -> None:
     with pytest.raises(ControlError, match="seq"):
         ControlSnapshot(seq=seq, keys=frozenset())  # type: ignore[arg-type]
