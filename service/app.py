@@ -35,6 +35,7 @@ from service.errors import (
     public_message,
 )
 from service.http.auth import ApiKeyAuth
+from service.http.docs import install_docs
 from service.http.middleware import BodyLimitMiddleware, StrictCORSMiddleware
 from service.http.page import install_page
 from service.http.routes import describe_validation_errors, health_router, internal_router, v1_router
@@ -107,7 +108,7 @@ def create_app(
         version=_version(),
         description='Interactive world-model video sessions. Errors: `{"error": {"code", "message"}}`.',
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # service.http.docs serves /docs with Swagger UI from the installed swagger-ui-dist
         redoc_url=None,
         openapi_url="/openapi.json",
     )
@@ -124,6 +125,7 @@ def create_app(
     app.include_router(health_router)
     app.include_router(internal_router)
     install_page(app, transport=transport, vendor_dir=settings.web_vendor_dir, api_keys=bool(config.api_key_digests))
+    install_docs(app, vendor_dir=settings.docs_vendor_dir, openapi_url=app.openapi_url)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_request_bytes)
     if config.cors_origins:
         app.add_middleware(

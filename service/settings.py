@@ -120,6 +120,9 @@ class Settings(BaseSettings):
     video_codec: Literal["vp8", "h264"] = "vp8"
     video_bitrate: int = Field(default=2_000_000, ge=50_000, le=100_000_000, description="Video bits per second.")
     web_vendor_dir: Path | None = Field(default=None, description="Directory of the vendored livekit-client build.")
+    docs_vendor_dir: Path | None = Field(
+        default=None, description="Directory of Swagger UI's files (swagger-ui-dist) for the /docs page."
+    )
     admission_backend: str = Field(
         default="memory", description="Admission backend: memory (one replica) or redis (shared by every replica)."
     )
