@@ -13,19 +13,19 @@ from pipeline.bidirectional import (
     MAX_SEQ,
     BidirectionalService,
     ChunkOutput,
+    CloseMode,
     ControlMessage,
     ControlState,
     PreparedSession,
     ResetPose,
     ServiceStatistics,
-    SessionCloseMode,
     SessionSummary,
     Stop,
     canonical_key,
 )
 from pipeline.clock import Clock, MonotonicClock
 from pipeline.core import SchedulerCore
-from pipeline.core.records import CloseMode, CloseReport, CoreStatistics, OutputItem, ResultKind, SessionState
+from pipeline.core.records import CloseReport, CoreStatistics, OutputItem, ResultKind, SessionState
 from pipeline.errors import (
     ActorDiedError,
     ActorUnavailableError,
@@ -98,7 +98,6 @@ __all__ = [
     "SchedulerCore",
     "SequenceError",
     "ServiceStatistics",
-    "SessionCloseMode",
     "SessionClosedError",
     "SessionDiagnostics",
     "SessionError",

@@ -31,6 +31,7 @@ __all__ = [
     "MAX_SEQ",
     "BidirectionalService",
     "ChunkOutput",
+    "CloseMode",
     "ControlMessage",
     "ControlState",
     "PreparedSession",
@@ -126,9 +127,16 @@ class PreparedSession:
     image: object | None = None
 
 
-class SessionCloseMode(enum.Enum):
-    DRAIN = "drain"  # deliver the chunk in progress, then close
-    CANCEL = "cancel"  # discard queued work, wait for the call in flight, then close
+class CloseMode(enum.Enum):
+    """How a close treats a session's work: the one close mode of a model worker's session, of the orchestrator's
+    session and of the scheduling core's (`pipeline.core` re-exports it)."""
+
+    DRAIN = "drain"  # deliver what was accepted (the chunk in progress, every accepted sequence), then close
+    CANCEL = "cancel"  # discard queued work, wait for the calls in flight (their results dropped), then close
+
+
+SessionCloseMode = CloseMode
+"""The former name of `CloseMode`, kept while the modules that say it move over; new code says `CloseMode`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +189,6 @@ class BidirectionalService(Protocol):
 
     def outputs(self, session_id: str) -> AsyncIterator[ChunkOutput]: ...
 
-    async def close_session(
-        self, session_id: str, mode: SessionCloseMode = SessionCloseMode.DRAIN
-    ) -> SessionSummary: ...
+    async def close_session(self, session_id: str, mode: CloseMode = CloseMode.DRAIN) -> SessionSummary: ...
 
     def statistics(self) -> ServiceStatistics: ...

@@ -1,11 +1,11 @@
 """The vocabulary of the scheduling core: the session lifecycle and the records `SchedulerCore` trades with its driver.
 
 `SessionState` is a session's lifecycle with its transition table (the diagram is in `pipeline.core.scheduler`'s
-docstring); `CloseMode` says how a close treats queued work. The core answers the driver's events with `Dispatch`
-records to start and `Notice` records of what changed, classifies every stage result with a `ResultKind`, hands readable
+docstring); `CloseMode` says how a close treats queued work (it is defined with the model-worker seam in
+`pipeline.bidirectional`, whose closes mean the same). The core answers the driver's events with `Dispatch` records
+to start and `Notice` records of what changed, classifies every stage result with a `ResultKind`, hands readable
 outputs over as `OutputItem`s, and reports a finished release as a `CloseReport`; `CoreStatistics` is its frozen
-snapshot, and `ActorView` the seam through which it reads the actors. `pipeline` and `pipeline.core`
-re-export them.
+snapshot, and `ActorView` the seam through which it reads the actors. `pipeline` and `pipeline.core` re-export them.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pipeline.actor import StageCall
+from pipeline.bidirectional import CloseMode
 
 __all__ = [
     "ActorView",
@@ -52,11 +53,6 @@ SESSION_TRANSITIONS: Mapping[SessionState, frozenset[SessionState]] = {
 }
 ACCEPTS_RESULTS = frozenset({SessionState.OPEN, SessionState.DRAINING})
 DISCARDED = frozenset({SessionState.CANCELLING, SessionState.FAILED})
-
-
-class CloseMode(enum.Enum):
-    DRAIN = "drain"  # deliver every accepted sequence, then release
-    CANCEL = "cancel"  # discard queued work, wait for in-flight calls, then release
 
 
 class NoticeKind(enum.Enum):

@@ -16,14 +16,13 @@ import torch
 
 from pipeline.bidirectional import (
     ChunkOutput,
+    CloseMode,
     ControlMessage,
     PreparedSession,
     ServiceStatistics,
-    SessionCloseMode,
     SessionSummary,
 )
 from pipeline.clock import Clock, MonotonicClock
-from pipeline.core import CloseMode
 from pipeline.errors import PipelineError, SessionExistsError
 from pipeline.lingbot.config import (
     DEFAULT_MAX_IMAGE_BYTES,
@@ -133,7 +132,7 @@ class LingBotService:
 
     async def stop(self) -> None:
         for session_id in list(self._sessions):
-            await self.close_session(session_id, SessionCloseMode.CANCEL)
+            await self.close_session(session_id, CloseMode.CANCEL)
         retries = list(self._retries.values())
         for task in retries:
             task.cancel()
@@ -182,7 +181,7 @@ class LingBotService:
     def outputs(self, session_id: str) -> AsyncIterator[ChunkOutput]:
         return self._sessions[session_id].chunks()
 
-    async def close_session(self, session_id: str, mode: SessionCloseMode = SessionCloseMode.DRAIN) -> SessionSummary:
+    async def close_session(self, session_id: str, mode: CloseMode = CloseMode.DRAIN) -> SessionSummary:
         summary = self._summaries.get(session_id)
         if summary is not None and session_id not in self._sessions:
             return summary
@@ -191,7 +190,7 @@ class LingBotService:
             raise KeyError(f"no session {session_id!r} on this worker")
         loop_task = self._loops.get(session_id)
         if loop_task is not None and not loop_task.done():
-            if mode is SessionCloseMode.DRAIN:
+            if mode is CloseMode.DRAIN:
                 session.request_stop()
             else:
                 loop_task.cancel()
@@ -224,25 +223,24 @@ class LingBotService:
             session.failure = f"{type(exc).__name__}: {exc}"
             logger.exception("session %s: chunk loop crashed", session.session_id)
         # a natural end (plan done, stop, failure) releases the session's resources at once
-        await self._finalize(session, SessionCloseMode.DRAIN)
+        await self._finalize(session, CloseMode.DRAIN)
 
-    def _finalize(self, session: LingBotSession, mode: SessionCloseMode) -> asyncio.Task[SessionSummary]:
+    def _finalize(self, session: LingBotSession, mode: CloseMode) -> asyncio.Task[SessionSummary]:
         task = self._finals.get(session.session_id)
         if task is None:
             task = asyncio.get_running_loop().create_task(self._close(session, mode))
             self._finals[session.session_id] = task
         return task
 
-    async def _close(self, session: LingBotSession, mode: SessionCloseMode) -> SessionSummary:
+    async def _close(self, session: LingBotSession, mode: CloseMode) -> SessionSummary:
         session_id = session.session_id
         if self._lease is not None:
             self._lease.remove_session(session_id)
-        close_mode = CloseMode.DRAIN if mode is SessionCloseMode.DRAIN else CloseMode.CANCEL
         failure = session.failure
         cleanup: Mapping[str, str] = {}
         leaks = 0
         try:
-            report = await self._orchestrator.close_session(session_id, close_mode, drain_timeout=30.0)
+            report = await self._orchestrator.close_session(session_id, mode, drain_timeout=30.0)
             failure = failure or report.failure
             cleanup = report.failed_stages
             leaks = report.slot_leaks

@@ -29,7 +29,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pipeline.bidirectional import SessionCloseMode
+from pipeline.bidirectional import CloseMode
 from service.errors import (
     ForbiddenError,
     InvalidRequestError,
@@ -176,7 +176,7 @@ async def delete_session(
     mode: Annotated[Literal["drain", "cancel"], Query(description="drain: deliver the chunk in progress")] = "drain",
 ) -> SessionBody:
     bind_session_id(session_id)
-    snapshot = await runtime.delete(owner, session_id, SessionCloseMode(mode))
+    snapshot = await runtime.delete(owner, session_id, CloseMode(mode))
     response.status_code = 200 if snapshot.terminal else 202
     return session_body(snapshot)
 

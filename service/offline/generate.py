@@ -45,10 +45,10 @@ from pathlib import Path
 
 from pipeline.bidirectional import (
     ChunkOutput,
+    CloseMode,
     ControlState,
     PreparedSession,
     ResetPose,
-    SessionCloseMode,
     SessionSummary,
 )
 from pipeline.errors import SessionFailedError
@@ -247,7 +247,7 @@ class _Run:
                 self.interrupted = True
             finally:
                 self.metrics = live.snapshot()
-                mode = SessionCloseMode.DRAIN if completed else SessionCloseMode.CANCEL
+                mode = CloseMode.DRAIN if completed else CloseMode.CANCEL
                 self.summary = await service.close_session(_SESSION_ID, mode)
         finally:
             await service.stop()

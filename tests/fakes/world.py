@@ -20,11 +20,11 @@ import numpy as np
 
 from pipeline.bidirectional import (
     ChunkOutput,
+    CloseMode,
     ControlMessage,
     ControlState,
     PreparedSession,
     ServiceStatistics,
-    SessionCloseMode,
     SessionSummary,
 )
 from service.settings import Settings
@@ -68,7 +68,7 @@ class FakeWorld:
         self.hold_drain_closes = False
         self.prepare_threads: list[str] = []
         self.created: list[str] = []
-        self.close_calls: list[tuple[str, SessionCloseMode]] = []
+        self.close_calls: list[tuple[str, CloseMode]] = []
         self.controls: dict[str, list[ControlMessage]] = {}
         self.summaries: dict[str, SessionSummary] = {}
         self.live = 0
@@ -183,7 +183,7 @@ class FakeWorld:
             assert isinstance(item, ChunkOutput)
             yield item
 
-    async def close_session(self, session_id: str, mode: SessionCloseMode = SessionCloseMode.DRAIN) -> SessionSummary:
+    async def close_session(self, session_id: str, mode: CloseMode = CloseMode.DRAIN) -> SessionSummary:
         self.close_calls.append((session_id, mode))
         session = self._sessions.get(session_id)
         if session is None:
@@ -191,13 +191,13 @@ class FakeWorld:
             if summary is None:
                 raise KeyError(session_id)
             return summary
-        if mode is SessionCloseMode.CANCEL:
+        if mode is CloseMode.CANCEL:
             session.release_close.set()
         if session.closing:
             await session.closed.wait()
             return self.summaries[session_id]
         session.closing = True
-        if mode is SessionCloseMode.DRAIN and self.hold_drain_closes:
+        if mode is CloseMode.DRAIN and self.hold_drain_closes:
             await session.release_close.wait()
         await self._stop_pacer(session)
         self._put(session, _END)

@@ -28,7 +28,6 @@ from pipeline.bidirectional import (
     ControlMessage,
     PreparedSession,
     ServiceStatistics,
-    SessionCloseMode,
     SessionSummary,
 )
 from pipeline.errors import PipelineError
@@ -163,13 +162,12 @@ class ProcessWorld:
             index += 1
             await asyncio.sleep(self._pace_s)
 
-    async def close_session(self, session_id: str, mode: SessionCloseMode = SessionCloseMode.DRAIN) -> SessionSummary:
+    async def close_session(self, session_id: str, mode: CloseMode = CloseMode.DRAIN) -> SessionSummary:
         summary = self._summaries.get(session_id)
         if summary is not None:
             return summary
         session = self._sessions[session_id]
-        close_mode = CloseMode.DRAIN if mode is SessionCloseMode.DRAIN else CloseMode.CANCEL
-        report = await self._orchestrator.close_session(session_id, close_mode, drain_timeout=5.0)
+        report = await self._orchestrator.close_session(session_id, mode, drain_timeout=5.0)
         summary = SessionSummary(session_id, session.chunks, report.failure, report.failed_stages, report.slot_leaks)
         self._summaries[session_id] = summary
         with contextlib.suppress(KeyError):

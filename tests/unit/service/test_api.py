@@ -11,7 +11,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from pipeline.bidirectional import ControlState, ResetPose, SessionCloseMode, Stop
+from pipeline.bidirectional import CloseMode, ControlState, ResetPose, Stop
 from tests.fakes.clock import FakeClock
 from tests.unit.service.helpers import RecordingTransport, metric, running_service, wait_for, wait_status
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus
@@ -145,7 +145,7 @@ async def test_delete_closes_a_running_session_with_drain_by_default() -> None:
         response = await svc.client.delete(f"/v1/sessions/{session}")
         assert response.status_code == 200
         assert (response.json()["status"], response.json()["reason"]) == ("closed", "client_deleted")
-        assert svc.world.close_calls == [(session, SessionCloseMode.DRAIN)]
+        assert svc.world.close_calls == [(session, CloseMode.DRAIN)]
         again = await svc.client.delete(f"/v1/sessions/{session}?mode=cancel")
         assert again.status_code == 200
         assert again.json()["status"] == "closed"
@@ -162,7 +162,7 @@ async def test_a_slow_drain_answers_202_and_a_cancel_escalates_it() -> None:
         cancelled = await svc.client.delete(f"/v1/sessions/{session}?mode=cancel")
         assert cancelled.status_code == 200
         assert cancelled.json()["status"] == "closed"
-        assert svc.world.close_calls == [(session, SessionCloseMode.DRAIN), (session, SessionCloseMode.CANCEL)]
+        assert svc.world.close_calls == [(session, CloseMode.DRAIN), (session, CloseMode.CANCEL)]
 
 
 async def test_draining_rejects_creates_with_503_and_flips_readiness() -> None:
@@ -212,7 +212,7 @@ async def test_api_keys_guard_v1_and_each_key_sees_only_its_own_sessions() -> No
         assert (await svc.client.delete(f"/v1/sessions/{mine}", headers=b_headers)).status_code == 404
         assert (await svc.client.get("/v1/sessions", headers=b_headers)).json()["sessions"] == []
         assert [s["id"] for s in (await svc.client.get("/v1/sessions", headers=a_headers)).json()["sessions"]] == [mine]
-        owner = svc.runtime.controller.get(mine).owner
+        owner = svc.controller.get(mine).owner
         assert key_a not in owner
         assert owner.startswith("key-")
         for path in ("/healthz", "/readyz", "/metrics"):
@@ -300,7 +300,7 @@ async def test_the_transport_gets_chunks_status_and_control_through_the_session_
         transport.ports[other].client_gone("grace expired")
         gone = await wait_status(svc, other, "closed")
         assert gone["reason"] == "client_gone: grace expired"
-        assert svc.world.close_calls[-1] == (other, SessionCloseMode.CANCEL)
+        assert svc.world.close_calls[-1] == (other, CloseMode.CANCEL)
 
 
 async def test_a_failing_attach_fails_the_session_with_a_final_error() -> None:
@@ -396,7 +396,7 @@ async def test_a_drain_cancels_sessions_whose_drain_close_hangs() -> None:
         await asyncio.wait_for(svc.runtime.wait_drained(), 5)
         body = (await svc.client.get(f"/v1/sessions/{running}")).json()
         assert (body["status"], body["reason"]) == ("closed", "service_drain")
-        assert svc.world.close_calls == [(running, SessionCloseMode.DRAIN), (running, SessionCloseMode.CANCEL)]
+        assert svc.world.close_calls == [(running, CloseMode.DRAIN), (running, CloseMode.CANCEL)]
 
 
 async def test_shutdown_closes_every_session_with_a_final_status() -> None:
@@ -405,12 +405,13 @@ async def test_shutdown_closes_every_session_with_a_final_status() -> None:
         running = (await svc.create()).json()["id"]
         queued = (await svc.create()).json()["id"]
         runtime = svc.runtime
+        controller = svc.controller
         world = svc.world
     assert transport.statuses[running][-1] == DoneStatus("closed")
     assert transport.stopped
     assert world.stopped
     assert world.live == 0
-    assert runtime.controller.get(queued).state.value == "cancelled"
+    assert controller.get(queued).state.value == "cancelled"
     assert runtime.statistics().admission.retained_total == 0
 
 

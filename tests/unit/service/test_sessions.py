@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from pipeline.bidirectional import PreparedSession, SessionCloseMode
+from pipeline.bidirectional import CloseMode, PreparedSession
 from service.errors import SessionTransitionError
 from service.runtime.fanout import Broadcast, Flag
 from service.runtime.sessions import (
@@ -78,14 +78,14 @@ async def test_every_change_is_published_and_the_end_closes_every_stream() -> No
 
 def test_request_close_moves_to_draining_and_cancel_escalates_a_drain() -> None:
     session = _session()
-    assert not session.request_close(SessionCloseMode.DRAIN, "queued sessions are cancelled through admission")
+    assert not session.request_close(CloseMode.DRAIN, "queued sessions are cancelled through admission")
     session.move(SessionState.ADMITTED)
     session.move(SessionState.RUNNING)
-    assert session.request_close(SessionCloseMode.DRAIN, "client_deleted")
+    assert session.request_close(CloseMode.DRAIN, "client_deleted")
     assert session.state is SessionState.DRAINING
     assert not session.escalated.is_set()
-    assert not session.request_close(SessionCloseMode.DRAIN, "again")
-    assert session.request_close(SessionCloseMode.CANCEL, "drain_deadline")
+    assert not session.request_close(CloseMode.DRAIN, "again")
+    assert session.request_close(CloseMode.CANCEL, "drain_deadline")
     assert session.escalated.is_set()
     assert session.close_reason == "client_deleted"
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from admission import ExecutionLease
-from pipeline.bidirectional import ControlState, ResetPose, SessionCloseMode, Stop
+from pipeline.bidirectional import CloseMode, ControlState, ResetPose, Stop
 from pipeline.core import OutputItem
 from pipeline.errors import SessionFailedError
 from pipeline.lingbot import LingBotSessionConfig
@@ -114,10 +114,10 @@ async def test_closing_releases_every_stage_cache() -> None:
         await service.create_session("s", service.prepare(SMALL, None))
         await anext(service.outputs("s"))
         assert model.denoiser.statistics().open_sessions == 1
-        await service.close_session("s", SessionCloseMode.CANCEL)
+        await service.close_session("s", CloseMode.CANCEL)
         for part in (model.encoder, model.denoiser, model.decoder):
             assert part.statistics().open_sessions == 0
-        assert (await service.close_session("s", SessionCloseMode.CANCEL)).chunks >= 1  # idempotent
+        assert (await service.close_session("s", CloseMode.CANCEL)).chunks >= 1  # idempotent
     finally:
         await service.stop()
 
@@ -129,11 +129,11 @@ async def test_history_bounds_the_summaries_and_close_reports_of_finished_sessio
         for sid in ("a", "b", "c"):
             await service.create_session(sid, service.prepare(SMALL, None))
             await anext(service.outputs(sid))
-            summaries[sid] = await service.close_session(sid, SessionCloseMode.CANCEL)
+            summaries[sid] = await service.close_session(sid, CloseMode.CANCEL)
         for sid in ("b", "c"):  # the newest two still answer a repeated close with the same summary
-            assert await service.close_session(sid, SessionCloseMode.CANCEL) is summaries[sid]
+            assert await service.close_session(sid, CloseMode.CANCEL) is summaries[sid]
         with pytest.raises(KeyError):  # the oldest is forgotten, worker and orchestrator alike
-            await service.close_session("a", SessionCloseMode.CANCEL)
+            await service.close_session("a", CloseMode.CANCEL)
     finally:
         await service.stop()
     with pytest.raises(ValueError, match="history"):
@@ -192,7 +192,7 @@ async def test_two_busy_sessions_share_one_lease_round_robin() -> None:
         grants = lease.statistics().grants_per_session
         assert abs(grants["a"] - grants["b"]) <= 2
         for sid in ("a", "b"):
-            await service.close_session(sid, SessionCloseMode.CANCEL)
+            await service.close_session(sid, CloseMode.CANCEL)
     finally:
         await service.stop()
 
