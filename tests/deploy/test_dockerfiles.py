@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from service.http.docs import SWAGGER_UI_FILES
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 DOCKERFILES = {"cpu": DOCKER / "Dockerfile", "cuda": DOCKER / "Dockerfile.cuda"}
@@ -194,13 +196,39 @@ def test_runtime_serves_on_the_contract_port_and_vendor_dir(flavour: str) -> Non
     assert [i.args for i in runtime.all("EXPOSE")] == ["8080"]
     assert exec_form(runtime.all("ENTRYPOINT")[-1].args) == ["lingstream"]
     assert exec_form(runtime.all("CMD")[-1].args) == ["serve"]
-    # The livekit-client bundle: npm ci in a node stage, its dist copied where LINGSTREAM_WEB_VENDOR_DIR points.
+    # The browser files: npm ci in a node stage; livekit-client's dist copied where LINGSTREAM_WEB_VENDOR_DIR points,
+    # Swagger UI's files (what /docs loads) where LINGSTREAM_DOCS_VENDOR_DIR points.
     web = next(stage for stage in stages if stage.image.startswith("node:"))
     assert any(i.args.startswith("npm ci") for i in web.all("RUN"))
-    [vendor_copy] = [i for i in runtime.all("COPY") if i.args.startswith(f"--from={web.name} ")]
-    source, destination = vendor_copy.args.split()[1:]
-    assert source.rstrip("/").endswith("node_modules/livekit-client/dist")
-    assert destination.rstrip("/") == env["LINGSTREAM_WEB_VENDOR_DIR"]
+    copies = [i.args.split()[1:] for i in runtime.all("COPY") if i.args.startswith(f"--from={web.name} ")]
+    destinations = {words[-1].rstrip("/"): words[:-1] for words in copies}
+    assert len(destinations) == len(copies) == 2
+    [livekit] = destinations[env["LINGSTREAM_WEB_VENDOR_DIR"]]
+    assert livekit.rstrip("/").endswith("node_modules/livekit-client/dist")
+    swagger = destinations[env["LINGSTREAM_DOCS_VENDOR_DIR"]]
+    installed = f"{web.all('WORKDIR')[-1].args}/node_modules/swagger-ui-dist"
+    assert sorted(swagger) == sorted(f"{installed}/{name}" for name in SWAGGER_UI_FILES)
+
+
+@pytest.mark.parametrize("flavour", DOCKERFILES)
+def test_runtime_stage_downloads_nothing(flavour: str) -> None:
+    """What the image runs was fetched by the earlier stages: the final stage installs no Python or npm package,
+    fetches no URL, and its npm installs elsewhere run no install scripts (swagger-ui-dist's dependency has one)."""
+    stages = parse_dockerfile(DOCKERFILES[flavour])
+    runtime = stages[-1]
+    fetchers = re.compile(r"\b(curl|wget|npm|npx|yarn|pnpm|pip3?|uv|easy_install)\b|https?://|\bpython[\d.]* -m pip\b")
+    for instruction in runtime.instructions:
+        if instruction.keyword in {"RUN", "ADD", "ENTRYPOINT", "CMD"}:
+            found = fetchers.search(instruction.args)
+            assert found is None, f"line {instruction.line}: {instruction.keyword} uses {found.group(0)!r} at run time"
+        if instruction.keyword == "HEALTHCHECK":
+            assert "127.0.0.1" in instruction.args
+            assert not re.search(r"\b(curl|wget)\b", instruction.args)
+    assert not runtime.all("ADD"), "ADD can fetch URLs; the runtime stage copies from the other stages"
+    for stage in stages:
+        for run in stage.all("RUN"):
+            if re.search(r"\bnpm (ci|install|i)\b", run.args):
+                assert "--ignore-scripts" in run.args, f"line {run.line}: npm runs install scripts"
 
 
 @pytest.mark.parametrize("flavour", DOCKERFILES)
@@ -262,19 +290,21 @@ def test_dockerignore_is_an_allow_list_covering_every_copy(flavour: str) -> None
 # --- web/ -----------------------------------------------------------------------------------------------------------
 
 
-def test_web_package_pins_only_livekit_client_and_is_locked() -> None:
+def test_web_package_pins_the_browser_files_exactly_and_is_locked() -> None:
     package = json.loads((REPO / "web" / "package.json").read_text())
     assert package["private"] is True
-    assert list(package["dependencies"]) == ["livekit-client"]
+    assert sorted(package["dependencies"]) == ["livekit-client", "swagger-ui-dist"]
     assert "devDependencies" not in package
-    version = package["dependencies"]["livekit-client"]
-    assert re.fullmatch(r"\d+\.\d+\.\d+", version), "an exact version, not a range"
+    assert package["scarfSettings"] == {"enabled": False}, "swagger-ui-dist's install analytics stay off"
     lock = json.loads((REPO / "web" / "package-lock.json").read_text())
     assert lock["lockfileVersion"] >= 2
-    assert lock["packages"][""]["dependencies"] == {"livekit-client": version}
-    locked = lock["packages"]["node_modules/livekit-client"]
-    assert locked["version"] == version
-    assert locked["integrity"].startswith("sha512-")
+    assert lock["packages"][""]["dependencies"] == package["dependencies"]
+    for name, version in package["dependencies"].items():
+        assert re.fullmatch(r"\d+\.\d+\.\d+", version), f"{name}: an exact version, not a range"
+        assert lock["packages"][f"node_modules/{name}"]["version"] == version
+    for path, locked in lock["packages"].items():
+        if path:
+            assert locked["integrity"].startswith("sha512-"), path
 
 
 # --- docker/compose.yaml --------------------------------------------------------------------------------------------
