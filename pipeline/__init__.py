@@ -1,7 +1,8 @@
 """The generic streaming scheduler: specs, graph validation, bounded edges, stage actors, lifecycle, metrics.
 
 Importing it loads no torch: the process machinery (`ParallelWorker`, its actor, the tensor channel) is the
-`pipeline.process` subpackage, imported where it is used."""
+`pipeline.process` subpackage, imported where it is used. The scheduler's session lifecycle (`pipeline.core`'s
+`SessionState`) is exported here as `PipelineSessionState`, so that it is not mistaken for the service's own."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from pipeline.bidirectional import (
 )
 from pipeline.clock import Clock, MonotonicClock
 from pipeline.core import SchedulerCore
-from pipeline.core.records import CloseReport, CoreStatistics, OutputItem, ResultKind, SessionState
+from pipeline.core.records import CloseReport, CoreStatistics, OutputItem, ResultKind
+from pipeline.core.records import SessionState as PipelineSessionState
 from pipeline.errors import (
     ActorDiedError,
     ActorUnavailableError,
@@ -91,6 +93,7 @@ __all__ = [
     "OutputStream",
     "PipelineError",
     "PipelineGraph",
+    "PipelineSessionState",
     "PipelineSpecError",
     "PreparedSession",
     "ResetPose",
@@ -105,7 +108,6 @@ __all__ = [
     "SessionFailedError",
     "SessionMetricsSnapshot",
     "SessionPoisonedError",
-    "SessionState",
     "SessionSummary",
     "Stage",
     "StageActor",

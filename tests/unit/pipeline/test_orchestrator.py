@@ -15,9 +15,9 @@ from pipeline import (
     LocalStageActor,
     OutputItem,
     OutputStream,
+    PipelineSessionState,
     SessionFailedError,
     SessionPoisonedError,
-    SessionState,
     StageCall,
     StreamingPipelineOrchestrator,
 )
@@ -129,11 +129,11 @@ async def test_stage_failure_fails_only_its_session_and_emitted_outputs_stay_rea
             await anext(bad)
         # the failed session was released automatically; a second close returns the same report
         report = await orch.close_session("bad")
-        assert report.state is SessionState.CLOSED
+        assert report.state is PipelineSessionState.CLOSED
         assert report.failure is not None
         assert "stage 'only' failed for session 'bad' at sequence 2" in report.failure
         assert actor.released == ["bad"]
-        assert orch.session_state("good") is SessionState.OPEN
+        assert orch.session_state("good") is PipelineSessionState.OPEN
         await orch.submit("good", {"input": (4, 4)})
         assert (await anext(good)).payload == 4
         with pytest.raises(UnknownSessionError):  # released and forgotten
@@ -214,7 +214,7 @@ async def test_cancel_discards_queued_work_and_waits_for_the_call_in_flight() ->
         assert not closing.done()  # encode of sequence 0 is still running
         actors["encode"].finish("s", 0)
         report = await closing
-        assert report.state is SessionState.CLOSED
+        assert report.state is PipelineSessionState.CLOSED
         assert report.discarded_items == 3
         assert report.slot_leaks == 0
         assert [c.stage_id for a in actors.values() for c in a.calls] == ["encode"]
@@ -232,12 +232,12 @@ async def test_release_runs_in_reverse_topological_order_and_a_failure_poisons_u
         orch.open_session("s")
         report = await orch.close_session("s")
         assert log == ["decode", "encode"]
-        assert report.state is SessionState.POISONED
+        assert report.state is PipelineSessionState.POISONED
         assert set(report.failed_stages) == {"denoise"}
         with pytest.raises(SessionPoisonedError):
             orch.open_session("s")
         retry = await orch.retry_release("s")
-        assert retry.state is SessionState.CLOSED
+        assert retry.state is PipelineSessionState.CLOSED
         assert log == ["decode", "encode", "denoise"]  # only the failed stage was retried
         assert orch.statistics().core.cleanup_failures == 1
         orch.open_session("s")

@@ -9,8 +9,8 @@ import pytest
 
 from pipeline import (
     CloseMode,
+    PipelineSessionState,
     SessionFailedError,
-    SessionState,
     StreamingEdgeSpec,
     StreamingPipelineOrchestrator,
     StreamingPipelineSpec,
@@ -53,13 +53,13 @@ async def test_a_killed_worker_fails_its_sessions_restarts_and_serves_new_ones()
             await anext(doomed)
         with pytest.raises(SessionFailedError, match="died"):
             await anext(holder)
-        assert orch.session_state("bystander") is SessionState.OPEN
+        assert orch.session_state("bystander") is PipelineSessionState.OPEN
         await eventually(lambda: orch.ready)
         assert actor.incarnation == 2
         await orch.submit("bystander", {"x": (0, "b")})
         assert (await anext(bystander)).payload == ("b", 1)
         report = await orch.close_session("bystander", CloseMode.DRAIN)
-        assert report.state is SessionState.CLOSED
+        assert report.state is PipelineSessionState.CLOSED
         assert report.slot_leaks == 0
         stats = orch.statistics()
         assert stats.core.sessions_by_state == {}  # the failed sessions were released by themselves
