@@ -109,20 +109,25 @@ async def test_binding_feeds_generated_frames_through_the_real_video_source() ->
     (video,) = factory.current.videos
     assert isinstance(video, LiveKitVideo)
     stream = rtc.VideoStream(video.track, format=rtc.VideoBufferType.RGB24)
+    sent = 16  # one second of video at 16 fps
     try:
-        chunk = make_chunk(0, first_frame_index=0, count=5, width=W, height=H)
+        chunk = make_chunk(0, first_frame_index=0, count=sent, width=W, height=H)
         port.emit_chunk(chunk)
         async with asyncio.timeout(10):  # the pacer releases the chunk at 16 fps
-            while (stats := binding.statistics()).frames_captured + stats.pacer.dropped_late < 5:  # noqa: ASYNC110 - the pacer has no event to await
+            while (stats := binding.statistics()).frames_captured + stats.pacer.dropped_late < sent:  # noqa: ASYNC110 - the pacer has no event to await
                 await asyncio.sleep(0.01)
-        # A loop stall of a whole frame period (a loaded CI machine) makes the pacer drop a late frame, by design:
-        # read what was captured and require it to be the generated frames, in order, as the SDK encodes them.
         received = await _read(stream, stats.frames_captured)
     finally:
         await stream.aclose()
         await binding.close()
+    # Every frame sent is accounted for exactly once: captured, or dropped late by the pacer.
+    assert stats.frames_captured + stats.pacer.dropped_late == sent
+    assert stats.pacer.dropped_overflow == 0
+    # The tolerance: the pacer drops a frame whose slot passed while the event loop was stalled (by design: the
+    # stream catches up instead of lagging), and a loaded CI machine can stall the loop for a frame period (62 ms)
+    # now and then. Two drops in a second allow for that; more means the binding, not the machine, loses frames.
+    assert stats.frames_captured >= sent - 2
     expected = [_as_encoded(image) for image in chunk.frames]
-    assert stats.frames_captured >= 1
     assert _in_order(received, expected)
     assert video.source is not None
 
