@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import pytest
 
@@ -33,6 +33,20 @@ def fake_actors(*names: str, gated: bool = False) -> dict[str, FakeActor]:
 
 async def take(stream: OutputStream, n: int) -> list[OutputItem]:
     return [await anext(stream) for _ in range(n)]
+
+
+async def until(predicate: Callable[[], bool], within: float = 5.0) -> None:
+    """Wait, one loop turn at a time, until `predicate` holds (fails at the deadline). For states the orchestrator
+    announces with no event a test can await (a session's state, its scheduler's statistics)."""
+    async with asyncio.timeout(within):
+        while not predicate():  # noqa: ASYNC110 - no public event marks these states
+            await asyncio.sleep(0)
+
+
+async def settled(orch: StreamingPipelineOrchestrator, predicate: Callable[[], bool]) -> None:
+    """Wait until `predicate` holds and no stage call is running: from then on nothing changes unless the test
+    acts, so a negative assertion made after it cannot be a race with work still under way."""
+    await until(lambda: predicate() and orch.statistics().tasks == 0)
 
 
 async def test_actor_set_must_match_the_stages() -> None:
@@ -77,14 +91,12 @@ async def test_submit_waits_for_room_and_resumes_when_outputs_are_read() -> None
                 accepted += 1
 
         feeder = asyncio.create_task(feed())
-        await asyncio.sleep(0.05)
-        # nobody reads: 1 output + 1 in each edge + one reserved in flight at most; far fewer than 10
-        assert accepted < 10
-        stuck_at = accepted
+        await settled(orch, lambda: not orch.has_room("s", ("input",)))
+        # Nobody reads: one unread output and one item on each of the three edges, and the feeder waits for room.
+        assert accepted == 4
         assert not feeder.done()
         items = await take(stream, 10)
         await feeder
-        assert stuck_at <= 5
         assert [i.sequence_id for i in items] == list(range(10))
 
 
@@ -96,7 +108,8 @@ async def test_cancelled_submit_submits_nothing() -> None:
         await orch.submit("s", {"input": (0, 0)})
         await orch.submit("s", {"input": (1, 1)})  # 0 is in flight, 1 waits on the edge
         waiter = asyncio.create_task(orch.submit("s", {"input": (2, 2)}))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # one loop turn: the waiter runs until it waits for room
+        assert not waiter.done()
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
@@ -210,8 +223,8 @@ async def test_cancel_discards_queued_work_and_waits_for_the_call_in_flight() ->
             await orch.submit("s", {"input": (i, i)})
         await actors["encode"].call_started.wait()
         closing = asyncio.create_task(orch.close_session("s", CloseMode.CANCEL))
-        await asyncio.sleep(0.01)
-        assert not closing.done()  # encode of sequence 0 is still running
+        await until(lambda: orch.session_state("s") is PipelineSessionState.CANCELLING)
+        assert not closing.done()  # encode of sequence 0 is still running (gated): the close waits for it
         actors["encode"].finish("s", 0)
         report = await closing
         assert report.state is PipelineSessionState.CLOSED
@@ -247,12 +260,14 @@ async def test_resource_group_serialises_and_returns_the_permit_after_a_failure(
     running = 0
     peak = 0
     gate = asyncio.Event()
+    started = asyncio.Event()
 
     class Counting(FakeActor):
         async def invoke(self, call: StageCall) -> Mapping[str, object]:
             nonlocal running, peak
             running += 1
             peak = max(peak, running)
+            started.set()
             try:
                 await gate.wait()
                 return await super().invoke(call)
@@ -273,7 +288,9 @@ async def test_resource_group_serialises_and_returns_the_permit_after_a_failure(
         orch.open_session("t")
         await orch.submit("s", {"x": (0, 0), "y": (0, 0)})
         await orch.submit("t", {"x": (0, 0), "y": (0, 0)})
-        await asyncio.sleep(0.01)
+        # The core dispatches synchronously on submit: one permit, so one call of the four was started.
+        assert sum(orch.statistics().core.in_flight_by_stage.values()) == 1
+        await asyncio.wait_for(started.wait(), timeout=5)
         assert running == 1
         gate.set()
         stream_t = orch.outputs("t")
@@ -355,8 +372,8 @@ async def test_join_of_condition_and_control_in_the_lingbot_shape() -> None:
         stream = orch.open_session("s")
         await orch.submit("s", {"condition": (0, "c0")})
         await orch.submit("s", {"condition": (1, "c1")})
-        await asyncio.sleep(0.01)
-        assert seen == []  # no control yet: denoise waits on the join
+        await settled(orch, lambda: len(actors["encode"].calls) == 2)
+        assert seen == []  # encode ran both, and with no control yet denoise waits on the join
         await orch.submit("s", {"control": (0, "k0")})
         assert (await anext(stream)).payload == ("c0", "k0")
         await orch.submit("s", {"control": (1, "k1"), "condition": (2, "c2")})
