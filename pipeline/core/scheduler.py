@@ -477,7 +477,7 @@ class SchedulerCore:
             return False
         spec = self._graph.stages[s]
         if spec.ordering is StageOrdering.PER_SESSION_STRICT:
-            if False:  # MUTANT
+            if session.stage_in_flight[s]:
                 return False
             join = session.joins[s].get(session.stage_next[s])
             return join is not None and join.count == len(self._graph.in_edges[s])
