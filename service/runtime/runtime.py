@@ -245,6 +245,7 @@ class ServiceRuntime(SessionRunner):
         `NotReadyError`, or `SessionStartError` when an immediately admitted session failed to start.
         """
         session = await self._new_session(owner, config, image)
+        bind_session_id(session.id)  # the rest of this request is the session's: admission's lines name it too
         try:
             view = self._controller.create(owner=owner, ticket_id=session.id)
         except BaseException:
