@@ -19,10 +19,15 @@ import enum
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from admission.lease import LeaseStatistics
+
+if TYPE_CHECKING:  # pipeline.orchestrator imports this module (through pipeline.core)
+    from pipeline.orchestrator import OrchestratorStatistics
 
 __all__ = [
     "CANONICAL_KEYS",
@@ -152,11 +157,16 @@ class SessionSummary:
 
 @dataclass(frozen=True, slots=True)
 class ServiceStatistics:
+    """A model worker's figures. `sessions`: open now; `chunks`: emitted since start; `stale_controls`: control
+    snapshots dropped as stale or duplicate. `orchestrator`: its streaming orchestrator's statistics (None: it runs
+    on none); `lease`: its cross-session execution lease's (None: it takes no turns, or its lease reports none)."""
+
     ready: bool
     sessions: int
     chunks: int
     stale_controls: int
-    extra: Mapping[str, object] = field(default_factory=dict)
+    orchestrator: OrchestratorStatistics | None = None
+    lease: LeaseStatistics | None = None
 
 
 class BidirectionalService(Protocol):

@@ -8,13 +8,16 @@ the `livekit.rtc` native library (it is loaded on first use, on the event loop),
 from __future__ import annotations
 
 from transport.base import (
+    BindingStatistics,
     ChunkStatus,
     DoneStatus,
     ErrorStatus,
+    ReconnectKind,
     SessionPort,
     StateStatus,
     StatusMessage,
     Transport,
+    TransportStatistics,
 )
 from transport.binding import (
     TERMINAL_BINDING_STATES,
@@ -120,6 +123,7 @@ __all__ = [
     "BindingLifecycle",
     "BindingSettings",
     "BindingState",
+    "BindingStatistics",
     "ChunkStatus",
     "ControlInbox",
     "ControlIntake",
@@ -162,6 +166,7 @@ __all__ = [
     "PeerPresence",
     "ProtocolError",
     "ProtocolErrorCode",
+    "ReconnectKind",
     "Room",
     "RoomAdmin",
     "RoomConfig",
@@ -192,6 +197,7 @@ __all__ = [
     "TransportClosedError",
     "TransportConfigError",
     "TransportError",
+    "TransportStatistics",
     "VideoPublishOptions",
     "WaitUntil",
     "WebhookError",

@@ -6,24 +6,33 @@ details the client needs to join (they go into the REST response). A reconnect *
 a new connection to the same port; the session, its caches, pose and sequence numbers are untouched.
 
 Status messages are the service-to-client half of control protocol v1; the transports encode them as JSON.
+
+What a transport reports to the service is typed here too, in terms every kind shares: `BindingStatistics` for one
+session's binding (its pacer, frames nobody took, returns by `ReconnectKind`) and `TransportStatistics` for the
+whole transport. Each kind also has its own, richer records (`session_statistics()`, `statistics()`).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from pipeline.bidirectional import ChunkOutput, ControlMessage
+from transport.pacing import PacerStatistics
 
 __all__ = [
+    "BindingStatistics",
     "ChunkStatus",
     "DoneStatus",
     "ErrorStatus",
+    "ReconnectKind",
     "SessionPort",
     "StateStatus",
     "StatusMessage",
     "Transport",
+    "TransportStatistics",
 ]
 
 
@@ -95,6 +104,40 @@ class SessionPort(Protocol):
         ...
 
 
+class ReconnectKind(enum.Enum):
+    """How a client's connection came back to its session (the `kind` label of the service's reconnect counter)."""
+
+    SDK_RESUME = "sdk_resume"  # LiveKit: the SDK resumed the room connection by itself
+    REJOIN = "rejoin"  # LiveKit: the service participant joined the room again after losing it
+    CONTROLLER_RETURN = "controller_return"  # LiveKit: the controlling participant came back within the grace
+    PEER_RETURN = "peer_return"  # embedded: a new peer connection rebound the session within the grace
+
+
+@dataclass(frozen=True, slots=True)
+class BindingStatistics:
+    """What every kind of session binding reports, in the same terms (the service's metrics read this).
+
+    `pacer`: the binding's frame pacer (frames sent; dropped late, by overflow, or rejected for their shape).
+    `frames_unsent`: frames the pacer released while no connection could take them. `track_dropped`: frames the
+    video track's own queue dropped because its sender was behind (None: this kind has no such queue).
+    `reconnects`: returns counted by kind, for the kinds this binding has.
+    """
+
+    pacer: PacerStatistics
+    frames_unsent: int
+    track_dropped: int | None
+    reconnects: Mapping[ReconnectKind, int]
+
+
+class TransportStatistics(Protocol):
+    """What every transport's `statistics()` record has (each kind's frozen record has more)."""
+
+    @property
+    def sessions(self) -> int:
+        """Sessions attached now."""
+        ...
+
+
 class Transport(Protocol):
     """Binds sessions to clients. One instance per service; `attach` once per session, rebinds inside."""
 
@@ -117,4 +160,10 @@ class Transport(Protocol):
 
     async def detach(self, session_id: str, reason: str) -> None:
         """Stop serving the session (it is closing); idempotent."""
+        ...
+
+    def statistics(self) -> TransportStatistics: ...
+
+    def binding_statistics(self, session_id: str) -> BindingStatistics:
+        """An attached session's binding in common terms; raises `SessionNotAttachedError` for any other id."""
         ...

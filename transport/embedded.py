@@ -48,7 +48,7 @@ from aiortc import (
 from aiortc.mediastreams import MediaStreamError
 
 from pipeline.clock import Clock
-from transport.base import ChunkStatus, SessionPort, StateStatus, StatusMessage
+from transport.base import BindingStatistics, ChunkStatus, ReconnectKind, SessionPort, StateStatus, StatusMessage
 from transport.binding import TERMINAL_BINDING_STATES, BindingCore, BindingState, TransitionTable
 from transport.config import EmbeddedConfig
 from transport.control import ControlStatistics
@@ -615,6 +615,15 @@ class EmbeddedTransport:
 
     def session_statistics(self, session_id: str) -> EmbeddedBindingStatistics:
         return self.binding(session_id).statistics()
+
+    def binding_statistics(self, session_id: str) -> BindingStatistics:
+        stats = self.session_statistics(session_id)
+        return BindingStatistics(
+            pacer=stats.pacer,
+            frames_unsent=stats.frames_unsent,
+            track_dropped=stats.track_dropped,
+            reconnects={ReconnectKind.PEER_RETURN: stats.peer_returns},
+        )
 
     @property
     def sessions(self) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pipeline.clock import Clock
-from transport.base import SessionPort
+from transport.base import BindingStatistics, ReconnectKind, SessionPort
 from transport.config import LiveKitConfig
 from transport.errors import (
     RoomServiceError,
@@ -244,6 +244,19 @@ class LiveKitTransport:
 
     def session_statistics(self, session_id: str) -> LiveKitBindingStatistics:
         return self._binding(session_id).statistics()
+
+    def binding_statistics(self, session_id: str) -> BindingStatistics:
+        stats = self.session_statistics(session_id)
+        return BindingStatistics(
+            pacer=stats.pacer,
+            frames_unsent=stats.frames_unsent,
+            track_dropped=None,  # the SDK's video source keeps no queue of its own
+            reconnects={
+                ReconnectKind.SDK_RESUME: stats.sdk_reconnects,
+                ReconnectKind.REJOIN: stats.rejoins,
+                ReconnectKind.CONTROLLER_RETURN: stats.controller_returns,
+            },
+        )
 
     def statistics(self) -> LiveKitTransportStatistics:
         return LiveKitTransportStatistics(

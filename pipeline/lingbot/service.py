@@ -117,11 +117,6 @@ class LingBotService:
         return self._orchestrator
 
     @property
-    def lease(self) -> ChunkLease | None:
-        """The cross-session policy this worker's sessions take turns through (read-only use: statistics)."""
-        return self._lease
-
-    @property
     def ready(self) -> bool:
         return self._orchestrator.ready
 
@@ -198,13 +193,13 @@ class LingBotService:
         return await self._finalize(session, mode)
 
     def statistics(self) -> ServiceStatistics:
-        stats = self._orchestrator.statistics()
         return ServiceStatistics(
             ready=self.ready,
             sessions=len(self._sessions),
             chunks=self._chunks + sum(s.chunks_emitted for s in self._sessions.values()),
             stale_controls=self._stale + sum(s.stale_controls for s in self._sessions.values()),
-            extra={"orchestrator": stats},
+            orchestrator=self._orchestrator.statistics(),
+            lease=self._lease.statistics() if self._lease is not None else None,
         )
 
     # -- internals -------------------------------------------------------------------------------------------

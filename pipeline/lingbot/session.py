@@ -29,6 +29,7 @@ from typing import Protocol
 
 import torch
 
+from admission.lease import LeaseStatistics
 from pipeline.bidirectional import ChunkOutput, ControlMessage, ControlState, ResetPose, Stop
 from pipeline.clock import Clock
 from pipeline.errors import SessionFailedError
@@ -52,6 +53,10 @@ class ChunkLease(Protocol):
     def grant(self, session_id: str) -> AbstractAsyncContextManager[None]: ...
 
     def remove_session(self, session_id: str) -> None: ...
+
+    def statistics(self) -> LeaseStatistics | None:
+        """What the service's metrics report of the lease (None: a lease with nothing to report)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

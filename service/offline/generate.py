@@ -205,6 +205,9 @@ class _TraceGate:
     def remove_session(self, session_id: str) -> None:
         return None
 
+    def statistics(self) -> None:
+        return None  # one session, no turns to report
+
 
 class _Run:
     """One generation run: push, read, verify, write, report progress; closes the session whatever happens."""

@@ -34,10 +34,11 @@ from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from admission import ExecutionLease, LeaseStatistics, percentile
+from admission import LeaseStatistics, percentile
+from pipeline.actor import ActorStatistics
 from pipeline.bidirectional import BidirectionalService, ChunkOutput
 from pipeline.metrics import StageTiming
-from pipeline.orchestrator import OrchestratorStatistics, StreamingPipelineOrchestrator
+from pipeline.orchestrator import OrchestratorStatistics
 from service.runtime.records import RuntimeStatistics
 from service.telemetry.memory import GlibcHeap, HeapInfo
 from transport.base import Transport
@@ -596,13 +597,13 @@ class ServiceMetrics:
             "lingstream.pipeline.actor.restarts",
             "{restart}",
             "Stage actor restarts after their runtime died, by model worker and stage.",
-            lambda s: _actor_figures(s, "restarts"),
+            lambda s: _actor_figures(s, lambda actor: actor.restarts),
         )
         counter(
             "lingstream.pipeline.actor.failures",
             "{invocation}",
             "Stage invocations that raised, by model worker and stage.",
-            lambda s: _actor_figures(s, "failures"),
+            lambda s: _actor_figures(s, lambda actor: actor.failures),
         )
 
     def _define_session_series(self, meter: Meter) -> None:
@@ -646,33 +647,26 @@ class ServiceMetrics:
     # -- sources ------------------------------------------------------------------------------------------------
 
     def _worker_figures(self, index: int, worker: BidirectionalService) -> WorkerFigures:
-        stale: int | None = None
         try:
-            stale = worker.statistics().stale_controls
+            stats = worker.statistics()
         except Exception:
             logger.exception("metrics: model worker %d statistics failed", index)
-        orchestrator = getattr(worker, "orchestrator", None)
-        lease = getattr(worker, "lease", None)
+            return WorkerFigures(index=index, stale_controls=None, orchestrator=None, lease=None)
         return WorkerFigures(
-            index=index,
-            stale_controls=stale,
-            orchestrator=orchestrator.statistics() if isinstance(orchestrator, StreamingPipelineOrchestrator) else None,
-            lease=lease.statistics() if isinstance(lease, ExecutionLease) else None,
+            index=index, stale_controls=stats.stale_controls, orchestrator=stats.orchestrator, lease=stats.lease
         )
 
     def _transport_figures(self) -> TransportFigures | None:
         transport = self._transport
-        if transport is None or not callable(getattr(transport, "session_statistics", None)):
-            return None  # a transport without per-session statistics (a test double) reports nothing
+        if transport is None:
+            return None
         for session_id, figures in self._sessions.items():
             self._read_binding(session_id, figures)
         sessions: int | None = None
-        statistics = getattr(transport, "statistics", None)
-        if callable(statistics):
-            try:
-                sessions = _count(statistics(), "sessions")
-            except Exception:
-                logger.exception("metrics: transport statistics failed")
+        try:
+            sessions = transport.statistics().sessions
+        except Exception:
+            logger.exception("metrics: transport statistics failed")
         sent = self._retired_sent
         dropped = Counter(self._retired_dropped)
         reconnects = Counter(self._retired_reconnects)
@@ -683,40 +677,24 @@ class ServiceMetrics:
         return TransportFigures(sessions, sent, dict(dropped), dict(reconnects))
 
     def _read_binding(self, session_id: str, figures: _SessionFigures) -> None:
-        """Refresh one session's binding counters (duck-typed: `service` imports neither aiortc nor livekit here).
-
-        A session that is not (or no longer) attached keeps its last figures."""
-        read = getattr(self._transport, "session_statistics", None)
-        if not callable(read):
+        """Refresh one session's binding counters. A session that is not (or no longer) attached keeps its last
+        figures."""
+        if self._transport is None:
             return
         try:
-            stats = read(session_id)
+            stats = self._transport.binding_statistics(session_id)
         except Exception:
             return
-        pacer = getattr(stats, "pacer", None)
-        figures.sent = _count(pacer, "frames_sent")
-        for reason, owner, name in _DROP_SOURCES:
-            source = pacer if owner == "pacer" else stats
-            if hasattr(source, name):
-                figures.dropped[reason] = _count(source, name)
-        for kind, name in _RECONNECT_SOURCES:
-            if hasattr(stats, name):
-                figures.reconnects[kind] = _count(stats, name)
-
-
-_DROP_SOURCES = (
-    ("late", "pacer", "dropped_late"),
-    ("overflow", "pacer", "dropped_overflow"),
-    ("rejected", "pacer", "rejected_size"),
-    ("unsent", "binding", "frames_unsent"),
-    ("track", "binding", "track_dropped"),
-)
-_RECONNECT_SOURCES = (
-    ("sdk_resume", "sdk_reconnects"),
-    ("rejoin", "rejoins"),
-    ("controller_return", "controller_returns"),
-    ("peer_return", "peer_returns"),
-)
+        pacer = stats.pacer
+        figures.sent = pacer.frames_sent
+        figures.dropped["late"] = pacer.dropped_late
+        figures.dropped["overflow"] = pacer.dropped_overflow
+        figures.dropped["rejected"] = pacer.rejected_size
+        figures.dropped["unsent"] = stats.frames_unsent
+        if stats.track_dropped is not None:
+            figures.dropped["track"] = stats.track_dropped
+        for kind, count in stats.reconnects.items():
+            figures.reconnects[kind.value] = count
 
 
 def _discarded_results(snapshot: StatisticsSnapshot) -> Iterable[Observation]:
@@ -734,12 +712,12 @@ def _discarded_results(snapshot: StatisticsSnapshot) -> Iterable[Observation]:
             yield Observation(count, {"worker": str(w.index), "kind": kind})
 
 
-def _actor_figures(snapshot: StatisticsSnapshot, name: str) -> Iterable[Observation]:
+def _actor_figures(snapshot: StatisticsSnapshot, pick: Callable[[ActorStatistics], int]) -> Iterable[Observation]:
     for w in snapshot.workers:
         if w.orchestrator is None:
             continue
         for stage, actor in w.orchestrator.actors.items():
-            yield Observation(getattr(actor, name), {"worker": str(w.index), "stage": stage})
+            yield Observation(pick(actor), {"worker": str(w.index), "stage": stage})
 
 
 def _realtime_factor(snapshot: StatisticsSnapshot) -> list[Observation]:
@@ -756,8 +734,3 @@ def _seconds(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return max(0.0, float(value))
-
-
-def _count(source: object, name: str) -> int:
-    value = getattr(source, name, 0)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -180,4 +180,5 @@ class ProcessWorld:
             sessions=len(self._sessions),
             chunks=sum(s.chunks for s in self._sessions.values()),
             stale_controls=0,
+            orchestrator=self._orchestrator.statistics(),
         )

@@ -14,7 +14,6 @@ import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -40,7 +39,9 @@ from service.telemetry.otel import OtlpTarget, Telemetry, TelemetryConfig
 from tests.fakes.clock import FakeClock
 from tests.fakes.world import FakeWorld
 from tests.unit.service.helpers import FAST, RecordingTransport, metric, wait_for
-from transport.base import ChunkStatus
+from transport.base import BindingStatistics, ChunkStatus, ReconnectKind
+from transport.errors import SessionNotAttachedError
+from transport.pacing import PacerStatistics
 
 METRICS_DOC = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 PERIOD_S = 0.05  # what TimedWorld reports between chunks; one chunk is 1 frame at 10 fps = 0.1 s of media
@@ -57,30 +58,53 @@ class TimedWorld(FakeWorld):
         return dataclasses.replace(chunk, timings=timings)
 
 
+@dataclass
+class BindingFigures:
+    """A binding's counters as a test sets them (read as a `BindingStatistics` like the real bindings')."""
+
+    frames_sent: int = 0
+    dropped_late: int = 0
+    rejoins: int = 0
+    sdk_reconnects: int = 0
+
+
+@dataclass(frozen=True)
+class Sessions:
+    sessions: int
+
+
 class BindingTransport(RecordingTransport):
     """A RecordingTransport that also reports per-session binding statistics, shaped like the real ones."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.figures: dict[str, SimpleNamespace] = {}
+        self.figures: dict[str, BindingFigures] = {}
 
     async def attach(self, port: Any) -> Mapping[str, object]:
         details = await super().attach(port)
-        self.figures[port.session_id] = SimpleNamespace(
-            pacer=SimpleNamespace(frames_sent=0, dropped_late=0, dropped_overflow=0, rejected_size=0),
-            frames_unsent=0,
-            rejoins=0,
-            sdk_reconnects=0,
-        )
+        self.figures[port.session_id] = BindingFigures()
         return details
 
-    def session_statistics(self, session_id: str) -> SimpleNamespace:
+    def binding_statistics(self, session_id: str) -> BindingStatistics:
         if session_id not in self.ports or session_id in {detached for detached, _ in self.detached}:
-            raise KeyError(session_id)
-        return self.figures[session_id]
+            raise SessionNotAttachedError(session_id)
+        figures = self.figures[session_id]
+        pacer = PacerStatistics(
+            frames_in=figures.frames_sent,
+            frames_sent=figures.frames_sent,
+            dropped_late=figures.dropped_late,
+            dropped_overflow=0,
+            rejected_size=0,
+            underruns=0,
+            reanchors=0,
+            pending=0,
+            max_lateness=0.0,
+        )
+        reconnects = {ReconnectKind.REJOIN: figures.rejoins, ReconnectKind.SDK_RESUME: figures.sdk_reconnects}
+        return BindingStatistics(pacer=pacer, frames_unsent=0, track_dropped=None, reconnects=reconnects)
 
-    def statistics(self) -> SimpleNamespace:
-        return SimpleNamespace(sessions=len(self.ports) - len(self.detached))
+    def statistics(self) -> Sessions:
+        return Sessions(sessions=len(self.ports) - len(self.detached))
 
 
 @dataclass
@@ -249,12 +273,12 @@ async def test_transport_frames_and_reconnects_are_summed_over_live_and_ended_se
     async with service(transport=transport, max_sessions_per_worker=2) as svc:
         ended = await _run_chunks(svc, 1)
         live = await _run_chunks(svc, 1)
-        transport.figures[ended].pacer.frames_sent = 7
-        transport.figures[ended].pacer.dropped_late = 2
+        transport.figures[ended].frames_sent = 7
+        transport.figures[ended].dropped_late = 2
         transport.figures[ended].rejoins = 1
         await svc.client.delete(f"/v1/sessions/{ended}")
-        transport.figures[ended].pacer.frames_sent = 1000  # after the end: no longer read
-        transport.figures[live].pacer.frames_sent = 5
+        transport.figures[ended].frames_sent = 1000  # after the end: no longer read
+        transport.figures[live].frames_sent = 5
         transport.figures[live].sdk_reconnects = 3
         text = await svc.scrape()
     assert metric(text, "lingstream_transport_frames_sent_total") == 12

@@ -14,7 +14,7 @@ from pipeline.bidirectional import ControlState, ResetPose
 from tests.fakes.transport_port import FakeSessionPort, make_chunk
 from tests.fakes.transport_timers import FakeTimers
 from tests.fakes.webrtc_client import BrowserPeer, frame_index_of
-from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus
+from transport.base import ChunkStatus, DoneStatus, ErrorStatus, ReconnectKind, StateStatus
 from transport.binding import BindingState
 from transport.config import EmbeddedConfig
 from transport.embedded import EmbeddedSessionBinding, EmbeddedTransport, PeerPresence
@@ -156,6 +156,9 @@ async def test_peer_loss_starts_the_grace_and_a_return_resumes(setup: Setup) -> 
         setup.timers.advance(GRACE * 3)
         assert setup.port.gone == []
         assert setup.transport.session_statistics("s1").peer_returns == 1
+        common = setup.transport.binding_statistics("s1")
+        assert common.reconnects == {ReconnectKind.PEER_RETURN: 1}
+        assert common.track_dropped == setup.transport.session_statistics("s1").track_dropped
 
 
 async def test_a_rebind_that_never_connects_ends_the_session(setup: Setup) -> None:

@@ -13,6 +13,7 @@ from livekit.api.access_token import Claims
 from tests.fakes.livekit import FakeRoomFactory, FakeRoomService, sign_webhook, webhook_body
 from tests.fakes.transport_port import FakeSessionPort
 from tests.fakes.transport_timers import FakeTimers
+from transport.base import ReconnectKind
 from transport.config import LiveKitConfig
 from transport.errors import (
     RoomJoinError,
@@ -92,6 +93,22 @@ async def test_each_session_gets_its_own_room_and_identities(setup: Setup) -> No
     assert first["identity"] != second["identity"]
     assert set(setup.server.rooms) == {"lingstream-s1", "lingstream-s2"}
     assert setup.transport.statistics().sessions == 2
+
+
+async def test_binding_statistics_report_the_livekit_binding_in_common_terms(setup: Setup) -> None:
+    await setup.transport.attach(FakeSessionPort("s1"))
+    rich = setup.transport.session_statistics("s1")
+    common = setup.transport.binding_statistics("s1")
+    assert common.pacer == rich.pacer
+    assert common.frames_unsent == rich.frames_unsent
+    assert common.track_dropped is None  # the SDK's video source has no queue of its own
+    assert common.reconnects == {
+        ReconnectKind.SDK_RESUME: rich.sdk_reconnects,
+        ReconnectKind.REJOIN: rich.rejoins,
+        ReconnectKind.CONTROLLER_RETURN: rich.controller_returns,
+    }
+    with pytest.raises(SessionNotAttachedError):
+        setup.transport.binding_statistics("nope")
 
 
 async def test_attach_twice_is_refused(setup: Setup) -> None:
