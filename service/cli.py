@@ -80,7 +80,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     from service.app import WorkerFactory, create_app, runtime_of
     from service.logs import configure_logging
-    from service.runtime.workers import build_transport, build_workers, load_factory
+    from service.runtime.transports import build_transport
+    from service.runtime.workers import build_workers, load_factory
     from service.server import DrainingServer
 
     factory: WorkerFactory = build_workers

@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from pipeline.bidirectional import BidirectionalService
 from service.app import create_app, runtime_of
 from service.runtime.runtime import ServiceRuntime
-from service.runtime.workers import livekit_config
+from service.runtime.transports import livekit_config
 from service.settings import Settings, load_settings
 from tests.fakes.livekit import FakeRoomFactory, FakeRoomService
 from tests.fakes.transport_timers import FakeTimers

@@ -18,7 +18,7 @@ from livekit import api
 from pipeline.bidirectional import ControlState
 from service.errors import SettingsError
 from service.http.page import LIVEKIT_BUNDLE, livekit_vendor_dir
-from service.runtime.workers import build_transport, ice_addresses_for_host
+from service.runtime.transports import build_transport, ice_addresses_for_host
 from service.settings import load_settings
 from tests.fakes.livekit import FakeRoomFactory, FakeRoomService, sign_webhook, webhook_body
 from tests.fakes.transport_timers import FakeTimers
