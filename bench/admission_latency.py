@@ -10,7 +10,8 @@ Measures, in one run:
 - lease_jain_fairness: Jain's index of grants when 4 sessions share one `ExecutionLease`, each re-requesting as
   fast as it can for ~2 s with a tiny simulated chunk (1.0 = perfectly even).
 
-The last line printed is one JSON object with every figure.
+`--quick` is a smoke run of a few seconds over the same path (200 cycles at concurrency 20, 0.5 s of lease
+contention); its figures are not the ones to compare. The last line printed is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -18,85 +19,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from _common import Server, jain, metric_sum, report
 
 from admission import ExecutionLease
+from pipeline.metrics import percentile
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-@contextlib.contextmanager
-def serve(port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    script = shutil.which("lingstream", path=str(Path(sys.executable).parent))
-    command = [script] if script else [sys.executable, "-m", "service.cli"]
-    command += ["serve", "--port", str(port), "--worker-factory", "tests.fakes.world:idle_fake_workers"]
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LINGSTREAM_", "LIVEKIT_"))}
-    env.update(
-        LINGSTREAM_TEST_HOOKS="1",
-        PYTHONPATH=str(ROOT),
-        LINGSTREAM_NUM_WORKERS="4",
-        LINGSTREAM_MAX_SESSIONS_PER_WORKER="2",
-        LINGSTREAM_QUEUE_SIZE="256",
-        LINGSTREAM_LOG_LEVEL="WARNING",
-        LINGSTREAM_DRAIN_TIMEOUT="5",
-    )
-    with log.open("wb") as sink:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink)
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-async def wait_ready(client: httpx.AsyncClient, url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"lingstream serve exited with {process.returncode}")
-        with contextlib.suppress(httpx.TransportError):
-            if (await client.get(f"{url}/readyz")).status_code == 200:
-                return
-        await asyncio.sleep(0.05)
-    raise RuntimeError("lingstream serve did not become ready in 60 s")
-
-
-def percentile(samples: list[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))]
-
-
-def metric_sum(text: str, name: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and not line.startswith("#") and line[len(name)] in " {":
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+SETTINGS = {
+    "LINGSTREAM_NUM_WORKERS": "4",
+    "LINGSTREAM_MAX_SESSIONS_PER_WORKER": "2",
+    "LINGSTREAM_QUEUE_SIZE": "256",
+    "LINGSTREAM_LOG_LEVEL": "WARNING",
+    "LINGSTREAM_DRAIN_TIMEOUT": "5",
+}
 
 
 async def run_cycles(url: str, cycles: int, concurrency: int) -> dict[str, float]:
@@ -155,10 +95,10 @@ async def run_cycles(url: str, cycles: int, concurrency: int) -> dict[str, float
         "concurrency": concurrency,
         "elapsed_s": elapsed,
         "requests_per_s": (len(creates) + len(gets) + len(deletes)) / elapsed,
-        "create_p50_ms": percentile(creates, 0.50),
-        "create_p99_ms": percentile(creates, 0.99),
-        "get_p50_ms": percentile(gets, 0.50) if gets else 0.0,
-        "delete_p50_ms": percentile(deletes, 0.50) if deletes else 0.0,
+        "create_p50_ms": percentile(creates, 50) or 0.0,
+        "create_p99_ms": percentile(creates, 99) or 0.0,
+        "get_p50_ms": percentile(gets, 50) or 0.0,
+        "delete_p50_ms": percentile(deletes, 50) or 0.0,
         "admitted_201": statuses[201],
         "queued_202": statuses[202],
         "rejected_429": statuses[429],
@@ -182,41 +122,39 @@ async def lease_fairness(sessions: int, seconds: float) -> dict[str, float]:
         for index in range(sessions):
             group.create_task(busy(f"s{index}"))
     grants = [float(count) for count in lease.statistics().grants_per_session.values()]
-    jain = sum(grants) ** 2 / (len(grants) * sum(g * g for g in grants))
     return {
         "lease_sessions": sessions,
         "lease_grants_total": sum(grants),
         "lease_grants_min": min(grants),
         "lease_grants_max": max(grants),
-        "lease_jain_fairness": jain,
+        "lease_jain_fairness": jain(grants),
         "lease_wait_p95_ms": lease.statistics().wait_time.p95 * 1000,
     }
 
 
 async def main(cycles: int, concurrency: int, lease_seconds: float) -> dict[str, float]:
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryDirectory() as folder:
-        log = Path(folder) / "serve.log"
-        with serve(port, log) as process:
-            async with httpx.AsyncClient(timeout=5.0) as client:
-                await wait_ready(client, url, process)
-            figures = await run_cycles(url, cycles, concurrency)
-            process.send_signal(signal.SIGTERM)
-            returncode = await asyncio.to_thread(process.wait, 30)
-        figures["serve_exit_code"] = returncode
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        Server(Path(folder) / "serve.log", SETTINGS, worker_factory="tests.fakes.world:idle_fake_workers") as server,
+    ):
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            await server.wait_ready(client)
+        figures = await run_cycles(server.url, cycles, concurrency)
+        figures["serve_exit_code"] = await asyncio.to_thread(server.stop, 30.0)
     figures.update(await lease_fairness(4, lease_seconds))
     return figures
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--cycles", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--lease-seconds", type=float, default=2.0)
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run of a few seconds: 200 cycles at concurrency 20, 0.5 s lease"
+    )
     args = parser.parse_args()
-    results = asyncio.run(main(args.cycles, args.concurrency, args.lease_seconds))
-    width = max(len(key) for key in results)
-    for key, value in results.items():
-        print(f"{key:<{width}}  {value:12.3f}")
-    print(json.dumps({key: round(value, 4) for key, value in results.items()}))
+    if args.quick:
+        args.cycles, args.concurrency, args.lease_seconds = 200, 20, 0.5
+    started = time.perf_counter()
+    report(asyncio.run(main(args.cycles, args.concurrency, args.lease_seconds)), started)

@@ -10,17 +10,19 @@ Figures come from the orchestrator's scheduler-observed metrics:
 - control_to_output_p95_s: accepted control → the frames of the same chunk (anchored on the control);
 - c2o_over_chunk_period: control_to_output_p95_s ÷ media duration of a chunk (target ≤ 2).
 
-The last line printed is one JSON object with every figure.
+The same figures with the prefix `two_sessions_` (two sessions sharing the worker) and `heavy8_` (compute_scale 8).
+`--quick` is a smoke run of a few seconds over the same path (4 chunks per session); its figures are not the ones
+to compare. The last line printed is one JSON object with every figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 
 import torch
+from _common import report
 
 from admission import ExecutionLease
 from pipeline.bidirectional import ControlState, SessionCloseMode
@@ -79,14 +81,12 @@ async def main(chunks: int, threads: int) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--chunks", type=int, default=24, help="chunks per session")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds: 4 chunks per session")
     args = parser.parse_args()
-    begun = time.perf_counter()
-    figures = asyncio.run(main(args.chunks, args.threads))
-    figures["bench_seconds"] = time.perf_counter() - begun
-    width = max(len(k) for k in figures)
-    for key, value in figures.items():
-        print(f"{key:<{width}}  {value:10.4f}")
-    print(json.dumps({k: round(v, 4) for k, v in figures.items()}))
+    if args.quick:
+        args.chunks = 4
+    started = time.perf_counter()
+    report(asyncio.run(main(args.chunks, args.threads)), started)

@@ -56,33 +56,24 @@ import contextlib
 import datetime
 import itertools
 import json
-import os
 import random
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+from _common import Server, jain, metric_sum, report
+from aiortc import RTCSessionDescription
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from aiortc import RTCSessionDescription  # noqa: E402
-
-from pipeline.bidirectional import ControlState, Stop  # noqa: E402
-from service.settings import Settings  # noqa: E402
-from tests.fakes.webrtc_client import BrowserPeer  # noqa: E402
-from transport.base import ChunkStatus, DoneStatus  # noqa: E402
+from pipeline.bidirectional import ControlState, Stop
+from pipeline.metrics import percentile
+from service.settings import Settings
+from tests.fakes.webrtc_client import BrowserPeer
+from transport.base import ChunkStatus, DoneStatus
 
 SLOTS = 4
 QUEUE = 6
@@ -95,45 +86,23 @@ STEP_TIMEOUT_S = 30.0  # any single wait of a client (admission excepted) ends b
 CONTROL_PERIOD_S = 0.25
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-@contextlib.contextmanager
-def serve(port: int, log: Path, world: str, history: int | None) -> Iterator[subprocess.Popen[bytes]]:
-    script = shutil.which("lingstream", path=str(Path(sys.executable).parent))
-    command = [script] if script else [sys.executable, "-m", "service.cli"]
-    command += ["serve", "--port", str(port)]
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LINGSTREAM_", "LIVEKIT_"))}
-    env.update(
-        PYTHONPATH=str(ROOT),
-        LINGSTREAM_HOST="127.0.0.1",
-        LINGSTREAM_NUM_WORKERS="1",
-        LINGSTREAM_MAX_SESSIONS_PER_WORKER=str(SLOTS),
-        LINGSTREAM_QUEUE_SIZE=str(QUEUE),
-        LINGSTREAM_QUEUE_HEARTBEAT_TIMEOUT=str(HEARTBEAT_S),
-        LINGSTREAM_RECONNECT_GRACE="3",
-        LINGSTREAM_DRAIN_TIMEOUT="10",
-        LINGSTREAM_TORCH_THREADS="1",
-        LINGSTREAM_LOG_LEVEL="WARNING",
-        LINGSTREAM_LOG_FORMAT="json",
-    )
+def serve(log: Path, world: str, history: int | None) -> Server:
+    """The service under load: one model worker with SLOTS slots and a queue of QUEUE, short heartbeat and grace."""
+    settings = {
+        "LINGSTREAM_NUM_WORKERS": "1",
+        "LINGSTREAM_MAX_SESSIONS_PER_WORKER": str(SLOTS),
+        "LINGSTREAM_QUEUE_SIZE": str(QUEUE),
+        "LINGSTREAM_QUEUE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_S),
+        "LINGSTREAM_RECONNECT_GRACE": "3",
+        "LINGSTREAM_DRAIN_TIMEOUT": "10",
+        "LINGSTREAM_TORCH_THREADS": "1",
+        "LINGSTREAM_LOG_LEVEL": "WARNING",
+        "LINGSTREAM_LOG_FORMAT": "json",
+    }
     if history is not None:
-        env["LINGSTREAM_SESSION_HISTORY"] = str(history)
-    if world == "fake":
-        env["LINGSTREAM_TEST_HOOKS"] = "1"
-        command += ["--worker-factory", "tests.fakes.world:paced_fake_workers"]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink)
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=30)
+        settings["LINGSTREAM_SESSION_HISTORY"] = str(history)
+    factory = "tests.fakes.world:paced_fake_workers" if world == "fake" else None
+    return Server(log, settings, worker_factory=factory)
 
 
 def rss_mb(pid: int) -> float | None:
@@ -145,21 +114,6 @@ def rss_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
-
-
-def percentile(samples: list[float], fraction: float) -> float:
-    if not samples:
-        return 0.0
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))]
-
-
-def metric_sum(text: str, name: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and len(line) > len(name) and line[len(name)] in " {":
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def peak_growth(samples: list[tuple[float, float]]) -> float:
@@ -183,12 +137,6 @@ def slope_per_minute(samples: list[tuple[float, float]]) -> float:
         return 0.0
     cov = sum((t - mean_t) * (v - mean_v) for t, v in samples)
     return cov / var * 60.0
-
-
-def jain(values: list[float]) -> float:
-    total = sum(values)
-    squares = sum(v * v for v in values)
-    return 1.0 if squares == 0 else total * total / (len(values) * squares)
 
 
 @dataclass
@@ -225,8 +173,8 @@ def fairness(records: list[PeerRecord], min_window_s: float = 1.0) -> tuple[floa
 
 
 class Load:
-    def __init__(self, url: str, world: str, hold: tuple[float, float], seed: int) -> None:
-        self.url = url
+    def __init__(self, client: httpx.AsyncClient, world: str, hold: tuple[float, float], seed: int) -> None:
+        self.client = client  # with the service's base URL
         self.config = REFERENCE_CONFIG if world == "reference" else FAKE_CONFIG
         self.hold = hold
         self.random = random.Random(seed)
@@ -244,10 +192,8 @@ class Load:
         self.peer_frames = 0
         self.missing_retry_after = 0
         self.vanished: dict[str, float] = {}
-        self.client: httpx.AsyncClient | None = None
 
     async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        assert self.client is not None
         response = await self.client.request(method, path, **kwargs)
         if response.status_code >= 500:
             self.errors_5xx += 1
@@ -402,7 +348,6 @@ class Load:
 
     @contextlib.asynccontextmanager
     async def events(self, sid: str) -> AsyncIterator[EventReader]:
-        assert self.client is not None
         reader = EventReader(self.client, f"/v1/sessions/{sid}/events")
         reader.task = asyncio.create_task(reader.run())
         try:
@@ -472,22 +417,18 @@ class EventReader:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     duration = 30.0 if args.quick else args.minutes * 60.0
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "serve.log"
-        with serve(port, log, args.world, args.session_history) as process:
+        with serve(log, args.world, args.session_history) as server:
             limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
-            async with httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits) as client:
-                await wait_ready(client, process, log)
-                rss_ready = rss_mb(process.pid) or 0.0
-                load = Load(url, args.world, (args.hold_min, args.hold_max), args.seed)
-                load.client = client
-                figures = await drive(load, process.pid, duration, args)
+            async with httpx.AsyncClient(base_url=server.url, timeout=30.0, limits=limits) as client:
+                await server.wait_ready(client, within=120.0)
+                rss_ready = rss_mb(server.process.pid) or 0.0
+                load = Load(client, args.world, (args.hold_min, args.hold_max), args.seed)
+                figures = await drive(load, server.process.pid, duration, args)
                 text = (await client.get("/metrics")).text
                 ready_after = (await client.get("/readyz")).status_code
-            process.send_signal(signal.SIGTERM)
-            exit_code = await asyncio.to_thread(process.wait, 60)
+            exit_code = await asyncio.to_thread(server.stop, 60.0)
             log_text = log.read_text(errors="replace")
     live = metric_sum(text, "lingstream_sessions")
     retained = metric_sum(text, "lingstream_admission_slots_retained")
@@ -524,19 +465,6 @@ def heap_figures(metrics_text: str) -> dict[str, float]:
         if f"\n{name} " in metrics_text:
             found[key] = round(metric_sum(metrics_text, name) * scale, 1)
     return found
-
-
-async def wait_ready(client: httpx.AsyncClient, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = (await asyncio.to_thread(log.read_text))[-2000:]
-            raise RuntimeError(f"lingstream serve exited with {process.returncode}:\n{tail}")
-        with contextlib.suppress(httpx.TransportError):
-            if (await client.get("/readyz")).status_code == 200:
-                return
-        await asyncio.sleep(0.1)  # polling another process, with a deadline
-    raise RuntimeError("lingstream serve did not become ready in 120 s")
 
 
 async def drive(load: Load, pid: int, duration: float, args: argparse.Namespace) -> dict[str, Any]:
@@ -614,8 +542,8 @@ async def drive(load: Load, pid: int, duration: float, args: argparse.Namespace)
         "expired_heartbeat": load.reasons["heartbeat_lost"],
         "failed": load.finals["failed"],
         "errors_5xx": load.errors_5xx,
-        "create_p50_ms": round(percentile(load.creates_ms, 0.50), 1),
-        "create_p99_ms": round(percentile(load.creates_ms, 0.99), 1),
+        "create_p50_ms": round(percentile(load.creates_ms, 50) or 0.0, 1),
+        "create_p99_ms": round(percentile(load.creates_ms, 99) or 0.0, 1),
         "peer_sessions": len(load.peers),
         "peer_chunks": load.peer_chunks,
         "peer_frames": load.peer_frames,
@@ -659,13 +587,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rss_interval = min(args.rss_interval, 1.0)
-    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    figures = asyncio.run(run(args))
-    figures = {"started_at": started, **figures}
-    width = max(len(key) for key in figures)
-    for key, value in figures.items():
-        print(f"{key:<{width}}  {value}")
-    print(json.dumps(figures, sort_keys=False))
+    started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    started = time.perf_counter()
+    report({"started_at": started_at, **asyncio.run(run(args))}, started)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ Measures, side by side in one run:
 - jain_fairness: Jain's index of completed chunks across 32 sessions sharing a one-slot stage.
 - sessions_64_throughput_ratio: aggregate chunks/s with 64 sessions ÷ with 1 session on the same 3 stages.
 
-The last line printed is one JSON object with every figure.
+`--quick` is a smoke run of a few seconds over the same path (20 chunks for the overlap, 3 batches of 200 for the
+overhead, 0.5 s windows); its figures are not the ones to compare. The last line printed is one JSON object with
+every figure.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import statistics
 import time
 from collections.abc import Mapping
+
+from _common import jain, report
 
 from pipeline import (
     ActorStatistics,
@@ -142,10 +145,10 @@ async def run_sessions(
     return done_at, elapsed
 
 
-async def overlap_ratio() -> dict[str, float]:
+async def overlap_ratio(chunks: int) -> dict[str, float]:
     costs = {"encode": 0.020, "denoise": 0.050, "decode": 0.020}
     async with StreamingPipelineOrchestrator(three_stage_spec(), thread_actors(costs)) as orch:
-        times, _ = await run_sessions(orch, 1, 40, None)
+        times, _ = await run_sessions(orch, 1, chunks, None)
     outputs = times["s0"]
     periods = [b - a for a, b in itertools.pairwise(outputs[10:])]
     period = statistics.median(periods)
@@ -175,8 +178,7 @@ async def fairness(sessions: int = 32, seconds: float = 3.0) -> float:
     actors = {"only": LocalStageActor("only", sleeping_stage("out", 0.001))}
     async with StreamingPipelineOrchestrator(spec, actors) as orch:
         times, _ = await run_sessions(orch, sessions, None, seconds)
-    counts = [len(t) for t in times.values()]
-    return sum(counts) ** 2 / (len(counts) * sum(c * c for c in counts))
+    return jain([float(len(t)) for t in times.values()])
 
 
 async def throughput(sessions: int, seconds: float) -> float:
@@ -188,12 +190,14 @@ async def throughput(sessions: int, seconds: float) -> float:
 
 async def main(quick: bool) -> dict[str, float]:
     results: dict[str, float] = {}
-    results.update(await overlap_ratio())
-    results["overhead_us_p50"] = await overhead("loop", batches=5 if quick else 15)
-    results["overhead_thread_us_p50"] = await overhead("thread", batches=5 if quick else 15)
-    results["jain_fairness"] = await fairness(seconds=1.0 if quick else 3.0)
-    one = await throughput(1, 1.5 if quick else 4.0)
-    many = await throughput(64, 1.5 if quick else 4.0)
+    results.update(await overlap_ratio(chunks=20 if quick else 40))
+    results["overhead_us_p50"] = await overhead("loop", batches=3 if quick else 15, chunks=200 if quick else 400)
+    results["overhead_thread_us_p50"] = await overhead(
+        "thread", batches=3 if quick else 15, chunks=200 if quick else 400
+    )
+    results["jain_fairness"] = await fairness(seconds=0.5 if quick else 3.0)
+    one = await throughput(1, 0.5 if quick else 4.0)
+    many = await throughput(64, 0.5 if quick else 4.0)
     results["chunks_per_s_1_session"] = one
     results["chunks_per_s_64_sessions"] = many
     results["sessions_64_throughput_ratio"] = many / one
@@ -201,13 +205,10 @@ async def main(quick: bool) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shorter runs (smoke test)")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run of a few seconds (fewer chunks and batches, 0.5 s windows)"
+    )
     args = parser.parse_args()
     started = time.perf_counter()
-    figures = asyncio.run(main(args.quick))
-    figures["bench_seconds"] = time.perf_counter() - started
-    width = max(len(k) for k in figures)
-    for key, value in figures.items():
-        print(f"{key:<{width}}  {value:10.3f}")
-    print(json.dumps({k: round(v, 4) for k, v in figures.items()}))
+    report(asyncio.run(main(args.quick)), started)

@@ -16,7 +16,8 @@ idle model workers through the test-only `--worker-factory` hook, 4 workers x 2 
   is the same after the one-replica phase, before the other two start);
 - replica_exit_codes_nonzero: replicas that did not exit 0 on SIGTERM.
 
-The last line printed is one JSON object with every figure.
+`--quick` is a smoke run of a few seconds over the same path (100 cycles at concurrency 10, 6 queued); its figures
+are not the ones to compare. The last line printed is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -24,99 +25,36 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import httpx
+from _common import Server, metric_sum, report
 from redis.asyncio import Redis
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tests.fakes.redis_server import RedisServer  # noqa: E402 - the repository root is on sys.path first
+from pipeline.metrics import percentile
+from tests.fakes.redis_server import RedisServer
 
 PREFIX = "lingstream:admission:"
 WORKERS, SLOTS = 4, 2
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-class Replica:
-    def __init__(self, name: str, redis_url: str, folder: Path) -> None:
-        script = shutil.which("lingstream", path=str(Path(sys.executable).parent))
-        command = [script] if script else [sys.executable, "-m", "service.cli"]
-        self.name = name
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        command += ["serve", "--port", str(self.port), "--worker-factory", "tests.fakes.world:idle_fake_workers"]
-        env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LINGSTREAM_", "LIVEKIT_"))}
-        env.update(
-            LINGSTREAM_TEST_HOOKS="1",
-            PYTHONPATH=str(ROOT),
-            LINGSTREAM_HOST="127.0.0.1",
-            LINGSTREAM_ADMISSION_BACKEND="redis",
-            LINGSTREAM_REDIS_URL=redis_url,
-            LINGSTREAM_REPLICA_ID=name,
-            LINGSTREAM_REPLICA_TTL="3",
-            LINGSTREAM_NUM_WORKERS=str(WORKERS),
-            LINGSTREAM_MAX_SESSIONS_PER_WORKER=str(SLOTS),
-            LINGSTREAM_QUEUE_SIZE="256",
-            LINGSTREAM_LOG_LEVEL="WARNING",
-            LINGSTREAM_DRAIN_TIMEOUT="5",
-        )
-        self.log = folder / f"{name}.log"
-        with self.log.open("wb") as sink:
-            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink)
-
-    async def wait_ready(self, client: httpx.AsyncClient) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"replica {self.name} exited with {self.process.returncode}: {self.log.read_text()}")
-            with contextlib.suppress(httpx.TransportError):
-                if (await client.get(f"{self.url}/readyz")).status_code == 200:
-                    return
-            await asyncio.sleep(0.05)  # polling a subprocess with a deadline
-        raise RuntimeError(f"replica {self.name} did not become ready in 60 s")
-
-    def stop(self) -> int:
-        """SIGTERM (a drain), then the exit code; killed after 20 s."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            return -9
-
-
-def percentile(samples: list[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))] if ordered else 0.0
-
-
-def metric_sum(text: str, name: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and not line.startswith("#") and line[len(name)] in " {":
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+def replica(name: str, redis_url: str, folder: Path) -> Server:
+    """One replica: the redis backend, fake idle workers (4 x 2 slots), queue 256, a short liveness TTL."""
+    settings = {
+        "LINGSTREAM_ADMISSION_BACKEND": "redis",
+        "LINGSTREAM_REDIS_URL": redis_url,
+        "LINGSTREAM_REPLICA_ID": name,
+        "LINGSTREAM_REPLICA_TTL": "3",
+        "LINGSTREAM_NUM_WORKERS": str(WORKERS),
+        "LINGSTREAM_MAX_SESSIONS_PER_WORKER": str(SLOTS),
+        "LINGSTREAM_QUEUE_SIZE": "256",
+        "LINGSTREAM_LOG_LEVEL": "WARNING",
+        "LINGSTREAM_DRAIN_TIMEOUT": "5",
+    }
+    return Server(folder / f"{name}.log", settings, worker_factory="tests.fakes.world:idle_fake_workers")
 
 
 async def run_cycles(urls: list[str], cycles: int, concurrency: int) -> dict[str, float]:
@@ -164,8 +102,8 @@ async def run_cycles(urls: list[str], cycles: int, concurrency: int) -> dict[str
                 group.create_task(worker(clients))
         elapsed = time.perf_counter() - started
     return {
-        "create_p50_ms": percentile(creates, 0.50),
-        "create_p99_ms": percentile(creates, 0.99),
+        "create_p50_ms": percentile(creates, 50) or 0.0,
+        "create_p99_ms": percentile(creates, 99) or 0.0,
         "errors_5xx": errors_5xx,
         "cycles_per_s": cycles / elapsed,
         "admitted_201": statuses[201],
@@ -238,9 +176,9 @@ async def main(cycles: int, concurrency: int, queued: int) -> dict[str, float]:
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
-        with RedisServer(folder) as server:
-            raw = Redis.from_url(server.url)
-            replicas = [Replica("r1", server.url, folder)]
+        with RedisServer(folder) as redis_server:
+            raw = Redis.from_url(redis_server.url)
+            replicas = [replica("r1", redis_server.url, folder)]
             try:
                 async with httpx.AsyncClient(timeout=30.0) as client:
                     await replicas[0].wait_ready(client)
@@ -248,31 +186,31 @@ async def main(cycles: int, concurrency: int, queued: int) -> dict[str, float]:
                     figures.update({f"{key}_1": value for key, value in one.items()})
                     figures["slots_leaked_1"] = await leaked(client, raw, [replicas[0].url])
                     # Only now the other two: registered earlier, they would have taken queued sessions too.
-                    replicas += [Replica(name, server.url, folder) for name in ("r2", "r3")]
-                    await asyncio.gather(*(replica.wait_ready(client) for replica in replicas[1:]))
-                    urls = [replica.url for replica in replicas]
+                    replicas += [replica(name, redis_server.url, folder) for name in ("r2", "r3")]
+                    await asyncio.gather(*(server.wait_ready(client) for server in replicas[1:]))
+                    urls = [server.url for server in replicas]
                     three = await run_cycles(urls, cycles, concurrency)
                     figures.update({f"{key}_3": value for key, value in three.items()})
                     figures["fifo_queued"] = queued
                     figures["fifo_violations"] = await fifo_violations(client, raw, urls, queued)
                     figures["slots_leaked"] = await leaked(client, raw, urls)
             finally:
-                codes = [replica.stop() for replica in replicas]
+                codes = await asyncio.gather(*(asyncio.to_thread(server.stop) for server in replicas))
                 await raw.aclose()
             figures["replica_exit_codes_nonzero"] = sum(1 for code in codes if code != 0)
     return figures
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=48)
     parser.add_argument("--queued", type=int, default=30)
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run of a few seconds: 100 cycles at concurrency 10, 6 queued"
+    )
     args = parser.parse_args()
-    started = time.monotonic()
-    results = asyncio.run(main(args.cycles, args.concurrency, args.queued))
-    results["elapsed_s"] = time.monotonic() - started
-    width = max(len(key) for key in results)
-    for key, value in results.items():
-        print(f"{key:<{width}}  {value:12.3f}")
-    print(json.dumps({key: round(value, 4) for key, value in results.items()}))
+    if args.quick:
+        args.cycles, args.concurrency, args.queued = 100, 10, 6
+    started = time.perf_counter()
+    report(asyncio.run(main(args.cycles, args.concurrency, args.queued)), started)

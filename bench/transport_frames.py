@@ -14,7 +14,8 @@ Measures, in one run:
   is what Chromium's decoder dropped meanwhile (getStats). Skipped, with a note, without /usr/bin/chromium or
   playwright.
 
-The last line printed is one JSON object with every figure.
+`--quick` is a smoke run of a few seconds over the same path (1 s windows, 1 s of Chromium warm-up, 30 captures);
+its figures are not the ones to compare. The last line printed is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -23,11 +24,8 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import json
-import os
-import shutil
-import socket
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,10 +33,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import numpy.typing as npt
+from _common import Server, report
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from pipeline.bidirectional import ChunkOutput, ControlMessage
+from pipeline.metrics import percentile
 from transport import (
     EmbeddedConfig,
     EmbeddedTransport,
@@ -52,7 +52,6 @@ from transport import (
 
 FPS = 16.0
 CHUNK = 4
-_ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 _CHROMIUM_PRESENT = Path(CHROMIUM).exists()
 CHROMIUM_ARGS = [
@@ -107,11 +106,6 @@ def _chunk(index: int, frames: npt.NDArray[np.uint8], fps: float) -> ChunkOutput
     )
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 async def bench_pacing(seconds: float) -> dict[str, float]:
     width, height = 416, 240
     pacer = FramePacer(PacingConfig(fps=FPS, width=width, height=height))
@@ -152,8 +146,8 @@ async def bench_pacing(seconds: float) -> dict[str, float]:
     absolute = [abs(d) * 1000 for d in deviations]
     return {
         "pacing_frames": float(len(deviations)),
-        "pacing_jitter_p50_ms": percentile(absolute, 0.5),
-        "pacing_jitter_p95_ms": percentile(absolute, 0.95),
+        "pacing_jitter_p50_ms": percentile(absolute, 50) or 0.0,
+        "pacing_jitter_p95_ms": percentile(absolute, 95) or 0.0,
         "pacing_jitter_max_ms": max(absolute),
         "pacing_dropped": float(stats.dropped_late + stats.dropped_overflow),
         "naive_sleep_drift_ms": await naive_task,
@@ -258,50 +252,9 @@ async def bench_webrtc(seconds: float) -> dict[str, float]:
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     return {
         "webrtc_fps_received_aiortc": (len(arrivals) - 1) / span,
-        "webrtc_interarrival_p95_ms": percentile(gaps, 0.95) * 1000,
+        "webrtc_interarrival_p95_ms": (percentile(gaps, 95) or 0.0) * 1000,
         "webrtc_frames_dropped": float(stats.pacer.dropped_late + stats.pacer.dropped_overflow + stats.track_dropped),
     }
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-async def _serve_reference_model() -> tuple[asyncio.subprocess.Process, str]:
-    """A real `lingstream serve` on loopback: the reference model, the embedded transport, one torch thread."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LINGSTREAM_", "LIVEKIT_"))}
-    env.update(PYTHONPATH=str(_ROOT), LINGSTREAM_TORCH_THREADS="1", LINGSTREAM_LOG_LEVEL="WARNING")
-    script = shutil.which("lingstream", path=str(Path(sys.executable).parent))
-    command = [script] if script else [sys.executable, "-m", "service.cli"]
-    process = await asyncio.create_subprocess_exec(
-        *command,
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        cwd=_ROOT,
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    async with httpx.AsyncClient(timeout=5.0) as client:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if process.returncode is not None:
-                raise RuntimeError(f"lingstream serve exited with {process.returncode}")
-            with contextlib.suppress(httpx.TransportError):
-                if (await client.get(f"{url}/readyz")).status_code == 200:
-                    return process, url
-            await asyncio.sleep(0.05)
-    process.kill()
-    await process.wait()
-    raise RuntimeError("lingstream serve was not ready in 60 s")
 
 
 async def bench_chromium(seconds: float, warmup: float = 2.0) -> dict[str, float]:
@@ -313,14 +266,18 @@ async def bench_chromium(seconds: float, warmup: float = 2.0) -> dict[str, float
     if not _CHROMIUM_PRESENT:
         print(f"webrtc_fps_received: skipped (no Chromium at {CHROMIUM})", file=sys.stderr)
         return {}
-    process, url = await _serve_reference_model()
-    try:
+    # A real `lingstream serve`: the reference model, the embedded transport, one torch thread.
+    settings = {"LINGSTREAM_TORCH_THREADS": "1", "LINGSTREAM_LOG_LEVEL": "WARNING"}
+    with tempfile.TemporaryDirectory() as folder, Server(Path(folder) / "serve.log", settings) as server:
         async with async_playwright() as playwright:
+            # Chromium starts while the service loads the model.
             browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
+                async with httpx.AsyncClient(timeout=5.0) as client:
+                    await server.wait_ready(client)
                 page = await browser.new_page()
                 page.set_default_timeout(30_000)
-                await page.goto(f"{url}/")
+                await page.goto(f"{server.url}/")
                 await page.fill("#width", "416")
                 await page.fill("#height", "240")
                 await page.fill("#fps", str(int(FPS)))
@@ -339,10 +296,7 @@ async def bench_chromium(seconds: float, warmup: float = 2.0) -> dict[str, float
                 await page.wait_for_function("window.lingstream.state === 'closed'")
             finally:
                 await browser.close()
-    finally:
-        process.terminate()
-        async with asyncio.timeout(30):
-            await process.wait()
+        await asyncio.to_thread(server.stop, 30.0)
     assert (size["width"], size["height"]) == (416, 240), size
     return {
         "webrtc_fps_received": window["frames"] / window["seconds"],
@@ -351,24 +305,21 @@ async def bench_chromium(seconds: float, warmup: float = 2.0) -> dict[str, float
 
 
 async def main(quick: bool) -> dict[str, float]:
-    seconds = 2.0 if quick else 5.0
+    seconds = 1.0 if quick else 5.0
     results: dict[str, float] = {}
     results |= await bench_pacing(seconds)
     results |= await bench_capture(30 if quick else 100)
     results |= await bench_webrtc(seconds)
-    results |= await bench_chromium(seconds)
+    results |= await bench_chromium(seconds, warmup=1.0 if quick else 2.0)
+    results["fps"] = FPS
     return results
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shorter runs (2 s each)")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run of a few seconds (1 s windows, 1 s of Chromium warm-up)"
+    )
     args = parser.parse_args()
-    started = time.monotonic()
-    figures = asyncio.run(main(args.quick))
-    width = max(len(name) for name in figures)
-    print(f"{'figure':<{width}}  value")
-    for name, value in figures.items():
-        print(f"{name:<{width}}  {value:10.3f}")
-    print(f"{'wall_s':<{width}}  {time.monotonic() - started:10.1f}")
-    print(json.dumps({name: round(value, 4) for name, value in figures.items()} | {"fps": FPS}, sort_keys=False))
+    started = time.perf_counter()
+    report(asyncio.run(main(args.quick)), started)
