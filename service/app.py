@@ -41,7 +41,7 @@ from service.http.page import install_page
 from service.http.routes import describe_validation_errors, health_router, internal_router, v1_router
 from service.runtime.runtime import RuntimeTuning, ServiceRuntime
 from service.runtime.workers import build_workers
-from service.scaleout.runtime import SharedServiceRuntime
+from service.scaleout.backend import RedisAdmissionBackend
 from service.settings import ServiceConfig, Settings
 from service.telemetry.otel import Telemetry, TelemetryMiddleware
 from transport.base import Transport
@@ -81,13 +81,13 @@ def create_app(
     if telemetry is None:
         telemetry = Telemetry.from_environ(os.environ, service_version=_version())
     workers = list((worker_factory or build_workers)(settings))
-    runtime: ServiceRuntime
     if config.shared_admission is None:
         runtime = ServiceRuntime(config, workers, transport, clock=clock, tuning=tuning, observer=telemetry.sessions)
     else:
         redis_url = settings.redis_url.get_secret_value() if settings.redis_url is not None else ""
-        runtime = SharedServiceRuntime(
-            config, workers, transport, redis=redis_url, clock=clock, tuning=tuning, observer=telemetry.sessions
+        backend = RedisAdmissionBackend(redis_url, config.shared_admission, config.admission, clock=clock)
+        runtime = ServiceRuntime(
+            config, workers, transport, backend=backend, tuning=tuning, observer=telemetry.sessions
         )
     telemetry.instrument(runtime, workers, transport)
 

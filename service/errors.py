@@ -13,6 +13,8 @@
     ├── DrainingError                503 draining               the instance is draining and admits nobody
     ├── NotReadyError                503 not_ready              the instance is starting or its model workers are down
     ├── AdmissionUnavailableError    503 admission_unavailable  a shared admission backend cannot be reached
+    ├── NotTicketOwnerError          500 internal               a replica released or published a shared session it
+    │                                                           does not hold (a routing bug)
     ├── SessionElsewhereError        409 session_on_other_replica  a transport route sent to a replica that does
     │                                                               not run the session (it names the one that does)
     ├── SessionStartError            500 session_failed         the model worker or transport failed to start it
@@ -36,7 +38,6 @@ from types import MappingProxyType
 
 import admission.errors as admission_errors
 import pipeline.errors as pipeline_errors
-from service.scaleout.lua.records import NotTicketOwnerError
 
 __all__ = [
     "AdmissionUnavailableError",
@@ -47,6 +48,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidRequestError",
     "NotReadyError",
+    "NotTicketOwnerError",
     "PayloadTooLargeError",
     "QueueFullError",
     "ServiceError",
@@ -128,6 +130,17 @@ class AdmissionUnavailableError(ServiceError):
     """The shared admission backend (Redis) cannot be reached: creates are refused, running sessions go on."""
 
 
+class NotTicketOwnerError(ServiceError):
+    """The shared admission backend refused a `release` or `publish_status` from a replica that does not hold the
+    session's slot; only the owner may do either (a DELETE elsewhere reaches it through `request_close`)."""
+
+    def __init__(self, ticket_id: str, replica: str | None) -> None:
+        where = f"replica {replica!r}" if replica else "no replica (it is not admitted)"
+        super().__init__(f"admission ticket {ticket_id!r} is held by {where}, not by this replica")
+        self.ticket_id = ticket_id
+        self.replica = replica
+
+
 class SessionElsewhereError(ServiceError):
     """A route bound to the transport of the replica that runs the session (the WebRTC offer, viewer tokens) was
     sent to another replica; `replica` names the one that runs it (also in the `Lingstream-Replica` header)."""
@@ -187,6 +200,7 @@ _BASE_TABLE: Mapping[type[BaseException], ErrorSpec] = {
     DrainingError: ErrorSpec(503, "draining"),
     NotReadyError: _NOT_READY,
     AdmissionUnavailableError: ErrorSpec(503, "admission_unavailable"),
+    NotTicketOwnerError: _INTERNAL,  # only the owner replica releases or publishes a session; anything else is a bug
     SessionStartError: ErrorSpec(500, "session_failed"),
     SessionNotStreamingError: ErrorSpec(409, "session_not_running"),
     SessionElsewhereError: ErrorSpec(409, "session_on_other_replica"),
@@ -204,8 +218,6 @@ _BASE_TABLE: Mapping[type[BaseException], ErrorSpec] = {
     admission_errors.LeaseError: _INTERNAL,
     admission_errors.LeaseAlreadyRequestedError: _INTERNAL,
     admission_errors.LeaseSessionRemovedError: _INTERNAL,
-    # the Redis admission backend: only the owner replica releases or publishes a session; anything else is a bug.
-    NotTicketOwnerError: _INTERNAL,
     # pipeline: a model worker's errors that may surface through the service.
     pipeline_errors.PipelineError: _INTERNAL,
     pipeline_errors.PipelineSpecError: _INTERNAL,

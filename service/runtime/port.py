@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from pipeline.bidirectional import BidirectionalService, ChunkOutput, ControlMessage, SessionCloseMode, Stop
+from pipeline.bidirectional import BidirectionalService, ChunkOutput, CloseMode, ControlMessage, Stop
 from service.runtime.sessions import Session, SessionState
 from transport.base import StateStatus, StatusMessage
 
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 _STEERABLE = frozenset({SessionState.RUNNING, SessionState.DRAINING})
 
-CloseRequest = Callable[[Session, SessionCloseMode, str], None]
+CloseRequest = Callable[[Session, CloseMode, str], None]
 
 
 class LiveSessionPort:
@@ -62,7 +62,7 @@ class LiveSessionPort:
 
     def push_control(self, message: ControlMessage) -> None:
         if isinstance(message, Stop):
-            self._request_close(self._session, SessionCloseMode.DRAIN, "client_stop")
+            self._request_close(self._session, CloseMode.DRAIN, "client_stop")
             return
         # Interactive until a close is requested: a session kept running through the service's drain still steers.
         if self._session.close_mode is not None or self._session.state not in _STEERABLE:
@@ -88,4 +88,4 @@ class LiveSessionPort:
 
     def client_gone(self, reason: str) -> None:
         logger.info("session %s: client gone (%s); closing", self._session.id, reason)
-        self._request_close(self._session, SessionCloseMode.CANCEL, f"client_gone: {reason}")
+        self._request_close(self._session, CloseMode.CANCEL, f"client_gone: {reason}")

@@ -2,9 +2,11 @@
 
 `RuntimeTuning` holds the timings and bounds that are not deployment settings (tests shorten them). `Readiness`
 (/readyz), `DrainStatus` (GET /internal/drain) and `RuntimeStatistics` (/metrics) are the frozen answers the runtime
-gives. `SessionObserver` is told about every session's life (`service.telemetry.otel` implements it);
-`SnapshotStream` is what an event stream reads. They live apart from the runtime so that what only reads them
-(schemas, metrics) need not import it; `service.runtime.runtime` re-exports every one.
+gives; `AdmissionReport` is what its admission backend contributes to the statistics, and `SharedAdmissionStatistics`
+(with one `ReplicaStatistics` per replica) what a backend shared by several replicas knows of the whole deployment.
+`SessionObserver` is told about every session's life (`service.telemetry.otel` implements it); `SnapshotStream` is
+what an event stream reads. They live apart from the runtime so that what only reads them (schemas, metrics) need
+not import it; `service.runtime.runtime` re-exports the runtime's own.
 """
 
 from __future__ import annotations
@@ -17,14 +19,16 @@ from typing import Protocol
 from admission import AdmissionEvent, AdmissionStatistics
 from pipeline.bidirectional import ChunkOutput
 from service.runtime.sessions import Session, SessionBuffers, SessionSnapshot
-from service.scaleout.lua.records import SharedAdmissionStatistics
 
 __all__ = [
+    "AdmissionReport",
     "DrainStatus",
     "Readiness",
+    "ReplicaStatistics",
     "RuntimeStatistics",
     "RuntimeTuning",
     "SessionObserver",
+    "SharedAdmissionStatistics",
     "SnapshotStream",
 ]
 
@@ -75,6 +79,63 @@ class DrainStatus:
     running: int
     queued: int
     deadline_in_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStatistics:
+    """One registered replica as the shared admission sees it. `alive`: its liveness key exists; `retained[i]`:
+    slots held on worker i; `reserved[i]`: slots of lost sessions it has not stopped yet (they admit nothing)."""
+
+    replica_id: str
+    alive: bool
+    num_workers: int
+    max_sessions_per_worker: int
+    healthy: tuple[bool, ...]
+    draining: bool
+    retained: tuple[int, ...]
+    reserved: tuple[int, ...]
+
+    @property
+    def free_slots(self) -> int:
+        if not self.alive or self.draining:
+            return 0
+        return sum(
+            max(0, self.max_sessions_per_worker - used - spare)
+            for used, spare, healthy in zip(self.retained, self.reserved, self.healthy, strict=True)
+            if healthy
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SharedAdmissionStatistics:
+    """The whole deployment: every registered replica and the global queue depth."""
+
+    replicas: tuple[ReplicaStatistics, ...]
+    queue_depth: int
+
+    @property
+    def capacity(self) -> int:
+        return sum(r.num_workers * r.max_sessions_per_worker for r in self.replicas if r.alive and not r.draining)
+
+    @property
+    def retained_total(self) -> int:
+        return sum(sum(r.retained) for r in self.replicas)
+
+    @property
+    def free_slots(self) -> int:
+        return sum(r.free_slots for r in self.replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionReport:
+    """What an admission backend reports (`AdmissionBackend.statistics`): this instance's `admission` statistics
+    (slots, counters; `queue_depth` is the queue every create joins), `slots_in_flight`, the slots admission counts
+    for sessions that are not (or no longer) live in the runtime (being adopted, or ended with their release still
+    on its way), and `shared`, the whole deployment when admission is shared by several replicas (else None)."""
+
+    admission: AdmissionStatistics
+    slots_in_flight: int = 0
+    shared: SharedAdmissionStatistics | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,14 @@
 """`SessionRunner`: the life of one admitted session on its model worker, run as that session's own task.
 
-The runner creates the session on its model worker, starts its single output reader (which fans chunks out and
-closes the session when generation ends or fails), attaches the transport, waits for a close request, closes the
-session on the worker (drain, escalated to cancel on request; a best-effort cancel-close when it stopped early),
+`run(session, worker)` creates the session on its model worker, starts its single output reader (which fans chunks
+out and asks for the close when generation ends or fails), attaches the transport, waits for a close request, closes
+the session on the worker (drain, escalated to cancel on request; a best-effort cancel-close when it stopped early),
 stops the reader, finishes the session (final state and status, the admission slot back exactly once) and detaches
 the transport. Cancellation (shutdown) runs the same cleanup in `finally`.
 
-`ServiceRuntime` inherits it and spawns `_run_session` for every admitted session. The runner reads the runtime's
-workers, transport, tuning, observer and drain flag (declared on the class) and calls back the four hooks declared
-here: `_request_close`, `_mark_service_draining`, `_release_slot` (which `SharedServiceRuntime` overrides) and
-`_after_end`.
+The runner holds no session table and no admission: it is given the transport, the tuning, the observer and four
+callbacks (`RunnerCallbacks`), through which it asks for a close, says that a session runs, gives a slot back and
+says that a session ended. `ServiceRuntime` builds one runner and spawns `run` for every admitted session.
 """
 
 from __future__ import annotations
@@ -17,67 +16,69 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
-from pipeline.bidirectional import BidirectionalService, ChunkOutput, SessionCloseMode, SessionSummary
+from pipeline.bidirectional import BidirectionalService, ChunkOutput, CloseMode, SessionSummary
 from service.runtime.port import LiveSessionPort
 from service.runtime.records import RuntimeTuning, SessionObserver
 from service.runtime.sessions import Session, SessionState
 from transport.base import Transport
 
-__all__ = ["SessionRunner"]
+__all__ = ["RunnerCallbacks", "SessionRunner"]
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class RunnerCallbacks:
+    """What a runner asks of whoever owns the sessions; each is synchronous and called on the event loop.
+
+    - `request_close(session, mode, reason)`: close the session (the transport's "client gone" and `Stop`, the end
+      or failure of generation, a transport that could not attach);
+    - `running(session)`: the session has just moved to RUNNING (the owner marks it draining if the service drains);
+    - `release_slot(session)`: give the ended session's admission slot back (called exactly once per session);
+    - `ended(session)`: the session reached its final state (after its slot went back, before the transport is
+      detached).
+    """
+
+    request_close: Callable[[Session, CloseMode, str], None]
+    running: Callable[[Session], None]
+    release_slot: Callable[[Session], None]
+    ended: Callable[[Session], None]
+
+
 class SessionRunner:
-    """Each admitted session's runner task (a base of `ServiceRuntime`, which provides what is declared here)."""
+    """Runs admitted sessions on their model workers and binds them to the transport (one `run` task per session).
 
-    _workers: tuple[BidirectionalService, ...]
-    _transport: Transport | None
-    _tuning: RuntimeTuning
-    _observer: SessionObserver
-    _draining: bool
+    Example::
 
-    def _request_close(self, session: Session, mode: SessionCloseMode, reason: str) -> None:
-        """Ask the session to close (or cancel it while queued)."""
-        raise NotImplementedError
+        runner = SessionRunner(transport, tuning, observer, RunnerCallbacks(...))
+        tasks.spawn(runner.run(session, workers[session.worker]), name=f"session-{session.id}")
 
-    def _mark_service_draining(self, session: Session) -> None:
-        """Tell the running session that the service drains."""
-        raise NotImplementedError
+    Ordering: create on the worker, then the output reader, then the transport attach, then RUNNING; at the end the
+    worker close, then the reader's end, then the final state and the slot's release, then the transport detach.
+    Cancellation: cancelling `run` (shutdown) cancels the reader, cancel-closes the session on the worker (bounded by
+    `tuning.shutdown_close_s`), finishes it with reason "shutdown" and detaches the transport before it re-raises.
+    """
 
-    def _release_slot(self, session: Session) -> None:
-        """Give the ended session's admission slot back."""
-        raise NotImplementedError
+    def __init__(
+        self,
+        transport: Transport | None,
+        tuning: RuntimeTuning,
+        observer: SessionObserver,
+        callbacks: RunnerCallbacks,
+    ) -> None:
+        self._transport = transport
+        self._tuning = tuning
+        self._observer = observer
+        self._callbacks = callbacks
 
-    def _after_end(self, session: Session) -> None:
-        """The session reached its final state: tell the observer, count it, forget what is no longer kept."""
-        raise NotImplementedError
-
-    def _finish(self, session: Session, summary: SessionSummary | None, *, reason: str | None = None) -> None:
-        """The admitted session is over: final state and status, then its slot goes back (exactly once)."""
-        if session.terminal:
-            return
-        if summary is not None and summary.failure:
-            session.record_failure("model_failure", summary.failure)
-        if session.failure is not None:
-            state, final = SessionState.FAILED, session.failure[0]
-        else:
-            state, final = SessionState.CLOSED, reason or session.close_reason or "closed"
-        session.move(state, reason=final)
-        if session.holds_slot:
-            session.holds_slot = False
-            self._release_slot(session)
-        logger.info("session %s %s (%s)", session.id, state.value, final)
-        self._after_end(session)
-
-    async def _run_session(self, session: Session) -> None:
-        """The admitted session's whole life on its worker. Cancellation (shutdown) still publishes a final
-        status, gives the slot back and detaches the transport in `finally`."""
-        worker_index = session.worker if session.worker is not None else 0
-        worker = self._workers[worker_index]
-        port = LiveSessionPort(session, worker, self._request_close)
+    async def run(self, session: Session, worker: BidirectionalService) -> None:
+        """The admitted session's whole life on `worker`. Cancellation (shutdown) still publishes a final status,
+        gives the slot back and detaches the transport in `finally`."""
+        request_close = self._callbacks.request_close
+        port = LiveSessionPort(session, worker, request_close)
         attached = False
         reader: asyncio.Task[None] | None = None
         # From the create call on, the worker may hold state for the session (even if create fails half-way).
@@ -86,7 +87,8 @@ class SessionRunner:
             try:
                 await worker.create_session(session.id, session.prepared)
             except Exception as exc:
-                logger.exception("session %s: model worker %d could not create it", session.id, worker_index)
+                index = session.worker if session.worker is not None else 0
+                logger.exception("session %s: model worker %d could not create it", session.id, index)
                 session.record_failure("create_failed", f"the model worker could not create the session: {exc}")
                 return
             if not session.close_requested.is_set():
@@ -98,11 +100,10 @@ class SessionRunner:
                     except Exception as exc:
                         logger.exception("session %s: the transport could not attach it", session.id)
                         session.record_failure("transport_failed", f"the transport could not attach: {exc}")
-                        session.request_close(SessionCloseMode.CANCEL, "transport_failed")
+                        session.request_close(CloseMode.CANCEL, "transport_failed")
                 if session.state is SessionState.ADMITTED:
                     session.move(SessionState.RUNNING)
-                    if session.service_draining or self._draining:
-                        self._mark_service_draining(session)
+                    self._callbacks.running(session)
             await session.close_requested.wait()
             summary = await self._close_on_worker(session, worker)
             on_worker = False
@@ -123,19 +124,36 @@ class SessionRunner:
                 except Exception:
                     logger.exception("session %s: the transport failed to detach it", session.id)
 
+    def _finish(self, session: Session, summary: SessionSummary | None, *, reason: str | None = None) -> None:
+        """The admitted session is over: final state and status, then its slot goes back (exactly once)."""
+        if session.terminal:
+            return
+        if summary is not None and summary.failure:
+            session.record_failure("model_failure", summary.failure)
+        if session.failure is not None:
+            state, final = SessionState.FAILED, session.failure[0]
+        else:
+            state, final = SessionState.CLOSED, reason or session.close_reason or "closed"
+        session.move(state, reason=final)
+        if session.holds_slot:
+            session.holds_slot = False
+            self._callbacks.release_slot(session)
+        logger.info("session %s %s (%s)", session.id, state.value, final)
+        self._callbacks.ended(session)
+
     async def _close_on_worker(self, session: Session, worker: BidirectionalService) -> SessionSummary | None:
         """`close_session` with the requested mode; a later cancel request escalates a drain in flight."""
-        mode = session.close_mode or SessionCloseMode.DRAIN
+        mode = session.close_mode or CloseMode.DRAIN
         closing = asyncio.create_task(worker.close_session(session.id, mode), name=f"close-{session.id}")
         helpers: list[asyncio.Task[object]] = []
         try:
-            if mode is SessionCloseMode.DRAIN:
+            if mode is CloseMode.DRAIN:
                 escalated = asyncio.create_task(session.escalated.wait(), name=f"escalation-{session.id}")
                 helpers.append(escalated)
                 await asyncio.wait({closing, escalated}, return_when=asyncio.FIRST_COMPLETED)
                 if not closing.done():
                     logger.info("session %s: close escalated from drain to cancel", session.id)
-                    cancel = worker.close_session(session.id, SessionCloseMode.CANCEL)
+                    cancel = worker.close_session(session.id, CloseMode.CANCEL)
                     helpers.append(asyncio.create_task(cancel, name=f"cancel-{session.id}"))
             outcome = (await asyncio.gather(closing, *helpers[1:], return_exceptions=True))[0]
         finally:
@@ -154,7 +172,7 @@ class SessionRunner:
         cancelled it mid-way); errors are logged only."""
         try:
             async with asyncio.timeout(self._tuning.shutdown_close_s):
-                await worker.close_session(session.id, SessionCloseMode.CANCEL)
+                await worker.close_session(session.id, CloseMode.CANCEL)
         except Exception as exc:
             logger.warning("session %s: best-effort cancel-close on the worker failed: %r", session.id, exc)
 
@@ -167,6 +185,7 @@ class SessionRunner:
 
     async def _read_outputs(self, session: Session, worker: BidirectionalService) -> None:
         """The session's single output reader: fans chunks out; its end or failure closes the session."""
+        request_close = self._callbacks.request_close
         iterator: AsyncIterator[ChunkOutput] = worker.outputs(session.id)
         try:
             async for chunk in iterator:
@@ -175,14 +194,14 @@ class SessionRunner:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if session.close_mode is not SessionCloseMode.CANCEL:
+            if session.close_mode is not CloseMode.CANCEL:
                 logger.warning("session %s: generation failed: %s", session.id, exc)
                 session.record_failure("model_failure", str(exc) or type(exc).__name__)
-            self._request_close(session, SessionCloseMode.CANCEL, "model_failure")
+            request_close(session, CloseMode.CANCEL, "model_failure")
             return
         finally:
             aclose = getattr(iterator, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
-        self._request_close(session, SessionCloseMode.DRAIN, "completed")
+        request_close(session, CloseMode.DRAIN, "completed")

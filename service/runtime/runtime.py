@@ -2,12 +2,14 @@
 
 The HTTP layer (`service.http.routes`) only translates requests into calls on this object. It owns:
 
-- session admission (`AdmissionController` + `AdmissionDriver`): every admission event updates the matching
-  `Session` (queue position, admitted, expired, cancelled) and is published to its SSE subscribers;
-- one *runner* task per admitted session (`service.runtime.runner.SessionRunner`, a base of this class): create it on
-  its model worker, start its single output reader, attach the transport, wait for a close request, close it on the
-  worker (drain, escalated to cancel on request), give the admission slot back exactly once, publish the final
-  status, detach the transport;
+- the sessions' records, fed by its admission backend (`service.runtime.backend.AdmissionBackend`: this instance's
+  own in memory by default, or one shared by every replica): every admission decision updates the matching
+  `Session` (queue position, admitted, expired, cancelled) and is published to its SSE subscribers; a session it
+  keeps no record of (queued in a shared queue, run by another replica) is answered by the backend;
+- one *runner* task per admitted session (`service.runtime.runner.SessionRunner`): create it on its model worker,
+  start its single output reader, attach the transport, wait for a close request, close it on the worker (drain,
+  escalated to cancel on request), give the admission slot back exactly once, publish the final status, detach the
+  transport;
 - worker start-up and health (an unready worker admits nothing and makes the instance unready);
 - the drain (SIGTERM or `POST /internal/drain`): not ready at once, no new admissions, queued sessions cancelled,
   running sessions get until `drain_timeout` to end (closed with drain shortly before it, cancelled at it).
@@ -29,36 +31,29 @@ import secrets
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 
-from admission import (
-    AdmissionController,
-    AdmissionDriver,
-    AdmissionEvent,
-    AdmissionEventKind,
-    AdmissionStatistics,
-    Clock,
-    TicketReason,
-    TicketState,
-)
+from admission import AdmissionEvent, AdmissionEventKind, Clock
 from pipeline.bidirectional import (
     BidirectionalService,
     ChunkOutput,
+    CloseMode,
     PreparedSession,
-    SessionCloseMode,
 )
 from service.errors import (
+    AdmissionUnavailableError,
     DrainingError,
     InvalidConfigError,
     NotReadyError,
-    QueueFullError,
     SessionNotFoundError,
     SessionStartError,
     SettingsError,
     lookup,
 )
 from service.logs import bind_session_id, session_context
+from service.runtime.backend import AdmissionBackend
 from service.runtime.config_view import config_view
 from service.runtime.fanout import Subscription
 from service.runtime.images import check_image
+from service.runtime.memory import MemoryAdmissionBackend
 from service.runtime.records import (
     DrainStatus,
     Readiness,
@@ -67,7 +62,7 @@ from service.runtime.records import (
     SessionObserver,
     SnapshotStream,
 )
-from service.runtime.runner import SessionRunner
+from service.runtime.runner import RunnerCallbacks, SessionRunner
 from service.runtime.sessions import LIVE_STATES, Session, SessionSnapshot, SessionState
 from service.runtime.tasks import TaskSet
 from service.settings import ServiceConfig
@@ -85,6 +80,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_UNAVAILABLE_REASON = "the shared admission backend (Redis) is unavailable"
+
 
 class _NoObserver:
     def admission_event(self, session: Session, event: AdmissionEvent) -> None:
@@ -100,12 +97,16 @@ class _NoObserver:
         pass
 
 
-class ServiceRuntime(SessionRunner):
+class ServiceRuntime:
     """Owns every session of the instance and the lifecycles of admission, model workers and transport.
 
     Life: `await start()` (returns at once; workers start in the background, `wait_ready()` waits for them),
     requests, optionally `start_drain()`, then `await aclose()`, which closes what is left (cancel), stops the
     workers and the transport, and awaits every task. Calls are made on one event loop.
+
+    `backend` is the session admission (`service.runtime.backend`); by default this instance's own, in memory, on
+    `clock` (tests inject a fake one). A backend given here brings its own clock, and the runtime owns it from now
+    on: it starts and closes it.
     """
 
     def __init__(
@@ -114,6 +115,7 @@ class ServiceRuntime(SessionRunner):
         workers: Sequence[BidirectionalService],
         transport: Transport | None = None,
         *,
+        backend: AdmissionBackend | None = None,
         clock: Clock | None = None,
         tuning: RuntimeTuning | None = None,
         observer: SessionObserver | None = None,
@@ -123,12 +125,29 @@ class ServiceRuntime(SessionRunner):
                 f"invalid configuration: LINGSTREAM_NUM_WORKERS is {config.admission.num_workers} but "
                 f"{len(workers)} model worker(s) were built"
             )
+        if backend is not None and clock is not None:
+            raise TypeError("ServiceRuntime: `clock` is the in-memory admission's; give it to the backend instead")
         self._config = config
         self._workers = tuple(workers)
         self._transport = transport
         self._tuning = tuning or RuntimeTuning()
         self._observer: SessionObserver = observer or _NoObserver()
-        self._setup_admission(clock)
+        self._backend: AdmissionBackend = (
+            backend
+            if backend is not None
+            else MemoryAdmissionBackend(config.admission, clock=clock, tick_interval=self._tuning.admission_tick_s)
+        )
+        self._runner = SessionRunner(
+            transport,
+            self._tuning,
+            self._observer,
+            RunnerCallbacks(
+                request_close=self._request_close,
+                running=self._on_running,
+                release_slot=self._backend.release,
+                ended=self._after_end,
+            ),
+        )
         self._sessions: dict[str, Session] = {}
         self._live: set[str] = set()
         self._finished: OrderedDict[str, None] = OrderedDict()
@@ -158,9 +177,9 @@ class ServiceRuntime(SessionRunner):
         return self._tuning
 
     @property
-    def controller(self) -> AdmissionController:
-        """The admission controller (read-only use: statistics and invariant checks)."""
-        return self._controller
+    def backend(self) -> AdmissionBackend:
+        """The admission backend (read-only use: statistics, tests)."""
+        return self._backend
 
     @property
     def draining(self) -> bool:
@@ -168,7 +187,9 @@ class ServiceRuntime(SessionRunner):
 
     async def start(self) -> None:
         """Start admission and the transport; start the model workers in the background."""
-        await self._start_admission()
+        for index in range(len(self._workers)):
+            self._backend.set_worker_healthy(index, False)
+        await self._backend.start(_Host(self))
         if self._transport is not None:
             await self._transport.start()
         self._tasks.spawn(self._start_workers(), name="start-workers")
@@ -187,13 +208,14 @@ class ServiceRuntime(SessionRunner):
         await self._workers_ready.wait()
 
     async def aclose(self) -> None:
-        """Close every session (cancel), stop workers and transport, await every task. Idempotent."""
+        """Close every session (cancel), stop workers and transport, then the admission backend (once the sessions
+        ended, so that their releases still reach it); await every task. Idempotent."""
         if self._closing:
             return
         self._closing = True
-        self._stop_admitting()
+        self._backend.stop_admitting()
         for session in self._admitted_sessions():
-            self._request_close(session, SessionCloseMode.CANCEL, "shutdown")
+            self._request_close(session, CloseMode.CANCEL, "shutdown")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._tuning.shutdown_close_s
         if not await self._wait_idle(deadline):
@@ -214,7 +236,7 @@ class ServiceRuntime(SessionRunner):
                 await worker.stop()
             except Exception:
                 logger.exception("shutdown: model worker %d failed to stop", index)
-        await self._close_admission()
+        await self._backend.aclose()
         self._drained.set()
         logger.info("runtime stopped")
 
@@ -232,6 +254,8 @@ class ServiceRuntime(SessionRunner):
         down = [str(index) for index, healthy in enumerate(self._healthy) if not healthy]
         if down:
             return Readiness(False, "not_ready", f"model worker(s) {', '.join(down)} not ready")
+        if not self._backend.available:
+            return Readiness(False, "admission_unavailable", _UNAVAILABLE_REASON)
         return Readiness(True)
 
     # ------------------------------------------------------------------------------------------------ sessions
@@ -242,21 +266,19 @@ class ServiceRuntime(SessionRunner):
         """Validate, then admit or queue a new session; returns its snapshot and whether it was admitted at once.
 
         Raises `InvalidConfigError` (and the image errors) for bad input, `QueueFullError`, `DrainingError`,
-        `NotReadyError`, or `SessionStartError` when an immediately admitted session failed to start.
+        `NotReadyError`, `AdmissionUnavailableError` (a shared backend cannot be reached), or `SessionStartError`
+        when an immediately admitted session failed to start.
         """
+        if self._started and not (self._draining or self._closing) and not self._backend.available:
+            raise AdmissionUnavailableError("the shared admission backend is unavailable; retry shortly")
         session = await self._new_session(owner, config, image)
         bind_session_id(session.id)  # the rest of this request is the session's: admission's lines name it too
         try:
-            view = self._controller.create(owner=owner, ticket_id=session.id)
+            queued_at = await self._backend.create(session, config, image)
         except BaseException:
-            self._forget_rejected(session.id)
+            self._forget_rejected(session.id)  # rejected, or an outcome the backend takes back itself
             raise
-        if view.state is TicketState.REJECTED:
-            self._forget_rejected(session.id)
-            if view.reason is TicketReason.QUEUE_FULL:
-                raise QueueFullError(view.retry_after_s or self._controller.retry_after_s())
-            raise DrainingError("the service is draining and admits no new sessions; retry on another instance")
-        return await self._created(session, view.position if view.state is TicketState.QUEUED else None)
+        return await self._created(session, queued_at)
 
     async def _new_session(self, owner: str, config: Mapping[str, object], image: bytes | None) -> Session:
         """Check that creates are accepted, `prepare` off the loop, then register a new queued session."""
@@ -287,31 +309,71 @@ class ServiceRuntime(SessionRunner):
         return session.snapshot(), True
 
     def get(self, owner: str, session_id: str) -> SessionSnapshot:
-        """The session's live snapshot; a GET of a queued session is a heartbeat."""
+        """The live snapshot of a session with a record here; a GET of a queued session is a heartbeat."""
         session = self._visible(owner, session_id)
         self.heartbeat(session_id)
         return session.snapshot()
 
-    def list_sessions(self, owner: str) -> list[SessionSnapshot]:
-        """The owner's sessions (live and remembered finished ones), oldest first."""
-        self._controller.tick()
-        return [session.snapshot() for session in self._sessions.values() if session.owner == owner]
-
     def subscribe(self, owner: str, session_id: str) -> tuple[SessionSnapshot, Subscription[SessionSnapshot]]:
-        """The current snapshot and a subscription to every later one (ends after the terminal snapshot)."""
+        """The current snapshot of a session with a record here and a subscription to every later one (ends after
+        the terminal snapshot)."""
         session = self._visible(owner, session_id)
         subscription = session.snapshots.subscribe()
         self.heartbeat(session_id)
         return session.snapshot(), subscription
 
     def heartbeat(self, session_id: str) -> None:
-        """The client of a queued session is still there (a GET, or an open event stream)."""
+        """A client of the session is still there (a GET, or an open event stream): a queued session (here, or in
+        a queue shared with other replicas) keeps its place."""
         session = self._sessions.get(session_id)
-        if session is not None and session.state is SessionState.QUEUED:
-            self._controller.heartbeat(session_id)
+        if session is not None and session.state is not SessionState.QUEUED:
+            return
+        self._backend.heartbeat(session_id)
 
-    async def delete(self, owner: str, session_id: str, mode: SessionCloseMode) -> SessionSnapshot:
+    # What the HTTP routes call. A session with a record here is answered from it; any other (queued in a shared
+    # queue, or run by another replica) by the backend, which, with one instance, knows no other (404).
+
+    async def lookup(self, owner: str, session_id: str) -> SessionSnapshot:
+        """The session's live snapshot (`get`, or the backend's record)."""
+        if session_id in self._sessions:
+            return self.get(owner, session_id)
+        return await self._backend.lookup(owner, session_id)
+
+    def runs_here(self, session_id: str) -> bool:
+        """Whether this instance's transport holds (or held) the session's binding: it is past the queue here."""
+        session = self._sessions.get(session_id)
+        return session is not None and session.state is not SessionState.QUEUED
+
+    async def lookup_here(self, owner: str, session_id: str) -> SessionSnapshot:
+        """The session for a route bound to this instance's transport (the WebRTC offer, viewer tokens); one that
+        another replica runs raises `SessionElsewhereError`."""
+        if session_id in self._sessions:
+            return self.get(owner, session_id)
+        return await self._backend.lookup_here(owner, session_id)
+
+    async def sessions_of(self, owner: str) -> list[SessionSnapshot]:
+        """The owner's sessions, oldest first: the live ones admission knows of (every replica's, when it is
+        shared) and the finished ones this instance remembers; a record here wins over the backend's."""
+        known = await self._backend.sessions_of(owner)
+        found = {session.id: session.snapshot() for session in self._sessions.values() if session.owner == owner}
+        for snapshot in known:
+            found.setdefault(snapshot.id, snapshot)
+        return sorted(found.values(), key=lambda snapshot: snapshot.created_at)
+
+    async def follow(self, owner: str, session_id: str) -> tuple[SessionSnapshot, SnapshotStream]:
+        """The current snapshot and a stream of every later one (ends after the terminal one). A session queued in
+        a shared queue is followed through the backend while it can be reached (it may start on another replica)."""
+        session = self._sessions.get(session_id)
+        shared = self._backend.shares_queue and self._backend.available
+        if session is not None and (session.state is not SessionState.QUEUED or not shared):
+            return self.subscribe(owner, session_id)
+        return await self._backend.follow(owner, session_id)
+
+    async def delete(self, owner: str, session_id: str, mode: CloseMode) -> SessionSnapshot:
         """End the session (idempotent): cancel it while queued, else close it with `mode` and wait a little."""
+        session = self._sessions.get(session_id)
+        if session is None or (session.state is SessionState.QUEUED and self._backend.shares_queue):
+            return await self._backend.delete(owner, session_id, mode)
         session = self._visible(owner, session_id)
         self._request_close(session, mode, "client_deleted")
         if not session.terminal:
@@ -320,34 +382,11 @@ class ServiceRuntime(SessionRunner):
                     await session.ended.wait()
         return session.snapshot()
 
-    # What the HTTP routes call. Here they answer from this instance's sessions; a runtime whose sessions live on
-    # several replicas (`service.scaleout.runtime`) answers for sessions run elsewhere too.
-
-    async def lookup(self, owner: str, session_id: str) -> SessionSnapshot:
-        """`get` for the routes."""
-        return self.get(owner, session_id)
-
-    def runs_here(self, session_id: str) -> bool:
-        """Whether this instance's transport holds (or held) the session's binding; always, with one instance."""
-        return True
-
-    async def lookup_here(self, owner: str, session_id: str) -> SessionSnapshot:
-        """The session for a route bound to this instance's transport (the WebRTC offer, viewer tokens)."""
-        return self.get(owner, session_id)
-
-    async def sessions_of(self, owner: str) -> list[SessionSnapshot]:
-        """`list_sessions` for the routes."""
-        return self.list_sessions(owner)
-
-    async def follow(self, owner: str, session_id: str) -> tuple[SessionSnapshot, SnapshotStream]:
-        """`subscribe` for the routes."""
-        return self.subscribe(owner, session_id)
-
     # ------------------------------------------------------------------------------------------------ drain
 
     def start_drain(self, reason: str) -> None:
-        """Begin the drain (idempotent): not ready, no admissions, queued sessions cancelled, a deadline for the
-        rest."""
+        """Begin the drain (idempotent): not ready, no admissions, queued sessions cancelled (or, with a shared
+        queue, left to the other replicas), a deadline for the rest."""
         if self._draining or self._closing:
             return
         self._draining = True
@@ -360,7 +399,7 @@ class ServiceRuntime(SessionRunner):
             len(running),
             self._config.drain_timeout,
         )
-        self._stop_admitting()
+        self._backend.stop_admitting()
         for session in running:
             self._mark_service_draining(session)
         self._tasks.spawn(self._drain(), name="drain")
@@ -382,58 +421,24 @@ class ServiceRuntime(SessionRunner):
             draining=self._draining,
             complete=self._drained.is_set(),
             running=len(self._admitted_sessions()),
-            queued=sum(1 for sid in self._live if self._sessions[sid].state is SessionState.QUEUED),
+            queued=len(self._queued_sessions()),
             deadline_in_s=deadline_in,
         )
 
     def statistics(self) -> RuntimeStatistics:
-        admission = self._admission_statistics()
+        report = self._backend.statistics()
         counts = Counter(self._sessions[sid].state.value for sid in self._live)
-        held = sum(1 for sid in self._live if self._sessions[sid].holds_slot)
+        held = sum(1 for sid in self._live if self._sessions[sid].holds_slot) + report.slots_in_flight
         return RuntimeStatistics(
             sessions={state.value: counts.get(state.value, 0) for state in _ordered(LIVE_STATES)},
             ended_total=dict(self._ended_total),
-            admission=admission,
+            admission=report.admission,
             ready=self.readiness().ready,
             draining=self._draining,
             slots_held=held,
-            slot_mismatch=admission.retained_total - held,
+            slot_mismatch=report.admission.retained_total - held,
+            shared=report.shared,
         )
-
-    # ------------------------------------------------------------------------------------------------ admission
-    # The in-memory admission of one instance. `service.scaleout.runtime.SharedServiceRuntime` overrides these (and
-    # the routes' calls above) with the admission that every replica shares through Redis.
-
-    def _setup_admission(self, clock: Clock | None) -> None:
-        self._controller = AdmissionController(self._config.admission, clock=clock)
-        self._driver = AdmissionDriver(self._controller, tick_interval=self._tuning.admission_tick_s)
-        self._unsubscribe = self._controller.subscribe(self._on_admission_event)
-
-    async def _start_admission(self) -> None:
-        for index in range(len(self._workers)):
-            self._set_worker_healthy(index, False)
-        self._driver.start()
-
-    async def _close_admission(self) -> None:
-        self._unsubscribe()
-        await self._driver.aclose()
-
-    def _set_worker_healthy(self, index: int, healthy: bool) -> None:
-        self._controller.set_worker_healthy(index, healthy)
-
-    def _stop_admitting(self) -> None:
-        """Drain or shutdown: admit nothing more, cancel the queued sessions."""
-        self._controller.drain()
-
-    def _cancel_queued(self, session: Session) -> None:
-        self._controller.release(session.id)  # -> CANCELLED (client_cancelled), through the admission event
-
-    def _release_slot(self, session: Session) -> None:
-        """The admitted session has ended (`_finish`): its slot goes back, exactly once."""
-        self._controller.release(session.id)
-
-    def _admission_statistics(self) -> AdmissionStatistics:
-        return self._controller.statistics()
 
     # ------------------------------------------------------------------------------------------------ internals
 
@@ -472,6 +477,9 @@ class ServiceRuntime(SessionRunner):
     def _admitted_sessions(self) -> list[Session]:
         return [self._sessions[sid] for sid in self._live if self._sessions[sid].admitted]
 
+    def _queued_sessions(self) -> list[Session]:
+        return [self._sessions[sid] for sid in self._live if self._sessions[sid].state is SessionState.QUEUED]
+
     def _update_idle(self) -> None:
         if self._live:
             self._idle.clear()
@@ -488,11 +496,16 @@ class ServiceRuntime(SessionRunner):
             return False
         return True
 
-    def _request_close(self, session: Session, mode: SessionCloseMode, reason: str) -> None:
+    def _request_close(self, session: Session, mode: CloseMode, reason: str) -> None:
         if session.state is SessionState.QUEUED:
-            self._cancel_queued(session)
+            self._backend.cancel_queued(session)
         else:
             session.request_close(mode, reason)
+
+    def _on_running(self, session: Session) -> None:
+        """The runner moved the session to RUNNING: a service that drains (now, or since it was admitted) says so."""
+        if session.service_draining or self._draining:
+            self._mark_service_draining(session)
 
     def _mark_service_draining(self, session: Session) -> None:
         session.service_draining = True
@@ -503,12 +516,8 @@ class ServiceRuntime(SessionRunner):
                 detail=f"the service is draining; the session ends within {self._config.drain_timeout:g} s",
             )
 
-    def _on_admission_event(self, event: AdmissionEvent) -> None:
-        """Admission listener (synchronous, after the controller's state is consistent)."""
-        view = event.ticket
-        session = self._sessions.get(view.ticket_id)
-        if session is None or session.terminal:
-            return
+    def _admission_event(self, session: Session, event: AdmissionEvent) -> None:
+        """An admission decision about a live session with a record here (synchronous, from the backend)."""
         with session_context(session.id):
             self._observer.admission_event(session, event)
             self._apply_admission_event(session, event)
@@ -523,9 +532,10 @@ class ServiceRuntime(SessionRunner):
             session.holds_slot = True
             session.move(SessionState.ADMITTED)
             logger.info("session %s admitted on worker %s", session.id, view.worker)
+            worker = self._workers[session.worker if session.worker is not None else 0]
             context = contextvars.copy_context()
             context.run(self._enter_session, session)
-            runner = self._tasks.spawn(self._run_session(session), name=f"session-{session.id}", context=context)
+            runner = self._tasks.spawn(self._runner.run(session, worker), name=f"session-{session.id}", context=context)
             self._runners.add(runner)
             runner.add_done_callback(self._runners.discard)
         elif kind in (AdmissionEventKind.EXPIRED, AdmissionEventKind.CANCELLED):
@@ -534,6 +544,20 @@ class ServiceRuntime(SessionRunner):
             logger.info("session %s left the queue: %s (%s)", session.id, state.value, reason)
             session.move(state, reason=reason)
             self._after_end(session)
+
+    def _lose(self, session: Session, code: str, message: str) -> None:
+        if session.state is SessionState.QUEUED:
+            session.move(SessionState.CANCELLED, reason=code)
+            self._after_end(session)
+            return
+        session.record_failure(code, message)
+        self._request_close(session, CloseMode.CANCEL, code)
+
+    def _forget(self, session: Session) -> None:
+        self._sessions.pop(session.id, None)
+        self._live.discard(session.id)
+        self._observer.session_ended(session)
+        self._update_idle()
 
     def _enter_session(self, session: Session) -> None:
         """Runs in the runner's own context: the session id for every log line, the observer's binding."""
@@ -557,10 +581,10 @@ class ServiceRuntime(SessionRunner):
         grace = min(self._tuning.drain_close_grace_s, self._config.drain_timeout / 4)
         if not await self._wait_idle(deadline - grace):
             for session in self._admitted_sessions():
-                self._request_close(session, SessionCloseMode.DRAIN, "service_drain")
+                self._request_close(session, CloseMode.DRAIN, "service_drain")
             if not await self._wait_idle(deadline):
                 for session in self._admitted_sessions():
-                    self._request_close(session, SessionCloseMode.CANCEL, "drain_deadline")
+                    self._request_close(session, CloseMode.CANCEL, "drain_deadline")
                 loop = asyncio.get_running_loop()
                 if not await self._wait_idle(loop.time() + self._tuning.shutdown_close_s):
                     logger.error("drain: %d session(s) did not close after cancel", len(self._live))
@@ -602,8 +626,51 @@ class ServiceRuntime(SessionRunner):
                 self._healthy[index] = healthy
                 if not healthy and self._worker_started[index]:
                     logger.error("model worker %d is not ready; it admits no sessions", index)
-                self._set_worker_healthy(index, healthy)
+                self._backend.set_worker_healthy(index, healthy)
 
 
 def _ordered(states: frozenset[SessionState]) -> list[SessionState]:
     return [state for state in SessionState if state in states]
+
+
+class _Host:
+    """The runtime as its admission backend sees it (`service.runtime.backend.AdmissionHost`): a narrow view, so
+    that what only backends may do (register an adopted session, forget a handed-over one) stays off the runtime's
+    own interface."""
+
+    def __init__(self, runtime: ServiceRuntime) -> None:
+        self._runtime = runtime
+
+    @property
+    def tuning(self) -> RuntimeTuning:
+        return self._runtime._tuning
+
+    @property
+    def closing(self) -> bool:
+        return self._runtime._closing
+
+    def session(self, session_id: str) -> Session | None:
+        return self._runtime._sessions.get(session_id)
+
+    def queued(self) -> list[Session]:
+        return self._runtime._queued_sessions()
+
+    def admission_event(self, session: Session, event: AdmissionEvent) -> None:
+        self._runtime._admission_event(session, event)
+
+    def request_close(self, session: Session, mode: CloseMode, reason: str) -> None:
+        self._runtime._request_close(session, mode, reason)
+
+    def lose(self, session: Session, code: str, message: str) -> None:
+        self._runtime._lose(session, code, message)
+
+    def forget(self, session: Session) -> None:
+        self._runtime._forget(session)
+
+    async def prepare(self, config: Mapping[str, object], image: bytes | None) -> PreparedSession:
+        return await asyncio.to_thread(self._runtime._prepare, config, image)
+
+    def register(self, session_id: str, owner: str, prepared: PreparedSession, created_at: float) -> Session:
+        session = self._runtime._register(session_id, owner, prepared)
+        session.created_at = created_at
+        return session

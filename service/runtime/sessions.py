@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from pipeline.bidirectional import ChunkOutput, PreparedSession, SessionCloseMode
+from pipeline.bidirectional import ChunkOutput, CloseMode, PreparedSession
 from service.errors import SessionTransitionError
 from service.runtime.fanout import Broadcast, Flag
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
@@ -185,7 +185,7 @@ class Session:
         self.created_at = time.time()
         self.updated_at = self.created_at
         self.failure: tuple[str, str] | None = None
-        self.close_mode: SessionCloseMode | None = None
+        self.close_mode: CloseMode | None = None
         self.close_reason: str | None = None
         self.holds_slot = False
         self.service_draining = False
@@ -251,7 +251,7 @@ class Session:
         if self.failure is None:
             self.failure = (code, message)
 
-    def request_close(self, mode: SessionCloseMode, reason: str) -> bool:
+    def request_close(self, mode: CloseMode, reason: str) -> bool:
         """Ask the session's runner to close it with `mode`; a CANCEL escalates a DRAIN already under way.
 
         Returns whether anything changed. The first request's reason is kept. An admitted or running session moves
@@ -263,10 +263,10 @@ class Session:
             self.close_mode = mode
             self.close_reason = reason
             self.close_requested.set()
-            if mode is SessionCloseMode.CANCEL:
+            if mode is CloseMode.CANCEL:
                 self.escalated.set()
-        elif mode is SessionCloseMode.CANCEL and self.close_mode is SessionCloseMode.DRAIN:
-            self.close_mode = SessionCloseMode.CANCEL
+        elif mode is CloseMode.CANCEL and self.close_mode is CloseMode.DRAIN:
+            self.close_mode = CloseMode.CANCEL
             self.escalated.set()
         else:
             return False

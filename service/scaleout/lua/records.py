@@ -3,7 +3,9 @@
 `SharedTicketView` is `admission.TicketView` plus where the ticket lives (owner replica, origin, registry status);
 `SharedAdmissionEvent` carries one change of one ticket; `CloseRequest` is a DELETE forwarded to the owner. The
 `decode_*` functions turn the flat Redis arrays (`[field, value, ...]`) of the ticket hashes, events and script
-replies into these records; `service.scaleout.admission` is their only caller.
+replies into these records; `service.scaleout.admission` is their only caller. The deployment's statistics
+(`SharedAdmissionStatistics`, `ReplicaStatistics`) are defined with the runtime's records and `NotTicketOwnerError`
+in the service's error tree (the base modules read them without importing scale-out code); both are re-exported.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from admission import AdmissionError, TicketReason, TicketState, TicketView
+from admission import TicketReason, TicketState, TicketView
+from service.errors import NotTicketOwnerError
+from service.runtime.records import ReplicaStatistics, SharedAdmissionStatistics
 
 __all__ = [
     "CloseRequest",
@@ -125,62 +129,6 @@ class CloseRequest:
     ticket_id: str
     mode: str
     requested_by: str
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaStatistics:
-    """One registered replica as Redis sees it. `alive`: its liveness key exists; `retained[i]`: slots held on
-    worker i; `reserved[i]`: slots of lost sessions it has not stopped yet (they admit nothing)."""
-
-    replica_id: str
-    alive: bool
-    num_workers: int
-    max_sessions_per_worker: int
-    healthy: tuple[bool, ...]
-    draining: bool
-    retained: tuple[int, ...]
-    reserved: tuple[int, ...]
-
-    @property
-    def free_slots(self) -> int:
-        if not self.alive or self.draining:
-            return 0
-        return sum(
-            max(0, self.max_sessions_per_worker - used - spare)
-            for used, spare, healthy in zip(self.retained, self.reserved, self.healthy, strict=True)
-            if healthy
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class SharedAdmissionStatistics:
-    """The whole deployment: every registered replica and the global queue depth."""
-
-    replicas: tuple[ReplicaStatistics, ...]
-    queue_depth: int
-
-    @property
-    def capacity(self) -> int:
-        return sum(r.num_workers * r.max_sessions_per_worker for r in self.replicas if r.alive and not r.draining)
-
-    @property
-    def retained_total(self) -> int:
-        return sum(sum(r.retained) for r in self.replicas)
-
-    @property
-    def free_slots(self) -> int:
-        return sum(r.free_slots for r in self.replicas)
-
-
-class NotTicketOwnerError(AdmissionError):
-    """`release` or `publish_status` of a ticket this replica does not hold; the owner must do it (send a DELETE
-    there with `request_close`)."""
-
-    def __init__(self, ticket_id: str, replica: str | None) -> None:
-        where = f"replica {replica!r}" if replica else "no replica (it is not admitted)"
-        super().__init__(f"admission ticket {ticket_id!r} is held by {where}, not by this replica")
-        self.ticket_id = ticket_id
-        self.replica = replica
 
 
 @dataclass(frozen=True, slots=True)

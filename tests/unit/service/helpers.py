@@ -12,7 +12,9 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
+from admission import AdmissionController
 from service.app import create_app, runtime_of
+from service.runtime.memory import MemoryAdmissionBackend
 from service.runtime.runtime import RuntimeTuning, ServiceRuntime
 from service.settings import load_settings
 from tests.fakes.clock import FakeClock
@@ -89,8 +91,19 @@ class Harness:
     def world(self) -> FakeWorld:
         return self.workers[0]
 
+    @property
+    def controller(self) -> AdmissionController:
+        """The in-memory admission's controller (read-only use: tickets, invariant checks)."""
+        return controller_of(self.runtime)
+
     async def create(self, body: Any = None, **kwargs: Any) -> httpx.Response:
         return await self.client.post("/v1/sessions", json={} if body is None else body, **kwargs)
+
+
+def controller_of(runtime: ServiceRuntime) -> AdmissionController:
+    backend = runtime.backend
+    assert isinstance(backend, MemoryAdmissionBackend), "the runtime runs on the in-memory admission"
+    return backend.controller
 
 
 @contextlib.asynccontextmanager

@@ -16,7 +16,7 @@ async def test_two_hundred_concurrent_creates_and_deletes_never_exceed_capacity_
 
         def observe() -> None:
             nonlocal peak
-            svc.runtime.controller.check_invariants()
+            svc.controller.check_invariants()
             stats = svc.runtime.statistics()
             peak = max(peak, stats.admission.retained_total)
             assert stats.admission.retained_total <= capacity
@@ -48,7 +48,7 @@ async def test_two_hundred_concurrent_creates_and_deletes_never_exceed_capacity_
         assert all(world.live == 0 for world in svc.workers)
         assert max(world.max_live for world in svc.workers) <= 2
         assert stats.admission.admitted_total == stats.admission.released_total
-        svc.runtime.controller.check_invariants()
+        svc.controller.check_invariants()
         text = (await svc.client.get("/metrics")).text
         assert metric(text, 'lingstream_admission_slots_retained{worker="0"}') == 0
         assert metric(text, "lingstream_admission_slot_mismatch") == 0

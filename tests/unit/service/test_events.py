@@ -45,7 +45,7 @@ async def test_an_open_stream_keeps_the_place_and_closing_it_stops_the_heartbeat
             for _ in range(4):
                 clock.advance(2)  # 8 s in all, more than twice the heartbeat timeout
                 # The stream's next keep-alive is a heartbeat: the deadline moves to now + timeout.
-                await wait_for(lambda: svc.runtime.controller.get(waiting).heartbeat_deadline == clock.now() + 3)
+                await wait_for(lambda: svc.controller.get(waiting).heartbeat_deadline == clock.now() + 3)
             assert stream.status == 200
             body = (await svc.client.get("/v1/sessions")).json()["sessions"][1]
             assert body["status"] == "queued"

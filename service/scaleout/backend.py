@@ -1,36 +1,41 @@
-"""`SharedServiceRuntime`: the service runtime on the admission that every replica shares through Redis (issue #10).
+"""`RedisAdmissionBackend`: the `AdmissionBackend` that every replica shares through Redis (issue #10).
 
-`ServiceRuntime` runs one instance's sessions on the in-memory admission. This subclass keeps all of that (a session
-this replica runs lives exactly as there: model worker create, transport attach, close, one release) and swaps the
-admission for `service.scaleout.admission.RedisAdmission`, so that replicas behind a load balancer act as one service:
+`ServiceRuntime` runs one instance's sessions; given this backend (`ServiceRuntime(..., backend=
+RedisAdmissionBackend(...))`) it acts with the other replicas behind a load balancer as one service. A session this
+replica runs lives exactly as with the in-memory admission (model worker create, transport attach, close, one
+release); this backend swaps the admission for `service.scaleout.admission.RedisAdmission` and answers for every
+session the runtime keeps no record of:
 
 - **create**: the ticket is created in Redis with the request as its payload and the session's first registry body;
   one global FIFO in order of arrival, exact slots per (replica, worker);
 - **owner**: the replica whose slot a ticket gets runs the session. When it did not take the create itself it first
-  *adopts* it: reads the payload, runs `prepare` again, builds the `Session`. Every status change it publishes
-  (`publish_status`, one writer task per session, always the newest snapshot), then it releases the slot;
-- **any replica** answers GET, DELETE, the event stream and the list for every session: from its own `Session`
-  when it runs (or waits for) it here, else from the registry (`service.scaleout.registry`), checking the owner
-  fingerprint in constant time. DELETE elsewhere becomes `request_close`, which reaches the owner's hook;
+  *adopts* it: reads the payload, has the runtime `prepare` it again and `register` the `Session`. Every status
+  change it publishes (`publish_status`, one writer task per session, always the newest snapshot), then it releases
+  the slot;
+- **any replica** answers GET, DELETE, the event stream and the list for every session: the runtime from its own
+  `Session` when it runs (or waits for) it here, else this backend from the registry (`service.scaleout.registry`),
+  checking the owner fingerprint in constant time. DELETE elsewhere becomes `request_close`, which reaches the
+  owner's listener;
 - **transport routes** (the WebRTC offer, viewer tokens) need the replica that runs the session: elsewhere they
   answer 409 `session_on_other_replica` naming it (with LiveKit, browsers talk to LiveKit, not to a replica);
 - a session created here but admitted elsewhere, and every session still queued here when the replica drains,
-  is *handed over*: forgotten locally, it lives on in the registry and the global queue;
-- **outages**: while Redis is unreachable readiness is false (`admission_unavailable`), creates answer 503,
-  running sessions go on; once it is back every running session's status is published again;
-- **metrics**: `lingstream_admission_queue_depth` is the global queue's depth (every reply from Redis carries it, and
-  the maintenance pass runs every heartbeat interval); the deployment's statistics (every replica's slots) are read
-  in the background every heartbeat interval and served from that cache, so `/metrics` never waits for Redis.
+  is *handed over*: forgotten by the runtime, it lives on in the registry and the global queue;
+- **outages**: while Redis is unreachable the backend is not `available` (the runtime is then not ready and
+  refuses creates with 503 `admission_unavailable`), running sessions go on; once it is back every running session's
+  status is published again;
+- **metrics**: the queue depth is the global queue's (every reply from Redis carries it, and the maintenance pass
+  runs every heartbeat interval); the deployment's statistics (every replica's slots) are read in the background
+  every heartbeat interval and served from that cache, so `/metrics` never waits for Redis.
 
-Background work (publishers, adoptions, heartbeats, the statistics refresh, the drain call) is owned by one more
-`TaskSet`, closed after the sessions' runners, so that final statuses and releases still reach Redis at shutdown.
+Background work (publishers, adoptions, heartbeats, the statistics refresh, the drain call) is owned by one
+`TaskSet`, closed in `aclose`, which the runtime calls after its sessions' runners ended, so that final statuses and
+releases still reach Redis at shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import secrets
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -40,43 +45,35 @@ from typing import Any, TypeVar
 from redis.asyncio import Redis
 
 from admission import (
-    AdmissionController,
+    AdmissionClosedError,
+    AdmissionConfig,
     AdmissionError,
     AdmissionEvent,
     AdmissionEventKind,
-    AdmissionStatistics,
     Clock,
     TicketReason,
     TicketState,
     UnknownTicketError,
 )
-from pipeline.bidirectional import BidirectionalService, SessionCloseMode
+from pipeline.bidirectional import CloseMode
 from service.errors import (
     AdmissionUnavailableError,
     DrainingError,
+    NotTicketOwnerError,
     QueueFullError,
     SessionElsewhereError,
     SessionNotFoundError,
-    SettingsError,
 )
 from service.logs import session_context
+from service.runtime.backend import AdmissionHost
 from service.runtime.fanout import Subscription
-from service.runtime.runtime import (
-    Readiness,
-    RuntimeStatistics,
-    RuntimeTuning,
-    ServiceRuntime,
-    SessionObserver,
-    SnapshotStream,
-)
+from service.runtime.records import AdmissionReport, SharedAdmissionStatistics, SnapshotStream
 from service.runtime.sessions import Session, SessionSnapshot, SessionState
 from service.runtime.tasks import TaskSet
 from service.scaleout.admission import (
     CloseRequest,
-    NotTicketOwnerError,
     RedisAdmission,
     SharedAdmissionEvent,
-    SharedAdmissionStatistics,
     SharedEventKind,
     SharedTicketView,
 )
@@ -88,17 +85,18 @@ from service.scaleout.registry import (
     failed_body,
     remote_snapshot,
 )
-from service.settings import ServiceConfig
-from transport.base import Transport
+from service.settings import SharedAdmissionConfig
 
-__all__ = ["DEFAULT_PREFIX", "SharedServiceRuntime"]
+__all__ = ["DEFAULT_PREFIX", "RedisAdmissionBackend"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 DEFAULT_PREFIX = "lingstream:admission:"
-_UNAVAILABLE_REASON = "the shared admission backend (Redis) is unavailable"
+_UNAVAILABLE_MESSAGE = "the shared admission backend is unavailable; retry shortly"
+# What a call to Redis may fail with once started: an outage, a refusal by the owner check, a closed backend.
+_CALL_ERRORS = (AdmissionUnavailableError, NotTicketOwnerError, AdmissionError)
 # Kinds that change a session waiting here exactly as the in-memory admission's events do.
 _LOCAL_KINDS = frozenset(
     {
@@ -122,41 +120,35 @@ class _Owned:
     writer: asyncio.Task[None] | None = None
 
 
-class SharedServiceRuntime(ServiceRuntime):
-    """`ServiceRuntime` on the Redis admission shared by every replica; see the module docstring.
+class RedisAdmissionBackend:
+    """`AdmissionBackend` on the Redis admission shared by every replica; see the module docstring.
 
     `redis` is the Redis URL (the backend makes and owns its client) or a client (`decode_responses=False`, the
-    caller owns it). `config.shared_admission` names this replica and its liveness TTL. `prefix` namespaces the
-    keys (every replica of one deployment must use the same).
+    caller owns it). `shared` names this replica and its liveness TTL; `config` is the admission configuration (the
+    same on every replica). `clock` measures outages only. `prefix` namespaces the keys (every replica of one
+    deployment must use the same).
     """
 
     def __init__(
         self,
-        config: ServiceConfig,
-        workers: Sequence[BidirectionalService],
-        transport: Transport | None = None,
-        *,
         redis: Redis | str,
+        shared: SharedAdmissionConfig,
+        config: AdmissionConfig,
+        *,
         clock: Clock | None = None,
-        tuning: RuntimeTuning | None = None,
-        observer: SessionObserver | None = None,
         prefix: str = DEFAULT_PREFIX,
     ) -> None:
-        shared = config.shared_admission
-        if shared is None:
-            raise SettingsError("invalid configuration: the shared runtime needs LINGSTREAM_ADMISSION_BACKEND=redis")
-        super().__init__(config, workers, transport, clock=clock, tuning=tuning, observer=observer)
         self._replica = shared.replica_id
         self._admission = RedisAdmission(
-            redis, shared.replica_id, config.admission, clock=clock, prefix=prefix, replica_ttl_s=shared.replica_ttl_s
+            redis, shared.replica_id, config, clock=clock, prefix=prefix, replica_ttl_s=shared.replica_ttl_s
         )
         self._refresh_s = shared.replica_ttl_s / 3
-        self._unsubscribe_shared = self._admission.subscribe(self._on_shared_event)
-        self._unsubscribe_closes = self._admission.on_close_requested(self._on_close_request)
-        self._registry = TaskSet("shared-runtime")
+        self._host: AdmissionHost | None = None
+        self._unsubscribe: list[Callable[[], None]] = []
+        self._tasks = TaskSet("shared-admission")
         self._owned: dict[str, _Owned] = {}
         self._adopting: set[str] = set()
-        self._pending_closes: dict[str, SessionCloseMode] = {}
+        self._pending_closes: dict[str, CloseMode] = {}
         self._followers: dict[str, set[asyncio.Event]] = {}
         self._beating: set[str] = set()
         self._stopped_admitting = False
@@ -164,135 +156,146 @@ class SharedServiceRuntime(ServiceRuntime):
 
     @property
     def admission(self) -> RedisAdmission:
-        """The shared admission backend (read-only use: statistics, tests)."""
+        """The shared admission (read-only use: statistics, tests)."""
         return self._admission
 
     @property
     def replica_id(self) -> str:
         return self._replica
 
+    # ---------------------------------------------------------------------------------------------- life
+
+    async def start(self, host: AdmissionHost) -> None:
+        self._host = host
+        self._unsubscribe = [
+            self._admission.subscribe(self._on_shared_event),
+            self._admission.on_close_requested(self._on_close_request),
+        ]
+        await self._admission.start()
+        self._tasks.spawn(self._refresh_forever(), name="shared-statistics")
+        logger.info("shared admission: replica %s (liveness TTL %g s)", self._replica, self._refresh_s * 3)
+
+    def stop_admitting(self) -> None:
+        """This replica admits nothing more; its queued sessions stay in the global queue for the other replicas
+        (the last replica to drain cancels the queue) and are handed over."""
+        if not self._stopped_admitting:
+            self._stopped_admitting = True
+            self._spawn(self._admission.drain(), name="shared-admission-drain")
+        if self._host is not None:
+            for session in self._host.queued():
+                self._hand_over(self._host, session, "this replica stops admitting")
+
+    async def aclose(self) -> None:
+        """Every runner has ended: let the writers publish the final statuses and give the slots back (bounded),
+        then stop the background work and leave the registry."""
+        writers = [owned.writer for owned in self._owned.values() if owned.writer is not None]
+        if writers:
+            _, pending = await asyncio.wait(writers, timeout=self._started_host().tuning.shutdown_close_s)
+            if pending:
+                logger.error("shutdown: %d session status writer(s) did not finish in time", len(pending))
+        await self._tasks.aclose()
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        await self._admission.aclose()
+
+    # ---------------------------------------------------------------------------------------------- state
+
     @property
-    def controller(self) -> AdmissionController:
-        raise RuntimeError("the shared runtime has no in-memory admission controller; read `admission` instead")
+    def available(self) -> bool:
+        return self._admission.available
 
-    def readiness(self) -> Readiness:
-        readiness = super().readiness()
-        if readiness.ready and not self._admission.available:
-            return Readiness(False, "admission_unavailable", _UNAVAILABLE_REASON)
-        return readiness
+    @property
+    def shares_queue(self) -> bool:
+        return True
 
-    def statistics(self) -> RuntimeStatistics:
-        stats = super().statistics()
-        # Slots Redis still counts for sessions this replica is adopting or has ended but not yet given back.
+    def statistics(self) -> AdmissionReport:
+        """This replica's slots and counters (`queue_depth` is the global queue's, as of this replica's last reply
+        from Redis); the slots still counted for sessions being adopted or ended but not yet given back; the
+        deployment as of the last background refresh."""
         in_flight = len(self._adopting) + sum(1 for owned in self._owned.values() if owned.session.terminal)
-        held = stats.slots_held + in_flight
-        return dataclasses.replace(
-            stats,
-            slots_held=held,
-            slot_mismatch=stats.admission.retained_total - held,
-            shared=self._shared_statistics,
+        return AdmissionReport(self._admission.statistics(), in_flight, self._shared_statistics)
+
+    def set_worker_healthy(self, index: int, healthy: bool) -> None:
+        self._admission.set_worker_healthy(index, healthy)
+
+    # ---------------------------------------------------------------------------------------------- tickets
+
+    async def create(self, session: Session, config: Mapping[str, object], image: bytes | None) -> int | None:
+        view = await self._admission.create(
+            session.owner,
+            ticket_id=session.id,
+            payload=encode_payload(config, image),
+            body=encode_body(session.snapshot()),
         )
-
-    # ------------------------------------------------------------------------------------------------ sessions
-
-    async def create(
-        self, owner: str, config: Mapping[str, object], image: bytes | None
-    ) -> tuple[SessionSnapshot, bool]:
-        """As `ServiceRuntime.create`, through the global queue; raises `AdmissionUnavailableError` (503) while
-        Redis cannot be reached."""
-        if self._started and not (self._draining or self._closing) and not self._admission.available:
-            raise AdmissionUnavailableError("the shared admission backend is unavailable; retry shortly")
-        session = await self._new_session(owner, config, image)
-        try:
-            view = await self._admission.create(
-                owner,
-                ticket_id=session.id,
-                payload=encode_payload(config, image),
-                body=encode_body(session.snapshot()),
-            )
-        except BaseException:
-            self._forget_rejected(session.id)  # an outcome Redis may not have told: the backend takes it back
-            raise
         if view.state is TicketState.REJECTED:
-            self._forget_rejected(session.id)
             if view.reason is TicketReason.QUEUE_FULL:
                 raise QueueFullError(view.retry_after_s or 1)
             raise DrainingError("the service is draining and admits no new sessions; retry on another instance")
-        return await self._created(session, view.position if view.state is TicketState.QUEUED else None)
-
-    def list_sessions(self, owner: str) -> list[SessionSnapshot]:
-        """This replica's own sessions of `owner` (the routes call `sessions_of`, which adds every replica's)."""
-        return [session.snapshot() for session in self._sessions.values() if session.owner == owner]
+        return view.position if view.state is TicketState.QUEUED else None
 
     def heartbeat(self, session_id: str) -> None:
-        """A client of the session is still there (GET, or an open event stream, on this replica). For a session
-        queued here or anywhere else, the queue learns it in the background (no-op for admitted tickets)."""
-        session = self._sessions.get(session_id)
-        if session is not None and session.state is not SessionState.QUEUED:
-            return
-        if session_id in self._beating or self._closing or not self._admission.available:
+        """For a session queued here or anywhere else, the queue learns it in the background (Redis ignores it for
+        admitted tickets)."""
+        closing = self._host is not None and self._host.closing
+        if session_id in self._beating or closing or not self._admission.available:
             return
         self._beating.add(session_id)
         if self._spawn(self._beat(session_id), name=f"heartbeat-{session_id}") is None:
             self._beating.discard(session_id)
 
+    def cancel_queued(self, session: Session) -> None:
+        self._spawn(self._cancel(session.id), name=f"cancel-{session.id}")
+
+    def release(self, session: Session) -> None:
+        owned = self._owned.get(session.id)
+        if owned is None or owned.writer is None or owned.writer.done():
+            self._spawn(self._release(session.id), name=f"release-{session.id}")
+        # else: its writer publishes the final status, then releases (in that order: see `_write_statuses`)
+
+    # ---------------------------------------------------------------------------------------------- registry
+
     async def lookup(self, owner: str, session_id: str) -> SessionSnapshot:
-        if self._runs_or_waits_here(session_id):
-            return self.get(owner, session_id)
         view = await self._visible_view(owner, session_id)
         if view.state is TicketState.QUEUED:
             with contextlib.suppress(AdmissionUnavailableError, UnknownTicketError):
                 view = await self._admission.heartbeat(session_id)  # the same record, with its position now
         return remote_snapshot(view)
 
-    def runs_here(self, session_id: str) -> bool:
-        session = self._sessions.get(session_id)
-        return session is not None and session.state is not SessionState.QUEUED
-
     async def lookup_here(self, owner: str, session_id: str) -> SessionSnapshot:
-        if self._runs_or_waits_here(session_id):
-            return self.get(owner, session_id)
         view = await self._visible_view(owner, session_id)
         if view.state is TicketState.ADMITTED and view.replica is not None and view.replica != self._replica:
             raise SessionElsewhereError(session_id, view.replica)
         return remote_snapshot(view)
 
-    async def sessions_of(self, owner: str) -> list[SessionSnapshot]:
-        """The owner's live sessions on every replica, plus the finished ones this replica remembers."""
-        found = {snapshot.id: snapshot for snapshot in self.list_sessions(owner)}
-        if self._admission.available:
-            try:
-                views = await self._admission.list_tickets(owner=owner)
-            except AdmissionUnavailableError:
-                views = ()
-            for view in views:
-                if view.ticket_id not in found:
-                    found[view.ticket_id] = remote_snapshot(view)
-        return sorted(found.values(), key=lambda snapshot: snapshot.created_at)
+    async def sessions_of(self, owner: str) -> Sequence[SessionSnapshot]:
+        """The owner's live sessions on every replica (none while Redis is unreachable)."""
+        if not self._admission.available:
+            return ()
+        try:
+            views = await self._admission.list_tickets(owner=owner)
+        except AdmissionUnavailableError:
+            return ()
+        return [remote_snapshot(view) for view in views]
 
     async def follow(self, owner: str, session_id: str) -> tuple[SessionSnapshot, SnapshotStream]:
-        session = self._sessions.get(session_id)
-        if session is not None and (session.state is not SessionState.QUEUED or not self._admission.available):
-            return self.subscribe(owner, session_id)
-        # Queued (wherever it may be admitted) or run elsewhere: follow the registry.
+        """Queued (wherever it may be admitted) or run elsewhere: follow the registry."""
         view = await self._visible_view(owner, session_id)
         stream = RegistryStream(self._admission.get, view, follow=self._follow_ticket)
         self.heartbeat(session_id)
         return remote_snapshot(view), stream
 
-    async def delete(self, owner: str, session_id: str, mode: SessionCloseMode) -> SessionSnapshot:
-        session = self._sessions.get(session_id)
-        if session is not None and session.state is not SessionState.QUEUED:
-            return await super().delete(owner, session_id, mode)
+    async def delete(self, owner: str, session_id: str, mode: CloseMode) -> SessionSnapshot:
+        host = self._started_host()
+        local = host.session(session_id)
         view = await self._visible_view(owner, session_id)
         if remote_snapshot(view).terminal:
-            return session.snapshot() if session is not None else remote_snapshot(view)
+            return local.snapshot() if local is not None else remote_snapshot(view)
         wake = asyncio.Event()
         stop_following = self._follow_ticket(session_id, wake)
         try:
             view = await self._admission.request_close(session_id, mode.value)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._tuning.delete_wait_s):
+                async with asyncio.timeout(host.tuning.delete_wait_s):
                     while not remote_snapshot(view).terminal:
                         await wake.wait()
                         wake.clear()
@@ -301,61 +304,10 @@ class SharedServiceRuntime(ServiceRuntime):
             raise SessionNotFoundError(session_id) from None
         finally:
             stop_following()
-        local = self._sessions.get(session_id)
+        local = host.session(session_id)
         return local.snapshot() if local is not None and local.terminal else remote_snapshot(view)
 
-    # ------------------------------------------------------------------------------------------------ admission
-
-    def _setup_admission(self, clock: Clock | None) -> None:
-        """Nothing in memory: the Redis backend is built once the base runtime is (see `__init__`)."""
-
-    async def _start_admission(self) -> None:
-        for index in range(len(self._workers)):
-            self._admission.set_worker_healthy(index, False)
-        await self._admission.start()
-        self._registry.spawn(self._refresh_forever(), name="shared-statistics")
-        logger.info("shared admission: replica %s (liveness TTL %g s)", self._replica, self._refresh_s * 3)
-
-    async def _close_admission(self) -> None:
-        """Every runner has ended: let the writers publish the final statuses and give the slots back (bounded),
-        then stop the background work and leave the registry."""
-        writers = [owned.writer for owned in self._owned.values() if owned.writer is not None]
-        if writers:
-            _, pending = await asyncio.wait(writers, timeout=self._tuning.shutdown_close_s)
-            if pending:
-                logger.error("shutdown: %d session status writer(s) did not finish in time", len(pending))
-        await self._registry.aclose()
-        self._unsubscribe_shared()
-        self._unsubscribe_closes()
-        await self._admission.aclose()
-
-    def _set_worker_healthy(self, index: int, healthy: bool) -> None:
-        self._admission.set_worker_healthy(index, healthy)
-
-    def _stop_admitting(self) -> None:
-        """Drain or shutdown: this replica admits nothing more; its queued sessions stay in the global queue for
-        the other replicas (the last replica to drain cancels the queue) and are handed over."""
-        if not self._stopped_admitting:
-            self._stopped_admitting = True
-            self._spawn(self._admission.drain(), name="shared-admission-drain")
-        for session in [self._sessions[sid] for sid in self._live if self._sessions[sid].state is SessionState.QUEUED]:
-            self._hand_over(session, "this replica stops admitting")
-
-    def _cancel_queued(self, session: Session) -> None:
-        self._spawn(self._cancel(session.id), name=f"cancel-{session.id}")
-
-    def _release_slot(self, session: Session) -> None:
-        owned = self._owned.get(session.id)
-        if owned is None or owned.writer is None or owned.writer.done():
-            self._spawn(self._release(session.id), name=f"release-{session.id}")
-        # else: its writer publishes the final status, then releases (in that order: see `_write_statuses`)
-
-    def _admission_statistics(self) -> AdmissionStatistics:
-        """This replica's slots and counters; `queue_depth` is the global queue's, as of this replica's last reply
-        from Redis (every call returns it, and the maintenance pass runs every heartbeat interval)."""
-        return self._admission.statistics()
-
-    # ------------------------------------------------------------------------------------------------ events
+    # ---------------------------------------------------------------------------------------------- events
 
     def _on_shared_event(self, event: SharedAdmissionEvent) -> None:
         """Admission listener (synchronous, for every ticket of every replica)."""
@@ -363,17 +315,18 @@ class SharedServiceRuntime(ServiceRuntime):
         tid = view.ticket_id
         for wake in self._followers.get(tid, ()):
             wake.set()
-        session = self._sessions.get(tid)
+        host = self._started_host()
+        session = host.session(tid)
         kind = event.kind
         if kind is SharedEventKind.ADMITTED:
             if view.replica != self._replica:
                 if session is not None and session.state is SessionState.QUEUED:
-                    self._hand_over(session, f"admitted on replica {view.replica}")
+                    self._hand_over(host, session, f"admitted on replica {view.replica}")
                 return
             if session is None:
                 if tid not in self._adopting and tid not in self._owned:
                     self._adopting.add(tid)
-                    if self._spawn(self._adopt(view), name=f"adopt-{tid}") is None:
+                    if self._spawn(self._adopt(host, view), name=f"adopt-{tid}") is None:
                         self._adopting.discard(tid)
                 return
             if session.state is not SessionState.QUEUED:
@@ -382,48 +335,39 @@ class SharedServiceRuntime(ServiceRuntime):
             return
         with session_context(tid):
             if kind is SharedEventKind.LOST:
-                self._on_lost(session, view)
+                self._on_lost(host, session, view)
             elif kind in _LOCAL_KINDS:
-                converted = AdmissionEvent(AdmissionEventKind(kind.value), view.as_ticket_view())
-                self._observer.admission_event(session, converted)
                 if kind is SharedEventKind.ADMITTED:
                     self._own(session)
-                self._apply_admission_event(session, converted)
+                host.admission_event(session, AdmissionEvent(AdmissionEventKind(kind.value), view.as_ticket_view()))
 
     def _on_close_request(self, request: CloseRequest) -> None:
         """A DELETE on some replica for a session this replica owns."""
         try:
-            mode = SessionCloseMode(request.mode)
+            mode = CloseMode(request.mode)
         except ValueError:
-            mode = SessionCloseMode.DRAIN
-        session = self._sessions.get(request.ticket_id)
+            mode = CloseMode.DRAIN
+        host = self._started_host()
+        session = host.session(request.ticket_id)
         if session is None:
             if request.ticket_id in self._adopting:
                 self._pending_closes[request.ticket_id] = mode
             return
         with session_context(session.id):
             logger.info("session %s: close (%s) requested on replica %s", session.id, mode.value, request.requested_by)
-            self._request_close(session, mode, "client_deleted")
+            host.request_close(session, mode, "client_deleted")
 
-    def _on_lost(self, session: Session, view: SharedTicketView) -> None:
+    def _on_lost(self, host: AdmissionHost, session: Session, view: SharedTicketView) -> None:
         """Admission took the session away: its replica was reaped while stalled, or Redis lost its record."""
         code = (view.failure or "admission_record_lost").split(":", 1)[0].strip()
         logger.error("session %s was lost by the shared admission (%s)", session.id, view.failure)
-        if session.state is SessionState.QUEUED:
-            session.move(SessionState.CANCELLED, reason=code)
-            self._after_end(session)
-            return
         error = remote_snapshot(view).error
-        session.record_failure(code, error[1] if error is not None else "the shared admission lost the session")
-        self._request_close(session, SessionCloseMode.CANCEL, code)
+        host.lose(session, code, error[1] if error is not None else "the shared admission lost the session")
 
-    def _hand_over(self, session: Session, why: str) -> None:
+    def _hand_over(self, host: AdmissionHost, session: Session, why: str) -> None:
         """A queued session created here goes on without a local record (the registry answers for it)."""
         logger.info("session %s handed over: %s", session.id, why)
-        self._sessions.pop(session.id, None)
-        self._live.discard(session.id)
-        self._observer.session_ended(session)
-        self._update_idle()
+        host.forget(session)
 
     def _follow_ticket(self, ticket_id: str, wake: asyncio.Event) -> Callable[[], None]:
         """Wake `wake` on every change of the ticket (and follow its queue position); returns the unfollow."""
@@ -440,7 +384,7 @@ class SharedServiceRuntime(ServiceRuntime):
 
         return stop
 
-    # ------------------------------------------------------------------------------------------------ owning
+    # ---------------------------------------------------------------------------------------------- owning
 
     def _own(self, session: Session) -> None:
         """The session is admitted here: start its registry writer (before its ADMITTED move, so it is written)."""
@@ -482,25 +426,25 @@ class SharedServiceRuntime(ServiceRuntime):
     async def _release(self, session_id: str) -> None:
         try:
             await self._admission.release(session_id)
-        except (AdmissionUnavailableError, AdmissionError) as exc:
+        except _CALL_ERRORS as exc:
             logger.warning("session %s: giving its admission slot back failed: %r", session_id, exc)
         finally:
             self._owned.pop(session_id, None)
 
-    async def _adopt(self, view: SharedTicketView) -> None:
+    async def _adopt(self, host: AdmissionHost, view: SharedTicketView) -> None:
         """A session created on another replica was admitted here: rebuild it from its payload, then run it as if
         it had been created here. If that fails, it is failed in the registry and its slot goes back."""
         tid = view.ticket_id
         try:
             try:
-                if self._closing:
+                if host.closing:
                     raise _NotAdopted("shutdown", "the replica that admitted it was shutting down")
                 payload = await self._admission.take_payload(tid)
                 if payload is None:
                     raise _NotAdopted("create_failed", "its request expired before a replica could start it")
                 config, image = decode_payload(payload)
-                prepared = await asyncio.to_thread(self._prepare, config, image)
-                if self._closing:
+                prepared = await host.prepare(config, image)
+                if host.closing:
                     raise _NotAdopted("shutdown", "the replica that admitted it was shutting down")
             except asyncio.CancelledError:
                 raise
@@ -510,19 +454,16 @@ class SharedServiceRuntime(ServiceRuntime):
                 self._pending_closes.pop(tid, None)
                 await self._give_back(tid, code, message)
                 return
-            session = self._register(tid, view.owner, prepared)
-            session.created_at = view.created_at
+            session = host.register(tid, view.owner, prepared, view.created_at)
         finally:
             self._adopting.discard(tid)
         pending = self._pending_closes.pop(tid, None)
-        converted = AdmissionEvent(AdmissionEventKind.ADMITTED, view.as_ticket_view())
         with session_context(tid):
             logger.info("session %s (created on replica %s) adopted", tid, view.origin)
-            self._observer.admission_event(session, converted)
             self._own(session)
-            self._apply_admission_event(session, converted)
+            host.admission_event(session, AdmissionEvent(AdmissionEventKind.ADMITTED, view.as_ticket_view()))
             if pending is not None:
-                self._request_close(session, pending, "client_deleted")
+                host.request_close(session, pending, "client_deleted")
 
     async def _give_back(self, session_id: str, code: str, message: str) -> None:
         """An admitted ticket this replica will not run: recorded as failed (closed at shutdown), slot back."""
@@ -531,11 +472,11 @@ class SharedServiceRuntime(ServiceRuntime):
             current = await self._admission.get(session_id)
             body = failed_body(current.body, state, code, message)
             await self._admission.publish_status(session_id, state.value, reason=code, body=body)
-        except (AdmissionUnavailableError, AdmissionError) as exc:
+        except _CALL_ERRORS as exc:
             logger.debug("session %s: recording that it was not started failed: %r", session_id, exc)
         await self._release(session_id)
 
-    # ------------------------------------------------------------------------------------------------ background
+    # ---------------------------------------------------------------------------------------------- background
 
     async def _refresh_forever(self) -> None:
         """Every heartbeat interval: the deployment's statistics (for /metrics). Each time contact with Redis came
@@ -549,7 +490,7 @@ class SharedServiceRuntime(ServiceRuntime):
             if self._admission.available:
                 try:
                     self._shared_statistics = await self._admission.shared_statistics()
-                except (AdmissionUnavailableError, AdmissionError) as exc:
+                except _CALL_ERRORS as exc:
                     logger.debug("reading the shared admission statistics failed: %r", exc)
             await asyncio.sleep(self._refresh_s)
 
@@ -564,34 +505,36 @@ class SharedServiceRuntime(ServiceRuntime):
     async def _beat(self, session_id: str) -> None:
         try:
             await self._admission.heartbeat(session_id)
-        except (AdmissionUnavailableError, AdmissionError) as exc:
+        except _CALL_ERRORS as exc:
             logger.debug("session %s: heartbeat failed: %r", session_id, exc)
         finally:
             self._beating.discard(session_id)
 
     async def _cancel(self, session_id: str) -> None:
         try:
-            await self._admission.request_close(session_id, SessionCloseMode.CANCEL.value)
-        except (AdmissionUnavailableError, AdmissionError) as exc:
+            await self._admission.request_close(session_id, CloseMode.CANCEL.value)
+        except _CALL_ERRORS as exc:
             logger.warning("session %s: cancelling it in the queue failed: %r", session_id, exc)
 
     def _spawn(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T] | None:
         try:
-            return self._registry.spawn(coro, name=name)
+            return self._tasks.spawn(coro, name=name)
         except RuntimeError:  # closed: the runtime has stopped (Redis reclaims what is left on deregistration)
-            logger.warning("shared runtime: %s skipped after shutdown", name)
+            logger.warning("shared admission: %s skipped after shutdown", name)
             return None
 
-    # ------------------------------------------------------------------------------------------------ reading
+    # ---------------------------------------------------------------------------------------------- reading
 
-    def _runs_or_waits_here(self, session_id: str) -> bool:
-        """Whether this replica has the session's own record (queued here, run here, or finished here)."""
-        return session_id in self._sessions
+    def _started_host(self) -> AdmissionHost:
+        """The runtime this backend admits for (events and registry calls come only after `start`)."""
+        if self._host is None:
+            raise AdmissionClosedError("the shared admission backend has not been started")
+        return self._host
 
     async def _visible_view(self, owner: str, session_id: str) -> SharedTicketView:
         """The registry record of a session of `owner` (404 for unknown ids and other owners alike)."""
         if not self._admission.available:
-            raise AdmissionUnavailableError("the shared admission backend is unavailable; retry shortly")
+            raise AdmissionUnavailableError(_UNAVAILABLE_MESSAGE)
         try:
             view = await self._admission.get(session_id)
         except UnknownTicketError:
