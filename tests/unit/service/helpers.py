@@ -19,7 +19,9 @@ from service.runtime.runtime import RuntimeTuning, ServiceRuntime
 from service.settings import load_settings
 from tests.fakes.clock import FakeClock
 from tests.fakes.world import FakeWorld
-from transport.base import DoneStatus, SessionPort, StatusMessage
+from transport.base import BindingStatistics, DoneStatus, SessionPort, StatusMessage
+from transport.errors import SessionNotAttachedError
+from transport.pacing import PacerStatistics
 
 FAST = RuntimeTuning(
     create_wait_s=5.0,
@@ -33,8 +35,14 @@ FAST = RuntimeTuning(
 )
 
 
+@dataclass(frozen=True)
+class RecordingStatistics:
+    sessions: int
+
+
 class RecordingTransport:
-    """A `Transport` that records attach/detach and reads every session's status stream to its end."""
+    """A `Transport` that records attach/detach and reads every session's status stream to its end. Its bindings
+    send no frames: their statistics are all 0."""
 
     kind = "fake"
 
@@ -70,11 +78,32 @@ class RecordingTransport:
         if reader is not None:
             await asyncio.wait_for(reader, timeout=5)
 
+    def statistics(self) -> RecordingStatistics:
+        return RecordingStatistics(sessions=len(self.ports) - len(self.detached))
+
+    def binding_statistics(self, session_id: str) -> BindingStatistics:
+        if session_id not in self.ports or session_id in {detached for detached, _ in self.detached}:
+            raise SessionNotAttachedError(session_id)
+        return BindingStatistics(pacer=_NO_FRAMES, frames_unsent=0, track_dropped=None, reconnects={})
+
     async def _read(self, port: SessionPort) -> None:
         async for message in port.status():
             self.statuses[port.session_id].append(message)
             if isinstance(message, DoneStatus):
                 return
+
+
+_NO_FRAMES = PacerStatistics(
+    frames_in=0,
+    frames_sent=0,
+    dropped_late=0,
+    dropped_overflow=0,
+    rejected_size=0,
+    underruns=0,
+    reanchors=0,
+    pending=0,
+    max_lateness=0.0,
+)
 
 
 @dataclass

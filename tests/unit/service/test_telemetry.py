@@ -40,7 +40,6 @@ from tests.fakes.clock import FakeClock
 from tests.fakes.world import FakeWorld
 from tests.unit.service.helpers import FAST, RecordingTransport, metric, wait_for
 from transport.base import BindingStatistics, ChunkStatus, ReconnectKind
-from transport.errors import SessionNotAttachedError
 from transport.pacing import PacerStatistics
 
 METRICS_DOC = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
@@ -68,13 +67,8 @@ class BindingFigures:
     sdk_reconnects: int = 0
 
 
-@dataclass(frozen=True)
-class Sessions:
-    sessions: int
-
-
 class BindingTransport(RecordingTransport):
-    """A RecordingTransport that also reports per-session binding statistics, shaped like the real ones."""
+    """A RecordingTransport whose bindings report the counters a test sets in `figures`."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -86,8 +80,7 @@ class BindingTransport(RecordingTransport):
         return details
 
     def binding_statistics(self, session_id: str) -> BindingStatistics:
-        if session_id not in self.ports or session_id in {detached for detached, _ in self.detached}:
-            raise SessionNotAttachedError(session_id)
+        super().binding_statistics(session_id)  # raises for a session not attached
         figures = self.figures[session_id]
         pacer = PacerStatistics(
             frames_in=figures.frames_sent,
@@ -102,9 +95,6 @@ class BindingTransport(RecordingTransport):
         )
         reconnects = {ReconnectKind.REJOIN: figures.rejoins, ReconnectKind.SDK_RESUME: figures.sdk_reconnects}
         return BindingStatistics(pacer=pacer, frames_unsent=0, track_dropped=None, reconnects=reconnects)
-
-    def statistics(self) -> Sessions:
-        return Sessions(sessions=len(self.ports) - len(self.detached))
 
 
 @dataclass
