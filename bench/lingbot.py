@@ -25,7 +25,7 @@ import torch
 from _common import report
 
 from admission import ExecutionLease
-from pipeline.bidirectional import ControlState, SessionCloseMode
+from pipeline.bidirectional import CloseMode, ControlState
 from pipeline.lingbot.reference_model import ReferenceWorldModel
 from pipeline.lingbot.service import LingBotService
 
@@ -58,7 +58,7 @@ async def run(sessions: int, chunks: int, compute_scale: float) -> dict[str, flo
             first.append(metrics.first_output_latency or float("nan"))
             c2o.append(metrics.control_to_output.p95 or float("nan"))
         for sid in ids:
-            await service.close_session(sid, SessionCloseMode.CANCEL)
+            await service.close_session(sid, CloseMode.CANCEL)
         return {
             "rtf_p95": max(rtf),
             "first_output_s": max(first),

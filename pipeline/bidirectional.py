@@ -42,7 +42,6 @@ __all__ = [
     "PreparedSession",
     "ResetPose",
     "ServiceStatistics",
-    "SessionCloseMode",
     "SessionSummary",
     "Stop",
     "canonical_key",
@@ -138,10 +137,6 @@ class CloseMode(enum.Enum):
 
     DRAIN = "drain"  # deliver what was accepted (the chunk in progress, every accepted sequence), then close
     CANCEL = "cancel"  # discard queued work, wait for the calls in flight (their results dropped), then close
-
-
-SessionCloseMode = CloseMode
-"""The former name of `CloseMode`, kept while the modules that say it move over; new code says `CloseMode`."""
 
 
 @dataclass(frozen=True, slots=True)
