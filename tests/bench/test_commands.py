@@ -1,0 +1,194 @@
+"""Every bench script runs as documented and reports the figures it documents (issue #18).
+
+Each script under bench/ is run as a subprocess exactly as the README shows it (`.venv/bin/python bench/NAME.py`,
+from the repository root, with the same interpreter and without PYTHONPATH, so the script's own folder comes first
+on sys.path as it does for a reader), plus `--quick`; it must exit 0 and its last stdout line must be one JSON
+object holding every figure in `FIGURES`. A script added to bench/ without an entry there fails
+`test_every_bench_script_has_an_entry`, and every `bench/NAME.py --option` written in the README, docs/ or scripts/
+must name a script and options that exist.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.redis_server import REDIS_SERVER
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+CHROMIUM = Path("/usr/bin/chromium")
+PLAYWRIGHT = importlib.util.find_spec("playwright") is not None
+RUN_TIMEOUT_S = 180.0
+
+_PER_CHUNK = ("rtf_p95", "first_output_s", "control_to_output_p95_s", "c2o_over_chunk_period", "chunks_per_s")
+
+# Per script: the arguments of its documented command (before `--quick`) and the figures its docstring documents.
+COMMANDS: dict[str, tuple[str, ...]] = {"load": ("--quick",)}
+FIGURES: dict[str, frozenset[str]] = {
+    "orchestrator": frozenset(
+        {
+            "chunk_period_ms",
+            "overlap_ratio",
+            "overhead_us_p50",
+            "overhead_thread_us_p50",
+            "jain_fairness",
+            "chunks_per_s_1_session",
+            "chunks_per_s_64_sessions",
+            "sessions_64_throughput_ratio",
+            "bench_seconds",
+        }
+    ),
+    "lingbot": frozenset({f"{prefix}{key}" for prefix in ("", "two_sessions_", "heavy8_") for key in _PER_CHUNK})
+    | {"bench_seconds"},
+    "admission_latency": frozenset(
+        {
+            "create_p50_ms",
+            "create_p99_ms",
+            "get_p50_ms",
+            "delete_p50_ms",
+            "errors_5xx",
+            "admitted_201",
+            "queued_202",
+            "rejected_429",
+            "slots_leaked",
+            "serve_exit_code",
+            "lease_jain_fairness",
+            "bench_seconds",
+        }
+    ),
+    "scaleout": frozenset(
+        {f"{key}_{n}" for key in ("create_p50_ms", "create_p99_ms", "errors_5xx") for n in (1, 3)}
+        | {"slots_leaked_1", "fifo_violations", "slots_leaked", "replica_exit_codes_nonzero", "bench_seconds"}
+    ),
+    "transport_frames": frozenset(
+        {
+            "pacing_jitter_p95_ms",
+            "naive_sleep_drift_ms",
+            "capture_frame_ms_720p",
+            "capture_sink_ms_720p",
+            "webrtc_fps_received_aiortc",
+            "fps",
+            "bench_seconds",
+        }
+    ),
+    # Also every key scripts/reliability.sh reads from the quick run.
+    "load": frozenset(
+        {
+            "mode",
+            "duration_s",
+            "warmup_s",
+            "session_history",
+            "sessions_created",
+            "sessions_completed",
+            "sessions_lost",
+            "queued_202",
+            "rejected_429",
+            "missing_retry_after",
+            "expired_heartbeat",
+            "failed",
+            "errors_5xx",
+            "create_p50_ms",
+            "create_p99_ms",
+            "peer_sessions",
+            "peer_chunks",
+            "slots_leaked",
+            "lease_fairness_index",
+            "lease_fairness_min",
+            "rss_ready_mb",
+            "rss_start_mb",
+            "rss_end_mb",
+            "rss_growth_mb",
+            "rss_slope_mb_per_min",
+            "rss_slope_last_half_mb_per_min",
+            "rss_peak_growth_last_half_mb",
+            "heap_in_use_start_mb",
+            "heap_in_use_end_mb",
+            "heap_in_use_growth_mb",
+            "heap_free_end_mb",
+            "heap_arenas",
+            "serve_exit_code",
+            "server_tracebacks",
+            "problems",
+        }
+    ),
+}
+# Present only when the script could drive a real Chromium.
+CHROMIUM_FIGURES = frozenset({"webrtc_fps_received", "webrtc_chromium_frames_dropped"})
+
+_MARKS: dict[str, list[pytest.MarkDecorator]] = {
+    "scaleout": [
+        pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not on PATH (scripts/setup.sh installs it)")
+    ],
+    "transport_frames": [pytest.mark.browser],
+}
+# `bench/NAME.py` and the options written after it, up to the end of the command.
+_DOCUMENTED = re.compile(r"bench/(\w+)\.py((?:[ \t]+--[a-z][\w-]*(?:[ \t=][^\s`'\"|)(-][^\s`'\"|)(]*)?)*)")
+
+
+def _scripts() -> set[str]:
+    return {path.stem for path in BENCH.glob("*.py") if not path.stem.startswith("_")}
+
+
+def _environment() -> dict[str, str]:
+    """The caller's environment without what would make a bench pass here and fail for a reader: PYTHONPATH (the
+    script must find the packages itself) and the service's own settings."""
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if key != "PYTHONPATH" and not key.upper().startswith(("LINGSTREAM_", "LIVEKIT_", "OTEL_"))
+    }
+
+
+def test_every_bench_script_has_an_entry() -> None:
+    assert _scripts() == set(FIGURES), "add the new bench script to FIGURES (and COMMANDS if it takes arguments)"
+    assert set(COMMANDS) <= set(FIGURES)
+
+
+def test_no_bench_module_shadows_an_importable_module() -> None:
+    # Run as `python bench/NAME.py`, bench/ comes first on sys.path: a bench module named like a package would
+    # hide it from every bench script.
+    shadowing = {path.stem for path in BENCH.glob("*.py") if importlib.util.find_spec(path.stem) is not None}
+    assert not shadowing
+
+
+def test_documented_bench_commands_name_real_scripts_and_options() -> None:
+    documents = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "scripts").glob("*"))]
+    documented: set[str] = set()
+    for document in [*documents, *sorted(BENCH.glob("*.py"))]:
+        for match in _DOCUMENTED.finditer(document.read_text(encoding="utf-8")):
+            name, options = match.group(1), re.findall(r"--[a-z][\w-]*", match.group(2))
+            script = BENCH / f"{name}.py"
+            assert script.is_file(), f"{document.relative_to(ROOT)} names bench/{name}.py, which does not exist"
+            source = script.read_text(encoding="utf-8")
+            for option in options:
+                assert f'"{option}"' in source, f"{document.relative_to(ROOT)}: bench/{name}.py has no {option}"
+            if document in documents:
+                documented.add(name)
+    assert _scripts() <= documented, "every bench script has its command in the README, docs/ or scripts/"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=_MARKS.get(name, [])) for name in sorted(FIGURES)])
+def test_quick_run_exits_0_and_reports_its_figures(name: str) -> None:
+    command = [sys.executable, f"bench/{name}.py", *COMMANDS.get(name, ()), "--quick"]
+    run = subprocess.run(
+        command, cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+    )
+    assert run.returncode == 0, f"{' '.join(command[1:])} exited {run.returncode}:\n{run.stderr[-4000:]}"
+    lines = run.stdout.strip().splitlines()
+    assert lines, f"{name} printed nothing:\n{run.stderr[-4000:]}"
+    figures = json.loads(lines[-1])
+    assert isinstance(figures, dict)
+    expected = FIGURES[name]
+    if name == "transport_frames" and CHROMIUM.exists() and PLAYWRIGHT:
+        expected |= CHROMIUM_FIGURES
+    assert expected <= figures.keys(), f"missing figures: {sorted(expected - figures.keys())}"
