@@ -1,0 +1,84 @@
+"""3-D rotary position embedding: each head's channels split into frame, height and width parts.
+
+A head of `head_dim` channels gives `head_dim - 2 * (head_dim // 3)` channels to the latent frame index and
+`head_dim // 3` each to the patch row and column (44/42/42 for 128). Channels rotate in adjacent pairs
+(2i, 2i + 1) by `position * theta ** (-2i / part_dim)`; angles are computed in float64 and the rotation in float32,
+as the reference does. The frame position is the latent frame index, bounded by the table the reference model was
+trained with (`DiTConfig.rope_frames`, 1024): a position outside it is refused here, so the cache must re-base
+first (see `cache.py`).
+
+Because a rotation by `a` followed by one by `b` is one by `a + b`, keys already rotated and cached can be moved
+to other frame positions exactly (`shift_frames`): the scores `q . k` depend only on position differences.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.lingbot.models.config import DiTConfig
+from pipeline.lingbot.models.exceptions import ModelContextExhaustedError
+
+__all__ = ["Rope3D", "RopeAngles", "rotate"]
+
+RopeAngles = tuple[torch.Tensor, torch.Tensor]
+"""(cos, sin), float32, `[tokens, 1, head_dim // 2]`: broadcast over heads."""
+
+
+class Rope3D:
+    """Rotation angles for a chunk's `(frames, rows, columns)` token grid, and the rotation itself."""
+
+    def __init__(self, config: DiTConfig) -> None:
+        self._frames = config.rope_frames
+        self._split = config.rope_split
+        self._inv_freq = tuple(_inverse_frequencies(part, config.rope_theta) for part in self._split)
+
+    @property
+    def frames(self) -> int:
+        """Frame positions 0 .. frames - 1 exist."""
+        return self._frames
+
+    def angles(self, first_frame: int, grid: tuple[int, int, int], device: torch.device) -> RopeAngles:
+        """Angles for tokens laid out frame-major, then row, then column, starting at frame `first_frame`."""
+        frames, rows, cols = grid
+        if first_frame < 0 or first_frame + frames > self._frames:
+            raise ModelContextExhaustedError(
+                f"latent frames {first_frame}..{first_frame + frames - 1} lie outside the RoPE table "
+                f"(positions 0..{self._frames - 1}); the cache must re-base positions first"
+            )
+        if max(rows, cols) > self._frames:
+            raise ModelContextExhaustedError(f"a {rows}x{cols} patch grid exceeds the RoPE table of {self._frames}")
+        f_freq, h_freq, w_freq = (freq.to(device) for freq in self._inv_freq)
+        f_pos = torch.arange(first_frame, first_frame + frames, dtype=torch.float64, device=device)
+        h_pos = torch.arange(rows, dtype=torch.float64, device=device)
+        w_pos = torch.arange(cols, dtype=torch.float64, device=device)
+        parts = (
+            torch.outer(f_pos, f_freq)[:, None, None, :].expand(frames, rows, cols, -1),
+            torch.outer(h_pos, h_freq)[None, :, None, :].expand(frames, rows, cols, -1),
+            torch.outer(w_pos, w_freq)[None, None, :, :].expand(frames, rows, cols, -1),
+        )
+        theta = torch.cat(parts, dim=-1).reshape(frames * rows * cols, 1, -1)
+        return torch.cos(theta).float(), torch.sin(theta).float()
+
+    def shift_frames(self, x: torch.Tensor, frames: int) -> torch.Tensor:
+        """`x` `[B, T, heads, head_dim]`, already rotated, moved by `frames` frame positions (may be negative)."""
+        f_part = self._split[0]
+        theta = frames * self._inv_freq[0].to(x.device)
+        ones = torch.ones_like(theta)
+        cos = torch.cat([torch.cos(theta), ones.new_ones(x.shape[-1] // 2 - f_part // 2)]).float()
+        sin = torch.cat([torch.sin(theta), ones.new_zeros(x.shape[-1] // 2 - f_part // 2)]).float()
+        return rotate(x, (cos, sin))
+
+
+def rotate(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
+    """Rotates adjacent channel pairs of `x` `[B, S, heads, head_dim]` by `angles`; returns `x`'s dtype."""
+    cos, sin = angles
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    even, odd = pairs[..., 0], pairs[..., 1]
+    out = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    return out.flatten(-2).to(x.dtype)
+
+
+def _inverse_frequencies(part_dim: int, theta: float) -> torch.Tensor:
+    # Explicitly on the CPU: a model may be built under `torch.device("meta")` and given weights later.
+    exponents = torch.arange(0, part_dim, 2, dtype=torch.float64, device="cpu")[: part_dim // 2] / part_dim
+    return 1.0 / (theta**exponents)
