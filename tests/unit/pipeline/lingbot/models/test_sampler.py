@@ -1,0 +1,94 @@
+"""The four-step Fast sampler: its schedule, its arithmetic and one chunk's denoise with the clean cache pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.lingbot.models import (
+    FAST_SCHEDULE,
+    TINY_DIT,
+    CacheConfig,
+    FastSchedule,
+    LingBotFastDiT,
+    ModelConfigError,
+    denoise_chunk,
+    fast_schedule,
+    sample_chunk,
+)
+from tests.unit.pipeline.lingbot.models.helpers import LATENT_H, LATENT_W, chunk_inputs, text_context
+
+
+def test_fast_schedule_has_the_published_timesteps_and_sigmas() -> None:
+    assert FAST_SCHEDULE.timesteps == (999, 957, 899, 702)
+    assert FAST_SCHEDULE.x0_sigmas == pytest.approx((0.99979985, 0.95799279, 0.89980382, 0.70240670), abs=1e-7)
+    assert FAST_SCHEDULE.renoise_sigmas == pytest.approx((0.95771992, 0.89941138, 0.70240670), abs=1e-7)
+
+
+def test_fast_schedule_matches_the_reference_scheduler_lookups() -> None:
+    unipc = pytest.importorskip("telefuser.schedulers.unipc", reason="the oracle's scheduler (telefuser, diffusers)")
+    scheduler = unipc.FlowUniPCMultistepScheduler(num_train_timesteps=1000, shift=1, use_dynamic_shifting=False)
+    scheduler.set_timesteps(1000, shift=5.0)
+    timesteps = scheduler.timesteps[[0, 179, 358, 679]]
+    assert tuple(int(t) for t in timesteps) == FAST_SCHEDULE.timesteps
+    x0 = [float(scheduler.sigmas[torch.argmin((scheduler.timesteps - t).abs())]) for t in timesteps]
+    renoise = [float(scheduler.sigmas[scheduler.index_for_timestep(t)]) for t in timesteps[1:]]
+    assert FAST_SCHEDULE.x0_sigmas == tuple(x0)
+    assert FAST_SCHEDULE.renoise_sigmas == tuple(renoise)
+
+
+def test_schedule_indices_outside_the_table_are_refused() -> None:
+    with pytest.raises(ModelConfigError):
+        fast_schedule((0, 1000))
+    with pytest.raises(ModelConfigError):
+        FastSchedule(timesteps=(1, 2), x0_sigmas=(0.5,), renoise_sigmas=())
+
+
+def test_sample_chunk_predicts_x0_and_renoises_with_the_generator() -> None:
+    """With a constant velocity the arithmetic can be followed by hand."""
+    seen: list[float] = []
+
+    def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        seen.append(float(t[0]))
+        return torch.ones_like(x)
+
+    noise = torch.randn(1, 2, 1, 2, 2, generator=torch.Generator().manual_seed(1))
+    result = sample_chunk(predict, noise, torch.Generator().manual_seed(2))
+    replay = torch.Generator().manual_seed(2)
+    x = noise
+    for step in range(4):
+        x0 = x - FAST_SCHEDULE.x0_sigmas[step]
+        if step < 3:
+            sigma = FAST_SCHEDULE.renoise_sigmas[step]
+            x = (1 - sigma) * x0 + sigma * torch.randn(x.shape, generator=replay)
+    assert seen == [999.0, 957.0, 899.0, 702.0]
+    torch.testing.assert_close(result, x0, rtol=1e-6, atol=1e-6)
+
+
+def test_denoise_chunk_leaves_the_clean_pass_keys_in_the_cache(tiny_model: LingBotFastDiT) -> None:
+    """The slot ends up holding the K/V of a t = 0 pass over the chunk's x0, not those of a noisy step."""
+    chunk = chunk_inputs(TINY_DIT, 1)[0]
+    text = tiny_model.encode_text(text_context(TINY_DIT))
+    cache = tiny_model.new_cache(CacheConfig(), LATENT_H, LATENT_W)
+    x0 = denoise_chunk(tiny_model, cache, text, chunk.condition, chunk.noise, torch.Generator().manual_seed(0))
+    fresh = tiny_model.new_cache(CacheConfig(), LATENT_H, LATENT_W)
+    with torch.inference_mode():
+        slot = fresh.begin_chunk()
+        tiny_model(torch.cat([x0, chunk.condition], dim=1), torch.zeros(1), text, fresh, slot)
+    for ours, clean in zip(cache.layers, fresh.layers, strict=True):
+        assert torch.equal(ours.k, clean.k)
+        assert torch.equal(ours.v, clean.v)
+    assert cache.statistics().chunks == 1
+
+
+def test_denoising_is_reproducible_for_a_seed(tiny_model: LingBotFastDiT) -> None:
+    chunk = chunk_inputs(TINY_DIT, 1)[0]
+    text = tiny_model.encode_text(text_context(TINY_DIT))
+    results = []
+    for _ in range(2):
+        cache = tiny_model.new_cache(CacheConfig(), LATENT_H, LATENT_W)
+        generator = torch.Generator().manual_seed(42)
+        results.append(denoise_chunk(tiny_model, cache, text, chunk.condition, chunk.noise, generator, chunk.control))
+    assert torch.equal(results[0], results[1])
+    assert results[0].dtype == torch.float32
+    assert results[0].shape == chunk.noise.shape
