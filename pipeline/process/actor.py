@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from pipeline.actor import ActorStatistics, DeathListener, StageCall
 from pipeline.clock import Clock
 from pipeline.errors import ChannelError, StageFailedError
-from pipeline.process.tensor_channel import TensorRef, validate_ref
 from pipeline.process.records import ParallelWorkerConfig, WorkerState, WorkerStatistics
+from pipeline.process.tensor_channel import TensorRef, validate_ref
 from pipeline.process.worker import ParallelWorker
 
 if TYPE_CHECKING:
