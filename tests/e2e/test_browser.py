@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from service.http.docs import swagger_ui_dir
+from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
 from tests.serving import ROOT, free_port, lingstream
 
 try:
@@ -31,19 +33,6 @@ try:
 except ImportError:  # pragma: no cover - the dev extra installs it
     sync_playwright = None
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    # Host candidates with real addresses instead of mDNS names, so ICE can pair with the service on loopback.
-    "--disable-features=WebRtcHideLocalIpsWithMdns",
-]
 WIDTH, HEIGHT = 128, 96
 STARTUP_S = 60.0
 WAIT_MS = 20_000  # generous: a loaded 2-core CI machine; every wait ends as soon as its condition holds
@@ -284,6 +273,33 @@ def test_the_vendored_livekit_client_loads_as_an_es_module(open_page: Callable[[
         "(url) => import(url).then((lk) => [typeof lk.Room, lk.Track.Kind.Video, lk.RoomEvent.DataReceived])", bundle
     )
     assert exported == ["function", "video", "dataReceived"]
+
+
+def test_the_api_reference_renders_from_the_services_own_files(
+    browser: Browser, service: Service, tmp_path: Path
+) -> None:
+    if swagger_ui_dir(None) is None:
+        pytest.skip("no swagger-ui-dist in web/node_modules (scripts/setup.sh installs it with npm)")
+    context = browser.new_context()
+    requests: list[str] = []
+    errors: list[str] = []
+    context.on("request", lambda request: requests.append(request.url))
+    try:
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{service.url}/docs")
+        page.locator(".opblock-summary-path", has_text="/v1/sessions").first.wait_for()
+        paths = {text.replace("\u200b", "").strip() for text in page.locator(".opblock-summary-path").all_inner_texts()}
+        page.screenshot(path=str(tmp_path / "docs.png"), full_page=True)
+    finally:
+        context.close()
+    assert {"/v1/sessions", "/v1/sessions/{session_id}", "/v1/sessions/{session_id}/events", "/readyz"} <= paths
+    assert "/internal/drain" not in paths
+    assert (tmp_path / "docs.png").stat().st_size > 0
+    assert f"{service.url}/vendor/swagger-ui/swagger-ui-bundle.js" in requests
+    assert [url for url in requests if not url.startswith(f"{service.url}/")] == []
+    assert not errors, errors
 
 
 def test_held_keys_are_applied_and_turning_right_pans_the_view_left(
