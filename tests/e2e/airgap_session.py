@@ -192,7 +192,8 @@ def _parse(data: bytes) -> dict[str, Any]:
 
 def _dns_name(question: bytes) -> str:
     """The name asked for in a DNS query's first question (for the report: who looked up what)."""
-    labels, at = [], 0
+    labels: list[str] = []
+    at = 0
     while at < len(question) and question[at] and len(labels) < 64:
         size = question[at]
         labels.append(question[at + 1 : at + 1 + size].decode("ascii", "replace"))

@@ -31,7 +31,7 @@ from tests.serving import ROOT, free_port, lingstream
 try:
     from playwright.sync_api import Browser, Page, sync_playwright
 except ImportError:  # pragma: no cover - the dev extra installs it
-    sync_playwright = None
+    sync_playwright = None  # type: ignore[assignment]
 
 WIDTH, HEIGHT = 128, 96
 STARTUP_S = 60.0
