@@ -240,6 +240,7 @@ def _lingbot_table() -> dict[type[BaseException], ErrorSpec]:
     """Entries for `pipeline.lingbot.errors`, imported lazily because `pipeline.lingbot` imports torch."""
     try:
         from pipeline.lingbot import errors as lingbot
+        from pipeline.lingbot.models import errors as models
     except ImportError as exc:
         logger.warning("pipeline.lingbot is not importable (%s); its errors map through their base classes", exc)
         return {}
@@ -252,6 +253,9 @@ def _lingbot_table() -> dict[type[BaseException], ErrorSpec]:
         lingbot.PlacementError: _INTERNAL,
         lingbot.ModelInputError: _INTERNAL,
         lingbot.ModelSessionError: _INTERNAL,
+        models.ModelConfigError: _BAD_CONFIG,
+        models.CheckpointError: _INTERNAL,
+        models.ModelContextExhaustedError: ErrorSpec(500, models.CONTEXT_EXHAUSTED_REASON),
     }
 
 

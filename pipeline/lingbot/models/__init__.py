@@ -34,7 +34,7 @@ from pipeline.lingbot.models.checkpoint import (
 )
 from pipeline.lingbot.models.config import LINGBOT_FAST_14B, TINY_DIT, DiTConfig
 from pipeline.lingbot.models.dit import LingBotFastDiT
-from pipeline.lingbot.models.exceptions import (
+from pipeline.lingbot.models.errors import (
     CONTEXT_EXHAUSTED_REASON,
     CheckpointError,
     ModelConfigError,

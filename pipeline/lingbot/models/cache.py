@@ -37,7 +37,7 @@ import torch
 from pipeline.lingbot.config import SPATIAL_COMPRESSION
 from pipeline.lingbot.errors import ModelSessionError
 from pipeline.lingbot.models.config import DiTConfig
-from pipeline.lingbot.models.exceptions import ModelConfigError, ModelContextExhaustedError
+from pipeline.lingbot.models.errors import ModelConfigError, ModelContextExhaustedError
 from pipeline.lingbot.models.rope import Rope3D
 
 __all__ = [

@@ -27,7 +27,7 @@ import torch
 
 from pipeline.lingbot.models.config import TINY_DIT, DiTConfig
 from pipeline.lingbot.models.dit import LingBotFastDiT
-from pipeline.lingbot.models.exceptions import CheckpointError
+from pipeline.lingbot.models.errors import CheckpointError
 
 __all__ = [
     "DIT_INDEX",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeline.lingbot.models.exceptions import ModelConfigError
+from pipeline.lingbot.models.errors import ModelConfigError
 
 __all__ = ["LINGBOT_FAST_14B", "TINY_DIT", "DiTConfig"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from pipeline.lingbot.models.config import DiTConfig
-from pipeline.lingbot.models.exceptions import ModelContextExhaustedError
+from pipeline.lingbot.models.errors import ModelContextExhaustedError
 
 __all__ = ["Rope3D", "RopeAngles", "rotate"]
 

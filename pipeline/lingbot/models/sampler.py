@@ -26,7 +26,7 @@ import torch
 from pipeline.lingbot.errors import ModelInputError
 from pipeline.lingbot.models.cache import KVCache, TextKV
 from pipeline.lingbot.models.dit import LingBotFastDiT
-from pipeline.lingbot.models.exceptions import ModelConfigError
+from pipeline.lingbot.models.errors import ModelConfigError
 
 __all__ = ["FAST_SCHEDULE", "FastSchedule", "denoise_chunk", "fast_schedule", "sample_chunk"]
 

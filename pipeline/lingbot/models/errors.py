@@ -9,9 +9,6 @@
 
 Misuse of a session's cache (a stale chunk slot) raises `pipeline.lingbot.errors.ModelSessionError`, and a tensor
 of the wrong shape `pipeline.lingbot.errors.ModelInputError`, like the rest of the model seam.
-
-The module is not named `errors.py` on purpose: the service's error-table test walks every `errors.py`, and these
-classes get their HTTP entries in `service/errors.py` separately.
 """
 
 from __future__ import annotations
