@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from tests.fakes.clock import FakeClock
 from tests.fakes.transport_port import FakeSessionPort
 from transport import ControlIntake
@@ -65,3 +67,33 @@ def test_a_configured_rate_and_burst_are_used() -> None:
     clock.advance(0.5)
     _garbage(intake, 5)
     assert len(replies) == 3
+
+
+def _wire(seq: int, *keys: str) -> str:
+    return json.dumps({"v": 1, "type": "control_state", "seq": seq, "keys": list(keys)})
+
+
+def test_every_message_is_counted_once_by_its_outcome() -> None:
+    port = FakeSessionPort()
+    replies: list[StatusMessage] = []
+    intake = ControlIntake(port, replies.append, clock=FakeClock())
+    intake.receive(_wire(1, "w"))  # forwarded
+    intake.receive(_wire(1, "w"))  # duplicate
+    intake.receive(_wire(0, "s"))  # stale
+    intake.receive('{"v":1,"type":"reset_pose"}')  # a command: forwarded
+    intake.ignore()
+    intake.ignore()
+    port.refuse_control = True
+    intake.receive(_wire(2, "a"))  # the session refuses it
+    intake.receive(b"\x00")  # rejected
+    stats = intake.statistics()
+    assert (stats.received, stats.forwarded, stats.push_failures, stats.ignored, stats.rejected) == (6, 2, 1, 2, 1)
+    assert (stats.inbox.accepted, stats.inbox.stale, stats.inbox.duplicates, stats.inbox.commands) == (2, 1, 1, 1)
+    assert len(port.controls) == 2
+
+
+def test_the_configured_size_limit_is_applied() -> None:
+    replies: list[StatusMessage] = []
+    intake = ControlIntake(FakeSessionPort(), replies.append, clock=FakeClock(), max_bytes=40)
+    intake.receive(_wire(1, "w", "a", "s", "d"))  # valid, but over 40 bytes
+    assert [r.code for r in replies if isinstance(r, ErrorStatus)] == ["message_too_large"]
