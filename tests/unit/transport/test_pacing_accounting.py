@@ -48,6 +48,9 @@ def test_every_frame_is_accounted_for_and_the_grid_is_exact() -> None:
     # floor((2.0 - 0.7) * 8) = 10 slots of media time.
     stalled = _sent(core.poll(2.0))
     assert (stalled.frame_index, stalled.media_index, stalled.deadline) == (8, 15, 2.0)
+    # Late again, by 0.26 s behind slot 1: two more frames dropped late (the count adds up).
+    core.push_chunk(make_frames(9, 3, W, H), first_frame_index=9, chunk_index=3, now=2.0)
+    assert _sent(core.poll(2.385)).frame_index == 11
 
     # Frames of the wrong shape are rejected, counted per frame the caller meant to send.
     assert core.push_chunk(np.zeros(3, np.uint8), first_frame_index=9, chunk_index=3, now=2.0) == 0  # type: ignore[arg-type]
@@ -57,9 +60,9 @@ def test_every_frame_is_accounted_for_and_the_grid_is_exact() -> None:
 
     stats = core.statistics()
     assert (stats.frames_in, stats.frames_sent, stats.dropped_late, stats.dropped_overflow, stats.rejected_size) == (
-        3 + 2 + 4 + 3 + 2 + 1 + 1,
-        6,
-        2,
+        3 + 2 + 4 + 3 + 3 + 2 + 1 + 1,
+        7,
+        4,
         1,
         3 + 2 + 1 + 1,
     )
