@@ -68,6 +68,7 @@ async def test_a_429_from_the_redis_backend_caps_retry_after_in_the_header_and_t
     ) as svc:
         assert (await svc.create()).status_code == 201
         (replicas_key,) = await raw.keys("*replicas")
+        assert isinstance(replicas_key, bytes)
         prefix = replicas_key[: -len(b"replicas")]
         await _seed_lengths(raw, prefix, maximum * 10.0)  # sessions ten times longer than the cap
         rejected = await svc.create()
