@@ -40,6 +40,11 @@ KEY_B = "key-beta-0123456789abcdefg"
 STARTUP_S = 40.0
 
 
+def _text(value: bytes | str) -> str:
+    """A Redis key or field (bytes: the client does not decode replies) as text."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 @dataclass
 class Replica:
     name: str
@@ -97,8 +102,8 @@ class Cluster:
         """Redis's slot accounting: replica -> {session id: worker}."""
         out: dict[str, dict[str, int]] = {}
         async for key in self.raw.scan_iter(match=f"{PREFIX}held:*"):
-            name = key.decode().removeprefix(f"{PREFIX}held:")
-            out[name] = {k.decode(): int(v) for k, v in (await self.raw.hgetall(key)).items()}
+            name = _text(key).removeprefix(f"{PREFIX}held:")
+            out[name] = {_text(k): int(v) for k, v in (await self.raw.hgetall(key)).items()}
         return out
 
     async def metric(self, name: str, series: str, default: float | None = None) -> float:

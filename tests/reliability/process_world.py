@@ -31,8 +31,7 @@ from pipeline.bidirectional import (
     SessionSummary,
 )
 from pipeline.errors import PipelineError
-from pipeline.process import ParallelWorkerConfig, ParallelWorkerStageActor
-from pipeline.process.worker import WorkerContext
+from pipeline.process import ParallelWorkerConfig, ParallelWorkerStageActor, WorkerContext
 
 SPEC = StreamingPipelineSpec(
     stages=(StreamingStageSpec("render", consumes=("tick",), produces=("frames",)),),

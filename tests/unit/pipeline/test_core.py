@@ -349,7 +349,8 @@ def test_metric_formulas_on_a_hand_built_timeline() -> None:
     missing = [i for i in m.idle_intervals if i.reason is IdleReason.MISSING_INPUT and i.stage_id == "denoise"]
     # denoise of sequence 0 waited from session start (t=100) until encode delivered cond at t=100.6
     assert missing[0].detail == "cond"
-    assert (missing[0].start, missing[0].end) == (100.0, pytest.approx(100.6))
+    assert missing[0].start == 100.0
+    assert missing[0].end == pytest.approx(100.6)
 
 
 def test_ten_thousand_buffered_items_run_in_order_without_recursion() -> None:

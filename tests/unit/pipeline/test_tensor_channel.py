@@ -16,8 +16,14 @@ import torch
 
 from pipeline.actor import StageCall
 from pipeline.errors import ActorDiedError, ChannelError, PipelineSpecError, StageFailedError
-from pipeline.process.tensor_channel import TensorRef, WorkerTensorChannel, validate_ref
-from pipeline.process.worker import ParallelWorker, ParallelWorkerConfig
+from pipeline.process import (
+    ChannelStatistics,
+    ParallelWorker,
+    ParallelWorkerConfig,
+    TensorRef,
+    WorkerTensorChannel,
+    validate_ref,
+)
 from tests.unit.pipeline.worker_stages import consumer_stage, eventually, make_gates, producer_stage
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
@@ -128,6 +134,7 @@ async def test_released_session_discards_its_stashed_and_later_tensors(groups: G
     assert (await groups.consume(kept))["sum"] == 6.0
 
     stats = (await groups.consumer.invoke(StageCall("consumer", "s", 0, {"op": "stats"})))["stats"]
+    assert isinstance(stats, ChannelStatistics)
     assert (stats.stashed, stats.discarded) == (0, 3)
     assert [ref.key for ref in (*dropped, late)] == ["gone/0/latent", "gone/1/latent", "gone/2/latent"]
 
@@ -177,7 +184,7 @@ def test_valid_ref_passes_and_describe_matches_the_tensor() -> None:
         ("not a ref", "expected a TensorRef, got str"),
         (dataclasses.replace(GOOD, key=""), "key must be a non-empty string"),
         (dataclasses.replace(GOOD, shape=(2, -3)), r"shape must be a tuple of non-negative integers, got \(2, -3\)"),
-        (dataclasses.replace(GOOD, shape=[2, 3]), "shape must be a tuple"),
+        (dataclasses.replace(GOOD, shape=[2, 3]), "shape must be a tuple"),  # type: ignore[arg-type]  # the point
         (dataclasses.replace(GOOD, shape=(2, True)), "shape must be a tuple of non-negative integers"),
         (dataclasses.replace(GOOD, dtype="float33"), "unknown dtype 'float33'"),
         (dataclasses.replace(GOOD, dtype="Tensor"), "unknown dtype 'Tensor'"),

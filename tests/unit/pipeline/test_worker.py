@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from pipeline.actor import StageCall
 from pipeline.errors import ActorDiedError, ActorUnavailableError, PipelineSpecError, StageFailedError
-from pipeline.process.worker import ParallelWorker, ParallelWorkerConfig, WorkerState
+from pipeline.process import ParallelWorker, ParallelWorkerConfig, WorkerState
 from tests.unit.pipeline.worker_stages import (
     Gates,
     all_reduce_stage,
@@ -94,8 +94,9 @@ async def test_release_session_drops_state_in_the_child(worker: ParallelWorker) 
     await worker.release_session("to-release")
     await worker.release_session("never-seen")  # unknown ids are a no-op
 
-    released = await worker.invoke(call("released", session="probe"))
-    assert released["released"][-2:] == ["to-release", "never-seen"]
+    released = (await worker.invoke(call("released", session="probe")))["released"]
+    assert isinstance(released, list)
+    assert released[-2:] == ["to-release", "never-seen"]
     assert (await worker.invoke(call(session="to-release", sequence=2)))["count"] == 1
 
 

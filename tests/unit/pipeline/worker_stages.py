@@ -18,8 +18,7 @@ import torch
 import torch.multiprocessing as torch_mp
 
 from pipeline.actor import StageCall
-from pipeline.process.tensor_channel import TensorRef, WorkerTensorChannel
-from pipeline.process.worker import WorkerContext
+from pipeline.process import TensorRef, WorkerContext, WorkerTensorChannel
 
 GATE_TIMEOUT_S = 30.0
 
@@ -206,7 +205,8 @@ class EchoStage:
     def process(self, call: StageCall) -> Mapping[str, object]:
         value = call.inputs["x"]
         if value == "block":
-            self._ctx.options["started"].set()
+            started: Any = self._ctx.options["started"]  # a multiprocessing Event (see `Gates`)
+            started.set()
             time.sleep(GATE_TIMEOUT_S)
         count = self._counts.get(call.session_id, 0) + 1
         self._counts[call.session_id] = count

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,7 +70,12 @@ class RecordingTransport:
         self.ports[port.session_id] = port
         self.statuses[port.session_id] = []
         self._readers[port.session_id] = asyncio.create_task(self._read(port))
-        return {"kind": "fake", "room": f"room-{port.session_id}"}
+        return self.join_details(port.session_id)
+
+    def join_details(self, session_id: str) -> Mapping[str, object]:
+        if session_id not in self.ports:
+            raise SessionNotAttachedError(session_id)
+        return {"kind": "fake", "room": f"room-{session_id}"}
 
     async def detach(self, session_id: str, reason: str) -> None:
         self.detached.append((session_id, reason))
@@ -210,7 +215,7 @@ class SseStream:
             await self._disconnect.wait()
             return {"type": "http.disconnect"}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             await self._messages.put(dict(message))
 
         self._task = asyncio.create_task(self._app(scope, receive, send))

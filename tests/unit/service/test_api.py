@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import httpx
 import pytest
@@ -276,6 +276,7 @@ async def test_the_transport_gets_chunks_status_and_control_through_the_session_
         port = transport.ports[session]
         assert (port.width, port.height, port.fps) == (8, 8, 12.0)
         chunks = port.chunks()
+        assert isinstance(chunks, AsyncGenerator)  # closed below, as a transport closes it on detach
         pending = asyncio.ensure_future(anext(chunks))
         await asyncio.sleep(0)
         svc.world.emit(session, 1)
@@ -317,6 +318,7 @@ async def test_a_slow_chunk_subscriber_gets_the_latest_chunks() -> None:
     async with running_service(transport=transport) as svc:
         session = (await svc.create()).json()["id"]
         chunks = transport.ports[session].chunks()
+        assert isinstance(chunks, AsyncGenerator)
         first = asyncio.ensure_future(anext(chunks))
         await asyncio.sleep(0)
         svc.world.emit(session, 1)

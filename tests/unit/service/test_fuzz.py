@@ -37,7 +37,7 @@ def fresh_app() -> FastAPI:
     return _app()
 
 
-@schema.parametrize()
+@schema.parametrize()  # type: ignore[untyped-decorator]  # schemathesis types it as a bare Callable
 @settings(max_examples=12, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 def test_no_generated_request_gets_a_server_error(case: Any, fresh_app: FastAPI) -> None:
     checks = [schemathesis.checks.not_a_server_error, schemathesis.specs.openapi.checks.response_schema_conformance]

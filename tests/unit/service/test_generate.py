@@ -52,8 +52,9 @@ class Clip:
             self.codec = stream.codec_context.name
             self.rate = stream.average_rate
             self.width, self.height = stream.codec_context.width, stream.codec_context.height
-            self.time_base = stream.time_base
-            self.duration_s = float(stream.duration * stream.time_base) if stream.duration else 0.0
+            assert stream.time_base is not None, "an MP4 video stream has a time base"
+            self.time_base: Fraction = stream.time_base
+            self.duration_s = float(stream.duration * self.time_base) if stream.duration else 0.0
             self.luma: list[np.ndarray] = []
             self.hashes: list[str] = []
             self.pts: list[int] = []

@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -113,6 +113,11 @@ class Service:
 
     def finished(self, name: str) -> list[ReadableSpan]:
         return [span for span in self.spans.get_finished_spans() if span.name == name]
+
+
+def attributes(item: ReadableSpan | Event) -> Mapping[str, object]:
+    """A span's or an event's attributes ({} when it has none)."""
+    return item.attributes or {}
 
 
 @contextlib.asynccontextmanager
@@ -254,7 +259,7 @@ async def test_a_queued_session_records_its_wait_and_both_spans_show_the_queue()
     assert metric(text, "lingstream_admission_queue_duration_seconds_count") == 2
     buckets = _buckets(text, "lingstream_admission_queue_duration_seconds")
     assert (buckets["0.0"], buckets["2.5"], buckets["5.0"]) == (1, 1, 2)  # one at once, one after 3 s
-    queued = [span for span in svc.finished("session") if span.attributes["lingstream.session.queued"]]
+    queued = [span for span in svc.finished("session") if attributes(span)["lingstream.session.queued"]]
     assert [event.name for event in queued[0].events] == ["queued", "admitted"]
 
 
@@ -307,8 +312,8 @@ async def test_a_real_orchestrator_feeds_stage_histograms_lease_grants_and_chunk
     assert metric(text, "lingstream_transport_frames_sent_total") == 0
     assert session not in text
     assert _undocumented(text) == set()
-    first = next(span for span in svc.finished("chunk") if span.attributes["lingstream.chunk.index"] == 0)
-    stages = {event.attributes["lingstream.stage"] for event in first.events if event.name == "stage"}
+    first = next(span for span in svc.finished("chunk") if attributes(span)["lingstream.chunk.index"] == 0)
+    stages = {attributes(event)["lingstream.stage"] for event in first.events if event.name == "stage"}
     assert stages == {"encode", "denoise", "decode"}
 
 
@@ -392,16 +397,16 @@ async def test_the_session_span_is_a_child_of_the_request_that_created_it_and_ho
     assert format(post.context.trace_id, "032x") == trace_id  # W3C trace context was honoured
     assert post.parent is not None
     assert format(post.parent.span_id, "016x") == remote_parent
-    assert post.attributes["http.response.status_code"] == 201
-    assert delete.attributes["http.route"] == "/v1/sessions/{session_id}"
+    assert attributes(post)["http.response.status_code"] == 201
+    assert attributes(delete)["http.route"] == "/v1/sessions/{session_id}"
     assert root.parent is not None
     assert root.parent.span_id == post.context.span_id
     assert root.context.trace_id == post.context.trace_id
-    assert root.attributes["lingstream.session.state"] == "closed"
-    assert root.attributes["lingstream.session.chunks"] == 3
-    assert root.attributes["lingstream.worker"] == 0
+    assert attributes(root)["lingstream.session.state"] == "closed"
+    assert attributes(root)["lingstream.session.chunks"] == 3
+    assert attributes(root)["lingstream.worker"] == 0
     assert root.status.status_code is StatusCode.UNSET
-    assert [span.attributes["lingstream.chunk.index"] for span in chunks] == [0, 1, 2]
+    assert [attributes(span)["lingstream.chunk.index"] for span in chunks] == [0, 1, 2]
     for span in chunks:
         assert span.parent is not None
         assert span.parent.span_id == root.context.span_id
@@ -409,11 +414,11 @@ async def test_the_session_span_is_a_child_of_the_request_that_created_it_and_ho
         assert span.start_time is not None
         assert span.end_time - span.start_time == pytest.approx(0.024e9, abs=1e3)  # control to output + lease wait
         assert [event.name for event in span.events] == ["lease.granted"]
-    assert chunks[1].attributes["lingstream.chunk.chunk_period_s"] == PERIOD_S
+    assert attributes(chunks[1])["lingstream.chunk.chunk_period_s"] == PERIOD_S
     assert not any(span.name.endswith("/metrics") for span in svc.spans.get_finished_spans())  # scrapes: no spans
     for span in svc.spans.get_finished_spans():
         assert session not in span.name
-        assert all(session not in str(value) for value in (span.attributes or {}).values())
+        assert all(session not in str(value) for value in attributes(span).values())
 
 
 async def test_an_unexpected_error_counts_as_a_500_with_its_type() -> None:
@@ -432,7 +437,7 @@ async def test_an_unexpected_error_counts_as_a_500_with_its_type() -> None:
     assert metric(text, f'http_server_request_duration_seconds_count{{{labels},url_scheme="http"}}') == 1
     [span] = svc.finished("GET /boom/{item}")
     assert span.status.status_code is StatusCode.ERROR
-    assert span.attributes["error.type"] == "RuntimeError"
+    assert attributes(span)["error.type"] == "RuntimeError"
 
 
 async def test_a_failed_session_ends_its_span_with_an_error() -> None:
@@ -441,7 +446,7 @@ async def test_a_failed_session_ends_its_span_with_an_error() -> None:
         svc.workers[0].fail(session)
         await wait_for(lambda: bool(svc.finished("session")))
     [root] = svc.finished("session")
-    assert root.attributes["lingstream.session.state"] == "failed"
+    assert attributes(root)["lingstream.session.state"] == "failed"
     assert root.status.status_code is StatusCode.ERROR
     assert root.status.description == "model_failure"
 
@@ -491,7 +496,7 @@ class RecordingSession(requests.Session):
         super().__init__()
         self.posts: list[tuple[str, dict[str, str]]] = []
 
-    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:
         self.posts.append((str(url), dict(kwargs.get("headers") or {})))
         response = requests.Response()
         response.status_code = 200

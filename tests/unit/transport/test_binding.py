@@ -24,7 +24,7 @@ from transport.binding import (
 )
 from transport.outbox import Outbound, encode_outbound
 from transport.pacing import PacedFrame
-from transport.protocol import decode_status
+from transport.protocol import ProtocolError, decode_status
 
 NEW, LIVE, OVER, CLOSED = BindingState.NEW, BindingState.LIVE, BindingState.OVER, BindingState.CLOSED
 
@@ -70,7 +70,10 @@ class FakeLink:
             while len(self.sent) < count:
                 self._changed.clear()
                 await self._changed.wait()
-        return [decode_status(message.payload) for message in self.sent]
+        decoded = [decode_status(message.payload) for message in self.sent]
+        statuses = [status for status in decoded if not isinstance(status, ProtocolError)]
+        assert len(statuses) == len(decoded), f"the binding sent a status the client cannot decode: {decoded}"
+        return statuses
 
 
 class FailingPort(FakeSessionPort):

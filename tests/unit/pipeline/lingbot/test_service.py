@@ -14,7 +14,7 @@ from pipeline.bidirectional import CloseMode, ControlState, ResetPose, Stop
 from pipeline.core import OutputItem
 from pipeline.errors import SessionFailedError
 from pipeline.lingbot import LingBotSessionConfig
-from pipeline.lingbot.reference_model import ReferenceWorldModel
+from pipeline.lingbot.reference_model import ReferenceDiT, ReferenceWorldModel
 from pipeline.lingbot.service import LingBotService
 from pipeline.lingbot.session import LOOKAHEAD, LingBotSession
 from pipeline.lingbot.stages import CONDITION_REQUEST, CONTROL, FramesArtifact
@@ -141,7 +141,7 @@ async def test_history_bounds_the_summaries_and_close_reports_of_finished_sessio
 
 
 class FailingDenoiser:
-    def __init__(self, inner: Any, fail_at: int) -> None:
+    def __init__(self, inner: ReferenceDiT, fail_at: int) -> None:
         self._inner = inner
         self._fail_at = fail_at
 
