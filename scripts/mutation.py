@@ -123,7 +123,13 @@ def _setup_cfg(group: Group) -> str:
     )
 
 
-def _run_group(group: Group, max_children: int, keep: bool) -> dict[str, object]:
+@dataclass
+class GroupResult:
+    exit_codes: dict[str, int | None]  # mutmut's exit code per mutant
+    survivors: list[str]  # located: "path:line function: mutated line"
+
+
+def _run_group(group: Group, max_children: int, keep: bool) -> GroupResult:
     workdir = Path(tempfile.mkdtemp(prefix=f"lingstream-mutation-{group.name}-"))
     try:
         _copy_tree(workdir)
@@ -140,12 +146,12 @@ def _run_group(group: Group, max_children: int, keep: bool) -> dict[str, object]
                 stderr=subprocess.STDOUT,
                 check=False,
             ).returncode
-        results = _read_results(workdir, group)
-        if code != 0 and not results["exit_codes"]:
+        exit_codes = _read_exit_codes(workdir, group)
+        if code != 0 and not exit_codes:
             tail = log.read_text()[-3000:]
             raise SystemExit(f"mutmut failed for group {group.name} (exit {code}):\n{tail}")
-        results["survivor_details"] = _locate(workdir, env, results["survivor_names"])
-        return results
+        survivors = sorted(name for name, exit_code in exit_codes.items() if exit_code == 0)
+        return GroupResult(exit_codes, _locate(workdir, env, survivors))
     finally:
         if keep:
             print(f"group {group.name}: kept {workdir}", file=sys.stderr)
@@ -153,14 +159,13 @@ def _run_group(group: Group, max_children: int, keep: bool) -> dict[str, object]
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _read_results(workdir: Path, group: Group) -> dict[str, object]:
+def _read_exit_codes(workdir: Path, group: Group) -> dict[str, int | None]:
     exit_codes: dict[str, int | None] = {}
     for module in group.modules:
         meta = workdir / "mutants" / f"{module}.meta"
         if meta.exists():
             exit_codes.update(json.loads(meta.read_text())["exit_code_by_key"])
-    survivors = sorted(name for name, code in exit_codes.items() if code == 0)
-    return {"exit_codes": exit_codes, "survivor_names": survivors}
+    return exit_codes
 
 
 def _locate(workdir: Path, env: dict[str, str], names: list[str]) -> list[str]:
@@ -212,9 +217,9 @@ def main() -> None:
     for group in (g for g in GROUPS if g.name in names):
         group_started = time.monotonic()
         result = _run_group(group, args.max_children, args.keep)
-        codes: dict[str, int | None] = result["exit_codes"]  # type: ignore[assignment]
+        codes = result.exit_codes
         exit_codes.update(codes)
-        survivors.extend(result["survivor_details"])  # type: ignore[arg-type]
+        survivors.extend(result.survivors)
         per_group[group.name] = {
             "mutants": len(codes),
             "killed": sum(1 for c in codes.values() if c in _KILLED or c in _TIMEOUT),

@@ -53,9 +53,9 @@ def test_every_frame_is_accounted_for_and_the_grid_is_exact() -> None:
     assert _sent(core.poll(2.385)).frame_index == 11
 
     # Frames of the wrong shape are rejected, counted per frame the caller meant to send.
-    assert core.push_chunk(np.zeros(3, np.uint8), first_frame_index=9, chunk_index=3, now=2.0) == 0  # type: ignore[arg-type]
-    assert core.push_chunk(np.zeros((2, H, W), np.uint8), first_frame_index=12, chunk_index=4, now=2.0) == 0  # type: ignore[arg-type]
-    assert core.push_chunk(np.array(7, np.uint8), first_frame_index=14, chunk_index=5, now=2.0) == 0  # type: ignore[arg-type]
+    assert core.push_chunk(np.zeros(3, np.uint8), first_frame_index=9, chunk_index=3, now=2.0) == 0
+    assert core.push_chunk(np.zeros((2, H, W), np.uint8), first_frame_index=12, chunk_index=4, now=2.0) == 0
+    assert core.push_chunk(np.array(7, np.uint8), first_frame_index=14, chunk_index=5, now=2.0) == 0
     assert core.push(np.zeros((H, W, 4), np.uint8), frame_index=15, chunk_index=6, now=2.0) is False
 
     stats = core.statistics()
