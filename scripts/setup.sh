@@ -31,7 +31,7 @@ step() {
 done_step() { [ -n "$CHECK" ] || say "  done in $((SECONDS - step_started)) s"; }
 # Installers go through these, so that --check runs every step's test and installs nothing.
 pip() { [ -n "$CHECK" ] || .venv/bin/python -m pip --disable-pip-version-check "$@"; }
-install() { [ -n "$CHECK" ] || "$@"; }
+installer() { [ -n "$CHECK" ] || "$@"; }
 
 # What is missing: Python packages (pyproject.toml, followed transitively) and the browser files (web/package.json).
 if [ -x .venv/bin/python ]; then
@@ -91,7 +91,7 @@ if [ -n "$npm_missing" ]; then
     if command -v npm >/dev/null; then
         step "installing the browser files from npm into web/node_modules: ${npm_missing}(17 packages, ~50 MB;" \
             "5 to 10 s here)"
-        (cd web && install npm ci --ignore-scripts --no-audit --no-fund)
+        (cd web && installer npm ci --ignore-scripts --no-audit --no-fund)
         done_step
     else
         echo "setup: npm not found; the page works on the embedded transport only (no livekit-client bundle) and" \
@@ -105,8 +105,8 @@ if [ -n "$DEV" ]; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
             step "installing Debian packages ${debs[*]} (chromium: ~110 MB to download, ~350 MB installed;" \
                 "redis-server: ~2 MB; with the package lists' update about 30 s here)"
-            install apt-get update -q
-            DEBIAN_FRONTEND=noninteractive install apt-get install -y -q "${debs[@]}"
+            installer apt-get update -q
+            DEBIAN_FRONTEND=noninteractive installer apt-get install -y -q "${debs[@]}"
             done_step
         else
             echo "setup: ${debs[*]} missing and not installable here; the tests that need them will skip" >&2
