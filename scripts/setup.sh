@@ -83,6 +83,15 @@ if [ -n "$python_missing" ]; then
     fi
     done_step
 fi
+# The LingBot DiT parity tests' oracle: telefuser's DiT module, without its dependencies (they pin transformers and
+# pull torchvision and triton); its few small imports come with the dev extra.
+TELEFUSER_VERSION=0.1.0.post3
+if [ -n "$DEV" ] && [ "$(.venv/bin/python -c 'from importlib.metadata import version; print(version("telefuser"))' \
+    2>/dev/null)" != "$TELEFUSER_VERSION" ]; then
+    step "installing telefuser ${TELEFUSER_VERSION} --no-deps, the parity tests' oracle (a ~0.8 MB wheel)"
+    pip install --no-deps "telefuser==${TELEFUSER_VERSION}"
+    done_step
+fi
 # The browser files come from npm (nothing from a CDN at run time; not committed): the page's livekit-client bundle
 # and Swagger UI for /docs. --ignore-scripts: they need no install scripts (swagger-ui-dist pulls one that would
 # report the install to its vendor).
