@@ -42,7 +42,7 @@ _LOG_CALL = r"^\s*logger\.(debug|info|warning|error|exception)\("
 class Group:
     name: str
     modules: tuple[str, ...]  # files to mutate, relative to the repository root
-    tests: tuple[str, ...]  # the tests that own them
+    tests: tuple[str, ...]  # the tests that own them (none with a wall-clock budget: mutmut's tracing slows them)
 
 
 GROUPS = (
@@ -75,7 +75,6 @@ GROUPS = (
             "tests/unit/transport/test_pacing.py",
             "tests/unit/transport/test_reconnect_control.py",
             "tests/unit/transport/test_livekit_binding.py",
-            "tests/reliability/test_protocol_fuzz.py",
         ),
     ),
     Group(
@@ -147,7 +146,7 @@ def _run_group(group: Group, max_children: int, keep: bool) -> GroupResult:
                 check=False,
             ).returncode
         exit_codes = _read_exit_codes(workdir, group)
-        if code != 0 and not exit_codes:
+        if code != 0 and all(exit_code is None for exit_code in exit_codes.values()):
             tail = log.read_text()[-3000:]
             raise SystemExit(f"mutmut failed for group {group.name} (exit {code}):\n{tail}")
         survivors = sorted(name for name, exit_code in exit_codes.items() if exit_code == 0)
