@@ -336,7 +336,7 @@ class ServiceMetrics:
         self,
         meter: Meter,
         *,
-        runtime: Callable[[], RuntimeStatistics],
+        runtime: Callable[[], RuntimeStatistics | None],
         workers: Sequence[BidirectionalService] = (),
         transport: Transport | None = None,
     ) -> None:

@@ -96,11 +96,10 @@ def test_every_worker_and_transport_series_reads_the_field_it_is_named_for() -> 
     reader = PrometheusMetricReader(disable_target_info=True, scope_info_enabled=False, registry=registry)
     provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
     try:
-        # No runtime record, so no runtime series: the snapshot and observe_runtime take None, ServiceMetrics's
-        # `runtime` parameter does not yet (service/telemetry/metrics.py); the ignore goes unused once it does.
+        # No runtime record, so no runtime series: only the worker and transport series are under test.
         metrics = ServiceMetrics(
             provider.get_meter("test"),
-            runtime=lambda: None,  # type: ignore[arg-type, return-value]
+            runtime=lambda: None,
             workers=[worker],
             transport=transport,
         )
