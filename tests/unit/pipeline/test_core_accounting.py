@@ -1,0 +1,134 @@
+"""The scheduler's bookkeeping read back exactly: statistics, notices, late-result counters, returned room, and the
+errors that name what was wrong. (Written against mutation survivors: each assertion pins a value a broken
+scheduler would get wrong while every behaviour test still passed.)"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pipeline import (
+    CloseMode,
+    PipelineError,
+    PipelineSpecError,
+    SchedulerCore,
+    SessionFailedError,
+    StageCall,
+    StreamingPipelineOrchestrator,
+    UnknownArtifactError,
+    UnknownSessionError,
+    validate_pipeline,
+)
+from pipeline.core import NoticeKind, ResultKind
+from tests.fakes.actors import FakeActor, StaticActorView
+from tests.fakes.clock import FakeClock
+from tests.unit.pipeline.graphs import linear_spec
+
+
+def _core(capacity: int = 4) -> SchedulerCore:
+    return SchedulerCore(validate_pipeline(linear_spec("only", capacity=4)), StaticActorView(capacity), FakeClock())
+
+
+def test_statistics_count_sessions_by_state_and_every_result() -> None:
+    core = _core()
+    for sid in ("a", "b", "c", "d"):
+        core.open_session(sid)
+        core.try_submit(sid, {"input": (0, None)})
+    calls = {d.call.session_id: d for d in core.pump()}
+    assert core.complete(calls["a"].invocation_id, {"out": 1}, 0) is ResultKind.DELIVERED
+    assert core.complete(calls["b"].invocation_id, {"wrong": 1}, 0) is ResultKind.REJECTED
+    core.begin_close("c", CloseMode.CANCEL)
+    assert core.complete(calls["c"].invocation_id, {"out": 1}, 0) is ResultKind.STALE
+    for _ in range(2):
+        assert core.complete(calls["a"].invocation_id, {"out": 1}, 0) is ResultKind.DUPLICATE
+        assert core.complete(99_999, {"out": 1}, 0) is ResultKind.ORPHANED
+    core.begin_release("c")
+    core.finish_release("c", ["only"], {"only": "RuntimeError: gpu"})  # c is poisoned
+    stats = core.statistics()
+    assert dict(stats.sessions_by_state) == {"open": 2, "failed": 1, "poisoned": 1}  # a and d; b; c
+    assert stats.poisoned_sessions == ("c",)
+    assert (stats.dispatched, stats.delivered, stats.rejected_results, stats.stale_results) == (4, 1, 1, 1)
+    assert (stats.duplicate_results, stats.orphaned_results) == (2, 2)
+    assert stats.in_flight_by_stage == {"only": 1}  # d's call
+    assert stats.eligible_by_stage == {"only": 0}
+    assert (stats.cleanup_failures, stats.slot_leaks) == (1, 0)
+
+
+def test_a_failed_session_notifies_its_readers_submitters_and_closer() -> None:
+    core = _core()
+    core.open_session("s")
+    core.try_submit("s", {"input": (0, None)})
+    (d,) = core.pump()
+    core.take_notices()
+    core.fail(d.invocation_id, "boom")
+    kinds = [n.kind for n in core.take_notices() if n.session_id == "s"]
+    assert {NoticeKind.FAILED, NoticeKind.ROOM, NoticeKind.OUTPUT} <= set(kinds)
+    assert all(isinstance(kind, NoticeKind) for kind in kinds)
+
+
+@pytest.mark.parametrize("settle", ["stale", "fail"])
+def test_room_reserved_by_a_call_whose_result_is_dropped_comes_back(settle: str) -> None:
+    core = _core()
+    core.open_session("s")
+    core.try_submit("s", {"input": (0, None)})
+    (d,) = core.pump()
+    if settle == "stale":
+        core.begin_close("s", CloseMode.CANCEL)
+        assert core.complete(d.invocation_id, {"out": 1}, 0) is ResultKind.STALE
+    else:
+        core.fail(d.invocation_id, "boom")
+    core.begin_release("s")
+    report = core.finish_release("s", ["only"], {})
+    assert report.slot_leaks == 0  # the output slot the call reserved was returned, not leaked
+
+
+def test_a_call_abandoned_before_release_is_orphaned_when_it_returns() -> None:
+    core = _core()
+    core.open_session("s")
+    core.try_submit("s", {"input": (0, None)})
+    (d,) = core.pump()
+    core.begin_close("s", CloseMode.CANCEL)
+    assert core.abandon_in_flight("s") == 1
+    assert core.is_quiescent("s")
+    # The session still exists (not yet released), but it stopped waiting for the call: the result is orphaned.
+    assert core.complete(d.invocation_id, {"out": 1}, 0) is ResultKind.ORPHANED
+    assert core.statistics().orphaned_results == 1
+
+
+def test_lookups_name_what_is_unknown() -> None:
+    core = _core()
+    with pytest.raises(UnknownSessionError, match="no session 'ghost'"):
+        core.state("ghost")
+    assert core.stream_ended("ghost") is True
+    core.open_session("s")
+    assert core.stream_ended("s") is False
+    with pytest.raises(UnknownArtifactError, match="'nope' is not an external input of this pipeline"):
+        core.next_sequence("s", "nope")
+    assert core.has_room("s", ["nope"]) is True  # no edge of that name: nothing to be full
+    core.begin_close("s", CloseMode.CANCEL)
+    assert core.stream_ended("s") is True
+
+
+async def test_orchestrator_errors_and_statistics_name_what_they_are_about() -> None:
+    def fail(call: StageCall) -> dict[str, object]:
+        raise ValueError("bad latent")
+
+    actor = FakeActor("only", fail)
+    async with StreamingPipelineOrchestrator(linear_spec("only"), {"only": actor}) as orch:
+        with pytest.raises(UnknownSessionError, match="no open session 'ghost'"):
+            orch.outputs("ghost")
+        with pytest.raises(PipelineSpecError, match="no stage 'ghost'"):
+            orch.add_stage_listener("ghost", lambda _sid, _seq: None)
+        stream = orch.open_session("s")
+        with pytest.raises(PipelineError, match="session 's' is not poisoned"):
+            await orch.retry_release("s")
+        stats = orch.statistics()
+        assert stats.ready is True
+        assert list(stats.actors) == ["only"]
+        assert stats.actors["only"].name == "only"
+        await orch.submit("s", {"input": (0, 0)})
+        with pytest.raises(SessionFailedError) as failed:
+            await asyncio.wait_for(anext(stream), timeout=5)
+        assert failed.value.session_id == "s"
+        assert "bad latent" in failed.value.reason
