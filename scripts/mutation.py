@@ -51,6 +51,7 @@ GROUPS = (
         ("pipeline/core/scheduler.py", "pipeline/orchestrator.py"),
         (
             "tests/unit/pipeline/test_core.py",
+            "tests/unit/pipeline/test_core_accounting.py",
             "tests/unit/pipeline/test_orchestrator.py",
             "tests/unit/pipeline/test_scheduling_guarantees.py",
         ),
