@@ -5,14 +5,17 @@ mutated against only the tests that exercise it (the map below), in a private co
 writes its mutants under `mutants/` of that copy, so the shared tree is never touched, and per mutant it runs only
 the tests of its group that reach the mutated function (its coverage map). Options:
 
-    --quick            one small group (the control codec and pacing), for a check in a couple of minutes
+    --quick            one small group (the control codec and pacing): about ten minutes here
     --group NAME       only this group (repeatable); groups: see GROUPS
+    --sample N         per group, run only N mutants drawn at random (seeded: `--seed`, default 23), so that the
+                       ratio estimates the group's score in a fraction of the time
     --max-children N   parallel mutant runs (default: the CPU count)
     --keep             keep the temporary copies (their mutants/ hold mutmut's results, e.g. for `mutmut show`)
 
-The JSON line: mutants, killed (a test failed, or the tests hung: `timeouts` of them), survived, killed_ratio
-(killed / (killed + survived); mutants mutmut could not judge, e.g. no test reaches them, are counted in `mutants`
-and in `unjudged`), per-group figures, seconds, and `survivors`: each as "path:line function: the mutated line".
+The JSON line: `mutants` (those run: all generated, or the sample), `generated`, `killed` (a test failed, or the
+tests hung: `timeouts` of them), `survived`, `killed_ratio` = killed / (killed + survived), `unjudged` (run, but no
+test of the group reaches them), per-group figures, `seconds`, and `survivors`, each as
+"path:line function: the mutated line".
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -125,11 +129,12 @@ def _setup_cfg(group: Group) -> str:
 
 @dataclass
 class GroupResult:
-    exit_codes: dict[str, int | None]  # mutmut's exit code per mutant
+    exit_codes: dict[str, int | None]  # mutmut's exit code per mutant run (all, or the sample)
+    generated: int  # mutants generated for the group
     survivors: list[str]  # located: "path:line function: mutated line"
 
 
-def _run_group(group: Group, max_children: int, keep: bool) -> GroupResult:
+def _run_group(group: Group, max_children: int, keep: bool, sample: int | None, seed: int) -> GroupResult:
     workdir = Path(tempfile.mkdtemp(prefix=f"lingstream-mutation-{group.name}-"))
     try:
         _copy_tree(workdir)
@@ -137,26 +142,39 @@ def _run_group(group: Group, max_children: int, keep: bool) -> GroupResult:
         env = dict(os.environ)  # noqa: TID251 - a script, not a library
         env.update(PYTHONPATH=str(workdir), PYTHONDONTWRITEBYTECODE="1")
         log = workdir / "mutmut.log"
-        with log.open("w") as out:
-            code = subprocess.run(
-                [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)],
-                cwd=workdir,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                check=False,
-            ).returncode
+        names: list[str] = []
+        if sample is not None:
+            # Generate the mutants and collect the coverage map without running any (no name matches), then draw.
+            _mutmut(workdir, env, log, max_children, ["lingstream-no-such-mutant"])
+            every = sorted(_read_exit_codes(workdir, group))
+            names = sorted(random.Random(seed).sample(every, min(sample, len(every))))
+        code = _mutmut(workdir, env, log, max_children, names)
         exit_codes = _read_exit_codes(workdir, group)
+        generated = len(exit_codes)
+        if names:
+            exit_codes = {name: exit_codes.get(name) for name in names}
         if code != 0 and all(exit_code is None for exit_code in exit_codes.values()):
             tail = log.read_text()[-3000:]
             raise SystemExit(f"mutmut failed for group {group.name} (exit {code}):\n{tail}")
         survivors = sorted(name for name, exit_code in exit_codes.items() if exit_code == 0)
-        return GroupResult(exit_codes, _locate(workdir, env, survivors))
+        return GroupResult(exit_codes, generated, _locate(workdir, env, survivors))
     finally:
         if keep:
             print(f"group {group.name}: kept {workdir}", file=sys.stderr)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _mutmut(workdir: Path, env: dict[str, str], log: Path, max_children: int, names: list[str]) -> int:
+    with log.open("a") as out:
+        return subprocess.run(
+            [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *names],
+            cwd=workdir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        ).returncode
 
 
 def _read_exit_codes(workdir: Path, group: Group) -> dict[str, int | None]:
@@ -208,20 +226,25 @@ def main() -> None:
     parser.add_argument("--group", action="append", choices=[g.name for g in GROUPS])
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--sample", type=int)
+    parser.add_argument("--seed", type=int, default=23)
     args = parser.parse_args()
     names = args.group or (list(QUICK) if args.quick else [g.name for g in GROUPS])
     started = time.monotonic()
     exit_codes: dict[str, int | None] = {}
     survivors: list[str] = []
     per_group: dict[str, dict[str, int]] = {}
+    generated = 0
     for group in (g for g in GROUPS if g.name in names):
         group_started = time.monotonic()
-        result = _run_group(group, args.max_children, args.keep)
+        result = _run_group(group, args.max_children, args.keep, args.sample, args.seed)
         codes = result.exit_codes
         exit_codes.update(codes)
         survivors.extend(result.survivors)
+        generated += result.generated
         per_group[group.name] = {
             "mutants": len(codes),
+            "generated": result.generated,
             "killed": sum(1 for c in codes.values() if c in _KILLED or c in _TIMEOUT),
             "survived": sum(1 for c in codes.values() if c == 0),
             "seconds": round(time.monotonic() - group_started),
@@ -235,6 +258,8 @@ def main() -> None:
         json.dumps(
             {
                 "mutants": len(exit_codes),
+                "generated": generated,
+                "sample_per_group": args.sample,
                 "killed": killed,
                 "survived": survived,
                 "timeouts": timeouts,
