@@ -5,10 +5,12 @@ scheduler would get wrong while every behaviour test still passed.)"""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 import pytest
 
 from pipeline import (
+    ActorUnavailableError,
     CloseMode,
     PipelineError,
     PipelineSpecError,
@@ -132,3 +134,36 @@ async def test_orchestrator_errors_and_statistics_name_what_they_are_about() -> 
             await asyncio.wait_for(anext(stream), timeout=5)
         assert failed.value.session_id == "s"
         assert "bad latent" in failed.value.reason
+
+
+class _Unavailable(FakeActor):
+    """Healthy when the scheduler looks, unavailable when the call arrives (it started restarting meanwhile)."""
+
+    async def invoke(self, call: StageCall) -> Mapping[str, object]:
+        raise ActorUnavailableError(f"{self.name} is restarting")
+
+
+async def test_an_actor_unavailable_at_call_time_fails_the_session_naming_stage_and_error() -> None:
+    actor = _Unavailable("only", lambda c: {"out": 0})
+    async with StreamingPipelineOrchestrator(linear_spec("only"), {"only": actor}) as orch:
+        stream = orch.open_session("s")
+        await orch.submit("s", {"input": (0, 0)})
+        with pytest.raises(SessionFailedError) as failed:
+            await asyncio.wait_for(anext(stream), timeout=5)
+        assert failed.value.reason == "stage 'only': ActorUnavailableError: only is restarting"
+
+
+async def test_a_cancelled_submit_leaves_no_waiter_behind() -> None:
+    actor = FakeActor("only", lambda c: {"out": 0}, gated=True)
+    spec = linear_spec("only", capacity=1)
+    async with StreamingPipelineOrchestrator(spec, {"only": actor}, cancel_timeout=0.1) as orch:
+        orch.open_session("s")
+        await orch.submit("s", {"input": (0, 0)})
+        await orch.submit("s", {"input": (1, 1)})  # 0 in flight, 1 on the edge: the next submit waits
+        waiter = asyncio.create_task(orch.submit("s", {"input": (2, 2)}))
+        await asyncio.sleep(0)  # one loop turn: the waiter runs until it waits for room
+        assert orch._waiters != {}
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert orch._waiters == {}  # the cancelled waiter's future is gone, and its key with it
