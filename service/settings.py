@@ -65,6 +65,7 @@ _LIVEKIT_ALIASES = {
 }
 _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+$")
 _REPLICA_ID = re.compile(r"[A-Za-z0-9._:\-]{1,200}")
+_DEVICE = re.compile(r"cpu|cuda:\d{1,3}")
 
 # The values read from the config file, handed to `_FileSource` while `load_settings` builds `Settings`.
 _FILE_VALUES: contextvars.ContextVar[Mapping[str, object]] = contextvars.ContextVar("lingstream_file_settings")
@@ -114,8 +115,30 @@ class Settings(BaseSettings):
     )
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
-    torch_threads: int | None = Field(default=None, ge=1, le=1024, description="torch intra-op threads.")
+    torch_threads: int | None = Field(
+        default=None, ge=1, le=1024, description="torch intra-op threads (per rank with the processes placement)."
+    )
     device: Literal["cpu", "cuda"] = "cpu"
+    stage_placement: Literal["threads", "processes"] = Field(
+        default="threads",
+        description="Where a model worker's stages run: threads of the service process, or worker processes "
+        "(the DiT on LINGSTREAM_DENOISE_RANKS ranks, latents between groups through shared memory / CUDA IPC).",
+    )
+    denoise_ranks: int = Field(
+        default=1, ge=1, le=64, description="Ranks of each model worker's DiT group (processes placement)."
+    )
+    devices: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="Comma-separated devices of all model workers: cpu, or cuda:N,... split evenly across "
+        "LINGSTREAM_NUM_WORKERS; empty: from LINGSTREAM_DEVICE.",
+    )
+    stage_call_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Seconds one call may run in a stage's worker processes before the group counts as stuck "
+        "and is restarted (processes placement).",
+    )
     reconnect_grace: float = Field(default=20.0, gt=0, le=3600, description="Seconds a departed browser may return.")
     video_codec: Literal["vp8", "h264"] = "vp8"
     video_bitrate: int = Field(default=2_000_000, ge=50_000, le=100_000_000, description="Video bits per second.")
@@ -174,7 +197,7 @@ class Settings(BaseSettings):
         # Overrides beat the environment, the environment beats the file; no dotenv, no secrets directory.
         return init_settings, env_settings, _FileSource(settings_cls)
 
-    @field_validator("log_format", "video_codec", "device", "admission_backend", mode="before")
+    @field_validator("log_format", "video_codec", "device", "admission_backend", "stage_placement", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
@@ -198,6 +221,28 @@ class Settings(BaseSettings):
             if origin != "*" and not _ORIGIN.match(origin.rstrip("/")):
                 raise ValueError(f"{origin!r} is not an origin: use scheme://host[:port] (http or https) or *")
         return tuple(origin.rstrip("/") for origin in value)
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _split_devices(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip().lower() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("devices")
+    @classmethod
+    def _check_devices(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for device in value:
+            if not _DEVICE.fullmatch(device):
+                raise ValueError(f"{device!r} is not a device: use cpu or cuda:N (e.g. cuda:0,cuda:1)")
+        cuda = [device for device in value if device != "cpu"]
+        if cuda and len(cuda) != len(value):
+            raise ValueError("cpu and cuda devices cannot be mixed")
+        if not cuda and len(value) > 1:
+            raise ValueError("list cpu once: every CPU rank runs on it")
+        if len(set(cuda)) != len(cuda):
+            raise ValueError("a CUDA device is listed twice: one rank per GPU")
+        return value
 
     @field_validator("api_keys")
     @classmethod
@@ -270,6 +315,7 @@ class Settings(BaseSettings):
                 )
             if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
                 raise ValueError("LINGSTREAM_REDIS_URL must be a redis://, rediss:// or unix:// URL")
+        self._check_placement()
         needed = _base64_size(self.max_image_bytes) + 4096
         if self.max_request_bytes < needed:
             raise ValueError(
@@ -277,6 +323,60 @@ class Settings(BaseSettings):
                 f"LINGSTREAM_MAX_IMAGE_BYTES ({self.max_image_bytes}): it must be at least {needed}"
             )
         return self
+
+    def _check_placement(self) -> None:
+        """The rules between LINGSTREAM_STAGE_PLACEMENT, _DENOISE_RANKS, _DEVICES, _DEVICE and _NUM_WORKERS."""
+        if self.devices:
+            on_cuda = self.devices[0] != "cpu"
+            if "device" in self.model_fields_set and (self.device == "cuda") != on_cuda:
+                raise ValueError(
+                    f"LINGSTREAM_DEVICE={self.device} contradicts LINGSTREAM_DEVICES={','.join(self.devices)}; "
+                    "set only LINGSTREAM_DEVICES"
+                )
+            self.device = "cuda" if on_cuda else "cpu"
+        if self.stage_placement == "threads" and self.denoise_ranks > 1:
+            raise ValueError(
+                f"LINGSTREAM_DENOISE_RANKS={self.denoise_ranks} needs LINGSTREAM_STAGE_PLACEMENT=processes "
+                "(the threads placement runs one rank in the service process)"
+            )
+        if self.device != "cuda" or not self.devices:
+            return
+        count, workers = len(self.devices), self.num_workers
+        if count % workers:
+            raise ValueError(
+                f"LINGSTREAM_DEVICES lists {count} CUDA devices for LINGSTREAM_NUM_WORKERS={workers}: "
+                "every model worker needs the same number"
+            )
+        per_worker = count // workers
+        if self.stage_placement == "threads" and per_worker != 1:
+            raise ValueError(
+                f"LINGSTREAM_DEVICES gives each model worker {per_worker} CUDA devices, but the threads placement "
+                "runs a worker on one: list LINGSTREAM_NUM_WORKERS devices or set LINGSTREAM_STAGE_PLACEMENT=processes"
+            )
+        ranks = self.denoise_ranks
+        if self.stage_placement == "processes" and per_worker < ranks:
+            raise ValueError(
+                f"LINGSTREAM_DENOISE_RANKS={ranks} is more than the {per_worker} CUDA device(s) each model worker "
+                "gets from LINGSTREAM_DEVICES (ranks > devices: one rank per GPU)"
+            )
+        if self.stage_placement == "processes" and per_worker > ranks + 1:
+            raise ValueError(
+                f"LINGSTREAM_DEVICES gives each model worker {per_worker} CUDA devices, but it uses "
+                f"LINGSTREAM_DENOISE_RANKS={ranks} for the DiT and at most one more for the VAE: "
+                f"{per_worker - ranks - 1} would stay unused"
+            )
+
+    def worker_devices(self) -> list[tuple[str, ...]]:
+        """Each model worker's devices: its share of LINGSTREAM_DEVICES, or the default from LINGSTREAM_DEVICE
+        (CPU: "cpu"; CUDA: one GPU per worker with threads, LINGSTREAM_DENOISE_RANKS GPUs with processes)."""
+        if self.device != "cuda":
+            return [("cpu",)] * self.num_workers
+        devices = self.devices
+        if not devices:
+            per_worker = self.denoise_ranks if self.stage_placement == "processes" else 1
+            devices = tuple(f"cuda:{index}" for index in range(per_worker * self.num_workers))
+        per_worker = len(devices) // self.num_workers
+        return [devices[index * per_worker : (index + 1) * per_worker] for index in range(self.num_workers)]
 
     @property
     def api_key_list(self) -> tuple[str, ...]:

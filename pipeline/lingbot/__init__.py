@@ -3,6 +3,7 @@ reference world model, the HUD and the placement planner. The session policy and
 
 from __future__ import annotations
 
+from pipeline.lingbot.actors import LingBotActors, ProcessPlacement, build_actors
 from pipeline.lingbot.camera import (
     DEFAULT_HFOV_DEG,
     PLUCKER_CHANNELS,
@@ -61,8 +62,10 @@ from pipeline.lingbot.model import (
     ChunkCondition,
     ChunkDecoder,
     ChunkDenoiser,
+    ModelShard,
     ReferenceEncoder,
     WorldModel,
+    WorldModelFactory,
     WorldModelParts,
     first_frame_mask,
     slice_condition,
@@ -86,15 +89,18 @@ from pipeline.lingbot.reference_model import (
     DENOISING_STEPS,
     KEY_SLOT,
     ReferenceDiT,
+    ReferenceModelFactory,
     ReferenceStageStatistics,
     ReferenceVAEDecoder,
     ReferenceVAEEncoder,
     ReferenceWorldModel,
     default_scene,
+    rows_of,
 )
 from pipeline.lingbot.service import LingBotService
 from pipeline.lingbot.session import LOOKAHEAD, ChunkLease, LingBotSession
 from pipeline.lingbot.stages import (
+    DENOISE_DECODE_STAGE,
     ConditionArtifact,
     ConditionRequest,
     ControlArtifact,
@@ -114,6 +120,7 @@ __all__ = [
     "DEFAULT_MAX_DURATION_S",
     "DEFAULT_MAX_IMAGE_BYTES",
     "DEFAULT_MAX_IMAGE_PIXELS",
+    "DENOISE_DECODE_STAGE",
     "DENOISE_STAGE",
     "DENOISING_STEPS",
     "ENCODE_STAGE",
@@ -149,6 +156,7 @@ __all__ = [
     "ImageHeader",
     "ImageInputError",
     "LatentArtifact",
+    "LingBotActors",
     "LingBotError",
     "LingBotService",
     "LingBotSession",
@@ -156,13 +164,16 @@ __all__ = [
     "ModelInputError",
     "ModelRuntimeConfig",
     "ModelSessionError",
+    "ModelShard",
     "PinholeIntrinsics",
     "PlacementError",
     "PlacementPlan",
     "PoseIntegrator",
     "PoseSteps",
+    "ProcessPlacement",
     "ReferenceDiT",
     "ReferenceEncoder",
+    "ReferenceModelFactory",
     "ReferenceStageStatistics",
     "ReferenceVAEDecoder",
     "ReferenceVAEEncoder",
@@ -172,7 +183,9 @@ __all__ = [
     "StagePlacement",
     "WorkerGroupPlan",
     "WorldModel",
+    "WorldModelFactory",
     "WorldModelParts",
+    "build_actors",
     "chunk_plucker",
     "decode_reference_image",
     "default_scene",
@@ -188,6 +201,7 @@ __all__ = [
     "probe_image_header",
     "recover_cameras",
     "rotation_matrix",
+    "rows_of",
     "slice_condition",
     "validate_base_latent",
     "validate_control",

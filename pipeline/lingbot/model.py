@@ -36,6 +36,24 @@ over 1x2x2 latent patches. At the reference 832x480, 16 fps, a latent frame is 1
   the session, and what admission counts.
 - Decode: the Wan VAE decoder is causal in time and keeps a per-session feature cache between chunks, so decode has
   its own `create_cache`/`release_cache` and needs chunks in order.
+
+Running in worker processes, sharded. With `processes` placement the parts are not handed over as objects: a
+picklable `WorldModelFactory` builds each part inside the worker process that runs it, from a `ModelShard` (its
+device, its rank and the world size of its group). What a checkpoint implements to run that way:
+- The factory is a module-level class or function (spawned processes import it by name) and loads its weights
+  in `encoder`/`denoiser`/`decoder`, on `shard.device`; it holds no open resources before that.
+- Encode and decode are not sharded: they run on rank 0 of their group (a co-located decode runs on the DiT
+  group's rank 0). `shard.world_size` is 1 for them unless decode is co-located, where ranks > 0 build no decoder.
+- The denoiser is built on every rank of the DiT group. When `shard.world_size > 1` the worker has already
+  joined the ranks into torch.distributed's default process group (gloo on CPU, nccl on CUDA), and every rank
+  receives the same calls in the same order with the same arguments (`create_cache` with the whole base latent,
+  `denoise_chunk` with the whole control tensor). Each rank computes its share and the ranks gather it, e.g.
+  sequence parallelism: tokens split across ranks, all-to-all around attention (Ulysses) or a ring of KV blocks,
+  each rank keeping the KV cache of its own tokens in its `create_cache` state. Rank 0 must return the whole latent
+  chunk; what other ranks return is discarded. A collective must be reached by every rank in every call (a rank
+  that skips one hangs the others until the worker's call timeout kills the group).
+- Results must not depend on the world size beyond floating-point reassociation: the reference DiT splits latent
+  rows across ranks and gathers them, and its 2-rank frames equal its 1-rank frames bit for bit (tested).
 """
 
 from __future__ import annotations
@@ -55,8 +73,10 @@ __all__ = [
     "ChunkCondition",
     "ChunkDecoder",
     "ChunkDenoiser",
+    "ModelShard",
     "ReferenceEncoder",
     "WorldModel",
+    "WorldModelFactory",
     "WorldModelParts",
     "first_frame_mask",
     "slice_condition",
@@ -128,6 +148,36 @@ class ChunkDecoder(Protocol):
         ...
 
     def release_cache(self, session_id: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShard:
+    """Where one model part runs: its device and its place among the ranks that run it together."""
+
+    device: str = "cpu"
+    """"cpu" or "cuda:N"."""
+    rank: int = 0
+    world_size: int = 1
+    dtype: str = "float32"
+    """The stage's configured dtype ("float32", "bfloat16", "float16"); the reference model computes in float32."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ModelInputError(f"rank {self.rank} is outside 0..{self.world_size - 1}")
+
+
+@runtime_checkable
+class WorldModelFactory(Protocol):
+    """Builds the parts of a world model inside the worker processes that run them (see the module docstring).
+
+    Must be picklable by reference (a module-level class with picklable fields): it travels to every spawned rank.
+    """
+
+    def encoder(self, shard: ModelShard) -> ReferenceEncoder: ...
+
+    def denoiser(self, shard: ModelShard) -> ChunkDenoiser: ...
+
+    def decoder(self, shard: ModelShard) -> ChunkDecoder: ...
 
 
 class WorldModel(Protocol):

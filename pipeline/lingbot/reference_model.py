@@ -29,6 +29,13 @@ warp each key frame by its motion channels into its 4 video frames (1 for the fi
 
 `compute_scale > 1` adds matrix work to every denoising step (the result is discarded, so frames do not change)
 to emulate a heavier model: roughly `compute_scale` times the denoise cost. No stage touches torch's thread count.
+
+Sharded denoise (`world_size > 1`, the worked example of the seam's sharding contract in `model.py`): every rank
+renders and samples only its own band of latent rows (`rows_of`), the per-pixel work (rendering, sampling, the
+emulated network's tokens) splits across the ranks, and an all-gather on the default process group joins the bands
+on every rank. The seeded noise is drawn for the whole chunk on every rank and sliced, so the result does not depend
+on the world size: 2-rank frames equal 1-rank frames bit for bit (tests/unit/pipeline/lingbot/test_processes.py).
+`ReferenceModelFactory` builds the three stages inside worker processes.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from pipeline.lingbot.camera import PinholeIntrinsics, recover_cameras
@@ -49,6 +57,7 @@ from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.errors import ChunkContractError, ModelInputError, ModelSessionError
 from pipeline.lingbot.model import (
     LATENT_CHANNELS,
+    ModelShard,
     first_frame_mask,
     slice_condition,
     validate_base_latent,
@@ -60,11 +69,13 @@ __all__ = [
     "DENOISING_STEPS",
     "KEY_SLOT",
     "ReferenceDiT",
+    "ReferenceModelFactory",
     "ReferenceStageStatistics",
     "ReferenceVAEDecoder",
     "ReferenceVAEEncoder",
     "ReferenceWorldModel",
     "default_scene",
+    "rows_of",
 ]
 
 DENOISING_STEPS = 4
@@ -294,13 +305,14 @@ class _DenoiserSession:
     plan: ChunkPlan
     intrinsics: PinholeIntrinsics
     base_latent: torch.Tensor
+    rows: tuple[int, int]  # this rank's band of latent rows [start, stop)
     luma_texture: torch.Tensor  # [1, 1, 3h, 4w]
     chroma_texture: torch.Tensor  # [1, 2, h, w]
     luma_sky: torch.Tensor  # [1, 1, 1, 1] colour above the picture
     chroma_sky: torch.Tensor  # [1, 2, 1, 1]
-    fine_rays: torch.Tensor  # [3, 3h*4w] camera rays of the fine grid
-    coarse_rays: torch.Tensor  # [3, h*w]
-    coarse_points: torch.Tensor  # [2, h*w] normalised image coordinates of the coarse grid
+    fine_rays: torch.Tensor  # [3, 3b*4w] camera rays of the fine grid of this rank's band of b rows
+    coarse_rays: torch.Tensor  # [3, b*w]
+    coarse_points: torch.Tensor  # [2, b*w] normalised image coordinates of the band's coarse grid
     next_chunk: int = 0
 
 
@@ -382,6 +394,43 @@ def _render(texture: torch.Tensor, sky: torch.Tensor, lookup: _Lookup) -> torch.
     return far * (1 - weight) + near * weight
 
 
+_LANES = 64
+"""Elements per latent row in the band layout are padded to a multiple of this (more than any CPU vector width)."""
+
+
+def _band_layout(grid: torch.Tensor, height: int, start: int, stop: int) -> torch.Tensor:
+    """`[C, height * R]` (R elements per latent row, row-major) -> rows `[start, stop)` as `[C, (stop-start) * L]`,
+    each row padded (by repeating its last element) to L, the next multiple of `_LANES`.
+
+    Why: torch computes transcendental functions (atan2, tan, cos) with vector instructions over whole vectors and
+    with the scalar C library over the tail of a loop, and the two can differ in the last bit. In this layout every
+    element of every band sits in a whole vector at the same offset as in the unsharded run, so the sharded
+    denoiser computes each pixel exactly as the unsharded one does.
+    """
+    channels, per_row = grid.shape[0], grid.shape[1] // height
+    padded = -(-per_row // _LANES) * _LANES
+    rows = grid.reshape(channels, height, per_row)[:, start:stop]
+    rows = torch.cat([rows, rows[:, :, -1:].expand(-1, -1, padded - per_row)], dim=2)
+    return rows.reshape(channels, -1).contiguous()
+
+
+def _from_band_layout(values: torch.Tensor, rows: int, per_row: int) -> torch.Tensor:
+    """`[N, C, rows * L]` in the band layout -> `[N, C, rows * per_row]` without the padding."""
+    n, channels = values.shape[0], values.shape[1]
+    return values.reshape(n, channels, rows, -1)[:, :, :, :per_row].reshape(n, channels, rows * per_row)
+
+
+def _rotate(rotations: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
+    """`rotations [N, 3, 3]` applied to `vectors [3, P]` or `[N, 3, P]` -> `[N, 3, P]`.
+
+    Written out element by element rather than as a matmul: a BLAS kernel may sum differently for a different number
+    of columns, and the sharded denoiser must compute each column exactly as the unsharded one does.
+    """
+    vectors = vectors if vectors.ndim == 3 else vectors[None]
+    r = rotations[:, :, :, None]
+    return r[:, :, 0] * vectors[:, 0:1] + r[:, :, 1] * vectors[:, 1:2] + r[:, :, 2] * vectors[:, 2:3]
+
+
 def _project(points_cam: torch.Tensor, aspect: float) -> torch.Tensor:
     """Camera-frame points `[N, 3, P]` -> normalised image coordinates `[N, 2, P]`."""
     tan_half = math.tan(_HALF_FOV)
@@ -389,10 +438,25 @@ def _project(points_cam: torch.Tensor, aspect: float) -> torch.Tensor:
     return torch.stack([points_cam[:, 0] / depth / tan_half, points_cam[:, 1] / depth / (tan_half * aspect)], 1)
 
 
-class ReferenceDiT:
-    """Reference `ChunkDenoiser`: camera-driven rendering of the resident reference, refined in 4 seeded steps."""
+def rows_of(height: int, rank: int, world_size: int) -> tuple[int, int]:
+    """The band `[start, stop)` of `height` latent rows that `rank` of `world_size` computes (the last may be short,
+    or empty when there are more ranks than rows)."""
+    per_rank = -(-height // world_size)
+    return min(height, rank * per_rank), min(height, (rank + 1) * per_rank)
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+
+class ReferenceDiT:
+    """Reference `ChunkDenoiser`: camera-driven rendering of the resident reference, refined in 4 seeded steps.
+
+    With `world_size > 1` it is one rank of a sharded denoiser (module docstring): it computes its band of rows and
+    all-gathers the chunk over torch.distributed's default process group, which must be initialised.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", *, rank: int = 0, world_size: int = 1) -> None:
+        if not 0 <= rank < world_size:
+            raise ModelInputError(f"rank {rank} is outside 0..{world_size - 1}")
+        self._rank = rank
+        self._world_size = world_size
         self._device = torch.device(device)
         self._sessions: _SessionTable[_DenoiserSession] = _SessionTable("denoise")
         weights = torch.Generator().manual_seed(0x5EED)
@@ -409,6 +473,7 @@ class ReferenceDiT:
         luma = _unpack_luma(reference[:, _LUMA])
         chroma = reference[:, _CHROMA]
         top_rows = max(1, luma.shape[2] // 8)
+        start, stop = rows_of(h, self._rank, self._world_size)
         fine_rays, _ = _grid_rays(h * _LUMA_ROWS, w * _LUMA_COLS, aspect, self._device)
         coarse_rays, coarse_points = _grid_rays(h, w, aspect, self._device)
         state = _DenoiserSession(
@@ -416,13 +481,14 @@ class ReferenceDiT:
             plan=config.chunk_plan,
             intrinsics=config.latent_intrinsics(),
             base_latent=base,
+            rows=(start, stop),
             luma_texture=luma,
             chroma_texture=chroma,
             luma_sky=luma[:, :, :top_rows].mean(dim=(2, 3), keepdim=True),
             chroma_sky=chroma[:, :, : max(1, h // 8)].mean(dim=(2, 3), keepdim=True),
-            fine_rays=fine_rays,
-            coarse_rays=coarse_rays,
-            coarse_points=coarse_points,
+            fine_rays=_band_layout(fine_rays, h, start, stop),
+            coarse_rays=_band_layout(coarse_rays, h, start, stop),
+            coarse_points=_band_layout(coarse_points, h, start, stop),
         )
         self._sessions.add(session_id, state)
 
@@ -438,13 +504,19 @@ class ReferenceDiT:
         _check_chunk(state.plan, chunk_index, chunk_size, state.next_chunk, "denoise")
         validate_control(control, state.config, chunk_size)
         started = time.perf_counter()
+        start, stop = state.rows
         with torch.inference_mode():
             rotations, centres = recover_cameras(control.to(self._device), state.intrinsics)
-            target = self._render_chunk(state, rotations.to(torch.float32), centres.to(torch.float32))
-            condition = slice_condition(state.base_latent, chunk_index, chunk_size)
+            condition = slice_condition(state.base_latent, chunk_index, chunk_size)[:, :, start:stop]
+            if stop > start:
+                target = self._render_chunk(state, rotations.to(torch.float32), centres.to(torch.float32))
+            else:  # more ranks than rows: this rank has no band, but still joins the gather
+                target = torch.zeros_like(condition)
             mask = first_frame_mask(chunk_index, chunk_size, self._device)
             target = torch.where(mask[None, :, None, None], condition, target)
             latent = self._sample(state, chunk_index, target, mask, condition)
+            if self._world_size > 1:
+                latent = self._gather(latent, state.config.latent_height)
         state.next_chunk += 1
         self._sessions.record(time.perf_counter() - started)
         return latent
@@ -453,24 +525,25 @@ class ReferenceDiT:
         """The clean latent of each latent frame: its key frame rendered, plus motion from slot 0 to the key."""
         config = state.config
         aspect = config.height / config.width
-        h, w = config.latent_height, config.latent_width
+        h, w = state.rows[1] - state.rows[0], config.latent_width
         cs = rotations.shape[0]
         key_r, key_o = rotations[:, KEY_SLOT], centres[:, KEY_SLOT]
 
-        fine = _look_up(key_r @ state.fine_rays, key_o, aspect)
-        luma = _render(state.luma_texture, state.luma_sky, fine).reshape(cs, 1, h * _LUMA_ROWS, w * _LUMA_COLS)
-        coarse = _look_up(key_r @ state.coarse_rays, key_o, aspect)
-        chroma = _render(state.chroma_texture, state.chroma_sky, coarse).reshape(cs, 2, h, w)
+        fine = _look_up(_rotate(key_r, state.fine_rays), key_o, aspect)
+        luma = _render(state.luma_texture, state.luma_sky, fine)
+        luma = _from_band_layout(luma, h, _LUMA_ROWS * w * _LUMA_COLS).reshape(cs, 1, h * _LUMA_ROWS, w * _LUMA_COLS)
+        coarse = _look_up(_rotate(key_r, state.coarse_rays), key_o, aspect)
+        chroma = _from_band_layout(_render(state.chroma_texture, state.chroma_sky, coarse), h, w).reshape(cs, 2, h, w)
 
         # Motion: where each coarse pixel of slot 0 lands in the key frame (sky at infinity, ground at its point).
-        first = rotations[:, 0] @ state.coarse_rays
+        first = _rotate(rotations[:, 0], state.coarse_rays)
         first_look = _look_up(first, centres[:, 0], aspect)
         to_key = key_r.transpose(1, 2)
-        sky_at_key = _project(to_key @ first, aspect)
-        ground_at_key = _project(to_key @ (first_look.ground_points - key_o[:, :, None]), aspect)
+        sky_at_key = _project(_rotate(to_key, first), aspect)
+        ground_at_key = _project(_rotate(to_key, first_look.ground_points - key_o[:, :, None]), aspect)
         weight = first_look.ground_weight[:, None]
         landed = sky_at_key * (1 - weight) + ground_at_key * weight
-        flow = (landed - state.coarse_points[None]).clamp(-1, 1).reshape(cs, 2, h, w)
+        flow = _from_band_layout((landed - state.coarse_points[None]).clamp(-1, 1), h, w).reshape(cs, 2, h, w)
 
         latent = torch.cat([_pack_luma(luma), chroma, flow], dim=1)  # [cs, 16, h, w]
         return latent.permute(1, 0, 2, 3).contiguous()
@@ -489,7 +562,8 @@ class ReferenceDiT:
         is the render plus `_SIGMAS[-1]` of the seeded noise: a faint, seed-dependent grain.
         """
         generator = torch.Generator().manual_seed(_chunk_seed(state.config.seed, chunk_index))
-        noise = torch.randn(target.shape, generator=generator).to(self._device)
+        whole = (target.shape[0], target.shape[1], state.config.latent_height, target.shape[3])
+        noise = torch.randn(whole, generator=generator)[:, :, state.rows[0] : state.rows[1]].to(self._device)
         x = noise
         extra_units = round((state.config.compute_scale - 1.0) * _WORK_UNITS_PER_SCALE)
         for sigma, next_sigma in itertools.pairwise(_SIGMAS):
@@ -497,6 +571,16 @@ class ReferenceDiT:
             x = x + (next_sigma / sigma - 1.0) * (x - target)
         x[_FLOW] = target[_FLOW]
         return torch.where(mask[None, :, None, None], condition, x).contiguous()
+
+    def _gather(self, band: torch.Tensor, height: int) -> torch.Tensor:
+        """All-gather every rank's band of rows `[C, cs, b, w]` into the whole chunk `[C, cs, height, w]`."""
+        per_rank = -(-height // self._world_size)
+        padded = band.new_zeros(band.shape[0], band.shape[1], per_rank, band.shape[3])
+        padded[:, :, : band.shape[2]] = band
+        bands = [torch.empty_like(padded) for _ in range(self._world_size)]
+        dist.all_gather(bands, padded)
+        rows = [rows_of(height, rank, self._world_size) for rank in range(self._world_size)]
+        return torch.cat([part[:, :, : stop - start] for part, (start, stop) in zip(bands, rows, strict=True)], 2)
 
     def _emulated_work(self, x: torch.Tensor, units: int) -> None:
         """Matrix work standing in for a heavier network; its result is deliberately unused."""
@@ -584,6 +668,21 @@ class ReferenceVAEDecoder:
         state.next_chunk += 1
         self._sessions.record(time.perf_counter() - started)
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceModelFactory:
+    """The reference world model as a `WorldModelFactory`: builds each stage inside the worker process that runs it
+    (the denoiser as one rank of a sharded DiT when its group has more than one rank)."""
+
+    def encoder(self, shard: ModelShard) -> ReferenceVAEEncoder:
+        return ReferenceVAEEncoder(shard.device)
+
+    def denoiser(self, shard: ModelShard) -> ReferenceDiT:
+        return ReferenceDiT(shard.device, rank=shard.rank, world_size=shard.world_size)
+
+    def decoder(self, shard: ModelShard) -> ReferenceVAEDecoder:
+        return ReferenceVAEDecoder(shard.device)
 
 
 class ReferenceWorldModel:

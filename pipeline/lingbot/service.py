@@ -1,8 +1,9 @@
 """`LingBotService`: the `BidirectionalService` one model worker runs for LingBot sessions.
 
-It owns the worker's orchestrator (encode, denoise and decode actors over one `WorldModel`) and one
-`LingBotSession` policy plus one chunk-loop task per session. Its cross-session policy is the execution lease
-(`ChunkLease`, e.g. `admission.ExecutionLease`): one grant per whole chunk, round-robin across sessions.
+It owns the worker's orchestrator (encode, denoise and decode actors, built by `pipeline.lingbot.actors` from a
+`WorldModel` on threads or a `ProcessPlacement` on worker processes) and one `LingBotSession` policy plus one
+chunk-loop task per session. Its cross-session policy is the execution lease (`ChunkLease`, e.g.
+`admission.ExecutionLease`): one grant per whole chunk, round-robin across sessions.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
+from types import MappingProxyType
 
 import torch
 
@@ -24,6 +26,7 @@ from pipeline.bidirectional import (
 )
 from pipeline.clock import Clock, MonotonicClock
 from pipeline.errors import PipelineError, SessionExistsError
+from pipeline.lingbot.actors import ProcessPlacement, build_actors
 from pipeline.lingbot.config import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -32,9 +35,8 @@ from pipeline.lingbot.config import (
 )
 from pipeline.lingbot.model import WorldModel
 from pipeline.lingbot.session import ChunkLease, LingBotSession
-from pipeline.lingbot.stages import DecodeStage, DenoiseStage, EncodeStage, lingbot_pipeline_spec
-from pipeline.local_actor import LocalStageActor
 from pipeline.orchestrator import StreamingPipelineOrchestrator
+from pipeline.process import WorkerStatistics
 
 __all__ = ["LingBotService"]
 
@@ -59,9 +61,12 @@ class LingBotService:
         summary = await service.close_session("s1")
 
     With `realtime` (the default) each session generates at most about one chunk ahead of playback; offline
-    generation turns it off to run as fast as the model allows. Stage placement: the three stages run on three
-    `LocalStageActor` threads of this process (encode is always its own actor); model work never runs on the event
-    loop.
+    generation turns it off to run as fast as the model allows. Stage placement: given a `WorldModel`, the three
+    stages run on three `LocalStageActor` threads of this process; given a `ProcessPlacement`, they run in worker
+    process groups as its plan says (the DiT sharded over its ranks, decode co-located or in its own group, latents
+    between groups through tensor channels; `pipeline.lingbot.actors`). Encode is always its own actor; model work
+    never runs on the event loop. `start()` starts the process groups together; `stop()` stops them and closes the
+    channels, leaving no process behind.
 
     A stage whose per-session release fails leaves the session id poisoned in the orchestrator (and its model-side
     cache possibly resident); the service retries the failed releases in the background with exponential back-off
@@ -73,7 +78,7 @@ class LingBotService:
 
     def __init__(
         self,
-        model: WorldModel,
+        model: WorldModel | ProcessPlacement,
         *,
         lease: ChunkLease | None = None,
         clock: Clock | None = None,
@@ -95,15 +100,11 @@ class LingBotService:
         self._realtime = realtime
         self._release_retry_s = release_retry_s
         self._retries: dict[str, asyncio.Task[None]] = {}
-        actors = {
-            "encode": LocalStageActor("encode", EncodeStage(model.encoder)),
-            "denoise": LocalStageActor("denoise", DenoiseStage(model.denoiser)),
-            "decode": LocalStageActor("decode", DecodeStage(model.decoder)),
-        }
+        self._actors = build_actors(model, edge_capacity)
         self._orchestrator = StreamingPipelineOrchestrator(
-            lingbot_pipeline_spec(edge_capacity), actors, clock=self._clock, kept_reports=history
+            self._actors.spec, self._actors.actors, clock=self._clock, kept_reports=history
         )
-        self._orchestrator.add_stage_listener("denoise", self._on_denoised)
+        self._orchestrator.add_stage_listener(self._actors.denoise_stage, self._on_denoised)
         self._sessions: dict[str, LingBotSession] = {}
         self._loops: dict[str, asyncio.Task[None]] = {}
         self._finals: dict[str, asyncio.Task[SessionSummary]] = {}
@@ -120,9 +121,25 @@ class LingBotService:
     def ready(self) -> bool:
         return self._orchestrator.ready
 
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The orchestrator's stages as placed (e.g. `denoise_decode` when decode is co-located with the DiT)."""
+        return tuple(self._actors.actors)
+
+    def worker_statistics(self) -> Mapping[str, WorkerStatistics]:
+        """The worker process groups by stage (process ids, incarnation, restarts); empty on threads."""
+        return MappingProxyType(self._actors.worker_statistics())
+
     async def start(self) -> None:
         if self._torch_threads is not None:
             torch.set_num_threads(self._torch_threads)
+        workers = list(self._actors.workers.values())
+        results = await asyncio.gather(*(worker.start() for worker in workers), return_exceptions=True)
+        failure = next((result for result in results if isinstance(result, BaseException)), None)
+        if failure is not None:
+            await asyncio.gather(*(worker.stop() for worker in workers), return_exceptions=True)
+            self._actors.close()
+            raise failure
         await self._orchestrator.start()
 
     async def stop(self) -> None:
@@ -132,7 +149,11 @@ class LingBotService:
         for task in retries:
             task.cancel()
         await asyncio.gather(*retries, return_exceptions=True)
+        # Every session is closed: stop the process groups together (each takes its ranks' exit time), then the
+        # orchestrator, whose own stop of those actors is then a no-op.
+        await asyncio.gather(*(worker.stop() for worker in self._actors.workers.values()), return_exceptions=True)
         await self._orchestrator.stop()
+        self._actors.close()
 
     def prepare(self, config: Mapping[str, object], image: bytes | None) -> PreparedSession:
         """Validate the config (`SessionConfigError`) and decode the image bounded (`ImageInputError`)."""

@@ -307,7 +307,7 @@ class LingBotSession:
         now = self._clock.now()
         record = self._submitted.pop(payload.chunk_index)
         self._applied_seq = max(self._applied_seq, record.seq)
-        timings = {"control_to_output": now - record.submitted_at, "lease_wait": record.lease_wait}
+        timings = {**payload.timings, "control_to_output": now - record.submitted_at, "lease_wait": record.lease_wait}
         if self._last_emit is not None:
             timings["chunk_period"] = now - self._last_emit
         self._last_emit = now

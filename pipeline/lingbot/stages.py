@@ -4,6 +4,10 @@
                                                   │
                                                 latent ─► decode ─► frames (output)
 
+When decode is co-located in the DiT's worker group (`processes` placement, `pipeline.lingbot.processes`), the
+graph has one stage `denoise_decode` in place of `denoise` and `decode`, and no `latent` artifact: the latent
+never leaves the group, so the scheduler never sees it.
+
 Every edge is bounded (capacity 2 is the reference value) and `latency_anchor_artifact = "control"`, so a
 prefetched condition never starts the control-to-output clock. The reference-image prefix is encoded once, by the
 encode stage's call for chunk 0; that call's `condition` carries the base latent (and the session config) to the
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +39,7 @@ from pipeline.spec import StreamingEdgeSpec, StreamingPipelineSpec, StreamingSta
 __all__ = [
     "CONDITION_REQUEST",
     "CONTROL",
+    "DENOISE_DECODE_STAGE",
     "FRAMES",
     "ConditionArtifact",
     "ConditionRequest",
@@ -50,6 +55,8 @@ __all__ = [
 CONDITION_REQUEST = "condition_request"
 CONTROL = "control"
 FRAMES = "frames"
+DENOISE_DECODE_STAGE = "denoise_decode"
+"""The one stage of a DiT worker group that also decodes (decode co-located by the placement plan)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +98,30 @@ class FramesArtifact:
     chunk_index: int
     frames: npt.NDArray[np.uint8]
     snapshot: ControlSnapshot
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Seconds the stages measured for this chunk (e.g. `latent_channel`: moving its latent between worker
+    groups), added to the chunk's `timings`."""
 
 
-def lingbot_pipeline_spec(edge_capacity: int = 2, output_capacity: int = 2) -> StreamingPipelineSpec:
+def lingbot_pipeline_spec(
+    edge_capacity: int = 2, output_capacity: int = 2, *, decode_in_denoise: bool = False
+) -> StreamingPipelineSpec:
+    """The LingBot graph; with `decode_in_denoise`, denoise and decode are one stage (`DENOISE_DECODE_STAGE`)."""
+    if decode_in_denoise:
+        return StreamingPipelineSpec(
+            stages=(
+                StreamingStageSpec("encode", consumes=(CONDITION_REQUEST,), produces=("condition",)),
+                StreamingStageSpec(DENOISE_DECODE_STAGE, consumes=("condition", CONTROL), produces=(FRAMES,)),
+            ),
+            edges=(
+                StreamingEdgeSpec(CONDITION_REQUEST, target="encode", capacity=edge_capacity),
+                StreamingEdgeSpec("condition", target=DENOISE_DECODE_STAGE, source="encode", capacity=edge_capacity),
+                StreamingEdgeSpec(CONTROL, target=DENOISE_DECODE_STAGE, capacity=edge_capacity),
+            ),
+            outputs=(FRAMES,),
+            output_capacity=output_capacity,
+            latency_anchor_artifact=CONTROL,
+        )
     return StreamingPipelineSpec(
         stages=(
             StreamingStageSpec("encode", consumes=(CONDITION_REQUEST,), produces=("condition",)),

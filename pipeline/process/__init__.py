@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from pipeline.process.actor import ParallelWorkerStageActor
 from pipeline.process.records import ParallelWorkerConfig, StageFactory, WorkerContext, WorkerState, WorkerStatistics
-from pipeline.process.tensor_channel import ChannelStatistics, TensorRef, WorkerTensorChannel, validate_ref
+from pipeline.process.tensor_channel import (
+    ChannelStatistics,
+    TensorRef,
+    TensorRefCarrier,
+    WorkerTensorChannel,
+    validate_ref,
+)
 from pipeline.process.worker import ParallelWorker
 
 __all__ = [
@@ -21,6 +27,7 @@ __all__ = [
     "ParallelWorkerStageActor",
     "StageFactory",
     "TensorRef",
+    "TensorRefCarrier",
     "WorkerContext",
     "WorkerState",
     "WorkerStatistics",

@@ -16,7 +16,7 @@ from pipeline.actor import ActorStatistics, DeathListener, StageCall
 from pipeline.clock import Clock
 from pipeline.errors import ChannelError, StageFailedError
 from pipeline.process.records import ParallelWorkerConfig, WorkerState, WorkerStatistics
-from pipeline.process.tensor_channel import TensorRef, validate_ref
+from pipeline.process.tensor_channel import TensorRef, TensorRefCarrier, validate_ref
 from pipeline.process.worker import ParallelWorker
 
 if TYPE_CHECKING:
@@ -52,9 +52,10 @@ class ParallelWorkerStageActor:
     `release_session`. Cancelling a caller of `stop()` does not abort the shutdown.
 
     Failures: a stage exception → `StageFailedError` for that call, the actor stays healthy; a malformed
-    `TensorRef` artifact → `StageFailedError` too. A dead process → `ActorDiedError` for the calls in flight, death
-    listeners get `(name, dead incarnation, reason)`, and the worker restarts with back-off (`incarnation` + 1);
-    meanwhile `invoke` raises `ActorUnavailableError`. `release_session` succeeds at once while no incarnation
+    `TensorRef` artifact (bare, or inside a `TensorRefCarrier`) → `StageFailedError` too. A dead process (or a
+    stuck one, past `call_timeout_s`) → `ActorDiedError` for the calls in flight, death listeners get `(name, dead
+    incarnation, reason)`, and the worker restarts with back-off (`incarnation` + 1); meanwhile `invoke` raises
+    `ActorUnavailableError`. `release_session` succeeds at once while no incarnation
     runs, since the state it would drop died with the processes.
     """
 
@@ -85,14 +86,23 @@ class ParallelWorkerStageActor:
         self._worker.add_death_listener(listener)
 
     async def start(self) -> None:
+        """Start the worker's first incarnation; a second call (the worker already started) returns at once, so an
+        owner may start several actors together before the orchestrator's own `start()` reaches them."""
+        if self._worker.state is not WorkerState.CREATED:
+            return
         await self._worker.start()
 
     async def invoke(self, call: StageCall) -> Mapping[str, object]:
         artifacts = await self._worker.invoke(call)
         for artifact, value in artifacts.items():
+            refs: tuple[object, ...] = ()
             if isinstance(value, TensorRef):
+                refs = (value,)
+            elif isinstance(value, TensorRefCarrier):
+                refs = tuple(value.tensor_refs())
+            for ref in refs:
                 try:
-                    validate_ref(value)
+                    validate_ref(ref)
                 except ChannelError as exc:
                     raise StageFailedError(
                         call.stage_id, call.session_id, call.sequence_id, f"artifact {artifact!r}: {exc}"

@@ -72,6 +72,11 @@ class ParallelWorkerConfig:
     restart_backoff_max_s: float = 30.0
     restart_backoff_reset_s: float = 60.0
     """An incarnation that ran this long before it died restarts after the initial back-off again."""
+    call_timeout_s: float | None = None
+    """How long the ranks may work on one call or release (timed from when the operation ahead of it finished, so
+    queued work does not count) before the worker declares the incarnation stuck: a rank that never answers (a hung
+    kernel, a collective a peer never joined) is then treated like a dead one (the calls in flight fail with
+    `ActorDiedError`, the group is killed and restarted with back-off). None: no limit."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -98,6 +103,8 @@ class ParallelWorkerConfig:
         ):
             if not getattr(self, field_name) > 0:
                 raise PipelineSpecError(f"worker {self.name!r}: {field_name} must be positive")
+        if self.call_timeout_s is not None and not self.call_timeout_s > 0:
+            raise PipelineSpecError(f"worker {self.name!r}: call_timeout_s must be positive (or None: no limit)")
         if self.restart_backoff_max_s < self.restart_backoff_initial_s:
             raise PipelineSpecError(f"worker {self.name!r}: restart_backoff_max_s is below restart_backoff_initial_s")
 

@@ -19,14 +19,14 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.multiprocessing as torch_mp
 
 from pipeline.errors import ChannelError, PipelineSpecError
 
-__all__ = ["ChannelStatistics", "TensorRef", "WorkerTensorChannel", "validate_ref"]
+__all__ = ["ChannelStatistics", "TensorRef", "TensorRefCarrier", "WorkerTensorChannel", "validate_ref"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,14 @@ class TensorRef:
             nbytes=tensor.numel() * tensor.element_size(),
             device_type=tensor.device.type,
         )
+
+
+@runtime_checkable
+class TensorRefCarrier(Protocol):
+    """An artifact that carries `TensorRef`s inside a richer record (e.g. a latent ref with its chunk index), so
+    that the actor checks them like a bare ref before the scheduler sees the artifact."""
+
+    def tensor_refs(self) -> tuple[TensorRef, ...]: ...
 
 
 def validate_ref(obj: object) -> TensorRef:
@@ -106,6 +114,12 @@ class ChannelStatistics:
     stashed: int
     stashed_keys: tuple[str, ...]
     discarded: int
+    evicted: int
+    """Stashed tensors dropped, oldest first, to make room for an arrival (see the class docstring)."""
+    send_s: float
+    """Seconds spent in `send` (moving to shared memory or making the IPC handle, writing the item)."""
+    receive_s: float
+    """Seconds spent in `receive` (reading items, opening them, checking the one asked for)."""
 
 
 class WorkerTensorChannel:
@@ -127,8 +141,10 @@ class WorkerTensorChannel:
     `ref.key` arrives; earlier arrivals for other keys wait in a local stash of `stash_size` entries.
 
     Backpressure: at most `capacity` tensors are in flight (sent, not yet taken by the consumer); `send` blocks up
-    to `send_timeout_s` for a slot, then raises `ChannelError`. A full stash raises `ChannelError` (the arriving
-    tensor is dropped): keys run out of order by more than the stash allows, or a consumer is missing.
+    to `send_timeout_s` for a slot, then raises `ChannelError`. The stash drops its oldest entry when an arrival
+    finds it full (counted in `evicted`, logged): the oldest entries are the likeliest leftovers of a session whose
+    consumer died with its release (a restarted consumer inherits what was in the pipe), and a live key that was
+    evicted surfaces as its `receive` timing out with a message naming it.
 
     Cancellation: `send` and `receive` run inside a stage call and block its thread; they end by their timeouts,
     never half-way (a tensor is either in the pipe or not).
@@ -183,6 +199,9 @@ class WorkerTensorChannel:
         self._sent = 0
         self._received = 0
         self._discarded = 0
+        self._evicted = 0
+        self._send_s = 0.0
+        self._receive_s = 0.0
 
     _SHARED = ("_name", "_capacity", "_stash_size", "_send_timeout_s", "_receive_timeout_s")
     _HANDLES = ("_reader", "_writer", "_slots", "_write_lock")
@@ -210,10 +229,20 @@ class WorkerTensorChannel:
             stashed=len(self._stash),
             stashed_keys=tuple(self._stash),
             discarded=self._discarded,
+            evicted=self._evicted,
+            send_s=self._send_s,
+            receive_s=self._receive_s,
         )
 
     def send(self, key: str, tensor: torch.Tensor, *, timeout_s: float | None = None) -> TensorRef:
         """Publish `tensor` under `key` and return its ref; raises `ChannelError` if it cannot be sent."""
+        started = time.perf_counter()
+        try:
+            return self._send(key, tensor, timeout_s)
+        finally:
+            self._send_s += time.perf_counter() - started
+
+    def _send(self, key: str, tensor: torch.Tensor, timeout_s: float | None) -> TensorRef:
         if not isinstance(tensor, torch.Tensor):
             raise ChannelError(f"channel {self._name!r}: can only send tensors, got {type(tensor).__name__}")
         device_type = tensor.device.type
@@ -248,6 +277,13 @@ class WorkerTensorChannel:
 
     def receive(self, ref: TensorRef, *, timeout_s: float | None = None) -> torch.Tensor:
         """Return the tensor sent under `ref.key`, checked against `ref`; raises `ChannelError` on any mismatch."""
+        started = time.perf_counter()
+        try:
+            return self._receive(ref, timeout_s)
+        finally:
+            self._receive_s += time.perf_counter() - started
+
+    def _receive(self, ref: TensorRef, timeout_s: float | None) -> torch.Tensor:
         validate_ref(ref)
         for prefix in [p for p in self._discarded_prefixes if ref.key.startswith(p)]:
             self._discarded_prefixes.remove(prefix)  # the id is in use again
@@ -272,9 +308,15 @@ class WorkerTensorChannel:
             if key in self._stash:
                 raise ChannelError(f"channel {self._name!r}: key {key!r} arrived twice (dropped the second)")
             if len(self._stash) >= self._stash_size:
-                raise ChannelError(
-                    f"channel {self._name!r}: stash full ({self._stash_size} tensors wait: {sorted(self._stash)})"
-                    f" while waiting for {ref.key!r}; dropped {key!r}"
+                oldest = next(iter(self._stash))
+                del self._stash[oldest]
+                self._evicted += 1
+                logger.warning(
+                    "channel %r: stash full (%d tensors) while waiting for %r; evicted the oldest, %r",
+                    self._name,
+                    self._stash_size,
+                    ref.key,
+                    oldest,
                 )
             self._stash[key] = tensor
 

@@ -107,7 +107,8 @@ class ParallelWorker:
     back-off that doubles from `restart_backoff_initial_s` to `restart_backoff_max_s` (and resets once an
     incarnation ran for `restart_backoff_reset_s`). While restarting, `invoke` raises `ActorUnavailableError` at once.
     Per-session state does not survive an incarnation, so `release_session` succeeds trivially while no
-    incarnation runs.
+    incarnation runs. With `call_timeout_s`, a rank that works on one operation longer than that (stuck: it never
+    answers) counts as dead too, so a hung rank costs one timeout, never a wait forever.
 
     All methods must be called from the event loop that ran `start()`.
     """
@@ -126,6 +127,7 @@ class ParallelWorker:
         self._supervisor: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
         self._backoff_s = config.restart_backoff_initial_s
+        self._watchdog: asyncio.TimerHandle | None = None  # the call timeout of the oldest operation in flight
         self._calls = 0
         self._failures = 0
         self._lost_calls = 0
@@ -522,6 +524,31 @@ class ParallelWorker:
             self._calls_in_flight -= 1
         else:
             self._release_slots.release()
+        self._arm_watchdog()
+
+    def _arm_watchdog(self) -> None:
+        """Time the oldest operation in flight (the one the ranks work on now: they serve in submission order).
+
+        Re-armed whenever an operation retires, so each operation's own service time is what is measured.
+        """
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        timeout = self._config.call_timeout_s
+        if timeout is None or not self._ops or self._current is None:
+            return
+        oldest = next(iter(self._ops.values()))
+        self._watchdog = asyncio.get_running_loop().call_later(
+            timeout, self._on_stuck, self._current, oldest.op_id, timeout
+        )
+
+    def _on_stuck(self, inc: Incarnation, op_id: int, timeout: float) -> None:
+        self._watchdog = None
+        op = self._ops.get(op_id)
+        if op is None or inc is not self._current:
+            return
+        silent = ", ".join(str(rank) for rank in sorted(op.remaining))
+        self._on_broken(inc, f"rank(s) {silent} did not finish {describe_operation(op)} within {timeout:g} s (stuck)")
 
     def _on_exit(self, inc: Incarnation, rank: int, pid: int | None, exitcode: int | None) -> None:
         self._on_broken(inc, f"rank {rank} (pid {pid}) exited with {describe_exit(exitcode)}")
@@ -648,6 +675,8 @@ class ParallelWorker:
         loop = asyncio.get_running_loop()
         op = Operation(next(self._op_ids), kind, session_id, call, loop.create_future(), len(inc.processes))
         self._ops[op.op_id] = op
+        if self._watchdog is None:
+            self._arm_watchdog()
         request = Request(kind, op.op_id, payload, session_id)
         for rank, requests in enumerate(inc.request_queues):
             try:

@@ -5,19 +5,37 @@ from `pipeline.lingbot`, imported only here and only when called; start-up fails
 not importable. It is the wiring point for the model packages' constructors; the settings are converted into
 `WorkerOptions` here, once. `load_factory` resolves the test-only `--worker-factory` hook. The transport is built
 in `service.runtime.transports`.
+
+Stage placement (`LINGSTREAM_STAGE_PLACEMENT`). `threads`: `LingBotService(ReferenceWorldModel(device))`, every
+stage on a thread of the service process, on the worker's one device. `processes`: the worker's devices
+(`Settings.worker_devices`) become three complete runtime configs, which `pipeline.lingbot.plan_placement` turns
+into worker groups:
+
+    devices of one worker          DiT (denoise) ranks          VAE decode              VAE encode
+    cpu                            cpu x DENOISE_RANKS          cpu (co-located if 1)   cpu
+    cuda:a..  (DENOISE_RANKS)      every listed GPU             co-located in the DiT   the first GPU
+    cuda:a..  (DENOISE_RANKS + 1)  all but the last GPU         the last GPU            the last GPU
+
+Threads per rank: `LINGSTREAM_TORCH_THREADS`, or the machine's cores divided by the DiT ranks. At start,
+`check_devices` confirms every CUDA device exists (an error names the variable, the device and its role).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from admission import ExecutionLease
 from pipeline.bidirectional import BidirectionalService
 from service.errors import SettingsError
 from service.settings import Settings
 
-__all__ = ["WorkerOptions", "build_workers", "load_factory", "worker_options"]
+if TYPE_CHECKING:
+    from pipeline.lingbot import ProcessPlacement
+
+__all__ = ["WorkerOptions", "build_workers", "check_devices", "load_factory", "process_placement", "worker_options"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +50,11 @@ class WorkerOptions:
     max_image_bytes: int
     max_image_pixels: int
     session_history: int = 256
+    stage_placement: str = "threads"
+    denoise_ranks: int = 1
+    devices: tuple[str, ...] = ("cpu",)
+    """This worker's devices (its share of `LINGSTREAM_DEVICES`)."""
+    stage_call_timeout: float = 60.0
 
 
 def worker_options(settings: Settings) -> list[WorkerOptions]:
@@ -45,18 +68,79 @@ def worker_options(settings: Settings) -> list[WorkerOptions]:
             max_image_bytes=settings.max_image_bytes,
             max_image_pixels=settings.max_image_pixels,
             session_history=settings.session_history,
+            stage_placement=settings.stage_placement,
+            denoise_ranks=settings.denoise_ranks,
+            devices=devices,
+            stage_call_timeout=settings.stage_call_timeout,
         )
-        for index in range(settings.num_workers)
+        for index, devices in enumerate(settings.worker_devices())
     ]
 
 
-def build_workers(settings: Settings) -> list[BidirectionalService]:
-    """One LingBot model worker per `NUM_WORKERS`, each with its own execution lease. Raises `SettingsError` when
-    the implementation cannot be imported.
+def process_placement(options: WorkerOptions) -> ProcessPlacement:
+    """The worker groups of one model worker with `processes` placement (module docstring), over the reference
+    model. Swap `ReferenceModelFactory` for the real model's factory here."""
+    from pipeline.lingbot import ModelRuntimeConfig, ProcessPlacement, ReferenceModelFactory, plan_placement
 
-    Wiring point: `LingBotService(ReferenceWorldModel(device), lease=ExecutionLease(), max_image_bytes=...,
-    max_image_pixels=..., torch_threads=...)`; on CUDA, worker i uses `cuda:i` (one GPU per worker until the
-    placement planner assigns GPU groups). Swap `ReferenceWorldModel` for the real model here.
+    ranks = options.denoise_ranks
+    threads = options.torch_threads or max(1, (os.cpu_count() or 1) // ranks)
+
+    def runtime(devices: tuple[str, ...]) -> ModelRuntimeConfig:
+        return ModelRuntimeConfig(devices=devices, world_size=len(devices), dtype="float32", torch_threads=threads)
+
+    dit: tuple[str, ...]
+    decode: tuple[str, ...]
+    encode: tuple[str, ...]
+    if options.devices == ("cpu",):
+        dit, decode, encode = ("cpu",) * ranks, ("cpu",), ("cpu",)
+    else:
+        dit = options.devices[:ranks]
+        spare = options.devices[ranks:]
+        decode = spare if spare else dit
+        encode = spare if spare else dit[:1]
+    plan = plan_placement(runtime(encode), runtime(dit), runtime(decode))
+    return ProcessPlacement(
+        plan,
+        ReferenceModelFactory(),
+        max_sessions=options.max_sessions_per_worker,
+        call_timeout_s=options.stage_call_timeout,
+    )
+
+
+def check_devices(options: list[WorkerOptions]) -> None:
+    """Raise `SettingsError` when a model worker names a CUDA device this machine does not have."""
+    wanted = [(option, device) for option in options for device in option.devices if device != "cpu"]
+    if not wanted:
+        return
+    import torch
+
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for option, device in wanted:
+        if int(device.partition(":")[2]) >= available:
+            role = _role(option, device)
+            raise SettingsError(
+                f"invalid configuration: LINGSTREAM_DEVICES (or LINGSTREAM_DEVICE=cuda) names {device}, the {role} "
+                f"of model worker {option.worker_index}, but torch sees {available} CUDA device(s) here: "
+                "that device is missing. Fix the value and start again."
+            )
+
+
+def _role(option: WorkerOptions, device: str) -> str:
+    if option.stage_placement == "threads":
+        return "device"
+    index = option.devices.index(device)
+    if index < option.denoise_ranks:
+        return f"DiT rank {index} device"
+    return "VAE decode and encode device"
+
+
+def build_workers(settings: Settings) -> list[BidirectionalService]:
+    """One LingBot model worker per `NUM_WORKERS`, each with its own execution lease, placed as
+    `LINGSTREAM_STAGE_PLACEMENT` says (module docstring). Raises `SettingsError` when the implementation cannot be
+    imported or a device is missing.
+
+    Wiring point: `LingBotService(ReferenceWorldModel(device) | process_placement(options), lease=ExecutionLease(),
+    max_image_bytes=..., max_image_pixels=..., torch_threads=...)`. Swap the reference model for the real one here.
     """
     try:
         from pipeline.lingbot import LingBotService, ReferenceWorldModel
@@ -64,16 +148,23 @@ def build_workers(settings: Settings) -> list[BidirectionalService]:
         raise SettingsError(
             f"cannot start: the LingBot model worker (pipeline.lingbot.LingBotService) is not importable: {exc}"
         ) from None
+    options_list = worker_options(settings)
+    check_devices(options_list)
     workers: list[BidirectionalService] = []
-    for options in worker_options(settings):
-        device = "cpu" if options.device == "cpu" else f"cuda:{options.worker_index}"
+    for options in options_list:
+        if options.stage_placement == "processes":
+            model: ReferenceWorldModel | ProcessPlacement = process_placement(options)
+            threads = None  # each rank sets its own; the service process only schedules
+        else:
+            model = ReferenceWorldModel(options.devices[0])
+            threads = options.torch_threads
         workers.append(
             LingBotService(
-                ReferenceWorldModel(device),
+                model,
                 lease=ExecutionLease(),
                 max_image_bytes=options.max_image_bytes,
                 max_image_pixels=options.max_image_pixels,
-                torch_threads=options.torch_threads,
+                torch_threads=threads,
                 history=options.session_history,
             )
         )

@@ -111,15 +111,19 @@ async def test_missing_key_times_out_naming_it_and_the_stashed_keys(groups: Grou
 
 
 @in_module_loop
-async def test_full_stash_drops_the_arrival_with_a_clear_error(groups: Groups) -> None:
+async def test_full_stash_evicts_its_oldest_entry_for_the_arrival(groups: Groups) -> None:
     refs = [await groups.produce(f"stash/{i}", n=i + 1) for i in range(3)]
     absent = dataclasses.replace(refs[0], key="stash/absent")
 
-    with pytest.raises(
-        StageFailedError, match=r"stash full \(2 tensors wait: .*\) .*'stash/absent'; dropped 'stash/2'"
-    ):
-        await groups.consume(absent)
-    assert [(await groups.consume(ref))["sum"] for ref in refs[:2]] == [0.0, 1.0]
+    with pytest.raises(StageFailedError, match=r"no tensor with key 'stash/absent' .*\['stash/1', 'stash/2'\]"):
+        await groups.consume(absent)  # stash/0 was evicted to make room for stash/2
+    assert [(await groups.consume(ref))["sum"] for ref in refs[1:]] == [1.0, 3.0]
+    with pytest.raises(StageFailedError, match="no tensor with key 'stash/0'"):
+        await groups.consume(refs[0])
+    stats = (await groups.consumer.invoke(StageCall("consumer", "s", 0, {"op": "stats"})))["stats"]
+    assert isinstance(stats, ChannelStatistics)
+    assert stats.evicted == 1
+    assert stats.receive_s > 0
 
 
 @in_module_loop

@@ -1,0 +1,261 @@
+"""What the LingBot worker processes run: one `Stage` per worker group, and the artifacts that carry tensor refs.
+
+Spawned ranks import this module by name (`build_group_stage` is every group's `stage_factory`), so everything here
+is module level and picklable by reference. The parent side, the mapping from a placement plan to these groups and
+the channels between them, is `pipeline.lingbot.actors`; its docstring draws the whole picture.
+
+Each group stage wraps the thread stages of `stages.py` (the same camera, HUD and cache logic) and only changes how
+tensors arrive and leave: instead of tensors, the `condition` and `latent` artifacts carry `TensorRef`s
+(`RemoteCondition`, `RemoteLatent`), and the tensors themselves cross through `WorkerTensorChannel`s. Every rank of
+a group receives every call (`ParallelWorker`); only rank 0 encodes, decodes, sends and receives, and its artifacts
+are the call's result; in the DiT group every rank runs the (sharded) denoiser.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import cast
+
+import torch
+import torch.distributed as dist
+
+from pipeline.actor import Stage, StageCall
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.controls import ControlSnapshot
+from pipeline.lingbot.errors import ModelSessionError
+from pipeline.lingbot.model import ChunkCondition, ModelShard, WorldModelFactory
+from pipeline.lingbot.stages import (
+    CONTROL,
+    FRAMES,
+    ConditionArtifact,
+    DecodeStage,
+    DenoiseStage,
+    EncodeStage,
+    FramesArtifact,
+    LatentArtifact,
+)
+from pipeline.process import TensorRef, WorkerContext, WorkerTensorChannel
+
+__all__ = [
+    "LATENT_CHANNEL_TIMING",
+    "DecodeGroupStage",
+    "DenoiseGroupStage",
+    "EncodeGroupStage",
+    "GroupOptions",
+    "GroupRole",
+    "RemoteCondition",
+    "RemoteLatent",
+    "build_group_stage",
+]
+
+LATENT_CHANNEL_TIMING = "latent_channel"
+"""The chunk timing (seconds) of moving its latent between worker groups: the producer's send plus the consumer's
+receive."""
+
+
+class GroupRole(enum.Enum):
+    """What one worker group runs."""
+
+    ENCODE = "encode"  # VAE encode; sends each session's base latent to the DiT group
+    DENOISE = "denoise"  # the DiT; sends each latent chunk to the decode group
+    DENOISE_DECODE = "denoise_decode"  # the DiT with decode co-located: rank 0 decodes in place
+    DECODE = "decode"  # VAE decode of latents received from the DiT group
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOptions:
+    """What a group's ranks need besides their `WorkerContext` (travels as `ParallelWorkerConfig.options["group"]`)."""
+
+    role: GroupRole
+    factory: WorldModelFactory
+    dtype: str
+    base: WorkerTensorChannel
+    """encode -> DiT: each session's base latent, once."""
+    latent: WorkerTensorChannel | None
+    """DiT -> decode: every latent chunk (None when decode is co-located)."""
+    channel_timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteCondition:
+    """The `condition` artifact between worker groups: chunk 0's carries the base latent's ref, later ones none."""
+
+    condition: ChunkCondition
+    base: TensorRef | None = None
+    config: LingBotSessionConfig | None = None
+
+    def tensor_refs(self) -> tuple[TensorRef, ...]:
+        return () if self.base is None else (self.base,)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteLatent:
+    """The `latent` artifact between worker groups: the ref of the chunk's latent in the latent channel."""
+
+    chunk_index: int
+    latent: TensorRef
+    snapshot: ControlSnapshot
+    config: LingBotSessionConfig | None = None  # only for chunk 0
+    send_s: float = 0.0
+    """Seconds the DiT's rank 0 spent sending it (added to the receive time in the chunk's timings)."""
+
+    def tensor_refs(self) -> tuple[TensorRef, ...]:
+        return (self.latent,)
+
+
+def _key(session_id: str, chunk_index: int, what: str) -> str:
+    return f"{session_id}/{chunk_index}/{what}"
+
+
+def _session_prefix(session_id: str) -> str:
+    return f"{session_id}/"
+
+
+def _with_inputs(call: StageCall, inputs: Mapping[str, object]) -> StageCall:
+    return StageCall(call.stage_id, call.session_id, call.sequence_id, inputs)
+
+
+class EncodeGroupStage:
+    """VAE encode on rank 0; chunk 0's base latent leaves through the base channel, the artifact keeps its ref."""
+
+    def __init__(self, ctx: WorkerContext, options: GroupOptions) -> None:
+        self._options = options
+        shard = ModelShard(ctx.device, ctx.rank, ctx.world_size, options.dtype)
+        self._inner = EncodeStage(options.factory.encoder(shard)) if ctx.rank == 0 else None
+
+    def process(self, call: StageCall) -> Mapping[str, object]:
+        if self._inner is None:
+            return {}
+        artifact = self._inner.process(call)["condition"]
+        if not isinstance(artifact, ConditionArtifact):
+            raise ModelSessionError(f"encode produced {type(artifact).__name__}, not a ConditionArtifact")
+        ref = None
+        if artifact.base_latent is not None:
+            key = _key(call.session_id, artifact.condition.chunk_index, "base")
+            ref = self._options.base.send(key, artifact.base_latent, timeout_s=self._options.channel_timeout_s)
+        return {"condition": RemoteCondition(artifact.condition, ref, artifact.config)}
+
+    def release(self, session_id: str) -> None:
+        if self._inner is not None:
+            self._inner.release(session_id)
+
+
+class DenoiseGroupStage:
+    """The DiT on every rank (sharded); rank 0 receives the base latent and either sends each latent chunk on to
+    the decode group or, co-located, decodes it in place."""
+
+    def __init__(self, ctx: WorkerContext, options: GroupOptions) -> None:
+        self._options = options
+        self._rank = ctx.rank
+        self._world_size = ctx.world_size
+        self._device = torch.device(ctx.device)
+        shard = ModelShard(ctx.device, ctx.rank, ctx.world_size, options.dtype)
+        self._denoise = DenoiseStage(options.factory.denoiser(shard))
+        self._decode: DecodeStage | None = None
+        if options.role is GroupRole.DENOISE_DECODE and ctx.rank == 0:
+            self._decode = DecodeStage(options.factory.decoder(ModelShard(ctx.device, 0, 1, options.dtype)))
+        elif options.role is GroupRole.DENOISE and options.latent is None:
+            raise ModelSessionError("a DiT group without co-located decode needs the latent channel")
+
+    def process(self, call: StageCall) -> Mapping[str, object]:
+        remote = call.inputs["condition"]
+        if not isinstance(remote, RemoteCondition):
+            raise ModelSessionError(f"denoise expects a RemoteCondition, got {type(remote).__name__}")
+        base = None if remote.base is None else self._base_latent(call.session_id, remote.base)
+        condition = ConditionArtifact(remote.condition, base, remote.config)
+        latent = self._denoise.process(_with_inputs(call, {"condition": condition, CONTROL: call.inputs[CONTROL]}))
+        artifact = latent["latent"]
+        if self._rank != 0:
+            return {}
+        if not isinstance(artifact, LatentArtifact):
+            raise ModelSessionError(f"denoise produced {type(artifact).__name__}, not a LatentArtifact")
+        if self._decode is not None:
+            return self._decode.process(_with_inputs(call, {"latent": artifact}))
+        channel = cast(WorkerTensorChannel, self._options.latent)
+        started = time.perf_counter()
+        key = _key(call.session_id, artifact.chunk_index, "latent")
+        ref = channel.send(key, artifact.latent, timeout_s=self._options.channel_timeout_s)
+        sent = RemoteLatent(
+            artifact.chunk_index, ref, artifact.snapshot, artifact.config, time.perf_counter() - started
+        )
+        return {"latent": sent}
+
+    def _base_latent(self, session_id: str, ref: TensorRef) -> torch.Tensor:
+        """Rank 0 receives the base latent; with more ranks it broadcasts it (after a flag saying whether it could,
+        so a failed receive fails the call on every rank instead of leaving the others in the broadcast)."""
+        tensor: torch.Tensor | None = None
+        failure: Exception | None = None
+        if self._rank == 0:
+            try:
+                tensor = self._options.base.receive(ref, timeout_s=self._options.channel_timeout_s).to(self._device)
+            except Exception as exc:
+                failure = exc
+        if self._world_size > 1:
+            flag = torch.tensor([0.0 if failure is not None else 1.0], device=self._device)
+            dist.broadcast(flag, src=0)
+            if flag.item() == 0.0:
+                if failure is not None:
+                    raise failure
+                raise ModelSessionError(f"session {session_id!r}: rank 0 could not receive the base latent")
+            if tensor is None:
+                tensor = torch.empty(ref.shape, dtype=getattr(torch, ref.dtype), device=self._device)
+            dist.broadcast(tensor, src=0)
+        if failure is not None:
+            raise failure
+        assert tensor is not None
+        return tensor
+
+    def release(self, session_id: str) -> None:
+        self._denoise.release(session_id)
+        if self._decode is not None:
+            self._decode.release(session_id)
+        if self._rank == 0:
+            self._options.base.discard(_session_prefix(session_id))
+
+
+class DecodeGroupStage:
+    """VAE decode on rank 0 of its own group: receives each latent chunk from the latent channel."""
+
+    def __init__(self, ctx: WorkerContext, options: GroupOptions) -> None:
+        if options.latent is None:
+            raise ModelSessionError("a decode group needs the latent channel")
+        self._options = options
+        self._channel = options.latent
+        shard = ModelShard(ctx.device, ctx.rank, ctx.world_size, options.dtype)
+        self._inner = DecodeStage(options.factory.decoder(shard)) if ctx.rank == 0 else None
+
+    def process(self, call: StageCall) -> Mapping[str, object]:
+        if self._inner is None:
+            return {}
+        remote = call.inputs["latent"]
+        if not isinstance(remote, RemoteLatent):
+            raise ModelSessionError(f"decode expects a RemoteLatent, got {type(remote).__name__}")
+        started = time.perf_counter()
+        tensor = self._channel.receive(remote.latent, timeout_s=self._options.channel_timeout_s)
+        received = time.perf_counter() - started
+        latent = LatentArtifact(remote.chunk_index, tensor, remote.snapshot, remote.config)
+        frames = self._inner.process(_with_inputs(call, {"latent": latent}))[FRAMES]
+        if not isinstance(frames, FramesArtifact):
+            raise ModelSessionError(f"decode produced {type(frames).__name__}, not a FramesArtifact")
+        timings = {**frames.timings, LATENT_CHANNEL_TIMING: remote.send_s + received}
+        return {FRAMES: replace(frames, timings=timings)}
+
+    def release(self, session_id: str) -> None:
+        if self._inner is not None:
+            self._inner.release(session_id)
+            self._channel.discard(_session_prefix(session_id))
+
+
+def build_group_stage(ctx: WorkerContext) -> Stage:
+    """The `stage_factory` of every LingBot worker group: builds the group's stage from `ctx.options["group"]`."""
+    options = ctx.options.get("group")
+    if not isinstance(options, GroupOptions):
+        raise TypeError(f"worker {ctx.name!r}: options['group'] must be GroupOptions, got {type(options).__name__}")
+    if options.role is GroupRole.ENCODE:
+        return EncodeGroupStage(ctx, options)
+    if options.role is GroupRole.DECODE:
+        return DecodeGroupStage(ctx, options)
+    return DenoiseGroupStage(ctx, options)
