@@ -32,7 +32,7 @@ import torch
 from admission.lease import LeaseStatistics
 from pipeline.bidirectional import ChunkOutput, ControlMessage, ControlState, ResetPose, Stop
 from pipeline.clock import Clock
-from pipeline.errors import SessionFailedError
+from pipeline.errors import SessionClosedError, SessionFailedError
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.controls import ControlSnapshot
 from pipeline.lingbot.errors import ControlError
@@ -248,6 +248,10 @@ class LingBotSession:
         except SessionFailedError as exc:
             self.failure = exc.reason
             logger.warning("session %s failed: %s", self.session_id, exc.reason)
+        except SessionClosedError as exc:
+            # The orchestrator closed the session under the loop (it failed: e.g. an actor died while this loop
+            # waited to submit). Its close report carries the reason, which the service's close reads.
+            logger.info("session %s: closed while generating: %s", self.session_id, exc)
 
     async def _pace(self) -> None:
         """Real-time mode: start chunk i no earlier than `pace_ahead_s` before its media time is due.
