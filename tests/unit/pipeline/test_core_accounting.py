@@ -12,12 +12,16 @@ import pytest
 from pipeline import (
     ActorUnavailableError,
     CloseMode,
+    IdleReason,
     PipelineError,
     PipelineSpecError,
     SchedulerCore,
     SessionFailedError,
     StageCall,
+    StreamingEdgeSpec,
     StreamingPipelineOrchestrator,
+    StreamingPipelineSpec,
+    StreamingStageSpec,
     UnknownArtifactError,
     UnknownSessionError,
     validate_pipeline,
@@ -167,3 +171,124 @@ async def test_a_cancelled_submit_leaves_no_waiter_behind() -> None:
         with pytest.raises(asyncio.CancelledError):
             await waiter
         assert orch._waiters == {}  # the cancelled waiter's future is gone, and its key with it
+
+
+def test_per_session_diagnostics_survive_a_retried_release() -> None:
+    core = _core()
+    core.open_session("s")
+    core.try_submit("s", {"input": (0, None)})
+    (d,) = core.pump()
+    core.complete(d.invocation_id, {"out": 1}, 7.0)
+    assert [(t.stage_id, t.sequence_id, t.started) for t in core.metrics("s").stage_timings] == [("only", 0, 7.0)]
+    core.try_submit("s", {"input": (1, None)})
+    core.readable("s").clear()
+    core.output_read("s", "out")
+    assert len(core.pump()) == 1
+    core.begin_close("s", CloseMode.CANCEL)
+    core.abandon_in_flight("s")
+    core.begin_release("s")
+    first = core.finish_release("s", [], {"only": "RuntimeError: gpu"})
+    assert (first.slot_leaks, core.metrics("s").cleanup_failures) == (2, 1)
+    core.begin_release("s")
+    retry = core.finish_release("s", ["only"], {})
+    assert retry.slot_leaks == 0  # nothing more leaked on the retry...
+    assert core.statistics().slot_leaks == 2  # ...and the first release's leaks are still counted
+
+
+def test_a_second_rejected_result_is_counted_too() -> None:
+    core = _core()
+    for sid in ("a", "b"):
+        core.open_session(sid)
+        core.try_submit(sid, {"input": (0, None)})
+    for d in core.pump():
+        assert core.complete(d.invocation_id, {"wrong": 1}, 0) is ResultKind.REJECTED
+    assert core.statistics().rejected_results == 2
+
+
+def test_an_actor_restarted_behind_the_schedulers_back_fails_the_sessions_it_held() -> None:
+    view = StaticActorView(4)
+    core = SchedulerCore(validate_pipeline(linear_spec("only", capacity=4)), view, FakeClock())
+    core.open_session("s")
+    core.try_submit("s", {"input": (0, None)})
+    (d,) = core.pump()
+    core.complete(d.invocation_id, {"out": 1}, 0)
+    view.incarnations["only"] = 2  # no death notice reached the scheduler
+    core.try_submit("s", {"input": (1, None)})
+    core.readable("s").clear()
+    core.output_read("s", "out")
+    assert core.pump() == []
+    assert "actor 'only' restarted (incarnation 1 -> 2)" in (core.failure("s") or "")
+
+
+def test_a_stage_limit_that_clears_at_once_records_no_idle_interval() -> None:
+    spec = StreamingPipelineSpec(
+        stages=(StreamingStageSpec("only", consumes=("input",), produces=("out",), max_in_flight=1),),
+        edges=(StreamingEdgeSpec("input", target="only", capacity=4),),
+        outputs=("out",),
+    )
+    clock = FakeClock(5.0)
+    core = SchedulerCore(validate_pipeline(spec), StaticActorView(4), clock)
+    for sid in ("a", "b"):
+        core.open_session(sid)
+        core.try_submit(sid, {"input": (0, None)})
+    (first,) = core.pump()
+    core.complete(first.invocation_id, {"out": 1}, 0)  # no time passes
+    (second,) = core.pump()
+    assert second.call.session_id == "b"
+    assert [i for i in core.metrics("b").idle_intervals if i.reason is not IdleReason.MISSING_INPUT] == []
+
+
+async def test_stop_cancels_open_sessions_instead_of_draining_them() -> None:
+    actor = FakeActor("only", lambda c: {"out": c.inputs["input"]}, gated=True)
+    orch = StreamingPipelineOrchestrator(linear_spec("only", capacity=4), {"only": actor})
+    await orch.start()
+    assert orch.ready
+    orch.open_session("s")
+    for i in range(3):
+        await orch.submit("s", {"input": (i, i)})
+    await asyncio.wait_for(actor.call_started.wait(), timeout=5)
+    stopping = asyncio.create_task(orch.stop())
+    await asyncio.sleep(0)
+    actor.finish("s", 0)
+    await asyncio.wait_for(stopping, timeout=5)  # a drain would run sequences 1 and 2 on the gated actor: no end
+    assert [c.sequence_id for c in actor.calls] == [0]
+    assert orch.ready is False
+
+
+async def test_a_cancel_upgrades_a_drain_in_progress_and_a_drain_timeout_falls_back_to_cancel() -> None:
+    actor = FakeActor("only", lambda c: {"out": c.inputs["input"]}, gated=True)
+    async with StreamingPipelineOrchestrator(linear_spec("only", capacity=4), {"only": actor}) as orch:
+        for sid in ("up", "late"):
+            orch.open_session(sid)
+            for i in range(2):
+                await orch.submit(sid, {"input": (i, i)})
+        await asyncio.wait_for(actor.call_started.wait(), timeout=5)
+        draining = asyncio.create_task(orch.close_session("up", CloseMode.DRAIN))
+        await asyncio.sleep(0)
+        cancelling = asyncio.create_task(orch.close_session("up", CloseMode.CANCEL))
+        await asyncio.sleep(0)
+        actor.finish("up", 0)
+        report = await asyncio.wait_for(cancelling, timeout=5)
+        assert report is await draining
+        assert report.discarded_items == 1  # sequence 1 was discarded, not drained
+        # A drain with a timeout that its in-flight call outlives falls back to cancel.
+        await asyncio.wait_for(_until_called(actor, "late"), timeout=5)
+        timed = asyncio.create_task(orch.close_session("late", CloseMode.DRAIN, drain_timeout=0.05))
+        await asyncio.sleep(0.2)  # past the drain timeout: now cancelling, still waiting for the call
+        actor.finish("late", 0)
+        late = await asyncio.wait_for(timed, timeout=5)
+        assert (late.discarded_items, late.outputs_emitted) == (1, 0)
+
+
+async def _until_called(actor: FakeActor, session_id: str) -> None:
+    while (session_id, 0) not in actor.pending:  # noqa: ASYNC110 - the fake has no per-call event
+        await asyncio.sleep(0)
+
+
+async def test_release_failures_are_reported_with_their_error_and_one_report_is_kept() -> None:
+    actor = FakeActor("only", lambda c: {"out": 0})
+    actor.release_failures["s"] = 1
+    async with StreamingPipelineOrchestrator(linear_spec("only"), {"only": actor}, kept_reports=1) as orch:
+        orch.open_session("s")
+        report = await orch.close_session("s")
+        assert dict(report.failed_stages) == {"only": "RuntimeError: only could not free s"}
