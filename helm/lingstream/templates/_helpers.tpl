@@ -56,7 +56,7 @@ Image reference: a digest wins over a tag; an empty tag is the appVersion, "-cud
 {{- else }}
 {{- $tag := .Values.image.tag }}
 {{- if not $tag }}
-{{- $tag = ternary (printf "%s-cuda" .Chart.AppVersion) .Chart.AppVersion (gt (int .Values.gpu.count) 0) }}
+{{- $tag = ternary (printf "%s-cuda" .Chart.AppVersion) .Chart.AppVersion (gt (int (include "lingstream.gpus" .)) 0) }}
 {{- end }}
 {{- printf "%s:%s" .Values.image.repository $tag }}
 {{- end }}
@@ -66,8 +66,38 @@ Image reference: a digest wins over a tag; an empty tag is the appVersion, "-cud
 {{- if .Values.config.device }}
 {{- .Values.config.device }}
 {{- else }}
-{{- ternary "cuda" "cpu" (gt (int .Values.gpu.count) 0) }}
+{{- ternary "cuda" "cpu" (gt (int (include "lingstream.gpus" .)) 0) }}
 {{- end }}
+{{- end }}
+
+{{/*
+GPUs the settings need: the CUDA devices config.devices lists; else, on CUDA (config.device, or gpu.count > 0
+without devices), one per model worker with threads placement and denoiseRanks per worker with processes; else 0.
+*/}}
+{{- define "lingstream.requiredGpus" -}}
+{{- $c := .Values.config -}}
+{{- $listed := 0 -}}
+{{- range (default list $c.devices) }}{{ if hasPrefix "cuda:" . }}{{ $listed = add1 $listed }}{{ end }}{{ end -}}
+{{- if gt $listed 0 -}}
+{{- $listed -}}
+{{- else if and (not $c.devices) (or (eq (toString $c.device) "cuda") (and (not $c.device) (gt (int .Values.gpu.count) 0))) -}}
+{{- $ranks := ternary (int (default 1 $c.denoiseRanks)) 1 (eq (toString $c.stagePlacement) "processes") -}}
+{{- mul (int (default 1 $c.numWorkers)) $ranks -}}
+{{- else -}}
+0
+{{- end -}}
+{{- end }}
+
+{{/*
+GPUs the pod asks for: gpu.count, or (0) as many as the settings need; fewer than they need fails the render.
+*/}}
+{{- define "lingstream.gpus" -}}
+{{- $required := int (include "lingstream.requiredGpus" .) -}}
+{{- $count := int .Values.gpu.count -}}
+{{- if and (gt $count 0) (lt $count $required) -}}
+{{- fail (printf "gpu.count is %d, but config.devices / numWorkers x denoiseRanks need %d GPUs" $count $required) -}}
+{{- end -}}
+{{- ternary $count $required (gt $count 0) -}}
 {{- end }}
 
 {{/*
@@ -120,6 +150,13 @@ Checks the schema cannot express. They also hold when schema validation is skipp
 {{- if and (eq .Values.admission.backend "redis") (not .Values.admission.redisUrl) }}
 {{- fail "admission.backend=redis: give admission.redisUrl, or existingSecret" }}
 {{- end }}
+{{- end }}
+{{- $c := .Values.config }}
+{{- if and (gt (int (default 1 $c.denoiseRanks)) 1) (ne (toString $c.stagePlacement) "processes") }}
+{{- fail "config.denoiseRanks > 1 needs config.stagePlacement=processes (threads run one rank in the service process)" }}
+{{- end }}
+{{- if and (eq (toString $c.device) "cpu") (gt (int (include "lingstream.requiredGpus" .)) 0) }}
+{{- fail "config.device=cpu contradicts the CUDA devices in config.devices" }}
 {{- end }}
 {{- $pdb := .Values.podDisruptionBudget }}
 {{- if and $pdb.enabled (eq (kindIs "invalid" $pdb.maxUnavailable) (kindIs "invalid" $pdb.minAvailable)) }}
