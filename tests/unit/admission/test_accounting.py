@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from admission import AdmissionClosedError, AdmissionDriver, TicketState
+from admission import (
+    AdmissionClosedError,
+    AdmissionConfig,
+    AdmissionConfigError,
+    AdmissionDriver,
+    TicketReason,
+    TicketState,
+)
 from admission.summary import RingBufferSummary, percentile
 from tests.unit.admission.helpers import make_controller
 
@@ -63,3 +70,17 @@ async def test_a_closed_driver_cannot_start_again() -> None:
     await driver.aclose()
     with pytest.raises(AdmissionClosedError, match=r"^the admission driver is closed$"):
         driver.start()
+
+
+def test_when_both_deadlines_fall_together_the_queue_timeout_is_the_reason() -> None:
+    controller, clock = make_controller(num_workers=1, queue_timeout=10.0, queue_heartbeat_timeout=10.0)
+    controller.create("k", ticket_id="run")
+    controller.create("k", ticket_id="wait")
+    clock.advance(10.0)
+    expired = controller.get("wait")
+    assert (expired.state, expired.reason, expired.ended_at) == (TicketState.EXPIRED, TicketReason.QUEUE_TIMEOUT, 10.0)
+
+
+def test_a_config_error_names_the_field() -> None:
+    with pytest.raises(AdmissionConfigError, match=r"^wait_window must be"):
+        AdmissionConfig(wait_window=0)
