@@ -78,6 +78,7 @@ GROUPS = (
         (
             "tests/unit/transport/test_control.py",
             "tests/unit/transport/test_pacing.py",
+            "tests/unit/transport/test_pacing_accounting.py",
             "tests/unit/transport/test_reconnect_control.py",
             "tests/unit/transport/test_livekit_binding.py",
         ),
