@@ -86,7 +86,11 @@ GROUPS = (
     Group(
         "redis",
         ("service/scaleout/admission.py", "service/scaleout/lua/mirror.py", "service/scaleout/lua/records.py"),
-        ("tests/unit/service/test_redis_admission.py", "tests/unit/service/test_retry_after_redis.py"),
+        (
+            "tests/unit/service/test_redis_admission.py",
+            "tests/unit/service/test_redis_accounting.py",
+            "tests/unit/service/test_retry_after_redis.py",
+        ),
     ),
 )
 QUICK = ("transport",)

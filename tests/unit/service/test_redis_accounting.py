@@ -1,0 +1,76 @@
+"""The Redis admission's answers read back exactly: worker filters, error details, totals and the events a replica
+publishes (a real redis-server; written against mutation survivors)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from admission import (
+    AdmissionConfig,
+    IllegalTransitionError,
+    TicketReason,
+    TicketState,
+    UnknownWorkerError,
+)
+from service.scaleout.admission import RedisAdmission, SharedAdmissionEvent, SharedEventKind
+from tests.fakes.redis_server import REDIS_SERVER, RedisServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not on PATH")
+    with RedisServer(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+async def replica(redis_server: RedisServer) -> AsyncIterator[RedisAdmission]:
+    config = AdmissionConfig(num_workers=2, max_sessions_per_worker=1, queue_size=1, queue_heartbeat_timeout=None)
+    admission = RedisAdmission(redis_server.url, "a", config, prefix="acct:", replica_ttl_s=5.0)
+    await admission.start()
+    try:
+        yield admission
+    finally:
+        await admission.aclose()
+
+
+async def test_listing_by_worker_returns_only_that_workers_sessions(replica: RedisAdmission) -> None:
+    first = await replica.create("k", ticket_id="one")
+    second = await replica.create("k", ticket_id="two")
+    assert {first.worker, second.worker} == {0, 1}
+    for view in (first, second):
+        assert view.worker is not None
+        listed = await replica.list_tickets(worker=view.worker)
+        assert [v.ticket_id for v in listed] == [view.ticket_id]
+
+
+async def test_errors_carry_their_details(replica: RedisAdmission) -> None:
+    with pytest.raises(UnknownWorkerError, match=r"worker index 5 is out of range: this instance has workers 0\.\.1"):
+        replica.set_worker_healthy(5, False)
+    await replica.create("k", ticket_id="run")
+    with pytest.raises(IllegalTransitionError) as illegal:
+        await replica.cancel("run")
+    assert (illegal.value.ticket_id, illegal.value.old, illegal.value.new) == ("run", "admitted", "cancelled")
+    assert "request_close()" in str(illegal.value)
+
+
+async def test_totals_and_events_of_rejections_and_cancellations(replica: RedisAdmission) -> None:
+    events: list[SharedAdmissionEvent] = []
+    replica.subscribe(events.append)
+    await replica.create("k", ticket_id="run-0")
+    await replica.create("k", ticket_id="run-1")
+    await replica.create("k", ticket_id="wait")
+    rejected = await replica.create("k", ticket_id="late")
+    assert (rejected.state, rejected.reason) == (TicketState.REJECTED, TicketReason.QUEUE_FULL)
+    cancelled = await replica.cancel("wait")
+    assert cancelled.state is TicketState.CANCELLED
+    (rejection,) = [e for e in events if e.kind is SharedEventKind.REJECTED]
+    assert (rejection.ticket.ticket_id, rejection.by) == ("late", "a")
+    stats = replica.statistics()
+    assert (stats.rejected_total, stats.cancelled_total, stats.queued_total) == (1, 1, 1)
