@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from admission import (
+    AdmissionClosedError,
     AdmissionConfig,
+    AdmissionConfigError,
     IllegalTransitionError,
     TicketReason,
     TicketState,
@@ -74,3 +76,36 @@ async def test_totals_and_events_of_rejections_and_cancellations(replica: RedisA
     assert (rejection.ticket.ticket_id, rejection.by) == ("late", "a")
     stats = replica.statistics()
     assert (stats.rejected_total, stats.cancelled_total, stats.queued_total) == (1, 1, 1)
+
+
+async def test_the_registry_body_given_at_create_is_what_get_reads(replica: RedisAdmission) -> None:
+    await replica.create("k", ticket_id="with-body", body='{"state": "queued"}')
+    assert (await replica.get("with-body")).body == '{"state": "queued"}'
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"replica_id": "two words"}, "replica_id must be a non-empty word"),
+        ({"replica_ttl_s": 3.0, "heartbeat_interval_s": 3.0}, r"need 0 < heartbeat_interval_s \(3.0\) < replica_ttl_s"),
+        ({"finished_ttl_s": 0.5, "payload_ttl_s": 0.0}, "a TTL, call_timeout_s"),
+        ({"events_maxlen": 99}, "a TTL, call_timeout_s, events_maxlen"),
+    ],
+)
+def test_settings_out_of_range_are_refused(options: dict[str, object], message: str) -> None:
+    settings: dict[str, object] = {"replica_id": "a", **options}
+    replica_id = str(settings.pop("replica_id"))
+    with pytest.raises(AdmissionConfigError, match=message):
+        RedisAdmission("redis://127.0.0.1:1/0", replica_id, AdmissionConfig(), **settings)  # type: ignore[arg-type]
+
+
+def test_boundary_settings_are_accepted() -> None:
+    RedisAdmission("redis://127.0.0.1:1/0", "a", AdmissionConfig(), finished_ttl_s=0.5, events_maxlen=100)
+
+
+async def test_a_closed_backend_cannot_start_again(redis_server: RedisServer) -> None:
+    admission = RedisAdmission(redis_server.url, "b", AdmissionConfig(), prefix="closed:")
+    await admission.start()
+    await admission.aclose()
+    with pytest.raises(AdmissionClosedError, match=r"^the redis admission backend is closed$"):
+        await admission.start()
