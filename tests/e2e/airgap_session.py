@@ -50,6 +50,7 @@ import httpx
 from playwright.sync_api import Page, sync_playwright
 
 from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.netns import links, run
 from tests.serving import ROOT, free_port, lingstream
 
 TRAP, TRAP_V4, TRAP_V6 = "trap0", "10.213.0.1", "fd00:213::1"
@@ -85,18 +86,11 @@ def main(report_path: Path, workdir: Path) -> int:
     return 0 if report["error"] is None else 1
 
 
-def _run(*commands: list[str]) -> None:
-    for command in commands:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)}: {done.stderr.strip()}")
-
-
 def _build_network(workdir: Path) -> dict[str, list[str]]:
     """The trap's routes, the browser's namespace (bound to a file in WORKDIR: nothing is left on the host) and the
     veth pair between the two; `/etc/resolv.conf` (in this private mount namespace only) naming the trap."""
     browser = _in_browser_netns(workdir)
-    _run(
+    run(
         ["ip", "link", "set", "lo", "up"],
         ["ip", "link", "set", TRAP, "up"],
         ["ip", "addr", "add", f"{TRAP_V4}/24", "dev", TRAP],
@@ -114,17 +108,12 @@ def _build_network(workdir: Path) -> dict[str, list[str]]:
     )
     resolv = workdir / "resolv.conf"
     resolv.write_text(f"nameserver {NAMESERVER}\noptions timeout:1 attempts:1\n")
-    _run(["mount", "--bind", str(resolv), "/etc/resolv.conf"])
-    return {"service": _links([]), "browser": _links(browser)}
+    run(["mount", "--bind", str(resolv), "/etc/resolv.conf"])
+    return {"service": links(), "browser": links(browser)}
 
 
 def _in_browser_netns(workdir: Path) -> list[str]:
     return ["nsenter", f"--net={workdir / BROWSER_NETNS}", "--"]
-
-
-def _links(prefix: list[str]) -> list[str]:
-    listing = subprocess.run([*prefix, "ip", "-o", "link", "show"], check=True, capture_output=True, text=True).stdout
-    return sorted(line.split(":")[1].strip().split("@")[0] for line in listing.splitlines())
 
 
 class _Trap:

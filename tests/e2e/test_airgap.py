@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.e2e.chromium import CHROMIUM
+from tests.e2e.netns import unshare_prefix
 from tests.serving import ROOT
 
 try:
@@ -31,35 +30,6 @@ except ImportError:  # pragma: no cover - the dev extra installs it
     playwright = None  # type: ignore[assignment]
 
 RUN_S = 240
-
-
-@cache
-def _unshare() -> list[str] | str:
-    """The unshare command line that gives a private network and mount namespace, or why there is none."""
-    if not all(shutil.which(tool) for tool in ("unshare", "nsenter", "ip")):
-        return "needs unshare and nsenter (util-linux) and ip (iproute2)"
-    reasons = []
-    for prefix in (
-        ["unshare", "--net", "--mount"],
-        ["unshare", "--user", "--map-root-user", "--net", "--mount"],
-    ):
-        probe = subprocess.run(
-            [
-                *prefix,
-                "--",
-                "sh",
-                "-c",
-                "ip tuntap add dev probe0 mode tun && ip link add probe1 type veth peer probe2",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        if probe.returncode == 0:
-            return prefix
-        reasons.append(f"{' '.join(prefix)}: {probe.stderr.strip()}")
-    return "cannot create a private network namespace here (" + "; ".join(reasons) + ")"
 
 
 pytestmark = [
@@ -71,7 +41,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    prefix = _unshare()
+    prefix = unshare_prefix()
     if isinstance(prefix, str):
         pytest.skip(prefix)
     workdir = tmp_path_factory.mktemp("airgap")
