@@ -1,0 +1,172 @@
+"""The LiveKit path with the real Python SDK on both ends and no browser: `lingstream serve` (its service participant)
+and a test participant (`tests/e2e/livekit_client.py`, a process of its own) meet through the LiveKit-signalling
+stand-in inside a private network namespace.
+
+The client steers a session with `control_state` packets and gets `chunk` statuses back; malformed packets get
+`error` statuses and change nothing; a participant allowed to send data but not the controller is ignored. The
+stand-in checks tokens with livekit-api's verifier as the real server does: ours are accepted; a forged, an
+expired, a join-less token or one for a room that does not exist is refused; the controller's token may not
+publish media. Skipped, with the reason, where the namespace cannot be made (not root, no `unshare`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from livekit import api
+
+from tests.e2e.livekit_client import MALFORMED
+from tests.e2e.livekit_stack import LiveKitStack, livekit_stack
+from tests.serving import ROOT
+from transport.tokens import TokenIssuer
+
+CLIENT_S = 60.0
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(LiveKitStack.skip_reason() is not None, reason=str(LiveKitStack.skip_reason())),
+]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveKitStack]:
+    """One stand-in and one `lingstream serve` (reference model, two session slots) for the module."""
+    workdir = tmp_path_factory.mktemp("livekit-sdk")
+    with livekit_stack(workdir, LINGSTREAM_MAX_SESSIONS_PER_WORKER="2") as running:
+        yield running
+    assert "Traceback" not in running.output(), running.output()[-4000:]
+    assert "Traceback" not in running.standin.output(), running.standin.output()[-4000:]
+
+
+@pytest.fixture
+def session(stack: LiveKitStack) -> Iterator[dict[str, Any]]:
+    """A running session (128×96); its transport details are fresh (GET re-mints the controller's token)."""
+    with stack.client() as client:
+        created = client.post("/v1/sessions", json={"config": {"width": 128, "height": 96}})
+        assert created.status_code == 201, created.text
+        body: dict[str, Any] = client.get(f"/v1/sessions/{created.json()['id']}").json()
+        yield body
+        client.delete(f"/v1/sessions/{body['id']}", params={"mode": "cancel"})
+
+
+def _client(scenario: str, url: str, token: str) -> dict[str, Any]:
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.e2e.livekit_client", scenario, url, token],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=CLIENT_S,
+        check=False,
+    )
+    assert run.returncode == 0, f"the client exited {run.returncode}:\n{run.stderr[-4000:]}"
+    report: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    return report
+
+
+def _wait_status(stack: LiveKitStack, session_id: str, statuses: set[str], within: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + within
+    with stack.client() as client:
+        while True:
+            body: dict[str, Any] = client.get(f"/v1/sessions/{session_id}").json()
+            if body["status"] in statuses:
+                return body
+            assert time.monotonic() < deadline, f"session {session_id} is {body['status']}, not {statuses}"
+            time.sleep(0.1)  # polling another process against a deadline
+
+
+def test_a_python_controller_steers_and_malformed_packets_get_error_statuses(
+    stack: LiveKitStack, session: dict[str, Any]
+) -> None:
+    details = session["transport"]
+    report = _client("control", details["url"], details["token"])
+    assert report["joined"], report
+    assert report.get("error") is None, report
+    assert report["identity"] == details["identity"]
+    assert report["first_chunk"]["keys"] == ["w"]
+    assert report["error_codes"] == sorted(MALFORMED), report["statuses"]
+    assert report["second_chunk"]["index"] > report["first_chunk"]["index"]  # still steering after the garbage
+    assert report["done"] == "closed"  # the final status; the session's reason says why
+    assert _wait_status(stack, session["id"], {"closed"})["reason"] == "client_stop"
+    counters = stack.standin.counters()
+    assert counters.get("webhooks_sent", 0) > 0
+    assert counters.get("webhooks_failed", 0) == 0  # the service verified every signed webhook (else 401)
+
+
+def test_data_from_a_participant_that_is_not_the_controller_is_ignored(
+    stack: LiveKitStack, session: dict[str, Any]
+) -> None:
+    room = session["transport"]["room"]
+    # A participant of the room with data rights but another identity: the stand-in delivers its packets (as a real
+    # server would), and the service must not apply them.
+    intruder = TokenIssuer(stack.standin.api_key, stack.standin.api_secret).controller(session["id"], room)
+    report = _client("foreign", session["transport"]["url"], intruder.token)
+    assert report["joined"], report
+    assert report["sent"] == 5
+    assert not [chunk for chunk in report["chunks"] if "l" in chunk["keys"]], report["chunks"]
+    with stack.client() as client:
+        assert client.get(f"/v1/sessions/{session['id']}").json()["status"] == "running"
+    assert stack.standin.counters().get("data_forwarded", 0) > 0
+
+
+def _validate(stack: LiveKitStack, token: str) -> httpx.Response:
+    with httpx.Client(timeout=10.0) as client:
+        return client.get(f"{stack.standin.http}/rtc/validate", params={"access_token": token})
+
+
+def test_our_tokens_are_accepted_and_bad_ones_refused_as_a_real_server_would(
+    stack: LiveKitStack, session: dict[str, Any]
+) -> None:
+    details = session["transport"]
+    room = details["room"]
+    with stack.client() as client:
+        viewer = client.post(f"/v1/sessions/{session['id']}/viewers").json()
+    assert _validate(stack, details["token"]).status_code == 200
+    assert _validate(stack, viewer["token"]).status_code == 200
+
+    forged = TokenIssuer(stack.standin.api_key, "another-secret-long-enough-for-hs256-000000").controller(
+        session["id"], room
+    )
+    expired = (
+        api.AccessToken(stack.standin.api_key, stack.standin.api_secret)
+        .with_identity("ctl-expired")
+        .with_grants(api.VideoGrants(room_join=True, room=room))
+        .with_ttl(datetime.timedelta(minutes=-5))
+        .to_jwt()
+    )
+    no_join = (
+        api.AccessToken(stack.standin.api_key, stack.standin.api_secret)
+        .with_identity("ctl-nojoin")
+        .with_grants(api.VideoGrants(room_join=False, room=room, can_subscribe=True))
+        .to_jwt()
+    )
+    elsewhere = TokenIssuer(stack.standin.api_key, stack.standin.api_secret).controller("s", "lingstream-no-such-room")
+    refused = {
+        "forged": _validate(stack, forged.token),
+        "expired": _validate(stack, expired),
+        "no_join": _validate(stack, no_join),
+        "elsewhere": _validate(stack, elsewhere.token),
+    }
+    assert {name: r.status_code for name, r in refused.items()} == {
+        "forged": 401,
+        "expired": 401,
+        "no_join": 401,
+        "elsewhere": 404,
+    }
+    assert "permissions denied" in refused["no_join"].text
+
+    joined = _client("join", details["url"], forged.token)
+    assert not joined["joined"], joined
+    assert joined.get("error"), joined
+
+    publishing = _client("publish", details["url"], details["token"])  # the controller may send data, not media
+    assert publishing["joined"], publishing
+    assert not publishing["published"], publishing
+    assert stack.standin.counters().get("tracks_refused", 0) >= 1
