@@ -4,7 +4,9 @@
 camera video track fed from the session's chunks through the frame pacer, takes control messages as data from the
 controller identity only, and publishes status messages on its own topic. It owns the reconnect rules:
 
-- the SDK resuming by itself (`reconnecting` → `reconnected`): generation goes on, nothing is republished;
+- the SDK resuming by itself (`reconnecting` → `reconnected`): generation goes on, nothing is republished; the
+  participants the SDK drops and re-adds while it reconnects (a full reconnect re-joins the room) are not the
+  controller leaving: presence is read from the room once the SDK has reconnected;
 - the room connection lost for a reason that is not final (`disconnected` with e.g. SIGNAL_CLOSE): rejoin with a
   fresh token as the same identity (a rebind; the session, its pacer and sequence state are untouched);
 - a final reason (room deleted or closed, participant removed, duplicate identity) or the room finishing: the
@@ -156,6 +158,7 @@ class LiveKitSessionBinding:
         self._room: Room | None = None
         self._video: LocalVideo | None = None
         self._generation = 0
+        self._sdk_reconnecting = False  # between the SDK's `reconnecting` and `reconnected`
         self._rejoins = 0
         self._rejoin_failures = 0
         self._sdk_reconnects = 0
@@ -208,6 +211,7 @@ class LiveKitSessionBinding:
         """One join: a new room object, a fresh token for our identity, connect, publish the track."""
         room = self._room_factory()
         self._generation += 1
+        self._sdk_reconnecting = False
         self._register(room, self._generation)
         self._room = room
         token = self._tokens.service(self.session_id, self._room_name, identity=self._service_identity)
@@ -281,11 +285,11 @@ class LiveKitSessionBinding:
             return generation == self._generation
 
         def on_joined(identity: str) -> None:
-            if current():
+            if current() and not self._sdk_reconnecting:
                 self.handle_room_event(ParticipantJoined(self._room_name, identity))
 
         def on_left(identity: str) -> None:
-            if current():
+            if current() and not self._sdk_reconnecting:
                 self.handle_room_event(ParticipantLeft(self._room_name, identity))
 
         def on_data(payload: bytes, identity: str | None, topic: str) -> None:
@@ -295,14 +299,18 @@ class LiveKitSessionBinding:
         def on_reconnecting() -> None:
             if current():
                 self._sdk_reconnects += 1
+                self._sdk_reconnecting = True
                 logger.info("session %s: the SDK is resuming the room connection", self.session_id)
 
         def on_reconnected() -> None:
             if current():
+                self._sdk_reconnecting = False
                 logger.info("session %s: the SDK resumed the room connection", self.session_id)
+                self._reconcile_presence()
 
         def on_disconnected(reason: str) -> None:
             if current():
+                self._sdk_reconnecting = False
                 self._on_disconnected(reason)
 
         room.on("participant_connected", on_joined)

@@ -288,6 +288,34 @@ async def test_sdk_resume_keeps_generating_and_does_not_republish(h: Harness) ->
     assert (stats.sdk_reconnects, stats.rejoins, stats.state) == (1, 0, BindingState.LIVE)
 
 
+async def test_participants_the_sdk_drops_and_readds_while_reconnecting_are_not_a_departure(h: Harness) -> None:
+    # Found end to end (tests/e2e/test_livekit_browser.py): the SDK's full reconnect re-joins the room and reports
+    # everyone leaving and joining again; the controller never left.
+    h.room.participant_joins(h.controller)
+    h.room.sdk_reconnecting()
+    h.room.participant_leaves(h.controller)
+    h.room.participant_joins(h.controller)
+    h.room.sdk_reconnected()
+    stats = h.binding.statistics()
+    assert (stats.controller, stats.controller_departures, stats.controller_returns) == (
+        ControllerPresence.PRESENT,
+        0,
+        0,
+    )
+    assert h.timers.live == []
+
+
+async def test_a_controller_missing_once_the_sdk_reconnected_starts_the_grace(h: Harness) -> None:
+    h.room.participant_joins(h.controller)
+    h.room.sdk_reconnecting()
+    h.room.participant_leaves(h.controller)
+    assert h.timers.live == []
+    h.room.sdk_reconnected()
+    (timer,) = h.timers.live
+    assert timer.due == pytest.approx(GRACE)
+    assert h.binding.presence is ControllerPresence.AWAY
+
+
 async def test_network_loss_rejoins_with_a_fresh_token_as_the_same_identity(h: Harness) -> None:
     port = h.port
     first_room, first_video = h.room, h.video
