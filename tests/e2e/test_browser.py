@@ -22,10 +22,15 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from PIL import Image
 
 from service.http.docs import swagger_ui_dir
 from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.pages import FRAMES_IN_WINDOW_JS as _FRAMES_IN_WINDOW_JS
+from tests.e2e.pages import SETTLED_JS as _SETTLED_JS
+from tests.e2e.pages import best_shift as _best_shift
+from tests.e2e.pages import grab as _grab
+from tests.e2e.pages import reference_texture, start_session
+from tests.e2e.pages import wait_frames as _wait_frames
 from tests.serving import ROOT, free_port, lingstream
 
 try:
@@ -42,54 +47,6 @@ pytestmark = [
     pytest.mark.skipif(sync_playwright is None, reason="needs playwright (python): pip install -e '.[dev]'"),
     pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs Chromium at {CHROMIUM} (scripts/setup.sh --dev)"),
 ]
-
-# Two snapshots of the <video> as grey levels (drawn onto a canvas in the page): the next presented frame (or the
-# one on screen now, without `wait`) and the one `gap` presented frames later.
-_GRAB_JS = """
-async ({ gap, wait }) => {
-  const video = document.getElementById("video");
-  const canvas = document.createElement("canvas");
-  canvas.width = video.videoWidth;
-  canvas.height = video.videoHeight;
-  const context = canvas.getContext("2d", { willReadFrequently: true });
-  const nextFrame = () => new Promise((resolve) => video.requestVideoFrameCallback(() => resolve()));
-  const grab = () => {
-    context.drawImage(video, 0, 0);
-    const rgba = context.getImageData(0, 0, canvas.width, canvas.height).data;
-    const grey = new Array(canvas.width * canvas.height);
-    for (let i = 0; i < grey.length; i++) {
-      grey[i] = (299 * rgba[4 * i] + 587 * rgba[4 * i + 1] + 114 * rgba[4 * i + 2]) / 1000;
-    }
-    return grey;
-  };
-  if (wait) await nextFrame();
-  const first = grab();
-  for (let i = 0; i < gap; i++) await nextFrame();
-  return { width: canvas.width, height: canvas.height, first, second: gap > 0 ? grab() : first };
-}
-"""
-
-# Resolves once no new frame has been presented for `quiet` ms: the picture the page shows when generation idles.
-_SETTLED_JS = """
-(quiet) => new Promise((resolve) => {
-  let last = window.lingstream.frames;
-  let since = performance.now();
-  const check = () => {
-    const now = performance.now();
-    if (window.lingstream.frames !== last) { last = window.lingstream.frames; since = now; }
-    if (now - since >= quiet) resolve(last); else setTimeout(check, 50);
-  };
-  check();
-})
-"""
-
-# Frames presented during a window of `ms` milliseconds (a measurement, so a fixed window is the point).
-_FRAMES_IN_WINDOW_JS = """
-(ms) => new Promise((resolve) => {
-  const start = window.lingstream.frames;
-  setTimeout(() => resolve(window.lingstream.frames - start), ms);
-})
-"""
 
 
 @dataclass
@@ -197,48 +154,12 @@ def open_page(browser: Browser, service: Service) -> Iterator[Callable[[], Page]
 
 
 def _start(page: Page, *, image: Path | None = None, hud: bool = False) -> None:
-    page.fill("#width", str(WIDTH))
-    page.fill("#height", str(HEIGHT))
-    if not hud:
-        page.uncheck("#hud")
-    if image is not None:
-        page.set_input_files("#image", str(image))
-    page.click("#start")
-
-
-def _wait_frames(page: Page, count: int = 1) -> None:
-    page.wait_for_function("(n) => window.lingstream.frames >= n", arg=count)
-
-
-def _grab(page: Page, gap: int = 0, *, wait: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    data = page.evaluate(_GRAB_JS, {"gap": gap, "wait": wait})
-    shape = (data["height"], data["width"])
-    first = np.asarray(data["first"], dtype=np.float64).reshape(shape)
-    return first, np.asarray(data["second"], dtype=np.float64).reshape(shape)
-
-
-def _best_shift(before: np.ndarray, after: np.ndarray, limit: int = 24) -> int:
-    """The horizontal shift s that best explains `after[:, x] = before[:, x + s]`: s > 0 means the content moved
-    left by s pixels."""
-    width = before.shape[1]
-    errors = {}
-    for shift in range(-limit, limit + 1):
-        if shift >= 0:
-            diff = after[:, : width - shift] - before[:, shift:]
-        else:
-            diff = after[:, -shift:] - before[:, : width + shift]
-        errors[shift] = float(np.mean(np.abs(diff)))
-    return min(errors, key=lambda shift: errors[shift])
+    start_session(page, WIDTH, HEIGHT, image=image, hud=hud)
 
 
 @pytest.fixture(scope="module")
 def reference_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A smooth random texture (features big enough to survive the 8x latent and VP8), so a pan is unambiguous."""
-    rng = np.random.default_rng(7)
-    coarse = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), "RGB")
-    path = tmp_path_factory.mktemp("image") / "reference.png"
-    coarse.resize((WIDTH, HEIGHT), Image.Resampling.BICUBIC).save(path)
-    return path
+    return reference_texture(tmp_path_factory.mktemp("image") / "reference.png", WIDTH, HEIGHT)
 
 
 def test_the_page_streams_video_of_the_requested_size_while_keys_are_held(open_page: Callable[[], Page]) -> None:
@@ -259,7 +180,11 @@ def test_the_page_streams_video_of_the_requested_size_while_keys_are_held(open_p
     assert page.evaluate("window.lingstream.fps") > 0
     assert "fps" in page.inner_text("#hud-fps")
     page.click("#stop")
-    page.wait_for_function("window.lingstream.state === 'closed'")
+    page.wait_for_function("window.lingstream.ended")
+    assert page.evaluate("window.lingstream.state") == "closed"
+    # The end is deterministic: the final `done` status (data channel) is in before the page lets go of the link,
+    # whichever of it and the event stream's `closed` came first (issue #14).
+    assert page.evaluate("window.lingstream.done") == "closed"
     assert "client_stop" in page.inner_text("#message")
 
 

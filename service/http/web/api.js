@@ -75,6 +75,11 @@ export class Api {
     }).catch(() => {});
   }
 
+  // LiveKit: join details of a watch-only participant (a new identity) for the session.
+  createViewer(id) {
+    return this.request("POST", `/v1/sessions/${encodeURIComponent(id)}/viewers`);
+  }
+
   offer(url, sdp) {
     return this.request("POST", url, { sdp, type: "offer" });
   }

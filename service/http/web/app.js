@@ -1,6 +1,11 @@
 // The lingstream page: create a session, follow its queue position, join it (embedded WebRTC or LiveKit), show the
-// video, send the held keys, and show what the service applied and how fast. `window.lingstream` is a small read-only
-// view of the page's state for tests and the console.
+// video, send the held keys, and show what the service applied and how fast. With `?watch=<session id>` it watches a
+// session instead (LiveKit viewers: video and status, no control). `window.lingstream` is a small view of the page's
+// state for tests and the console.
+//
+// A session ends on the page once: the event stream reports the terminal state and the link brings the final `done`
+// status, in either order. The link closes when both have happened, or DONE_WAIT_MS after the terminal state when no
+// `done` comes (the link was down), so the reason the service gave is never cut off by closing the link early.
 
 import { Api, ApiError } from "./api.js";
 import { Controls } from "./controls.js";
@@ -11,6 +16,8 @@ const $ = (id) => document.getElementById(id);
 const TERMINAL = new Set(["closed", "expired", "failed", "cancelled"]);
 const STREAMING = new Set(["running", "draining"]);
 const HISTORY = 64;
+const DONE_WAIT_MS = 2000;
+const watchId = new URLSearchParams(window.location.search).get("watch");
 
 const api = new Api();
 const video = $("video");
@@ -18,6 +25,7 @@ let pageConfig = { transport: null, livekit_client: null, api_keys: false };
 let link = null;
 let joining = false;
 let follower = null; // AbortController of the event stream
+let doneTimer = null; // closes the link if `done` does not follow the terminal state
 
 const page = {
   state: "idle", // idle | creating | queued | admitted | running | draining | closed | expired | failed | cancelled
@@ -33,7 +41,9 @@ const page = {
   latenciesMs: [],
   errors: [],
   done: null,
+  ended: false, // the session is over and the page let go of its link
   connection: null,
+  role: watchId ? "viewer" : "controller",
 };
 const frameTimes = [];
 
@@ -55,6 +65,8 @@ window.lingstream = {
   get latencyMs() { return page.latencyMs; },
   get errors() { return page.errors.slice(); },
   get done() { return page.done; },
+  get ended() { return page.ended; },
+  get role() { return page.role; },
   get connection() { return page.connection; },
   get generation() { return link !== null && link.generation !== undefined ? link.generation : 0; },
   get pc() { return link !== null ? link.pc : null; },
@@ -62,6 +74,8 @@ window.lingstream = {
   get seq() { return controls.seq; },
   get videoSize() { return { width: video.videoWidth, height: video.videoHeight }; },
   reconnect() { return link !== null && link.kind === "embedded" ? link.connect() : Promise.resolve(); },
+  // Sends a control protocol message on the current link as the page would (tests, the console); false if none.
+  send(message, reliable = true) { return link !== null ? link.send(message, reliable) : false; },
 };
 
 // -- rendering --------------------------------------------------------------------------------------------------
@@ -78,8 +92,9 @@ function render() {
   $("queue").hidden = !queued;
   $("queue-position").textContent = queued && page.queuePosition !== null ? String(page.queuePosition) : "–";
   const live = link !== null && !TERMINAL.has(page.state);
-  $("stop").disabled = page.sessionId === null || TERMINAL.has(page.state);
-  $("reset").disabled = !live;
+  const viewer = page.role === "viewer";
+  $("stop").disabled = viewer || page.sessionId === null || TERMINAL.has(page.state);
+  $("reset").disabled = viewer || !live;
   $("start").disabled = page.sessionId !== null && !TERMINAL.has(page.state);
   $("hud-held").textContent = controls.held.size ? [...controls.held].sort().join(" ") : "none";
   const chunk = page.lastChunk;
@@ -160,8 +175,12 @@ function onStatus(message) {
       break;
     case "done":
       page.done = message.reason;
-      say(`The session is over (${message.reason}).`);
-      finish();
+      if (TERMINAL.has(page.state)) {
+        finish(); // the event stream said why already
+      } else {
+        say(`The session is over (${message.reason}).`);
+        controls.stop(); // the event stream's terminal state follows; finish() then
+      }
       break;
     default:
       break;
@@ -198,10 +217,12 @@ function resetPage() {
   if (follower !== null) follower.abort();
   link = null;
   follower = null;
+  clearTimeout(doneTimer);
+  doneTimer = null;
   Object.assign(page, {
     state: "creating", sessionId: null, queuePosition: null, transport: null, lastChunk: null, chunks: [],
     frames: 0, framesThisConnection: 0, fps: 0, latencyMs: null, latenciesMs: [], errors: [], done: null,
-    connection: null,
+    ended: false, connection: null,
   });
   frameTimes.length = 0;
 }
@@ -244,7 +265,7 @@ function onSession(session) {
   if (TERMINAL.has(session.status)) {
     const why = session.error ? `${session.error.code}: ${session.error.message}` : session.reason || session.status;
     say(`The session is over (${session.status}: ${why}).`, session.status === "failed");
-    finish();
+    finishWhenDone();
   }
   render();
 }
@@ -274,6 +295,7 @@ async function freshDetails(id) {
   if (!STREAMING.has(body.status) || !body.transport) {
     throw new ApiError(409, "session_not_running", `the session is ${body.status}`);
   }
+  if (page.role === "viewer") return (await api.createViewer(id)).body; // a watch-only token, a new identity
   return body.transport;
 }
 
@@ -290,8 +312,10 @@ async function connect(session) {
   const id = session.id;
   const handlers = {
     onOpen: () => {
-      controls.start();
-      controls.snapshot(); // the service learns the current keys (and a rebound session generates again)
+      if (page.role === "controller") {
+        controls.start();
+        controls.snapshot(); // the service learns the current keys (and a rebound session generates again)
+      }
       render();
     },
     onStatus,
@@ -316,6 +340,10 @@ async function connect(session) {
     return;
   }
   try {
+    if (page.role === "viewer" && details.kind !== "livekit") {
+      say("Watching a session needs the LiveKit transport.", true);
+      return;
+    }
     if (details.kind === "embedded") {
       link = new EmbeddedLink(api, details, handlers);
     } else if (details.kind === "livekit") {
@@ -328,7 +356,8 @@ async function connect(session) {
     say("Connecting…");
     render();
     await link.connect();
-    say("Connected. Click the video, then hold W A S D / I J K L or the arrow keys.");
+    if (page.role === "viewer") say("Watching (a viewer: the keys here steer nothing).");
+    else say("Connected. Click the video, then hold W A S D / I J K L or the arrow keys.");
     $("stage").focus();
   } catch (error) {
     say(`Could not join: ${error.message}`, true);
@@ -336,10 +365,24 @@ async function connect(session) {
   render();
 }
 
+// The session is terminal: finish once its `done` status is in (at once if it is, or if there is no link that
+// could bring it), else after DONE_WAIT_MS.
+function finishWhenDone() {
+  controls.stop();
+  if (page.done !== null || link === null) {
+    finish();
+  } else if (doneTimer === null && !page.ended) {
+    doneTimer = setTimeout(finish, DONE_WAIT_MS);
+  }
+}
+
 function finish() {
+  clearTimeout(doneTimer);
+  doneTimer = null;
   controls.stop();
   if (link !== null) link.close();
   if (follower !== null && TERMINAL.has(page.state)) follower.abort();
+  page.ended = TERMINAL.has(page.state) || page.ended;
   render();
 }
 
@@ -387,9 +430,30 @@ async function loadConfig() {
   if (pageConfig.api_keys) $("api-key").value = api.key;
 }
 
-// Leaving the page ends its session at once (instead of holding a slot until the reconnect grace runs out).
+// Watch a session someone else controls: join with a viewer token, follow its event stream until it ends.
+async function watchSession(id) {
+  $("setup").hidden = true;
+  page.sessionId = id;
+  page.state = "joining";
+  say("Joining as a viewer…");
+  render();
+  try {
+    const { body: session } = await api.getSession(id);
+    onSession(session);
+    follow(id);
+  } catch (error) {
+    page.state = "idle";
+    say(`Cannot watch session ${id}: ${error.message}`, true);
+    render();
+  }
+}
+
+// Leaving the page ends its session at once (instead of holding a slot until the reconnect grace runs out); a viewer
+// leaving ends nothing.
 window.addEventListener("pagehide", () => {
-  if (page.sessionId !== null && !TERMINAL.has(page.state)) api.endOnUnload(page.sessionId);
+  if (page.role === "controller" && page.sessionId !== null && !TERMINAL.has(page.state)) {
+    api.endOnUnload(page.sessionId);
+  }
 });
 $("create-form").addEventListener("submit", start);
 $("stop").addEventListener("click", stop);
@@ -398,4 +462,6 @@ $("stage").addEventListener("click", () => $("stage").focus());
 controls.attach(window);
 countFrames();
 render();
-loadConfig();
+loadConfig().then(() => {
+  if (watchId) watchSession(watchId);
+});

@@ -1,0 +1,119 @@
+"""What the browser tests do with the page and read from it: start a session through the form, wait for frames,
+grab the picture as grey levels, and tell how far it moved. Shared by the embedded (test_browser.py) and the
+LiveKit (test_livekit_browser.py) browser tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from PIL import Image
+
+if TYPE_CHECKING:  # playwright is a dev extra; the tests that use these skip without it
+    from playwright.sync_api import Page
+
+__all__ = [
+    "FRAMES_IN_WINDOW_JS",
+    "GRAB_JS",
+    "SETTLED_JS",
+    "best_shift",
+    "grab",
+    "reference_texture",
+    "start_session",
+    "wait_frames",
+]
+
+# Two snapshots of the <video> as grey levels (drawn onto a canvas in the page): the next presented frame (or the
+# one on screen now, without `wait`) and the one `gap` presented frames later.
+GRAB_JS = """
+async ({ gap, wait }) => {
+  const video = document.getElementById("video");
+  const canvas = document.createElement("canvas");
+  canvas.width = video.videoWidth;
+  canvas.height = video.videoHeight;
+  const context = canvas.getContext("2d", { willReadFrequently: true });
+  const nextFrame = () => new Promise((resolve) => video.requestVideoFrameCallback(() => resolve()));
+  const grab = () => {
+    context.drawImage(video, 0, 0);
+    const rgba = context.getImageData(0, 0, canvas.width, canvas.height).data;
+    const grey = new Array(canvas.width * canvas.height);
+    for (let i = 0; i < grey.length; i++) {
+      grey[i] = (299 * rgba[4 * i] + 587 * rgba[4 * i + 1] + 114 * rgba[4 * i + 2]) / 1000;
+    }
+    return grey;
+  };
+  if (wait) await nextFrame();
+  const first = grab();
+  for (let i = 0; i < gap; i++) await nextFrame();
+  return { width: canvas.width, height: canvas.height, first, second: gap > 0 ? grab() : first };
+}
+"""
+
+# Resolves once no new frame has been presented for `quiet` ms: the picture the page shows when generation idles.
+SETTLED_JS = """
+(quiet) => new Promise((resolve) => {
+  let last = window.lingstream.frames;
+  let since = performance.now();
+  const check = () => {
+    const now = performance.now();
+    if (window.lingstream.frames !== last) { last = window.lingstream.frames; since = now; }
+    if (now - since >= quiet) resolve(last); else setTimeout(check, 50);
+  };
+  check();
+})
+"""
+
+# Frames presented during a window of `ms` milliseconds (a measurement, so a fixed window is the point).
+FRAMES_IN_WINDOW_JS = """
+(ms) => new Promise((resolve) => {
+  const start = window.lingstream.frames;
+  setTimeout(() => resolve(window.lingstream.frames - start), ms);
+})
+"""
+
+
+def start_session(page: Page, width: int, height: int, *, image: Path | None = None, hud: bool = False) -> None:
+    """Fill the form (size, image, HUD overlay) and press Start."""
+    page.fill("#width", str(width))
+    page.fill("#height", str(height))
+    if not hud:
+        page.uncheck("#hud")
+    if image is not None:
+        page.set_input_files("#image", str(image))
+    page.click("#start")
+
+
+def wait_frames(page: Page, count: int = 1) -> None:
+    page.wait_for_function("(n) => window.lingstream.frames >= n", arg=count)
+
+
+def grab(page: Page, gap: int = 0, *, wait: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The picture now (the next presented frame with `wait`) and `gap` presented frames later, as grey levels."""
+    data = page.evaluate(GRAB_JS, {"gap": gap, "wait": wait})
+    shape = (data["height"], data["width"])
+    first = np.asarray(data["first"], dtype=np.float64).reshape(shape)
+    return first, np.asarray(data["second"], dtype=np.float64).reshape(shape)
+
+
+def best_shift(before: np.ndarray, after: np.ndarray, limit: int = 24) -> int:
+    """The horizontal shift s that best explains `after[:, x] = before[:, x + s]`: s > 0 means the content moved
+    left by s pixels."""
+    width = before.shape[1]
+    errors = {}
+    for shift in range(-limit, limit + 1):
+        if shift >= 0:
+            diff = after[:, : width - shift] - before[:, shift:]
+        else:
+            diff = after[:, -shift:] - before[:, : width + shift]
+        errors[shift] = float(np.mean(np.abs(diff)))
+    return min(errors, key=lambda shift: errors[shift])
+
+
+def reference_texture(path: Path, width: int, height: int) -> Path:
+    """A smooth random texture (features big enough to survive the 8x latent and VP8), so a pan is unambiguous."""
+    rng = np.random.default_rng(7)
+    coarse = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), "RGB")
+    coarse.resize((width, height), Image.Resampling.BICUBIC).save(path)
+    return path
