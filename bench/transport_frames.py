@@ -1,4 +1,4 @@
-"""Benchmark of the transport package (runs in about 30 s on 2 cores, no LiveKit server needed).
+"""Benchmark of the transport package (runs in about a minute on 2 cores, no LiveKit server needed).
 
 Measures, in one run:
 - pacing_jitter_p95_ms: p95 of |send time - deadline| of frames leaving `FramePacer` at 16 fps for ~5 s on the real
@@ -13,8 +13,13 @@ Measures, in one run:
   416x240, 16 fps with a key held (target >= 15), over ~5 s after 2 s of warm-up; `webrtc_chromium_frames_dropped`
   is what Chromium's decoder dropped meanwhile (getStats). Skipped, with a note, without /usr/bin/chromium or
   playwright.
+- livekit_fps_received and livekit_join_s: the same page and session over LiveKit — the service's participant (the
+  real `livekit` SDK) and the page's livekit-client meet through the LiveKit-signalling stand-in of the tests
+  (`tests/livekit_server/`, media relayed by aiortc) in a private network namespace: frames per second Chromium
+  presents (target >= 15 of 16), and the seconds from pressing Start (the create request) to the first frame
+  presented. Skipped, with a note, where the namespace cannot be made (it needs root) or without Chromium.
 
-`--quick` is a smoke run of a few seconds over the same path (1 s windows, 1 s of Chromium warm-up, 30 captures);
+`--quick` is a smoke run of a few seconds over the same paths (1 s windows, 1 s of Chromium warm-up, 30 captures);
 its figures are not the ones to compare. The last line printed is one JSON object with every figure.
 """
 
@@ -304,10 +309,56 @@ async def bench_chromium(seconds: float, warmup: float = 2.0) -> dict[str, float
     }
 
 
+async def bench_livekit(seconds: float, warmup: float = 2.0) -> dict[str, float]:
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        print("livekit_fps_received: skipped (playwright is not installed)", file=sys.stderr)
+        return {}
+    from tests.e2e.livekit_stack import LiveKitStack, livekit_stack
+
+    reason = LiveKitStack.skip_reason()
+    if reason is not None or not _CHROMIUM_PRESENT:
+        print(f"livekit_fps_received: skipped ({reason or f'no Chromium at {CHROMIUM}'})", file=sys.stderr)
+        return {}
+    # The loop's thread enters the namespace: the stand-in, the service and Chromium are all started from it.
+    settings = {"LINGSTREAM_LOG_LEVEL": "WARNING", "LINGSTREAM_MAX_SESSIONS_PER_WORKER": "1"}
+    with tempfile.TemporaryDirectory() as folder, livekit_stack(Path(folder), **settings) as stack:
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = await browser.new_page()
+                page.set_default_timeout(30_000)
+                await page.goto(f"{stack.url}/")
+                await page.wait_for_function("window.lingstream !== undefined")
+                await page.fill("#width", "416")
+                await page.fill("#height", "240")
+                await page.fill("#fps", str(int(FPS)))
+                started = time.monotonic()
+                await page.click("#start")
+                await page.wait_for_function("window.lingstream.frames > 0")
+                join = time.monotonic() - started
+                await page.focus("#stage")
+                await page.keyboard.down("w")  # a held key keeps the session generating
+                await page.wait_for_function("window.lingstream.lastChunk && window.lingstream.lastChunk.keys.length")
+                await page.evaluate(_PRESENTED_JS, warmup * 1000)
+                window = await page.evaluate(_PRESENTED_JS, seconds * 1000)
+                size = await page.evaluate("window.lingstream.videoSize")
+                await page.keyboard.up("w")
+                await page.click("#stop")
+                await page.wait_for_function("window.lingstream.ended")
+            finally:
+                await browser.close()
+    assert (size["width"], size["height"]) == (416, 240), size
+    return {"livekit_fps_received": window["frames"] / window["seconds"], "livekit_join_s": join}
+
+
 async def main(quick: bool) -> dict[str, float]:
     seconds = 1.0 if quick else 5.0
     results: dict[str, float] = {}
     results |= await bench_pacing(seconds)
+    # Before anything loads livekit.rtc in this process (bench_capture): the stack starts processes.
+    results |= await bench_livekit(seconds, warmup=1.0 if quick else 2.0)
     results |= await bench_capture(30 if quick else 100)
     results |= await bench_webrtc(seconds)
     results |= await bench_chromium(seconds, warmup=1.0 if quick else 2.0)

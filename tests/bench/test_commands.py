@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.netns import private_network_support
 from tests.fakes.redis_server import REDIS_SERVER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,8 +121,9 @@ FIGURES: dict[str, frozenset[str]] = {
         }
     ),
 }
-# Present only when the script could drive a real Chromium.
+# Present only when the script could drive a real Chromium; the LiveKit ones also need a private network namespace.
 CHROMIUM_FIGURES = frozenset({"webrtc_fps_received", "webrtc_chromium_frames_dropped"})
+LIVEKIT_FIGURES = frozenset({"livekit_fps_received", "livekit_join_s"})
 
 _MARKS: dict[str, list[pytest.MarkDecorator]] = {
     "scaleout": [
@@ -191,4 +193,6 @@ def test_quick_run_exits_0_and_reports_its_figures(name: str) -> None:
     expected = FIGURES[name]
     if name == "transport_frames" and CHROMIUM.exists() and PLAYWRIGHT:
         expected |= CHROMIUM_FIGURES
+        if private_network_support() is None:
+            expected |= LIVEKIT_FIGURES
     assert expected <= figures.keys(), f"missing figures: {sorted(expected - figures.keys())}"
