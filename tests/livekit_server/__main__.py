@@ -3,6 +3,9 @@
 The API key and secret come from `LIVEKIT_API_KEY` and `LIVEKIT_API_SECRET`. Once listening it prints one line,
 `listening on ws://H:P`, to stdout. On SIGTERM every room is closed (`SERVER_SHUTDOWN`) and the queued webhooks go
 out before it exits.
+
+Logs go to stderr at `--log-level` (DEBUG shows every signal message); aioice and aiortc log at WARNING unless
+`--media-log-level` says otherwise (their DEBUG shows every connectivity check and SDP).
 """
 
 from __future__ import annotations
@@ -45,12 +48,13 @@ def main() -> None:
     parser.add_argument("--webhook-url", default=None)
     parser.add_argument("--resume-window", type=float, default=10.0)
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--media-log-level", default="WARNING")
     args = parser.parse_args()
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    for noisy in ("aioice", "aiortc"):  # their per-check INFO lines drown the stand-in's own
-        logging.getLogger(noisy).setLevel(os.environ.get("STANDIN_AIORTC_LOG", "WARNING"))
+    for noisy in ("aioice", "aiortc"):  # their per-check INFO lines would drown the stand-in's own
+        logging.getLogger(noisy).setLevel(args.media_log_level)
     asyncio.run(_serve(args))
 
 

@@ -52,7 +52,9 @@ class StandInProcess:
         env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LINGSTREAM_", "LIVEKIT_"))}
         env.update(PYTHONPATH=str(_ROOT), LIVEKIT_API_KEY=api_key, LIVEKIT_API_SECRET=api_secret)
         command = [sys.executable, "-m", "tests.livekit_server", "--host", host, "--port", str(port)]
-        command += ["--resume-window", str(resume_window), "--log-level", os.environ.get("STANDIN_LOG_LEVEL", "INFO")]
+        # LINGSTREAM_TEST_STANDIN_LOG=DEBUG shows every signal message in the stand-in's log (when a test fails).
+        log_level = os.environ.get("LINGSTREAM_TEST_STANDIN_LOG", "INFO")
+        command += ["--resume-window", str(resume_window), "--log-level", log_level]
         if webhook_url is not None:
             command += ["--webhook-url", webhook_url]
         with log.open("wb") as sink:

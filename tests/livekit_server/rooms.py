@@ -50,9 +50,9 @@ class _Pending:
 
 class Participant:
     """One client in one room. Signal messages go out through `send` (never blocks; the websocket's writer drains
-    them in order); `signal` is None while its websocket is down (a resume may bring a new one)."""
+    them in order); `websocket` is None while its signal connection is down (a resume may bring a new one)."""
 
-    def __init__(self, room: Room, claims: Claims, *, auto_subscribe: bool, protocol: int) -> None:
+    def __init__(self, room: Room, claims: Claims, *, auto_subscribe: bool) -> None:
         grants = claims.video or api.VideoGrants()
         self.room = room
         self.identity = claims.identity
@@ -61,7 +61,6 @@ class Participant:
         self.grants = grants
         self.sid = _sid("PA")
         self.auto_subscribe = auto_subscribe
-        self.protocol = protocol
         self.joined_at = time.time()
         self.state = models.ParticipantInfo.State.JOINED
         self.version = 1

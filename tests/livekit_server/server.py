@@ -214,9 +214,8 @@ class StandIn:
             participant.send(rtc.SignalResponse(update=rtc.ParticipantUpdate(participants=room.infos())))
             participant.send(rtc.SignalResponse(room_update=rtc.RoomUpdate(room=room.info())))
         else:
-            protocol = int(request.query.get("protocol", "0") or 0)
             auto_subscribe = request.query.get("auto_subscribe", "1") not in ("0", "false")
-            participant = Participant(room, claims, auto_subscribe=auto_subscribe, protocol=protocol)
+            participant = Participant(room, claims, auto_subscribe=auto_subscribe)
             participant.websocket = ws
             self._note("join", identity=claims.identity, room=room.name, sid=participant.sid, expires=expires)
             await room.join(participant)

@@ -59,21 +59,23 @@ class SignalOutbox:
             self._items.popleft()
 
 
-async def _write(ws: web.WebSocketResponse, outbox: SignalOutbox) -> None:
+async def _write(ws: web.WebSocketResponse, outbox: SignalOutbox, label: str) -> None:
     while True:
         message = await outbox.peek()
         if message is None:
             outbox.pop()
             await ws.close()
             return
-        logger.debug("← %s", message.WhichOneof("message"))
+        logger.debug("%s ← %s", label, message.WhichOneof("message"))
         await ws.send_bytes(message.SerializeToString())
         outbox.pop()
 
 
 async def serve_signal(ws: web.WebSocketResponse, participant: Participant) -> bool:
     """Serve `participant` on `ws` until it closes. True when the client sent `leave`."""
-    writer = asyncio.get_running_loop().create_task(_write(ws, participant.outbox), name=f"signal {participant.sid}")
+    writer = asyncio.get_running_loop().create_task(
+        _write(ws, participant.outbox, participant.identity), name=f"signal {participant.sid}"
+    )
     left = False
     try:
         async for frame in ws:
