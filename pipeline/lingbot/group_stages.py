@@ -6,7 +6,9 @@ the channels between them, is `pipeline.lingbot.actors`; its docstring draws the
 
 Each group stage wraps the thread stages of `stages.py` (the same camera, HUD and cache logic) and only changes how
 tensors arrive and leave: instead of tensors, the `condition` and `latent` artifacts carry `TensorRef`s
-(`RemoteCondition`, `RemoteLatent`), and the tensors themselves cross through `WorkerTensorChannel`s. Every rank of
+(`RemoteCondition`, `RemoteLatent`), and the tensors themselves cross through `WorkerTensorChannel`s. The frames
+leave as `SharedFrames`: pickled as a shared-memory tensor (the reply pipe carries a handle, not megabytes), they
+arrive in the service process as a plain `FramesArtifact` whose frames are a view of that memory. Every rank of
 a group receives every call (`ParallelWorker`); only rank 0 encodes, decodes, sends and receives, and its artifacts
 are the call's result; in the DiT group every rank runs the (sharded) denoiser.
 """
@@ -48,6 +50,7 @@ __all__ = [
     "GroupRole",
     "RemoteCondition",
     "RemoteLatent",
+    "SharedFrames",
     "build_group_stage",
 ]
 
@@ -99,11 +102,39 @@ class RemoteLatent:
     latent: TensorRef
     snapshot: ControlSnapshot
     config: LingBotSessionConfig | None = None  # only for chunk 0
+    denoise_s: float = 0.0
     send_s: float = 0.0
     """Seconds the DiT's rank 0 spent sending it (added to the receive time in the chunk's timings)."""
 
     def tensor_refs(self) -> tuple[TensorRef, ...]:
         return (self.latent,)
+
+
+class SharedFrames:
+    """A `FramesArtifact` on its way out of a worker process: it pickles its frames as a shared-memory tensor and
+    unpickles as the `FramesArtifact` itself (frames a numpy view of that memory, kept alive by the array)."""
+
+    __slots__ = ("artifact",)
+
+    def __init__(self, artifact: FramesArtifact) -> None:
+        self.artifact = artifact
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        artifact = self.artifact
+        shared = torch.from_numpy(artifact.frames).share_memory_()  # type: ignore[no-untyped-call]
+        return (_unshare_frames, (artifact.chunk_index, shared, artifact.snapshot, dict(artifact.timings)))
+
+
+def _unshare_frames(
+    chunk_index: int, frames: torch.Tensor, snapshot: ControlSnapshot, timings: dict[str, float]
+) -> FramesArtifact:
+    return FramesArtifact(chunk_index, frames.numpy(), snapshot, timings)
+
+
+def _shared(artifacts: Mapping[str, object]) -> dict[str, object]:
+    return {
+        name: SharedFrames(value) if isinstance(value, FramesArtifact) else value for name, value in artifacts.items()
+    }
 
 
 def _key(session_id: str, chunk_index: int, what: str) -> str:
@@ -173,13 +204,18 @@ class DenoiseGroupStage:
         if not isinstance(artifact, LatentArtifact):
             raise ModelSessionError(f"denoise produced {type(artifact).__name__}, not a LatentArtifact")
         if self._decode is not None:
-            return self._decode.process(_with_inputs(call, {"latent": artifact}))
+            return _shared(self._decode.process(_with_inputs(call, {"latent": artifact})))
         channel = cast(WorkerTensorChannel, self._options.latent)
         started = time.perf_counter()
         key = _key(call.session_id, artifact.chunk_index, "latent")
         ref = channel.send(key, artifact.latent, timeout_s=self._options.channel_timeout_s)
         sent = RemoteLatent(
-            artifact.chunk_index, ref, artifact.snapshot, artifact.config, time.perf_counter() - started
+            artifact.chunk_index,
+            ref,
+            artifact.snapshot,
+            artifact.config,
+            denoise_s=artifact.denoise_s,
+            send_s=time.perf_counter() - started,
         )
         return {"latent": sent}
 
@@ -236,12 +272,12 @@ class DecodeGroupStage:
         started = time.perf_counter()
         tensor = self._channel.receive(remote.latent, timeout_s=self._options.channel_timeout_s)
         received = time.perf_counter() - started
-        latent = LatentArtifact(remote.chunk_index, tensor, remote.snapshot, remote.config)
+        latent = LatentArtifact(remote.chunk_index, tensor, remote.snapshot, remote.config, remote.denoise_s)
         frames = self._inner.process(_with_inputs(call, {"latent": latent}))[FRAMES]
         if not isinstance(frames, FramesArtifact):
             raise ModelSessionError(f"decode produced {type(frames).__name__}, not a FramesArtifact")
         timings = {**frames.timings, LATENT_CHANNEL_TIMING: remote.send_s + received}
-        return {FRAMES: replace(frames, timings=timings)}
+        return {FRAMES: SharedFrames(replace(frames, timings=timings))}
 
     def release(self, session_id: str) -> None:
         if self._inner is not None:

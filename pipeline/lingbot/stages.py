@@ -20,6 +20,7 @@ across chunks. Each stage releases its model part's per-session cache in `releas
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -91,6 +92,8 @@ class LatentArtifact:
     latent: torch.Tensor
     snapshot: ControlSnapshot
     config: LingBotSessionConfig | None = None  # only for chunk 0
+    denoise_s: float = 0.0
+    """Seconds the denoiser took for this chunk (reported in the chunk's timings as `denoise`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +102,8 @@ class FramesArtifact:
     frames: npt.NDArray[np.uint8]
     snapshot: ControlSnapshot
     timings: Mapping[str, float] = field(default_factory=dict)
-    """Seconds the stages measured for this chunk (e.g. `latent_channel`: moving its latent between worker
-    groups), added to the chunk's `timings`."""
+    """Seconds the stages measured for this chunk (`denoise`, `decode`, and with decode in its own worker group
+    `latent_channel`: moving the latent between the groups), added to the chunk's `timings`."""
 
 
 def lingbot_pipeline_spec(
@@ -197,9 +200,11 @@ class DenoiseStage:
         if control.reset_pose:
             camera.reset_pose()
         chunk = camera.chunk_control(control.snapshot, index, condition.condition.chunk_size)
+        started = time.perf_counter()
         latent = self._denoiser.denoise_chunk(sid, index, condition.condition.chunk_size, chunk.plucker)
+        denoise_s = time.perf_counter() - started
         first_config = condition.config if index == 0 else None
-        return {"latent": LatentArtifact(index, latent, control.snapshot, first_config)}
+        return {"latent": LatentArtifact(index, latent, control.snapshot, first_config, denoise_s)}
 
     def release(self, session_id: str) -> None:
         with self._lock:
@@ -223,11 +228,14 @@ class DecodeStage:
         if latent.config is not None:
             self._decoder.create_cache(sid, latent.config)
             self._hud[sid] = latent.config.hud
+        started = time.perf_counter()
         frames = self._decoder.decode_chunk(sid, latent.chunk_index, latent.latent)
+        decode_s = time.perf_counter() - started
         if self._hud.get(sid, False):
             frames = draw_hud(frames, latent.snapshot)
         array = np.ascontiguousarray(frames.cpu().numpy(), dtype=np.uint8)
-        return {FRAMES: FramesArtifact(latent.chunk_index, array, latent.snapshot)}
+        timings = {"denoise": latent.denoise_s, "decode": decode_s}
+        return {FRAMES: FramesArtifact(latent.chunk_index, array, latent.snapshot, timings)}
 
     def release(self, session_id: str) -> None:
         self._hud.pop(session_id, None)

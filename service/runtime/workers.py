@@ -16,8 +16,10 @@ into worker groups:
     cuda:a..  (DENOISE_RANKS)      every listed GPU             co-located in the DiT   the first GPU
     cuda:a..  (DENOISE_RANKS + 1)  all but the last GPU         the last GPU            the last GPU
 
-Threads per rank: `LINGSTREAM_TORCH_THREADS`, or the machine's cores divided by the DiT ranks. At start,
-`check_devices` confirms every CUDA device exists (an error names the variable, the device and its role).
+Threads per rank: `LINGSTREAM_TORCH_THREADS`, or the machine's cores divided by the DiT ranks. Worker processes
+inherit `OMP_WAIT_POLICY=PASSIVE` (unless the environment sets it): OpenMP threads that spin after each parallel
+region steal the cores of the other groups' ranks, which on a 2-core machine made a chunk several times slower.
+At start, `check_devices` confirms every CUDA device exists (an error names the variable, the device and its role).
 """
 
 from __future__ import annotations
@@ -35,7 +37,18 @@ from service.settings import Settings
 if TYPE_CHECKING:
     from pipeline.lingbot import ProcessPlacement
 
-__all__ = ["WorkerOptions", "build_workers", "check_devices", "load_factory", "process_placement", "worker_options"]
+__all__ = [
+    "WORKER_ENVIRONMENT",
+    "WorkerOptions",
+    "build_workers",
+    "check_devices",
+    "load_factory",
+    "process_placement",
+    "worker_options",
+]
+
+WORKER_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""Set (unless already set) before the first worker process spawns; the processes inherit it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +163,9 @@ def build_workers(settings: Settings) -> list[BidirectionalService]:
         ) from None
     options_list = worker_options(settings)
     check_devices(options_list)
+    if any(options.stage_placement == "processes" for options in options_list):
+        for name, value in WORKER_ENVIRONMENT.items():
+            os.environ.setdefault(name, value)
     workers: list[BidirectionalService] = []
     for options in options_list:
         if options.stage_placement == "processes":

@@ -48,7 +48,19 @@ FIGURES: dict[str, frozenset[str]] = {
         }
     ),
     "lingbot": frozenset({f"{prefix}{key}" for prefix in ("", "two_sessions_", "heavy8_") for key in _PER_CHUNK})
-    | {"bench_seconds"},
+    | {
+        "threads_rtf_p95",
+        "processes_rtf_p95",
+        "processes_over_threads",
+        "channel_ms_per_chunk",
+        "channel_share_of_chunk_period",
+        "channel_share_of_generation",
+        "denoise_ms_p50_1_rank",
+        "denoise_ms_p50_2_ranks",
+        "two_ranks_speedup",
+        "load_average_1m",
+        "bench_seconds",
+    },
     "admission_latency": frozenset(
         {
             "create_p50_ms",
