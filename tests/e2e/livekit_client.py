@@ -75,7 +75,7 @@ def _snapshot(seq: int, keys: list[str]) -> bytes:
 
 
 async def _control(room: rtc.Room, statuses: _Statuses, control: str) -> dict[str, Any]:
-    report: dict[str, Any] = {}
+    report: dict[str, Any] = {"malformed_sent": sorted(MALFORMED)}
     await _send(room, control, _snapshot(1, ["w"]), reliable=False)
     chunk = await statuses.wait({"type": "chunk", "applied_seq": 1})
     report["first_chunk"] = chunk
