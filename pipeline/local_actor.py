@@ -1,12 +1,22 @@
-"""`LocalStageActor`: runs one stateful stage serially on its own thread of this process."""
+"""`LocalStageActor`: runs one stateful stage serially on its own thread of this process.
+
+A call hops twice: the event loop hands it to the stage's thread through a `queue.SimpleQueue` (one wake-up of that
+thread), and the thread hands the result back through the loop's completion inbox (`_LoopInbox`), which every
+local actor on the loop shares: results that finish while the loop is busy are delivered together, with one
+wake-up of the loop per batch instead of one per call.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
 import logging
+import queue
+import threading
+import weakref
+from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from pipeline.actor import ActorStatistics, DeathListener, Stage, StageCall
 from pipeline.errors import ActorUnavailableError, StageFailedError
@@ -14,6 +24,100 @@ from pipeline.errors import ActorUnavailableError, StageFailedError
 __all__ = ["FunctionStage", "LocalStageActor"]
 
 logger = logging.getLogger(__name__)
+
+
+class _LoopInbox:
+    """Results from stage threads to one event loop: any thread `post`s, the loop delivers them in batches.
+
+    Problem: `loop.call_soon_threadsafe` per result writes the loop's self-pipe and wakes it once per call; three
+    stage threads finishing while the loop is busy would wake it three times. Here a thread appends its result to
+    a deque and schedules a delivery only if none is pending, so one wake-up delivers every result posted meanwhile.
+    Ordering: results are delivered in the order they were posted. No lock: `deque.append` and `popleft` are atomic,
+    and `pending` is cleared before the deque is emptied, so a result posted during a delivery is either taken by
+    it or schedules the next one (at worst a delivery finds nothing). A future cancelled meanwhile (its caller went
+    away) gets nothing: the result is dropped.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = weakref.ref(loop)  # weak: the registry of inboxes is keyed by the loop
+        self._results: deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = deque()
+        self._pending = False
+
+    def post(self, future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+        """From any thread: deliver `result` (or `error`) to `future` on the loop."""
+        self._results.append((future, result, error))
+        if not self._pending:
+            self._pending = True
+            loop = self._loop()
+            try:
+                if loop is not None:
+                    loop.call_soon_threadsafe(self._deliver)
+            except RuntimeError:  # the loop is closed: nobody waits for the result any more
+                self._pending = False
+
+    def _deliver(self) -> None:
+        self._pending = False
+        results = self._results
+        while results:
+            future, result, error = results.popleft()
+            if future.done():
+                continue
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+
+
+_INBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopInbox] = weakref.WeakKeyDictionary()
+
+
+def _inbox(loop: asyncio.AbstractEventLoop) -> _LoopInbox:
+    inbox = _INBOXES.get(loop)
+    if inbox is None:
+        inbox = _INBOXES[loop] = _LoopInbox(loop)
+    return inbox
+
+
+# A unit of work for the stage thread: the function and its argument, the future, the caller's context; None stops.
+_Work = tuple[Callable[[Any], Any], Any, asyncio.Future[Any], contextvars.Context] | None
+
+
+class _StageThread:
+    """One thread that runs work items from a FIFO queue, each in its caller's context, and posts the outcomes."""
+
+    def __init__(self, name: str, inbox: _LoopInbox) -> None:
+        self._inbox = inbox
+        self._work: queue.SimpleQueue[_Work] = queue.SimpleQueue()
+        self._done: asyncio.Future[None] | None = None
+        # Daemon: a process that exits without `stop()` is not held up by a thread waiting for work.
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[Any], Any], arg: Any, future: asyncio.Future[Any]) -> None:
+        self._work.put((fn, arg, future, contextvars.copy_context()))
+
+    def stop(self, done: asyncio.Future[None]) -> None:
+        """Finish the work already queued, then post None to `done` and end."""
+        self._done = done
+        self._work.put(None)
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            work = self._work.get()
+            if work is None:
+                if self._done is not None:
+                    self._inbox.post(self._done, None, None)
+                return
+            fn, arg, future, context = work
+            try:
+                result = context.run(fn, arg)
+            except BaseException as exc:
+                self._inbox.post(future, None, exc)
+            else:
+                self._inbox.post(future, result, None)
 
 
 class FunctionStage:
@@ -41,17 +145,19 @@ class LocalStageActor:
         await actor.release_session("s1")
         await actor.stop()
 
-    Ordering: calls and releases run in the order they were made (one thread, FIFO). Backpressure: the actor's
-    capacity is 1; the orchestrator never has more than one call in flight on it (more would queue on the thread).
-    Cancellation: cancelling `invoke` does not interrupt the stage; the call in flight finishes on the thread and
-    its result is dropped. `stop` waits for the call in flight to finish. A thread cannot die on its own, so the
-    actor stays healthy from `start` to `stop` and its incarnation is always 1.
+    Ordering: calls and releases run in the order they were made (one thread, FIFO). Each runs in a copy of its
+    caller's context, so its log lines carry the caller's session. Backpressure: the actor's capacity is 1; the
+    orchestrator never has more than one call in flight on it (more would queue on the thread). Cancellation:
+    cancelling `invoke` does not interrupt the stage; the call in flight finishes on the thread and its result is
+    dropped. `stop` waits for the call in flight (and anything queued) to finish. A thread cannot die on its own,
+    so the actor stays healthy from `start` to `stop` and its incarnation is always 1. Results reach the loop
+    through its shared inbox (see the module docstring): one wake-up per batch of results.
     """
 
     def __init__(self, name: str, stage: Stage) -> None:
         self._name = name
         self._stage = stage
-        self._executor: ThreadPoolExecutor | None = None
+        self._thread: _StageThread | None = None
         self._in_flight = 0
         self._calls = 0
         self._failures = 0
@@ -67,7 +173,7 @@ class LocalStageActor:
 
     @property
     def healthy(self) -> bool:
-        return self._executor is not None
+        return self._thread is not None
 
     @property
     def incarnation(self) -> int:
@@ -77,29 +183,33 @@ class LocalStageActor:
         self._listeners.append(listener)
 
     async def start(self) -> None:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{self._name}")
+        if self._thread is None:
+            self._thread = _StageThread(f"stage-{self._name}", _inbox(asyncio.get_running_loop()))
 
     async def invoke(self, call: StageCall) -> Mapping[str, object]:
-        executor = self._require_started()
+        thread = self._require_started()
+        future: asyncio.Future[Mapping[str, object]] = asyncio.get_running_loop().create_future()
         self._in_flight += 1
         self._calls += 1
         try:
-            # The stage thread runs in a copy of the caller's context: its log lines carry the caller's session.
-            context = contextvars.copy_context()
-            return await asyncio.get_running_loop().run_in_executor(executor, context.run, self._run, call)
+            thread.submit(self._run, call, future)
+            return await future
         finally:
             self._in_flight -= 1
 
     async def release_session(self, session_id: str) -> None:
-        executor = self._require_started()
-        context = contextvars.copy_context()
-        await asyncio.get_running_loop().run_in_executor(executor, context.run, self._stage.release, session_id)
+        thread = self._require_started()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        thread.submit(self._stage.release, session_id, future)
+        await future
 
     async def stop(self) -> None:
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            await asyncio.get_running_loop().run_in_executor(None, executor.shutdown, True)
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            thread.stop(done)
+            await asyncio.shield(done)
+            thread.join()  # it has posted its last result: it is returning
 
     def statistics(self) -> ActorStatistics:
         return ActorStatistics(
@@ -112,10 +222,10 @@ class LocalStageActor:
             restarts=0,
         )
 
-    def _require_started(self) -> ThreadPoolExecutor:
-        if self._executor is None:
+    def _require_started(self) -> _StageThread:
+        if self._thread is None:
             raise ActorUnavailableError(f"actor {self._name!r} is not started")
-        return self._executor
+        return self._thread
 
     def _run(self, call: StageCall) -> Mapping[str, object]:
         try:

@@ -43,6 +43,9 @@ class IdleReason(enum.Enum):
     RESOURCE_GROUP = "resource_group"  # the stage's resource group had no permit (detail: group name)
     ACTOR_BUSY = "actor_busy"  # the actor was unavailable (restarting) or at its capacity
 
+    # Identity hash (members are singletons): Enum's own hashes the name in Python, on every recorded interval.
+    __hash__ = object.__hash__
+
 
 @dataclass(frozen=True, slots=True)
 class StageTiming:
@@ -167,8 +170,10 @@ class StreamingSessionMetrics:
         self._stage_durations: dict[str, SampleWindow] = {}
         self._stage_queued: dict[str, SampleWindow] = {}
         self.stage_timings: deque[StageTiming] = deque(maxlen=window)
-        self.idle_intervals: deque[IdleInterval] = deque(maxlen=window)
-        self._idle_totals: dict[str, float] = {}
+        # (stage_id, start, end, reason, detail): an `IdleInterval` is built only when read (`idle_intervals`), since
+        # a busy stage records one for most dispatches and hardly anybody reads them.
+        self._idle: deque[tuple[str, float, float, IdleReason, str | None]] = deque(maxlen=window)
+        self._idle_totals: dict[IdleReason, float] = {}
         self.outputs = 0
         self.stale_results = 0
         self.orphaned_results = 0
@@ -206,19 +211,23 @@ class StreamingSessionMetrics:
         self._stage_durations.setdefault(timing.stage_id, SampleWindow(self._window)).add(timing.duration)
         self._stage_queued.setdefault(timing.stage_id, SampleWindow(self._window)).add(timing.queued)
 
-    def on_idle(self, interval: IdleInterval) -> None:
-        if interval.end <= interval.start:
+    def on_idle(self, stage_id: str, start: float, end: float, reason: IdleReason, detail: str | None) -> None:
+        """The stage did not run for the session from `start` to `end`, because of `reason` (see `IdleInterval`)."""
+        if end <= start:
             return
-        self.idle_intervals.append(interval)
-        self._idle_totals[interval.reason.value] = self._idle_totals.get(interval.reason.value, 0.0) + (
-            interval.duration
-        )
+        self._idle.append((stage_id, start, end, reason, detail))
+        self._idle_totals[reason] = self._idle_totals.get(reason, 0.0) + (end - start)
 
     def forget_anchors(self) -> None:
         """Drop anchors whose outputs will never come (the session's queued work was discarded)."""
         self._anchors.clear()
 
     # -- reading ---------------------------------------------------------------------------------------------
+
+    @property
+    def idle_intervals(self) -> tuple[IdleInterval, ...]:
+        """The last `window` idle intervals, oldest first."""
+        return tuple(IdleInterval(*raw) for raw in self._idle)
 
     @property
     def first_output_latency(self) -> float | None:
@@ -260,7 +269,7 @@ class StreamingSessionMetrics:
             chunk_period=self.chunk_period,
             stage_durations={k: w.summary() for k, w in self._stage_durations.items()},
             stage_queued={k: w.summary() for k, w in self._stage_queued.items()},
-            idle_by_reason=dict(self._idle_totals),
+            idle_by_reason={reason.value: total for reason, total in self._idle_totals.items()},
             outputs=self.outputs,
             diagnostics=self.diagnostics(),
         )

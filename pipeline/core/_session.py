@@ -1,13 +1,16 @@
 """The per-session bookkeeping of the scheduling core: what `SchedulerCore` keeps for each session and each call.
 
 `CoreSession` holds one session's lifecycle state, edge buffers and reservations, joins, per-stage ordering and idle
-tracking, and its output buffers; it moves between `SessionState`s only along the transition table. `Join`
-counts the inputs of one sequence that have reached a stage, and `Invocation` is one dispatched stage call
-until its result is settled. Package-private: only `pipeline.core.scheduler` uses these.
+tracking, where it stands in each stage's ready structure (`Slot`), and its output buffers; the scheduler moves it
+between `SessionState`s only along the transition table. `Join` counts the inputs of one sequence that have reached
+a stage, `Invocation` is one dispatched stage call until its result is settled, and `BlockNote` records the first
+stage-level blocker seen by the sessions that became ready since the previous one. Package-private: only
+`pipeline.core.scheduler` uses these (the invariants are in its docstring).
 """
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -16,6 +19,22 @@ from pipeline.errors import SessionError
 from pipeline.metrics import IdleReason, StreamingSessionMetrics
 
 __all__: list[str] = []
+
+
+class Slot(enum.Enum):
+    """Where a session stands in one stage's ready structure."""
+
+    IDLE = "idle"  # not eligible at the stage (nothing joined to run, a strict call in flight, or not accepting)
+    READY = "ready"  # eligible, with exactly one live entry in the stage's ready heap
+    PARKED = "parked"  # eligible, but its own downstream of the stage was full when last picked; no heap entry
+
+
+@dataclass(slots=True)
+class BlockNote:
+    """The first stage-level blocker (stage limit, busy actor, resource group) observed after the sessions holding
+    this note became ready; None until one is observed. One object shared by many sessions: filling it is O(1)."""
+
+    reason: tuple[IdleReason, str | None] | None = None
 
 
 @dataclass(slots=True)
@@ -53,6 +72,9 @@ class CoreSession:
     eligible_at: list[float]
     blocker: list[tuple[IdleReason, str | None] | None]
     touched: list[int | None]
+    slot: list[Slot]
+    stamp: list[int]  # per stage: when the session last became eligible there (the ready heap's order)
+    block_note: list[BlockNote]
     external_next: dict[str, int]
     output_next: dict[str, int]
     output_reorder: dict[str, dict[int, object]]
@@ -64,7 +86,9 @@ class CoreSession:
     release_failures: dict[str, str] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
 
-    def move(self, to: SessionState) -> None:
+    def move(self, to: SessionState) -> SessionState:
+        """Move along the transition table; returns the state left."""
         if to not in SESSION_TRANSITIONS[self.state]:
             raise SessionError(f"session {self.session_id!r} cannot go from {self.state.value} to {to.value}")
-        self.state = to
+        left, self.state = self.state, to
+        return left

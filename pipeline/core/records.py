@@ -41,6 +41,10 @@ class SessionState(enum.Enum):
     CLOSED = "closed"  # released cleanly; the id may be used again
     POISONED = "poisoned"  # a release failed; the id stays unusable until a retry of the failed stages succeeds
 
+    # Members are singletons compared by identity, so the identity hash is consistent; Enum's own hashes the name in
+    # Python, which the scheduler pays on every membership test (`ACCEPTS_RESULTS`) of every event.
+    __hash__ = object.__hash__
+
 
 SESSION_TRANSITIONS: Mapping[SessionState, frozenset[SessionState]] = {
     SessionState.OPEN: frozenset({SessionState.DRAINING, SessionState.CANCELLING, SessionState.FAILED}),
@@ -118,6 +122,9 @@ class CoreStatistics:
     rejected_results: int
     cleanup_failures: int
     slot_leaks: int
+    # Ready-heap entries the scheduler examined while picking (live and stale): it grows with the dispatches, never
+    # with the sessions waiting (see `pipeline.core.scheduler`'s invariants).
+    sessions_examined: int = 0
 
 
 class ActorView(Protocol):

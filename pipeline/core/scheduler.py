@@ -13,13 +13,44 @@ State machine of a session (see `SessionState`)::
 
 Scheduling. A stage is *eligible* for a session when the next sequence's inputs are all joined (strict
 ordering: exactly sequence `next`, nothing of the session in flight at that stage; `NONE`: any joined sequence,
-up to the per-session limit). Each stage keeps its eligible sessions in the order they became eligible; when the
-stage has a free slot, the oldest eligible session whose downstream has room goes first (this is what makes
-sessions interleave fairly: a session re-enters at the tail after each dispatch). Dispatching reserves one slot
-on every downstream edge (and in the output buffer for outputs) of every produced artifact and takes the inputs
-off their edges, so in-flight work always owns the room it will need. `pump` loops until nothing more can be
-dispatched; nothing in the scheduling path recurses, and the work per event is bounded by the number of stages
-and eligible sessions, never by a session's length.
+up to the per-session limit). When the stage has a free slot, the session that became eligible there first and
+whose downstream has room goes first (this is what makes sessions interleave fairly: a session re-enters at the
+tail after each dispatch). Dispatching reserves one slot on every downstream edge (and in the output buffer for
+outputs) of every produced artifact and takes the inputs off their edges, so in-flight work always owns the room it
+will need. `pump` loops until nothing more can be dispatched; nothing in the scheduling path recurses.
+
+Ready structures (cost per event independent of how many sessions are open, and of how long they ran). Per stage s:
+
+- `_ready[s]`, a binary heap of `(stamp, session)`: the sessions whose `slot[s]` is READY, ordered by `stamp[s]`,
+  a global counter taken when the session became eligible at s. Entries are removed lazily: an entry is live iff
+  its session's `slot[s]` is READY and its `stamp[s]` equals the entry's; `_ready_count[s]` counts the live ones,
+  and the heap is rebuilt from them once it holds more than twice as many entries plus a constant, so it stays
+  O(live) in size and every removal is O(1) amortised.
+- A session's `slot[s]` is IDLE (not eligible), READY (one live heap entry) or PARKED (eligible, no entry).
+  `pump` pops the oldest live entry; if the session's own downstream of s is full (an out edge's items plus
+  reservations at capacity, or its output buffer full) it is PARKED with that reason as its `blocker[s]`, else it
+  is dispatched. Room on s's downstream frees only when a consumer's dispatch takes an item off an out edge of s,
+  a reader frees an output slot, or a reservation is returned; each of these moves the session at s from PARKED
+  back to READY with its old stamp (`_unpark`), so it keeps its place among the eligible.
+- `_block_note[s]`: the `BlockNote` that the sessions becoming READY at s take; when `pump` finds the stage itself
+  blocked (stage limit, actor busy or down, resource group) with sessions waiting, it fills the note once and
+  sessions ready later take a fresh one. So the idle interval of a dispatched session names the first stage-level
+  blocker seen since it became eligible (its own downstream blocker, when it had one, wins) without visiting the
+  waiting sessions.
+
+Invariants, after every public call:
+
+1. `slot[s]` is not IDLE iff the session accepts results and is eligible at s (`_refresh_eligible` runs after
+   every change of a join, an in-flight count or the state; a discard sets every slot IDLE).
+2. Each READY session has exactly one live entry in `_ready[s]`; PARKED and IDLE have none; `_ready_count[s]` and
+   `_parked_count[s]` count them. Stamps are unique, so a heap comparison never reaches the session.
+3. A PARKED session's downstream of s is full (room freeing unparks it). Hence the oldest READY session whose
+   downstream has room is the oldest eligible session with room (what a scan of every eligible one would pick).
+4. Per event (a submit, a result, a read, a close), the scheduler does O(stages + edges of the stages involved)
+   work plus O(log n) per heap push or pop; the sessions it examines while picking (`sessions_examined` in the
+   statistics) are the dispatched ones, plus at most one park per unpark and one stale entry per removal. No
+   operation but `actor_died` (which visits only the sessions that ran on the stage, to fail those its dead
+   incarnation held) visits other sessions; `statistics()` reads counters kept as the states change.
 
 The records it exchanges with the driver (`SessionState`, `Dispatch`, `Notice`, `CloseReport`, ...) live in
 `pipeline.core.records` and the per-session bookkeeping in `pipeline.core._session`; this module holds
@@ -29,12 +60,12 @@ The records it exchanges with the driver (`SessionState`, `Dispatch`, `Notice`, 
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 
 from pipeline.actor import StageCall
 from pipeline.clock import Clock
-from pipeline.core._session import CoreSession, Invocation, Join
+from pipeline.core._session import BlockNote, CoreSession, Invocation, Join, Slot
 from pipeline.core.records import (
     ACCEPTS_RESULTS,
     DISCARDED,
@@ -58,13 +89,17 @@ from pipeline.errors import (
     UnknownArtifactError,
     UnknownSessionError,
 )
-from pipeline.metrics import IdleInterval, IdleReason, StageTiming, StreamingSessionMetrics
+from pipeline.metrics import IdleReason, StageTiming, StreamingSessionMetrics
 from pipeline.spec import PipelineGraph, StageOrdering
 
 __all__ = ["SchedulerCore"]
 
 # Completed invocation ids remembered to tell a duplicate result from an orphaned one (bounded).
 _RECENT_RESULTS = 1024
+# A ready heap is rebuilt from its live entries once it holds more than twice as many plus this many.
+_HEAP_SLACK = 64
+
+_ReadyEntry = tuple[int, CoreSession]
 
 
 class SchedulerCore:
@@ -77,7 +112,14 @@ class SchedulerCore:
         self._metrics_window = metrics_window
         stages = graph.stages
         self._stage_ids = tuple(s.stage_id for s in stages)
-        self._ready: list[OrderedDict[str, None]] = [OrderedDict() for _ in stages]
+        self._ready: list[list[_ReadyEntry]] = [[] for _ in stages]
+        self._ready_count = [0] * len(stages)
+        self._parked_count = [0] * len(stages)
+        self._block_note = [BlockNote() for _ in stages]
+        self._stamp = 0
+        # per stage: the sessions that have run there (what a death of its actor may concern)
+        self._ran_on: list[dict[str, CoreSession]] = [{} for _ in stages]
+        self._state_counts: Counter[SessionState] = Counter()
         self._in_flight = [0] * len(stages)
         self._spec_limit = [s.max_in_flight for s in stages]
         self._group_of = [s.resource_group for s in stages]
@@ -91,10 +133,15 @@ class SchedulerCore:
         self._next_invocation = 1
         self._notices: list[Notice] = []
         self._counters = dict.fromkeys(
-            ("dispatched", "delivered", "stale", "orphaned", "duplicate", "rejected", "cleanup_failures", "leaks"), 0
+            (
+                *("dispatched", "delivered", "stale", "orphaned", "duplicate", "rejected", "cleanup_failures"),
+                *("leaks", "examined"),
+            ),
+            0,
         )
-        # producing stage and the stage each edge feeds, by edge index
+        # the stage each edge feeds and the stage that produces into it (None: external), by edge index
         self._edge_target = [graph.stage_index[e.target] for e in graph.edges]
+        self._edge_source = [None if e.source is None else graph.stage_index[e.source] for e in graph.edges]
 
     # -- sessions --------------------------------------------------------------------------------------------
 
@@ -124,6 +171,9 @@ class SchedulerCore:
             eligible_at=[now] * n_stages,
             blocker=[None] * n_stages,
             touched=[None] * n_stages,
+            slot=[Slot.IDLE] * n_stages,
+            stamp=[0] * n_stages,
+            block_note=[self._block_note[s] for s in range(n_stages)],
             external_next=dict.fromkeys(self._graph.external_artifacts, 0),
             output_next=dict.fromkeys(outputs, 0),
             output_reorder={a: {} for a in outputs},
@@ -131,6 +181,7 @@ class SchedulerCore:
             output_unread=dict.fromkeys(outputs, 0),
         )
         self._sessions[session_id] = session
+        self._state_counts[SessionState.OPEN] += 1
         return session.metrics
 
     def state(self, session_id: str) -> SessionState:
@@ -216,30 +267,29 @@ class SchedulerCore:
     def pump(self) -> list[Dispatch]:
         """Dispatch everything that can run now, oldest eligible session first per stage. Iterative."""
         dispatches: list[Dispatch] = []
+        # A stage found blocked stays blocked until this call returns: dispatching only takes slots and permits.
+        blocked_stages: set[int] = set()
         progress = True
         while progress:
             progress = False
             for s in self._graph.topo_order:
-                ready = self._ready[s]
-                while ready:
+                while self._ready_count[s] and s not in blocked_stages:
                     blocked = self._stage_blocked(s)
                     if blocked is not None:
-                        for sid in ready:
-                            session = self._sessions[sid]
-                            if session.blocker[s] is None:
-                                session.blocker[s] = blocked
+                        blocked_stages.add(s)
+                        note = self._block_note[s]
+                        if note.reason is None:
+                            note.reason = blocked
                         break
-                    chosen: CoreSession | None = None
-                    for sid in ready:
-                        session = self._sessions[sid]
-                        reason = self._downstream_blocked(session, s)
-                        if reason is None:
-                            chosen = session
-                            break
+                    session = self._pop_ready(s)
+                    reason = self._downstream_blocked(session, s)
+                    if reason is not None:
                         session.blocker[s] = reason
-                    if chosen is None:
-                        break
-                    dispatch = self._dispatch(chosen, s)
+                        session.slot[s] = Slot.PARKED
+                        self._parked_count[s] += 1
+                        continue
+                    session.slot[s] = Slot.IDLE
+                    dispatch = self._dispatch(session, s)
                     if dispatch is not None:
                         dispatches.append(dispatch)
                     progress = True
@@ -311,7 +361,7 @@ class SchedulerCore:
         """Fail every live session whose state lived in the dead incarnation of `stage_id`'s actor."""
         s = self._graph.stage_index[stage_id]
         failed: list[str] = []
-        for session in list(self._sessions.values()):
+        for session in list(self._ran_on[s].values()):
             if session.touched[s] == incarnation and session.state in ACCEPTS_RESULTS:
                 self._fail(session, f"actor {stage_id!r} died (incarnation {incarnation}): {reason}")
                 failed.append(session.session_id)
@@ -322,6 +372,7 @@ class SchedulerCore:
         session = self._sessions.get(session_id)
         if session is not None and session.output_unread[artifact] > 0:
             session.output_unread[artifact] -= 1
+            self._unpark(session, self._graph.producer[artifact])
 
     # -- closing ---------------------------------------------------------------------------------------------
 
@@ -329,10 +380,10 @@ class SchedulerCore:
         """Stop input; with CANCEL also discard queued work. Idempotent; a later CANCEL upgrades a DRAIN."""
         session = self._get(session_id)
         if mode is CloseMode.DRAIN and session.state is SessionState.OPEN:
-            session.move(SessionState.DRAINING)
+            self._move(session, SessionState.DRAINING)
             self._notify(NoticeKind.ROOM, session)
         elif mode is CloseMode.CANCEL and session.state in ACCEPTS_RESULTS:
-            session.move(SessionState.CANCELLING)
+            self._move(session, SessionState.CANCELLING)
             self._discard(session)
             self._notify(NoticeKind.ROOM, session)
             self._notify(NoticeKind.OUTPUT, session)
@@ -372,7 +423,7 @@ class SchedulerCore:
             if not self._quiescent(session):
                 raise SessionError(f"session {session_id!r} still has work running; it cannot be released yet")
             stages = self._graph.release_order()
-        session.move(SessionState.RELEASING)
+        self._move(session, SessionState.RELEASING)
         self._notify(NoticeKind.OUTPUT, session)
         return stages
 
@@ -390,13 +441,15 @@ class SchedulerCore:
         session.metrics.cleanup_failures += len(failures)
         self._counters["cleanup_failures"] += len(failures)
         if failures:
-            session.move(SessionState.POISONED)
+            self._move(session, SessionState.POISONED)
             self._sessions.pop(session_id, None)
             self._poisoned[session_id] = session
         else:
-            session.move(SessionState.CLOSED)
+            self._move(session, SessionState.CLOSED)
             self._sessions.pop(session_id, None)
             self._poisoned.pop(session_id, None)
+            for ran_on in self._ran_on:
+                ran_on.pop(session_id, None)
         self._notices.append(Notice(NoticeKind.OUTPUT, session_id))
         self._notices.append(Notice(NoticeKind.ROOM, session_id))
         return CloseReport(
@@ -423,15 +476,15 @@ class SchedulerCore:
         return tuple(self._poisoned)
 
     def statistics(self) -> CoreStatistics:
-        by_state: dict[str, int] = {}
-        for session in (*self._sessions.values(), *self._poisoned.values()):
-            by_state[session.state.value] = by_state.get(session.state.value, 0) + 1
+        by_state = {state.value: count for state, count in self._state_counts.items() if count}
         c = self._counters
         return CoreStatistics(
             sessions_by_state=by_state,
             poisoned_sessions=tuple(self._poisoned),
             in_flight_by_stage=dict(zip(self._stage_ids, self._in_flight, strict=True)),
-            eligible_by_stage={sid: len(r) for sid, r in zip(self._stage_ids, self._ready, strict=True)},
+            eligible_by_stage={
+                sid: self._ready_count[s] + self._parked_count[s] for s, sid in enumerate(self._stage_ids)
+            },
             dispatched=c["dispatched"],
             delivered=c["delivered"],
             stale_results=c["stale"],
@@ -440,7 +493,42 @@ class SchedulerCore:
             rejected_results=c["rejected"],
             cleanup_failures=c["cleanup_failures"],
             slot_leaks=c["leaks"],
+            sessions_examined=c["examined"],
         )
+
+    def invariant_violations(self) -> list[str]:
+        """Check the ready structures against invariants 1-3 of the module docstring; one sentence per violation.
+
+        For tests and debugging: it visits every session and heap entry (O(sessions x stages)), so the scheduling
+        path never calls it.
+        """
+        found: list[str] = []
+        live: list[set[str]] = [set() for _ in self._stage_ids]
+        for s, heap in enumerate(self._ready):
+            for stamp, session in heap:
+                if self._live(stamp, session, s):
+                    if session.session_id in live[s]:
+                        found.append(f"{session.session_id} has two live entries at {self._stage_ids[s]}")
+                    live[s].add(session.session_id)
+        for s, stage_id in enumerate(self._stage_ids):
+            ready = parked = 0
+            for session in self._sessions.values():
+                slot = session.slot[s]
+                eligible = session.state in ACCEPTS_RESULTS and self._eligible(session, s)
+                if eligible == (slot is Slot.IDLE):
+                    found.append(f"{session.session_id} is {slot.value} at {stage_id} but eligible={eligible}")
+                if (slot is Slot.READY) != (session.session_id in live[s]):
+                    found.append(f"{session.session_id} is {slot.value} at {stage_id} with a live entry mismatch")
+                if slot is Slot.PARKED and self._downstream_blocked(session, s) is None:
+                    found.append(f"{session.session_id} is parked at {stage_id} although its downstream has room")
+                ready += slot is Slot.READY
+                parked += slot is Slot.PARKED
+            if (ready, parked) != (self._ready_count[s], self._parked_count[s]):
+                found.append(
+                    f"{stage_id}: counted {self._ready_count[s]} ready / {self._parked_count[s]} parked, "
+                    f"found {ready} / {parked}"
+                )
+        return found
 
     # -- internals -------------------------------------------------------------------------------------------
 
@@ -484,14 +572,64 @@ class SchedulerCore:
         return bool(session.none_ready[s]) and session.stage_in_flight[s] < spec.max_in_flight_per_session
 
     def _refresh_eligible(self, session: CoreSession, s: int, now: float) -> None:
-        ready = self._ready[s]
         if self._eligible(session, s):
-            if session.session_id not in ready:
-                ready[session.session_id] = None
+            if session.slot[s] is Slot.IDLE:
+                self._stamp += 1
+                session.stamp[s] = self._stamp
                 session.eligible_at[s] = now
                 session.blocker[s] = None
+                note = self._block_note[s]
+                if note.reason is not None:  # filled for the sessions before: this one waits for the next blocker
+                    note = self._block_note[s] = BlockNote()
+                session.block_note[s] = note
+                self._push_ready(session, s)
         else:
-            ready.pop(session.session_id, None)
+            self._make_idle(session, s)
+
+    def _push_ready(self, session: CoreSession, s: int) -> None:
+        session.slot[s] = Slot.READY
+        self._ready_count[s] += 1
+        heap = self._ready[s]
+        heapq.heappush(heap, (session.stamp[s], session))
+        if len(heap) > 2 * self._ready_count[s] + _HEAP_SLACK:
+            live = [(stamp, other) for stamp, other in heap if self._live(stamp, other, s)]
+            heapq.heapify(live)
+            self._ready[s] = live
+
+    @staticmethod
+    def _live(stamp: int, session: CoreSession, s: int) -> bool:
+        return session.slot[s] is Slot.READY and session.stamp[s] == stamp
+
+    def _pop_ready(self, s: int) -> CoreSession:
+        """The oldest READY session at s, taken off the heap (its slot is still READY; the caller moves it)."""
+        heap = self._ready[s]
+        while True:
+            stamp, session = heapq.heappop(heap)
+            self._counters["examined"] += 1
+            if self._live(stamp, session, s):
+                self._ready_count[s] -= 1
+                return session
+
+    def _make_idle(self, session: CoreSession, s: int) -> None:
+        """No longer eligible at s: a READY entry goes stale in the heap (skipped when it surfaces)."""
+        slot = session.slot[s]
+        if slot is Slot.READY:
+            self._ready_count[s] -= 1
+        elif slot is Slot.PARKED:
+            self._parked_count[s] -= 1
+        session.slot[s] = Slot.IDLE
+
+    def _unpark(self, session: CoreSession, s: int | None) -> None:
+        """Room freed on the session's downstream of s: a PARKED session is ready again, with its old stamp."""
+        if s is not None and session.slot[s] is Slot.PARKED:
+            self._parked_count[s] -= 1
+            self._push_ready(session, s)
+
+    def _move(self, session: CoreSession, to: SessionState) -> None:
+        left = session.move(to)
+        self._state_counts[left] -= 1
+        if to is not SessionState.CLOSED:
+            self._state_counts[to] += 1
 
     def _stage_blocked(self, s: int) -> tuple[IdleReason, str | None] | None:
         stage_id = self._stage_ids[s]
@@ -535,6 +673,7 @@ class SchedulerCore:
             )
             return None
         session.touched[s] = incarnation
+        self._ran_on[s][session.session_id] = session
         now = self._clock.now()
         if spec.ordering is StageOrdering.PER_SESSION_STRICT:
             sequence_id = session.stage_next[s]
@@ -545,8 +684,11 @@ class SchedulerCore:
         inputs: dict[str, object] = {}
         for e in self._graph.in_edges[s]:
             inputs[self._graph.edges[e].artifact] = session.edge_items[e].pop(sequence_id)
-            if self._graph.edges[e].source is None:
+            source = self._edge_source[e]
+            if source is None:
                 self._notify(NoticeKind.ROOM, session)
+            else:
+                self._unpark(session, source)
         for out in self._graph.out_edges[s].values():
             for e in out:
                 session.edge_reserved[e] += 1
@@ -567,7 +709,6 @@ class SchedulerCore:
         )
         session.invocations.add(invocation_id)
         self._counters["dispatched"] += 1
-        self._ready[s].pop(session.session_id, None)
         self._refresh_eligible(session, s, now)
         return Dispatch(invocation_id, StageCall(stage_id, session.session_id, sequence_id, inputs))
 
@@ -579,13 +720,12 @@ class SchedulerCore:
         stage_id = self._stage_ids[s]
         eligible_at = max(session.eligible_at[s], since)
         if join.ready_at > since:
-            session.metrics.on_idle(
-                IdleInterval(stage_id, since, min(join.ready_at, now), IdleReason.MISSING_INPUT, join.last_artifact)
-            )
-        blocker = session.blocker[s]
+            end = join.ready_at if join.ready_at < now else now
+            session.metrics.on_idle(stage_id, since, end, IdleReason.MISSING_INPUT, join.last_artifact)
+        blocker = session.blocker[s] or session.block_note[s].reason
         start = max(eligible_at, join.ready_at)
         if blocker is not None and now > start:
-            session.metrics.on_idle(IdleInterval(stage_id, start, now, blocker[0], blocker[1]))
+            session.metrics.on_idle(stage_id, start, now, blocker[0], blocker[1])
         session.blocker[s] = None
 
     def _finish_invocation(self, inv: Invocation) -> CoreSession | None:
@@ -613,6 +753,7 @@ class SchedulerCore:
         for artifact in self._graph.stages[inv.stage].produces:
             if artifact in self._graph.output_set:
                 session.output_reserved[artifact] -= 1
+        self._unpark(session, inv.stage)
 
     def _flush_outputs(self, session: CoreSession, artifact: str, now: float) -> None:
         reorder = session.output_reorder[artifact]
@@ -634,7 +775,7 @@ class SchedulerCore:
         if session.state not in ACCEPTS_RESULTS:
             return
         session.failure = reason
-        session.move(SessionState.FAILED)
+        self._move(session, SessionState.FAILED)
         self._discard(session)
         self._notify(NoticeKind.FAILED, session)
         self._notify(NoticeKind.ROOM, session)
@@ -650,7 +791,7 @@ class SchedulerCore:
         for s, joins in enumerate(session.joins):
             joins.clear()
             session.none_ready[s].clear()
-            self._ready[s].pop(session.session_id, None)
+            self._make_idle(session, s)
         for reorder in session.output_reorder.values():
             discarded += len(reorder)
             reorder.clear()
@@ -666,7 +807,7 @@ class SchedulerCore:
         if session.state in DISCARDED or session.state is SessionState.POISONED:
             return True
         if session.state is SessionState.DRAINING:
-            return not any(session.session_id in ready for ready in self._ready)
+            return all(slot is Slot.IDLE for slot in session.slot)
         return False
 
     def _check_quiescent(self, session: CoreSession) -> None:
