@@ -54,16 +54,28 @@ from service.runtime.workers import WORKER_ENVIRONMENT
 
 CONFIG = {"width": 416, "height": 240, "fps": 16, "chunk_size": 3}
 MEDIA_S = 4 * CONFIG["chunk_size"] / CONFIG["fps"]
+NAN = float("nan")
 ROUNDS = 3
 
 
-def placement(ranks: int, threads: int) -> ProcessPlacement:
-    """The CPU placement `lingstream serve` builds for `LINGSTREAM_DENOISE_RANKS=ranks`, `threads` per rank."""
+def placement(ranks: int, threads: int, devices: tuple[str, ...] = ("cpu",)) -> ProcessPlacement | None:
+    """The placement `lingstream serve` builds for `LINGSTREAM_DENOISE_RANKS=ranks` on `devices` (`threads` per
+    rank): on the CPU, decode apart from a multi-rank DiT; on CUDA, the DiT on the first `ranks` GPUs and the VAE on
+    the next one if there is one, else co-located. None when there are fewer GPUs than ranks."""
 
-    def runtime(count: int) -> ModelRuntimeConfig:
-        return ModelRuntimeConfig(("cpu",) * count, count, "float32", threads)
+    def runtime(names: tuple[str, ...]) -> ModelRuntimeConfig:
+        return ModelRuntimeConfig(names, len(names), "float32", threads)
 
-    plan = plan_placement(runtime(1), runtime(ranks), runtime(1))
+    dit: tuple[str, ...]
+    vae: tuple[str, ...]
+    if devices == ("cpu",):
+        dit, vae = ("cpu",) * ranks, ("cpu",)
+    elif len(devices) < ranks:
+        return None
+    else:
+        dit = devices[:ranks]
+        vae = devices[ranks : ranks + 1] or dit
+    plan = plan_placement(runtime(vae[:1]), runtime(dit), runtime(vae))
     return ProcessPlacement(plan, ReferenceModelFactory(), call_timeout_s=300.0)
 
 
@@ -124,15 +136,17 @@ def _per_chunk(figures: Mapping[str, float]) -> dict[str, float]:
     return {key: figures[key] for key in keys}
 
 
-async def main(chunks: int, threads: int) -> dict[str, float]:
+async def main(chunks: int, threads: int, devices: tuple[str, ...]) -> dict[str, float]:
     torch.set_num_threads(threads)
     for name, value in WORKER_ENVIRONMENT.items():  # what `lingstream serve` gives its worker processes
         os.environ.setdefault(name, value)
     results: dict[str, float] = {"load_average_1m": os.getloadavg()[0]}
-    threaded = LingBotService(ReferenceWorldModel("cpu"), lease=ExecutionLease(), realtime=False)
-    processes = LingBotService(placement(1, threads), lease=ExecutionLease(), realtime=False)
-    two_ranks = LingBotService(placement(2, max(1, threads // 2)), lease=ExecutionLease(), realtime=False)
-    services = (threaded, processes, two_ranks)
+    one, two = placement(1, threads, devices), placement(2, max(1, threads // 2), devices)
+    assert one is not None
+    threaded = LingBotService(ReferenceWorldModel(devices[0]), lease=ExecutionLease(), realtime=False)
+    processes = LingBotService(one, lease=ExecutionLease(), realtime=False)
+    two_ranks = None if two is None else LingBotService(two, lease=ExecutionLease(), realtime=False)
+    services = [service for service in (threaded, processes, two_ranks) if service is not None]
     await asyncio.gather(*(service.start() for service in services))
     try:
         for service in services:  # warm-up: first-call costs (allocator, default scene) stay out of the figures
@@ -148,19 +162,23 @@ async def main(chunks: int, threads: int) -> dict[str, float]:
         for turn in range(ROUNDS):
             for name, service in (("threads", threaded), ("processes", processes)):
                 periods[name] += (await run(service, 1, turn_chunks, 1.0, f"side{turn}")).periods
-            for ranks, service in ((1, processes), (2, two_ranks)):
-                denoise[ranks] += (await run(service, 1, turn_chunks, 8.0, f"ranks{turn}")).denoise
+            for ranks, ranked in ((1, processes), (2, two_ranks)):
+                if ranked is not None:
+                    denoise[ranks] += (await run(ranked, 1, turn_chunks, 8.0, f"ranks{turn}")).denoise
         rtf = {name: (percentile(values, 95) or float("nan")) / MEDIA_S for name, values in periods.items()}
         results["threads_rtf_p95"] = rtf["threads"]
         results["processes_rtf_p95"] = rtf["processes"]
         results["processes_over_threads"] = rtf["processes"] / rtf["threads"]
-        single, double = statistics.median(denoise[1]), statistics.median(denoise[2])
+        single, double = (statistics.median(denoise[ranks] or [NAN]) for ranks in (1, 2))
         results["denoise_ms_p50_1_rank"] = single * 1000
         results["denoise_ms_p50_2_ranks"] = double * 1000
         results["two_ranks_speedup"] = single / double
 
-        channel = await run(two_ranks, 1, chunks, 1.0, "channel")
-        moving = statistics.fmean(channel.channel)
+        # The latent crosses groups only where decode has a group of its own (NaN where it has not: 1-2 GPUs).
+        channel = Run({"chunk_period_mean_s": NAN}, [], [], [])
+        if two_ranks is not None:
+            channel = await run(two_ranks, 1, chunks, 1.0, "channel")
+        moving = statistics.fmean(channel.channel or [NAN])
         results["channel_ms_per_chunk"] = moving * 1000
         results["channel_share_of_chunk_period"] = moving / MEDIA_S
         results["channel_share_of_generation"] = moving / channel.figures["chunk_period_mean_s"]
@@ -173,9 +191,15 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--chunks", type=int, default=24, help="chunks per session")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (per rank of a 1-rank process group)")
+    parser.add_argument(
+        "--devices",
+        default="cpu",
+        help="cpu, or the GPUs to place the stages on, e.g. cuda:0,cuda:1,cuda:2 (scripts/gpu-check.sh passes them)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds: 4 chunks per session")
     args = parser.parse_args()
     if args.quick:
         args.chunks = 4
     started = time.perf_counter()
-    report(asyncio.run(main(args.chunks, args.threads)), started)
+    devices = tuple(name.strip() for name in args.devices.split(",") if name.strip()) or ("cpu",)
+    report(asyncio.run(main(args.chunks, args.threads, devices)), started)
