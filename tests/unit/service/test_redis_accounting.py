@@ -109,3 +109,16 @@ async def test_a_closed_backend_cannot_start_again(redis_server: RedisServer) ->
     await admission.aclose()
     with pytest.raises(AdmissionClosedError, match=r"^the redis admission backend is closed$"):
         await admission.start()
+
+
+async def test_views_and_the_overview_carry_every_field(replica: RedisAdmission) -> None:
+    admitted = await replica.create("k", ticket_id="run")
+    read = await replica.get("run")
+    assert read.admitted_at is not None
+    assert read.admitted_at == admitted.admitted_at
+    assert read.as_ticket_view() == admitted.as_ticket_view()
+    assert read.body is None  # no body was given: an empty field reads as None
+    await replica.drain()
+    overview = await replica.shared_statistics()
+    (me,) = overview.replicas
+    assert (me.replica_id, me.draining) == ("a", True)
