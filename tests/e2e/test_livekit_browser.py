@@ -2,7 +2,7 @@
 serve` whose service participant is the real `livekit` Python SDK meet through the LiveKit-signalling stand-in
 (`tests/livekit_server/`), all inside a private network namespace with no way out.
 
-One stand-in and one service (reference model, one worker with two session slots, a 4 s reconnect grace) serve the
+One stand-in and one service (reference model, one worker with two session slots, a 6 s reconnect grace) serve the
 module; every test opens fresh browser contexts and ends its sessions. Connections are broken on purpose through
 the stand-in's test controls — a signal websocket dropped (the participant kept for a resume, or gone so that the
 resume is refused as the real server refuses it), a `LeaveRequest` (a server shutdown), joins refused for a while,
@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - the dev extra installs it
     sync_playwright = None  # type: ignore[assignment]
 
 WIDTH, HEIGHT = 128, 96
-GRACE_S = 4.0
+GRACE_S = 6.0  # long enough for a full reconnect on a loaded machine, short for the test that outwaits it
 WAIT_MS = 30_000  # generous: a loaded 2-core machine; every wait ends as soon as its condition holds
 RECONNECTS = "lingstream_transport_reconnects_total"
 
