@@ -208,9 +208,7 @@ async def test_max_connections_caps_open_connections_and_frees_with_them(tmp_pat
             for sock in held:
                 sock.close()
             held.clear()
-            await until(
-                lambda: _healthy_on_new_connection(service.port), "a slot freed by the closed connections"
-            )
+            await until(lambda: _healthy_on_new_connection(service.port), "a slot freed by the closed connections")
         finally:
             for sock in held:
                 with contextlib.suppress(OSError):
