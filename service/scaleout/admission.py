@@ -546,10 +546,29 @@ class RedisAdmission:
         async with asyncio.timeout(self._call_timeout + extra_s):
             return await call
 
+    def _header(self) -> list[str | int | bytes]:
+        return [
+            *(self._prefix, self._replica_id, self._finished_ttl_ms, self._events_maxlen, self._mirror.info()),
+            self._payload_ttl_ms,
+        ]
+
     async def _run(self, name: str, *args: str | int | bytes) -> ScriptReply:
         """Run one script; deliver the events it reports. Redis errors propagate."""
-        header = (self._prefix, self._replica_id, self._finished_ttl_ms, self._events_maxlen, self._mirror.info())
-        reply = decode_reply(await self._timed(self._scripts[name](args=[*header, self._payload_ttl_ms, *args])))
+        return self._take(await self._timed(self._scripts[name](args=[*self._header(), *args])))
+
+    async def _run_pipelined(self, name: str, calls: list[tuple[str | int | bytes, ...]]) -> list[ScriptReply]:
+        """Run one script once per argument tuple, in one round trip (a pipeline, not a transaction: each call is
+        atomic on its own); deliver the events of each in order. Redis errors propagate."""
+        pipe = self._redis.pipeline(transaction=False)
+        header = self._header()
+        for args in calls:
+            await self._scripts[name](args=[*header, *args], client=pipe)
+        raw: list[Any] = await self._timed(pipe.execute())
+        return [self._take(reply) for reply in raw]
+
+    def _take(self, raw: Any) -> ScriptReply:
+        """Decode a script's reply and apply it: queue depth, payloads taken, events."""
+        reply = decode_reply(raw)
         self._mirror.queue_depth = reply.queue_depth
         for ticket_id, payload in reply.taken:  # before the events: a listener may ask for the payload
             if payload is not None:
@@ -670,8 +689,10 @@ class RedisAdmission:
             self._mirror.apply_unknown(decode_view(decode_fields(flat)))
         if self._audit_at is not None and self._clock.now() >= self._audit_at:
             self._audit_at = None
-            for ticket_id in self._mirror.queued_here():
-                if (await self._run("get", ticket_id)).code == "unknown":
+            queued = self._mirror.queued_here()
+            replies = await self._run_pipelined("get", [(ticket_id,) for ticket_id in queued]) if queued else []
+            for ticket_id, answer in zip(queued, replies, strict=True):
+                if answer.code == "unknown":
                     self._mirror.apply_vanished(ticket_id, time.time())
         if recovering:
             if self._registered_once:
@@ -680,7 +701,7 @@ class RedisAdmission:
             self._available = True
             self._unavailable_since = None
             self._up.set()
-            self._positions_dirty.set()
+            self._mirror.positions_stale()
             logger.info("redis admission %s: registered with Redis", self._replica_id)
         delay = self._interval if self._audit_at is None else min(self._interval, self._ttl_ms / 1000)
         if int(next_ms) >= 0:
@@ -742,22 +763,33 @@ class RedisAdmission:
                         logger.exception("redis admission: bad event %r", fields)
 
     async def _follow_positions_forever(self) -> None:
+        """Read the positions the mirror asks for (those behind a departure, new ones) in one script call each
+        time, coalescing every change that arrives meanwhile."""
         while True:
             _stop_if_cancelled()
             await self._positions_dirty.wait()
             self._positions_dirty.clear()
-            ids = self._mirror.followed()
-            if not ids or not self._available:
+            if not self._available:
+                continue  # the recovery marks every position stale again
+            request = self._mirror.positions_request()
+            if request is None:
                 continue
+            whole, ranked = request
             try:
-                reply = await self._run("positions", *ids)
+                reply = await self._run("positions", len(whole), *whole, *ranked)
             except _UNAVAILABLE as exc:
                 self._lost_contact(exc)
                 continue
             except ResponseError:
                 logger.exception("redis admission %s: reading queue positions failed", self._replica_id)
                 continue
-            self._mirror.apply_positions(ids, [decode_view(decode_fields(flat)) for flat in reply.result])
+            records, flat = reply.result
+            views = []
+            for record in records:
+                fields = decode_fields(record)
+                views.append((decode_view(fields), int(fields["seq"]) if fields.get("seq") else None))
+            ranks = [(decode_text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat) - 1, 2)]
+            self._mirror.apply_positions([*whole, *ranked], views, ranks)
 
 
 def _stop_if_cancelled() -> None:

@@ -2,7 +2,8 @@
 
 Redis holds the truth; each replica keeps a mirror of its own part of it: the slots it holds, the lost sessions
 still running on its workers (their slots stay reserved), its workers' health and drain flag (sent with every
-script call), the queue positions it follows, and its listeners. The mirror applies events from script replies
+script call), the queue positions it follows (`FollowedPositions`: only those behind a departure are read again),
+and its listeners. The mirror applies events from script replies
 and from the stream exactly once (per-ticket versions), counts what this replica decided, and decides when the
 async shell (`service.scaleout.admission.RedisAdmission`) should run a maintenance pass or refresh positions. Pure:
 no awaits, no I/O; the shell calls it on the event loop.
@@ -16,6 +17,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 
 from admission import AdmissionConfig, AdmissionStatistics, RingBufferSummary, TicketReason, TicketState
+from service.scaleout.lua.positions import FollowedPositions
 from service.scaleout.lua.records import (
     CloseRequest,
     SharedAdmissionEvent,
@@ -30,9 +32,6 @@ __all__ = ["ReplicaMirror"]
 logger = logging.getLogger(__name__)
 
 _VERSION_MEMORY = 65_536  # tickets whose last delivered version is remembered (overflow: forget the oldest)
-_QUEUE_KINDS = frozenset(
-    {SharedEventKind.QUEUED, SharedEventKind.ADMITTED, SharedEventKind.EXPIRED, SharedEventKind.CANCELLED}
-)
 
 
 class ReplicaMirror:
@@ -63,7 +62,7 @@ class ReplicaMirror:
         self._zombies: dict[str, SharedTicketView] = {}
         self._payloads: dict[str, bytes] = {}
         self._versions: OrderedDict[str, int] = OrderedDict()
-        self._positions: dict[str, int | None] = {}
+        self._positions = FollowedPositions()
         self._queued_here: dict[str, SharedTicketView] = {}  # queued tickets created on this replica
         self._watched: Counter[str] = Counter()
         self._listeners: list[Callable[[SharedAdmissionEvent], None]] = []
@@ -87,7 +86,7 @@ class ReplicaMirror:
 
     def watch(self, ticket_id: str) -> Callable[[], None]:
         self._watched[ticket_id] += 1
-        self._positions.setdefault(ticket_id, None)
+        self._positions.follow(ticket_id)
         self._wake_positions()
         done = False
 
@@ -98,6 +97,8 @@ class ReplicaMirror:
                 self._watched[ticket_id] -= 1
                 if self._watched[ticket_id] <= 0:
                     del self._watched[ticket_id]
+                    if ticket_id not in self._queued_here:
+                        self._positions.unfollow(ticket_id)
 
         return unwatch
 
@@ -113,8 +114,15 @@ class ReplicaMirror:
     def holds(self, ticket_id: str) -> bool:
         return ticket_id in self._held
 
-    def followed(self) -> list[str]:
-        return list(self._positions)
+    def positions_request(self) -> tuple[list[str], list[str]] | None:
+        """The followed tickets whose positions may have moved since the last request: (ids to read whole, ids
+        whose rank is enough), or None when none may have."""
+        return self._positions.request()
+
+    def positions_stale(self) -> None:
+        """Contact with Redis came back (events may have been missed): every followed position is read again."""
+        self._positions.all_stale()
+        self._wake_positions()
 
     def queued_here(self) -> list[str]:
         """Tickets created here that this replica last heard of as queued."""
@@ -207,7 +215,11 @@ class ReplicaMirror:
         if by == self.replica_id:
             self._count(kind, view)
         if self._fresh(view):
-            self._deliver(kind, view, by)
+            raw_seq = fields.get("seq")
+            seq = int(raw_seq) if raw_seq else None
+            # a ticket that had a queue deadline and is no longer queued has just left the queue
+            left_queue = view.state is not TicketState.QUEUED and bool(fields.get("qdl"))
+            self._deliver(kind, view, by, seq=seq, left_queue=left_queue)
 
     def apply_lost(self, view: SharedTicketView) -> None:
         """`maintain` found a session this replica holds reaped (or forgotten); unless the stream said so first."""
@@ -241,20 +253,16 @@ class ReplicaMirror:
         self._fresh(view)
         self._deliver(SharedEventKind.LOST, view, "")
 
-    def apply_positions(self, ids: list[str], views: list[SharedTicketView]) -> None:
-        """Fresh positions of the followed `ids` (`views`: those still queued): POSITION_CHANGED where they moved."""
-        queued = set()
-        for view in views:
-            tid = view.ticket_id
-            queued.add(tid)
-            if view.origin != self.replica_id and tid not in self._watched:
-                self._positions.pop(tid, None)  # unwatched meanwhile
-            elif tid in self._positions and self._positions[tid] != view.position:
-                self._positions[tid] = view.position
-                self._publish(SharedAdmissionEvent(SharedEventKind.POSITION_CHANGED, view, self.replica_id))
-        for tid in ids:  # watched ids never seen queued and not queued now: nothing to follow
-            if tid not in queued and self._positions.get(tid, 0) is None:
-                del self._positions[tid]
+    def apply_positions(
+        self,
+        asked: list[str],
+        whole: list[tuple[SharedTicketView, int | None]],
+        ranks: list[tuple[str, int]],
+    ) -> None:
+        """Fresh positions of the `asked` tickets that are still queued (`whole` records with their `seq`, and
+        `ranks`): POSITION_CHANGED for those that moved."""
+        for view in self._positions.apply(asked, whole, ranks):
+            self._publish(SharedAdmissionEvent(SharedEventKind.POSITION_CHANGED, view, self.replica_id))
 
     def apply_close(self, fields: Mapping[str, bytes]) -> None:
         """A close request from the stream: the hooks hear it if this replica owns the session."""
@@ -298,7 +306,15 @@ class ReplicaMirror:
             self._versions.popitem(last=False)
         return True
 
-    def _deliver(self, kind: SharedEventKind, view: SharedTicketView, by: str) -> None:
+    def _deliver(
+        self,
+        kind: SharedEventKind,
+        view: SharedTicketView,
+        by: str,
+        *,
+        seq: int | None = None,
+        left_queue: bool = False,
+    ) -> None:
         me, tid = self.replica_id, view.ticket_id
         if view.replica == me:
             if kind is SharedEventKind.ADMITTED:
@@ -313,18 +329,18 @@ class ReplicaMirror:
             elif kind is SharedEventKind.STATUS and tid in self._held:
                 self._held[tid] = view
         if view.state is TicketState.QUEUED:
-            if view.origin == me or tid in self._watched:
-                self._positions[tid] = view.position
             if view.origin == me:
                 self._queued_here[tid] = view
-        else:
-            self._positions.pop(tid, None)
-            self._queued_here.pop(tid, None)
-        if kind in _QUEUE_KINDS:
-            if self._positions:
+            if view.origin == me or tid in self._watched:
+                self._positions.seen_queued(view, seq)
                 self._wake_positions()
-            if kind is SharedEventKind.QUEUED and by != me and self.has_room():
-                self._wake_maintenance()  # a new ticket and a free slot here: admit it now, not at the next pass
+        else:
+            self._positions.unfollow(tid)
+            self._queued_here.pop(tid, None)
+            if left_queue and seq is not None and self._positions.departed(seq):
+                self._wake_positions()  # only followed tickets behind it moved up
+        if kind is SharedEventKind.QUEUED and by != me and self.has_room():
+            self._wake_maintenance()  # a new ticket and a free slot here: admit it now, not at the next pass
         if self.deferred.get(tid) != "abort":  # whoever made that create already heard "unavailable"
             self._publish(SharedAdmissionEvent(kind, view, by))
 

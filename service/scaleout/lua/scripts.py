@@ -490,13 +490,22 @@ end
 return reply('ok', out)
 """
 
-# positions: ARGV[7..] ids. Read-only. Result: snapshots (with positions) of those still queued.
+# positions: ARGV[7] n, then n ids to read whole, then ids whose position is enough. Read-only; O(log queue) per
+# id (ZRANK), never the whole queue. Result: {snapshots (with positions) of the first n still queued, flat
+# {id, position, ...} of the others still queued}.
 _POSITIONS = r"""
-local out = {}
-for i = 7, #ARGV do
-  if redis.call('ZSCORE', QUEUE, ARGV[i]) then out[#out + 1] = snapshot(ARGV[i]) end
+local whole, ranks, last_whole = {}, {}, 7 + tonumber(ARGV[7])
+for i = 8, #ARGV do
+  local id = ARGV[i]
+  local rank = redis.call('ZRANK', QUEUE, id)
+  if rank and i <= last_whole then
+    whole[#whole + 1] = snapshot(id)
+  elseif rank then
+    ranks[#ranks + 1] = id
+    ranks[#ranks + 1] = rank + 1
+  end
 end
-return reply('ok', out)
+return reply('ok', {whole, ranks})
 """
 
 # overview: read-only. Result: per registered replica {id, info, alive (1/0), worker index of every held slot}.
