@@ -92,6 +92,14 @@ FIGURES: dict[str, frozenset[str]] = {
             "bench_seconds",
         }
     ),
+    "latency": frozenset(
+        {
+            f"{prefix}{key}"
+            for prefix in ("", "chunk1_")
+            for key in ("press_p50_ms", "change_while_held_p50_ms", "change_while_held_p90_ms", "release_p50_ms")
+        }
+        | {"trials", "chunk1_trials", "bench_seconds"}
+    ),
     # Also every key scripts/reliability.sh reads from the quick run.
     "load": frozenset(
         {
@@ -142,6 +150,7 @@ _MARKS: dict[str, list[pytest.MarkDecorator]] = {
         pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not on PATH (scripts/setup.sh installs it)")
     ],
     "transport_frames": [pytest.mark.browser],
+    "latency": [pytest.mark.browser],
 }
 # `bench/NAME.py` and the options written after it, up to the end of the command.
 _DOCUMENTED = re.compile(r"bench/(\w+)\.py((?:[ \t]+--[a-z][\w-]*(?:[ \t=][^\s`'\"|)(-][^\s`'\"|)(]*)?)*)")

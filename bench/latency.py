@@ -1,0 +1,213 @@
+"""Key-to-photon latency as a player feels it: from a key event in real Chromium to the first presented video frame
+generated from it (issue #16).
+
+A real `lingstream serve` (the reference model, embedded WebRTC transport, one torch thread) and a real headless
+Chromium on the page at `/`. The model draws the applied keys on every frame (`pipeline/lingbot/hud.py`); the bench
+asks `draw_hud` itself where a lit key's amber box lies, and the page reads those pixels of every presented frame
+(requestVideoFrameCallback + a canvas). A trial arms a watcher for one key's expected state, sends the key through
+Playwright's keyboard (the page's own control handling sends the snapshot), and takes the time from the key event
+(`event.timeStamp`) to the callback of the first presented frame showing that state. Each trial, in order:
+
+- press: from rest (no key held, the session idle), press `w`; wait for `w` lit: `press_*`.
+- change while held: after holding `w` a random time (uniform over one chunk, so the press lands anywhere in the
+  chunk), press `d` as well; wait for `d` lit: `change_while_held_*`.
+- release: after a random time, release both; wait for `w` dark: `release_*`.
+
+At the session defaults (416x240, 16 fps, chunk_size 3: 12 frames a chunk) and again with chunk_size 1 (4 frames),
+keys prefixed `chunk1_`. Percentiles are `pipeline.metrics.percentile`. `trials` is how many of each.
+
+`--quick` runs 1 trial of each at both sizes (a smoke run, about 25 s); the full run 12. The last line printed
+is one JSON object with every figure. Skipped, with a note and an empty report, without Chromium or Playwright.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from _common import Server, report
+
+from pipeline.lingbot import draw_hud
+from pipeline.metrics import percentile
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-features=WebRtcHideLocalIpsWithMdns",
+]
+_CHROMIUM_PRESENT = Path(CHROMIUM).exists()
+WIDTH, HEIGHT, FPS = 416, 240, 16
+_LIT = (255, 196, 40)
+_RESULT_TIMEOUT_MS = 15_000
+
+# The watcher: every presented frame, the HUD region is drawn on a canvas and each key's box classified lit/dark.
+_WATCH_JS = """
+(spec) => {
+  const video = document.getElementById("video");
+  const canvas = document.createElement("canvas");
+  canvas.width = spec.region.w; canvas.height = spec.region.h;
+  const ctx = canvas.getContext("2d", { willReadFrequently: true });
+  const state = { armed: null, results: [], frames: 0, lit: {} };
+  window.__latency = state;
+  const onKey = (event) => { if (state.armed && state.armed.t0 === null) state.armed.t0 = event.timeStamp; };
+  window.addEventListener("keydown", onKey, true);
+  window.addEventListener("keyup", onKey, true);
+  state.arm = (key, lit) => { state.armed = { key, lit, t0: null }; };
+  const onFrame = (now) => {
+    const { x, y, w, h } = spec.region;
+    ctx.drawImage(video, x, y, w, h, 0, 0, w, h);
+    const data = ctx.getImageData(0, 0, spec.region.w, spec.region.h).data;
+    for (const [key, pixels] of Object.entries(spec.keys)) {
+      let r = 0, b = 0;
+      for (const [x, y] of pixels) {
+        const at = 4 * ((y - spec.region.y) * spec.region.w + (x - spec.region.x));
+        r += data[at]; b += data[at + 2];
+      }
+      r /= pixels.length; b /= pixels.length;
+      state.lit[key] = r > 170 && r - b > 80;
+    }
+    state.frames += 1;
+    const armed = state.armed;
+    if (armed && armed.t0 !== null && now > armed.t0 && state.lit[armed.key] === armed.lit) {
+      state.results.push(now - armed.t0);
+      state.armed = null;
+    }
+    video.requestVideoFrameCallback(onFrame);
+  };
+  video.requestVideoFrameCallback(onFrame);
+}
+"""
+
+
+def hud_pixels(keys: tuple[str, ...]) -> dict[str, Any]:
+    """Where `draw_hud` paints each key's lit amber (its glyph and border excluded), and the box around them all."""
+    blank = torch.zeros((1, HEIGHT, WIDTH, 3), dtype=torch.uint8)
+    lit = torch.tensor(_LIT, dtype=torch.uint8)
+    pixels: dict[str, list[tuple[int, int]]] = {}
+    for key in keys:
+        mask = (draw_hud(blank, [key])[0] == lit).all(dim=-1)
+        ys, xs = torch.nonzero(mask, as_tuple=True)
+        # Away from the glyph and the border, where the codec blurs the least: every second amber pixel will do.
+        pixels[key] = [(int(x), int(y)) for x, y in zip(xs.tolist(), ys.tolist(), strict=True)][::2]
+    every = [point for points in pixels.values() for point in points]
+    x0, y0 = min(p[0] for p in every), min(p[1] for p in every)
+    x1, y1 = max(p[0] for p in every), max(p[1] for p in every)
+    return {"keys": pixels, "region": {"x": x0, "y": y0, "w": x1 - x0 + 1, "h": y1 - y0 + 1}}
+
+
+async def _timed(page: Any, key: str, lit: bool, action: Any) -> float:
+    await page.evaluate("([key, lit]) => window.__latency.arm(key, lit)", [key, lit])
+    count = await page.evaluate("window.__latency.results.length")
+    await action()
+    await page.wait_for_function(f"window.__latency.results.length > {count}", timeout=_RESULT_TIMEOUT_MS)
+    value: float = await page.evaluate("window.__latency.results[window.__latency.results.length - 1]")
+    return value
+
+
+async def _session(browser: Any, url: str, chunk_size: int, trials: int, rng: random.Random) -> dict[str, list[float]]:
+    page = await browser.new_page()
+    page.set_default_timeout(30_000)
+
+    async def with_chunk_size(route: Any) -> None:
+        request = route.request
+        if request.method != "POST":
+            await route.continue_()
+            return
+        body = request.post_data_json or {}
+        body.setdefault("config", {})["chunk_size"] = chunk_size
+        await route.continue_(post_data=json.dumps(body))
+
+    await page.route("**/v1/sessions", with_chunk_size)
+    await page.goto(f"{url}/")
+    await page.fill("#width", str(WIDTH))
+    await page.fill("#height", str(HEIGHT))
+    await page.fill("#fps", str(FPS))
+    await page.click("#start")
+    await page.wait_for_function("window.lingstream.frames > 0")
+    await page.evaluate(_WATCH_JS, hud_pixels(("w", "d")))
+    await page.focus("#stage")
+    chunk_s = 4 * chunk_size / FPS
+    figures: dict[str, list[float]] = {"press": [], "change_while_held": [], "release": []}
+    # A first press and release so that the stream is up and the watcher has seen frames.
+    await _timed(page, "w", True, lambda: page.keyboard.down("w"))
+    await _timed(page, "w", False, lambda: page.keyboard.up("w"))
+    for _ in range(trials):
+        await asyncio.sleep(rng.uniform(0.3, 0.3 + chunk_s))  # rest: the session goes idle
+        figures["press"].append(await _timed(page, "w", True, lambda: page.keyboard.down("w")))
+        await asyncio.sleep(rng.uniform(0.2, 0.2 + chunk_s))
+
+        async def change() -> None:
+            await page.keyboard.down("d")
+
+        figures["change_while_held"].append(await _timed(page, "d", True, change))
+        await asyncio.sleep(rng.uniform(0.1, 0.1 + chunk_s))
+
+        async def release() -> None:
+            await page.keyboard.up("w")
+            await page.keyboard.up("d")
+
+        figures["release"].append(await _timed(page, "w", False, release))
+    await page.click("#stop")
+    await page.wait_for_function("window.lingstream.state === 'closed'")
+    await page.close()
+    return figures
+
+
+def _summary(prefix: str, figures: dict[str, list[float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, values in figures.items():
+        out[f"{prefix}{name}_p50_ms"] = percentile(values, 50) or 0.0
+        out[f"{prefix}{name}_p90_ms"] = percentile(values, 90) or 0.0
+    out[f"{prefix}trials"] = float(min(len(values) for values in figures.values()))
+    return out
+
+
+async def main(quick: bool) -> dict[str, float]:
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        print("latency: skipped (playwright is not installed)", file=sys.stderr)
+        return {}
+    if not _CHROMIUM_PRESENT:
+        print(f"latency: skipped (no Chromium at {CHROMIUM})", file=sys.stderr)
+        return {}
+    trials = 1 if quick else 12
+    rng = random.Random(16)
+    settings = {"LINGSTREAM_TORCH_THREADS": "1", "LINGSTREAM_LOG_LEVEL": "WARNING"}
+    results: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as folder, Server(Path(folder) / "serve.log", settings) as server:
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                async with httpx.AsyncClient(timeout=5.0) as client:
+                    await server.wait_ready(client)
+                results |= _summary("", await _session(browser, server.url, 3, trials, rng))
+                results |= _summary("chunk1_", await _session(browser, server.url, 1, trials, rng))
+            finally:
+                await browser.close()
+        await asyncio.to_thread(server.stop, 30.0)
+    return results
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 trial of each (about 25 s)")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    report(asyncio.run(main(args.quick)), started)
