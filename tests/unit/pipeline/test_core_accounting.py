@@ -186,13 +186,15 @@ def test_per_session_diagnostics_survive_a_retried_release() -> None:
     assert len(core.pump()) == 1
     core.begin_close("s", CloseMode.CANCEL)
     core.abandon_in_flight("s")
+    metrics = core.metrics("s")
     core.begin_release("s")
     first = core.finish_release("s", [], {"only": "RuntimeError: gpu"})
     assert (first.slot_leaks, core.metrics("s").cleanup_failures) == (2, 1)
     core.begin_release("s")
     retry = core.finish_release("s", ["only"], {})
     assert retry.slot_leaks == 0  # nothing more leaked on the retry...
-    assert core.statistics().slot_leaks == 2  # ...and the first release's leaks are still counted
+    assert core.statistics().slot_leaks == 2  # ...and the first release's leaks are still counted,
+    assert metrics.slot_leaks == 2  # in the session's own diagnostics too
 
 
 def test_a_second_rejected_result_is_counted_too() -> None:
@@ -292,3 +294,37 @@ async def test_release_failures_are_reported_with_their_error_and_one_report_is_
         orch.open_session("s")
         report = await orch.close_session("s")
         assert dict(report.failed_stages) == {"only": "RuntimeError: only could not free s"}
+
+
+async def test_a_failed_stream_read_after_its_release_still_raises_the_failure() -> None:
+    def fragile(call: StageCall) -> Mapping[str, object]:
+        if call.sequence_id == 1:
+            raise ValueError("bad latent")
+        return {"out": call.inputs["input"]}
+
+    async with StreamingPipelineOrchestrator(
+        linear_spec("only", capacity=4), {"only": FakeActor("only", fragile)}
+    ) as orch:
+        stream = orch.open_session("s")
+        for i in range(2):
+            await orch.submit("s", {"input": (i, i)})
+        report = await asyncio.wait_for(orch.close_session("s"), timeout=5)  # released before anyone read
+        assert report.failure is not None
+        assert (await anext(stream)).payload == 0  # what was emitted stays readable
+        with pytest.raises(SessionFailedError, match="bad latent"):
+            await anext(stream)
+
+
+async def test_the_metrics_window_and_a_death_reason_reach_the_session() -> None:
+    actor = FakeActor("only", lambda c: {"out": c.inputs["input"]})
+    async with StreamingPipelineOrchestrator(
+        linear_spec("only", capacity=8, output_capacity=8), {"only": actor}, metrics_window=2
+    ) as orch:
+        stream = orch.open_session("s")
+        for i in range(3):
+            await orch.submit("s", {"input": (i, i)})
+            await asyncio.wait_for(anext(stream), timeout=5)
+        assert [t.sequence_id for t in orch.metrics("s").stage_timings] == [1, 2]  # the window keeps the newest 2
+        actor.die("SIGKILL")
+        with pytest.raises(SessionFailedError, match=r"actor 'only' died \(incarnation 1\): SIGKILL"):
+            await asyncio.wait_for(anext(stream), timeout=5)
