@@ -3,6 +3,8 @@ percentiles between samples, and the driver's closed state. (Written against mut
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from admission import (
@@ -84,3 +86,26 @@ def test_when_both_deadlines_fall_together_the_queue_timeout_is_the_reason() -> 
 def test_a_config_error_names_the_field() -> None:
     with pytest.raises(AdmissionConfigError, match=r"^wait_window must be"):
         AdmissionConfig(wait_window=0)
+
+
+def test_the_next_deadline_is_the_earlier_of_queue_and_heartbeat() -> None:
+    controller, _ = make_controller(num_workers=1, queue_timeout=5.0, queue_heartbeat_timeout=10.0)
+    controller.create("k", ticket_id="run")
+    controller.create("k", ticket_id="wait")
+    assert controller.next_deadline() == 5.0
+    quiet, _ = make_controller(num_workers=1, queue_timeout=5.0, queue_heartbeat_timeout=None)
+    quiet.create("k", ticket_id="run")
+    quiet.create("k", ticket_id="wait")
+    assert quiet.next_deadline() == 5.0
+
+
+async def test_the_driver_keeps_expiring_tickets_on_its_own() -> None:
+    controller, clock = make_controller(num_workers=1, queue_timeout=5.0, queue_heartbeat_timeout=None)
+    expired = asyncio.Event()
+    controller.subscribe(lambda event: expired.set() if event.ticket.state is TicketState.EXPIRED else None)
+    async with AdmissionDriver(controller, tick_interval=0.01):
+        controller.create("k", ticket_id="run")
+        controller.create("k", ticket_id="wait")
+        clock.advance(6.0)
+        await asyncio.wait_for(expired.wait(), timeout=5)  # no call here ticks: the driver's task did
+    assert controller.get("wait").reason is TicketReason.QUEUE_TIMEOUT
