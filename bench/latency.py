@@ -13,6 +13,9 @@ Playwright's keyboard (the page's own control handling sends the snapshot), and 
   chunk), press `d` as well; wait for `d` lit: `change_while_held_*`.
 - release: after a random time, release both; wait for `w` dark: `release_*`.
 
+`hud_photon_*` is what the page's own HUD reported meanwhile as *Control → photon* (its last 20 figures, every
+applied snapshot, held-key repeats included), to check the HUD against the pixels.
+
 At the session defaults (416x240, 16 fps, chunk_size 3: 12 frames a chunk) and again with chunk_size 1 (4 frames),
 keys prefixed `chunk1_`. Percentiles are `pipeline.metrics.percentile`. `trials` is how many of each.
 
@@ -163,6 +166,7 @@ async def _session(browser: Any, url: str, chunk_size: int, trials: int, rng: ra
             await page.keyboard.up("d")
 
         figures["release"].append(await _timed(page, "w", False, release))
+    figures["hud_photon"] = await page.evaluate("window.lingstream.photonsMs")
     await page.click("#stop")
     await page.wait_for_function("window.lingstream.state === 'closed'")
     await page.close()
@@ -174,7 +178,7 @@ def _summary(prefix: str, figures: dict[str, list[float]]) -> dict[str, float]:
     for name, values in figures.items():
         out[f"{prefix}{name}_p50_ms"] = percentile(values, 50) or 0.0
         out[f"{prefix}{name}_p90_ms"] = percentile(values, 90) or 0.0
-    out[f"{prefix}trials"] = float(min(len(values) for values in figures.values()))
+    out[f"{prefix}trials"] = float(len(figures["press"]))
     return out
 
 

@@ -46,12 +46,16 @@ class StateStatus:
 
 @dataclass(frozen=True, slots=True)
 class ChunkStatus:
-    """A chunk was generated from control snapshot `applied_seq` holding `keys`."""
+    """A chunk was generated from control snapshot `applied_seq` holding `keys`.
+
+    `first_frame_pts`: the presentation timestamp (90 kHz, the RTP video clock) of the chunk's first frame as the
+    pacer sent it, set by the binding; None when the status went out without it (its frames were never paced)."""
 
     index: int
     applied_seq: int
     keys: tuple[str, ...]
     timings: Mapping[str, float] = field(default_factory=dict)
+    first_frame_pts: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

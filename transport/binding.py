@@ -16,12 +16,13 @@ import asyncio
 import contextlib
 import enum
 import logging
+from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from pipeline.clock import Clock, MonotonicClock
-from transport.base import SessionPort, StateStatus, StatusMessage
+from transport.base import ChunkStatus, DoneStatus, SessionPort, StateStatus, StatusMessage
 from transport.control import ControlIntake, ControlStatistics
 from transport.outbox import (
     Outbound,
@@ -32,7 +33,7 @@ from transport.outbox import (
     flush_status,
     relay_status,
 )
-from transport.pacing import FramePacer, PacedFrame, PacerStatistics, PacingConfig
+from transport.pacing import VIDEO_CLOCK_RATE, FramePacer, PacedFrame, PacerStatistics, PacingConfig
 from transport.timers import GraceTimer, Timers
 
 __all__ = [
@@ -136,6 +137,8 @@ class BindingSettings(Protocol):
 DeliverFrame = Callable[[PacedFrame], bool]
 """Hands a due frame to the current connection; False when there is none to take it (the frame is counted unsent).
 Called by the pacer on the event loop: it must not block."""
+
+_HELD_STATUSES = 8  # chunk statuses waiting for their first frame; beyond it the oldest goes out without a pts
 
 EncodeStatus = Callable[[StatusMessage], Outbound]
 """Encodes one of the session's status messages for the binding's wire (and picks its reliability)."""
@@ -248,6 +251,8 @@ class BindingCore:
         self._last_state: StateStatus | None = None
         self._frames_delivered = 0
         self._frames_unsent = 0
+        self._held: deque[ChunkStatus] = deque()
+        self._fed_through = -1
 
     @property
     def session_id(self) -> str:
@@ -326,12 +331,19 @@ class BindingCore:
     async def _feed(self) -> None:
         async for chunk in self._port.chunks():
             self._pacer.push_chunk(chunk)
+            self._fed_through = max(self._fed_through, chunk.index)
 
     def _sink(self, frame: PacedFrame) -> None:
         if self._deliver(frame):
             self._frames_delivered += 1
         else:
             self._frames_unsent += 1
+        # A held chunk status goes out with its first frame, stamped with that frame's presentation timestamp.
+        while self._held and self._held[0].index <= frame.chunk_index:
+            status = self._held.popleft()
+            if status.index == frame.chunk_index:
+                status = replace(status, first_frame_pts=round(frame.media_index * VIDEO_CLOCK_RATE / self._port.fps))
+            self._outbox.put(self._encode(status))
 
     # -- grace timer ----------------------------------------------------------------------------------------------
 
@@ -361,7 +373,21 @@ class BindingCore:
     def reply(self, message: StatusMessage) -> None:
         self._outbox.put(self.encode_reply(message))
 
-    def _encode_relayed(self, message: StatusMessage) -> Outbound:
+    def _encode_relayed(self, message: StatusMessage) -> Outbound | None:
+        """Chunk statuses whose frames are still to be paced (or not yet fed) are held until the first of them is
+        sent, so that the client learns which presented frame starts the chunk (`first_frame_pts`); `done` lets
+        every held status out first. Bounded (`_HELD_STATUSES`, the oldest goes out unstamped)."""
+        # A status that overtook its chunk (the feed task has not run yet) is held too, once frames have flowed.
+        if isinstance(message, ChunkStatus) and (
+            0 <= self._fed_through < message.index or self._pacer.holds_chunk(message.index)
+        ):
+            if len(self._held) >= _HELD_STATUSES:
+                self._outbox.put(self._encode(self._held.popleft()))
+            self._held.append(message)
+            return None
+        if isinstance(message, DoneStatus):
+            while self._held:
+                self._outbox.put(self._encode(self._held.popleft()))
         if isinstance(message, StateStatus):
             self._last_state = message
         return self._encode(message)

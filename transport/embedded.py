@@ -59,7 +59,7 @@ from transport.errors import (
     TransportClosedError,
 )
 from transport.outbox import Outbound, OutboxStatistics, encode_outbound
-from transport.pacing import PacedFrame, PacerStatistics
+from transport.pacing import VIDEO_CLOCK_RATE, PacedFrame, PacerStatistics
 from transport.timers import LoopTimers, Timers
 
 __all__ = [
@@ -74,7 +74,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-VIDEO_CLOCK_RATE = 90_000
 _TRACK_QUEUE = 3  # frames waiting in a track for the RTP sender; the pacer already paces, this only absorbs jitter
 
 _HOST_ADDRESSES: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(

@@ -149,11 +149,16 @@ def encode_outbound(
     return Outbound(payload=payload, reliable=not lossy, destination=destination)
 
 
-async def relay_status(port: SessionPort, outbox: StatusOutbox, encode: Callable[[StatusMessage], Outbound]) -> None:
+async def relay_status(
+    port: SessionPort, outbox: StatusOutbox, encode: Callable[[StatusMessage], Outbound | None]
+) -> None:
     """Forward the session's status messages, encoded by the binding's `encode` (which picks reliability), into
-    the outbox until the session's stream ends (after `done`)."""
+    the outbox until the session's stream ends (after `done`). `encode` returns None for a message it holds back
+    to send later itself (a chunk status waiting for its first frame)."""
     async for message in port.status():
-        outbox.put(encode(message))
+        outbound = encode(message)
+        if outbound is not None:
+            outbox.put(outbound)
 
 
 _FLUSH_YIELDS = 3

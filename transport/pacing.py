@@ -25,6 +25,7 @@ from pipeline.clock import Clock, MonotonicClock
 from transport.errors import TransportConfigError
 
 __all__ = [
+    "VIDEO_CLOCK_RATE",
     "FramePacer",
     "FrameSink",
     "PacedFrame",
@@ -36,6 +37,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+VIDEO_CLOCK_RATE = 90_000
+"""Ticks per second of presentation timestamps (the RTP video clock): slot `media_index` is at
+`round(media_index * VIDEO_CLOCK_RATE / fps)`."""
 
 _SINK_ERROR_LOG_EVERY = 100  # a failing sink logs its first error and then every 100th
 
@@ -253,6 +258,10 @@ class PacingCore:
             self._anchor(now)
         return self._send(now)
 
+    def holds_chunk(self, chunk_index: int) -> bool:
+        """Whether a frame of chunk `chunk_index` waits in the ring (not yet sent)."""
+        return any(item.chunk_index == chunk_index for item in self._pending)
+
     def clear(self) -> int:
         """Drop every pending frame (not counted as a drop); returns how many there were."""
         count = len(self._pending)
@@ -333,6 +342,9 @@ class FramePacer:
 
     def statistics(self) -> PacerStatistics:
         return self._core.statistics()
+
+    def holds_chunk(self, chunk_index: int) -> bool:
+        return self._core.holds_chunk(chunk_index)
 
     async def run(self, sink: FrameSink) -> None:
         while not self._closed:

@@ -249,6 +249,8 @@ def _encode_chunk(message: ChunkStatus, max_bytes: int) -> bytes:
         "keys": sorted(message.keys),
         "timings": {},
     }
+    if message.first_frame_pts is not None:
+        body["first_frame_pts"] = message.first_frame_pts
     base = _dumps(body)
     timings = _clean_timings(message.timings)
     encoded = _dumps({**body, "timings": dict(timings)})
@@ -320,10 +322,13 @@ def _status_from(parsed: dict[str, Any]) -> StatusMessage | None:
             "keys",
             "timings",
             "truncated",
+            "first_frame_pts",
         }:
             timings = parsed["timings"]
+            pts = parsed.get("first_frame_pts")
             if (
-                _is_int(parsed["index"])
+                (pts is None or _is_int(pts))
+                and _is_int(parsed["index"])
                 and _is_int(parsed["applied_seq"])
                 and isinstance(parsed["keys"], list)
                 and all(isinstance(key, str) for key in parsed["keys"])
@@ -335,6 +340,7 @@ def _status_from(parsed: dict[str, Any]) -> StatusMessage | None:
                     parsed["applied_seq"],
                     tuple(parsed["keys"]),
                     {name: float(value) for name, value in timings.items()},
+                    pts,
                 )
         elif kind == "error" and set(parsed) == {"v", "type", "code", "message"}:
             if isinstance(parsed["code"], str) and isinstance(parsed["message"], str):

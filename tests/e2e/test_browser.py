@@ -173,7 +173,7 @@ def test_the_page_streams_video_of_the_requested_size_while_keys_are_held(open_p
 
     page.focus("#stage")
     page.keyboard.down("w")  # generation runs while a key is held (an idle session only renders its first chunk)
-    page.wait_for_function("window.lingstream.lastChunk.keys.includes('w')")
+    page.wait_for_function("window.lingstream.lastChunk && window.lingstream.lastChunk.keys.includes('w')")
     shown = page.evaluate(_FRAMES_IN_WINDOW_JS, 2000)
     page.keyboard.up("w")
     assert shown >= 16, f"{shown} frames in 2 s at 16 fps"  # at least half the nominal rate on a loaded machine

@@ -37,8 +37,10 @@ const page = {
   frames: 0, // video frames shown (requestVideoFrameCallback), over the whole session
   framesThisConnection: 0,
   fps: 0,
-  latencyMs: null, // control-to-output of the newest applied snapshot
+  latencyMs: null, // control to the chunk status of the newest applied snapshot (the chunk left the model)
   latenciesMs: [],
+  photonMs: null, // control to the first presented frame generated from it (matched by RTP timestamp)
+  photonsMs: [],
   errors: [],
   done: null,
   ended: false, // the session is over and the page let go of its link
@@ -63,6 +65,8 @@ window.lingstream = {
   get framesThisConnection() { return page.framesThisConnection; },
   get fps() { return page.fps; },
   get latencyMs() { return page.latencyMs; },
+  get photonMs() { return page.photonMs; },
+  get photonsMs() { return page.photonsMs.slice(); },
   get errors() { return page.errors.slice(); },
   get done() { return page.done; },
   get ended() { return page.ended; },
@@ -101,16 +105,48 @@ function render() {
   $("hud-applied").textContent = chunk ? (chunk.keys.length ? chunk.keys.join(" ") : "none") : "–";
   $("hud-chunk").textContent = chunk ? `#${chunk.index} (seq ${chunk.applied_seq})` : "–";
   $("hud-fps").textContent = page.frames ? `${page.fps.toFixed(1)} fps, ${page.frames} frames` : "–";
-  $("hud-latency").textContent = latencyText();
+  $("hud-latency").textContent = latencyText(page.latencyMs, page.latenciesMs);
+  $("hud-photon").textContent = latencyText(page.photonMs, page.photonsMs);
   $("hud-video").textContent = video.videoWidth ? `${video.videoWidth}×${video.videoHeight}` : "–";
   $("hud-connection").textContent = page.connection || "–";
 }
 
-function latencyText() {
-  if (page.latencyMs === null) return "–";
-  const sorted = page.latenciesMs.slice().sort((a, b) => a - b);
+function latencyText(latest, recent) {
+  if (latest === null) return "–";
+  const sorted = recent.slice().sort((a, b) => a - b);
   const median = sorted[Math.floor(sorted.length / 2)];
-  return `${Math.round(page.latencyMs)} ms (median ${Math.round(median)} ms)`;
+  return `${Math.round(latest)} ms (median ${Math.round(median)} ms)`;
+}
+
+// -- control → photon ---------------------------------------------------------------------------------------------
+// A chunk status carries `first_frame_pts`, the 90 kHz presentation timestamp of the chunk's first frame; the RTP
+// timestamp of that frame is the same plus an offset the sender picked at random. The offset is learnt once per
+// peer connection from the first frame presented after a stamped status arrived (the status leaves the service
+// with that frame), and from then on each chunk's first frame is found exactly by its `rtpTimestamp`.
+const photon = { generation: null, origin: null, pending: [] };
+
+function expectPhoton(message) {
+  if (typeof message.first_frame_pts !== "number") return;
+  const sent = controls.sentTime(message.applied_seq);
+  if (sent === null) return;
+  photon.pending.push({ pts: message.first_frame_pts, sent });
+  if (photon.pending.length > 16) photon.pending.shift();
+}
+
+function framePresented(now, meta) {
+  if (!meta || typeof meta.rtpTimestamp !== "number") return;
+  const generation = window.lingstream.generation;
+  if (photon.generation !== generation) Object.assign(photon, { generation, origin: null });
+  while (photon.pending.length) {
+    const next = photon.pending[0];
+    if (photon.origin === null) photon.origin = (meta.rtpTimestamp - next.pts) >>> 0;
+    const ahead = (meta.rtpTimestamp - ((photon.origin + next.pts) >>> 0)) | 0; // signed, modulo 2^32
+    if (ahead < 0) break;
+    photon.pending.shift();
+    page.photonMs = now - next.sent;
+    page.photonsMs.push(page.photonMs);
+    if (page.photonsMs.length > 20) page.photonsMs.shift();
+  }
 }
 
 // -- video frames -------------------------------------------------------------------------------------------------
@@ -125,8 +161,9 @@ function countFrames() {
     }, 250);
     return;
   }
-  const onFrame = (now) => {
+  const onFrame = (now, meta) => {
     frameShown(now, 1);
+    framePresented(now, meta);
     video.requestVideoFrameCallback(onFrame);
   };
   video.requestVideoFrameCallback(onFrame);
@@ -160,6 +197,7 @@ function onStatus(message) {
       page.chunks.push({ ...message, generation: window.lingstream.generation });
       if (page.chunks.length > HISTORY) page.chunks.shift();
       if (!previous || previous.applied_seq !== message.applied_seq) {
+        expectPhoton(message);
         const latency = controls.since(message.applied_seq);
         if (latency !== null) {
           page.latencyMs = latency;
@@ -221,10 +259,12 @@ function resetPage() {
   doneTimer = null;
   Object.assign(page, {
     state: "creating", sessionId: null, queuePosition: null, transport: null, lastChunk: null, chunks: [],
-    frames: 0, framesThisConnection: 0, fps: 0, latencyMs: null, latenciesMs: [], errors: [], done: null,
+    frames: 0, framesThisConnection: 0, fps: 0, latencyMs: null, latenciesMs: [], photonMs: null, photonsMs: [],
+    errors: [], done: null,
     ended: false, connection: null,
   });
   frameTimes.length = 0;
+  Object.assign(photon, { generation: null, origin: null, pending: [] });
 }
 
 async function start(event) {

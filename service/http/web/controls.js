@@ -79,6 +79,12 @@ export class Controls {
     this.onChange();
   }
 
+  // When (performance.now()) `seq` was sent by this page, or null if it was not (or is forgotten).
+  sentTime(seq) {
+    const sent = this.sentAt.get(seq);
+    return sent === undefined ? null : sent;
+  }
+
   // Milliseconds since `seq` was sent by this page, or null if it was not (or is forgotten).
   since(seq) {
     const sent = this.sentAt.get(seq);
