@@ -41,15 +41,21 @@ FIGURES: dict[str, frozenset[str]] = {
             "overhead_us_p50",
             "overhead_thread_us_p50",
             "jain_fairness",
+            "overhead_us_by_sessions",
+            "overhead_growth_1024_over_1",
             "chunks_per_s_1_session",
             "chunks_per_s_64_sessions",
             "sessions_64_throughput_ratio",
+            "chunks_per_s_1_session_polling",
+            "chunks_per_s_64_sessions_polling",
+            "sessions_64_throughput_ratio_polling",
             "bench_seconds",
         }
     ),
     "lingbot": frozenset({f"{prefix}{key}" for prefix in ("", "two_sessions_", "heavy8_") for key in _PER_CHUNK})
     | {
         "threads_rtf_p95",
+        "processes_over_threads_p50",
         "processes_rtf_p95",
         "processes_over_threads",
         "channel_ms_per_chunk",
@@ -80,6 +86,8 @@ FIGURES: dict[str, frozenset[str]] = {
     "scaleout": frozenset(
         {f"{key}_{n}" for key in ("create_p50_ms", "create_p99_ms", "errors_5xx") for n in (1, 3)}
         | {"slots_leaked_1", "fifo_violations", "slots_leaked", "replica_exit_codes_nonzero", "bench_seconds"}
+        | {"cycles_per_s_1", "cycles_per_s_3", "cycles_per_s_3_over_1", "cpu_cores_busy_1", "cpu_cores_busy_3"}
+        | {"create_cpu_ms_by_queue", "create_cpu_growth", "redis_ops_per_create", "redis_scripts_per_create"}
     ),
     "transport_frames": frozenset(
         {
