@@ -17,10 +17,14 @@ Playwright's keyboard (the page's own control handling sends the snapshot), and 
 applied snapshot, held-key repeats included), to check the HUD against the pixels.
 
 At the session defaults (416x240, 16 fps, chunk_size 3: 12 frames a chunk) and again with chunk_size 1 (4 frames),
-keys prefixed `chunk1_`. Percentiles are `pipeline.metrics.percentile`. `trials` is how many of each.
+keys prefixed `chunk1_`, each with the session's default `schedule` (just in time) and then, side by side in the same
+run and server, with the old one (`schedule: media_clock`), keys prefixed `media_clock_`. `underrun_pct` is the
+share of the frames of a session's chunks (the chunk statuses the page received) that the stream stood still for,
+waiting for a late chunk (the `underrun` timing of each chunk, in frame slots). Percentiles are
+`pipeline.metrics.percentile`. `trials` is how many of each.
 
-`--quick` runs 1 trial of each at both sizes (a smoke run, about 25 s); the full run 12. The last line printed
-is one JSON object with every figure. Skipped, with a note and an empty report, without Chromium or Playwright.
+`--quick` runs 1 trial of each at both sizes and schedules (a smoke run, about 55 s); the full run 12. The last line
+printed is one JSON object with every figure. Skipped, with a note and an empty report, without Chromium or Playwright.
 """
 
 from __future__ import annotations
@@ -123,20 +127,47 @@ async def _timed(page: Any, key: str, lit: bool, action: Any) -> float:
     return value
 
 
-async def _session(browser: Any, url: str, chunk_size: int, trials: int, rng: random.Random) -> dict[str, list[float]]:
+_COLLECT_CHUNKS_JS = """
+() => {
+  const seen = window.__chunks || (window.__chunks = {});
+  for (const chunk of window.lingstream.chunks) seen[chunk.index] = chunk.timings;
+}
+"""
+
+
+async def _underrun_pct(page: Any, chunk_size: int) -> float:
+    """The share of the chunks' frame slots the stream stood still for (`underrun` timings), in percent."""
+    frames, stalled = await page.evaluate(
+        """([fps, size]) => {
+          let frames = 0, stalled = 0;
+          for (const [index, timings] of Object.entries(window.__chunks || {})) {
+            frames += Number(index) === 0 ? 4 * (size - 1) + 1 : 4 * size;
+            stalled += Math.ceil((timings.underrun || 0) * fps - 1e-9);
+          }
+          return [frames, stalled];
+        }""",
+        [FPS, chunk_size],
+    )
+    return 100.0 * stalled / frames if frames else 0.0
+
+
+async def _session(
+    browser: Any, url: str, config: dict[str, Any], trials: int, rng: random.Random
+) -> dict[str, list[float]]:
+    chunk_size = int(config["chunk_size"])
     page = await browser.new_page()
     page.set_default_timeout(30_000)
 
-    async def with_chunk_size(route: Any) -> None:
+    async def with_config(route: Any) -> None:
         request = route.request
         if request.method != "POST":
             await route.continue_()
             return
         body = request.post_data_json or {}
-        body.setdefault("config", {})["chunk_size"] = chunk_size
+        body.setdefault("config", {}).update(config)
         await route.continue_(post_data=json.dumps(body))
 
-    await page.route("**/v1/sessions", with_chunk_size)
+    await page.route("**/v1/sessions", with_config)
     await page.goto(f"{url}/")
     await page.fill("#width", str(WIDTH))
     await page.fill("#height", str(HEIGHT))
@@ -166,7 +197,9 @@ async def _session(browser: Any, url: str, chunk_size: int, trials: int, rng: ra
             await page.keyboard.up("d")
 
         figures["release"].append(await _timed(page, "w", False, release))
+        await page.evaluate(_COLLECT_CHUNKS_JS)
     figures["hud_photon"] = await page.evaluate("window.lingstream.photonsMs")
+    figures["underrun_pct"] = [await _underrun_pct(page, chunk_size)]
     await page.click("#stop")
     await page.wait_for_function("window.lingstream.state === 'closed'")
     await page.close()
@@ -176,6 +209,9 @@ async def _session(browser: Any, url: str, chunk_size: int, trials: int, rng: ra
 def _summary(prefix: str, figures: dict[str, list[float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, values in figures.items():
+        if name == "underrun_pct":
+            out[f"{prefix}{name}"] = values[0]
+            continue
         out[f"{prefix}{name}_p50_ms"] = percentile(values, 50) or 0.0
         out[f"{prefix}{name}_p90_ms"] = percentile(values, 90) or 0.0
     out[f"{prefix}trials"] = float(len(figures["press"]))
@@ -201,8 +237,11 @@ async def main(quick: bool) -> dict[str, float]:
             try:
                 async with httpx.AsyncClient(timeout=5.0) as client:
                     await server.wait_ready(client)
-                results |= _summary("", await _session(browser, server.url, 3, trials, rng))
-                results |= _summary("chunk1_", await _session(browser, server.url, 1, trials, rng))
+                for schedule, prefix in (("just_in_time", ""), ("media_clock", "media_clock_")):
+                    for chunk_size, size_prefix in ((3, ""), (1, "chunk1_")):
+                        config = {"chunk_size": chunk_size, "schedule": schedule}
+                        figures = await _session(browser, server.url, config, trials, rng)
+                        results |= _summary(prefix + size_prefix, figures)
             finally:
                 await browser.close()
         await asyncio.to_thread(server.stop, 30.0)
@@ -211,7 +250,7 @@ async def main(quick: bool) -> dict[str, float]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 trial of each (about 25 s)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 trial of each (about 55 s)")
     args = parser.parse_args()
     started = time.perf_counter()
     report(asyncio.run(main(args.quick)), started)

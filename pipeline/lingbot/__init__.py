@@ -30,6 +30,7 @@ from pipeline.lingbot.config import (
     DEFAULT_MAX_DURATION_S,
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
+    SCHEDULES,
     SPATIAL_COMPRESSION,
     ImageHeader,
     LingBotSessionConfig,
@@ -85,6 +86,7 @@ from pipeline.lingbot.placement import (
     WorkerGroupPlan,
     plan_placement,
 )
+from pipeline.lingbot.playout import ChunkPlayout, PlayoutConfig, PlayoutScheduler, PlayoutStatistics
 from pipeline.lingbot.reference_model import (
     DENOISING_STEPS,
     KEY_SLOT,
@@ -131,6 +133,7 @@ __all__ = [
     "MAX_KEYS_PER_SNAPSHOT",
     "MAX_SEQ",
     "PLUCKER_CHANNELS",
+    "SCHEDULES",
     "SPATIAL_COMPRESSION",
     "TEMPORAL_COMPRESSION",
     "ArtifactTransport",
@@ -143,6 +146,7 @@ __all__ = [
     "ChunkDenoiser",
     "ChunkLease",
     "ChunkPlan",
+    "ChunkPlayout",
     "ConditionArtifact",
     "ConditionRequest",
     "ControlArtifact",
@@ -168,6 +172,9 @@ __all__ = [
     "PinholeIntrinsics",
     "PlacementError",
     "PlacementPlan",
+    "PlayoutConfig",
+    "PlayoutScheduler",
+    "PlayoutStatistics",
     "PoseIntegrator",
     "PoseSteps",
     "ProcessPlacement",

@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_MAX_DURATION_S",
     "DEFAULT_MAX_IMAGE_BYTES",
     "DEFAULT_MAX_IMAGE_PIXELS",
+    "SCHEDULES",
     "SPATIAL_COMPRESSION",
     "ImageHeader",
     "LingBotSessionConfig",
@@ -72,6 +73,10 @@ _FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "pitch_limit_deg": (1.0, 89.0),
     "compute_scale": (1.0, 64.0),
 }
+SCHEDULES = ("just_in_time", "media_clock")
+"""How a real-time session times its chunks: `just_in_time` (`playout.py`: each chunk ready a margin before the
+previous one's playback ends) or `media_clock` (the old policy, kept to measure against: each chunk no earlier than
+one chunk before its media time, counted from the first chunk, so an idle pause is made up at full speed)."""
 _EXCLUSIVE_LOW = frozenset({"max_duration_s"})
 _OPTIONAL = frozenset({"frame_num", "max_duration_s"})
 
@@ -106,6 +111,8 @@ class LingBotSessionConfig:
     """Frame height in pixels: a multiple of 16 in 32..720."""
     compute_scale: float = 1.0
     """Emulated model cost: the reference denoiser does about compute_scale times its own work (1.0 = cheap)."""
+    schedule: str = "just_in_time"
+    """How a real-time session times its chunks, one of SCHEDULES (offline generation ignores it)."""
 
     def __post_init__(self) -> None:
         for name, (low, high) in _INT_RANGES.items():
@@ -114,6 +121,8 @@ class LingBotSessionConfig:
             _check_float(name, getattr(self, name), flow, fhigh, optional=name in _OPTIONAL)
         if not isinstance(self.hud, bool):
             raise SessionConfigError(f"hud must be true or false, got {self.hud!r}")
+        if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
+            raise SessionConfigError(f"schedule must be one of {list(SCHEDULES)}, got {str(self.schedule)[:64]!r}")
         for name in ("width", "height"):
             if getattr(self, name) % _SIZE_MULTIPLE != 0:
                 raise SessionConfigError(f"{name} must be a multiple of {_SIZE_MULTIPLE}, got {getattr(self, name)}")

@@ -14,7 +14,11 @@ The chunk loop runs one chunk per execution-lease grant: it waits until the sess
 (chunk 0, a held key, a new snapshot, a pose reset), takes the lease, submits the chunk's control with the newest
 snapshot, waits for the chunk's frames, gives the lease back, then hands the chunk to the reader through a bounded
 queue (capacity 2, the producer waits: a reader that stops reading stops the session's generation, never the
-lease). Cancellation of the loop at any await leaves the orchestrator session for `close` to cancel and release.
+lease). In real-time mode a chunk starts just in time (`playout.py`): ready a small margin before the previous
+chunk's playback ends, so a key shows up after about one generation time plus the wait for the next chunk start,
+not behind a buffer of video generated ahead; under-runs are counted (`playout_statistics`) and each chunk carries
+`playout_lead` (and `underrun` when it came late) in its timings. Cancellation of the loop at any await leaves
+the orchestrator session for `close` to cancel and release.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from pipeline.errors import SessionClosedError, SessionFailedError
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.controls import ControlSnapshot
 from pipeline.lingbot.errors import ControlError
+from pipeline.lingbot.playout import PlayoutConfig, PlayoutScheduler, PlayoutStatistics
 from pipeline.lingbot.stages import CONDITION_REQUEST, CONTROL, ConditionRequest, ControlArtifact, FramesArtifact
 from pipeline.orchestrator import OutputStream, StreamingPipelineOrchestrator
 
@@ -146,6 +151,9 @@ class LingBotSession:
         self._last_emit: float | None = None
         self._pace_ahead_s = pace_ahead_s
         self._media_origin: float | None = None
+        self._playout: PlayoutScheduler | None = None
+        if pace_ahead_s is not None and config.schedule == "just_in_time":
+            self._playout = PlayoutScheduler(PlayoutConfig(fps=float(config.fps)))
         self.chunks_emitted = 0
         self.stale_controls = 0
         self.invalid_controls = 0
@@ -154,6 +162,10 @@ class LingBotSession:
     @property
     def num_chunks(self) -> int:
         return self._plan.num_chunks
+
+    def playout_statistics(self) -> PlayoutStatistics | None:
+        """The just-in-time schedule's figures (None: offline, or the old `media_clock` schedule)."""
+        return self._playout.statistics() if self._playout is not None else None
 
     def is_finished(self) -> bool:
         return self.next_control_index >= self._plan.num_chunks or self._stop_requested
@@ -254,15 +266,22 @@ class LingBotSession:
             logger.info("session %s: closed while generating: %s", self.session_id, exc)
 
     async def _pace(self) -> None:
-        """Real-time mode: start chunk i no earlier than `pace_ahead_s` before its media time is due.
+        """Real-time mode: wait until the next chunk is due. Offline generation passes `pace_ahead_s=None`.
 
-        Generation then stays about one chunk ahead of playback, so a key press shows up in the next chunk the
-        viewer sees instead of behind a growing backlog. Offline generation passes `pace_ahead_s=None`.
+        `just_in_time` asks the `PlayoutScheduler`. `media_clock` (the old policy, kept to measure against) starts
+        chunk i no earlier than `pace_ahead_s` before its media time counted from the first chunk; that clock stands
+        still while the session is idle, so after a pause the chunks are all overdue and generated at full speed,
+        and the transport's pacer ring (2 s) fills with video generated ahead of playback.
         """
-        if self._pace_ahead_s is None or self._media_origin is None:
+        if self._pace_ahead_s is None:
             return
-        first_frame = self._plan.first_frame_of_chunk(self.next_control_index)
-        due = self._media_origin + first_frame / self.config.fps - self._pace_ahead_s
+        if self._playout is not None:
+            due = self._playout.due()
+        elif self._media_origin is None:
+            return
+        else:
+            first_frame = self._plan.first_frame_of_chunk(self.next_control_index)
+            due = self._media_origin + first_frame / self.config.fps - self._pace_ahead_s
         while not self._stop_requested:
             delay = due - self._clock.now()
             if delay <= 0:
@@ -279,6 +298,8 @@ class LingBotSession:
         if stream is None:
             raise RuntimeError("the session is not open")
         wanted_at = self._clock.now()
+        if self._playout is not None:
+            self._playout.started(wanted_at)
         grant: AbstractAsyncContextManager[None] = (
             self._lease.grant(self.session_id) if self._lease is not None else nullcontext()
         )
@@ -312,6 +333,11 @@ class LingBotSession:
         record = self._submitted.pop(payload.chunk_index)
         self._applied_seq = max(self._applied_seq, record.seq)
         timings = {**payload.timings, "control_to_output": now - record.submitted_at, "lease_wait": record.lease_wait}
+        if self._playout is not None:
+            playout = self._playout.ready(now, len(payload.frames))
+            timings["playout_lead"] = playout.lead_s
+            if playout.underrun_s > 0:
+                timings["underrun"] = playout.underrun_s
         if self._last_emit is not None:
             timings["chunk_period"] = now - self._last_emit
         self._last_emit = now

@@ -1,0 +1,172 @@
+"""When a real-time session starts its next chunk: just in time for playback, not a whole chunk ahead (issue #16).
+
+A key press shows on screen when the first chunk generated from it is played. Every frame generated before that
+chunk and still waiting to be played stands between the press and the photon, so a session should hold as little
+generated video ahead of playback as it can without running dry. `PlayoutScheduler` tracks, on the session's own
+clock, when playback of what was generated ends, and dates the next chunk's start from it::
+
+    a chunk plays from    max(ready_at, end of the previous chunk)     (back to back while the stream continues)
+    it plays until        its start + len(frames) / fps
+    chunk k+1 starts at   end of chunk k - p95(generation time) - margin,   margin = clamp(f * p95, min, max)
+
+Generation time is measured from `started` (the session wants the chunk; the lease wait counts) to `ready`, over
+the last `window` chunks. Until one is measured the next chunk starts at once. After an idle pause the end lies in
+the past and the next chunk starts at once and plays as soon as it is ready: nothing is owed for the pause. An
+under-run is a chunk that was started while the stream was still playing and came ready after it had ended: the
+viewer saw the last frame stand still for `underrun_s` (counted in frames, `underrun_frames`). A chunk started
+after the stream had ended (the session was idle) is no under-run.
+
+Pure: no awaits, no threads; every call takes the time, so a test drives it with any clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from admission.summary import percentile
+
+__all__ = ["ChunkPlayout", "PlayoutConfig", "PlayoutScheduler", "PlayoutStatistics"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlayoutConfig:
+    """The scheduler's knobs. `margin_fraction` of the p95 generation time, clamped to `[min_margin_s,
+    max_margin_s]`, is the safety margin a chunk should be ready by before the previous one ends; `window` is how
+    many recent generation times the p95 is taken over."""
+
+    fps: float
+    min_margin_s: float = 0.03
+    max_margin_s: float = 0.25
+    margin_fraction: float = 0.5
+    window: int = 32
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.fps) and self.fps > 0):
+            raise ValueError(f"fps must be positive, got {self.fps}")
+        if not 0 <= self.min_margin_s <= self.max_margin_s:
+            raise ValueError(f"need 0 <= min_margin_s <= max_margin_s, got {self.min_margin_s}, {self.max_margin_s}")
+        if self.margin_fraction < 0:
+            raise ValueError(f"margin_fraction must not be negative, got {self.margin_fraction}")
+        if self.window < 1:
+            raise ValueError(f"window must be at least 1, got {self.window}")
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPlayout:
+    """Where one ready chunk lands on the playback timeline.
+
+    `lead_s`: how long its first frame waits to be played (video generated ahead of playback; 0 when it plays at
+    once). `underrun_s`/`underrun_frames`: how long, and for how many frame slots, the stream had nothing to play
+    before it (0 unless the stream was meant to continue)."""
+
+    starts_at: float
+    ends_at: float
+    lead_s: float
+    underrun_s: float
+    underrun_frames: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlayoutStatistics:
+    """Since the session opened: `chunks` and `frames` scheduled, `underruns` (chunks late for a continuing
+    stream) and the `underrun_frames` they cost, the largest `max_lead_s`, and the current `generation_p95_s`
+    (None before the first chunk) and `margin_s`."""
+
+    chunks: int
+    frames: int
+    underruns: int
+    underrun_frames: int
+    max_lead_s: float
+    generation_p95_s: float | None
+    margin_s: float
+
+
+class PlayoutScheduler:
+    """The just-in-time chunk schedule of one session (see the module docstring).
+
+    Per chunk, in order: `due()` says when to start it (a time on the caller's clock; at or before `now` means at
+    once), `started(now)` when the session begins it (before waiting for the lease), `ready(now, frames)` when its
+    frames are out. `started` twice without `ready` keeps the first time (the chunk is still the same one).
+    """
+
+    def __init__(self, config: PlayoutConfig) -> None:
+        self._config = config
+        self._generation: deque[float] = deque(maxlen=config.window)
+        self._end: float | None = None
+        self._started_at: float | None = None
+        self._continuing = False
+        self._chunks = 0
+        self._frames = 0
+        self._underruns = 0
+        self._underrun_frames = 0
+        self._max_lead = 0.0
+
+    @property
+    def config(self) -> PlayoutConfig:
+        return self._config
+
+    @property
+    def playout_end(self) -> float | None:
+        """When playback of everything generated so far ends (None before the first chunk)."""
+        return self._end
+
+    def generation_p95(self) -> float | None:
+        return percentile(self._generation, 95)
+
+    def margin(self) -> float:
+        p95 = self.generation_p95()
+        config = self._config
+        if p95 is None:
+            return config.max_margin_s
+        return min(config.max_margin_s, max(config.min_margin_s, config.margin_fraction * p95))
+
+    def due(self) -> float:
+        """When the next chunk should start: its generation then ends a margin before the previous one's playback."""
+        p95 = self.generation_p95()
+        if self._end is None or p95 is None:
+            return -math.inf
+        return self._end - p95 - self.margin()
+
+    def started(self, now: float) -> None:
+        if self._started_at is not None:
+            return
+        self._started_at = now
+        self._continuing = self._end is not None and now < self._end
+
+    def ready(self, now: float, frames: int) -> ChunkPlayout:
+        if self._started_at is None:
+            raise RuntimeError("ready() without started(): the scheduler did not see this chunk begin")
+        if frames < 0:
+            raise ValueError(f"frames must not be negative, got {frames}")
+        self._generation.append(max(0.0, now - self._started_at))
+        previous_end = self._end
+        starts_at = now if previous_end is None else max(now, previous_end)
+        underrun_s = 0.0
+        underrun_frames = 0
+        if self._continuing and previous_end is not None and now > previous_end:
+            underrun_s = now - previous_end
+            underrun_frames = math.ceil(underrun_s * self._config.fps - 1e-9)
+            self._underruns += 1
+            self._underrun_frames += underrun_frames
+        ends_at = starts_at + frames / self._config.fps
+        lead = starts_at - now
+        self._end = ends_at
+        self._started_at = None
+        self._continuing = False
+        self._chunks += 1
+        self._frames += frames
+        self._max_lead = max(self._max_lead, lead)
+        return ChunkPlayout(starts_at, ends_at, lead, underrun_s, underrun_frames)
+
+    def statistics(self) -> PlayoutStatistics:
+        return PlayoutStatistics(
+            chunks=self._chunks,
+            frames=self._frames,
+            underruns=self._underruns,
+            underrun_frames=self._underrun_frames,
+            max_lead_s=self._max_lead,
+            generation_p95_s=self.generation_p95(),
+            margin_s=self.margin(),
+        )
