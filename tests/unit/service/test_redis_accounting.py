@@ -3,7 +3,9 @@ publishes (a real redis-server; written against mutation survivors)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,11 +15,19 @@ from admission import (
     AdmissionConfig,
     AdmissionConfigError,
     IllegalTransitionError,
+    TicketExistsError,
     TicketReason,
     TicketState,
+    UnknownTicketError,
     UnknownWorkerError,
 )
-from service.scaleout.admission import RedisAdmission, SharedAdmissionEvent, SharedEventKind
+from service.scaleout.admission import (
+    CloseRequest,
+    NotTicketOwnerError,
+    RedisAdmission,
+    SharedAdmissionEvent,
+    SharedEventKind,
+)
 from tests.fakes.redis_server import REDIS_SERVER, RedisServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -122,3 +132,58 @@ async def test_views_and_the_overview_carry_every_field(replica: RedisAdmission)
     overview = await replica.shared_statistics()
     (me,) = overview.replicas
     assert (me.replica_id, me.draining) == ("a", True)
+
+
+async def _second(redis_server: RedisServer, name: str = "b") -> RedisAdmission:
+    config = AdmissionConfig(num_workers=2, max_sessions_per_worker=1, queue_size=1, queue_heartbeat_timeout=None)
+    other = RedisAdmission(redis_server.url, name, config, prefix="acct:", replica_ttl_s=5.0)
+    await other.start()
+    return other
+
+
+async def test_payloads_statuses_and_close_requests_between_replicas(
+    replica: RedisAdmission, redis_server: RedisServer
+) -> None:
+    other = await _second(redis_server)
+    try:
+        requests: list[CloseRequest] = []
+        replica.on_close_requested(requests.append)
+        await replica.create("k", ticket_id="run")
+        await replica.create("k", ticket_id="run-2")
+        await replica.create("k", ticket_id="wait", payload=b"queued request")
+        assert await other.take_payload("wait") == b"queued request"  # a waiting ticket's payload is in Redis
+        assert await other.take_payload("nothing") is None
+        with pytest.raises(NotTicketOwnerError, match=r"admission ticket 'run' is held by replica 'a'"):
+            await other.publish_status("run", "running")
+        published = await replica.publish_status("run", "running", reason="started")
+        assert (published.status, published.status_reason, published.body) == ("running", "started", None)
+        await other.request_close("run", "cancel")
+        await asyncio.wait_for(_until(lambda: bool(requests)), timeout=5)
+        assert requests == [CloseRequest("run", "cancel", "b")]
+        released = await replica.release("run")
+        assert (released.state, released.reason) == (TicketState.RELEASED, TicketReason.SESSION_ENDED)
+    finally:
+        await other.aclose()
+
+
+async def _until(predicate: Callable[[], bool]) -> None:
+    while not predicate():  # noqa: ASYNC110 - the close request arrives on the replica's event reader
+        await asyncio.sleep(0.01)
+
+
+async def test_queued_views_and_refusals_carry_their_fields(replica: RedisAdmission) -> None:
+    before = time.time()
+    await replica.create("k", ticket_id="run-0")
+    await replica.create("k", ticket_id="run-1")
+    queued = await replica.create("k", ticket_id="wait")
+    assert (queued.state, queued.worker, queued.position) == (TicketState.QUEUED, None, 1)
+    assert before - 1 <= queued.created_at <= time.time() + 1  # seconds, not milliseconds
+    assert queued.as_ticket_view().queue_deadline == queued.queue_deadline is not None
+    assert replica.statistics().max_sessions_per_worker == 1
+    with pytest.raises(TicketExistsError, match="run-0"):
+        await replica.create("k", ticket_id="run-0")
+    with pytest.raises(UnknownTicketError, match="ghost"):
+        await replica.get("ghost")
+    await replica.drain()
+    refused = await replica.create("owner-x", ticket_id="late")
+    assert (refused.state, refused.reason, refused.owner) == (TicketState.REJECTED, TicketReason.DRAINING, "owner-x")
