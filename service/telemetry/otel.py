@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
+import random
 import re
 import time
 from collections import OrderedDict
@@ -46,6 +48,7 @@ from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetr
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.re import parse_env_headers
@@ -260,7 +263,7 @@ class Telemetry:
             )
             readers.append(self.otlp_metric_reader)
         self.meter_provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
-        self.tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        self.tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False, id_generator=_OwnIdGenerator())
         self.otlp_span_exporter: OTLPSpanExporter | None = None
         if cfg.otlp_traces is not None:
             target = cfg.otlp_traces
@@ -632,3 +635,27 @@ class TelemetryMiddleware:
         if error_type is not None:
             span.set_status(Status(StatusCode.ERROR, error_type))
         span.end()
+
+
+class _OwnIdGenerator(IdGenerator):
+    """Trace and span ids from this process's own generator, seeded from the OS.
+
+    OpenTelemetry's default draws from the `random` module's shared state: a caller that seeds it (a reproducible
+    test, a library) would make our ids repeat, and every id drawn would move that caller's sequence (Hypothesis
+    reports exactly that when a test generates data while the service traces on another thread).
+    """
+
+    def __init__(self) -> None:
+        self._random = random.Random(int.from_bytes(os.urandom(16), "big"))
+
+    def generate_span_id(self) -> int:
+        span_id = self._random.getrandbits(64)
+        while span_id == trace_api.INVALID_SPAN_ID:
+            span_id = self._random.getrandbits(64)
+        return span_id
+
+    def generate_trace_id(self) -> int:
+        trace_id = self._random.getrandbits(128)
+        while trace_id == trace_api.INVALID_TRACE_ID:
+            trace_id = self._random.getrandbits(128)
+        return trace_id

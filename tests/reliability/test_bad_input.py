@@ -284,6 +284,7 @@ config_names = st.sampled_from(
         "width",
         "height",
         "compute_scale",
+        "schedule",
         "unknown",
         "",
     ]

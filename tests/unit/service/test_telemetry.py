@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 import platform
+import random
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -591,3 +592,23 @@ def test_without_otlp_there_are_no_exporters() -> None:
         )
     finally:
         telemetry.shutdown()
+
+
+def test_trace_ids_leave_the_random_module_alone_and_do_not_follow_its_seed() -> None:
+    # OpenTelemetry's default id generator draws from the `random` module's shared state: a seeded caller would get
+    # repeated ids, and every span would move the caller's sequence (Hypothesis flagged it in a fuzz test).
+    first, second = Telemetry(TelemetryConfig()), Telemetry(TelemetryConfig())
+    try:
+        ids = []
+        for telemetry in (first, second):
+            random.seed(1234)
+            before = random.getstate()
+            span = telemetry.tracer_provider.get_tracer("test").start_span("s")
+            span.end()
+            assert random.getstate() == before
+            context = span.get_span_context()
+            ids.append((context.trace_id, context.span_id))
+        assert ids[0] != ids[1]
+    finally:
+        first.shutdown()
+        second.shutdown()
