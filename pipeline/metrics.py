@@ -47,6 +47,10 @@ class IdleReason(enum.Enum):
     __hash__ = object.__hash__
 
 
+_REASONS = tuple(IdleReason)
+_REASON_INDEX = {reason: index for index, reason in enumerate(_REASONS)}
+
+
 @dataclass(frozen=True, slots=True)
 class StageTiming:
     """One stage invocation: when its inputs were joined, when the scheduler admitted it, when it ran."""
@@ -170,9 +174,10 @@ class StreamingSessionMetrics:
         self._stage_durations: dict[str, SampleWindow] = {}
         self._stage_queued: dict[str, SampleWindow] = {}
         self.stage_timings: deque[StageTiming] = deque(maxlen=window)
-        # (stage_id, start, end, reason, detail): an `IdleInterval` is built only when read (`idle_intervals`), since
-        # a busy stage records one for most dispatches and hardly anybody reads them.
-        self._idle: deque[tuple[str, float, float, IdleReason, str | None]] = deque(maxlen=window)
+        # (stage_id, start, end, reason index, detail): an `IdleInterval` is built only when read (`idle_intervals`),
+        # since a busy stage records one for most dispatches and hardly anybody reads them; a tuple of plain values
+        # is also one the garbage collector stops scanning after its first pass.
+        self._idle: deque[tuple[str, float, float, int, str | None]] = deque(maxlen=window)
         self._idle_totals: dict[IdleReason, float] = {}
         self.outputs = 0
         self.stale_results = 0
@@ -215,7 +220,7 @@ class StreamingSessionMetrics:
         """The stage did not run for the session from `start` to `end`, because of `reason` (see `IdleInterval`)."""
         if end <= start:
             return
-        self._idle.append((stage_id, start, end, reason, detail))
+        self._idle.append((stage_id, start, end, _REASON_INDEX[reason], detail))
         self._idle_totals[reason] = self._idle_totals.get(reason, 0.0) + (end - start)
 
     def forget_anchors(self) -> None:
@@ -227,7 +232,10 @@ class StreamingSessionMetrics:
     @property
     def idle_intervals(self) -> tuple[IdleInterval, ...]:
         """The last `window` idle intervals, oldest first."""
-        return tuple(IdleInterval(*raw) for raw in self._idle)
+        return tuple(
+            IdleInterval(stage, start, end, _REASONS[reason], detail)
+            for stage, start, end, reason, detail in self._idle
+        )
 
     @property
     def first_output_latency(self) -> float | None:

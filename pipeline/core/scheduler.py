@@ -100,6 +100,8 @@ _RECENT_RESULTS = 1024
 _HEAP_SLACK = 64
 
 _ReadyEntry = tuple[int, CoreSession]
+_STAGE_LIMIT: tuple[IdleReason, str | None] = (IdleReason.STAGE_LIMIT, None)
+_ACTOR_BUSY: tuple[IdleReason, str | None] = (IdleReason.ACTOR_BUSY, None)
 
 
 class SchedulerCore:
@@ -635,9 +637,9 @@ class SchedulerCore:
         stage_id = self._stage_ids[s]
         limit = self._spec_limit[s]
         if limit is not None and self._in_flight[s] >= limit:
-            return (IdleReason.STAGE_LIMIT, None)
+            return _STAGE_LIMIT
         if not self._actors.available(stage_id) or self._in_flight[s] >= self._actors.capacity(stage_id):
-            return (IdleReason.ACTOR_BUSY, None)
+            return _ACTOR_BUSY
         group = self._group_of[s]
         if group is not None and self._group_used[group] >= self._group_limit[group]:
             return (IdleReason.RESOURCE_GROUP, group)
