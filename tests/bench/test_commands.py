@@ -106,7 +106,7 @@ FIGURES: dict[str, frozenset[str]] = {
             for prefix in ("", "chunk1_")
             for key in ("press_p50_ms", "change_while_held_p50_ms", "change_while_held_p90_ms", "release_p50_ms")
         }
-        | {"trials", "chunk1_trials", "bench_seconds"}
+        | {"trials", "chunk1_trials", "underrun_pct", "chunk1_underrun_pct", "bench_seconds"}
     ),
     # Also every key scripts/reliability.sh reads from the quick run.
     "load": frozenset(
