@@ -4,13 +4,22 @@ Measures, side by side in one run:
 - overlap_ratio: steady-state chunk period ÷ slowest stage time, one session, stages of 20/50/20 ms (time.sleep
   on the actors' threads, which releases the GIL). A serial loop would give 1.8; perfect overlap gives 1.0.
 - overhead_us_p50: scheduler cost per stage invocation with no-op stages on the event loop (core + task + wake-up),
-  the median over batches; overhead_thread_us_p50 the same with LocalStageActor (adds the thread hop).
+  the median over batches; overhead_thread_us_p50 the same with LocalStageActor (adds the thread hop), and
+  overhead_thread_cpu_us_p50 the process CPU it took (the loop's and the stage threads'): on a loaded machine the
+  wall figure also counts the waits for a core at every hop, the CPU figure much less.
+- overhead_us_by_sessions: the same loop-actor cost per invocation with 1, 64, 256 and 1 024 sessions open and fed
+  at once (the same total of chunks spread over them; process CPU time, since all of it runs on the loop's thread;
+  the median of rounds that run every count in turn), and overhead_growth_1024_over_1 its ratio: a scheduler whose
+  decisions scan the open sessions grows here.
 - jain_fairness: Jain's index of completed chunks across 32 sessions sharing a one-slot stage.
-- sessions_64_throughput_ratio: aggregate chunks/s with 64 sessions ÷ with 1 session on the same 3 stages.
+- sessions_64_throughput_ratio: aggregate chunks/s with 64 sessions ÷ with 1 session on the same 3 thread-actor
+  stages (2/5/2 ms), each session with its own awaiting feeder and reader; sessions_64_throughput_ratio_polling the
+  same with one polling client instead (every millisecond, on absolute deadlines, it tops up every session with
+  `try_submit` and drains it with `get_nowait`, as a service loop serving many sessions would).
 
 `--quick` is a smoke run of a few seconds over the same path (20 chunks for the overlap, 3 batches of 200 for the
-overhead, 0.5 s windows); its figures are not the ones to compare. The last line printed is one JSON object with
-every figure.
+overhead, 2 048 chunks per session count, 0.5 s windows); its figures are not the ones to compare. The last line
+printed is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -105,8 +114,9 @@ class LoopActor:
 
 async def run_sessions(
     orch: StreamingPipelineOrchestrator, sessions: int, chunks: int | None, seconds: float | None
-) -> tuple[dict[str, list[float]], float]:
-    """Feed every session as fast as room allows and read its outputs; return output times per session."""
+) -> tuple[dict[str, list[float]], float, float]:
+    """Feed every session as fast as room allows and read its outputs; return output times per session, the
+    elapsed wall time and the process CPU time it took (sessions opened before and closed after either)."""
     done_at: dict[str, list[float]] = {}
     stop = asyncio.Event()
 
@@ -130,6 +140,7 @@ async def run_sessions(
         orch.open_session(sid)
         done_at[sid] = []
     start = time.perf_counter()
+    cpu_start = time.process_time()
     tasks = [asyncio.create_task(feed(sid)) for sid in ids] + [asyncio.create_task(read(sid)) for sid in ids]
     if seconds is not None:
         await asyncio.sleep(seconds)
@@ -140,23 +151,26 @@ async def run_sessions(
     else:
         await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start
     for sid in ids:
         await orch.close_session(sid, CloseMode.CANCEL)
-    return done_at, elapsed
+    return done_at, elapsed, cpu
 
 
 async def overlap_ratio(chunks: int) -> dict[str, float]:
     costs = {"encode": 0.020, "denoise": 0.050, "decode": 0.020}
     async with StreamingPipelineOrchestrator(three_stage_spec(), thread_actors(costs)) as orch:
-        times, _ = await run_sessions(orch, 1, chunks, None)
+        times, _, _ = await run_sessions(orch, 1, chunks, None)
     outputs = times["s0"]
     periods = [b - a for a, b in itertools.pairwise(outputs[10:])]
     period = statistics.median(periods)
     return {"chunk_period_ms": period * 1e3, "slowest_stage_ms": 50.0, "overlap_ratio": period / 0.050}
 
 
-async def overhead(kind: str, batches: int = 15, chunks: int = 400) -> float:
+async def overhead(kind: str, batches: int = 15, chunks: int = 400) -> tuple[float, float]:
+    """Median wall and process-CPU microseconds per invocation over `batches` runs of one session."""
     samples = []
+    cpu_samples = []
     for _ in range(batches):
         if kind == "loop":
             produced = {"encode": "a", "denoise": "b", "decode": "out"}
@@ -164,9 +178,51 @@ async def overhead(kind: str, batches: int = 15, chunks: int = 400) -> float:
         else:
             actors = thread_actors(dict.fromkeys(STAGES, 0.0))
         async with StreamingPipelineOrchestrator(three_stage_spec(capacity=8), actors) as orch:  # type: ignore[arg-type]
-            _, elapsed = await run_sessions(orch, 1, chunks, None)
+            _, elapsed, cpu = await run_sessions(orch, 1, chunks, None)
         samples.append(elapsed / (chunks * len(STAGES)) * 1e6)
-    return statistics.median(samples)
+        cpu_samples.append(cpu / (chunks * len(STAGES)) * 1e6)
+    return statistics.median(samples), statistics.median(cpu_samples)
+
+
+async def overhead_by_sessions(counts: tuple[int, ...], total_chunks: int, rounds: int) -> dict[int, float]:
+    """Loop-actor cost per invocation with each count of sessions open, `total_chunks` spread over them, in process
+    CPU time (everything runs on the loop's thread, so another process on the machine does not count); every round
+    runs each count in turn (a load change touches them alike), and the median per count is kept."""
+    produced = {"encode": "a", "denoise": "b", "decode": "out"}
+    samples: dict[int, list[float]] = {n: [] for n in counts}
+    for _ in range(rounds):
+        for n in counts:
+            chunks = max(1, total_chunks // n)
+            actors = {s: LoopActor(s, produced[s]) for s in STAGES}
+            async with StreamingPipelineOrchestrator(three_stage_spec(capacity=8), actors) as orch:
+                _, _, cpu = await run_sessions(orch, n, chunks, None)
+            samples[n].append(cpu / (n * chunks * len(STAGES)) * 1e6)
+    return {n: statistics.median(values) for n, values in samples.items()}
+
+
+async def run_polling(orch: StreamingPipelineOrchestrator, sessions: int, seconds: float, period: float) -> float:
+    """One client polls every session each `period` (absolute deadlines): drains its readable outputs with
+    `get_nowait`, then submits while `try_submit` accepts. Returns outputs per second over `seconds`."""
+    ids = [f"s{i}" for i in range(sessions)]
+    streams = {sid: orch.open_session(sid) for sid in ids}
+    next_seq = dict.fromkeys(ids, 0)
+    outputs = 0
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    tick = started
+    while loop.time() - started < seconds:
+        for sid in ids:
+            stream = streams[sid]
+            while stream.get_nowait() is not None:
+                outputs += 1
+            while orch.try_submit(sid, {"input": (next_seq[sid], next_seq[sid])}):
+                next_seq[sid] += 1
+        tick += period
+        await asyncio.sleep(max(0.0, tick - loop.time()))
+    elapsed = loop.time() - started
+    for sid in ids:
+        await orch.close_session(sid, CloseMode.CANCEL)
+    return outputs / elapsed
 
 
 async def fairness(sessions: int = 32, seconds: float = 3.0) -> float:
@@ -177,30 +233,47 @@ async def fairness(sessions: int = 32, seconds: float = 3.0) -> float:
     )
     actors = {"only": LocalStageActor("only", sleeping_stage("out", 0.001))}
     async with StreamingPipelineOrchestrator(spec, actors) as orch:
-        times, _ = await run_sessions(orch, sessions, None, seconds)
+        times, _, _ = await run_sessions(orch, sessions, None, seconds)
     return jain([float(len(t)) for t in times.values()])
 
 
 async def throughput(sessions: int, seconds: float) -> float:
     costs = {"encode": 0.002, "denoise": 0.005, "decode": 0.002}
     async with StreamingPipelineOrchestrator(three_stage_spec(), thread_actors(costs)) as orch:
-        times, elapsed = await run_sessions(orch, sessions, None, seconds)
+        times, elapsed, _ = await run_sessions(orch, sessions, None, seconds)
     return sum(len(t) for t in times.values()) / elapsed
 
 
-async def main(quick: bool) -> dict[str, float]:
-    results: dict[str, float] = {}
+async def polling_throughput(sessions: int, seconds: float) -> float:
+    costs = {"encode": 0.002, "denoise": 0.005, "decode": 0.002}
+    async with StreamingPipelineOrchestrator(three_stage_spec(), thread_actors(costs)) as orch:
+        return await run_polling(orch, sessions, seconds, period=0.001)
+
+
+async def main(quick: bool) -> dict[str, object]:
+    results: dict[str, object] = {}
     results.update(await overlap_ratio(chunks=20 if quick else 40))
-    results["overhead_us_p50"] = await overhead("loop", batches=3 if quick else 15, chunks=200 if quick else 400)
-    results["overhead_thread_us_p50"] = await overhead(
+    results["overhead_us_p50"], _ = await overhead("loop", batches=3 if quick else 15, chunks=200 if quick else 400)
+    results["overhead_thread_us_p50"], results["overhead_thread_cpu_us_p50"] = await overhead(
         "thread", batches=3 if quick else 15, chunks=200 if quick else 400
     )
+    by_sessions = await overhead_by_sessions(
+        (1, 64, 256, 1024), total_chunks=2048 if quick else 8192, rounds=1 if quick else 5
+    )
+    results["overhead_us_by_sessions"] = {str(n): round(us, 2) for n, us in by_sessions.items()}
+    results["overhead_growth_1024_over_1"] = by_sessions[1024] / by_sessions[1]
     results["jain_fairness"] = await fairness(seconds=0.5 if quick else 3.0)
-    one = await throughput(1, 0.5 if quick else 4.0)
-    many = await throughput(64, 0.5 if quick else 4.0)
+    window = 0.5 if quick else 4.0
+    one = await throughput(1, window)
+    many = await throughput(64, window)
     results["chunks_per_s_1_session"] = one
     results["chunks_per_s_64_sessions"] = many
     results["sessions_64_throughput_ratio"] = many / one
+    polling_one = await polling_throughput(1, window)
+    polling_many = await polling_throughput(64, window)
+    results["chunks_per_s_1_session_polling"] = polling_one
+    results["chunks_per_s_64_sessions_polling"] = polling_many
+    results["sessions_64_throughput_ratio_polling"] = polling_many / polling_one
     return results
 
 

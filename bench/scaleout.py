@@ -1,7 +1,7 @@
-"""Benchmark of scale-out: one vs three `lingstream serve` replicas sharing admission through one Redis (< 60 s).
+"""Benchmark of scale-out: one vs three `lingstream serve` replicas sharing admission through one Redis (~90 s).
 
 Starts a throwaway `redis-server` (tests/fakes/redis_server.py) and real replicas on loopback (redis backend, fake
-idle model workers through the test-only `--worker-factory` hook, 4 workers x 2 sessions each, queue 256), then:
+idle model workers through the test-only `--worker-factory` hook, 4 workers x 2 sessions each, queue 2 048), then:
 
 - create_p50_ms_1 / create_p99_ms_1 / errors_5xx_1: `--cycles` create/get/delete cycles at `--concurrency` against
   one replica;
@@ -14,10 +14,23 @@ idle model workers through the test-only `--worker-factory` hook, 4 workers x 2 
 - slots_leaked: at the end, slots Redis still counts, tickets still live or queued, and each replica's
   `lingstream_admission_slots_retained` plus |`lingstream_admission_slot_mismatch`| (must be 0; `slots_leaked_1`
   is the same after the one-replica phase, before the other two start);
+- cycles_per_s_3_over_1: cycles/s with three replicas ÷ with one, with cpu_cores_busy_1 / cpu_cores_busy_3 beside
+  it: CPU seconds of every process of the run (replicas, Redis, this client) per wall second. On a 2-core machine
+  the load, the replicas and Redis share, a figure near 2 means the machine, not the design, set the pace: three
+  replicas then cannot do more than one, and more of them only add their own overhead (load_average_1m, read after
+  the three-replica phase, counts every process of the machine, other users' too);
+- create_cpu_ms_by_queue: with every slot of the three replicas taken and 10, then 1 000 sessions queued (spread
+  over the replicas, so each follows a third of them), the CPU (replicas + Redis, from /proc) per cycle of a
+  create that queues at the tail and its DELETE on another replica, `--cost-cycles` cycles one after another;
+  create_cpu_growth is the largest queue's figure ÷ the smallest's (a design that reads the queue per create
+  grows with it); redis_ops_per_create the commands Redis processed per cycle (every replica's calls and the
+  commands their scripts ran: create, cancel, stream reads, position reads), redis_scripts_per_create the script
+  calls among them;
 - replica_exit_codes_nonzero: replicas that did not exit 0 on SIGTERM.
 
-`--quick` is a smoke run of a few seconds over the same path (100 cycles at concurrency 10, 6 queued); its figures
-are not the ones to compare. The last line printed is one JSON object with every figure.
+`--quick` is a smoke run of a few seconds over the same path (100 cycles at concurrency 10, 6 queued, queues of 10
+and 100 with 30 cost cycles); its figures are not the ones to compare. The last line printed is one JSON object with
+every figure.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import tempfile
 import time
 from collections import Counter
@@ -50,7 +64,8 @@ def replica(name: str, redis_url: str, folder: Path) -> Server:
         "LINGSTREAM_REPLICA_TTL": "3",
         "LINGSTREAM_NUM_WORKERS": str(WORKERS),
         "LINGSTREAM_MAX_SESSIONS_PER_WORKER": str(SLOTS),
-        "LINGSTREAM_QUEUE_SIZE": "256",
+        "LINGSTREAM_QUEUE_SIZE": "2048",
+        "LINGSTREAM_QUEUE_HEARTBEAT_TIMEOUT": "600",  # sessions queued by the cost phase have no client polling
         "LINGSTREAM_LOG_LEVEL": "WARNING",
         "LINGSTREAM_DRAIN_TIMEOUT": "5",
     }
@@ -155,6 +170,90 @@ async def fifo_violations(client: httpx.AsyncClient, raw: Redis, urls: list[str]
     return violations
 
 
+class BusyMeter:
+    """CPU seconds of `pids` and of this process per wall second since construction: how many of the machine's
+    cores the run kept busy."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self._pids = pids
+        self._start = (time.perf_counter(), cpu_seconds(pids), time.process_time())
+
+    def cores(self) -> float:
+        wall, others, mine = self._start
+        used = cpu_seconds(self._pids) - others + time.process_time() - mine
+        return used / (time.perf_counter() - wall)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of the processes (all their threads) so far, from /proc (clock-tick resolution)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
+    return total / ticks
+
+
+async def create_cost(
+    client: httpx.AsyncClient, raw: Redis, urls: list[str], pids: list[int], queues: tuple[int, ...], cycles: int
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Per create-at-the-tail + DELETE cycle, at each queue length: CPU (replicas + Redis), Redis commands (those
+    the scripts run included) and script calls; every slot is taken first, so every create queues."""
+
+    async def create(url: str, status: int) -> str:
+        created = await client.post(f"{url}/v1/sessions", json={})
+        if created.status_code != status:
+            raise RuntimeError(f"create: {created.status_code} {created.text}")
+        session: str = created.json()["id"]
+        return session
+
+    async def commands() -> int:
+        stats = await raw.info("stats")
+        return int(stats["total_commands_processed"])
+
+    async def scripts() -> int:
+        stats = await raw.info("commandstats")
+        return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))
+
+    async def settle() -> None:
+        """Until Redis sees no command for a while beyond the replicas' heartbeats: their follow-up work is done."""
+        before = await commands()
+        while True:
+            await asyncio.sleep(0.3)  # polling Redis's counter
+            now = await commands()
+            if now - before <= 3 * len(urls) + 2:
+                return
+            before = now
+
+    running = [await create(urls[i % len(urls)], 201) for i in range(len(urls) * WORKERS * SLOTS)]
+    queued: list[str] = []
+    cpu_ms: dict[str, float] = {}
+    ops: dict[str, float] = {}
+    calls: dict[str, float] = {}
+    limit = asyncio.Semaphore(8)
+
+    async def queue_one(index: int) -> str:
+        async with limit:
+            return await create(urls[index % len(urls)], 202)
+
+    for target in queues:
+        queued += await asyncio.gather(*(queue_one(i) for i in range(len(queued), target)))
+        await settle()
+        cpu_before, ops_before, calls_before = cpu_seconds(pids), await commands(), await scripts()
+        for index in range(cycles):
+            session = await create(urls[index % len(urls)], 202)
+            deleted = await client.delete(f"{urls[(index + 1) % len(urls)]}/v1/sessions/{session}?mode=cancel")
+            if deleted.status_code >= 300:
+                raise RuntimeError(f"delete: {deleted.status_code} {deleted.text}")
+        await settle()
+        cpu_ms[str(target)] = (cpu_seconds(pids) - cpu_before) * 1000 / cycles
+        ops[str(target)] = (await commands() - ops_before - 3) / cycles  # less this function's own INFOs
+        calls[str(target)] = (await scripts() - calls_before) / cycles
+    for index, session in enumerate([*queued, *running]):
+        await client.delete(f"{urls[index % len(urls)]}/v1/sessions/{session}?mode=cancel")
+    return cpu_ms, ops, calls
+
+
 async def leaked(client: httpx.AsyncClient, raw: Redis, urls: list[str]) -> float:
     """Slots and tickets still counted anywhere once everything ended (waits up to 10 s for releases in flight)."""
     deadline = time.monotonic() + 10
@@ -172,27 +271,43 @@ async def leaked(client: httpx.AsyncClient, raw: Redis, urls: list[str]) -> floa
         await asyncio.sleep(0.1)  # polling with a deadline
 
 
-async def main(cycles: int, concurrency: int, queued: int) -> dict[str, float]:
-    figures: dict[str, float] = {}
+async def main(
+    cycles: int, concurrency: int, queued: int, cost_queues: tuple[int, ...], cost_cycles: int
+) -> dict[str, object]:
+    figures: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         with RedisServer(folder) as redis_server:
             raw = Redis.from_url(redis_server.url)
+            redis_pid = int((await raw.info("server"))["process_id"])
             replicas = [replica("r1", redis_server.url, folder)]
             try:
                 async with httpx.AsyncClient(timeout=30.0) as client:
                     await replicas[0].wait_ready(client)
+                    busy = BusyMeter([redis_pid, replicas[0].process.pid])
                     one = await run_cycles([replicas[0].url], cycles, concurrency)
+                    figures["cpu_cores_busy_1"] = busy.cores()
                     figures.update({f"{key}_1": value for key, value in one.items()})
                     figures["slots_leaked_1"] = await leaked(client, raw, [replicas[0].url])
                     # Only now the other two: registered earlier, they would have taken queued sessions too.
                     replicas += [replica(name, redis_server.url, folder) for name in ("r2", "r3")]
                     await asyncio.gather(*(server.wait_ready(client) for server in replicas[1:]))
                     urls = [server.url for server in replicas]
+                    pids = [redis_pid, *(server.process.pid for server in replicas)]
+                    busy = BusyMeter(pids)
                     three = await run_cycles(urls, cycles, concurrency)
+                    figures["cpu_cores_busy_3"] = busy.cores()
+                    figures["load_average_1m"] = os.getloadavg()[0]  # every process of the machine, others' too
                     figures.update({f"{key}_3": value for key, value in three.items()})
+                    figures["cycles_per_s_3_over_1"] = three["cycles_per_s"] / one["cycles_per_s"]
                     figures["fifo_queued"] = queued
                     figures["fifo_violations"] = await fifo_violations(client, raw, urls, queued)
+                    await leaked(client, raw, urls)  # waits until the sessions above are gone: every slot is free
+                    cpu_ms, ops, calls = await create_cost(client, raw, urls, pids, cost_queues, cost_cycles)
+                    figures["create_cpu_ms_by_queue"] = {key: round(value, 3) for key, value in cpu_ms.items()}
+                    figures["create_cpu_growth"] = cpu_ms[str(cost_queues[-1])] / cpu_ms[str(cost_queues[0])]
+                    figures["redis_ops_per_create"] = {key: round(value, 2) for key, value in ops.items()}
+                    figures["redis_scripts_per_create"] = {key: round(value, 2) for key, value in calls.items()}
                     figures["slots_leaked"] = await leaked(client, raw, urls)
             finally:
                 codes = await asyncio.gather(*(asyncio.to_thread(server.stop) for server in replicas))
@@ -206,11 +321,16 @@ if __name__ == "__main__":
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=48)
     parser.add_argument("--queued", type=int, default=30)
+    parser.add_argument("--cost-cycles", type=int, default=300, help="create + DELETE cycles per queue length")
     parser.add_argument(
-        "--quick", action="store_true", help="a smoke run of a few seconds: 100 cycles at concurrency 10, 6 queued"
+        "--quick",
+        action="store_true",
+        help="a smoke run of a few seconds: 100 cycles at concurrency 10, 6 queued, cost at 10 and 100 queued",
     )
     args = parser.parse_args()
+    cost_queues = (10, 1000)
     if args.quick:
-        args.cycles, args.concurrency, args.queued = 100, 10, 6
+        args.cycles, args.concurrency, args.queued, args.cost_cycles = 100, 10, 6, 30
+        cost_queues = (10, 100)
     started = time.perf_counter()
-    report(asyncio.run(main(args.cycles, args.concurrency, args.queued)), started)
+    report(asyncio.run(main(args.cycles, args.concurrency, args.queued, cost_queues, args.cost_cycles)), started)

@@ -40,6 +40,7 @@ FIGURES: dict[str, frozenset[str]] = {
             "overlap_ratio",
             "overhead_us_p50",
             "overhead_thread_us_p50",
+            "overhead_thread_cpu_us_p50",
             "jain_fairness",
             "overhead_us_by_sessions",
             "overhead_growth_1024_over_1",
