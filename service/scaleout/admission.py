@@ -359,6 +359,7 @@ class RedisAdmission:
             *((1, payload) if payload is not None else (0, b"")),
             *((1, body) if body is not None else (0, "")),
         ]
+        departures = self._mirror.departures
         try:
             reply = await self._run("create", *args)
         except _UNAVAILABLE as exc:
@@ -381,7 +382,10 @@ class RedisAdmission:
             if decode_text(reason) == TicketReason.DRAINING.value:
                 return self._reject(ticket_id, owner, TicketReason.DRAINING, None, int(now_ms) / 1000)
             return self._reject(ticket_id, owner, TicketReason.QUEUE_FULL, int(retry_after), int(now_ms) / 1000)
-        return decode_view(decode_fields(reply.result))
+        view = decode_view(decode_fields(reply.result))
+        if view.state is TicketState.QUEUED and self._mirror.departures == departures:
+            self._mirror.position_current(ticket_id)  # nothing left the queue meanwhile: its position is exact
+        return view
 
     async def get(self, ticket_id: str) -> SharedTicketView:
         """The ticket's current snapshot with its live global position (live, or finished and remembered for

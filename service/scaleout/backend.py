@@ -291,7 +291,7 @@ class RedisAdmissionBackend:
         if remote_snapshot(view).terminal:
             return local.snapshot() if local is not None else remote_snapshot(view)
         wake = asyncio.Event()
-        stop_following = self._follow_ticket(session_id, wake)
+        stop_following = self._follow_ticket(session_id, wake, positions=False)  # waiting for the end, not a place
         try:
             view = await self._admission.request_close(session_id, mode.value)
             with contextlib.suppress(TimeoutError):
@@ -369,13 +369,15 @@ class RedisAdmissionBackend:
         logger.info("session %s handed over: %s", session.id, why)
         host.forget(session)
 
-    def _follow_ticket(self, ticket_id: str, wake: asyncio.Event) -> Callable[[], None]:
-        """Wake `wake` on every change of the ticket (and follow its queue position); returns the unfollow."""
+    def _follow_ticket(self, ticket_id: str, wake: asyncio.Event, *, positions: bool = True) -> Callable[[], None]:
+        """Wake `wake` on every change of the ticket (and, with `positions`, on its queue position's: reading them
+        costs a Redis call per change ahead of it); returns the unfollow."""
         self._followers.setdefault(ticket_id, set()).add(wake)
-        unwatch = self._admission.watch(ticket_id)
+        unwatch = self._admission.watch(ticket_id) if positions else None
 
         def stop() -> None:
-            unwatch()
+            if unwatch is not None:
+                unwatch()
             wakes = self._followers.get(ticket_id)
             if wakes is not None:
                 wakes.discard(wake)

@@ -56,6 +56,7 @@ class ReplicaMirror:
         self.draining = False
         self.queue_depth = 0
         self.deferred: dict[str, str] = {}  # ticket id -> "release" | "abort": calls to replay once Redis answers
+        self.departures = 0  # tickets heard leaving the queue (any ticket, any replica), ever
         self._wake_maintenance = wake_maintenance
         self._wake_positions = wake_positions
         self._held: dict[str, SharedTicketView] = {}
@@ -118,6 +119,11 @@ class ReplicaMirror:
         """The followed tickets whose positions may have moved since the last request: (ids to read whole, ids
         whose rank is enough), or None when none may have."""
         return self._positions.request()
+
+    def position_current(self, ticket_id: str) -> None:
+        """The position of a ticket just created here is current (no departure was heard while the create was in
+        flight): no need to read it again."""
+        self._positions.current(ticket_id)
 
     def positions_stale(self) -> None:
         """Contact with Redis came back (events may have been missed): every followed position is read again."""
@@ -337,8 +343,10 @@ class ReplicaMirror:
         else:
             self._positions.unfollow(tid)
             self._queued_here.pop(tid, None)
-            if left_queue and seq is not None and self._positions.departed(seq):
-                self._wake_positions()  # only followed tickets behind it moved up
+            if left_queue:
+                self.departures += 1
+                if seq is not None and self._positions.departed(seq):
+                    self._wake_positions()  # only followed tickets behind it moved up
         if kind is SharedEventKind.QUEUED and by != me and self.has_room():
             self._wake_maintenance()  # a new ticket and a free slot here: admit it now, not at the next pass
         if self.deferred.get(tid) != "abort":  # whoever made that create already heard "unavailable"

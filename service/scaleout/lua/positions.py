@@ -9,8 +9,9 @@ is read, and a replica that follows nothing behind a departure reads nothing. Ti
 `watch` before any event of theirs) are asked for whole, once.
 
 Also refreshed: a ticket when it is first seen queued (the departure of one ahead of it may have been heard before
-its own arrival, since script replies and the stream race), and every followed ticket after an outage (events may
-have been missed). Pure: no I/O; `service.scaleout.lua.mirror.ReplicaMirror` owns one.
+its own arrival, since script replies and the stream race) unless the replica heard no departure while its create
+was in flight (`current`), and every followed ticket after an outage (events may have been missed). Pure: no I/O;
+`service.scaleout.lua.mirror.ReplicaMirror` owns one.
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ class FollowedPositions:
             self._by_seq[seq] = tid
         if first:
             self._stale.add(tid)
+
+    def current(self, ticket_id: str) -> None:
+        """The position last seen is known to be current (no departure was heard since it was computed): the
+        refresh of a first sighting is not needed."""
+        self._stale.discard(ticket_id)
 
     def unfollow(self, ticket_id: str) -> None:
         if ticket_id not in self._position:

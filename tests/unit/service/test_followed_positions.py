@@ -126,3 +126,12 @@ def test_the_mirror_wakes_the_position_reader_only_for_departures_ahead_of_what_
         ("t2", 1),
         ("t3", 2),
     ]
+
+
+def test_a_first_sighting_known_to_be_current_is_not_read_again() -> None:
+    positions = FollowedPositions()
+    positions.seen_queued(_view("mine", 3), seq=30)  # the reply of a create made here
+    positions.current("mine")  # no departure was heard while that create was in flight
+    assert positions.request() is None
+    positions.seen_queued(_view("theirs", 4), seq=40)  # seen without knowing what happened meanwhile
+    assert _ids(positions) == ([], ["theirs"])
