@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from redis.asyncio import Redis
 
 from admission import (
     AdmissionClosedError,
@@ -187,3 +188,28 @@ async def test_queued_views_and_refusals_carry_their_fields(replica: RedisAdmiss
     await replica.drain()
     refused = await replica.create("owner-x", ticket_id="late")
     assert (refused.state, refused.reason, refused.owner) == (TicketState.REJECTED, TicketReason.DRAINING, "owner-x")
+
+
+async def test_a_queued_payload_goes_to_the_replica_that_admits_it(replica: RedisAdmission) -> None:
+    await replica.create("k", ticket_id="run-0")
+    await replica.create("k", ticket_id="run-1")
+    await replica.create("k", ticket_id="wait", payload=b"queued request")
+    await replica.release("run-0")
+    admitted = await asyncio.wait_for(replica.wait_until_admitted("wait"), timeout=5)
+    assert (admitted.state, admitted.replica) == (TicketState.ADMITTED, "a")
+    assert await replica.take_payload("wait") == b"queued request"
+
+
+async def test_a_backend_drained_before_it_starts_only_remembers_it(redis_server: RedisServer) -> None:
+    admission = RedisAdmission(redis_server.url, "c", AdmissionConfig(), prefix="early:")
+    assert await admission.drain() == ()
+    assert admission.draining
+
+
+async def test_a_client_that_decodes_responses_is_refused(redis_server: RedisServer) -> None:
+    client = Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        with pytest.raises(AdmissionConfigError, match="must not decode responses"):
+            RedisAdmission(client, "d", AdmissionConfig())
+    finally:
+        await client.aclose()
