@@ -32,10 +32,10 @@ class _LoopInbox:
     Problem: `loop.call_soon_threadsafe` per result writes the loop's self-pipe and wakes it once per call; three
     stage threads finishing while the loop is busy would wake it three times. Here a thread appends its result to
     a deque and schedules a delivery only if none is pending, so one wake-up delivers every result posted meanwhile.
-    Ordering: results are delivered in the order they were posted. No lock: `deque.append` and `popleft` are atomic,
-    and `pending` is cleared before the deque is emptied, so a result posted during a delivery is either taken by
-    it or schedules the next one (at worst a delivery finds nothing). A future cancelled meanwhile (its caller went
-    away) gets nothing: the result is dropped.
+    Ordering: results are delivered in the order they were posted. No lock: under the GIL `deque.append` and
+    `popleft` are atomic and the flag's writes are seen in order, and `pending` is cleared before the deque is
+    emptied, so a result posted during a delivery is either taken by it or schedules the next one (at worst a
+    delivery finds nothing). A future cancelled meanwhile (its caller went away) gets nothing: the result is dropped.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
