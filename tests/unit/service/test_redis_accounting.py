@@ -213,3 +213,22 @@ async def test_a_client_that_decodes_responses_is_refused(redis_server: RedisSer
             RedisAdmission(client, "d", AdmissionConfig())
     finally:
         await client.aclose()
+
+
+async def test_refusals_and_session_lengths_are_accounted_for(replica: RedisAdmission) -> None:
+    await replica.create("k", ticket_id="run-0")
+    await replica.create("k", ticket_id="run-1")
+    queued = await replica.create("k", ticket_id="wait")
+    assert queued.as_ticket_view().position == queued.position == 1
+    full = await replica.create("someone", ticket_id="late")
+    assert (full.reason, full.owner) == (TicketReason.QUEUE_FULL, "someone")
+    released = await replica.release("run-0")
+    assert released.ended_at is not None
+    assert released.admitted_at is not None
+    stats = replica.statistics()
+    assert stats.session_length.total_count == 1
+    assert stats.session_length.max == pytest.approx(released.ended_at - released.admitted_at, abs=0.01)
+    await replica.drain()
+    for ticket_id in ("d1", "d2"):
+        assert (await replica.create("k", ticket_id=ticket_id)).reason is TicketReason.DRAINING
+    assert replica.statistics().rejected_draining_total == 2
