@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.fakes.transport_timers import FakeTimers
 from transport.timers import GraceTimer
 
@@ -59,3 +61,12 @@ def test_the_expiry_callback_may_start_the_next_deadline() -> None:
     timers.advance(5.0)
     assert expired == ["first", "second"]
     assert not timer.pending
+
+
+async def test_the_fake_timers_give_up_on_a_predicate_that_never_holds_and_name_it() -> None:
+    # A regression that never reaches the awaited state must fail fast with a message, not hang until the test
+    # timeout.
+    timers = FakeTimers()
+    timers.call_later(3.0, lambda: None)
+    with pytest.raises(AssertionError, match=r"within 0\.05 s .*live timers due in \[3\.0\]"):
+        await timers.wait_until(lambda: False, within=0.05)
