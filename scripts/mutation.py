@@ -58,6 +58,7 @@ GROUPS = (
             "tests/unit/pipeline/test_core_accounting.py",
             "tests/unit/pipeline/test_orchestrator.py",
             "tests/unit/pipeline/test_scheduling_guarantees.py",
+            "tests/unit/pipeline/test_ready_structures.py",
         ),
     ),
     Group(
