@@ -388,7 +388,9 @@ def test_a_room_deleted_behind_the_services_back_ends_the_session_and_frees_its_
     with stack.client() as client:
         ended = client.get(f"/v1/sessions/{session['id']}").json()
         assert ended["status"] == "closed", ended
-        assert "ROOM_DELETED" in ended["reason"]
+        # Whichever comes first ends it: the service participant's disconnect (ROOM_DELETED) or the signed
+        # room_finished webhook (the two race here as they do with a real server).
+        assert "ROOM_DELETED" in ended["reason"] or ended["reason"] == "client_gone: the room finished", ended
         again = client.post("/v1/sessions", json={"config": {"width": WIDTH, "height": HEIGHT}})
         assert again.status_code == 201, again.text
         client.delete(f"/v1/sessions/{again.json()['id']}", params={"mode": "cancel"})

@@ -5,6 +5,7 @@ shapes that make parsers slow (deep nesting, huge numbers, megabytes of text).""
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from typing import Any
@@ -52,10 +53,22 @@ messages = st.fixed_dictionaries(
 
 
 def _decode_timed(data: bytes | str) -> ControlMessage | ProtocolError:
-    started = time.perf_counter()
-    result = decode_control(data)
-    elapsed = time.perf_counter() - started
-    assert elapsed < BUDGET_S, f"decoding {len(data)} units took {elapsed * 1000:.1f} ms"
+    # The best of three, with the collector paused: a pathological input is slow every time, while a one-off
+    # stall (a full collection late in a long suite, the process descheduled) once took 500 ms in a clean-clone run.
+    best = float("inf")
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(3):
+            started = time.perf_counter()
+            result = decode_control(data)
+            best = min(best, time.perf_counter() - started)
+            if best < BUDGET_S:
+                break
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert best < BUDGET_S, f"decoding {len(data)} units took {best * 1000:.1f} ms (best of three)"
     return result
 
 

@@ -405,7 +405,9 @@ async def test_two_hundred_concurrent_creates_over_three_replicas_never_exceed_t
         assert view.replica is not None
         outcomes["admitted"] += 1
         owner = cluster.replicas[view.replica]
-        await asyncio.sleep(rng.random() * 0.01)
+        # Held long enough that the queue fills while 200 clients arrive over 0.3 s (admission itself is fast
+        # enough that with shorter holds the queue may never be full, and the rejection path would go untested).
+        await asyncio.sleep(0.02 + rng.random() * 0.03)
         await owner.release(tid)
         await owner.release(tid)  # a duplicate DELETE changes nothing
 
