@@ -42,23 +42,11 @@ from typing import Any
 
 import httpx
 import torch
-from _common import Server, report
+from _common import CHROMIUM, CHROMIUM_ARGS, Server, report
 
 from pipeline.lingbot import draw_hud
 from pipeline.metrics import percentile
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-features=WebRtcHideLocalIpsWithMdns",
-]
 _CHROMIUM_PRESENT = Path(CHROMIUM).exists()
 WIDTH, HEIGHT, FPS = 416, 240, 16
 _LIT = (255, 196, 40)

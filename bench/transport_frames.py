@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import numpy.typing as npt
-from _common import Server, report
+from _common import CHROMIUM, CHROMIUM_ARGS, Server, report
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
@@ -57,19 +57,7 @@ from transport import (
 
 FPS = 16.0
 CHUNK = 4
-CHROMIUM = "/usr/bin/chromium"
 _CHROMIUM_PRESENT = Path(CHROMIUM).exists()
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-features=WebRtcHideLocalIpsWithMdns",
-]
 # Presented frames over a window of `ms` milliseconds, from requestVideoFrameCallback's metadata.
 _PRESENTED_JS = """
 (ms) => new Promise((resolve) => {
