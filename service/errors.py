@@ -276,6 +276,7 @@ def _transport_table() -> dict[type[BaseException], ErrorSpec]:
         transport.RoomServiceAuthError: _INTERNAL,
         transport.RoomServiceUnavailableError: _NOT_READY,
         transport.RoomJoinError: _NOT_READY,
+        transport.LinkLostError: _INTERNAL,
         transport.WebhookError: ErrorSpec(401, "unauthorized"),
         transport.SignalingError: ErrorSpec(422, "invalid_request"),
     }

@@ -42,6 +42,7 @@ from transport.embedded import (
     ice_host_addresses,
 )
 from transport.errors import (
+    LinkLostError,
     RoomJoinError,
     RoomServiceAuthError,
     RoomServiceError,
@@ -143,6 +144,7 @@ __all__ = [
     "GraceTimer",
     "InboxStatistics",
     "IssuedToken",
+    "LinkLostError",
     "LiveKitBindingStatistics",
     "LiveKitConfig",
     "LiveKitRoom",

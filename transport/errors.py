@@ -9,6 +9,7 @@
     │   ├── RoomServiceAuthError         the server rejected our credentials or grants (401/403)
     │   └── RoomServiceUnavailableError  the server could not be reached, timed out or answered 5xx
     ├── RoomJoinError                    the service participant could not join (or publish into) its room
+    ├── LinkLostError                    a message could not go out: its room connection or peer closed mid-send
     ├── WebhookError                     a LiveKit webhook failed verification (signature, body hash, or body)
     └── SignalingError                   an embedded WebRTC offer was malformed, oversized or could not be answered
 
@@ -21,6 +22,7 @@ translated where they are caught, always with `raise ... from exc`.
 from __future__ import annotations
 
 __all__ = [
+    "LinkLostError",
     "RoomJoinError",
     "RoomServiceAuthError",
     "RoomServiceError",
@@ -90,6 +92,10 @@ class RoomJoinError(TransportError):
         super().__init__(f"the service participant could not join LiveKit room{where}: {detail}")
         self.detail = detail
         self.room = room
+
+
+class LinkLostError(TransportError):
+    """A message could not go out because the connection under it ended (e.g. the room was deleted mid-send)."""
 
 
 class WebhookError(TransportError):

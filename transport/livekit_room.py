@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
-from transport.errors import RoomJoinError, TransportConfigError
+from transport.errors import LinkLostError, RoomJoinError, TransportConfigError
 from transport.pacing import PacedFrame
 
 if TYPE_CHECKING:
@@ -205,9 +205,14 @@ class _LiveKitParticipant:
     async def publish_data(
         self, payload: bytes, *, reliable: bool, topic: str, destination_identities: Sequence[str] = ()
     ) -> None:
-        await self._participant.publish_data(
-            payload, reliable=reliable, topic=topic, destination_identities=list(destination_identities)
-        )
+        from livekit.rtc.participant import PublishDataError
+
+        try:
+            await self._participant.publish_data(
+                payload, reliable=reliable, topic=topic, destination_identities=list(destination_identities)
+            )
+        except PublishDataError as exc:
+            raise LinkLostError(f"data not published: {exc}") from exc
 
 
 class LiveKitRoom:
