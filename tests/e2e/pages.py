@@ -20,6 +20,7 @@ __all__ = [
     "SETTLED_JS",
     "best_shift",
     "grab",
+    "hold_until_applied",
     "reference_texture",
     "start_session",
     "wait_frames",
@@ -117,3 +118,19 @@ def reference_texture(path: Path, width: int, height: int) -> Path:
     coarse = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), "RGB")
     coarse.resize((width, height), Image.Resampling.BICUBIC).save(path)
     return path
+
+
+def hold_until_applied(page: Page, key: str) -> int:
+    """Press `key` (kept held) and wait until a chunk reports it applied from a snapshot at least as new as the
+    one that carried it; returns that snapshot's seq."""
+    page.keyboard.down(key)
+    page.wait_for_function(
+        "(key) => window.lingstream.lastSent && window.lingstream.lastSent.keys.includes(key)", arg=key
+    )
+    seq = int(page.evaluate("window.lingstream.lastSent.seq"))
+    page.wait_for_function(
+        "([key, seq]) => { const c = window.lingstream.lastChunk;"
+        " return c !== null && c.keys.includes(key) && c.applied_seq >= seq; }",
+        arg=[key, seq],
+    )
+    return seq

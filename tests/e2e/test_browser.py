@@ -29,7 +29,7 @@ from tests.e2e.pages import FRAMES_IN_WINDOW_JS as _FRAMES_IN_WINDOW_JS
 from tests.e2e.pages import SETTLED_JS as _SETTLED_JS
 from tests.e2e.pages import best_shift as _best_shift
 from tests.e2e.pages import grab as _grab
-from tests.e2e.pages import reference_texture, start_session
+from tests.e2e.pages import hold_until_applied, reference_texture, start_session
 from tests.e2e.pages import wait_frames as _wait_frames
 from tests.serving import ROOT, free_port, lingstream
 
@@ -234,14 +234,7 @@ def test_held_keys_are_applied_and_turning_right_pans_the_view_left(
     _start(page, image=reference_image)
     _wait_frames(page)
     page.focus("#stage")
-    page.keyboard.down("l")
-    page.wait_for_function("window.lingstream.lastSent && window.lingstream.lastSent.keys.includes('l')")
-    seq = page.evaluate("window.lingstream.lastSent.seq")
-    page.wait_for_function(
-        "(seq) => { const c = window.lingstream.lastChunk;"
-        " return c !== null && c.keys.includes('l') && c.applied_seq >= seq; }",
-        arg=seq,
-    )
+    hold_until_applied(page, "l")
     assert page.inner_text("#hud-applied") == "l"
     latency = page.evaluate("window.lingstream.latencyMs")
     assert latency is not None
@@ -345,14 +338,7 @@ def test_the_page_joins_through_livekit(browser: Browser, tmp_path: Path) -> Non
             assert page.evaluate("window.lingstream.transport") == "livekit"
             assert page.evaluate("window.lingstream.videoSize") == {"width": WIDTH, "height": HEIGHT}
             page.focus("#stage")
-            page.keyboard.down("l")
-            page.wait_for_function("window.lingstream.lastSent && window.lingstream.lastSent.keys.includes('l')")
-            seq = page.evaluate("window.lingstream.lastSent.seq")
-            page.wait_for_function(
-                "(seq) => { const c = window.lingstream.lastChunk;"
-                " return c !== null && c.keys.includes('l') && c.applied_seq >= seq; }",
-                arg=seq,
-            )
+            hold_until_applied(page, "l")
             page.keyboard.up("l")
             page.click("#stop")
             page.wait_for_function("window.lingstream.state === 'closed'")

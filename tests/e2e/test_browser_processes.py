@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.pages import hold_until_applied
 from tests.reliability.test_process_shutdown import descendants
 from tests.serving import ROOT, environment, free_port, lingstream
 
@@ -101,14 +102,7 @@ def test_the_page_streams_and_steers_a_session_whose_stages_run_in_worker_proces
             assert page.evaluate("window.lingstream.videoSize") == {"width": WIDTH, "height": HEIGHT}
 
             page.focus("#stage")
-            page.keyboard.down("l")
-            page.wait_for_function("window.lingstream.lastSent && window.lingstream.lastSent.keys.includes('l')")
-            seq = page.evaluate("window.lingstream.lastSent.seq")
-            page.wait_for_function(
-                "(seq) => { const c = window.lingstream.lastChunk;"
-                " return c !== null && c.keys.includes('l') && c.applied_seq >= seq; }",
-                arg=seq,
-            )
+            hold_until_applied(page, "l")
             shown = page.evaluate(_FRAMES_IN_WINDOW_JS, 2000)
             timings = page.evaluate("window.lingstream.lastChunk.timings")
             page.keyboard.up("l")

@@ -23,7 +23,15 @@ import pytest
 
 from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
 from tests.e2e.livekit_stack import LiveKitStack, livekit_stack, metric
-from tests.e2e.pages import SETTLED_JS, best_shift, grab, reference_texture, start_session, wait_frames
+from tests.e2e.pages import (
+    SETTLED_JS,
+    best_shift,
+    grab,
+    hold_until_applied,
+    reference_texture,
+    start_session,
+    wait_frames,
+)
 
 try:
     from playwright.sync_api import Browser, Page, sync_playwright
@@ -184,14 +192,7 @@ def test_the_page_streams_steers_and_stops_through_livekit(
     assert members[details["identity"]]["tracks"] == []  # and publishes none
 
     page.focus("#stage")
-    page.keyboard.down("l")
-    page.wait_for_function("window.lingstream.lastSent && window.lingstream.lastSent.keys.includes('l')")
-    seq = page.evaluate("window.lingstream.lastSent.seq")
-    page.wait_for_function(
-        "(seq) => { const c = window.lingstream.lastChunk;"
-        " return c !== null && c.keys.includes('l') && c.applied_seq >= seq; }",
-        arg=seq,
-    )
+    hold_until_applied(page, "l")
     assert page.inner_text("#hud-applied") == "l"
     wait_frames(page, page.evaluate("window.lingstream.frames") + 12)  # frames queued before the turn play out
     before, after = grab(page, gap=4)
