@@ -5,14 +5,16 @@ LiveKit (test_livekit_browser.py) browser tests.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
 
 if TYPE_CHECKING:  # playwright is a dev extra; the tests that use these skip without it
-    from playwright.sync_api import Page
+    from playwright.sync_api import Browser, Page
 
 __all__ = [
     "FRAMES_IN_WINDOW_JS",
@@ -21,6 +23,7 @@ __all__ = [
     "best_shift",
     "grab",
     "hold_until_applied",
+    "page_opener",
     "reference_texture",
     "start_session",
     "wait_frames",
@@ -134,3 +137,36 @@ def hold_until_applied(page: Page, key: str) -> int:
         arg=[key, seq],
     )
     return seq
+
+
+@contextlib.contextmanager
+def page_opener(
+    browser: Browser, base_url: str, cancel: Callable[[list[str]], None], *, timeout_ms: int
+) -> Iterator[Callable[..., Page]]:
+    """Opens the page (at `path`, e.g. `/?watch=ID`) in a fresh context each time; at the end, hands `cancel` the
+    sessions the controller pages started, closes the contexts and checks that no page threw."""
+    contexts: list[Any] = []
+    pages: list[Page] = []
+    errors: list[str] = []
+
+    def opener(path: str = "/") -> Page:
+        context = browser.new_context()
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(timeout_ms)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{base_url}{path}")
+        page.wait_for_function("window.lingstream !== undefined")
+        pages.append(page)
+        return page
+
+    yield opener
+    started = [
+        page.evaluate("window.lingstream.sessionId")
+        for page in pages
+        if page.evaluate("window.lingstream.role") == "controller"
+    ]
+    cancel([session for session in started if session])
+    for context in contexts:
+        context.close()
+    assert not errors, errors

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
@@ -29,7 +28,7 @@ from tests.e2e.pages import FRAMES_IN_WINDOW_JS as _FRAMES_IN_WINDOW_JS
 from tests.e2e.pages import SETTLED_JS as _SETTLED_JS
 from tests.e2e.pages import best_shift as _best_shift
 from tests.e2e.pages import grab as _grab
-from tests.e2e.pages import hold_until_applied, reference_texture, start_session
+from tests.e2e.pages import hold_until_applied, page_opener, reference_texture, start_session
 from tests.e2e.pages import wait_frames as _wait_frames
 from tests.serving import ROOT, free_port, lingstream
 
@@ -125,32 +124,16 @@ def browser() -> Iterator[Browser]:
 
 
 @pytest.fixture
-def open_page(browser: Browser, service: Service) -> Iterator[Callable[[], Page]]:
+def open_page(browser: Browser, service: Service) -> Iterator[Callable[..., Page]]:
     """Opens the page in a fresh browser context; at the end, ends what the pages started and checks for JS errors."""
-    contexts: list[Any] = []
-    pages: list[Page] = []
-    errors: list[str] = []
 
-    def opener() -> Page:
-        context = browser.new_context()
-        contexts.append(context)
-        page = context.new_page()
-        page.set_default_timeout(WAIT_MS)
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.goto(f"{service.url}/")
-        page.wait_for_function("window.lingstream !== undefined")
-        pages.append(page)
-        return page
-
-    yield opener
-    with httpx.Client(base_url=service.url, timeout=10.0) as client:
-        for page in pages:
-            session = page.evaluate("window.lingstream.sessionId")
-            if session:
+    def cancel(sessions: list[str]) -> None:
+        with httpx.Client(base_url=service.url, timeout=10.0) as client:
+            for session in sessions:
                 client.delete(f"/v1/sessions/{session}", params={"mode": "cancel"})
-    for context in contexts:
-        context.close()
-    assert not errors, errors
+
+    with page_opener(browser, service.url, cancel, timeout_ms=WAIT_MS) as opener:
+        yield opener
 
 
 def _start(page: Page, *, image: Path | None = None, hud: bool = False) -> None:

@@ -28,6 +28,7 @@ from tests.e2e.pages import (
     best_shift,
     grab,
     hold_until_applied,
+    page_opener,
     reference_texture,
     start_session,
     wait_frames,
@@ -82,30 +83,14 @@ def browser(stack: LiveKitStack) -> Iterator[Browser]:
 def open_page(browser: Browser, stack: LiveKitStack) -> Iterator[Callable[..., Page]]:
     """Opens the page (optionally at `path`, e.g. `/?watch=ID`) in a fresh context; at the end, cancels the
     sessions the pages started and checks for JavaScript errors."""
-    contexts: list[Any] = []
-    pages: list[Page] = []
-    errors: list[str] = []
 
-    def opener(path: str = "/") -> Page:
-        context = browser.new_context()
-        contexts.append(context)
-        page = context.new_page()
-        page.set_default_timeout(WAIT_MS)
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.goto(f"{stack.url}{path}")
-        page.wait_for_function("window.lingstream !== undefined")
-        pages.append(page)
-        return page
-
-    yield opener
-    with stack.client() as client:
-        for page in pages:
-            session = page.evaluate("window.lingstream.sessionId")
-            if session and page.evaluate("window.lingstream.role") == "controller":
+    def cancel(sessions: list[str]) -> None:
+        with stack.client() as client:
+            for session in sessions:
                 client.delete(f"/v1/sessions/{session}", params={"mode": "cancel"})
-    for context in contexts:
-        context.close()
-    assert not errors, errors
+
+    with page_opener(browser, stack.url, cancel, timeout_ms=WAIT_MS) as opener:
+        yield opener
 
 
 @pytest.fixture(scope="module")
