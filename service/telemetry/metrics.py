@@ -437,6 +437,13 @@ class ServiceMetrics:
         lease_wait = _seconds(timings.get("lease_wait"))
         if lease_wait is not None:
             self._lease_wait.record(lease_wait)
+        lead = _seconds(timings.get("playout_lead"))
+        if lead is not None:
+            self._playout_lead.record(lead)
+        underrun = _seconds(timings.get("underrun"))
+        if underrun is not None and underrun > 0:
+            self._underruns.add(1)
+            self._underrun_duration.add(underrun)
         period = _seconds(timings.get("chunk_period"))
         if period is not None:
             self._chunk_period.record(period)
@@ -496,6 +503,23 @@ class ServiceMetrics:
             "lingstream.chunk.control_to_output",
             "Accepted control to the chunk generated from it, as the model worker measured it.",
             CHUNK_BUCKETS,
+        )
+        self._playout_lead = histogram(
+            "lingstream.chunk.playout_lead",
+            "How long before its playback was due each real-time chunk was ready (`timings.playout_lead`): "
+            "the video generated ahead, which a key change waits behind.",
+            CHUNK_BUCKETS,
+        )
+        self._underruns = meter.create_counter(
+            "lingstream.playout.underruns",
+            unit="{chunk}",
+            description="Real-time chunks that came after the previous chunk's playback had ended (the picture "
+            "stood still).",
+        )
+        self._underrun_duration = meter.create_counter(
+            "lingstream.playout.underrun.duration",
+            unit="s",
+            description="How long the picture stood still waiting for late chunks (`timings.underrun`, summed).",
         )
         self._first_output = histogram(
             "lingstream.session.first_output",

@@ -45,6 +45,8 @@ from transport.pacing import PacerStatistics
 
 METRICS_DOC = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 PERIOD_S = 0.05  # what TimedWorld reports between chunks; one chunk is 1 frame at 10 fps = 0.1 s of media
+LEAD_S = 0.03  # how early TimedWorld's chunks after the first are ready; the third one comes late instead
+UNDERRUN_S = 0.02
 
 
 class TimedWorld(FakeWorld):
@@ -55,6 +57,11 @@ class TimedWorld(FakeWorld):
         timings = {"control_to_output": 0.02, "lease_wait": 0.004}
         if chunk.index > 0:
             timings["chunk_period"] = PERIOD_S
+        if chunk.index == 1:
+            timings["playout_lead"] = LEAD_S
+        if chunk.index == 2:
+            timings["playout_lead"] = 0.0
+            timings["underrun"] = UNDERRUN_S
         return dataclasses.replace(chunk, timings=timings)
 
 
@@ -212,6 +219,10 @@ async def test_metrics_after_a_scripted_session_count_exactly_what_happened() ->
     assert metric(text, "lingstream_chunk_period_seconds_count") == 2  # the first chunk has no period
     assert metric(text, "lingstream_chunk_period_seconds_sum") == pytest.approx(2 * PERIOD_S)
     assert metric(text, "lingstream_chunk_control_to_output_seconds_count") == 3
+    assert metric(text, "lingstream_chunk_playout_lead_seconds_count") == 2  # chunk 0 starts the playout clock
+    assert metric(text, "lingstream_chunk_playout_lead_seconds_sum") == pytest.approx(LEAD_S)
+    assert metric(text, "lingstream_playout_underruns_total") == 1
+    assert metric(text, "lingstream_playout_underrun_duration_seconds_total") == pytest.approx(UNDERRUN_S)
     assert metric(text, "lingstream_lease_wait_duration_seconds_count") == 3
     assert metric(text, "lingstream_session_first_output_seconds_count") == 1
     assert metric(text, 'lingstream_session_duration_seconds_count{state="closed"}') == 1
