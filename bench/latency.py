@@ -23,6 +23,10 @@ share of the frames of a session's chunks (the chunk statuses the page received)
 waiting for a late chunk (the `underrun` timing of each chunk, in frame slots). Percentiles are
 `pipeline.metrics.percentile`. `trials` is how many of each.
 
+`jitter0_` repeats the defaults with the page asking its receiver for a jitter buffer target of 0 ms
+(`?jitter_ms=0`, RTCRtpReceiver `jitterBufferTarget`); `receiver_target_ms` is what the receiver reported
+(-1: none set, the browser's own choice), so the comparison shows whether the hint was taken.
+
 `--quick` runs 1 trial of each at both sizes with the default schedule (a smoke run, about 30 s); the full run 12,
 both schedules. The last line printed is one JSON object with every figure. Skipped, with a note and an empty report,
 without Chromium or Playwright.
@@ -141,7 +145,7 @@ async def _underrun_pct(page: Any, chunk_size: int) -> float:
 
 
 async def _session(
-    browser: Any, url: str, config: dict[str, Any], trials: int, rng: random.Random
+    browser: Any, url: str, config: dict[str, Any], trials: int, rng: random.Random, query: str = ""
 ) -> dict[str, list[float]]:
     chunk_size = int(config["chunk_size"])
     page = await browser.new_page()
@@ -157,7 +161,7 @@ async def _session(
         await route.continue_(post_data=json.dumps(body))
 
     await page.route("**/v1/sessions", with_config)
-    await page.goto(f"{url}/")
+    await page.goto(f"{url}/{query}")
     await page.fill("#width", str(WIDTH))
     await page.fill("#height", str(HEIGHT))
     await page.fill("#fps", str(FPS))
@@ -189,6 +193,8 @@ async def _session(
         await page.evaluate(_COLLECT_CHUNKS_JS)
     figures["hud_photon"] = await page.evaluate("window.lingstream.photonsMs")
     figures["underrun_pct"] = [await _underrun_pct(page, chunk_size)]
+    target = await page.evaluate("window.lingstream.jitterBufferTarget")
+    figures["receiver_target_ms"] = [-1.0 if target is None else float(target)]
     await page.click("#stop")
     await page.wait_for_function("window.lingstream.state === 'closed'")
     await page.close()
@@ -198,7 +204,7 @@ async def _session(
 def _summary(prefix: str, figures: dict[str, list[float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, values in figures.items():
-        if name == "underrun_pct":
+        if name in ("underrun_pct", "receiver_target_ms"):
             out[f"{prefix}{name}"] = values[0]
             continue
         out[f"{prefix}{name}_p50_ms"] = percentile(values, 50) or 0.0
@@ -232,6 +238,9 @@ async def main(quick: bool) -> dict[str, float]:
                         config = {"chunk_size": chunk_size, "schedule": schedule}
                         figures = await _session(browser, server.url, config, trials, rng)
                         results |= _summary(prefix + size_prefix, figures)
+                # The receiver asked to keep no jitter buffer beyond what it needs (`?jitter_ms=0`), at the defaults.
+                figures = await _session(browser, server.url, {"chunk_size": 3}, trials, rng, "?jitter_ms=0")
+                results |= _summary("jitter0_", figures)
             finally:
                 await browser.close()
         await asyncio.to_thread(server.stop, 30.0)

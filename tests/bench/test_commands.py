@@ -104,10 +104,11 @@ FIGURES: dict[str, frozenset[str]] = {
     "latency": frozenset(
         {
             f"{prefix}{key}"
-            for prefix in ("", "chunk1_")
+            for prefix in ("", "chunk1_", "jitter0_")
             for key in ("press_p50_ms", "change_while_held_p50_ms", "change_while_held_p90_ms", "release_p50_ms")
         }
-        | {"trials", "chunk1_trials", "underrun_pct", "chunk1_underrun_pct", "bench_seconds"}
+        | {f"{prefix}{key}" for prefix in ("", "chunk1_", "jitter0_") for key in ("trials", "underrun_pct")}
+        | {"receiver_target_ms", "chunk1_receiver_target_ms", "jitter0_receiver_target_ms", "bench_seconds"}
     ),
     # Also every key scripts/reliability.sh reads from the quick run.
     "load": frozenset(
@@ -226,3 +227,6 @@ def test_quick_run_exits_0_and_reports_its_figures(name: str) -> None:
         if private_network_support() is None:
             expected |= LIVEKIT_FIGURES
     assert expected <= figures.keys(), f"missing figures: {sorted(expected - figures.keys())}"
+    if name == "latency":  # the page's `?jitter_ms=0` reached Chromium's receiver; without it the browser chooses
+        assert figures["jitter0_receiver_target_ms"] == 0
+        assert figures["receiver_target_ms"] == -1

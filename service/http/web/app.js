@@ -17,7 +17,11 @@ const TERMINAL = new Set(["closed", "expired", "failed", "cancelled"]);
 const STREAMING = new Set(["running", "draining"]);
 const HISTORY = 64;
 const DONE_WAIT_MS = 2000;
-const watchId = new URLSearchParams(window.location.search).get("watch");
+const query = new URLSearchParams(window.location.search);
+const watchId = query.get("watch");
+// `?jitter_ms=N`: ask the receiver to hold at most about N ms of video before showing it (RTCRtpReceiver
+// `jitterBufferTarget`); absent, the browser's own adaptive choice. bench/latency.py measures both side by side.
+const jitterTargetMs = query.has("jitter_ms") ? Math.max(0, Number(query.get("jitter_ms")) || 0) : null;
 
 const api = new Api();
 const video = $("video");
@@ -45,6 +49,7 @@ const page = {
   done: null,
   ended: false, // the session is over and the page let go of its link
   connection: null,
+  jitterBufferTarget: null, // the receiver's jitterBufferTarget (ms) once the video arrived; null: none set
   role: watchId ? "viewer" : "controller",
 };
 const frameTimes = [];
@@ -72,6 +77,7 @@ window.lingstream = {
   get ended() { return page.ended; },
   get role() { return page.role; },
   get connection() { return page.connection; },
+  get jitterBufferTarget() { return page.jitterBufferTarget; },
   get generation() { return link !== null && link.generation !== undefined ? link.generation : 0; },
   get pc() { return link !== null ? link.pc : null; },
   get lastSent() { return controls.lastSent; },
@@ -359,7 +365,11 @@ async function connect(session) {
       render();
     },
     onStatus,
-    onStream: (stream) => {
+    onStream: (stream, receiver) => {
+      if (jitterTargetMs !== null && receiver && "jitterBufferTarget" in receiver) {
+        receiver.jitterBufferTarget = jitterTargetMs;
+      }
+      page.jitterBufferTarget = receiver && "jitterBufferTarget" in receiver ? receiver.jitterBufferTarget : null;
       page.framesThisConnection = 0;
       video.srcObject = stream;
       video.play().catch(() => {});

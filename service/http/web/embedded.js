@@ -22,7 +22,7 @@ function gathered(pc) {
 
 export class EmbeddedLink {
   // details: the session's transport ({kind: "embedded", offer_url, data_channel}); handlers: onOpen(), onStatus(msg),
-  // onStream(MediaStream), onState(text), onFatal(error).
+  // onStream(MediaStream, RTCRtpReceiver), onState(text), onFatal(error).
   constructor(api, details, handlers) {
     this.kind = "embedded";
     this.api = api;
@@ -59,7 +59,7 @@ export class EmbeddedLink {
       }
     };
     pc.ontrack = (event) => {
-      if (current()) this.handlers.onStream(event.streams[0] || new MediaStream([event.track]));
+      if (current()) this.handlers.onStream(event.streams[0] || new MediaStream([event.track]), event.receiver);
     };
     pc.onconnectionstatechange = () => {
       if (!current()) return;

@@ -36,7 +36,7 @@ export class LiveKitLink {
     const current = () => this.room === room && !this.closed;
     room.on(lk.RoomEvent.TrackSubscribed, (track, _publication, participant) => {
       if (current() && track.kind === lk.Track.Kind.Video && participant.identity === details.service_identity) {
-        this.handlers.onStream(new MediaStream([track.mediaStreamTrack]));
+        this.handlers.onStream(new MediaStream([track.mediaStreamTrack]), track.receiver);
       }
     });
     room.on(lk.RoomEvent.DataReceived, (payload, participant, _kind, topic) => {
