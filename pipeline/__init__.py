@@ -11,6 +11,7 @@ from pipeline.bidirectional import (
     CANONICAL_KEYS,
     KEY_ALIASES,
     MAX_KEYS_PER_SNAPSHOT,
+    MAX_PROMPT_BYTES,
     MAX_SEQ,
     BidirectionalService,
     ChunkOutput,
@@ -21,8 +22,10 @@ from pipeline.bidirectional import (
     ResetPose,
     ServiceStatistics,
     SessionSummary,
+    SetPrompt,
     Stop,
     canonical_key,
+    check_prompt,
 )
 from pipeline.clock import Clock, MonotonicClock
 from pipeline.core import SchedulerCore
@@ -69,6 +72,7 @@ __all__ = [
     "CANONICAL_KEYS",
     "KEY_ALIASES",
     "MAX_KEYS_PER_SNAPSHOT",
+    "MAX_PROMPT_BYTES",
     "MAX_SEQ",
     "ActorDiedError",
     "ActorStatistics",
@@ -109,6 +113,7 @@ __all__ = [
     "SessionMetricsSnapshot",
     "SessionPoisonedError",
     "SessionSummary",
+    "SetPrompt",
     "Stage",
     "StageActor",
     "StageCall",
@@ -127,5 +132,6 @@ __all__ = [
     "UnknownArtifactError",
     "UnknownSessionError",
     "canonical_key",
+    "check_prompt",
     "validate_pipeline",
 ]

@@ -7,10 +7,12 @@ model workers only through this protocol, so tests can put a scripted fake behin
 
 Control messages are the decoded form of control protocol v1 (the transports own the JSON codec):
 `ControlState(seq, keys)` is a snapshot of held keys (newest wins; a stale or duplicate `seq` is dropped and
-counted, never an error that ends the session), `ResetPose()` and `Stop()` are discrete commands. The protocol's
-key table lives here, once, for the wire codec (`transport.protocol`) and the model's normaliser
-(`pipeline.lingbot.controls`): the canonical keys `w a s d i j k l`, their aliases (arrows, upper case) and the
-bounds of a snapshot (`MAX_SEQ`, `MAX_KEYS_PER_SNAPSHOT`).
+counted, never an error that ends the session), `ResetPose()` and `Stop()` are discrete commands, and
+`SetPrompt(seq, text)` replaces the session's text prompt (newest wins by its own `seq`, counted apart from the
+key snapshots'; it applies from the next chunk submitted). The protocol's key table lives here, once, for the wire
+codec (`transport.protocol`) and the model's normaliser (`pipeline.lingbot.controls`): the canonical keys
+`w a s d i j k l`, their aliases (arrows, upper case) and the bounds of a snapshot (`MAX_SEQ`,
+`MAX_KEYS_PER_SNAPSHOT`); so does the prompt's bound (`MAX_PROMPT_BYTES`, `check_prompt`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "CANONICAL_KEYS",
     "KEY_ALIASES",
     "MAX_KEYS_PER_SNAPSHOT",
+    "MAX_PROMPT_BYTES",
     "MAX_SEQ",
     "BidirectionalService",
     "ChunkOutput",
@@ -43,8 +46,10 @@ __all__ = [
     "ResetPose",
     "ServiceStatistics",
     "SessionSummary",
+    "SetPrompt",
     "Stop",
     "canonical_key",
+    "check_prompt",
 ]
 
 CANONICAL_KEYS: frozenset[str] = frozenset("wasdijkl")
@@ -66,6 +71,28 @@ MAX_KEYS_PER_SNAPSHOT = 16
 
 MAX_SEQ = 2**53 - 1
 """The largest control `seq`: JavaScript's Number.MAX_SAFE_INTEGER, so a browser counts exactly over JSON."""
+
+
+MAX_PROMPT_BYTES = 512
+"""The longest text prompt, in UTF-8 bytes (the create request's `prompt` and the `prompt` control message)."""
+
+
+def check_prompt(text: object) -> str:
+    """`text` when it is a valid prompt: a string of at most `MAX_PROMPT_BYTES` UTF-8 bytes ("" means no prompt).
+
+    Raises `ValueError` with a sentence saying why not (not a string, not encodable as UTF-8, too long).
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"a prompt must be a string, got {type(text).__name__}")
+    if len(text) > MAX_PROMPT_BYTES:  # every character is at least one byte: no need to encode a long one
+        raise ValueError(f"a prompt is at most {MAX_PROMPT_BYTES} UTF-8 bytes, got at least {len(text)}")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError("a prompt must be valid Unicode text (it holds a lone surrogate)") from None
+    if size > MAX_PROMPT_BYTES:
+        raise ValueError(f"a prompt is at most {MAX_PROMPT_BYTES} UTF-8 bytes, got {size}")
+    return text
 
 
 def canonical_key(name: str) -> str | None:
@@ -91,7 +118,15 @@ class Stop:
     """The client wants the session to end (it drains: the chunk in progress is still delivered)."""
 
 
-ControlMessage = ControlState | ResetPose | Stop
+@dataclass(frozen=True, slots=True)
+class SetPrompt:
+    """Replace the session's text prompt from the next chunk on (`seq`: the client's prompt counter, newest wins)."""
+
+    seq: int
+    text: str
+
+
+ControlMessage = ControlState | ResetPose | Stop | SetPrompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +136,8 @@ class ChunkOutput:
     `frames` is uint8 `[T, H, W, 3]` (RGB). `applied_seq`/`keys` are the control snapshot the chunk was generated
     from (`applied_seq` is -1 before the client sent any). `timings` holds per-chunk figures in seconds
     (e.g. `control_to_output`, `denoise`, `decode`). `first_frame_index` is the index of the chunk's first frame in
-    the session's video.
+    the session's video. `prompt` is the text prompt the chunk was generated from ("" for none) and `prompt_seq`
+    the `seq` of the `SetPrompt` that set it (-1: the session's initial prompt).
     """
 
     session_id: str
@@ -112,6 +148,8 @@ class ChunkOutput:
     applied_seq: int
     keys: frozenset[str]
     timings: Mapping[str, float] = field(default_factory=dict)
+    prompt: str = ""
+    prompt_seq: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,7 @@ from pipeline.lingbot.errors import (
     SessionConfigError,
 )
 from pipeline.lingbot.hud import draw_hud
+from pipeline.lingbot.looks import PromptLook, look_of
 from pipeline.lingbot.model import (
     CONTROL_CHANNELS,
     LATENT_CHANNELS,
@@ -87,6 +88,7 @@ from pipeline.lingbot.placement import (
     plan_placement,
 )
 from pipeline.lingbot.playout import ChunkPlayout, PlayoutConfig, PlayoutScheduler, PlayoutStatistics
+from pipeline.lingbot.prompts import PromptCache, PromptCacheStatistics
 from pipeline.lingbot.reference_model import (
     DENOISING_STEPS,
     KEY_SLOT,
@@ -178,6 +180,9 @@ __all__ = [
     "PoseIntegrator",
     "PoseSteps",
     "ProcessPlacement",
+    "PromptCache",
+    "PromptCacheStatistics",
+    "PromptLook",
     "ReferenceDiT",
     "ReferenceEncoder",
     "ReferenceModelFactory",
@@ -202,6 +207,7 @@ __all__ = [
     "frame_num_for_latent_frames",
     "latent_frames_for",
     "lingbot_pipeline_spec",
+    "look_of",
     "normalize_keys",
     "plan_placement",
     "plucker_rays",

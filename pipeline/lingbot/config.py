@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from pipeline.bidirectional import check_prompt
 from pipeline.lingbot.camera import DEFAULT_HFOV_DEG, PinholeIntrinsics, PoseSteps
 from pipeline.lingbot.chunks import ChunkPlan, frame_num_for_duration
 from pipeline.lingbot.errors import ChunkContractError, ImageInputError, SessionConfigError
@@ -113,6 +114,8 @@ class LingBotSessionConfig:
     """Emulated model cost: the reference denoiser does about compute_scale times its own work (1.0 = cheap)."""
     schedule: str = "just_in_time"
     """How a real-time session times its chunks, one of SCHEDULES (offline generation ignores it)."""
+    prompt: str = ""
+    """The text prompt the session starts from ("" for none; at most 512 UTF-8 bytes). `SetPrompt` replaces it."""
 
     def __post_init__(self) -> None:
         for name, (low, high) in _INT_RANGES.items():
@@ -123,6 +126,10 @@ class LingBotSessionConfig:
             raise SessionConfigError(f"hud must be true or false, got {self.hud!r}")
         if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
             raise SessionConfigError(f"schedule must be one of {list(SCHEDULES)}, got {str(self.schedule)[:64]!r}")
+        try:
+            check_prompt(self.prompt)
+        except ValueError as exc:
+            raise SessionConfigError(f"prompt: {exc}") from None
         for name in ("width", "height"):
             if getattr(self, name) % _SIZE_MULTIPLE != 0:
                 raise SessionConfigError(f"{name} must be a multiple of {_SIZE_MULTIPLE}, got {getattr(self, name)}")

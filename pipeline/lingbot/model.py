@@ -7,13 +7,29 @@ Data flow of one session (every tensor float32 unless said otherwise; `h, w = H/
         reference prefix; the reference model returns T = 1).
     ChunkDenoiser.create_cache(session, config, base_latent)
         the base latent is handed over ONCE and stays resident on the denoise side (with any KV cache).
-    ChunkDenoiser.denoise_chunk(session, chunk_index, cs, control [24, cs, h, w])   -> latent chunk [16, cs, h, w]
+    ChunkDenoiser.denoise_chunk(session, chunk_index, cs, control [24, cs, h, w], prompt=text)
+                                                                                     -> latent chunk [16, cs, h, w]
         the `condition` artifact carries only `ChunkCondition(chunk_index, chunk_size)`: the denoiser slices the
         resident base latent itself (`slice_condition`, repeating its tail when the prefix is shorter than the
         session) and builds the first-frame mask itself (`first_frame_mask`: only latent frame 0 of chunk 0 is the
-        given reference frame). `control` is the Plücker tensor of `camera.py`.
+        given reference frame). `control` is the Plücker tensor of `camera.py`. `prompt` is the chunk's text
+        conditioning (below).
     ChunkDecoder.decode_chunk(session, chunk_index, latent [16, cs, h, w])           -> frames uint8 [T, H, W, 3]
         `T = 4*(cs-1)+1` for chunk 0 and `4*cs` after (`ChunkPlan.frames_in_chunk`), on the CPU, RGB.
+
+Text conditioning (the prompt). Every `denoise_chunk` call names the prompt its chunk is generated from, as a plain
+`str` keyword argument: "" means no prompt (the model's unconditioned / default text), anything else is at most
+`MAX_PROMPT_BYTES` (512) UTF-8 bytes, already validated (`pipeline.bidirectional.check_prompt`) by whoever accepted it
+(the REST create request, the `prompt` control message, a `lingstream generate` trace). The session policy takes the
+newest prompt when it submits a chunk's control, so the prompt travels per chunk with the `control` artifact
+(`ControlArtifact`, `stages.py`): a string pickles across the worker-process boundary, every rank of a sharded DiT
+receives the same one, and a prompt change applies from the next chunk submitted on, never to a chunk already in flight.
+Most chunks repeat the previous chunk's prompt, so a model that encodes text keeps its encoding per distinct prompt: a
+real LingBot-class checkpoint runs its text encoder (umt5) once per new string and keeps the result (the DiT's per-layer
+cross-attention K/V, `models.TextKV`) keyed by the string, per session (or in a small shared LRU), released with the
+session's cache. Encoding a new prompt is part of that chunk's denoise call (and of its lease turn), so the encoder must
+live where the denoiser runs (or be reached from it); the reference model derives a look (time of day, weather, palette)
+from the words and caches it the same way (`looks.py`).
 
 Each protocol has its own per-session `create_cache` / `release_cache`; `release_cache` is idempotent (an unknown id
 is a no-op) so a failed release can be retried. Chunks of one session arrive in order 0, 1, 2, ... (the orchestrator
@@ -44,14 +60,14 @@ device, its rank and the world size of its group). What a checkpoint implements 
   in `encoder`/`denoiser`/`decoder`, on `shard.device`; it holds no open resources before that.
 - Encode and decode are not sharded: they run on rank 0 of their group (a co-located decode runs on the DiT
   group's rank 0). `shard.world_size` is 1 for them unless decode is co-located, where ranks > 0 build no decoder.
-- The denoiser is built on every rank of the DiT group. When `shard.world_size > 1` the worker has already
-  joined the ranks into torch.distributed's default process group (gloo on CPU, nccl on CUDA), and every rank
-  receives the same calls in the same order with the same arguments (`create_cache` with the whole base latent,
-  `denoise_chunk` with the whole control tensor). Each rank computes its share and the ranks gather it, e.g.
-  sequence parallelism: tokens split across ranks, all-to-all around attention (Ulysses) or a ring of KV blocks,
-  each rank keeping the KV cache of its own tokens in its `create_cache` state. Rank 0 must return the whole latent
-  chunk; what other ranks return is discarded. A collective must be reached by every rank in every call (a rank
-  that skips one hangs the others until the worker's call timeout kills the group).
+- The denoiser is built on every rank of the DiT group. When `shard.world_size > 1` the worker has already joined the
+  ranks into torch.distributed's default process group (gloo on CPU, nccl on CUDA), and every rank receives the same
+  calls in the same order with the same arguments (`create_cache` with the whole base latent, `denoise_chunk` with the
+  whole control tensor and the same prompt). Each rank computes its share and the ranks gather it, e.g. sequence
+  parallelism: tokens split across ranks, all-to-all around attention (Ulysses) or a ring of KV blocks, each rank
+  keeping the KV cache of its own tokens in its `create_cache` state. Rank 0 must return the whole latent chunk; what
+  other ranks return is discarded. A collective must be reached by every rank in every call (a rank that skips one hangs
+  the others until the worker's call timeout kills the group).
 - Results must not depend on the world size beyond floating-point reassociation: the reference DiT splits latent
   rows across ranks and gathers them, and its 2-rank frames equal its 1-rank frames bit for bit (tested).
 """
@@ -130,8 +146,11 @@ class ChunkDenoiser(Protocol):
 
     def create_cache(self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor) -> None: ...
 
-    def denoise_chunk(self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor) -> torch.Tensor:
-        """`control` float32 `[24, chunk_size, h, w]`; returns the latent chunk `[16, chunk_size, h, w]` float32."""
+    def denoise_chunk(
+        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+    ) -> torch.Tensor:
+        """`control` float32 `[24, chunk_size, h, w]`; `prompt` the chunk's text conditioning ("" for none, else at
+        most 512 UTF-8 bytes; see the module docstring); returns the latent chunk `[16, chunk_size, h, w]` float32."""
         ...
 
     def release_cache(self, session_id: str) -> None: ...

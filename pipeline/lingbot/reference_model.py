@@ -21,11 +21,13 @@ Latent layout (`[16, T, h, w]` float32, `h, w = H/8, W/8`), one latent frame per
                      as a displacement in normalised image units (x, y); the decoder interpolates it linearly
                      over the 4 video frames (a video codec's motion vectors, in place of a learned temporal decoder)
 
-Stages. Encode: colour transform and area downsampling (plus the procedural scene for `None`). Denoise: reads each
-video frame's camera back out of the Plücker control (`camera.recover_cameras`), renders the world into the key
-frame of every latent frame, then runs 4 flow-matching Euler steps from seeded noise towards that render; the
-first-frame mask pins frame 0 of chunk 0 to the resident reference latent. Decode: upsample luma and chroma, then
-warp each key frame by its motion channels into its 4 video frames (1 for the first latent frame of chunk 0).
+Stages. Encode: colour transform and area downsampling (plus the procedural scene for `None`). Denoise: reads each video
+frame's camera back out of the Plücker control (`camera.recover_cameras`), renders the world into the key frame of every
+latent frame, then runs 4 flow-matching Euler steps from seeded noise towards that render; the first-frame mask pins
+frame 0 of chunk 0 to the resident reference latent. The chunk's text prompt grades the render before sampling
+(`looks.py`: time of day, weather or palette from its words; "" changes nothing), each distinct prompt read once
+(`PromptCache`), so a new prompt shows from the chunk it arrives with on. Decode: upsample luma and chroma, then warp
+each key frame by its motion channels into its 4 video frames (1 for the first latent frame of chunk 0).
 
 `compute_scale > 1` adds matrix work to every denoising step (the result is discarded, so frames do not change)
 to emulate a heavier model: roughly `compute_scale` times the denoise cost. No stage touches torch's thread count.
@@ -55,6 +57,7 @@ from pipeline.lingbot.camera import PinholeIntrinsics, recover_cameras
 from pipeline.lingbot.chunks import TEMPORAL_COMPRESSION, ChunkPlan
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.errors import ChunkContractError, ModelInputError, ModelSessionError
+from pipeline.lingbot.looks import PromptLook, look_of
 from pipeline.lingbot.model import (
     LATENT_CHANNELS,
     ModelShard,
@@ -64,6 +67,7 @@ from pipeline.lingbot.model import (
     validate_control,
     validate_latent_chunk,
 )
+from pipeline.lingbot.prompts import PromptCache, PromptCacheStatistics
 
 __all__ = [
     "DENOISING_STEPS",
@@ -462,6 +466,7 @@ class ReferenceDiT:
         weights = torch.Generator().manual_seed(0x5EED)
         self._work_in = torch.randn(LATENT_CHANNELS, _WORK_WIDTH, generator=weights).to(self._device) / 4
         self._work = torch.randn(_WORK_WIDTH, _WORK_WIDTH, generator=weights).to(self._device) / _WORK_WIDTH**0.5
+        self._looks: PromptCache[PromptLook] = PromptCache()
 
     def create_cache(self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor) -> None:
         """Keep `base_latent` `[16, T, h, w]` resident for the session and prepare its world textures."""
@@ -498,11 +503,19 @@ class ReferenceDiT:
     def statistics(self) -> ReferenceStageStatistics:
         return self._sessions.statistics()
 
-    def denoise_chunk(self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor) -> torch.Tensor:
-        """Control `[24, cs, h, w]` -> latent chunk `[16, cs, h, w]` float32 on this stage's device."""
+    def prompt_statistics(self) -> PromptCacheStatistics:
+        """How often a prompt was read into a look, and how often the cached look was reused."""
+        return self._looks.statistics()
+
+    def denoise_chunk(
+        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+    ) -> torch.Tensor:
+        """Control `[24, cs, h, w]` and the chunk's prompt -> latent chunk `[16, cs, h, w]` float32 on this stage's
+        device."""
         state = self._sessions.get(session_id)
         _check_chunk(state.plan, chunk_index, chunk_size, state.next_chunk, "denoise")
         validate_control(control, state.config, chunk_size)
+        look = self._looks.get(prompt, lambda: look_of(prompt))
         started = time.perf_counter()
         start, stop = state.rows
         with torch.inference_mode():
@@ -512,6 +525,7 @@ class ReferenceDiT:
                 target = self._render_chunk(state, rotations.to(torch.float32), centres.to(torch.float32))
             else:  # more ranks than rows: this rank has no band, but still joins the gather
                 target = torch.zeros_like(condition)
+            target = look.apply(target)
             mask = first_frame_mask(chunk_index, chunk_size, self._device)
             target = torch.where(mask[None, :, None, None], condition, target)
             latent = self._sample(state, chunk_index, target, mask, condition)

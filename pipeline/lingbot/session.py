@@ -10,16 +10,15 @@ Condition prefetch (lookahead 2), independent of control admission::
 
 The latency anchor is `control`, so a prefetched condition never starts the control-to-output clock.
 
-The chunk loop runs one chunk per execution-lease grant: it waits until the session has something to generate
-(chunk 0, a held key, a new snapshot, a pose reset), takes the lease, submits the chunk's control with the newest
-snapshot, waits for the chunk's frames, gives the lease back, then hands the chunk to the reader through a bounded
-queue (capacity 2, the producer waits: a reader that stops reading stops the session's generation, never the
-lease). In real-time mode a chunk starts just in time (`playout.py`): ready a small margin before the previous
-chunk's playback ends, so a key shows up after about one generation time plus the wait for the next chunk start,
-not behind a buffer of video generated ahead; under-runs are counted (`playout_statistics`) and each chunk carries
-`playout_lead` (and `underrun` when it came late) in its timings. Cancellation of the loop at any await leaves
-the orchestrator session for `close` to cancel and release.
-"""
+The chunk loop runs one chunk per execution-lease grant: it waits until the session has something to generate (chunk 0,
+a held key, a new snapshot, a pose reset, a new prompt), takes the lease, submits the chunk's control with the newest
+snapshot and the newest prompt (each chunk reports both), waits for the chunk's frames, gives the lease back, then hands
+the chunk to the reader through a bounded queue (capacity 2, the producer waits: a reader that stops reading stops the
+session's generation, never the lease). In real-time mode a chunk starts just in time (`playout.py`): ready a small
+margin before the previous chunk's playback ends, so a key shows up after about one generation time plus the wait for
+the next chunk start, not behind a buffer of video generated ahead; under-runs are counted (`playout_statistics`) and
+each chunk carries `playout_lead` (and `underrun` when it came late) in its timings. Cancellation of the loop at any
+await leaves the orchestrator session for `close` to cancel and release. """
 
 from __future__ import annotations
 
@@ -34,7 +33,7 @@ from typing import Protocol
 import torch
 
 from admission.lease import LeaseStatistics
-from pipeline.bidirectional import ChunkOutput, ControlMessage, ControlState, ResetPose, Stop
+from pipeline.bidirectional import ChunkOutput, ControlMessage, ControlState, ResetPose, SetPrompt, Stop
 from pipeline.clock import Clock
 from pipeline.errors import SessionClosedError, SessionFailedError
 from pipeline.lingbot.config import LingBotSessionConfig
@@ -70,6 +69,8 @@ class _Submitted:
     keys: frozenset[str]
     submitted_at: float
     lease_wait: float
+    prompt: str
+    prompt_seq: int
 
 
 class _ChunkQueue:
@@ -142,6 +143,9 @@ class LingBotSession:
         self.next_control_index = 0
         self._latest: ControlSnapshot | None = None
         self._applied_seq = -1
+        self._prompt = config.prompt
+        self._prompt_seq = -1
+        self._applied_prompt_seq = -1
         self._reset_pending = False
         self._stop_requested = False
         self._wake = asyncio.Event()
@@ -204,6 +208,12 @@ class LingBotSession:
                 self.invalid_controls += 1
                 logger.info("session %s: invalid control snapshot dropped: %s", self.session_id, exc)
                 return
+        elif isinstance(message, SetPrompt):
+            if message.seq <= self._prompt_seq:
+                self.stale_controls += 1
+                return
+            self._prompt = message.text
+            self._prompt_seq = message.seq
         elif isinstance(message, ResetPose):
             self._reset_pending = True
         elif isinstance(message, Stop):
@@ -213,7 +223,7 @@ class LingBotSession:
     def wants_chunk(self) -> bool:
         if self.is_finished():
             return False
-        if self.next_control_index == 0 or self._reset_pending:
+        if self.next_control_index == 0 or self._reset_pending or self._prompt_seq > self._applied_prompt_seq:
             return True
         latest = self._latest
         return latest is not None and (not latest.idle or latest.seq > self._applied_seq)
@@ -308,7 +318,7 @@ class LingBotSession:
             index = self.next_control_index
             latest = self._latest
             snapshot = latest if latest is not None else ControlSnapshot(0, frozenset())
-            control = ControlArtifact(index, snapshot, reset_pose=self._reset_pending)
+            control = ControlArtifact(index, snapshot, reset_pose=self._reset_pending, prompt=self._prompt)
             self._reset_pending = False
             items: dict[str, tuple[int, object]] = {CONTROL: (index, control)}
             starved = self.next_condition_index == index
@@ -320,7 +330,12 @@ class LingBotSession:
                 self.next_condition_index += 1
             self._check_window()
             self._submitted[index] = _Submitted(
-                latest.seq if latest is not None else -1, snapshot.keys, self._clock.now(), granted_at - wanted_at
+                latest.seq if latest is not None else -1,
+                snapshot.keys,
+                self._clock.now(),
+                granted_at - wanted_at,
+                self._prompt,
+                self._prompt_seq,
             )
             item = await anext(stream)
         self.refill()
@@ -332,6 +347,7 @@ class LingBotSession:
         now = self._clock.now()
         record = self._submitted.pop(payload.chunk_index)
         self._applied_seq = max(self._applied_seq, record.seq)
+        self._applied_prompt_seq = max(self._applied_prompt_seq, record.prompt_seq)
         timings = {**payload.timings, "control_to_output": now - record.submitted_at, "lease_wait": record.lease_wait}
         if self._playout is not None:
             playout = self._playout.ready(now, len(payload.frames))
@@ -353,4 +369,6 @@ class LingBotSession:
             applied_seq=record.seq,
             keys=record.keys,
             timings=timings,
+            prompt=record.prompt,
+            prompt_seq=record.prompt_seq,
         )

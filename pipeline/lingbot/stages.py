@@ -14,7 +14,8 @@ encode stage's call for chunk 0; that call's `condition` carries the base latent
 denoise side, where it stays resident in the denoiser's session cache. Every later `condition` carries only the
 `ChunkCondition` (chunk_index, chunk_size). The denoise stage owns the session's camera (`CameraController`):
 it turns each control snapshot into the chunk's Plücker-ray tensor in chunk order, so pose and pitch persist
-across chunks. Each stage releases its model part's per-session cache in `release`.
+across chunks, and hands the denoiser the chunk's prompt from the same `control` artifact. Each stage releases its
+model part's per-session cache in `release`.
 """
 
 from __future__ import annotations
@@ -79,11 +80,13 @@ class ConditionArtifact:
 
 @dataclass(frozen=True, slots=True)
 class ControlArtifact:
-    """External input of the denoise stage: the control snapshot chunk `chunk_index` is generated from."""
+    """External input of the denoise stage: the control snapshot and text prompt chunk `chunk_index` is generated
+    from ("" for no prompt; the denoiser caches its encoding per distinct prompt, see `model.py`)."""
 
     chunk_index: int
     snapshot: ControlSnapshot
     reset_pose: bool = False
+    prompt: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +204,9 @@ class DenoiseStage:
             camera.reset_pose()
         chunk = camera.chunk_control(control.snapshot, index, condition.condition.chunk_size)
         started = time.perf_counter()
-        latent = self._denoiser.denoise_chunk(sid, index, condition.condition.chunk_size, chunk.plucker)
+        latent = self._denoiser.denoise_chunk(
+            sid, index, condition.condition.chunk_size, chunk.plucker, prompt=control.prompt
+        )
         denoise_s = time.perf_counter() - started
         first_config = condition.config if index == 0 else None
         return {"latent": LatentArtifact(index, latent, control.snapshot, first_config, denoise_s)}

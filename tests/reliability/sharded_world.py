@@ -42,13 +42,15 @@ class FaultyShardedDiT:
         self._seeds[session_id] = config.seed
         self._inner.create_cache(session_id, config, base_latent)
 
-    def denoise_chunk(self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor) -> torch.Tensor:
+    def denoise_chunk(
+        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+    ) -> torch.Tensor:
         seed = self._seeds.get(session_id)
         if self._rank == 1 and chunk_index == FAULT_CHUNK and seed in (KILL_SEED, STUCK_SEED):
             if seed == KILL_SEED:
                 self._started.set()
             time.sleep(_HANG_S)
-        return self._inner.denoise_chunk(session_id, chunk_index, chunk_size, control)
+        return self._inner.denoise_chunk(session_id, chunk_index, chunk_size, control, prompt=prompt)
 
     def release_cache(self, session_id: str) -> None:
         self._seeds.pop(session_id, None)

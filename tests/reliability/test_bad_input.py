@@ -285,6 +285,7 @@ config_names = st.sampled_from(
         "height",
         "compute_scale",
         "schedule",
+        "prompt",
         "unknown",
         "",
     ]

@@ -38,11 +38,13 @@ class FaultyDenoiser:
             self._doomed.add(session_id)
         self._inner.create_cache(session_id, config, base_latent)
 
-    def denoise_chunk(self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor) -> torch.Tensor:
+    def denoise_chunk(
+        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+    ) -> torch.Tensor:
         if session_id in self._doomed and chunk_index == FAIL_AT_CHUNK:
             self.raised.append((session_id, chunk_index))
             raise RuntimeError(f"injected denoise failure in chunk {chunk_index}")
-        return self._inner.denoise_chunk(session_id, chunk_index, chunk_size, control)
+        return self._inner.denoise_chunk(session_id, chunk_index, chunk_size, control, prompt=prompt)
 
     def release_cache(self, session_id: str) -> None:
         self._doomed.discard(session_id)

@@ -372,10 +372,12 @@ class _DenoiserFailingAt(ReferenceDiT):
         super().__init__("cpu")
         self._failing_chunk = failing_chunk
 
-    def denoise_chunk(self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor) -> torch.Tensor:
+    def denoise_chunk(
+        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+    ) -> torch.Tensor:
         if chunk_index == self._failing_chunk:
             raise RuntimeError("the GPU caught fire")
-        return super().denoise_chunk(session_id, chunk_index, chunk_size, control)
+        return super().denoise_chunk(session_id, chunk_index, chunk_size, control, prompt=prompt)
 
 
 async def test_a_model_failure_mid_clip_is_a_generation_error_and_keeps_the_chunks_written(tmp_path: Path) -> None:

@@ -48,9 +48,10 @@ def generate_chunk(
     chunk_index: int,
     keys: Sequence[str],
     chunk_size: int,
+    prompt: str = "",
 ) -> torch.Tensor:
     control = camera.chunk_control(ControlSnapshot.from_keys(chunk_index, keys), chunk_index, chunk_size)
-    latent = model.denoiser.denoise_chunk(session_id, chunk_index, chunk_size, control.plucker)
+    latent = model.denoiser.denoise_chunk(session_id, chunk_index, chunk_size, control.plucker, prompt=prompt)
     return model.decoder.decode_chunk(session_id, chunk_index, latent)
 
 

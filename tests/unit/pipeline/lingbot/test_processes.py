@@ -1,6 +1,7 @@
 """LingBotService on worker processes: the placement plan becomes process groups, the reference DiT's work is split
 across its ranks and gathered, and the frames equal the threads placement's bit for bit; between groups the service
-process handles only tensor refs.
+process handles only tensor refs. The text prompt crosses into the DiT group with each chunk's control (the
+session's prompt grades every chunk identically on every placement).
 
 One module-scoped pair of services (1 rank with decode co-located, 2 ranks with decode in its own group) serves
 every test: each group spawns interpreters that import torch, which is the expensive part.
@@ -38,7 +39,7 @@ from tests.unit.pipeline.worker_stages import pids_gone
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 
-CONFIG = {"width": 128, "height": 96, "fps": 16, "chunk_size": 3, "seed": 11, "hud": True}
+CONFIG = {"width": 128, "height": 96, "fps": 16, "chunk_size": 3, "seed": 11, "hud": True, "prompt": "golden dusk"}
 KEYS = [frozenset({"w", "l"}), frozenset({"w", "l"}), frozenset({"a", "i"}), frozenset()]
 
 
@@ -73,6 +74,7 @@ async def generate(worker: LingBotService, session_id: str) -> Chunks:
     for seq, keys in enumerate(KEYS):
         worker.push_control(session_id, ControlState(seq, keys))
         chunk = await anext(outputs)
+        assert chunk.prompt == CONFIG["prompt"]
         chunks.frames.append(chunk.frames)
         chunks.timings.append(chunk.timings)
     summary = await worker.close_session(session_id, CloseMode.CANCEL)

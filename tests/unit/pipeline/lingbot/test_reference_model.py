@@ -50,7 +50,7 @@ def test_latent_has_lingbot_shapes() -> None:
     model = ReferenceWorldModel()
     camera = open_session(model, "s", config)
     control = camera.chunk_control(ControlSnapshot.from_keys(0, []), 0, 3)
-    latent = model.denoiser.denoise_chunk("s", 0, 3, control.plucker)
+    latent = model.denoiser.denoise_chunk("s", 0, 3, control.plucker, prompt="")
     assert latent.shape == (16, 3, 8, 16)
     assert latent.dtype == torch.float32
 
@@ -140,7 +140,7 @@ def test_the_control_tensor_drives_the_camera() -> None:
     camera = open_session(model, "s", config)
     generate_chunk(model, "s", camera, 0, [], 3)
     turned = chunk_plucker([CameraPose(yaw=0.3)] * 12, config.latent_intrinsics())
-    frames = model.decoder.decode_chunk("s", 1, model.denoiser.denoise_chunk("s", 1, 3, turned))
+    frames = model.decoder.decode_chunk("s", 1, model.denoiser.denoise_chunk("s", 1, 3, turned, prompt=""))
     reference = gray(run_session(config, [[]])[0][0])
     # A fixed 0.3 rad turn at f = 64 px moves the picture by 64 * tan(0.3) = 19.8 px to the left.
     _, dx = content_shift(reference, gray(frames[6]), slice(16, 48), slice(30, 98), 24, 4)
@@ -185,7 +185,7 @@ def test_release_frees_the_session_and_is_idempotent() -> None:
     assert model.encoder.statistics().open_sessions == 1
     control = camera.chunk_control(ControlSnapshot.from_keys(1, []), 1, 3)
     with pytest.raises(ModelSessionError, match="no cache for session 's'"):
-        model.denoiser.denoise_chunk("s", 1, 3, control.plucker)
+        model.denoiser.denoise_chunk("s", 1, 3, control.plucker, prompt="")
     with pytest.raises(ModelSessionError):
         model.encoder.encode_reference("s", None)
 
@@ -209,8 +209,8 @@ def test_chunks_out_of_order_are_rejected() -> None:
     camera = CameraController(config.pose_steps(), config.latent_intrinsics())
     control = camera.chunk_control(ControlSnapshot.from_keys(0, []), 0, 3)
     with pytest.raises(ModelSessionError, match="out of order, expected chunk 0"):
-        model.denoiser.denoise_chunk("s", 1, 3, control.plucker)
-    latent = model.denoiser.denoise_chunk("s", 0, 3, control.plucker)
+        model.denoiser.denoise_chunk("s", 1, 3, control.plucker, prompt="")
+    latent = model.denoiser.denoise_chunk("s", 0, 3, control.plucker, prompt="")
     with pytest.raises(ModelSessionError, match="out of order"):
         model.decoder.decode_chunk("s", 2, latent)
 
@@ -221,9 +221,9 @@ def test_chunk_size_and_index_must_match_the_session_plan() -> None:
     camera = open_session(model, "s", config)
     control = camera.chunk_control(ControlSnapshot.from_keys(0, []), 0, 3)
     with pytest.raises(ChunkContractError, match="chunk_size 2"):
-        model.denoiser.denoise_chunk("s", 0, 2, control.plucker[:, :2])
+        model.denoiser.denoise_chunk("s", 0, 2, control.plucker[:, :2], prompt="")
     with pytest.raises(ChunkContractError, match="outside the session"):
-        model.denoiser.denoise_chunk("s", 8, 3, control.plucker)
+        model.denoiser.denoise_chunk("s", 8, 3, control.plucker, prompt="")
 
 
 def test_bad_tensors_are_rejected() -> None:
@@ -232,9 +232,9 @@ def test_bad_tensors_are_rejected() -> None:
     camera = open_session(model, "s", config)
     control = camera.chunk_control(ControlSnapshot.from_keys(0, []), 0, 3)
     with pytest.raises(ModelInputError, match="control must be"):
-        model.denoiser.denoise_chunk("s", 0, 3, control.plucker[:, :, :4])
+        model.denoiser.denoise_chunk("s", 0, 3, control.plucker[:, :, :4], prompt="")
     with pytest.raises(ModelInputError, match="non-finite"):
-        model.denoiser.denoise_chunk("s", 0, 3, control.plucker * float("inf"))
+        model.denoiser.denoise_chunk("s", 0, 3, control.plucker * float("inf"), prompt="")
     with pytest.raises(ModelInputError, match="latent chunk must be"):
         model.decoder.decode_chunk("s", 0, torch.zeros(16, 3, 4, 4))
     model.encoder.create_cache("img", config)

@@ -148,10 +148,12 @@ class FailingDenoiser:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def denoise_chunk(self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor) -> torch.Tensor:
+    def denoise_chunk(
+        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+    ) -> torch.Tensor:
         if chunk_index == self._fail_at:
             raise RuntimeError("cuda error: illegal memory access")
-        return self._inner.denoise_chunk(session_id, chunk_index, chunk_size, control)
+        return self._inner.denoise_chunk(session_id, chunk_index, chunk_size, control, prompt=prompt)
 
 
 class PartsModel:
