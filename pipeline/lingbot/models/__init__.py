@@ -6,7 +6,8 @@ four-step Fast sampler and strict checkpoint loading (`docs/lingbot-fast.md` has
     cache = model.new_cache(PUBLISHED_CACHE, latent_h, latent_w)  # once per session
     x0 = denoise_chunk(model, cache, text, condition, noise, generator, control)   # per chunk
 
-`safetensors` (the `lingbot` extra) is imported only by the checkpoint functions, when called.
+`safetensors`, `diffusers` and `transformers` (the `lingbot` extra) are imported only by the functions that use
+them, when called.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from pipeline.lingbot.models.checkpoint import (
     DIT_WEIGHTS,
     CheckpointLayout,
     TensorSpec,
+    compare_specs,
     expected_specs,
     load_dit,
+    load_strict,
     locate_checkpoint,
     read_specs,
     write_tiny_checkpoint,
@@ -41,15 +44,27 @@ from pipeline.lingbot.models.errors import (
     ModelContextExhaustedError,
 )
 from pipeline.lingbot.models.sampler import FAST_SCHEDULE, FastSchedule, denoise_chunk, fast_schedule, sample_chunk
+from pipeline.lingbot.models.vae import (
+    DEFAULT_MAX_PREFIX_FRAMES,
+    TINY_VAE_CONFIG,
+    PrefixEncoding,
+    StreamingVAE,
+    VAEStatistics,
+    load_vae,
+    tiny_vae,
+    write_tiny_vae,
+)
 
 __all__ = [
     "CONTEXT_EXHAUSTED_REASON",
+    "DEFAULT_MAX_PREFIX_FRAMES",
     "DIT_INDEX",
     "DIT_WEIGHTS",
     "FAST_SCHEDULE",
     "LINGBOT_FAST_14B",
     "PUBLISHED_CACHE",
     "TINY_DIT",
+    "TINY_VAE_CONFIG",
     "CacheConfig",
     "CacheSlot",
     "CacheStatistics",
@@ -62,15 +77,23 @@ __all__ = [
     "LingBotFastDiT",
     "ModelConfigError",
     "ModelContextExhaustedError",
+    "PrefixEncoding",
+    "StreamingVAE",
     "TensorSpec",
     "TextKV",
+    "VAEStatistics",
     "bytes_per_session",
+    "compare_specs",
     "denoise_chunk",
     "expected_specs",
     "fast_schedule",
     "load_dit",
+    "load_strict",
+    "load_vae",
     "locate_checkpoint",
     "read_specs",
     "sample_chunk",
+    "tiny_vae",
     "write_tiny_checkpoint",
+    "write_tiny_vae",
 ]

@@ -34,8 +34,10 @@ __all__ = [
     "DIT_WEIGHTS",
     "CheckpointLayout",
     "TensorSpec",
+    "compare_specs",
     "expected_specs",
     "load_dit",
+    "load_strict",
     "locate_checkpoint",
     "read_specs",
     "write_tiny_checkpoint",
@@ -78,18 +80,20 @@ class CheckpointLayout:
     """None for the single-file layout."""
 
 
-def locate_checkpoint(directory: Path | str) -> CheckpointLayout:
-    """Finds the single-file or sharded layout in `directory`; a missing or unreadable piece is named."""
+def locate_checkpoint(directory: Path | str, weights: str = DIT_WEIGHTS) -> CheckpointLayout:
+    """Finds the single-file (`weights`) or sharded (`weights` + ".index.json") layout in `directory`; a missing or
+    unreadable piece is named. The DiT and diffusers' VAE use `DIT_WEIGHTS`, transformers' encoders
+    "model.safetensors"."""
     root = Path(directory)
-    single, index = root / DIT_WEIGHTS, root / DIT_INDEX
+    single, index = root / weights, root / (weights + ".index.json")
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist")
     if single.is_file() and index.is_file():
-        raise CheckpointError(f"checkpoint {root} has both {DIT_WEIGHTS} and {DIT_INDEX}; keep one layout")
+        raise CheckpointError(f"checkpoint {root} has both {single.name} and {index.name}; keep one layout")
     if single.is_file():
         return CheckpointLayout(root, (single,), None)
     if not index.is_file():
-        raise CheckpointError(f"checkpoint {root} has neither {DIT_WEIGHTS} nor {DIT_INDEX}")
+        raise CheckpointError(f"checkpoint {root} has neither {single.name} nor {index.name}")
     try:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -133,7 +137,7 @@ def read_specs(layout: CheckpointLayout) -> dict[str, TensorSpec]:
     if layout.weight_map is not None:
         absent = sorted(key for key in layout.weight_map if key not in specs)
         if absent:
-            problems.append(_listed(f"listed in {DIT_INDEX} but in no shard", absent))
+            problems.append(_listed("listed in the index but in no shard", absent))
     if problems:
         raise CheckpointError(f"checkpoint {layout.directory}: " + "; ".join(problems))
     return specs
@@ -151,6 +155,19 @@ def check_specs(
 ) -> torch.dtype:
     """Raises one `CheckpointError` naming every difference; returns the checkpoint's dtype."""
     expected = expected_specs(config, checkpoint_dtype or torch.float32)
+    return compare_specs(expected, found, where, _describe(config), checkpoint_dtype)
+
+
+def compare_specs(
+    expected: Mapping[str, TensorSpec],
+    found: Mapping[str, TensorSpec],
+    where: Path,
+    description: str,
+    checkpoint_dtype: torch.dtype | None = None,
+) -> torch.dtype:
+    """Strict comparison of a checkpoint's tensors with a model's (any model: the DiT, the VAE, the text encoder):
+    raises one `CheckpointError` naming every missing, unexpected, wrongly shaped or wrongly typed tensor; returns
+    the checkpoint's dtype (`checkpoint_dtype`, or the one most tensors have)."""
     problems = []
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
@@ -170,8 +187,35 @@ def check_specs(
     if dtypes or not dtype.is_floating_point:
         problems.append(_listed("wrong dtypes", dtypes or [f"{dtype} is not a floating dtype"]))
     if problems:
-        raise CheckpointError(f"checkpoint {where} does not fit {_describe(config)}: " + "; ".join(problems))
+        raise CheckpointError(f"checkpoint {where} does not fit {description}: " + "; ".join(problems))
     return dtype
+
+
+def load_strict(
+    model: torch.nn.Module,
+    layout: CheckpointLayout,
+    description: str,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str = "cpu",
+    checkpoint_dtype: torch.dtype | None = None,
+) -> torch.nn.Module:
+    """Loads `layout` into `model` (built on the `meta` device) strictly: headers compared first
+    (`compare_specs`), then shard by shard onto `device`, cast to `dtype` (default: the checkpoint's). Buffers the
+    model computes itself (not in its `state_dict`) are left as they are. Returns the model in eval mode without
+    gradients."""
+    from safetensors.torch import load_file
+
+    expected = {name: TensorSpec(tuple(t.shape), t.dtype) for name, t in model.state_dict().items()}
+    stored = compare_specs(expected, read_specs(layout), layout.directory, description, checkpoint_dtype)
+    target = dtype or stored
+    for path in layout.files:
+        part = {key: value.to(target) for key, value in load_file(str(path), device=str(device)).items()}
+        model.load_state_dict(part, strict=False, assign=True)
+    left = [name for name, param in model.state_dict().items() if param.is_meta]
+    if left:
+        raise CheckpointError(_listed(f"checkpoint {layout.directory} left parameters unloaded", left))
+    return model.eval().requires_grad_(False)
 
 
 def load_dit(
@@ -184,20 +228,11 @@ def load_dit(
 ) -> LingBotFastDiT:
     """The DiT with the checkpoint's weights, on `device` in `dtype` (default: the checkpoint's), in eval mode
     and without gradients. Raises `CheckpointError` before reading weights if anything does not fit."""
-    from safetensors.torch import load_file
-
     layout = locate_checkpoint(directory)
-    stored = check_specs(config, read_specs(layout), layout.directory, checkpoint_dtype)
-    target = dtype or stored
     with torch.device("meta"):
         model = LingBotFastDiT(config)
-    for path in layout.files:
-        part = {key: value.to(target) for key, value in load_file(str(path), device=str(device)).items()}
-        model.load_state_dict(part, strict=False, assign=True)
-    left = [name for name, param in model.state_dict().items() if param.is_meta]
-    if left:
-        raise CheckpointError(_listed(f"checkpoint {layout.directory} left parameters unloaded", left))
-    return model.eval().requires_grad_(False)
+    load_strict(model, layout, _describe(config), dtype=dtype, device=device, checkpoint_dtype=checkpoint_dtype)
+    return model
 
 
 def write_tiny_checkpoint(
