@@ -44,6 +44,14 @@ from pipeline.lingbot.models.errors import (
     ModelContextExhaustedError,
 )
 from pipeline.lingbot.models.sampler import FAST_SCHEDULE, FastSchedule, denoise_chunk, fast_schedule, sample_chunk
+from pipeline.lingbot.models.text import (
+    DEFAULT_PROMPT,
+    TEXT_ENCODER_WEIGHTS,
+    TINY_UMT5_CONFIG,
+    UMT5TextEncoder,
+    load_text_encoder,
+    write_tiny_text_encoder,
+)
 from pipeline.lingbot.models.vae import (
     DEFAULT_MAX_PREFIX_FRAMES,
     TINY_VAE_CONFIG,
@@ -58,12 +66,15 @@ from pipeline.lingbot.models.vae import (
 __all__ = [
     "CONTEXT_EXHAUSTED_REASON",
     "DEFAULT_MAX_PREFIX_FRAMES",
+    "DEFAULT_PROMPT",
     "DIT_INDEX",
     "DIT_WEIGHTS",
     "FAST_SCHEDULE",
     "LINGBOT_FAST_14B",
     "PUBLISHED_CACHE",
+    "TEXT_ENCODER_WEIGHTS",
     "TINY_DIT",
+    "TINY_UMT5_CONFIG",
     "TINY_VAE_CONFIG",
     "CacheConfig",
     "CacheSlot",
@@ -81,6 +92,7 @@ __all__ = [
     "StreamingVAE",
     "TensorSpec",
     "TextKV",
+    "UMT5TextEncoder",
     "VAEStatistics",
     "bytes_per_session",
     "compare_specs",
@@ -89,11 +101,13 @@ __all__ = [
     "fast_schedule",
     "load_dit",
     "load_strict",
+    "load_text_encoder",
     "load_vae",
     "locate_checkpoint",
     "read_specs",
     "sample_chunk",
     "tiny_vae",
     "write_tiny_checkpoint",
+    "write_tiny_text_encoder",
     "write_tiny_vae",
 ]

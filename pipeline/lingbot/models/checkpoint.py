@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,12 +164,14 @@ def compare_specs(
     where: Path,
     description: str,
     checkpoint_dtype: torch.dtype | None = None,
+    optional: Collection[str] = (),
 ) -> torch.dtype:
     """Strict comparison of a checkpoint's tensors with a model's (any model: the DiT, the VAE, the text encoder):
     raises one `CheckpointError` naming every missing, unexpected, wrongly shaped or wrongly typed tensor; returns
-    the checkpoint's dtype (`checkpoint_dtype`, or the one most tensors have)."""
+    the checkpoint's dtype (`checkpoint_dtype`, or the one most tensors have). `optional` keys (a tied alias such as
+    umt5's `encoder.embed_tokens.weight`, which savers drop) may be absent but must fit when present."""
     problems = []
-    missing = sorted(set(expected) - set(found))
+    missing = sorted(set(expected) - set(found) - set(optional))
     unexpected = sorted(set(found) - set(expected))
     if missing:
         problems.append(_listed("missing keys", missing))
@@ -199,20 +201,21 @@ def load_strict(
     dtype: torch.dtype | None = None,
     device: torch.device | str = "cpu",
     checkpoint_dtype: torch.dtype | None = None,
+    optional: Collection[str] = (),
 ) -> torch.nn.Module:
     """Loads `layout` into `model` (built on the `meta` device) strictly: headers compared first
     (`compare_specs`), then shard by shard onto `device`, cast to `dtype` (default: the checkpoint's). Buffers the
-    model computes itself (not in its `state_dict`) are left as they are. Returns the model in eval mode without
-    gradients."""
+    model computes itself (not in its `state_dict`) are left as they are; `optional` keys absent from the checkpoint
+    stay on `meta` for the caller to tie. Returns the model in eval mode without gradients."""
     from safetensors.torch import load_file
 
     expected = {name: TensorSpec(tuple(t.shape), t.dtype) for name, t in model.state_dict().items()}
-    stored = compare_specs(expected, read_specs(layout), layout.directory, description, checkpoint_dtype)
+    stored = compare_specs(expected, read_specs(layout), layout.directory, description, checkpoint_dtype, optional)
     target = dtype or stored
     for path in layout.files:
         part = {key: value.to(target) for key, value in load_file(str(path), device=str(device)).items()}
         model.load_state_dict(part, strict=False, assign=True)
-    left = [name for name, param in model.state_dict().items() if param.is_meta]
+    left = [name for name, param in model.state_dict().items() if param.is_meta and name not in optional]
     if left:
         raise CheckpointError(_listed(f"checkpoint {layout.directory} left parameters unloaded", left))
     return model.eval().requires_grad_(False)
