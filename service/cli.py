@@ -1,9 +1,11 @@
 """The `lingstream` command line: `serve` runs the service, `drain` asks a local one to drain (a preStop hook),
-`generate` writes a clip offline (`service.offline.generate`, its own options).
+`generate` writes a clip offline (`service.offline.generate`, its own options), `play` drives a live session of a
+running service from a control trace and records it (`service.play`, its own options).
 
     lingstream serve [--host H] [--port P] [--config FILE]
     lingstream drain [--wait] [--timeout SECONDS] [--port P]
     lingstream generate --out OUT.mp4 [...]
+    lingstream play --url URL --controls TRACE --out OUT.mp4 [...]
 
 `serve` reads the settings (environment, config file, these flags), prints one paragraph and exits 2 when they are
 invalid, and otherwise runs the app under uvicorn in this one process (no workers: never fork after `livekit.rtc`
@@ -45,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         from service.offline.generate import main as generate
 
         return generate(arguments[1:])
+    if arguments[:1] == ["play"]:
+        from service.play import main as play
+
+        return play(arguments[1:])
     parser = argparse.ArgumentParser(prog="lingstream", description="Interactive world-model video sessions.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the HTTP service (SIGTERM drains, then exits 0)")
@@ -58,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     drain.add_argument("--port", type=int, help="the service's port (default LINGSTREAM_PORT, else 8080)")
     commands.add_parser(
         "generate", help="generate a clip offline from an image and a control trace (see docs/generate.md)"
+    )
+    commands.add_parser(
+        "play", help="drive a live session of a running service from a control trace (see docs/client.md)"
     )
     args = parser.parse_args(arguments)
     if args.command == "serve":

@@ -38,7 +38,7 @@ def test_no_module_imports_another_modules_private_names() -> None:
     )
 
 
-@pytest.mark.parametrize("module", ["pipeline", "transport", "transport.protocol", "admission"])
+@pytest.mark.parametrize("module", ["pipeline", "transport", "transport.protocol", "transport.client", "admission"])
 def test_importing_a_light_package_loads_no_torch(module: str) -> None:
     probe = (
         f"import sys, {module}; loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'torch'); print(loaded)"
@@ -48,3 +48,17 @@ def test_importing_a_light_package_loads_no_torch(module: str) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", f"import {module} loaded torch"
+
+
+def test_the_python_client_loads_neither_the_service_nor_the_livekit_ffi() -> None:
+    """`transport.client` is a library for other programs: it imports nothing of `service`, and the LiveKit SDK's
+    native library only when a LiveKit session is joined (a process that forks must not have it loaded)."""
+    probe = (
+        "import sys, transport.client; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'service') or m.startswith('livekit.rtc')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", f"import transport.client loaded {result.stdout.strip()}"

@@ -1,0 +1,247 @@
+"""The Python client (`transport.client`) and `lingstream play` against a real `lingstream serve` (fake model workers
+through the test-only hook, embedded WebRTC on loopback, API keys on, one session slot).
+
+The fake world's chunk k is one flat grey frame of level k, so a received frame proves which chunk it shows, and
+the client's chunk metadata is checked against the picture itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import av
+import httpx
+import numpy as np
+import pytest
+
+from tests.serving import ROOT, STARTUP_DEADLINE_S, Served, environment, lingstream, serve
+from transport.client import (
+    InvalidInputError,
+    ServiceClient,
+    SessionInfo,
+    SessionNotFoundError,
+    UnauthorizedError,
+    UnreachableError,
+    connect,
+)
+
+pytestmark = pytest.mark.slow
+
+KEY = "client-test-key-0123456789abcdef"
+OTHER_KEY = "client-test-key-other-0123456789"
+WAIT_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    workdir = tmp_path_factory.mktemp("client")
+    with serve(workdir, LINGSTREAM_API_KEYS=f"{KEY},{OTHER_KEY}", LINGSTREAM_HOST="127.0.0.1") as served:
+        deadline = time.monotonic() + STARTUP_DEADLINE_S
+        with httpx.Client(timeout=5.0) as client:
+            while True:
+                assert served.process.poll() is None, served.output()
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get(f"{served.url}/readyz").status_code == 200:
+                        break
+                assert time.monotonic() < deadline, served.output()
+                time.sleep(0.05)  # polling another process against a deadline
+        yield served
+    assert "Traceback" not in served.output(), served.output()[-4000:]
+
+
+def _level(frame: np.ndarray) -> float:
+    return float(frame.mean())
+
+
+async def test_a_client_follows_the_queue_joins_steers_and_reads_frames_with_their_chunks(service: Served) -> None:
+    async with ServiceClient(service.url, api_key=KEY) as client:
+        first = await client.create(config={"fps": 20})
+        assert first.status == "running"
+        queued = await client.create(config={"fps": 20})
+        assert (queued.status, queued.queue_position) == ("queued", 1)
+        seen: list[SessionInfo] = []
+        follower = asyncio.create_task(client.wait_streaming(queued.id, on_update=seen.append))
+
+        async with asyncio.timeout(WAIT_S):
+            stream = await connect(client, first)
+            async with stream:
+                assert (await stream.next_frame()) is not None  # video flows before any control
+                seq = await stream.send_keys({"w", "ArrowRight"})
+                steered = None
+                while steered is None:
+                    frame = await stream.next_frame()
+                    assert frame is not None
+                    if frame.chunk is not None and frame.chunk.applied_seq == seq:
+                        steered = frame
+                assert steered.chunk is not None
+                assert sorted(steered.chunk.keys) == ["l", "w"]  # the alias arrives canonical
+                assert steered.image.shape == (8, 8, 3)
+                assert steered.image.dtype == np.uint8
+                # Every frame is the chunk its metadata names: the fake paints chunk k at grey level k.
+                matched = 0
+                for _ in range(15):
+                    frame = await stream.next_frame()
+                    assert frame is not None
+                    assert frame.chunk is not None
+                    assert abs(_level(frame.image) - frame.chunk.index % 256) < 4, (frame.chunk, _level(frame.image))
+                    assert frame.pts is not None
+                    matched += 1
+                assert matched == 15
+                done = await stream.stop()
+                assert done.reason == "closed"
+                assert stream.statistics().frames_received > 15
+                assert stream.errors == []
+
+            # The queued session moves up as the first ends, and the follower saw its place in line.
+            admitted = await follower
+        assert admitted.status == "running"
+        assert admitted.transport is not None
+        assert admitted.transport["kind"] == "embedded"
+        assert ("queued", 1) in [(info.status, info.queue_position) for info in seen]
+        final = await client.get(first.id)
+        assert (final.status, final.reason) == ("closed", "client_stop")
+        await client.delete(admitted.id, "cancel")
+
+
+async def test_the_services_error_codes_become_typed_exceptions(service: Served) -> None:
+    async with ServiceClient(service.url, api_key="not-a-key") as stranger:
+        with pytest.raises(UnauthorizedError) as refused:
+            await stranger.create()
+    assert (refused.value.status, refused.value.code) == (401, "unauthorized")
+
+    async with (
+        ServiceClient(service.url, api_key=KEY) as client,
+        ServiceClient(service.url, api_key=OTHER_KEY) as other,
+    ):
+        with pytest.raises(InvalidInputError) as invalid:
+            await client.create(config={"fps": 1000})
+        assert (invalid.value.status, invalid.value.code) == (422, "invalid_config")
+        assert "fps" in invalid.value.message
+        created = await client.create(config={"fps": 20})
+        try:
+            with pytest.raises(SessionNotFoundError) as hidden:  # another key's session does not exist for it
+                await other.get(created.id)
+            assert hidden.value.code == "session_not_found"
+        finally:
+            ended = await client.delete(created.id, "cancel")
+        assert ended.status in ("closed", "draining")
+    async with ServiceClient("http://127.0.0.1:9", api_key=KEY) as nowhere:
+        with pytest.raises(UnreachableError):
+            await nowhere.get("x")
+
+
+def _play(service: Served, tmp_path: Path, trace: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    controls = tmp_path / "trace.jsonl"
+    controls.write_text(trace, encoding="utf-8")
+    return subprocess.run(
+        [
+            *lingstream(),
+            "play",
+            "--url",
+            service.url,
+            "--api-key",
+            KEY,
+            "--controls",
+            str(controls),
+            "--out",
+            str(tmp_path / "out.mp4"),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(),
+        cwd=ROOT,
+        check=False,
+    )
+
+
+TRACE = """\
+# w at once, turn right after half a second, let go once chunk 25 came, then a reset
+{"chunk": 0, "keys": ["w"]}
+{"t": 0.5, "keys": ["w", "l"]}
+{"chunk": 25, "keys": []}
+{"chunk": 25, "reset_pose": true}
+"""
+
+
+def test_play_drives_a_live_session_from_a_trace_and_records_it(service: Served, tmp_path: Path) -> None:
+    run = _play(
+        service, tmp_path, TRACE, "--config", '{"fps": 20}', "--tail", "1", "--report", str(tmp_path / "r.json")
+    )
+    assert run.returncode == 0, run.stderr
+    report: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report == json.loads((tmp_path / "r.json").read_text())
+    assert report["transport"] == "embedded"
+    assert report["done_reason"] == "closed"
+    assert report["errors"] == []
+    # Three key changes, each seen in a frame generated from it; the fake paces 20 chunks (frames) per second.
+    assert report["controls_sent"] == 5  # three snapshots, the reset and the final stop
+    assert report["control_to_photon_count"] == 3
+    assert report["controls_unseen"] == 0
+    assert 0 < report["control_to_photon_p50_ms"] <= report["control_to_photon_max_ms"] < 2000
+    assert 10 < report["fps"] < 30
+    assert report["chunks"] >= 26
+    with av.open(report["out"]) as clip:
+        decoded = [frame.to_ndarray(format="rgb24") for frame in clip.decode(video=0)]
+    assert len(decoded) == report["frames_written"] == report["frames"]
+    assert decoded[0].shape == (8, 8, 3)
+    assert "control-to-photon" in run.stderr
+    with _rest(service.url) as client:
+        session = client.get(f"/v1/sessions/{report['session_id']}").json()
+    assert (session["status"], session["reason"]) == ("closed", "client_stop")
+
+
+def test_play_refuses_a_bad_trace_before_creating_anything(service: Served, tmp_path: Path) -> None:
+    with _rest(service.url) as client:
+        before = len(client.get("/v1/sessions").json()["sessions"])
+    run = _play(service, tmp_path, '{"chunk": 0, "keys": ["q"]}\n')
+    assert run.returncode == 2
+    assert "trace.jsonl:1: unknown key 'q'" in run.stderr
+    with _rest(service.url) as client:
+        assert len(client.get("/v1/sessions").json()["sessions"]) == before
+
+
+def test_play_reports_the_stable_code_of_a_refused_session(service: Served, tmp_path: Path) -> None:
+    run = _play(service, tmp_path, '{"chunk": 0, "keys": ["w"]}\n', "--config", '{"colour": "red"}')
+    assert run.returncode == 1
+    assert "invalid_config" in run.stderr
+    assert not (tmp_path / "out.mp4").exists()
+
+
+@contextlib.contextmanager
+def _rest(url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=url, timeout=10.0, headers={"Authorization": f"Bearer {KEY}"}) as client:
+        yield client
+
+
+def test_the_example_of_docs_client_md_runs_as_written(service: Served, tmp_path: Path) -> None:
+    text = (ROOT / "docs" / "client.md").read_text(encoding="utf-8")
+    example = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'ServiceClient("http://127.0.0.1:8080", api_key=None)' in example
+    script = tmp_path / "example.py"
+    script.write_text(
+        example.replace("http://127.0.0.1:8080", service.url)
+        .replace("api_key=None", f"api_key={KEY!r}")
+        # The fake world makes 20 chunks a second whatever the fps; at 16 the pacer would fall behind and let chunk
+        # statuses out early, unstamped (as the real service does when generation outruns playback).
+        .replace('"fps": 16', '"fps": 20'),
+        encoding="utf-8",
+    )
+    run = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=environment(), cwd=ROOT
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert "running" in lines[0]
+    assert any(line.startswith("turn to photon: ") for line in lines), run.stdout
+    assert "16 frames of the turn (keys ('l', 'w'))" in run.stdout
+    assert lines[-1] == "client_stop"

@@ -1,0 +1,76 @@
+"""A small async Python client of a lingstream service (no torch): REST, queue following, and a live session over
+the embedded WebRTC transport (aiortc) or LiveKit (the `livekit` SDK). docs/client.md has a complete example.
+
+    async with ServiceClient(url, api_key=key) as service:
+        info = await service.wait_streaming((await service.create(config={"fps": 16})).id)
+        async with await connect(service, info) as stream:
+            await stream.send_keys({"w"})
+            frame = await stream.next_frame(timeout=10)   # frame.image: (h, w, 3) uint8; frame.chunk: its status
+            await stream.stop()
+
+`ServiceClient` (`api.py`) is the REST half, `LiveStream` and `connect` (`stream.py`) the media half; errors are
+typed by the service's stable codes (`errors.py`).
+"""
+
+from __future__ import annotations
+
+from transport.client.api import STREAMING_STATUSES, TERMINAL_STATUSES, ServiceClient, SessionInfo
+from transport.client.errors import (
+    ApiError,
+    ClientError,
+    ConnectError,
+    InvalidInputError,
+    RateLimitedError,
+    RoomNotFoundError,
+    SessionEndedError,
+    SessionNotFoundError,
+    SessionNotRunningError,
+    SessionStartError,
+    UnauthorizedError,
+    UnavailableError,
+    UnreachableError,
+    api_error,
+    error_classes,
+)
+from transport.client.stream import (
+    ChunkTracker,
+    EmbeddedLink,
+    Link,
+    LiveKitLink,
+    LiveStream,
+    ReceivedFrame,
+    StreamStatistics,
+    connect,
+    default_ice_addresses,
+)
+
+__all__ = [
+    "STREAMING_STATUSES",
+    "TERMINAL_STATUSES",
+    "ApiError",
+    "ChunkTracker",
+    "ClientError",
+    "ConnectError",
+    "EmbeddedLink",
+    "InvalidInputError",
+    "Link",
+    "LiveKitLink",
+    "LiveStream",
+    "RateLimitedError",
+    "ReceivedFrame",
+    "RoomNotFoundError",
+    "ServiceClient",
+    "SessionEndedError",
+    "SessionInfo",
+    "SessionNotFoundError",
+    "SessionNotRunningError",
+    "SessionStartError",
+    "StreamStatistics",
+    "UnauthorizedError",
+    "UnavailableError",
+    "UnreachableError",
+    "api_error",
+    "connect",
+    "default_ice_addresses",
+    "error_classes",
+]

@@ -1,0 +1,227 @@
+"""The REST half of the Python client: create a session, follow it through the queue, end it.
+
+`ServiceClient` speaks the service's `/v1` API (docs/api.md) with httpx. Every error answer becomes the typed
+exception of its stable code (`transport.client.errors`); a service that cannot be reached is an
+`UnreachableError`. `follow(id)` reads the session's server-sent events (the queue heartbeat while it waits) and
+yields one `SessionInfo` per change; `wait_streaming(id)` follows until the session streams and raises
+`SessionEndedError` if it ends first.
+
+    async with ServiceClient("http://127.0.0.1:8080", api_key=None) as service:
+        info = await service.create(config={"fps": 16})
+        info = await service.wait_streaming(info.id, on_update=lambda i: print(i.status, i.queue_position))
+        ...
+        await service.delete(info.id)
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+from transport.client.errors import ApiError, SessionEndedError, UnreachableError, api_error
+
+__all__ = ["STREAMING_STATUSES", "TERMINAL_STATUSES", "ServiceClient", "SessionInfo"]
+
+TERMINAL_STATUSES = frozenset({"closed", "expired", "failed", "cancelled"})
+STREAMING_STATUSES = frozenset({"running", "draining"})
+_DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A session as the service last described it (the session body of docs/api.md).
+
+    `transport` holds the join details (`kind` is `embedded` or `livekit`) once the session streams; `error` is
+    `(code, message)` when it failed; `body` is the whole JSON body as received."""
+
+    id: str
+    status: str
+    reason: str | None
+    queue_position: int | None
+    transport: Mapping[str, Any] | None
+    width: int
+    height: int
+    fps: float
+    config: Mapping[str, Any]
+    error: tuple[str, str] | None
+    body: Mapping[str, Any] = field(repr=False)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def streaming(self) -> bool:
+        return self.status in STREAMING_STATUSES and self.transport is not None
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> SessionInfo:
+        try:
+            video = body["video"]
+            error = body.get("error")
+            return cls(
+                id=str(body["id"]),
+                status=str(body["status"]),
+                reason=body.get("reason"),
+                queue_position=body.get("queue_position"),
+                transport=body.get("transport"),
+                width=int(video["width"]),
+                height=int(video["height"]),
+                fps=float(video["fps"]),
+                config=body.get("config") or {},
+                error=None if not error else (str(error["code"]), str(error["message"])),
+                body=body,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ApiError(200, "bad_response", f"not a session body: {exc!r}") from exc
+
+    def ended_error(self) -> SessionEndedError:
+        code, message = self.error if self.error is not None else (None, None)
+        return SessionEndedError(self.id, self.status, self.reason, code, message)
+
+
+class ServiceClient:
+    """The REST API of one lingstream service. Use as an async context manager (or call `aclose()`).
+
+    `url` is the service's base URL; `api_key` the bearer key when the service has keys; `timeout` bounds every
+    request but the event stream (which may stay open while a session waits). Pass `http` to share an
+    `httpx.AsyncClient` (this object then does not close it)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = _DEFAULT_TIMEOUT_S,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._owns_http = http is None
+        self._http = http if http is not None else httpx.AsyncClient(timeout=timeout)
+        self._headers = headers
+        self._timeout = timeout
+
+    async def __aenter__(self) -> ServiceClient:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    def absolute(self, path: str) -> str:
+        """A URL of the service from a path the service gave (e.g. the embedded transport's `offer_url`)."""
+        return path if path.startswith(("http://", "https://")) else f"{self.url}{path}"
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request; a non-2xx answer raises its typed `ApiError`, a network failure `UnreachableError`."""
+        url = self.absolute(path)
+        try:
+            response = await self._http.request(method, url, headers=self._headers, **kwargs)
+        except httpx.TransportError as exc:
+            raise UnreachableError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            raise _error_of(response)
+        return response
+
+    # -- sessions ---------------------------------------------------------------------------------------------
+
+    async def create(
+        self,
+        *,
+        config: Mapping[str, Any] | None = None,
+        image: bytes | None = None,
+        livekit: Mapping[str, Any] | None = None,
+    ) -> SessionInfo:
+        """`POST /v1/sessions`: admitted (`running`, or `admitted` when it took long) or `queued`.
+
+        `image` is the reference image's bytes (PNG, JPEG or WebP); `livekit` the LiveKit options of the create
+        (`{"room": ..., "controller_identity": ...}`: publish into an existing room, docs/livekit.md)."""
+        body: dict[str, Any] = {"config": dict(config or {})}
+        if image is not None:
+            body["image"] = base64.b64encode(image).decode("ascii")
+        if livekit is not None:
+            body["livekit"] = dict(livekit)
+        response = await self.request("POST", "/v1/sessions", json=body)
+        return SessionInfo.from_body(response.json())
+
+    async def get(self, session_id: str) -> SessionInfo:
+        """`GET /v1/sessions/{id}` (a heartbeat while queued; LiveKit join tokens come fresh)."""
+        return SessionInfo.from_body((await self.request("GET", f"/v1/sessions/{session_id}")).json())
+
+    async def sessions(self) -> list[SessionInfo]:
+        """`GET /v1/sessions`: this key's live and remembered sessions, oldest first."""
+        sessions = (await self.request("GET", "/v1/sessions")).json()["sessions"]
+        return [SessionInfo.from_body(body) for body in sessions]
+
+    async def delete(self, session_id: str, mode: Literal["drain", "cancel"] = "drain") -> SessionInfo:
+        """`DELETE /v1/sessions/{id}`: the final session, or one still `draining` (the close goes on)."""
+        response = await self.request("DELETE", f"/v1/sessions/{session_id}", params={"mode": mode})
+        return SessionInfo.from_body(response.json())
+
+    async def follow(self, session_id: str) -> AsyncIterator[SessionInfo]:
+        """The session's server-sent events: the current snapshot, then one per change; ends after the terminal
+        one. While the stream is open it is a queued session's heartbeat."""
+        url = self.absolute(f"/v1/sessions/{session_id}/events")
+        timeout = httpx.Timeout(self._timeout, read=None)  # keep-alive comments come every <= 15 s
+        try:
+            async with self._http.stream("GET", url, headers=self._headers, timeout=timeout) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise _error_of(response)
+                data: list[str] = []
+                async for line in response.aiter_lines():
+                    if line.startswith("data:"):
+                        data.append(line[5:].removeprefix(" "))
+                    elif not line and data:
+                        info = SessionInfo.from_body(json.loads("\n".join(data)))
+                        data = []
+                        yield info
+                        if info.terminal:
+                            return
+        except httpx.TransportError as exc:
+            raise UnreachableError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
+
+    async def wait_streaming(
+        self, session_id: str, *, on_update: Callable[[SessionInfo], None] | None = None
+    ) -> SessionInfo:
+        """Follow the session until it streams (`running` or `draining`, with join details); `on_update` sees
+        every snapshot on the way (the queue position while queued). Raises `SessionEndedError` when it ends
+        first."""
+        async for info in self.follow(session_id):
+            if on_update is not None:
+                on_update(info)
+            if info.streaming:
+                # The event carries the details as they were published; GET mints a fresh LiveKit token.
+                return await self.get(session_id) if info.transport is not None else info
+            if info.terminal:
+                raise info.ended_error()
+        info = await self.get(session_id)
+        if info.streaming:
+            return info
+        raise info.ended_error()
+
+
+def _error_of(response: httpx.Response) -> ApiError:
+    code, message = f"http_{response.status_code}", response.text[:200]
+    try:
+        error = response.json()["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    retry_after: float | None = None
+    header = response.headers.get("retry-after")
+    if header is not None:
+        try:
+            retry_after = float(header)
+        except ValueError:
+            retry_after = None
+    return api_error(response.status_code, code, message, retry_after=retry_after)

@@ -1,0 +1,155 @@
+"""The Python client's errors: the service's stable error codes as typed exceptions, and what can go wrong on the
+client's side of a session.
+
+    ClientError
+    ├── ApiError                     a non-2xx answer; `status`, `code` (the service's stable code), `message`
+    │   ├── UnauthorizedError        unauthorized                      the API key is missing or unknown
+    │   ├── SessionNotFoundError     session_not_found                 no such session for this key
+    │   ├── InvalidInputError        invalid_request, invalid_config, invalid_image, payload_too_large,
+    │   │                            image_too_large, unsupported_media_type
+    │   ├── RoomNotFoundError        room_not_found                    the named LiveKit room does not exist
+    │   ├── RateLimitedError         queue_full, quota_exceeded        `retry_after` (seconds) from Retry-After
+    │   ├── UnavailableError         draining, not_ready, admission_unavailable
+    │   ├── SessionNotRunningError   session_not_running, session_on_other_replica
+    │   └── SessionStartError        session_failed                    admitted, but it could not be started
+    ├── UnreachableError             the service could not be reached (connection refused, timed out)
+    ├── SessionEndedError            the session ended (closed, failed, expired, cancelled) before it could stream
+    └── ConnectError                 joining the session's transport failed (no answer, nothing connected)
+
+`api_error(status, code, message, retry_after)` picks the class by `code`; a code this client does not know yet
+becomes a plain `ApiError` with that code, so a newer service never breaks an older client. Match on the class for
+what you handle, and on `code` for the exact reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+__all__ = [
+    "ApiError",
+    "ClientError",
+    "ConnectError",
+    "InvalidInputError",
+    "RateLimitedError",
+    "RoomNotFoundError",
+    "SessionEndedError",
+    "SessionNotFoundError",
+    "SessionNotRunningError",
+    "SessionStartError",
+    "UnauthorizedError",
+    "UnavailableError",
+    "UnreachableError",
+    "api_error",
+    "error_classes",
+]
+
+
+class ClientError(Exception):
+    """Root of every error the client raises."""
+
+
+class ApiError(ClientError):
+    """The service answered with an error: `status` (HTTP), `code` (stable, docs/api.md), `message` (for humans)."""
+
+    def __init__(self, status: int, code: str, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.retry_after = retry_after
+
+
+class UnauthorizedError(ApiError):
+    """`unauthorized`: API keys are configured and this client's is missing or unknown."""
+
+
+class SessionNotFoundError(ApiError):
+    """`session_not_found`: no such session for this key (another key's session answers the same)."""
+
+
+class InvalidInputError(ApiError):
+    """The request was refused for its content; `code` says which rule (see the class tree above)."""
+
+
+class RoomNotFoundError(ApiError):
+    """`room_not_found`: the create named a LiveKit room that does not exist."""
+
+
+class RateLimitedError(ApiError):
+    """`queue_full` or `quota_exceeded`: try again in `retry_after` seconds (None when the service gave none)."""
+
+
+class UnavailableError(ApiError):
+    """`draining`, `not_ready` or `admission_unavailable`: this instance cannot take the request now."""
+
+
+class SessionNotRunningError(ApiError):
+    """A transport route for a session that does not stream (here): `session_not_running`,
+    `session_on_other_replica`."""
+
+
+class SessionStartError(ApiError):
+    """`session_failed`: admitted, but the model worker or the transport could not start it."""
+
+
+class UnreachableError(ClientError):
+    """The service could not be reached (refused, reset, timed out); the message names the URL."""
+
+
+class SessionEndedError(ClientError):
+    """The session reached a terminal status while the client waited for it to stream.
+
+    `status` is `closed`, `failed`, `expired` or `cancelled`; `reason` the session's reason; `code` and `message`
+    its error when it failed (None otherwise)."""
+
+    def __init__(
+        self, session_id: str, status: str, reason: str | None, code: str | None = None, message: str | None = None
+    ) -> None:
+        why = f"{status} ({reason})" if reason else status
+        detail = f": {code}: {message}" if code else ""
+        super().__init__(f"session {session_id} ended: {why}{detail}")
+        self.session_id = session_id
+        self.status = status
+        self.reason = reason
+        self.code = code
+        self.message = message
+
+
+class ConnectError(ClientError):
+    """Joining the session's transport failed: the offer was refused, the data channel or the LiveKit room did not
+    connect in time. An `ApiError` from the offer route is raised as itself."""
+
+
+_BY_CODE: Mapping[str, type[ApiError]] = MappingProxyType(
+    {
+        "unauthorized": UnauthorizedError,
+        "session_not_found": SessionNotFoundError,
+        "invalid_request": InvalidInputError,
+        "invalid_config": InvalidInputError,
+        "invalid_image": InvalidInputError,
+        "payload_too_large": InvalidInputError,
+        "image_too_large": InvalidInputError,
+        "unsupported_media_type": InvalidInputError,
+        "room_not_found": RoomNotFoundError,
+        "queue_full": RateLimitedError,
+        "quota_exceeded": RateLimitedError,
+        "draining": UnavailableError,
+        "not_ready": UnavailableError,
+        "admission_unavailable": UnavailableError,
+        "session_not_running": SessionNotRunningError,
+        "session_on_other_replica": SessionNotRunningError,
+        "session_failed": SessionStartError,
+    }
+)
+
+
+def error_classes() -> Mapping[str, type[ApiError]]:
+    """The stable codes this client maps to a class of its own (others are plain `ApiError`)."""
+    return _BY_CODE
+
+
+def api_error(status: int, code: str, message: str, *, retry_after: float | None = None) -> ApiError:
+    """The typed exception for an error answer (see the module docstring)."""
+    cls = _BY_CODE.get(code, ApiError)
+    return cls(status, code, message, retry_after=retry_after)
