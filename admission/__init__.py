@@ -25,6 +25,7 @@ from admission.errors import (
     UnknownWorkerError,
 )
 from admission.lease import ExecutionLease, LeaseCore, LeaseStatistics
+from admission.quota import UNLIMITED, KeyQuota, quota_verdict
 from admission.summary import DurationSummary, PercentileMethod, RingBufferSummary, percentile
 from admission.ticket import (
     INITIAL_STATES,
@@ -42,6 +43,7 @@ __all__ = [
     "INITIAL_STATES",
     "TERMINAL_STATES",
     "TRANSITIONS",
+    "UNLIMITED",
     "AdmissionClosedError",
     "AdmissionConfig",
     "AdmissionConfigError",
@@ -57,6 +59,7 @@ __all__ = [
     "DurationSummary",
     "ExecutionLease",
     "IllegalTransitionError",
+    "KeyQuota",
     "LeaseAlreadyRequestedError",
     "LeaseCore",
     "LeaseError",
@@ -72,5 +75,6 @@ __all__ = [
     "UnknownTicketError",
     "UnknownWorkerError",
     "percentile",
+    "quota_verdict",
     "require_transition",
 ]

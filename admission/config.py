@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from admission.errors import AdmissionConfigError
+from admission.quota import UNLIMITED, KeyQuota
 from admission.summary import DurationSummary
 
 __all__ = ["AdmissionConfig", "AdmissionStatistics"]
@@ -31,6 +32,8 @@ class AdmissionConfig:
     - `wait_window`: how many recent queue waits `statistics().queue_wait` summarises.
     - `finished_history`: how many finished tickets stay readable by `get()` (overflow: forget the oldest).
     - `max_retry_after_s`: upper clamp of the Retry-After estimate.
+    - `default_quota`: every owner's `KeyQuota` (see `admission.quota`) unless `key_quotas` names it;
+      `key_quotas` holds `(owner, quota)` pairs, each owner at most once.
     """
 
     num_workers: int = 1
@@ -43,6 +46,8 @@ class AdmissionConfig:
     wait_window: int = 1024
     finished_history: int = 1024
     max_retry_after_s: int = 3600
+    default_quota: KeyQuota = UNLIMITED
+    key_quotas: tuple[tuple[str, KeyQuota], ...] = ()
 
     def __post_init__(self) -> None:
         _at_least("num_workers", self.num_workers, 1)
@@ -56,6 +61,25 @@ class AdmissionConfig:
         _at_least("wait_window", self.wait_window, 1)
         _at_least("finished_history", self.finished_history, 0)
         _at_least("max_retry_after_s", self.max_retry_after_s, 1)
+        if not isinstance(self.default_quota, KeyQuota):
+            raise AdmissionConfigError(f"default_quota must be a KeyQuota, got {self.default_quota!r}")
+        owners = [owner for owner, _ in self.key_quotas]
+        if len(set(owners)) != len(owners):
+            raise AdmissionConfigError("key_quotas names an owner twice")
+        if any(not isinstance(quota, KeyQuota) for _, quota in self.key_quotas):
+            raise AdmissionConfigError("every quota in key_quotas must be a KeyQuota")
+
+    def quota_of(self, owner: str) -> KeyQuota:
+        """The owner's quota: its own entry in `key_quotas`, else `default_quota`."""
+        for named, quota in self.key_quotas:
+            if named == owner:
+                return quota
+        return self.default_quota
+
+    @property
+    def has_quotas(self) -> bool:
+        """Whether any owner is bounded at all."""
+        return not self.default_quota.unlimited or any(not quota.unlimited for _, quota in self.key_quotas)
 
     @property
     def capacity(self) -> int:
@@ -79,10 +103,11 @@ class AdmissionStatistics:
 
     `retained[i]` is the number of admitted sessions on worker i; `healthy[i]` whether it admits. Totals count
     since start: `queued_total` tickets that entered the queue, `admitted_total` admissions (at once or from the
-    queue), `rejected_total` refused creates (of which `rejected_draining_total` while draining),
-    `expired_total` queue expiries (of which `heartbeat_lost_total` for missed heartbeats), `cancelled_total`
-    queued tickets cancelled, `released_total` admitted sessions that ended. `queue_wait` summarises the time from
-    create to admission (0.0 for sessions admitted at once); `session_length` the time from admission to release.
+    queue), `rejected_total` refused creates (of which `rejected_draining_total` while draining and
+    `quota_rejected_total` for an owner's quota), `expired_total` queue expiries (of which `heartbeat_lost_total`
+    for missed heartbeats), `cancelled_total` queued tickets cancelled, `released_total` admitted sessions that
+    ended. `queue_wait` summarises the time from create to admission (0.0 for sessions admitted at once);
+    `session_length` the time from admission to release.
     """
 
     retained: tuple[int, ...]
@@ -101,6 +126,7 @@ class AdmissionStatistics:
     released_total: int
     queue_wait: DurationSummary
     session_length: DurationSummary
+    quota_rejected_total: int = 0
 
     @property
     def retained_total(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 
 from admission.clock import Clock, MonotonicClock
@@ -22,6 +22,7 @@ from admission.errors import (
     UnknownTicketError,
     UnknownWorkerError,
 )
+from admission.quota import quota_verdict
 from admission.summary import RingBufferSummary
 from admission.ticket import (
     INITIAL_STATES,
@@ -113,6 +114,8 @@ class AdmissionController:
             ...
         elif view.reason is TicketReason.QUEUE_FULL:  # 429, Retry-After: `view.retry_after_s`
             ...
+        elif view.reason in (TicketReason.RUNNING_QUOTA, TicketReason.QUEUED_QUOTA):  # 429 quota_exceeded
+            ...
         else:                                       # TicketReason.DRAINING: 503
             ...
         controller.heartbeat(session_id)            # on every GET / while the client's SSE stream is open
@@ -121,6 +124,11 @@ class AdmissionController:
     Ordering: strict FIFO. A create is admitted at once only when nobody waits and a healthy worker has room;
     otherwise it queues at the tail. Whenever room appears (a release, a worker turning healthy) the head of the
     queue is admitted onto any healthy worker with room, least-loaded first, ties to the lowest index.
+
+    Quotas: each owner's `KeyQuota` (`config.quota_of(owner)`, see `admission.quota`) is checked in `create`, in
+    the same step as the admission decision, before the queue bound: a refused create (reason RUNNING_QUOTA or
+    QUEUED_QUOTA) never takes a place in the queue, and since an owner's live tickets never exceed its
+    `max_running`, the FIFO stays strict and one owner never holds up another.
 
     Backpressure: the queue is bounded by `queue_size` (overflow policy: reject, with a Retry-After estimate);
     `queue_size = 0` rejects whenever no slot is free. Waiting is bounded by `queue_timeout` (state EXPIRED, reason
@@ -171,6 +179,10 @@ class AdmissionController:
         self._admitted_total = 0
         self._rejected_total = 0
         self._rejected_draining_total = 0
+        self._quota_rejected_total = 0
+        # Live tickets per owner: admitted (running) and queued; owners with none are removed.
+        self._running_of: Counter[str] = Counter()
+        self._queued_of: Counter[str] = Counter()
         self._expired_total = 0
         self._heartbeat_lost_total = 0
         self._cancelled_total = 0
@@ -265,6 +277,7 @@ class AdmissionController:
                 released_total=self._released_total,
                 queue_wait=self._waits.snapshot(),
                 session_length=self._session_lengths.snapshot(),
+                quota_rejected_total=self._quota_rejected_total,
             )
         finally:
             self._end(now)
@@ -275,21 +288,29 @@ class AdmissionController:
         """Ask for a slot for a new session owned by `owner` (an opaque identity, e.g. the API key's id).
 
         Returns the new ticket: ADMITTED (with `worker`), QUEUED (with `position`), or REJECTED with reason
-        QUEUE_FULL (with `retry_after_s`) or DRAINING. A rejected ticket is not remembered; its id may be reused.
-        `ticket_id` defaults to a generated `ticket-N`; an id that is live or in history raises `TicketExistsError`.
+        DRAINING, RUNNING_QUOTA / QUEUED_QUOTA (the owner's quota) or QUEUE_FULL (with `retry_after_s`). A rejected
+        ticket is not remembered; its id may be reused. `ticket_id` defaults to a generated `ticket-N`; an id that
+        is live or in history raises `TicketExistsError`.
         """
         now = self._begin()
         try:
             ticket_id = self._claim_id(ticket_id)
             if self._draining:
                 return self._reject(ticket_id, owner, now, TicketReason.DRAINING, None)
-            if not self._queue:
-                worker = self._pick_worker()
-                if worker is not None:
-                    ticket = _Ticket(ticket_id, owner, TicketState.ADMITTED, now)
-                    self._live[ticket_id] = ticket
-                    self._occupy(ticket, worker, now)
-                    return ticket.view()
+            worker = None if self._queue else self._pick_worker()
+            refusal = quota_verdict(
+                self._config.quota_of(owner),
+                running=self._running_of[owner],
+                queued=self._queued_of[owner],
+                would_queue=worker is None,
+            )
+            if refusal is not None:
+                return self._reject(ticket_id, owner, now, refusal, None)
+            if worker is not None:
+                ticket = _Ticket(ticket_id, owner, TicketState.ADMITTED, now)
+                self._live[ticket_id] = ticket
+                self._occupy(ticket, worker, now)
+                return ticket.view()
             if len(self._queue) < self._config.queue_size:
                 return self._enqueue(ticket_id, owner, now).view()
             return self._reject(ticket_id, owner, now, TicketReason.QUEUE_FULL, self.retry_after_s())
@@ -413,6 +434,17 @@ class AdmissionController:
             problems.append("a ticket waits although it could be admitted (or the controller is draining)")
         if any(t.state not in (TicketState.QUEUED, TicketState.ADMITTED) for t in self._live.values()):
             problems.append("a finished ticket is still live")
+        running_of = Counter(t.owner for t in admitted)
+        queued_of = Counter(t.owner for t in queued)
+        if running_of != self._running_of or queued_of != self._queued_of:
+            problems.append("the per-owner counts differ from the live tickets")
+        for owner in set(running_of) | set(queued_of):
+            quota = self._config.quota_of(owner)
+            live = running_of[owner] + queued_of[owner]
+            if quota.max_running is not None and live > quota.max_running:
+                problems.append(f"owner {owner!r} has {live} live tickets > max_running {quota.max_running}")
+            if quota.max_queued is not None and queued_of[owner] > quota.max_queued:
+                problems.append(f"owner {owner!r} has {queued_of[owner]} queued > max_queued {quota.max_queued}")
         if problems:
             raise AdmissionInvariantError("; ".join(problems))
 
@@ -467,6 +499,7 @@ class AdmissionController:
         if self._config.queue_heartbeat_timeout is not None:
             ticket.heartbeat_deadline = now + self._config.queue_heartbeat_timeout
             self._silence[ticket_id] = ticket
+        self._queued_of[owner] += 1
         self._queued_total += 1
         self._emit(AdmissionEventKind.QUEUED, ticket)
         return ticket
@@ -481,6 +514,8 @@ class AdmissionController:
         self._rejected_total += 1
         if reason is TicketReason.DRAINING:
             self._rejected_draining_total += 1
+        elif reason in (TicketReason.RUNNING_QUOTA, TicketReason.QUEUED_QUOTA):
+            self._quota_rejected_total += 1
         self._emit(AdmissionEventKind.REJECTED, ticket)
         return ticket.view()
 
@@ -498,6 +533,7 @@ class AdmissionController:
         ticket.admitted_at = now
         ticket.position = None
         self._retained[worker] += 1
+        self._running_of[ticket.owner] += 1
         self._admitted_total += 1
         self._waits.record(now - ticket.created_at)
         logger.debug("admission: %s admitted on worker %d", ticket.ticket_id, worker)
@@ -512,6 +548,7 @@ class AdmissionController:
         ticket.reason = TicketReason.SESSION_ENDED
         ticket.ended_at = now
         self._retained[worker] -= 1
+        _decrement(self._running_of, ticket.owner)
         self._released_total += 1
         if ticket.admitted_at is not None:
             self._session_lengths.record(now - ticket.admitted_at)
@@ -523,6 +560,7 @@ class AdmissionController:
         require_transition(ticket.ticket_id, ticket.state, state)
         del self._queue[ticket.ticket_id]
         self._silence.pop(ticket.ticket_id, None)
+        _decrement(self._queued_of, ticket.owner)
         self._positions_dirty = True
         ticket.state = state
         ticket.reason = reason
@@ -567,6 +605,7 @@ class AdmissionController:
                     break
                 _, ticket = self._queue.popitem(last=False)
                 self._silence.pop(ticket.ticket_id, None)
+                _decrement(self._queued_of, ticket.owner)
                 self._positions_dirty = True
                 self._admit_from_queue(ticket, worker, now)
         if self._positions_dirty:
@@ -598,3 +637,10 @@ class AdmissionController:
             listener(event)
         except Exception:
             logger.exception("admission listener %r failed on %s", listener, event.kind.value)
+
+
+def _decrement(counts: Counter[str], owner: str) -> None:
+    """One live ticket of `owner` fewer; an owner with none left is removed (the counters stay bounded)."""
+    counts[owner] -= 1
+    if counts[owner] <= 0:
+        del counts[owner]

@@ -75,6 +75,10 @@ class TicketReason(enum.Enum):
     QUEUE_FULL = "queue_full"
     # REJECTED (new request) or CANCELLED (was queued): the instance is draining (HTTP 503).
     DRAINING = "draining"
+    # REJECTED: the owner (API key) is at its `max_running` quota (HTTP 429 quota_exceeded).
+    RUNNING_QUOTA = "running_quota"
+    # REJECTED: the create would queue and the owner is at its `max_queued` quota (HTTP 429 quota_exceeded).
+    QUEUED_QUOTA = "queued_quota"
     # EXPIRED: waited longer than `queue_timeout`.
     QUEUE_TIMEOUT = "queue_timeout"
     # EXPIRED: the waiting client sent no heartbeat for `queue_heartbeat_timeout` and lost its place.

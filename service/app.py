@@ -80,6 +80,8 @@ def create_app(
     error_table()  # import the lazily-listed error classes now, not during the first failing request
     if telemetry is None:
         telemetry = Telemetry.from_environ(os.environ, service_version=_version())
+    if settings.api_key_list:
+        logger.info("API keys: %d; quotas and usage name them by key id: %s", len(settings.key_ids), _ids(settings))
     workers = list((worker_factory or build_workers)(settings))
     if config.shared_admission is None:
         runtime = ServiceRuntime(config, workers, transport, clock=clock, tuning=tuning, observer=telemetry.sessions)
@@ -139,6 +141,10 @@ def create_app(
         )
     app.add_middleware(TelemetryMiddleware, telemetry=telemetry)  # added last: outermost, so every answer counts
     return app
+
+
+def _ids(settings: Settings) -> str:
+    return ", ".join(sorted(settings.key_ids))
 
 
 def runtime_of(app: FastAPI) -> ServiceRuntime:

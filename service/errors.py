@@ -10,6 +10,8 @@
     ├── ForbiddenError               403 forbidden               an internal endpoint called from off the host
     ├── SessionNotFoundError         404 session_not_found       no such session for this key
     ├── QueueFullError               429 queue_full              the admission queue is full (with Retry-After)
+    ├── QuotaExceededError           429 quota_exceeded          the API key is at its max_running or max_queued
+    ├── InvalidUsageQueryError       422 invalid_since           `GET /v1/usage?since=` is not a time, or is ahead
     ├── DrainingError                503 draining               the instance is draining and admits nobody
     ├── NotReadyError                503 not_ready              the instance is starting or its model workers are down
     ├── AdmissionUnavailableError    503 admission_unavailable  a shared admission backend cannot be reached
@@ -47,10 +49,12 @@ __all__ = [
     "ImageTooLargeError",
     "InvalidConfigError",
     "InvalidRequestError",
+    "InvalidUsageQueryError",
     "NotReadyError",
     "NotTicketOwnerError",
     "PayloadTooLargeError",
     "QueueFullError",
+    "QuotaExceededError",
     "ServiceError",
     "SessionElsewhereError",
     "SessionNotFoundError",
@@ -116,6 +120,29 @@ class QueueFullError(ServiceError):
     def __init__(self, retry_after_s: int) -> None:
         super().__init__(f"the admission queue is full; retry in about {retry_after_s} s")
         self.retry_after_s = retry_after_s
+
+
+class QuotaExceededError(ServiceError):
+    """The caller's API key is at one of its quotas (`limit` is `max_running` or `max_queued`, `value` its bound);
+    the create took no place in the queue."""
+
+    def __init__(self, limit: str, value: int) -> None:
+        meaning = _QUOTA_MEANING.get(limit, "")
+        super().__init__(f"this API key is at its quota {limit}={value} ({meaning})")
+        self.limit = limit
+        self.value = value
+
+
+_QUOTA_MEANING: Mapping[str, str] = MappingProxyType(
+    {
+        "max_running": "sessions running or waiting to run; a create is accepted again once one of them ends",
+        "max_queued": "sessions waiting in the queue, and no slot is free now; retry once one of them is admitted",
+    }
+)
+
+
+class InvalidUsageQueryError(ServiceError):
+    """`GET /v1/usage?since=` is not an RFC 3339 time or Unix seconds, or lies in the future."""
 
 
 class DrainingError(ServiceError):
@@ -197,6 +224,8 @@ _BASE_TABLE: Mapping[type[BaseException], ErrorSpec] = {
     ForbiddenError: ErrorSpec(403, "forbidden"),
     SessionNotFoundError: _NOT_FOUND,
     QueueFullError: ErrorSpec(429, "queue_full"),
+    QuotaExceededError: ErrorSpec(429, "quota_exceeded"),
+    InvalidUsageQueryError: ErrorSpec(422, "invalid_since"),
     DrainingError: ErrorSpec(503, "draining"),
     NotReadyError: _NOT_READY,
     AdmissionUnavailableError: ErrorSpec(503, "admission_unavailable"),

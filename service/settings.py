@@ -30,16 +30,27 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from admission import AdmissionConfig, AdmissionConfigError
+from admission import AdmissionConfig, AdmissionConfigError, KeyQuota
 from service.errors import SettingsError
+from service.keys import ANONYMOUS, key_id, owner_fingerprint
 
 __all__ = [
     "CONFIG_FILE_VARIABLE",
     "ENV_PREFIX",
+    "QuotaOverride",
     "RequestLimits",
     "ServiceConfig",
     "Settings",
@@ -82,6 +93,16 @@ class _FileSource(PydanticBaseSettingsSource):
         return dict(_FILE_VALUES.get({}))
 
 
+class QuotaOverride(BaseModel):
+    """One key's entry in `key_quotas`: a field left out keeps the default (`KEY_MAX_RUNNING` / `KEY_MAX_QUEUED`),
+    an explicit null lifts the bound for this key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_running: int | None = Field(default=None, ge=1, le=100_000)
+    max_queued: int | None = Field(default=None, ge=0, le=100_000)
+
+
 class Settings(BaseSettings):
     """Every setting of `lingstream serve`, validated. Field `x` is read from `LINGSTREAM_X` (LiveKit: unprefixed).
 
@@ -110,6 +131,23 @@ class Settings(BaseSettings):
     )
     drain_timeout: float = Field(default=60.0, gt=0, le=86_400, description="Seconds running sessions get on drain.")
     api_keys: SecretStr = Field(default=SecretStr(""), description="Comma-separated bearer keys; empty: no auth.")
+    key_max_running: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Quota of every API key: sessions it may run or wait to run at once (unset: no bound).",
+    )
+    key_max_queued: int | None = Field(
+        default=None,
+        ge=0,
+        le=100_000,
+        description="Quota of every API key: how many of its sessions may wait in the queue (unset: no bound).",
+    )
+    key_quotas: Annotated[dict[str, QuotaOverride], NoDecode] = Field(
+        default_factory=dict,
+        description="Per-key quota overrides by key id (see GET /v1/usage): "
+        '{"key-1a2b3c4d5e6f": {"max_running": 4, "max_queued": 0}}; JSON in the environment.',
+    )
     cors_origins: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(), description="Comma-separated browser origins allowed by CORS; empty: CORS off."
     )
@@ -252,6 +290,18 @@ class Settings(BaseSettings):
                 raise ValueError("an API key contains whitespace or unprintable characters (keys are comma-separated)")
         return value
 
+    @field_validator("key_quotas", mode="before")
+    @classmethod
+    def _normalise_key_ids(cls, value: object) -> object:
+        if isinstance(value, str):  # the environment: a JSON object
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except ValueError:
+                raise ValueError('must be a JSON object of key id -> {"max_running": N, "max_queued": M}') from None
+        if isinstance(value, dict):
+            return {str(name).strip().lower(): entry for name, entry in value.items()}
+        return value
+
     @field_validator("host")
     @classmethod
     def _check_host(cls, value: str | None) -> str | None:
@@ -316,6 +366,7 @@ class Settings(BaseSettings):
             if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
                 raise ValueError("LINGSTREAM_REDIS_URL must be a redis://, rediss:// or unix:// URL")
         self._check_placement()
+        self._check_quotas()
         needed = _base64_size(self.max_image_bytes) + 4096
         if self.max_request_bytes < needed:
             raise ValueError(
@@ -323,6 +374,46 @@ class Settings(BaseSettings):
                 f"LINGSTREAM_MAX_IMAGE_BYTES ({self.max_image_bytes}): it must be at least {needed}"
             )
         return self
+
+    def _check_quotas(self) -> None:
+        """Every override names a configured key (by key id), each key once."""
+        known = self.key_ids
+        unknown = sorted(name for name in self.key_quotas if name not in known)
+        if unknown:
+            hint = (
+                f"the configured keys' ids are {', '.join(sorted(known))}"
+                if self.api_key_list
+                else "without LINGSTREAM_API_KEYS the only key id is anonymous"
+            )
+            raise ValueError(f"LINGSTREAM_KEY_QUOTAS names unknown key id(s) {', '.join(unknown)}: {hint}")
+
+    @property
+    def key_ids(self) -> frozenset[str]:
+        """The key id of every configured key (`anonymous` without keys); ids are not secret."""
+        if not self.api_key_list:
+            return frozenset({ANONYMOUS})
+        return frozenset(key_id(owner) for owner in _owners(self.api_key_list))
+
+    def quotas(self) -> tuple[KeyQuota, tuple[tuple[str, KeyQuota], ...]]:
+        """The default quota and each overridden owner's quota (by owner fingerprint), as admission takes them."""
+        default = KeyQuota(max_running=self.key_max_running, max_queued=self.key_max_queued)
+        owners = _owners(self.api_key_list) if self.api_key_list else (ANONYMOUS,)
+        overrides: list[tuple[str, KeyQuota]] = []
+        for owner in dict.fromkeys(owners):
+            entry = self.key_quotas.get(key_id(owner))
+            if entry is None:
+                continue
+            given = entry.model_fields_set
+            overrides.append(
+                (
+                    owner,
+                    KeyQuota(
+                        max_running=entry.max_running if "max_running" in given else default.max_running,
+                        max_queued=entry.max_queued if "max_queued" in given else default.max_queued,
+                    ),
+                )
+            )
+        return default, tuple(overrides)
 
     def _check_placement(self) -> None:
         """The rules between LINGSTREAM_STAGE_PLACEMENT, _DENOISE_RANKS, _DEVICES, _DEVICE and _NUM_WORKERS."""
@@ -386,6 +477,10 @@ class Settings(BaseSettings):
     @property
     def livekit_enabled(self) -> bool:
         return bool(self.livekit_url)
+
+
+def _owners(keys: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(owner_fingerprint(hashlib.sha256(key.encode()).digest()) for key in keys)
 
 
 def _split_keys(value: SecretStr) -> tuple[str, ...]:
@@ -475,6 +570,8 @@ def _explain(exc: ValidationError, path: Path | None) -> str:
         field = str(location[0]) if location else ""
         name = _field_of(field)
         message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+        if len(location) > 1:  # inside a structured setting (key_quotas): say where
+            message = ".".join(str(part) for part in location[1:]) + ": " + message
         if name is None:
             problems.append(message)
             continue
@@ -544,6 +641,7 @@ class ServiceConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServiceConfig:
+        default_quota, key_quotas = settings.quotas()
         try:
             admission = AdmissionConfig(
                 num_workers=settings.num_workers,
@@ -552,6 +650,8 @@ class ServiceConfig:
                 queue_timeout=settings.queue_timeout,
                 queue_heartbeat_timeout=settings.queue_heartbeat_timeout,
                 finished_history=settings.session_history,
+                default_quota=default_quota,
+                key_quotas=key_quotas,
             )
         except AdmissionConfigError as exc:
             raise SettingsError(f"invalid configuration: {exc}") from None

@@ -3,8 +3,8 @@
 When keys are configured, every `/v1` call needs `Authorization: Bearer <key>`. The presented key is hashed
 (SHA-256) and compared with every configured key's digest in constant time (`hmac.compare_digest`, no early exit),
 so neither timing nor the order of keys tells anything. A session's owner is a fingerprint of the key, derived with
-a domain-separating prefix; it is stored with the admission ticket and never reversible to the key. Without keys,
-every caller is the same anonymous owner.
+a domain-separating prefix (`service.keys`); it is stored with the admission ticket and never reversible to the
+key. Without keys, every caller is the same anonymous owner.
 """
 
 from __future__ import annotations
@@ -13,16 +13,9 @@ import hashlib
 import hmac
 
 from service.errors import UnauthorizedError
+from service.keys import ANONYMOUS, owner_fingerprint
 
 __all__ = ["ANONYMOUS", "ApiKeyAuth", "owner_fingerprint"]
-
-ANONYMOUS = "anonymous"
-_OWNER_DOMAIN = b"lingstream-session-owner:"
-
-
-def owner_fingerprint(key_digest: bytes) -> str:
-    """The owner id of a key, from its SHA-256 digest (a second, domain-separated hash; 128 bits shown)."""
-    return "key-" + hashlib.sha256(_OWNER_DOMAIN + key_digest).hexdigest()[:32]
 
 
 class ApiKeyAuth:

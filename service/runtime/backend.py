@@ -145,7 +145,8 @@ class AdmissionBackend(Protocol):
     async def create(self, session: Session, config: Mapping[str, object], image: bytes | None) -> int | None:
         """Ask a slot for the new, prepared `session` (`config` and `image` are its request, for a replica that
         may have to build it again). Returns its queue position while it waits, None once admitted (the ADMITTED
-        decision reached the host first). Raises `QueueFullError`, `DrainingError` or `AdmissionUnavailableError`."""
+        decision reached the host first). Raises `QueueFullError`, `QuotaExceededError`, `DrainingError` or
+        `AdmissionUnavailableError`."""
         ...
 
     def heartbeat(self, session_id: str) -> None:

@@ -23,7 +23,7 @@ from admission import (
     UnknownTicketError,
 )
 from pipeline.bidirectional import CloseMode
-from service.errors import DrainingError, QueueFullError, SessionNotFoundError
+from service.errors import DrainingError, QueueFullError, QuotaExceededError, SessionNotFoundError
 from service.runtime.backend import AdmissionHost
 from service.runtime.records import AdmissionReport, SnapshotStream
 from service.runtime.sessions import Session, SessionSnapshot
@@ -94,6 +94,8 @@ class MemoryAdmissionBackend:
         if view.state is TicketState.REJECTED:
             if view.reason is TicketReason.QUEUE_FULL:
                 raise QueueFullError(view.retry_after_s or self._controller.retry_after_s())
+            if view.reason in (TicketReason.RUNNING_QUOTA, TicketReason.QUEUED_QUOTA):
+                raise QuotaExceededError(*self._controller.config.quota_of(session.owner).limit_of(view.reason))
             raise DrainingError("the service is draining and admits no new sessions; retry on another instance")
         return view.position if view.state is TicketState.QUEUED else None
 

@@ -265,7 +265,8 @@ class ServiceRuntime:
     ) -> tuple[SessionSnapshot, bool]:
         """Validate, then admit or queue a new session; returns its snapshot and whether it was admitted at once.
 
-        Raises `InvalidConfigError` (and the image errors) for bad input, `QueueFullError`, `DrainingError`,
+        Raises `InvalidConfigError` (and the image errors) for bad input, `QueueFullError`, `QuotaExceededError`
+        (the owner's quota, checked with the admission decision), `DrainingError`,
         `NotReadyError`, `AdmissionUnavailableError` (a shared backend cannot be reached), or `SessionStartError`
         when an immediately admitted session failed to start.
         """

@@ -38,6 +38,7 @@ from admission import (
     AdmissionStatistics,
     Clock,
     IllegalTransitionError,
+    KeyQuota,
     MonotonicClock,
     TicketExistsError,
     TicketReason,
@@ -341,10 +342,11 @@ class RedisAdmission:
         self, owner: str, *, ticket_id: str | None = None, payload: bytes | None = None, body: str | None = None
     ) -> SharedTicketView:
         """Ask for a slot for a new session: ADMITTED onto this replica, QUEUED (global `position`), or REJECTED
-        (QUEUE_FULL with `retry_after_s`, or DRAINING). `payload` (opaque bytes, e.g. the request) is kept while
-        the ticket waits, for whichever replica admits it (`take_payload`). `body` is the registry body from the
-        start (what GETs on other replicas read until the owner publishes one). Raises `TicketExistsError`, and
-        `AdmissionUnavailableError` while Redis cannot be reached."""
+        (QUEUE_FULL with `retry_after_s`, DRAINING, or RUNNING_QUOTA / QUEUED_QUOTA: the owner's quota from
+        `config.quota_of(owner)`, checked in the same script as the admission decision). `payload` (opaque bytes,
+        e.g. the request) is kept while the ticket waits, for whichever replica admits it (`take_payload`). `body`
+        is the registry body from the start (what GETs on other replicas read until the owner publishes one).
+        Raises `TicketExistsError`, and `AdmissionUnavailableError` while Redis cannot be reached."""
         self._require_started()
         ticket_id = ticket_id if ticket_id is not None else secrets.token_urlsafe(12)
         if self._mirror.draining:
@@ -358,6 +360,7 @@ class RedisAdmission:
             *(heartbeat_ms, round(config.default_session_seconds * 1000), config.max_retry_after_s),
             *((1, payload) if payload is not None else (0, b"")),
             *((1, body) if body is not None else (0, "")),
+            *_bounds(config.quota_of(owner)),
         ]
         departures = self._mirror.departures
         try:
@@ -379,8 +382,9 @@ class RedisAdmission:
             raise AdmissionUnavailableError(_UNAVAILABLE_MESSAGE)
         if reply.code == "rejected":
             reason, retry_after, now_ms = reply.result
-            if decode_text(reason) == TicketReason.DRAINING.value:
-                return self._reject(ticket_id, owner, TicketReason.DRAINING, None, int(now_ms) / 1000)
+            refusal = TicketReason(decode_text(reason))
+            if refusal is not TicketReason.QUEUE_FULL:  # draining, or the owner's quota
+                return self._reject(ticket_id, owner, refusal, None, int(now_ms) / 1000)
             return self._reject(ticket_id, owner, TicketReason.QUEUE_FULL, int(retry_after), int(now_ms) / 1000)
         view = decode_view(decode_fields(reply.result))
         if view.state is TicketState.QUEUED and self._mirror.departures == departures:
@@ -794,6 +798,14 @@ class RedisAdmission:
                 views.append((decode_view(fields), int(fields["seq"]) if fields.get("seq") else None))
             ranks = [(decode_text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat) - 1, 2)]
             self._mirror.apply_positions([*whole, *ranked], views, ranks)
+
+
+def _bounds(quota: KeyQuota) -> tuple[int, int]:
+    """A quota as the create script takes it: max_running, max_queued, -1 for no bound."""
+    return (
+        -1 if quota.max_running is None else quota.max_running,
+        -1 if quota.max_queued is None else quota.max_queued,
+    )
 
 
 def _stop_if_cancelled() -> None:

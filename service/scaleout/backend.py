@@ -61,6 +61,7 @@ from service.errors import (
     DrainingError,
     NotTicketOwnerError,
     QueueFullError,
+    QuotaExceededError,
     SessionElsewhereError,
     SessionNotFoundError,
 )
@@ -230,6 +231,8 @@ class RedisAdmissionBackend:
         if view.state is TicketState.REJECTED:
             if view.reason is TicketReason.QUEUE_FULL:
                 raise QueueFullError(view.retry_after_s or 1)
+            if view.reason in (TicketReason.RUNNING_QUOTA, TicketReason.QUEUED_QUOTA):
+                raise QuotaExceededError(*self._admission.config.quota_of(session.owner).limit_of(view.reason))
             raise DrainingError("the service is draining and admits no new sessions; retry on another instance")
         return view.position if view.state is TicketState.QUEUED else None
 

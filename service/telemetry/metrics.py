@@ -277,8 +277,9 @@ def _admission_results(stats: RuntimeStatistics) -> list[Observation]:
     results = {
         "admitted": a.admitted_total,
         "queued": a.queued_total,
-        "rejected_queue_full": a.rejected_total - a.rejected_draining_total,
+        "rejected_queue_full": a.rejected_total - a.rejected_draining_total - a.quota_rejected_total,
         "rejected_draining": a.rejected_draining_total,
+        "rejected_quota": a.quota_rejected_total,
         "expired": a.expired_total - a.heartbeat_lost_total,
         "heartbeat_lost": a.heartbeat_lost_total,
         "cancelled": a.cancelled_total,

@@ -468,6 +468,19 @@ def test_settings_reach_the_pod_through_the_configmap(chart: Any) -> None:
     assert "LINGSTREAM_CORS_ORIGINS" not in data
 
 
+def test_key_quotas_are_rendered_as_the_service_reads_them(chart: Any) -> None:
+    key = "key-1a2b3c4d5e6f"
+    quotas = {key: {"maxRunning": 5}, "anonymous": {"maxQueued": None, "maxRunning": 1}}
+    values = {"config": {"keyMaxRunning": 2, "keyMaxQueued": 0, "keyQuotas": quotas}}
+    data = only(render(chart, values), "ConfigMap")["data"]
+    assert (data["LINGSTREAM_KEY_MAX_RUNNING"], data["LINGSTREAM_KEY_MAX_QUEUED"]) == ("2", "0")
+    assert json.loads(data["LINGSTREAM_KEY_QUOTAS"]) == {
+        key: {"max_running": 5},
+        "anonymous": {"max_queued": None, "max_running": 1},
+    }
+    assert "LINGSTREAM_KEY_QUOTAS" not in only(render(chart, {}), "ConfigMap")["data"]
+
+
 def test_lists_and_fractional_seconds_are_rendered_as_the_service_reads_them(chart: Any) -> None:
     data = only(render(chart, VALUE_SETS["ingress_hpa"]), "ConfigMap")["data"]
     assert data["LINGSTREAM_CORS_ORIGINS"] == "https://app.example.com,https://admin.example.com"

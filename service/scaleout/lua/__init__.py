@@ -26,6 +26,8 @@ tag such as `{lingstream}:admission:` keeps them in one Redis Cluster slot):
     P watch            string  when continuous watching began (SET NX, PX = replica TTL, refreshed by every
                                maintenance pass): the reaper waits until it is one TTL old, so after a gap in
                                which nobody heartbeated (Redis down or restarted) live replicas re-register first
+    P kq:<owner>       set     the owner's queued ticket ids   } an owner's quota counts (`admission.quota`),
+    P kr:<owner>       set     the owner's admitted ticket ids } kept by every script that moves a ticket
     P lengths          list    recent session lengths in ms (the Retry-After estimate)
     P events           stream  every ticket change ("k" = kind, "by" = the deciding replica, the ticket's fields)
                                and close requests ("k" = "close", "id", "replica" = the owner, "mode", "by")

@@ -179,6 +179,7 @@ class ReplicaMirror:
             released_total=totals["released"],
             queue_wait=self._waits.snapshot(),
             session_length=self._lengths.snapshot(),
+            quota_rejected_total=totals["quota_rejected"],
         )
 
     # ------------------------------------------------------------------------------------------------ changes
@@ -205,6 +206,8 @@ class ReplicaMirror:
         self._totals["rejected"] += 1
         if view.reason is TicketReason.DRAINING:
             self._totals["rejected_draining"] += 1
+        elif view.reason in (TicketReason.RUNNING_QUOTA, TicketReason.QUEUED_QUOTA):
+            self._totals["quota_rejected"] += 1
         self._publish(SharedAdmissionEvent(SharedEventKind.REJECTED, view, self.replica_id))
         return view
 

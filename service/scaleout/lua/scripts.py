@@ -18,6 +18,7 @@ Invariants every script keeps (tests read Redis to check them after each step):
 - a ticket is in `held:<r>` with worker w iff its state is `admitted` on replica r, worker w;
 - no worker of a replica holds more than its slots (only `pick` chooses a worker, and only for BY itself);
 - `live` holds exactly the queued and admitted tickets; finished ones carry a TTL and no payload;
+- `kq:<owner>` / `kr:<owner>` hold exactly the owner's queued / admitted tickets (the quota counts);
 - the queue is strict FIFO: only its head is ever admitted, and expiry takes the earliest deadline first.
 """
 
@@ -42,6 +43,15 @@ local function pkey(id) return P .. 'p:' .. id end
 local function hkey(r) return P .. 'held:' .. r end
 local function rkey(r) return P .. 'replica:' .. r end
 local function alive(r) return redis.call('EXISTS', rkey(r)) == 1 end
+local function kqkey(owner) return P .. 'kq:' .. owner end
+local function krkey(owner) return P .. 'kr:' .. owner end
+
+-- The ticket now holds a slot: its owner's quota counts it as running (no longer queued).
+local function count_running(id)
+  local owner = redis.call('HGET', tkey(id), 'owner')
+  redis.call('SREM', kqkey(owner), id)
+  redis.call('SADD', krkey(owner), id)
+end
 
 -- "workers|slots|mask|draining|r0,r1,..|generation" -> {n, cap, mask, draining, reserved[1..n], gen}, or nil
 local function parse_info(raw)
@@ -141,6 +151,11 @@ local function unqueue(id)
 end
 
 local function finish(id, state, reason, at)
+  local owner = redis.call('HGET', tkey(id), 'owner')
+  if owner then
+    redis.call('SREM', kqkey(owner), id)
+    redis.call('SREM', krkey(owner), id)
+  end
   redis.call('ZREM', LIVE, id)
   redis.call('DEL', pkey(id))
   redis.call('HSET', tkey(id), 'state', state, 'reason', reason, 'ended', at)
@@ -188,6 +203,7 @@ local function admit_queued()
     redis.call('HSET', tkey(head), 'state', 'admitted', 'replica', BY, 'worker', w, 'admitted', NOW, 'status',
       'admitted')
     redis.call('HSET', hkey(BY), head, w)
+    count_running(head)
     local payload = redis.call('GET', pkey(head))
     if payload then redis.call('PEXPIRE', pkey(head), PAYLOAD_TTL) end
     emit('admitted', head)
@@ -252,11 +268,15 @@ end
 # create: ARGV[7] id, [8] owner, [9] create token (a retried create with the same token returns the same ticket),
 # [10] queue_size, [11] queue timeout ms, [12] heartbeat timeout ms (0: off), [13] default session ms,
 # [14] max Retry-After s, [15] "1" if a payload follows, [16] payload, [17] "1" if a registry body follows, [18] body
-# (what GET on any replica answers from until the owner publishes its own).
+# (what GET on any replica answers from until the owner publishes its own), [19] the owner's max_running, [20] its
+# max_queued (-1: no bound; see `admission.quota`).
 # Codes: ok (the ticket: admitted at once or queued), rejected ({reason, retry_after_s, now_ms}), exists,
 # unregistered (BY's liveness key lapsed: it must re-register first).
-# Admitted at once only onto BY, only when nobody waits. It queues while the queue is shorter than queue_size plus
-# the free healthy slots of live replicas (those will take the tickets ahead of it at once), else it is rejected.
+# The owner's quota is checked first, in this same atomic step (a refusal takes no place in the queue): refused
+# with running_quota when its queued + admitted tickets reach max_running, with queued_quota when it would queue
+# and max_queued of its tickets wait. Admitted at once only onto BY, only when nobody waits. It queues while the
+# queue is shorter than queue_size plus the free healthy slots of live replicas (those will take the tickets ahead
+# of it at once), else it is rejected.
 _CREATE = r"""
 expire_due()
 if not alive(BY) then return reply('unregistered', {}) end
@@ -270,6 +290,10 @@ end
 if ME.draining then return reply('rejected', {'draining', 0, NOW}) end
 local depth, w = redis.call('ZCARD', QUEUE), nil
 if depth == 0 then w = pick(BY, ME) end
+local running, queued = redis.call('SCARD', krkey(owner)), redis.call('SCARD', kqkey(owner))
+local max_running, max_queued = tonumber(ARGV[19]), tonumber(ARGV[20])
+if max_running >= 0 and running + queued >= max_running then return reply('rejected', {'running_quota', 0, NOW}) end
+if w == nil and max_queued >= 0 and queued >= max_queued then return reply('rejected', {'queued_quota', 0, NOW}) end
 if w == nil then
   local free = 0
   for r, info in pairs(live_replicas()) do free = free + free_slots(r, info) end
@@ -284,11 +308,13 @@ redis.call('ZADD', LIVE, seq, id)
 if w ~= nil then
   redis.call('HSET', key, 'state', 'admitted', 'replica', BY, 'worker', w, 'admitted', NOW, 'status', 'admitted')
   redis.call('HSET', hkey(BY), id, w)
+  redis.call('SADD', krkey(owner), id)
   emit('admitted', id)
 else
   local qdl, hb = NOW + tonumber(ARGV[11]), tonumber(ARGV[12])
   redis.call('HSET', key, 'state', 'queued', 'qdl', qdl, 'status', 'queued')
   redis.call('ZADD', QUEUE, seq, id)
+  redis.call('SADD', kqkey(owner), id)
   redis.call('ZADD', QDL, qdl, id)
   if hb > 0 then
     redis.call('HSET', key, 'hbdl', NOW + hb)
@@ -431,6 +457,7 @@ for i = 10, #ARGV, 6 do
       'state', 'admitted', 'replica', BY, 'worker', w, 'admitted', ARGV[i + 4], 'status', 'admitted', 'v', ARGV[i + 5])
     redis.call('HSET', hkey(BY), id, w)
     redis.call('ZADD', LIVE, seq, id)
+    redis.call('SADD', krkey(ARGV[i + 2]), id)
     counts[wi] = counts[wi] + 1
   elseif not state then
     gone = true

@@ -1,5 +1,6 @@
 """Hypothesis drives the admission controller through random interleavings and checks the slot accounting after
-every step: creates, cancels, releases, heartbeats, clock advances, worker health flips and drain."""
+every step: creates, cancels, releases, heartbeats, clock advances, worker health flips and drain. One owner
+("alice") may have a quota: it is never exceeded, and the other owner is never refused for it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from admission import (
     AdmissionEvent,
     AdmissionEventKind,
     IllegalTransitionError,
+    KeyQuota,
+    TicketReason,
     TicketState,
 )
 from tests.fakes.clock import FakeClock
@@ -30,14 +33,26 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.was_queued: set[str] = set()
         self.max_admitted = 0
         self.capacity = 0
+        self.quota = KeyQuota()
 
     @initialize(
         num_workers=st.integers(1, 3),
         per_worker=st.integers(1, 2),
         queue_size=st.integers(0, 4),
         heartbeat=st.one_of(st.none(), st.floats(1.0, 20.0)),
+        max_running=st.one_of(st.none(), st.integers(1, 3)),
+        max_queued=st.one_of(st.none(), st.integers(0, 2)),
     )
-    def setup(self, num_workers: int, per_worker: int, queue_size: int, heartbeat: float | None) -> None:
+    def setup(
+        self,
+        num_workers: int,
+        per_worker: int,
+        queue_size: int,
+        heartbeat: float | None,
+        max_running: int | None,
+        max_queued: int | None,
+    ) -> None:
+        self.quota = KeyQuota(max_running=max_running, max_queued=max_queued)
         config = AdmissionConfig(
             num_workers=num_workers,
             max_sessions_per_worker=per_worker,
@@ -45,6 +60,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             queue_timeout=25.0,
             queue_heartbeat_timeout=heartbeat,
             finished_history=10_000,
+            key_quotas=(("alice", self.quota),),
         )
         self.capacity = config.capacity
         self.controller = AdmissionController(config, clock=self.clock)
@@ -73,7 +89,13 @@ class AdmissionMachine(RuleBasedStateMachine):
     @rule(owner=st.sampled_from(["alice", "bob"]))
     def create(self, owner: str) -> None:
         ticket_id = f"t{len(self.created)}"
+        live_before = self.ctl.list_tickets(owner=owner)
         view = self.ctl.create(owner, ticket_id=ticket_id)
+        if view.reason in (TicketReason.RUNNING_QUOTA, TicketReason.QUEUED_QUOTA):
+            assert owner == "alice", "an owner without a quota was refused for one"
+            queued = [v for v in live_before if v.state is TicketState.QUEUED]
+            limit = self.quota.limit_of(view.reason)[1]
+            assert (len(live_before) if view.reason is TicketReason.RUNNING_QUOTA else len(queued)) >= limit
         if view.state is not TicketState.REJECTED:
             self.created.append(ticket_id)
             self.creation_order[ticket_id] = len(self.created)
@@ -133,6 +155,11 @@ class AdmissionMachine(RuleBasedStateMachine):
         if self.controller is None:
             return
         assert_invariants(self.ctl)
+        alice = self.ctl.list_tickets(owner="alice")
+        if self.quota.max_running is not None:
+            assert len(alice) <= self.quota.max_running
+        if self.quota.max_queued is not None:
+            assert sum(1 for v in alice if v.state is TicketState.QUEUED) <= self.quota.max_queued
         stats = self.ctl.statistics()
         self.max_admitted = max(self.max_admitted, stats.retained_total)
         assert self.max_admitted <= self.capacity

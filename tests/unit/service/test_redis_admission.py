@@ -164,8 +164,15 @@ for _, key in ipairs(redis.call('KEYS', P .. 't:*')) do
   tickets[#tickets + 1] = {redis.call('HGETALL', key), redis.call('PTTL', key)}
 end
 for _, key in ipairs(redis.call('KEYS', P .. 'held:*')) do held[#held + 1] = {key, redis.call('HGETALL', key)} end
+local owners = {}
+for _, kind in ipairs({'kq', 'kr'}) do
+  for _, key in ipairs(redis.call('KEYS', P .. kind .. ':*')) do
+    owners[#owners + 1] = {key, redis.call('SMEMBERS', key)}
+  end
+end
 local function zset(name) return redis.call('ZRANGE', P .. name, 0, -1) end
-return {tickets, held, zset('queue'), zset('qdl'), zset('hbdl'), zset('live'), redis.call('HKEYS', P .. 'replicas')}
+return {tickets, held, zset('queue'), zset('qdl'), zset('hbdl'), zset('live'), redis.call('HKEYS', P .. 'replicas'),
+  owners}
 """
 
 
@@ -189,6 +196,7 @@ class Snapshot:
     hbdl: list[str]
     live: list[str]
     replicas: list[str]
+    owner_sets: dict[str, set[str]] = field(default_factory=dict)  # "kq:<owner>" / "kr:<owner>" -> ticket ids
 
     def state(self, ticket_id: str) -> str:
         return self.tickets[ticket_id]["state"]
@@ -217,6 +225,11 @@ class Snapshot:
             int(self.tickets[tid]["seq"]) for tid in self.queue
         )
         assert set(self.live) == queued | admitted
+        expected: dict[str, set[str]] = {}
+        for tid in queued | admitted:
+            kind = "kq" if tid in queued else "kr"
+            expected.setdefault(f"{kind}:{self.tickets[tid]['owner']}", set()).add(tid)
+        assert {name: ids for name, ids in self.owner_sets.items() if ids} == expected, "owner quota sets drifted"
         for tid, fields in self.tickets.items():
             finished = fields["state"] not in ("queued", "admitted")
             assert (self.ttls[tid] > 0) == finished, f"{tid} ({fields['state']}) has TTL {self.ttls[tid]}"
@@ -225,7 +238,7 @@ class Snapshot:
 
 async def read_snapshot(raw: Redis) -> Snapshot:
     reply: Any = await raw.eval(_SNAPSHOT, 0, PREFIX)
-    tickets, held, queue, qdl, hbdl, live, replicas = reply
+    tickets, held, queue, qdl, hbdl, live, replicas, owners = reply
     decoded = {}
     ttls = {}
     for flat, ttl in tickets:
@@ -243,6 +256,7 @@ async def read_snapshot(raw: Redis) -> Snapshot:
         hbdl=[_text(x) for x in hbdl],
         live=[_text(x) for x in live],
         replicas=[_text(x) for x in replicas],
+        owner_sets={_text(key)[len(PREFIX) :]: {_text(x) for x in members} for key, members in owners},
     )
 
 
