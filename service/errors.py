@@ -308,6 +308,10 @@ def _transport_table() -> dict[type[BaseException], ErrorSpec]:
         transport.LinkLostError: _INTERNAL,
         transport.WebhookError: ErrorSpec(401, "unauthorized"),
         transport.SignalingError: ErrorSpec(422, "invalid_request"),
+        transport.TooManyViewersError: ErrorSpec(429, "too_many_viewers"),
+        transport.ViewerTokenError: ErrorSpec(401, "viewer_token_invalid"),
+        transport.ViewerTokenInvalidError: ErrorSpec(401, "viewer_token_invalid"),
+        transport.ViewerTokenExpiredError: ErrorSpec(401, "viewer_token_expired"),
     }
 
 

@@ -215,6 +215,9 @@ class Settings(BaseSettings):
         le=1_000_000,
         description="Most concurrent HTTP connections and requests (uvicorn limit_concurrency); beyond it 503.",
     )
+    max_viewers: int = Field(
+        default=8, ge=0, le=1000, description="Viewers a session may have at once (both transports); 0: none."
+    )
     livekit_url: str | None = Field(default=None, validation_alias=AliasChoices("LIVEKIT_URL", "livekit_url"))
     livekit_api_key: str | None = Field(
         default=None, validation_alias=AliasChoices("LIVEKIT_API_KEY", "livekit_api_key")

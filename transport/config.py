@@ -13,6 +13,7 @@ from transport.errors import TransportConfigError
 from transport.protocol import MAX_STATUS_BYTES, MIN_STATUS_BYTES
 from transport.rooms import RoomConfig
 from transport.tokens import DEFAULT_JOIN_TTL
+from transport.viewers import DEFAULT_MAX_VIEWERS
 
 __all__ = ["CONTROL_TOPIC", "STATUS_TOPIC", "EmbeddedConfig", "LiveKitConfig"]
 
@@ -20,6 +21,11 @@ CONTROL_TOPIC = "lingstream.control"
 """LiveKit data topic of client-to-service control messages."""
 STATUS_TOPIC = "lingstream.status"
 """LiveKit data topic of service-to-client status messages."""
+
+
+def _check_max_viewers(value: int) -> None:
+    if not 0 <= value <= 1000:
+        raise TransportConfigError(f"max_viewers must be in 0..1000, got {value}")
 
 
 def _positive(name: str, value: float) -> None:
@@ -40,6 +46,7 @@ class LiveKitConfig:
     connection (backoff doubles per attempt, capped at 5 s). `lossy_max_bytes`: a chunk status up to this size
     goes as a lossy packet (one MTU); bigger ones, and every discrete message, go reliable.
     `status_flush_timeout`: on detach, seconds to wait for the last status messages (the final `done`) to go out.
+    `max_viewers`: viewers a session's room may have at once (0: none).
     """
 
     url: str
@@ -64,8 +71,10 @@ class LiveKitConfig:
     status_flush_timeout: float = 0.5
     ring_frames: int = 32
     reanchor_after: float = 0.5
+    max_viewers: int = DEFAULT_MAX_VIEWERS
 
     def __post_init__(self) -> None:
+        _check_max_viewers(self.max_viewers)
         if not self.url:
             raise TransportConfigError("LiveKit url must be set")
         if not self.api_key or not self.api_secret:
@@ -105,7 +114,9 @@ class EmbeddedConfig:
     `{session_id}` placeholder. `answer_timeout`: seconds to answer an offer (candidate gathering included).
     `status_flush_timeout`: on detach, seconds to wait for the last status messages (the final `done`) to go out.
     `status_buffer_bytes`: the most status bytes the data channel may hold unsent (its `bufferedAmount`); while a
-    client does not consume them, further status messages are dropped and counted instead of piling up.
+    client does not consume them, further status messages are dropped and counted instead of piling up (for the
+    controller and each viewer alike). `max_viewers`: viewers a session may have at once (0: none);
+    `viewer_join_ttl`: seconds a viewer credential admits an offer; `watch_path`: the REST path of a viewer's offer.
     """
 
     ice_host_addresses: tuple[str, ...] | None = ("127.0.0.1",)
@@ -121,10 +132,17 @@ class EmbeddedConfig:
     status_buffer_bytes: int = 64 * 1024
     ring_frames: int = 32
     reanchor_after: float = 0.5
+    max_viewers: int = DEFAULT_MAX_VIEWERS
+    viewer_join_ttl: float = DEFAULT_JOIN_TTL
+    watch_path: str = "/v1/sessions/{session_id}/watch"
 
     def __post_init__(self) -> None:
         for name in ("reconnect_grace", "initial_join_timeout", "answer_timeout", "status_flush_timeout"):
             _positive(name, getattr(self, name))
+        _positive("viewer_join_ttl", self.viewer_join_ttl)
+        _check_max_viewers(self.max_viewers)
+        if "{session_id}" not in self.watch_path:
+            raise TransportConfigError(f"watch_path must contain {{session_id}}, got {self.watch_path!r}")
         if self.ice_host_addresses is not None and not self.ice_host_addresses:
             raise TransportConfigError("ice_host_addresses must name at least one address (or be None)")
         if "{session_id}" not in self.offer_path:

@@ -16,42 +16,33 @@ Lifecycle (`BindingState`, shared with the LiveKit binding), with this binding's
 
 The tasks, the grace timer, the status outbox and the steps of closing live in the composed `BindingCore`.
 
-Host candidates: aioice gathers on every interface except loopback and has no setting to change that.
-`ice_host_addresses(...)` limits gathering to the given addresses for the peer connections negotiated inside it,
-by wrapping aioice's address lookup once (the wrapper reads a context variable and otherwise defers to aioice).
-`EmbeddedConfig.ice_host_addresses` defaults to loopback only.
+Viewers: `EmbeddedTransport.viewer_details` takes one of the session's `max_viewers` places and mints a short-lived
+viewer credential bound to the session; the viewer POSTs its offer with it to the watch URL, and
+`EmbeddedTransport.answer_viewer` gives it a receive-only peer connection of its own beside the controller's
+(`transport.embedded_viewers`): the same frames and status messages, no control.
+
+Host candidates are gathered where `EmbeddedConfig.ice_host_addresses` says (loopback only by default; see
+`transport.rtc.ice_host_addresses`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import enum
-import fractions
 import logging
-from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import quote
 
-import aioice.ice
-import av
-from aiortc import (
-    MediaStreamTrack,
-    RTCConfiguration,
-    RTCDataChannel,
-    RTCIceServer,
-    RTCPeerConnection,
-    RTCSessionDescription,
-)
-from aiortc.mediastreams import MediaStreamError
+from aiortc import RTCConfiguration, RTCDataChannel, RTCIceServer, RTCPeerConnection
 
 from pipeline.clock import Clock
 from transport.base import BindingStatistics, ChunkStatus, ReconnectKind, SessionPort, StateStatus, StatusMessage
 from transport.binding import TERMINAL_BINDING_STATES, BindingCore, BindingState, TransitionTable
 from transport.config import EmbeddedConfig
 from transport.control import ControlStatistics
+from transport.embedded_viewers import EmbeddedViewers, EmbeddedViewersStatistics
 from transport.errors import (
     SessionAlreadyAttachedError,
     SessionNotAttachedError,
@@ -59,8 +50,10 @@ from transport.errors import (
     TransportClosedError,
 )
 from transport.outbox import Outbound, OutboxStatistics, encode_outbound
-from transport.pacing import VIDEO_CLOCK_RATE, PacedFrame, PacerStatistics
+from transport.pacing import PacedFrame, PacerStatistics
+from transport.rtc import PacedVideoTrack, ice_host_addresses, install_host_address_hook, negotiate
 from transport.timers import LoopTimers, Timers
+from transport.viewers import ViewerCredentials
 
 __all__ = [
     "EmbeddedBindingStatistics",
@@ -73,96 +66,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_TRACK_QUEUE = 3  # frames waiting in a track for the RTP sender; the pacer already paces, this only absorbs jitter
-
-_HOST_ADDRESSES: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
-    "lingstream_ice_host_addresses", default=None
-)
-
-
-class _HostAddressHook:
-    """Installs, once per process, a wrapper around `aioice.ice.get_host_addresses` that honours
-    `_HOST_ADDRESSES` and otherwise calls the original."""
-
-    installed = False
-
-    @classmethod
-    def install(cls) -> None:
-        if cls.installed:
-            return
-        original = aioice.ice.get_host_addresses
-
-        def host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
-            chosen = _HOST_ADDRESSES.get()
-            if chosen is None:
-                return original(use_ipv4, use_ipv6)
-            return [address for address in chosen if (use_ipv6 if ":" in address else use_ipv4)]
-
-        aioice.ice.get_host_addresses = host_addresses
-        cls.installed = True
-
-
-@contextlib.contextmanager
-def ice_host_addresses(addresses: Sequence[str] | None) -> Iterator[None]:
-    """Gather ICE host candidates only on `addresses` for peer connections whose local description is set inside
-    this block (None: aioice's default). Context-local: other tasks are not affected."""
-    _HostAddressHook.install()
-    token = _HOST_ADDRESSES.set(tuple(addresses) if addresses is not None else None)
-    try:
-        yield
-    finally:
-        _HOST_ADDRESSES.reset(token)
-
-
-class PacedVideoTrack(MediaStreamTrack):
-    """A video track fed by the frame pacer: `offer(frame)` from the pacer's sink, `recv()` by aiortc's sender.
-
-    The pacer already releases frames on their deadlines, so `recv` only waits for the next one. Between the two
-    sits a queue of `_TRACK_QUEUE` frames, latest wins (the oldest is dropped, counted). Presentation timestamps
-    are the frame's slot on the output timeline at 90 kHz, so they advance with wall time even when frames are
-    dropped. `stop()` ends a pending `recv` with `MediaStreamError`, which ends aiortc's sender loop.
-    """
-
-    kind = "video"
-
-    def __init__(self, fps: float) -> None:
-        super().__init__()
-        self._ticks_per_frame = VIDEO_CLOCK_RATE / fps
-        self._frames: deque[PacedFrame] = deque()
-        self._available = asyncio.Event()
-        self.dropped = 0
-        self.delivered = 0
-
-    def offer(self, frame: PacedFrame) -> None:
-        if self.readyState != "live":
-            return
-        if len(self._frames) >= _TRACK_QUEUE:
-            self._frames.popleft()
-            self.dropped += 1
-        self._frames.append(frame)
-        self._available.set()
-
-    async def recv(self) -> av.VideoFrame:
-        while not self._frames:
-            if self.readyState != "live":
-                raise MediaStreamError
-            self._available.clear()
-            await self._available.wait()
-        if self.readyState != "live":
-            raise MediaStreamError
-        frame = self._frames.popleft()
-        video = av.VideoFrame.from_ndarray(frame.image, format="rgb24")
-        video.pts = round(frame.media_index * self._ticks_per_frame)
-        video.time_base = fractions.Fraction(1, VIDEO_CLOCK_RATE)
-        self.delivered += 1
-        return video
-
-    def stop(self) -> None:
-        super().stop()
-        self._frames.clear()
-        self._available.set()
-
 
 # The embedded binding never joins anything: it serves from start() on, and its peer connections come and go
 # through `answer` without changing the binding's state (they are `PeerPresence`).
@@ -211,6 +114,7 @@ class EmbeddedBindingStatistics:
     control: ControlStatistics
     pacer: PacerStatistics
     outbox: OutboxStatistics
+    viewers: EmbeddedViewersStatistics
 
 
 class EmbeddedSessionBinding:
@@ -223,7 +127,13 @@ class EmbeddedSessionBinding:
     """
 
     def __init__(
-        self, port: SessionPort, *, config: EmbeddedConfig, timers: Timers, clock: Clock | None = None
+        self,
+        port: SessionPort,
+        *,
+        config: EmbeddedConfig,
+        timers: Timers,
+        clock: Clock | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._port = port
         self._config = config
@@ -241,6 +151,9 @@ class EmbeddedSessionBinding:
             on_grace_expired=self._grace_expired,
         )
         self._rtc_config = RTCConfiguration(iceServers=[RTCIceServer(urls=url) for url in config.ice_servers])
+        self.viewers = EmbeddedViewers(
+            port, config=config, rtc_config=self._rtc_config, spawn=self._core.spawn, wall=wall
+        )
         self._peer: _Peer | None = None
         self._generation = 0
         self._answer_lock = asyncio.Lock()
@@ -296,7 +209,7 @@ class EmbeddedSessionBinding:
             try:
                 async with asyncio.timeout(self._config.answer_timeout):
                     with ice_host_addresses(self._config.ice_host_addresses):
-                        local = await self._negotiate(peer, offer_sdp)
+                        local = await negotiate(peer.pc, peer.track, offer_sdp)
             except (SignalingError, asyncio.CancelledError):
                 await self._reject(peer)
                 raise
@@ -328,18 +241,6 @@ class EmbeddedSessionBinding:
     async def _reject(self, peer: _Peer) -> None:
         self._offers_rejected += 1
         await self._close_peer(peer)
-
-    async def _negotiate(self, peer: _Peer, offer_sdp: str) -> RTCSessionDescription:
-        pc = peer.pc
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-        if not any(transceiver.kind == "video" for transceiver in pc.getTransceivers()):
-            raise SignalingError("the offer has no video media section (add a recvonly video transceiver)")
-        pc.addTrack(peer.track)
-        await pc.setLocalDescription(await pc.createAnswer())
-        local = pc.localDescription
-        if local is None:
-            raise SignalingError("aiortc produced no local description")
-        return local
 
     def _register(self, peer: _Peer) -> None:
         pc = peer.pc
@@ -430,6 +331,7 @@ class EmbeddedSessionBinding:
     # -- frames and status ----------------------------------------------------------------------------------------
 
     def _deliver(self, frame: PacedFrame) -> bool:
+        self.viewers.deliver(frame)
         peer = self._peer
         if peer is None or peer.pc.connectionState != "connected":
             return False
@@ -488,6 +390,7 @@ class EmbeddedSessionBinding:
             peer, self._peer = self._peer, None
         if peer is not None:
             await self._close_peer(peer)
+        await self.viewers.close()
 
     def statistics(self) -> EmbeddedBindingStatistics:
         peer = self._peer
@@ -507,6 +410,7 @@ class EmbeddedSessionBinding:
             control=core.control,
             pacer=core.pacer,
             outbox=core.outbox,
+            viewers=self.viewers.statistics(),
         )
 
 
@@ -520,14 +424,24 @@ class EmbeddedTransportStatistics:
 
 class EmbeddedTransport:
     """`Transport` over direct WebRTC. `attach` returns `{"kind": "embedded", "offer_url": ..., "data_channel":
-    "control"}`; the REST route passes each offer to `answer`."""
+    "control"}`; the REST route passes each offer to `answer`, and each viewer's offer to `answer_viewer`.
+
+    `wall` is the wall clock (Unix seconds) viewer credentials expire on; a seam for tests.
+    """
 
     def __init__(
-        self, config: EmbeddedConfig | None = None, *, timers: Timers | None = None, clock: Clock | None = None
+        self,
+        config: EmbeddedConfig | None = None,
+        *,
+        timers: Timers | None = None,
+        clock: Clock | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._config = config if config is not None else EmbeddedConfig()
         self._timers: Timers = timers if timers is not None else LoopTimers()
         self._clock = clock
+        self._wall = wall
+        self._credentials = ViewerCredentials(self._config.viewer_join_ttl)
         self._bindings: dict[str, EmbeddedSessionBinding] = {}
         self._running = False
         self._attached_total = 0
@@ -543,7 +457,7 @@ class EmbeddedTransport:
         return self._config
 
     async def start(self) -> None:
-        _HostAddressHook.install()
+        install_host_address_hook()
         self._running = True
 
     async def stop(self) -> None:
@@ -558,7 +472,9 @@ class EmbeddedTransport:
         session_id = port.session_id
         if session_id in self._bindings:
             raise SessionAlreadyAttachedError(session_id)
-        binding = EmbeddedSessionBinding(port, config=self._config, timers=self._timers, clock=self._clock)
+        binding = EmbeddedSessionBinding(
+            port, config=self._config, timers=self._timers, clock=self._clock, wall=self._wall
+        )
         self._bindings[session_id] = binding
         binding.start()
         self._attached_total += 1
@@ -582,6 +498,14 @@ class EmbeddedTransport:
         Raises `SessionNotAttachedError` (unknown or closed session) or `SignalingError` (not an offer, too big,
         malformed, or no video section).
         """
+        binding = self._offered(session_id, offer_sdp, offer_type)
+        try:
+            return await binding.answer(offer_sdp)
+        except SignalingError:
+            self._offers_rejected += 1
+            raise
+
+    def _offered(self, session_id: str, offer_sdp: str, offer_type: str) -> EmbeddedSessionBinding:
         binding = self._bindings.get(session_id)
         if binding is None:
             raise SessionNotAttachedError(session_id)
@@ -595,8 +519,39 @@ class EmbeddedTransport:
         ):
             self._offers_rejected += 1
             raise SignalingError(f"the offer is over {self._config.max_offer_bytes} bytes")
+        return binding
+
+    def viewer_details(self, session_id: str) -> Mapping[str, object]:
+        """Take a viewer's place in the session and mint its credential: `{"kind": "embedded", "role": "viewer",
+        "offer_url", "data_channel", "viewer_token", "expires_at"}`. The place is held until the viewer leaves, or
+        until `expires_at` if the credential is never used. Raises `TooManyViewersError` when every place is taken.
+        """
+        binding = self.binding(session_id)
+        now = self._wall()
+        credential = self._credentials.mint(session_id, now)
+        binding.viewers.seats.reserve(credential.viewer_id, credential.expires_at, now)
+        return {
+            "kind": "embedded",
+            "role": "viewer",
+            "offer_url": self._config.watch_path.format(session_id=quote(session_id, safe="")),
+            "data_channel": self._config.control_label,
+            "viewer_token": credential.token,
+            "expires_at": credential.expires_at,
+        }
+
+    def verify_viewer(self, session_id: str, token: str) -> str:
+        """The viewer id of a credential good for `session_id` now; raises `ViewerTokenInvalidError` or
+        `ViewerTokenExpiredError` (also for a session that is not attached here: it has no credentials)."""
+        return self._credentials.verify(token, session_id, self._wall())
+
+    async def answer_viewer(self, session_id: str, token: str, offer_sdp: str, offer_type: str) -> tuple[str, str]:
+        """Answer a viewer's offer: a receive-only peer connection of its own. Raises `ViewerTokenInvalidError` /
+        `ViewerTokenExpiredError` for a credential that is not good for this session now, `TooManyViewersError`,
+        `SessionNotAttachedError` or `SignalingError` (as `answer`)."""
+        viewer_id = self.verify_viewer(session_id, token)
+        binding = self._offered(session_id, offer_sdp, offer_type)
         try:
-            return await binding.answer(offer_sdp)
+            return await binding.viewers.answer(viewer_id, offer_sdp)
         except SignalingError:
             self._offers_rejected += 1
             raise

@@ -11,7 +11,11 @@
     ├── RoomJoinError                    the service participant could not join (or publish into) its room
     ├── LinkLostError                    a message could not go out: its room connection or peer closed mid-send
     ├── WebhookError                     a LiveKit webhook failed verification (signature, body hash, or body)
-    └── SignalingError                   an embedded WebRTC offer was malformed, oversized or could not be answered
+    ├── SignalingError                   an embedded WebRTC offer was malformed, oversized or could not be answered
+    ├── TooManyViewersError              the session already has `max_viewers` viewers (or credentials out for them)
+    └── ViewerTokenError                 an embedded viewer credential was refused
+        ├── ViewerTokenInvalidError      not a credential this transport minted for this session
+        └── ViewerTokenExpiredError      a genuine credential whose time to join has passed
 
 Malformed *control messages* are not errors here: the protocol decoder returns a `ProtocolError` value and the
 bindings answer it with an `error` status message (a client's mistake must never raise into the service).
@@ -30,9 +34,13 @@ __all__ = [
     "SessionAlreadyAttachedError",
     "SessionNotAttachedError",
     "SignalingError",
+    "TooManyViewersError",
     "TransportClosedError",
     "TransportConfigError",
     "TransportError",
+    "ViewerTokenError",
+    "ViewerTokenExpiredError",
+    "ViewerTokenInvalidError",
     "WebhookError",
 ]
 
@@ -104,3 +112,26 @@ class WebhookError(TransportError):
 
 class SignalingError(TransportError):
     """An SDP offer for the embedded transport was rejected (malformed, oversized, wrong type, or unanswerable)."""
+
+
+class TooManyViewersError(TransportError):
+    """A session has as many viewers as it may (`max_viewers`): watching ones plus credentials not yet used."""
+
+    def __init__(self, session_id: str, limit: int) -> None:
+        super().__init__(
+            f"session {session_id!r} already has {limit} viewer(s), the most it may have; retry when one leaves"
+        )
+        self.session_id = session_id
+        self.limit = limit
+
+
+class ViewerTokenError(TransportError):
+    """An embedded viewer's credential was refused (answer 401; the viewer needs a new one)."""
+
+
+class ViewerTokenInvalidError(ViewerTokenError):
+    """The credential is malformed, forged, or was minted for another session."""
+
+
+class ViewerTokenExpiredError(ViewerTokenError):
+    """The credential is genuine but its time to join has passed (or its place was given up)."""

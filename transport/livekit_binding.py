@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from dataclasses import dataclass
 
 from pipeline.clock import Clock
@@ -48,7 +49,8 @@ from transport.livekit_room import (
 from transport.outbox import Outbound, OutboxStatistics, encode_outbound
 from transport.pacing import PacedFrame, PacerStatistics
 from transport.timers import Timers
-from transport.tokens import TokenIssuer
+from transport.tokens import ParticipantRole, TokenIssuer
+from transport.viewers import ViewerSeats, ViewerStatistics
 
 __all__ = [
     "BindingState",
@@ -58,6 +60,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_VIEWER_PREFIX = f"{ParticipantRole.VIEWER.value}-"
 
 _MAX_REJOIN_BACKOFF = 5.0
 
@@ -104,6 +108,7 @@ class LiveKitBindingStatistics:
     control: ControlStatistics
     pacer: PacerStatistics
     outbox: OutboxStatistics
+    viewers: ViewerStatistics
 
 
 class LiveKitSessionBinding:
@@ -166,6 +171,8 @@ class LiveKitSessionBinding:
         self._returns = 0
         self._data_foreign = 0
         self._data_other_topic = 0
+        self.viewer_seats = ViewerSeats(port.session_id, config.max_viewers)
+        """The session's viewer places: taken when a viewer token is minted, kept while the viewer is in the room."""
 
     @property
     def session_id(self) -> str:
@@ -334,6 +341,13 @@ class LiveKitSessionBinding:
 
     def handle_room_event(self, event: RoomEvent) -> None:
         """React to a room event, from the room itself or a webhook. Idempotent: duplicates change nothing."""
+        match event:
+            case ParticipantJoined(identity=identity) if identity.startswith(_VIEWER_PREFIX):
+                self.viewer_seats.admit(identity)
+                return
+            case ParticipantLeft(identity=identity) if identity.startswith(_VIEWER_PREFIX):
+                self.viewer_seats.leave(identity)
+                return
         if self._core.ended or self._presence is ControllerPresence.GONE:
             return
         match event:
@@ -451,4 +465,5 @@ class LiveKitSessionBinding:
             control=core.control,
             pacer=core.pacer,
             outbox=core.outbox,
+            viewers=self.viewer_seats.statistics(time.time()),
         )

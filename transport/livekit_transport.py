@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -189,9 +190,12 @@ class LiveKitTransport:
         return {**published, "url": self._config.join_url, "token": token.token, "expires_at": token.expires_at}
 
     def viewer_details(self, session_id: str) -> Mapping[str, object]:
-        """Join details for a viewer: a new identity that may subscribe and nothing else."""
+        """Join details for a viewer: a new identity that may subscribe and nothing else. It takes one of the
+        session's `max_viewers` places, held until the viewer leaves the room (or until the token's time to join
+        runs out unused); raises `TooManyViewersError` when every place is taken."""
         binding = self._binding(session_id)
         token = self._tokens.viewer(session_id, binding.room_name)
+        binding.viewer_seats.reserve(token.identity, token.expires_at, time.time())
         return {
             "kind": "livekit",
             "url": self._config.join_url,

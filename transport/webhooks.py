@@ -3,8 +3,9 @@
 LiveKit signs each webhook with a JWT (issued by the API key, signed with its secret) whose `sha256` claim is the
 base64 SHA-256 of the body; it arrives in the `Authorization` header. `WebhookHandler.receive` checks both with
 `livekit.api.WebhookReceiver` and raises `WebhookError` (answer 401) for anything that fails, then maps
-`participant_joined`/`participant_left` of a controller identity and `room_finished` to the `transport.events`
-the LiveKit binding handles. Other events (viewers, tracks, egress) are verified and ignored.
+`participant_joined`/`participant_left` of a controller or viewer identity (the binding counts viewers' places) and
+`room_finished` to the `transport.events` the LiveKit binding handles. Other events (the service's own participant,
+tracks, egress) are verified and ignored.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from transport.tokens import ParticipantRole
 __all__ = ["MAX_WEBHOOK_BYTES", "WebhookHandler"]
 
 MAX_WEBHOOK_BYTES = 256 * 1024
-_CONTROLLER_PREFIX = f"{ParticipantRole.CONTROLLER.value}-"
+_PARTICIPANT_PREFIXES = (f"{ParticipantRole.CONTROLLER.value}-", f"{ParticipantRole.VIEWER.value}-")
 
 
 class WebhookHandler:
@@ -54,9 +55,9 @@ class WebhookHandler:
         event = self.verify(body, authorization)
         room = event.room.name
         match event.event:
-            case "participant_joined" if event.participant.identity.startswith(_CONTROLLER_PREFIX):
+            case "participant_joined" if event.participant.identity.startswith(_PARTICIPANT_PREFIXES):
                 return ParticipantJoined(room=room, identity=event.participant.identity)
-            case "participant_left" if event.participant.identity.startswith(_CONTROLLER_PREFIX):
+            case "participant_left" if event.participant.identity.startswith(_PARTICIPANT_PREFIXES):
                 return ParticipantLeft(room=room, identity=event.participant.identity)
             case "room_finished" if room:
                 return RoomFinished(room=room)

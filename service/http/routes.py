@@ -8,11 +8,14 @@ Request order for `POST /v1/sessions`: body size (middleware, before anything re
 `invalid_config`) → admission (201/202/429/503).
 
 The transport routes: `POST /v1/sessions/{id}/webrtc` (the embedded transport's SDP offer; every offer rebinds the
-session to a new peer connection), `POST /v1/sessions/{id}/viewers` (LiveKit: a subscribe-only token) and
+session to a new peer connection), `POST /v1/sessions/{id}/viewers` (one more viewer: LiveKit, a subscribe-only
+token; embedded, a viewer credential and the watch URL; 429 beyond `MAX_VIEWERS`), `POST /v1/sessions/{id}/watch`
+(the embedded transport's viewer offer, authenticated by the viewer credential instead of an API key) and
 `POST /v1/livekit/webhook` (LiveKit's signed webhooks: the signature is the authentication, no API key). Order for
 the session routes: API key → the session (404 for an unknown or another key's session) → the transport kind (404
 when the route's transport is not the active one; 409 for an offer while LiveKit is active) → the session's state
-(409 unless it streams) → the body (415/422) → the transport (422 for an offer it refuses).
+(409 unless it streams) → the body (415/422) → the transport (422 for an offer it refuses). For the watch route:
+the viewer credential (401) → the body → the transport.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from service.runtime.runtime import ServiceRuntime, SnapshotStream
 from service.runtime.sessions import SessionSnapshot, SessionState
 from transport.base import Transport
 from transport.embedded import EmbeddedTransport
-from transport.errors import SessionNotAttachedError
+from transport.errors import SessionNotAttachedError, ViewerTokenInvalidError
 from transport.livekit_transport import LiveKitTransport
 
 __all__ = ["describe_validation_errors", "health_router", "internal_router", "v1_router"]
@@ -255,19 +258,63 @@ async def webrtc_offer(
     "/sessions/{session_id}/viewers",
     status_code=201,
     response_model=dict[str, Any],
-    summary="LiveKit: a watch-only join token for the session's room (subscribe, no publishing)",
-    responses=_errors(401, 404, 409),
+    summary="Watch-only join details for one more viewer (LiveKit: a subscribe-only token; embedded: a viewer "
+    "credential and the watch URL)",
+    responses=_errors(401, 404, 409, 429),
 )
 async def create_viewer(session_id: str, owner: Owner, runtime: Runtime, transport: ActiveTransport) -> dict[str, Any]:
     bind_session_id(session_id)
     snapshot = await runtime.lookup_here(owner, session_id)
-    if not isinstance(transport, LiveKitTransport):
-        raise StarletteHTTPException(status_code=404, detail="viewer tokens need the LiveKit transport (LIVEKIT_URL)")
+    if not isinstance(transport, LiveKitTransport | EmbeddedTransport):
+        raise StarletteHTTPException(status_code=404, detail="viewers need a transport (LiveKit or embedded WebRTC)")
     _require_streaming(snapshot)
     try:
-        return dict(transport.viewer_details(session_id))
+        return dict(transport.viewer_details(session_id))  # TooManyViewersError: 429
     except SessionNotAttachedError:
-        raise _conflict(f"session {session_id!r} is not connected to its LiveKit room (starting or ending)") from None
+        raise _conflict(f"session {session_id!r} is not connected to its transport (starting or ending)") from None
+
+
+@v1_router.post(
+    "/sessions/{session_id}/watch",
+    response_model=WebrtcAnswer,
+    summary="Embedded WebRTC: answer a viewer's SDP offer (authenticated by its viewer credential, not an API key)",
+    responses=_errors(401, 404, 409, 413, 415, 422, 429),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": WebrtcOffer.model_json_schema()}},
+        }
+    },
+)
+async def watch_offer(
+    session_id: str,
+    request: Request,
+    runtime: Runtime,
+    transport: ActiveTransport,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> WebrtcAnswer:
+    bind_session_id(session_id)
+    token = _viewer_token(request.headers.get("authorization"))
+    if not isinstance(transport, EmbeddedTransport):
+        raise ViewerTokenInvalidError(
+            "viewer credentials exist only on the embedded transport; with LiveKit, join the room with the viewer token"
+        )
+    transport.verify_viewer(session_id, token)  # ViewerTokenError: 401, before anything else is revealed
+    offer = await _json_body(request, WebrtcOffer)
+    try:
+        sdp, kind = await transport.answer_viewer(session_id, token, offer.sdp, offer.type)
+    except SessionNotAttachedError:
+        raise _conflict(f"session {session_id!r} is not connected to the transport (it has ended)") from None
+    if kind != "answer":  # pragma: no cover - aiortc always answers an offer with an answer
+        raise _conflict(f"the transport answered with an SDP of type {kind!r}")
+    return WebrtcAnswer(sdp=sdp, type="answer")
+
+
+def _viewer_token(authorization: str | None) -> str:
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ViewerTokenInvalidError("send the viewer credential as `Authorization: Bearer <viewer_token>`")
+    return token.strip()
 
 
 @v1_router.post(

@@ -297,6 +297,38 @@ def test_a_second_page_waits_in_the_queue_and_is_admitted_when_the_first_stops(
     second.wait_for_function("window.lingstream.state === 'closed'")
 
 
+def test_a_second_page_watches_the_session_the_first_controls(open_page: Callable[..., Page]) -> None:
+    controller = open_page()
+    _start(controller)
+    _wait_frames(controller)
+    controller.wait_for_function("!document.getElementById('watch-link').hidden")
+    link = controller.get_attribute("#watch-link", "href")
+    session = controller.evaluate("window.lingstream.sessionId")
+    assert link == f"/?watch={session}"
+    hold_until_applied(controller, "w")  # held: the session keeps generating while the viewer joins
+
+    viewer = open_page(link)
+    viewer.wait_for_function("window.lingstream.role === 'viewer' && window.lingstream.frames > 5")
+    assert viewer.evaluate("window.lingstream.sessionId") == session
+    assert viewer.evaluate("window.lingstream.videoSize") == {"width": WIDTH, "height": HEIGHT}
+    # The viewer's status shows what the controller holds.
+    viewer.wait_for_function("window.lingstream.chunks.some((chunk) => chunk.keys.includes('w'))")
+    # No controls: the form, the buttons, the key help and the watch link are hidden, and its keys steer nothing.
+    for hidden in ("#setup", "#control-buttons", "#controls-help", "#watch-link"):
+        assert viewer.is_hidden(hidden), hidden
+    viewer.focus("#stage")
+    viewer.keyboard.down("l")
+    seen = viewer.evaluate("window.lingstream.chunks.length")
+    viewer.wait_for_function("(seen) => window.lingstream.chunks.length >= seen + 3", arg=seen)
+    viewer.keyboard.up("l")
+    assert viewer.evaluate("window.lingstream.lastSent") is None
+    assert not any("l" in chunk["keys"] for chunk in viewer.evaluate("window.lingstream.chunks"))
+
+    controller.keyboard.up("w")
+    controller.click("#stop")
+    viewer.wait_for_function("window.lingstream.state === 'closed' && window.lingstream.ended")
+
+
 _LIVEKIT = ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET")
 
 

@@ -76,13 +76,14 @@ BAD_CREDENTIALS: list[dict[str, str]] = [
 
 async def _probe_without_a_key(app: App, session_id: str, *, livekit: bool) -> dict[tuple[str, str], set[int]]:
     """Every /v1 route, with a live and an unknown session id, under every bad credential: 401 only (the webhook,
-    authenticated by LiveKit's signature instead, is 404 where LiveKit is not the transport)."""
+    authenticated by LiveKit's signature instead, is 404 where LiveKit is not the transport; the watch route,
+    authenticated by a viewer credential instead, answers `viewer_token_invalid`)."""
     seen: dict[tuple[str, str], set[int]] = {}
     for method, template in _routes(app):
         for target in (session_id, "no-such-session"):
             for headers in BAD_CREDENTIALS:
                 url = _fill(template, target) + f"?api_key={ALICE_KEY}&token={ALICE_KEY}"
-                body = {"sdp": "v=0", "type": "offer"} if template.endswith("/webrtc") else {}
+                body = {"sdp": "v=0", "type": "offer"} if template.endswith(("/webrtc", "/watch")) else {}
                 response = await app.client.request(method, url, headers=headers, json=body)
                 seen.setdefault((method, template), set()).add(response.status_code)
                 if template == "/v1/livekit/webhook" and not livekit:
@@ -91,7 +92,8 @@ async def _probe_without_a_key(app: App, session_id: str, *, livekit: bool) -> d
                 assert response.status_code == 401, (method, url, headers, response.text)
                 if template != "/v1/livekit/webhook":
                     assert response.headers["www-authenticate"].startswith("Bearer")
-                assert response.json()["error"]["code"] == "unauthorized"
+                expected = "viewer_token_invalid" if template.endswith("/watch") else "unauthorized"
+                assert response.json()["error"]["code"] == expected
     return seen
 
 

@@ -75,13 +75,22 @@ export class Api {
     }).catch(() => {});
   }
 
-  // LiveKit: join details of a watch-only participant (a new identity) for the session.
+  // Join details of one more viewer (a place among the session's MAX_VIEWERS): LiveKit, a watch-only token for a
+  // new identity; embedded, a viewer credential and the watch URL.
   createViewer(id) {
     return this.request("POST", `/v1/sessions/${encodeURIComponent(id)}/viewers`);
   }
 
-  offer(url, sdp) {
-    return this.request("POST", url, { sdp, type: "offer" });
+  // An SDP offer; a viewer's goes with its viewer credential instead of the API key.
+  async offer(url, sdp, viewerToken = null) {
+    if (viewerToken === null) return this.request("POST", url, { sdp, type: "offer" });
+    const saved = this.key;
+    this.key = viewerToken;
+    try {
+      return await this.request("POST", url, { sdp, type: "offer" });
+    } finally {
+      this.key = saved;
+    }
   }
 
   // Yields every session snapshot of the event stream until it ends (after the terminal one) or `signal` aborts.

@@ -1,6 +1,7 @@
 // The lingstream page: create a session, follow its queue position, join it (embedded WebRTC or LiveKit), show the
 // video, send the held keys, and show what the service applied and how fast. With `?watch=<session id>` it watches a
-// session instead (LiveKit viewers: video and status, no control). `window.lingstream` is a small view of the page's
+// session instead (a viewer on either transport: video and status, no control); a running session's page shows that
+// link. `window.lingstream` is a small view of the page's
 // state for tests and the console.
 //
 // A session ends on the page once: the event stream reports the terminal state and the link brings the final `done`
@@ -106,6 +107,11 @@ function render() {
   $("stop").disabled = viewer || page.sessionId === null || TERMINAL.has(page.state);
   $("reset").disabled = viewer || !live;
   $("start").disabled = page.sessionId !== null && !TERMINAL.has(page.state);
+  const watchLink = $("watch-link");
+  watchLink.hidden = viewer || page.sessionId === null || !STREAMING.has(page.state);
+  if (!watchLink.hidden) watchLink.href = `/?watch=${encodeURIComponent(page.sessionId)}`;
+  $("controls-help").hidden = viewer;
+  $("control-buttons").hidden = viewer;
   $("hud-held").textContent = controls.held.size ? [...controls.held].sort().join(" ") : "none";
   const chunk = page.lastChunk;
   $("hud-applied").textContent = chunk ? (chunk.keys.length ? chunk.keys.join(" ") : "none") : "–";
@@ -341,7 +347,7 @@ async function freshDetails(id) {
   if (!STREAMING.has(body.status) || !body.transport) {
     throw new ApiError(409, "session_not_running", `the session is ${body.status}`);
   }
-  if (page.role === "viewer") return (await api.createViewer(id)).body; // a watch-only token, a new identity
+  if (page.role === "viewer") return (await api.createViewer(id)).body; // a viewer's place and credential
   return body.transport;
 }
 
@@ -390,11 +396,9 @@ async function connect(session) {
     return;
   }
   try {
-    if (page.role === "viewer" && details.kind !== "livekit") {
-      say("Watching a session needs the LiveKit transport.", true);
-      return;
-    }
-    if (details.kind === "embedded") {
+    if (details.kind === "embedded" && page.role === "viewer") {
+      link = new EmbeddedLink(api, await freshDetails(id), handlers, () => freshDetails(id));
+    } else if (details.kind === "embedded") {
       link = new EmbeddedLink(api, details, handlers);
     } else if (details.kind === "livekit") {
       details = await freshDetails(id); // tokens are short-lived: the creation's may be stale by now

@@ -1,7 +1,8 @@
 // The embedded transport: direct WebRTC with the service. One RTCPeerConnection at a time, with a receive-only video
 // transceiver and a data channel labelled "control" (control protocol v1 both ways). The offer is POSTed with its
 // candidates (no trickle). Every new offer rebinds the same session, so reconnecting is simply offering again:
-// on "failed" at once, on "disconnected" if it has not recovered after DISCONNECTED_GRACE_MS.
+// on "failed" at once, on "disconnected" if it has not recovered after DISCONNECTED_GRACE_MS. A viewer offers to its
+// watch URL with its viewer credential; when that is refused (401: expired), it asks `refresh` for new details.
 
 const GATHER_TIMEOUT_MS = 3000;
 const DISCONNECTED_GRACE_MS = 2000;
@@ -21,10 +22,12 @@ function gathered(pc) {
 }
 
 export class EmbeddedLink {
-  // details: the session's transport ({kind: "embedded", offer_url, data_channel}); handlers: onOpen(), onStatus(msg),
-  // onStream(MediaStream, RTCRtpReceiver), onState(text), onFatal(error).
-  constructor(api, details, handlers) {
+  // details: the session's transport ({kind: "embedded", offer_url, data_channel}, or a viewer's with `viewer_token`);
+  // handlers: onOpen(), onStatus(msg), onStream(MediaStream, RTCRtpReceiver), onState(text), onFatal(error);
+  // refresh: () => a promise of fresh viewer details (viewers only).
+  constructor(api, details, handlers, refresh = null) {
     this.kind = "embedded";
+    this.refresh = refresh;
     this.api = api;
     this.details = details;
     this.handlers = handlers;
@@ -79,7 +82,8 @@ export class EmbeddedLink {
       await pc.setLocalDescription(await pc.createOffer());
       await gathered(pc);
       if (!current()) return;
-      const { body } = await this.api.offer(this.details.offer_url, pc.localDescription.sdp);
+      const token = this.details.viewer_token || null;
+      const { body } = await this.api.offer(this.details.offer_url, pc.localDescription.sdp, token);
       if (!current()) return;
       await pc.setRemoteDescription(body);
     } catch (error) {
@@ -87,6 +91,14 @@ export class EmbeddedLink {
       if (error.status === 404 || error.status === 409) {
         this.handlers.onFatal(error); // the session is gone or ending: nothing to reconnect to
         return;
+      }
+      if (error.status === 401 && this.refresh !== null) {
+        try {
+          this.details = await this.refresh(); // a viewer whose credential expired: a new one, a new place
+        } catch (refreshError) {
+          this.handlers.onFatal(refreshError);
+          return;
+        }
       }
       this.handlers.onState(`offer failed: ${error.message}`);
       this.reconnectLater(RETRY_MS[Math.min(this.failures++, RETRY_MS.length - 1)]);

@@ -46,11 +46,15 @@ async def embedded_service(**settings: Any) -> AsyncIterator[tuple[Harness, Embe
 
 
 @contextlib.asynccontextmanager
-async def livekit_service(**settings: Any) -> AsyncIterator[tuple[Harness, LiveKitTransport, FakeRoomFactory]]:
+async def livekit_service(
+    max_viewers: int = 8, **settings: Any
+) -> AsyncIterator[tuple[Harness, LiveKitTransport, FakeRoomFactory]]:
     server = FakeRoomService(KEY, SECRET)
     url = await server.start()
     factory = FakeRoomFactory(KEY, SECRET)
-    config = LiveKitConfig(url=url, client_url="wss://livekit.example", api_key=KEY, api_secret=SECRET)
+    config = LiveKitConfig(
+        url=url, client_url="wss://livekit.example", api_key=KEY, api_secret=SECRET, max_viewers=max_viewers
+    )
     transport = LiveKitTransport(config, room_factory=factory, timers=FakeTimers())
     try:
         async with running_service(transport=transport, world=PACED, **settings) as svc:  # type: ignore[arg-type]
@@ -196,12 +200,11 @@ async def test_offers_need_the_embedded_transport() -> None:
         assert "LiveKit" in other.json()["error"]["message"]
 
 
-async def test_viewer_tokens_and_webhooks_need_livekit() -> None:
-    async with embedded_service() as (svc, _transport):
+async def test_webhooks_need_livekit_and_viewers_need_a_transport() -> None:
+    async with running_service() as svc:
         session = (await svc.create()).json()["id"]
-        viewer = await svc.client.post(f"/v1/sessions/{session}/viewers")
-        assert _error(viewer) == (404, "not_found")
-        assert "LiveKit" in viewer.json()["error"]["message"]
+        assert _error(await svc.client.post(f"/v1/sessions/{session}/viewers")) == (404, "not_found")
+    async with embedded_service() as (svc, _transport):
         hook = await svc.client.post("/v1/livekit/webhook", content=b"{}", headers={"Authorization": "x"})
         assert _error(hook) == (404, "not_found")
 
