@@ -45,6 +45,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from pipeline.bidirectional import ChunkOutput, ControlMessage
 from pipeline.metrics import percentile
 from transport import (
+    CallerRoom,
     EmbeddedConfig,
     EmbeddedTransport,
     FramePacer,
@@ -176,6 +177,7 @@ class _Port:
 
     def __init__(self, width: int, height: int) -> None:
         self.session_id = "bench"
+        self.caller_room: CallerRoom | None = None
         self.width = width
         self.height = height
         self.fps = FPS

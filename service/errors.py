@@ -305,6 +305,8 @@ def _transport_table() -> dict[type[BaseException], ErrorSpec]:
         transport.RoomServiceAuthError: _INTERNAL,
         transport.RoomServiceUnavailableError: _NOT_READY,
         transport.RoomJoinError: _NOT_READY,
+        transport.RoomNotFoundError: ErrorSpec(422, "room_not_found"),
+        transport.RoomInUseError: ErrorSpec(409, "room_in_use"),
         transport.LinkLostError: _INTERNAL,
         transport.WebhookError: ErrorSpec(401, "unauthorized"),
         transport.SignalingError: ErrorSpec(422, "invalid_request"),

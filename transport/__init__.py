@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from transport.base import (
     BindingStatistics,
+    CallerRoom,
     ChunkStatus,
     DoneStatus,
     ErrorStatus,
@@ -43,7 +44,9 @@ from transport.embedded import (
 )
 from transport.errors import (
     LinkLostError,
+    RoomInUseError,
     RoomJoinError,
+    RoomNotFoundError,
     RoomServiceAuthError,
     RoomServiceError,
     RoomServiceUnavailableError,
@@ -125,6 +128,7 @@ __all__ = [
     "BindingSettings",
     "BindingState",
     "BindingStatistics",
+    "CallerRoom",
     "ChunkStatus",
     "ControlInbox",
     "ControlIntake",
@@ -176,10 +180,12 @@ __all__ = [
     "RoomEvent",
     "RoomFactory",
     "RoomFinished",
+    "RoomInUseError",
     "RoomInfo",
     "RoomJoinError",
     "RoomJoinOptions",
     "RoomManager",
+    "RoomNotFoundError",
     "RoomServiceAuthError",
     "RoomServiceError",
     "RoomServiceUnavailableError",

@@ -24,6 +24,7 @@ from transport.pacing import PacerStatistics
 
 __all__ = [
     "BindingStatistics",
+    "CallerRoom",
     "ChunkStatus",
     "DoneStatus",
     "ErrorStatus",
@@ -76,11 +77,38 @@ class DoneStatus:
 StatusMessage = StateStatus | ChunkStatus | ErrorStatus | DoneStatus
 
 
+_MAX_ROOM_NAME = 256
+_MAX_IDENTITY = 256
+
+
+@dataclass(frozen=True, slots=True)
+class CallerRoom:
+    """A LiveKit room that exists already and belongs to the caller (a voice agent's, a game lobby's): the session is
+    published there instead of in a room of its own. The service joins it with its own identity, takes control only
+    from `controller_identity` (None: it mints a controller identity and token for that room, as for its own
+    rooms), and leaves, never deletes, the room when the session ends. Checked on construction (`ValueError`)."""
+
+    name: str
+    controller_identity: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.name) <= _MAX_ROOM_NAME or not self.name.isprintable():
+            raise ValueError(f"a room name is 1 to {_MAX_ROOM_NAME} printable characters")
+        identity = self.controller_identity
+        if identity is not None and (not 1 <= len(identity) <= _MAX_IDENTITY or not identity.isprintable()):
+            raise ValueError(f"a controller identity is 1 to {_MAX_IDENTITY} printable characters")
+
+
 class SessionPort(Protocol):
     """One running session as a transport sees it (implemented by the service)."""
 
     @property
     def session_id(self) -> str: ...
+
+    @property
+    def caller_room(self) -> CallerRoom | None:
+        """The caller's LiveKit room to publish into (None: the transport makes its own, if it has rooms)."""
+        ...
 
     @property
     def width(self) -> int: ...

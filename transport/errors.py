@@ -9,6 +9,8 @@
     │   ├── RoomServiceAuthError         the server rejected our credentials or grants (401/403)
     │   └── RoomServiceUnavailableError  the server could not be reached, timed out or answered 5xx
     ├── RoomJoinError                    the service participant could not join (or publish into) its room
+    ├── RoomNotFoundError                a create named a caller's LiveKit room that does not exist
+    ├── RoomInUseError                   a caller's room that already holds a session of this service
     ├── LinkLostError                    a message could not go out: its room connection or peer closed mid-send
     ├── WebhookError                     a LiveKit webhook failed verification (signature, body hash, or body)
     ├── SignalingError                   an embedded WebRTC offer was malformed, oversized or could not be answered
@@ -27,7 +29,9 @@ from __future__ import annotations
 
 __all__ = [
     "LinkLostError",
+    "RoomInUseError",
     "RoomJoinError",
+    "RoomNotFoundError",
     "RoomServiceAuthError",
     "RoomServiceError",
     "RoomServiceUnavailableError",
@@ -99,6 +103,22 @@ class RoomJoinError(TransportError):
         where = f" {room!r}" if room is not None else ""
         super().__init__(f"the service participant could not join LiveKit room{where}: {detail}")
         self.detail = detail
+        self.room = room
+
+
+class RoomNotFoundError(TransportError):
+    """The caller's LiveKit room named in a create does not exist (the service never creates a caller's room)."""
+
+    def __init__(self, room: str) -> None:
+        super().__init__(f"LiveKit room {room[:80]!r} does not exist; create it first, or leave out livekit.room")
+        self.room = room
+
+
+class RoomInUseError(TransportError):
+    """The caller's LiveKit room already holds a session of this service (one session per room)."""
+
+    def __init__(self, room: str) -> None:
+        super().__init__(f"LiveKit room {room[:80]!r} already holds a session of this service")
         self.room = room
 
 

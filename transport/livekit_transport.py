@@ -3,9 +3,16 @@
 `LiveKitTransport.attach(port)` creates the session's room (RoomService API), mints the identities, joins the
 service participant (`LiveKitSessionBinding`) and returns what the browser needs to join:
 `{"kind": "livekit", "url", "room", "token", "identity", "expires_at", "service_identity", "control_topic",
-"status_topic"}`. `join_details` re-mints the controller's token (same identity) for a browser that reconnects
-after its token expired; `viewer_details` mints a watch-only token. `handle_webhook` verifies a LiveKit webhook
-and hands the room event to the session it concerns. `detach` leaves and deletes the room.
+"status_topic", "room_owner"}`. `join_details` re-mints the controller's token (same identity) for a browser that
+reconnects after its token expired; `viewer_details` mints a watch-only token. `handle_webhook` verifies a LiveKit
+webhook and hands the room event to the session it concerns. `detach` leaves and deletes the room.
+
+A caller's room (`SessionPort.caller_room`, a create's `"livekit": {"room": ...}`): the room must exist
+(`RoomNotFoundError`) and hold no other session of this service (`RoomInUseError`); `check_caller_room` says so
+before admission, `attach` checks again. The service joins it with its own identity and publishes there; control is
+taken only from the caller-named identity (no token is minted for it: `"token": null`, the caller gives its own
+participant a token) or, when none is named, from a controller identity the service mints a token for, as for its
+own rooms. `detach` leaves the caller's room and never deletes it (`"room_owner": "caller"` in the details).
 """
 
 from __future__ import annotations
@@ -17,9 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pipeline.clock import Clock
-from transport.base import BindingStatistics, ReconnectKind, SessionPort
+from transport.base import BindingStatistics, CallerRoom, ReconnectKind, SessionPort
 from transport.config import LiveKitConfig
 from transport.errors import (
+    RoomInUseError,
+    RoomNotFoundError,
     RoomServiceError,
     SessionAlreadyAttachedError,
     SessionNotAttachedError,
@@ -79,7 +88,9 @@ class LiveKitTransport:
         self._clock = clock
         self._bindings: dict[str, LiveKitSessionBinding] = {}
         self._attaching: set[str] = set()
+        self._joining_rooms: set[str] = set()  # callers' rooms a session is being attached to
         self._by_room: dict[str, str] = {}
+        self._callers: dict[str, CallerRoom] = {}  # session id -> the caller's room it was published into
         self._running = False
         self._attached_total = 0
         self._attach_failures = 0
@@ -111,18 +122,32 @@ class LiveKitTransport:
         if isinstance(self._room_admin, RoomManager) and self._owns_admin:
             await self._room_admin.aclose()
 
-    def _details(self, token: IssuedToken, binding: LiveKitSessionBinding) -> Mapping[str, object]:
+    def _details(self, binding: LiveKitSessionBinding) -> Mapping[str, object]:
+        """The controller's join details; a fresh token unless the caller named (and tokens) the controller."""
+        caller = self._callers.get(binding.session_id)
+        token: IssuedToken | None = None
+        if caller is None or caller.controller_identity is None:
+            token = self._tokens.controller(binding.session_id, binding.room_name, identity=binding.controller_identity)
         return {
             "kind": "livekit",
             "url": self._config.join_url,
-            "room": token.room,
-            "token": token.token,
-            "identity": token.identity,
-            "expires_at": token.expires_at,
+            "room": binding.room_name,
+            "token": None if token is None else token.token,
+            "identity": binding.controller_identity,
+            "expires_at": None if token is None else token.expires_at,
             "service_identity": binding.service_identity,
             "control_topic": self._config.control_topic,
             "status_topic": self._config.status_topic,
+            "room_owner": "service" if caller is None else "caller",
         }
+
+    async def check_caller_room(self, room: CallerRoom) -> None:
+        """Raise `RoomNotFoundError` when the caller's room does not exist, `RoomInUseError` when a session of this
+        service is in it (or joining it) already; a `RoomServiceError` when the server cannot say."""
+        if room.name in self._by_room or room.name in self._joining_rooms:
+            raise RoomInUseError(room.name)
+        if not await self._room_admin.room_exists(room.name):
+            raise RoomNotFoundError(room.name)
 
     async def attach(self, port: SessionPort) -> Mapping[str, object]:
         """Create the room, join the service participant, return the controller's join details.
@@ -135,17 +160,29 @@ class LiveKitTransport:
         session_id = port.session_id
         if session_id in self._bindings or session_id in self._attaching:
             raise SessionAlreadyAttachedError(session_id)
+        caller = port.caller_room
+        if caller is not None:
+            await self.check_caller_room(caller)
         self._attaching.add(session_id)
         try:
-            room = room_name_for(session_id, self._config.room_prefix)
-            metadata = json.dumps({"session_id": session_id}, separators=(",", ":"))
-            await self._room_admin.create_room(room, metadata=metadata)
+            if caller is None:
+                room = room_name_for(session_id, self._config.room_prefix)
+                metadata = json.dumps({"session_id": session_id}, separators=(",", ":"))
+                await self._room_admin.create_room(room, metadata=metadata)
+            else:
+                room = caller.name
+                self._joining_rooms.add(room)
+            controller = (
+                caller.controller_identity
+                if caller is not None and caller.controller_identity is not None
+                else TokenIssuer.new_identity(ParticipantRole.CONTROLLER, session_id)
+            )
             try:
                 binding = LiveKitSessionBinding(
                     port,
                     config=self._config,
                     room_name=room,
-                    controller_identity=TokenIssuer.new_identity(ParticipantRole.CONTROLLER, session_id),
+                    controller_identity=controller,
                     service_identity=TokenIssuer.new_identity(ParticipantRole.SERVICE, session_id),
                     tokens=self._tokens,
                     room_factory=self._room_factory,
@@ -155,15 +192,19 @@ class LiveKitTransport:
                 await binding.start()
             except BaseException:
                 self._attach_failures += 1
-                await self._delete_room(room)
+                if caller is None:
+                    await self._delete_room(room)
                 raise
             self._bindings[session_id] = binding
             self._by_room[room] = session_id
+            if caller is not None:
+                self._callers[session_id] = caller
             self._attached_total += 1
         finally:
             self._attaching.discard(session_id)
-        token = self._tokens.controller(session_id, room, identity=binding.controller_identity)
-        return self._details(token, binding)
+            if caller is not None:
+                self._joining_rooms.discard(caller.name)
+        return self._details(binding)
 
     def _binding(self, session_id: str) -> LiveKitSessionBinding:
         binding = self._bindings.get(session_id)
@@ -174,9 +215,7 @@ class LiveKitTransport:
     def join_details(self, session_id: str) -> Mapping[str, object]:
         """Fresh join details for the session's controller (same identity, new token): for a rejoin after the
         first token expired."""
-        binding = self._binding(session_id)
-        token = self._tokens.controller(session_id, binding.room_name, identity=binding.controller_identity)
-        return self._details(token, binding)
+        return self._details(self._binding(session_id))
 
     def rejoin_details(self, session_id: str, published: Mapping[str, object]) -> Mapping[str, object]:
         """Fresh join details for a session attached by another service replica (shared admission), from the
@@ -186,6 +225,8 @@ class LiveKitTransport:
         room, identity = published.get("room"), published.get("identity")
         if published.get("kind") != "livekit" or not isinstance(room, str) or not isinstance(identity, str):
             raise SessionNotAttachedError(session_id)
+        if published.get("token") is None:
+            return {**published, "url": self._config.join_url}  # the caller tokens its own controller
         token = self._tokens.controller(session_id, room, identity=identity)
         return {**published, "url": self._config.join_url, "token": token.token, "expires_at": token.expires_at}
 
@@ -230,14 +271,18 @@ class LiveKitTransport:
         return event
 
     async def detach(self, session_id: str, reason: str) -> None:
-        """Leave and delete the session's room. Idempotent; never raises for LiveKit errors (logged, counted:
-        the room's timeouts remove it anyway)."""
+        """Leave the session's room and delete it, unless it is the caller's (left only). Idempotent; never raises
+        for LiveKit errors (logged, counted: the room's timeouts remove it anyway)."""
         binding = self._bindings.pop(session_id, None)
         if binding is None:
             return
         self._by_room.pop(binding.room_name, None)
+        caller = self._callers.pop(session_id, None)
         await binding.close(reason)
-        await self._delete_room(binding.room_name)
+        if caller is None:
+            await self._delete_room(binding.room_name)
+        else:
+            logger.info("session %s: left the caller's LiveKit room %s (not deleted)", session_id, binding.room_name)
 
     async def _delete_room(self, room: str) -> None:
         try:

@@ -81,6 +81,8 @@ class RoomAdmin(Protocol):
 
     async def delete_room(self, name: str) -> bool: ...
 
+    async def room_exists(self, name: str) -> bool: ...
+
 
 def _info(room: api.Room) -> RoomInfo:
     return RoomInfo(
@@ -169,6 +171,10 @@ class RoomManager:
             raise
         logger.info("deleted LiveKit room %s", name)
         return True
+
+    async def room_exists(self, name: str) -> bool:
+        """Whether the server has a room of that name now (a caller's room must exist before a session joins it)."""
+        return any(info.name == name for info in await self.list_rooms([name]))
 
     async def list_rooms(self, names: Sequence[str] = ()) -> tuple[RoomInfo, ...]:
         response = await self._call("ListRooms", self._room_service().list_rooms(api.ListRoomsRequest(names=names)))

@@ -4,7 +4,8 @@ Handlers only translate: authenticate, parse, call `ServiceRuntime`, and turn sn
 raised as exceptions and answered by the handlers in `service.app` through the table in `service.errors`.
 
 Request order for `POST /v1/sessions`: body size (middleware, before anything reads it) → API key → content type
-(415) → JSON and fields (422 `invalid_request`) → image bytes/pixels (413/415) → the worker's `prepare` (422
+(415) → JSON and fields (422 `invalid_request`) → image bytes/pixels (413/415) → a caller's LiveKit room (422
+`invalid_request` without LiveKit, 422 `room_not_found`, 409 `room_in_use`) → the worker's `prepare` (422
 `invalid_config`) → admission (201/202/429/503).
 
 The transport routes: `POST /v1/sessions/{id}/webrtc` (the embedded transport's SDP offer; every offer rebinds the
@@ -58,7 +59,7 @@ from service.logs import bind_session_id
 from service.runtime.images import decode_image
 from service.runtime.runtime import ServiceRuntime, SnapshotStream
 from service.runtime.sessions import SessionSnapshot, SessionState
-from transport.base import Transport
+from transport.base import CallerRoom, Transport
 from transport.embedded import EmbeddedTransport
 from transport.errors import SessionNotAttachedError, ViewerTokenInvalidError
 from transport.livekit_transport import LiveKitTransport
@@ -117,11 +118,13 @@ v1_router = APIRouter(prefix="/v1", tags=["sessions"])
     summary="Create a session (admitted: 201, queued: 202)",
     responses={
         202: {"model": SessionBody, "description": "Queued: follow GET or the event stream for the position."},
-        **_errors(401, 413, 415, 422, 429, 500, 503),
+        **_errors(401, 409, 413, 415, 422, 429, 500, 503),
     },
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _CREATE_BODY_SCHEMA}}}},
 )
-async def create_session(request: Request, response: Response, owner: Owner, runtime: Runtime) -> SessionBody:
+async def create_session(
+    request: Request, response: Response, owner: Owner, runtime: Runtime, transport: ActiveTransport
+) -> SessionBody:
     content_type = request.headers.get("content-type", "")
     if not _is_json(content_type):
         raise UnsupportedMediaTypeError("send the request body as application/json")
@@ -131,11 +134,26 @@ async def create_session(request: Request, response: Response, owner: Owner, run
     except ValidationError as exc:
         raise InvalidRequestError(describe_validation_errors(exc.errors())) from None
     image = decode_image(payload.image, runtime.config.limits)
-    snapshot, admitted = await runtime.create(owner, payload.config, image)
+    caller_room = await _caller_room(payload, transport)
+    snapshot, admitted = await runtime.create(owner, payload.config, image, caller_room=caller_room)
     bind_session_id(snapshot.id)
     response.status_code = 201 if admitted else 202
     response.headers["Location"] = f"/v1/sessions/{snapshot.id}"
     return session_body(snapshot)
+
+
+async def _caller_room(payload: CreateSessionRequest, transport: Transport | None) -> CallerRoom | None:
+    """The caller's LiveKit room of a create, checked with the server before the session takes a place."""
+    if payload.livekit is None:
+        return None
+    if not isinstance(transport, LiveKitTransport):
+        raise InvalidRequestError("livekit: this service has no LiveKit transport (LIVEKIT_URL is not set)")
+    try:
+        room = CallerRoom(payload.livekit.room, payload.livekit.controller_identity)
+    except ValueError as exc:
+        raise InvalidRequestError(f"livekit: {exc}") from None
+    await transport.check_caller_room(room)
+    return room
 
 
 @v1_router.get("/sessions", response_model=SessionList, summary="The caller's sessions", responses=_errors(401))

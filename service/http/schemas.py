@@ -20,6 +20,7 @@ __all__ = [
     "ErrorBody",
     "ErrorDetail",
     "HealthBody",
+    "LiveKitRoomRequest",
     "SessionBody",
     "SessionList",
     "VideoBody",
@@ -33,6 +34,23 @@ __all__ = [
 StateName = Literal["queued", "admitted", "running", "draining", "closed", "expired", "failed", "cancelled"]
 
 
+class LiveKitRoomRequest(BaseModel):
+    """`livekit` of a create: publish the session into the caller's existing LiveKit room (docs/livekit.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    room: str = Field(
+        min_length=1, max_length=256, description="An existing LiveKit room; the service joins it, never deletes it."
+    )
+    controller_identity: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="The participant whose control the session takes (the caller tokens it); null: the service "
+        "mints a controller identity and token for the room.",
+    )
+
+
 class CreateSessionRequest(BaseModel):
     """POST /v1/sessions. Every field is optional: `{}` creates a session with the model's defaults."""
 
@@ -44,6 +62,9 @@ class CreateSessionRequest(BaseModel):
     )
     image: str | None = Field(
         default=None, description="Reference image, base64 (PNG, JPEG or WebP); null for the model's default scene."
+    )
+    livekit: LiveKitRoomRequest | None = Field(
+        default=None, description="LiveKit only: publish into the caller's existing room instead of a new one."
     )
 
 

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 
 from pipeline.bidirectional import BidirectionalService, ChunkOutput, CloseMode, ControlMessage, Stop
 from service.runtime.sessions import Session, SessionState
-from transport.base import StateStatus, StatusMessage
+from transport.base import CallerRoom, StateStatus, StatusMessage
 
 __all__ = ["LiveSessionPort"]
 
@@ -47,6 +47,10 @@ class LiveSessionPort:
     @property
     def session_id(self) -> str:
         return self._session.id
+
+    @property
+    def caller_room(self) -> CallerRoom | None:
+        return self._session.caller_room
 
     @property
     def width(self) -> int:

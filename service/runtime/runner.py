@@ -24,6 +24,7 @@ from service.runtime.port import LiveSessionPort
 from service.runtime.records import RuntimeTuning, SessionObserver
 from service.runtime.sessions import Session, SessionState
 from transport.base import Transport
+from transport.errors import RoomInUseError, RoomNotFoundError
 
 __all__ = ["RunnerCallbacks", "SessionRunner"]
 
@@ -97,6 +98,12 @@ class SessionRunner:
                     try:
                         session.transport_details = dict(await self._transport.attach(port))
                         attached = True
+                    except (RoomNotFoundError, RoomInUseError) as exc:
+                        # The caller's room went away (or was taken) while the session waited: the caller's doing.
+                        logger.warning("session %s: %s", session.id, exc)
+                        code = "room_not_found" if isinstance(exc, RoomNotFoundError) else "room_in_use"
+                        session.record_failure(code, str(exc))
+                        session.request_close(CloseMode.CANCEL, "transport_failed")
                     except Exception as exc:
                         logger.exception("session %s: the transport could not attach it", session.id)
                         session.record_failure("transport_failed", f"the transport could not attach: {exc}")

@@ -66,7 +66,7 @@ from service.runtime.runner import RunnerCallbacks, SessionRunner
 from service.runtime.sessions import LIVE_STATES, Session, SessionSnapshot, SessionState
 from service.runtime.tasks import TaskSet
 from service.settings import ServiceConfig
-from transport.base import Transport
+from transport.base import CallerRoom, Transport
 
 __all__ = [
     "DrainStatus",
@@ -261,9 +261,15 @@ class ServiceRuntime:
     # ------------------------------------------------------------------------------------------------ sessions
 
     async def create(
-        self, owner: str, config: Mapping[str, object], image: bytes | None
+        self,
+        owner: str,
+        config: Mapping[str, object],
+        image: bytes | None,
+        *,
+        caller_room: CallerRoom | None = None,
     ) -> tuple[SessionSnapshot, bool]:
         """Validate, then admit or queue a new session; returns its snapshot and whether it was admitted at once.
+        `caller_room`: the caller's LiveKit room the transport publishes the session into (checked by the route).
 
         Raises `InvalidConfigError` (and the image errors) for bad input, `QueueFullError`, `QuotaExceededError`
         (the owner's quota, checked with the admission decision), `DrainingError`,
@@ -273,6 +279,7 @@ class ServiceRuntime:
         if self._started and not (self._draining or self._closing) and not self._backend.available:
             raise AdmissionUnavailableError("the shared admission backend is unavailable; retry shortly")
         session = await self._new_session(owner, config, image)
+        session.caller_room = caller_room
         bind_session_id(session.id)  # the rest of this request is the session's: admission's lines name it too
         try:
             queued_at = await self._backend.create(session, config, image)

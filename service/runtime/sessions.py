@@ -28,7 +28,7 @@ from types import MappingProxyType
 from pipeline.bidirectional import ChunkOutput, CloseMode, PreparedSession
 from service.errors import SessionTransitionError
 from service.runtime.fanout import Broadcast, Flag
-from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
+from transport.base import CallerRoom, ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
 
 __all__ = [
     "LIVE_STATES",
@@ -140,6 +140,7 @@ class Session:
     # Slots: a finished session stays in the history (LINGSTREAM_SESSION_HISTORY of them); no per-instance dict.
     __slots__ = (
         "_sequence",
+        "caller_room",
         "chunks",
         "close_mode",
         "close_reason",
@@ -182,6 +183,7 @@ class Session:
         self.position: int | None = None
         self.worker: int | None = None
         self.transport_details: Mapping[str, object] | None = None
+        self.caller_room: CallerRoom | None = None  # the caller's LiveKit room to publish into, if it named one
         self.created_at = time.time()
         self.updated_at = self.created_at
         self.failure: tuple[str, str] | None = None

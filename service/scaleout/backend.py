@@ -84,6 +84,7 @@ from service.scaleout.registry import (
     encode_body,
     encode_payload,
     failed_body,
+    payload_caller_room,
     remote_snapshot,
 )
 from service.settings import SharedAdmissionConfig
@@ -225,7 +226,7 @@ class RedisAdmissionBackend:
         view = await self._admission.create(
             session.owner,
             ticket_id=session.id,
-            payload=encode_payload(config, image),
+            payload=encode_payload(config, image, session.caller_room),
             body=encode_body(session.snapshot()),
         )
         if view.state is TicketState.REJECTED:
@@ -448,6 +449,7 @@ class RedisAdmissionBackend:
                 if payload is None:
                     raise _NotAdopted("create_failed", "its request expired before a replica could start it")
                 config, image = decode_payload(payload)
+                caller_room = payload_caller_room(payload)
                 prepared = await host.prepare(config, image)
                 if host.closing:
                     raise _NotAdopted("shutdown", "the replica that admitted it was shutting down")
@@ -460,6 +462,7 @@ class RedisAdmissionBackend:
                 await self._give_back(tid, code, message)
                 return
             session = host.register(tid, view.owner, prepared, view.created_at)
+            session.caller_room = caller_room
         finally:
             self._adopting.discard(tid)
         pending = self._pending_closes.pop(tid, None)

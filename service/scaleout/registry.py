@@ -6,7 +6,8 @@ admission's own fields (state, position, owner replica, failure) plus what the o
 its reason and a JSON body). This module owns the two formats the service puts there and their decoding:
 
 - the *payload* of a create: the client's config and image, so that whichever replica admits the session can run
-  `prepare` again (`encode_payload` / `decode_payload`; a `PreparedSession` cannot cross processes);
+  `prepare` again (`encode_payload` / `decode_payload`; a `PreparedSession` cannot cross processes), and the
+  caller's LiveKit room it is to be published into, if any (`payload_caller_room`);
 - the *body*: a compact JSON form of a `SessionSnapshot` (config, video size, transport details, error), written at
   create time and on every status change of the owner (`encode_body`);
 - `remote_snapshot`: the snapshot a GET on any replica answers, admission's fields winning over the body where they
@@ -28,8 +29,17 @@ from admission import AdmissionClosedError, TicketState, UnknownTicketError
 from service.errors import AdmissionUnavailableError
 from service.runtime.sessions import TERMINAL_STATES, SessionSnapshot, SessionState
 from service.scaleout.lua.records import SharedTicketView
+from transport.base import CallerRoom
 
-__all__ = ["RegistryStream", "decode_payload", "encode_body", "encode_payload", "failed_body", "remote_snapshot"]
+__all__ = [
+    "RegistryStream",
+    "decode_payload",
+    "encode_body",
+    "encode_payload",
+    "failed_body",
+    "payload_caller_room",
+    "remote_snapshot",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +54,25 @@ _LOST_MESSAGES = {
 # --------------------------------------------------------------------------------------------- payload and body
 
 
-def encode_payload(config: Mapping[str, object], image: bytes | None) -> bytes:
-    """The create request as bytes: one JSON line (the config), then the raw image bytes (if any)."""
-    head = json.dumps({"config": dict(config), "image": image is not None}, separators=(",", ":"))
-    return head.encode() + b"\n" + (image or b"")
+def encode_payload(config: Mapping[str, object], image: bytes | None, caller_room: CallerRoom | None = None) -> bytes:
+    """The create request as bytes: one JSON line (the config, the caller's room), then the raw image bytes."""
+    fields: dict[str, object] = {"config": dict(config), "image": image is not None}
+    if caller_room is not None:
+        fields["livekit"] = {"room": caller_room.name, "controller_identity": caller_room.controller_identity}
+    return json.dumps(fields, separators=(",", ":")).encode() + b"\n" + (image or b"")
+
+
+def payload_caller_room(raw: bytes) -> CallerRoom | None:
+    """The caller's LiveKit room of an `encode_payload` payload (None when it named none); `ValueError` for a
+    malformed one."""
+    head = json.loads(raw.partition(b"\n")[0])
+    room = head.get("livekit") if isinstance(head, dict) else None
+    if room is None:
+        return None
+    if not isinstance(room, dict) or not isinstance(room.get("room"), str):
+        raise ValueError("not a lingstream create payload")
+    identity = room.get("controller_identity")
+    return CallerRoom(room["room"], identity if isinstance(identity, str) else None)
 
 
 def decode_payload(raw: bytes) -> tuple[dict[str, object], bytes | None]:

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.bidirectional import ChunkOutput, ControlMessage
-from transport.base import StatusMessage
+from transport.base import CallerRoom, StatusMessage
 
 _END = object()
 
@@ -59,8 +59,17 @@ class FakeSessionPort:
     """Implements `transport.base.SessionPort`. `chunks()` and `status()` may each be iterated once at a time;
     the counters say how often a transport opened them (a rebind must not reopen them)."""
 
-    def __init__(self, session_id: str = "s1", *, width: int = 32, height: int = 24, fps: float = 16.0) -> None:
+    def __init__(
+        self,
+        session_id: str = "s1",
+        *,
+        width: int = 32,
+        height: int = 24,
+        fps: float = 16.0,
+        caller_room: CallerRoom | None = None,
+    ) -> None:
         self._session_id = session_id
+        self._caller_room = caller_room
         self._width = width
         self._height = height
         self._fps = fps
@@ -77,6 +86,10 @@ class FakeSessionPort:
     @property
     def session_id(self) -> str:
         return self._session_id
+
+    @property
+    def caller_room(self) -> CallerRoom | None:
+        return self._caller_room
 
     @property
     def width(self) -> int:

@@ -55,7 +55,8 @@ def test_the_python_client_loads_neither_the_service_nor_the_livekit_ffi() -> No
     native library only when a LiveKit session is joined (a process that forks must not have it loaded)."""
     probe = (
         "import sys, transport.client; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'service') or m.startswith('livekit.rtc')))"
+        "print(sorted(m for m in sys.modules\n"
+        "    if m.split('.')[0] in ('torch', 'service') or m.startswith('livekit.rtc')))"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False

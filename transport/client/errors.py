@@ -3,12 +3,13 @@ client's side of a session.
 
     ClientError
     ├── ApiError                     a non-2xx answer; `status`, `code` (the service's stable code), `message`
-    │   ├── UnauthorizedError        unauthorized                      the API key is missing or unknown
+    │   ├── UnauthorizedError        unauthorized, viewer_token_expired, viewer_token_invalid
     │   ├── SessionNotFoundError     session_not_found                 no such session for this key
     │   ├── InvalidInputError        invalid_request, invalid_config, invalid_image, payload_too_large,
-    │   │                            image_too_large, unsupported_media_type
+    │   │                            image_too_large, unsupported_media_type, invalid_since
     │   ├── RoomNotFoundError        room_not_found                    the named LiveKit room does not exist
-    │   ├── RateLimitedError         queue_full, quota_exceeded        `retry_after` (seconds) from Retry-After
+    │   ├── RoomInUseError           room_in_use                       it holds a session of the service already
+    │   ├── RateLimitedError         queue_full, quota_exceeded, too_many_viewers  (`retry_after`: Retry-After)
     │   ├── UnavailableError         draining, not_ready, admission_unavailable
     │   ├── SessionNotRunningError   session_not_running, session_on_other_replica
     │   └── SessionStartError        session_failed                    admitted, but it could not be started
@@ -32,6 +33,7 @@ __all__ = [
     "ConnectError",
     "InvalidInputError",
     "RateLimitedError",
+    "RoomInUseError",
     "RoomNotFoundError",
     "SessionEndedError",
     "SessionNotFoundError",
@@ -61,7 +63,8 @@ class ApiError(ClientError):
 
 
 class UnauthorizedError(ApiError):
-    """`unauthorized`: API keys are configured and this client's is missing or unknown."""
+    """`unauthorized`: API keys are configured and this client's is missing or unknown (`viewer_token_expired`,
+    `viewer_token_invalid`: a viewer's credential is)."""
 
 
 class SessionNotFoundError(ApiError):
@@ -76,8 +79,13 @@ class RoomNotFoundError(ApiError):
     """`room_not_found`: the create named a LiveKit room that does not exist."""
 
 
+class RoomInUseError(ApiError):
+    """`room_in_use`: the named LiveKit room already holds a session of this service."""
+
+
 class RateLimitedError(ApiError):
-    """`queue_full` or `quota_exceeded`: try again in `retry_after` seconds (None when the service gave none)."""
+    """`queue_full`, `quota_exceeded` or `too_many_viewers`: try again later, in `retry_after` seconds when the
+    service said (None otherwise)."""
 
 
 class UnavailableError(ApiError):
@@ -124,6 +132,8 @@ class ConnectError(ClientError):
 _BY_CODE: Mapping[str, type[ApiError]] = MappingProxyType(
     {
         "unauthorized": UnauthorizedError,
+        "viewer_token_expired": UnauthorizedError,
+        "viewer_token_invalid": UnauthorizedError,
         "session_not_found": SessionNotFoundError,
         "invalid_request": InvalidInputError,
         "invalid_config": InvalidInputError,
@@ -131,9 +141,12 @@ _BY_CODE: Mapping[str, type[ApiError]] = MappingProxyType(
         "payload_too_large": InvalidInputError,
         "image_too_large": InvalidInputError,
         "unsupported_media_type": InvalidInputError,
+        "invalid_since": InvalidInputError,
         "room_not_found": RoomNotFoundError,
+        "room_in_use": RoomInUseError,
         "queue_full": RateLimitedError,
         "quota_exceeded": RateLimitedError,
+        "too_many_viewers": RateLimitedError,
         "draining": UnavailableError,
         "not_ready": UnavailableError,
         "admission_unavailable": UnavailableError,

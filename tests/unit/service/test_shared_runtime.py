@@ -10,8 +10,16 @@ from admission import TicketReason, TicketState
 from service.errors import SettingsError
 from service.runtime.sessions import SessionSnapshot, SessionState
 from service.scaleout.lua.records import SharedTicketView
-from service.scaleout.registry import decode_payload, encode_body, encode_payload, failed_body, remote_snapshot
+from service.scaleout.registry import (
+    decode_payload,
+    encode_body,
+    encode_payload,
+    failed_body,
+    payload_caller_room,
+    remote_snapshot,
+)
 from service.settings import ServiceConfig, load_settings
+from transport.base import CallerRoom
 
 URL = "redis://:secret-password@127.0.0.1:6379/0"
 
@@ -67,6 +75,17 @@ def test_the_create_payload_round_trips_config_and_image_bytes() -> None:
     assert decode_payload(encode_payload({}, None)) == ({}, None)
     with pytest.raises(ValueError, match="payload"):
         decode_payload(b'{"other": 1}\n')
+
+
+def test_the_create_payload_carries_the_callers_livekit_room_to_the_replica_that_admits_it() -> None:
+    image = b"\x89PNG\r\n"
+    for room in (CallerRoom("lobby-7"), CallerRoom("lobby 7 ✓", controller_identity="user-42")):
+        payload = encode_payload({"fps": 12}, image, room)
+        assert payload_caller_room(payload) == room
+        assert decode_payload(payload) == ({"fps": 12}, image)
+    assert payload_caller_room(encode_payload({}, None)) is None
+    with pytest.raises(ValueError, match="payload"):
+        payload_caller_room(b'{"config": {}, "livekit": {"room": 7}}\n')
 
 
 def _snapshot(state: SessionState, **changes: object) -> SessionSnapshot:

@@ -29,6 +29,7 @@ from transport.config import EmbeddedConfig, LiveKitConfig
 from transport.embedded import EmbeddedTransport, PeerPresence
 from transport.livekit_binding import ControllerPresence
 from transport.livekit_transport import LiveKitTransport
+from transport.rooms import RoomManager
 
 KEY, SECRET = "devkey", "secret-that-is-long-enough-for-hs256-0123456789"
 API_KEYS = "key-alice-0123456789abcdef,key-bob-0123456789abcdef"
@@ -392,3 +393,45 @@ def test_build_transport_is_livekit_with_all_three_variables(monkeypatch: pytest
     monkeypatch.delenv("LIVEKIT_API_SECRET")
     with pytest.raises(SettingsError, match="LIVEKIT_API_SECRET"):
         build_transport(load_settings())
+
+
+async def test_a_create_may_name_the_callers_livekit_room_with_stable_codes_for_what_cannot_be() -> None:
+    async with livekit_service() as (svc, transport, factory):
+        rooms = RoomManager(transport.config.url, KEY, SECRET)
+        await rooms.start()
+        try:
+            missing = await svc.create({"livekit": {"room": "lobby-404"}})
+            assert _error(missing) == (422, "room_not_found")
+            assert "lobby-404" in missing.json()["error"]["message"]
+            assert (await svc.client.get("/v1/sessions")).json()["sessions"] == []  # nothing took a place
+            assert _error(await svc.create({"livekit": {"room": ""}})) == (422, "invalid_request")
+            assert _error(await svc.create({"livekit": {"room": "lobby-7", "colour": "red"}})) == (
+                422,
+                "invalid_request",
+            )
+
+            await rooms.create_room("lobby-7")
+            created = await svc.create({"livekit": {"room": "lobby-7", "controller_identity": "user-42"}})
+            assert created.status_code == 201, created.text
+            details = created.json()["transport"]
+            assert (details["room"], details["identity"], details["token"]) == ("lobby-7", "user-42", None)
+            assert details["room_owner"] == "caller"
+            assert _claims(factory.current.connects[0][1]).video.room == "lobby-7"
+            fresh = (await svc.client.get(f"/v1/sessions/{created.json()['id']}")).json()["transport"]
+            assert (fresh["identity"], fresh["token"]) == ("user-42", None)
+            busy = await svc.create({"livekit": {"room": "lobby-7"}})
+            assert _error(busy) == (409, "room_in_use")
+
+            ended = await svc.client.delete(f"/v1/sessions/{created.json()['id']}", params={"mode": "cancel"})
+            assert ended.status_code in (200, 202)
+            await wait_status(svc, created.json()["id"], "closed")
+            assert await rooms.room_exists("lobby-7")  # left, not deleted
+        finally:
+            await rooms.aclose()
+
+
+async def test_a_callers_room_needs_the_livekit_transport() -> None:
+    async with embedded_service() as (svc, _transport):
+        refused = await svc.create({"livekit": {"room": "lobby-7"}})
+        assert _error(refused) == (422, "invalid_request")
+        assert "LiveKit" in refused.json()["error"]["message"]

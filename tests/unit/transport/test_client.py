@@ -16,6 +16,7 @@ from transport.client import (
     InvalidInputError,
     LiveStream,
     RateLimitedError,
+    RoomInUseError,
     RoomNotFoundError,
     SessionInfo,
     UnauthorizedError,
@@ -96,6 +97,7 @@ def test_every_code_the_service_answers_has_a_client_class_or_is_a_plain_api_err
     assert isinstance(api_error(401, "unauthorized", "no"), UnauthorizedError)
     assert isinstance(api_error(422, "invalid_config", "fps"), InvalidInputError)
     assert isinstance(api_error(422, "room_not_found", "lobby"), RoomNotFoundError)
+    assert isinstance(api_error(409, "room_in_use", "lobby"), RoomInUseError)
     assert isinstance(api_error(503, "draining", "later"), UnavailableError)
     limited = api_error(429, "queue_full", "full", retry_after=12.0)
     assert isinstance(limited, RateLimitedError)

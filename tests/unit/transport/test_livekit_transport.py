@@ -10,13 +10,16 @@ import pytest
 from livekit import api
 from livekit.api.access_token import Claims
 
+from pipeline.bidirectional import ControlState
 from tests.fakes.livekit import FakeRoomFactory, FakeRoomService, sign_webhook, webhook_body
 from tests.fakes.transport_port import FakeSessionPort
 from tests.fakes.transport_timers import FakeTimers
-from transport.base import ReconnectKind
+from transport.base import CallerRoom, ReconnectKind
 from transport.config import LiveKitConfig
 from transport.errors import (
+    RoomInUseError,
     RoomJoinError,
+    RoomNotFoundError,
     RoomServiceError,
     SessionAlreadyAttachedError,
     SessionNotAttachedError,
@@ -26,6 +29,7 @@ from transport.errors import (
 from transport.events import ParticipantLeft, RoomFinished
 from transport.livekit_binding import ControllerPresence
 from transport.livekit_transport import LiveKitTransport
+from transport.protocol import encode_control
 from transport.rooms import RoomConfig
 
 KEY, SECRET = "devkey", "secret-that-is-long-enough-for-hs256-0123456789"
@@ -233,3 +237,78 @@ async def test_stop_detaches_everything_and_refuses_new_sessions(setup: Setup) -
     assert setup.server.rooms == {}
     with pytest.raises(TransportClosedError):
         await setup.transport.attach(FakeSessionPort("s2"))
+
+
+# -- a caller's room ----------------------------------------------------------------------------------------------
+
+
+async def _callers_room(setup: Setup, name: str = "lobby-7") -> None:
+    """The caller made its room itself (a voice agent's, a lobby's), through the same RoomService."""
+    setup.server.rooms[name] = api.Room(name=name, sid=f"RM_{name}")
+
+
+async def test_a_callers_room_is_joined_not_created_and_left_not_deleted(setup: Setup) -> None:
+    await _callers_room(setup)
+    port = FakeSessionPort("s1", caller_room=CallerRoom("lobby-7"))
+    details = await setup.transport.attach(port)
+    assert setup.server.calls_of("CreateRoom") == []
+    assert (details["room"], details["room_owner"]) == ("lobby-7", "caller")
+    (_, token, _) = setup.factory.current.connects[0]
+    assert _claims(token).video.room == "lobby-7"  # type: ignore[union-attr]
+    # No identity named: the service mints a controller identity and a token for the caller's room.
+    assert str(details["identity"]).startswith("ctl-s1-")
+    claims = _claims(details["token"])
+    assert claims.identity == details["identity"]
+    assert claims.video is not None
+    assert claims.video.room == "lobby-7"
+    assert claims.video.can_publish is False
+    room = setup.factory.current
+    await setup.transport.detach("s1", "closed")
+    assert room.disconnects == 1
+    assert "lobby-7" in setup.server.rooms
+    assert setup.server.calls_of("DeleteRoom") == []
+
+
+async def test_control_comes_only_from_the_identity_the_caller_named_and_no_token_is_minted_for_it(
+    setup: Setup,
+) -> None:
+    await _callers_room(setup)
+    port = FakeSessionPort("s1", caller_room=CallerRoom("lobby-7", controller_identity="user-42"))
+    details = await setup.transport.attach(port)
+    assert (details["identity"], details["token"], details["expires_at"]) == ("user-42", None, None)
+    again = setup.transport.join_details("s1")
+    assert (again["identity"], again["token"]) == ("user-42", None)
+    # Another replica answering a GET hands the published details on as they are (there is no token to refresh).
+    elsewhere = setup.transport.rejoin_details("s1", details)
+    assert (elsewhere["identity"], elsewhere["token"]) == ("user-42", None)
+    room = setup.factory.current
+    room.participant_joins("user-42")
+    room.receive_data(encode_control(ControlState(7, frozenset({"l"}))), "agent-1")  # the agent, not the user
+    room.receive_data(encode_control(ControlState(8, frozenset({"w"}))), "user-42")
+    assert await port.wait_controls(1) == [ControlState(8, frozenset({"w"}))]
+    assert setup.transport.session_statistics("s1").data_foreign == 1
+
+
+async def test_a_callers_room_that_does_not_exist_or_holds_a_session_is_refused(setup: Setup) -> None:
+    with pytest.raises(RoomNotFoundError):
+        await setup.transport.check_caller_room(CallerRoom("lobby-404"))
+    with pytest.raises(RoomNotFoundError):
+        await setup.transport.attach(FakeSessionPort("s1", caller_room=CallerRoom("lobby-404")))
+    assert setup.factory.rooms == []  # nobody joined anything
+    assert setup.transport.statistics().sessions == 0
+    await _callers_room(setup)
+    await setup.transport.attach(FakeSessionPort("s1", caller_room=CallerRoom("lobby-7")))
+    with pytest.raises(RoomInUseError):
+        await setup.transport.check_caller_room(CallerRoom("lobby-7"))
+    with pytest.raises(RoomInUseError):
+        await setup.transport.attach(FakeSessionPort("s2", caller_room=CallerRoom("lobby-7")))
+    await setup.transport.detach("s1", "closed")
+    await setup.transport.check_caller_room(CallerRoom("lobby-7"))  # free again
+
+
+def test_a_caller_room_is_checked_on_construction() -> None:
+    for bad in ("", "x" * 257, "tab\there"):
+        with pytest.raises(ValueError, match="room name"):
+            CallerRoom(bad)
+    with pytest.raises(ValueError, match="controller identity"):
+        CallerRoom("lobby", controller_identity="")
