@@ -122,9 +122,18 @@ class StandInProcess:
         """Refuse the identity's joins and resumes (503) for `seconds` (0: from now on, no longer)."""
         self._post("/_standin/block", {"identity": identity, "seconds": seconds})
 
+    def create_room(self, room: str, *, departure_timeout: int = 60) -> int:
+        """CreateRoom through the RoomService, as a caller that owns the room would (a lobby, a voice agent's room);
+        the HTTP status."""
+        request = api.CreateRoomRequest(name=room, empty_timeout=300, departure_timeout=departure_timeout)
+        return self._twirp("CreateRoom", request.SerializeToString())
+
     def delete_room(self, room: str) -> int:
         """DeleteRoom through the RoomService (Twirp, protobuf, an admin token), as any server-side client would;
         the HTTP status."""
+        return self._twirp("DeleteRoom", api.DeleteRoomRequest(room=room).SerializeToString())
+
+    def _twirp(self, method: str, body: bytes) -> int:
         token = (
             api.AccessToken(self.api_key, self.api_secret)
             .with_grants(api.VideoGrants(room_create=True))
@@ -132,8 +141,8 @@ class StandInProcess:
             .to_jwt()
         )
         response = self._client.post(
-            "/twirp/livekit.RoomService/DeleteRoom",
-            content=api.DeleteRoomRequest(room=room).SerializeToString(),
+            f"/twirp/livekit.RoomService/{method}",
+            content=body,
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/protobuf"},
         )
         return response.status_code

@@ -1,0 +1,155 @@
+"""Sessions in a caller's LiveKit room, end to end: `lingstream serve` (the reference model, its service participant
+on the real `livekit` SDK), the LiveKit-signalling stand-in, and `lingstream play` as the caller's client (the Python
+client's LiveKit link, also on the real SDK), inside a private network namespace.
+
+The caller makes its room itself (as a voice agent's or a lobby's room exists before any session); the create names
+it; the service joins it with its own identity, publishes its video there, is steered by the controller (one the
+service minted a token for, or the identity the caller named and tokened), and leaves the room, which stays. A room
+that does not exist is `room_not_found` before anything takes a place. Skipped, with the reason, where the
+namespace cannot be made (not root, no `unshare`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from livekit import api
+
+from tests.e2e.livekit_stack import LiveKitStack, livekit_stack
+from tests.serving import ROOT, environment, lingstream
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(LiveKitStack.skip_reason() is not None, reason=str(LiveKitStack.skip_reason())),
+]
+
+PLAY_S = 180.0
+CONFIG = '{"width": 128, "height": 96}'
+TRACE = """\
+{"chunk": 0, "keys": ["w"]}
+{"chunk": 2, "keys": ["w", "l"]}
+{"chunk": 4, "keys": []}
+"""
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveKitStack]:
+    workdir = tmp_path_factory.mktemp("livekit-caller-room")
+    with livekit_stack(workdir) as running:
+        yield running
+    assert "Traceback" not in running.output(), running.output()[-4000:]
+    assert "Traceback" not in running.standin.output(), running.standin.output()[-4000:]
+
+
+def _play(stack: LiveKitStack, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(TRACE, encoding="utf-8")
+    return subprocess.run(
+        [
+            *lingstream(),
+            "play",
+            "--url",
+            stack.url,
+            "--controls",
+            str(trace),
+            "--out",
+            str(tmp_path / "received.mp4"),
+            "--config",
+            CONFIG,
+            "--tail",
+            "1",
+            *extra,
+        ],
+        cwd=ROOT,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=PLAY_S,
+        check=False,
+    )
+
+
+def _report(run: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert run.returncode == 0, run.stderr[-4000:]
+    report: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    return report
+
+
+def _room_left_by_the_service(stack: LiveKitStack, room: str, within: float = 20.0) -> dict[str, Any]:
+    """The room's state once no service participant is in it (fails if the room is gone)."""
+    deadline = time.monotonic() + within
+    while True:
+        rooms: dict[str, Any] = stack.standin.state()["rooms"]
+        assert room in rooms, f"the caller's room {room} was closed: {sorted(rooms)}"
+        if not any(identity.startswith("svc-") for identity in rooms[room]["participants"]):
+            state: dict[str, Any] = rooms[room]
+            return state
+        assert time.monotonic() < deadline, f"the service is still in {room}: {rooms[room]['participants']}"
+        time.sleep(0.1)  # polling another process against a deadline
+
+
+def _deleted(stack: LiveKitStack, room: str) -> bool:
+    return any(e["event"] == "room_deleted" and e.get("room") == room for e in stack.standin.state()["history"])
+
+
+def test_a_session_is_published_into_the_callers_room_steered_and_the_room_is_left_standing(
+    stack: LiveKitStack, tmp_path: Path
+) -> None:
+    assert stack.standin.create_room("lobby-7") == 200
+    report = _report(_play(stack, tmp_path, "--livekit-room", "lobby-7"))
+    assert report["transport"] == "livekit"
+    assert report["done_reason"] == "closed"
+    assert report["frames"] > 0
+    assert (report["width"], report["height"]) == (128, 96)
+    # The trace changed the keys three times; the chunk statuses say each change reached a generated frame.
+    assert report["control_to_photon_count"] == 3, report
+    assert report["controls_unseen"] == 0
+    with stack.client() as client:
+        session = client.get(f"/v1/sessions/{report['session_id']}").json()
+    assert (session["status"], session["reason"]) == ("closed", "client_stop")
+    assert session["transport"]["room"] == "lobby-7"
+    assert session["transport"]["room_owner"] == "caller"
+    _room_left_by_the_service(stack, "lobby-7")
+    assert not _deleted(stack, "lobby-7")
+
+
+def test_the_identity_the_caller_named_steers_with_the_callers_own_token(stack: LiveKitStack, tmp_path: Path) -> None:
+    assert stack.standin.create_room("lobby-8") == 200
+    # The caller (e.g. a LiveKit Agents worker) tokens its own user; the service never mints one for that identity.
+    token = (
+        api.AccessToken(stack.standin.api_key, stack.standin.api_secret)
+        .with_identity("user-42")
+        .with_grants(api.VideoGrants(room_join=True, room="lobby-8", can_subscribe=True, can_publish_data=True))
+        .with_ttl(datetime.timedelta(minutes=5))
+        .to_jwt()
+    )
+    run = _play(stack, tmp_path, "--livekit-room", "lobby-8", "--livekit-identity", "user-42", "--livekit-token", token)
+    report = _report(run)
+    assert report["done_reason"] == "closed"
+    assert report["control_to_photon_count"] == 3, report
+    with stack.client() as client:
+        session = client.get(f"/v1/sessions/{report['session_id']}").json()
+    assert session["transport"]["identity"] == "user-42"
+    assert session["transport"]["token"] is None
+    assert session["reason"] == "client_stop"  # the stop came from user-42: the only identity listened to
+    _room_left_by_the_service(stack, "lobby-8")
+    assert not _deleted(stack, "lobby-8")
+
+
+def test_a_room_that_does_not_exist_is_room_not_found_and_takes_no_place(stack: LiveKitStack, tmp_path: Path) -> None:
+    with stack.client() as client:
+        before = len(client.get("/v1/sessions").json()["sessions"])
+    run = _play(stack, tmp_path, "--livekit-room", "lobby-404")
+    assert run.returncode == 1
+    assert "room_not_found" in run.stderr
+    assert "RoomNotFoundError" in run.stderr  # the client's typed exception for the code
+    with stack.client() as client:
+        assert len(client.get("/v1/sessions").json()["sessions"]) == before
+    assert "lobby-404" not in stack.standin.state()["rooms"]  # the service never creates a caller's room
