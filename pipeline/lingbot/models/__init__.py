@@ -12,6 +12,18 @@ them, when called.
 
 from __future__ import annotations
 
+from pipeline.lingbot.models.bundle import (
+    DIT_DIR,
+    DTYPES,
+    TEXT_ENCODER_DIR,
+    TOKENIZER_DIR,
+    VAE_DIR,
+    LingBotFastOptions,
+    ModelDirSummary,
+    check_model_dir,
+    read_dit_config,
+    write_tiny_model,
+)
 from pipeline.lingbot.models.cache import (
     PUBLISHED_CACHE,
     CacheConfig,
@@ -43,6 +55,7 @@ from pipeline.lingbot.models.errors import (
     ModelConfigError,
     ModelContextExhaustedError,
 )
+from pipeline.lingbot.models.plucker import PluckerAdapter, relative_poses
 from pipeline.lingbot.models.sampler import FAST_SCHEDULE, FastSchedule, denoise_chunk, fast_schedule, sample_chunk
 from pipeline.lingbot.models.text import (
     DEFAULT_PROMPT,
@@ -62,20 +75,32 @@ from pipeline.lingbot.models.vae import (
     tiny_vae,
     write_tiny_vae,
 )
+from pipeline.lingbot.models.world import (
+    LingBotFastDecoder,
+    LingBotFastDenoiser,
+    LingBotFastEncoder,
+    LingBotFastFactory,
+    LingBotFastWorldModel,
+)
 
 __all__ = [
     "CONTEXT_EXHAUSTED_REASON",
     "DEFAULT_MAX_PREFIX_FRAMES",
     "DEFAULT_PROMPT",
+    "DIT_DIR",
     "DIT_INDEX",
     "DIT_WEIGHTS",
+    "DTYPES",
     "FAST_SCHEDULE",
     "LINGBOT_FAST_14B",
     "PUBLISHED_CACHE",
+    "TEXT_ENCODER_DIR",
     "TEXT_ENCODER_WEIGHTS",
     "TINY_DIT",
     "TINY_UMT5_CONFIG",
     "TINY_VAE_CONFIG",
+    "TOKENIZER_DIR",
+    "VAE_DIR",
     "CacheConfig",
     "CacheSlot",
     "CacheStatistics",
@@ -85,9 +110,17 @@ __all__ = [
     "FastSchedule",
     "KVCache",
     "LayerKV",
+    "LingBotFastDecoder",
+    "LingBotFastDenoiser",
     "LingBotFastDiT",
+    "LingBotFastEncoder",
+    "LingBotFastFactory",
+    "LingBotFastOptions",
+    "LingBotFastWorldModel",
     "ModelConfigError",
     "ModelContextExhaustedError",
+    "ModelDirSummary",
+    "PluckerAdapter",
     "PrefixEncoding",
     "StreamingVAE",
     "TensorSpec",
@@ -95,6 +128,7 @@ __all__ = [
     "UMT5TextEncoder",
     "VAEStatistics",
     "bytes_per_session",
+    "check_model_dir",
     "compare_specs",
     "denoise_chunk",
     "expected_specs",
@@ -104,10 +138,13 @@ __all__ = [
     "load_text_encoder",
     "load_vae",
     "locate_checkpoint",
+    "read_dit_config",
     "read_specs",
+    "relative_poses",
     "sample_chunk",
     "tiny_vae",
     "write_tiny_checkpoint",
+    "write_tiny_model",
     "write_tiny_text_encoder",
     "write_tiny_vae",
 ]

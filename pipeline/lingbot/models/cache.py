@@ -278,7 +278,7 @@ class KVCache:
     def _rebase(self, shift: int) -> None:
         sink = self._config.sink * self._frame_tokens
         end = self._stored * self._frame_tokens
-        for layer in self._layers:
+        for layer in self._layers if end > sink else ():  # nothing after the sink (window = sink + chunk): no keys move
             layer.k[:, sink:end] = self._rope.shift_frames(layer.k[:, sink:end], -shift)
         self._offset += shift
         self._rebases += 1

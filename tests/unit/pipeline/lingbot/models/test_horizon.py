@@ -56,6 +56,15 @@ def test_with_a_sink_a_session_runs_far_past_the_table_finite_and_bounded(tiny_c
     assert all(torch.isfinite(x).all() for x in outputs)
 
 
+def test_a_window_of_only_sink_and_one_chunk_rebases_with_nothing_to_move() -> None:
+    """Window = sink + chunk: after eviction only the sink is cached when the table ends; the re-base moves no key
+    (it used to reshape an empty slice and fail)."""
+    cache = KVCache(SHORT_TABLE, CacheConfig(window_frames=6, sink_frames=3), frame_tokens=2)
+    slots = [cache.begin_chunk() for _ in range(8)]
+    assert cache.statistics().rebases >= 2
+    assert all(slot.position + slot.frames <= SHORT_TABLE.rope_frames for slot in slots)
+
+
 def test_a_cache_without_a_window_ends_with_model_context_exhausted() -> None:
     cache = KVCache(SHORT_TABLE, CacheConfig(window_frames=None, max_frames=30), frame_tokens=1)
     for _ in range(5):

@@ -1,0 +1,227 @@
+"""A LingBot-World-Fast model directory: its layout, the options a worker loads it with, a header-only check for
+start-up, and a tiny random one in the same layout.
+
+    <LINGSTREAM_MODEL_PATH>/
+        dit/            diffusion_pytorch_model.safetensors, or its .index.json and shards (checkpoint.py);
+                        config.json optional: the DiT's sizes (dim, ffn_dim, num_layers, num_heads, ...; other keys
+                        ignored, so the published Wan-style config.json fits); absent: the published 14B sizes
+        vae/            config.json + diffusion_pytorch_model.safetensors: diffusers' AutoencoderKLWan (vae.py)
+        text_encoder/   config.json + model.safetensors (or sharded): transformers' UMT5EncoderModel (text.py)
+        tokenizer/      what AutoTokenizer loads offline: tokenizer.json, or umt5's spiece.model and its configs
+
+The DiT is LingBot-World-Fast's own checkpoint; the VAE, the umt5 encoder and the tokenizer are Wan2.1's, the same
+files the Wan2.1 / Wan2.2 image-to-video *Diffusers* repositories ship in their `vae/`, `text_encoder/` and
+`tokenizer/` folders. `write_tiny_model` writes random weights in this layout (`lingstream tiny-checkpoint DIR`).
+
+`check_model_dir` reads only headers and configs: every missing folder, file, key, wrong shape or dtype, and every
+disagreement between the parts (the DiT's text width and the encoder's, the DiT's channels and the VAE's), is a
+`CheckpointError` naming it, before a byte of weight is loaded, so a bad directory fails the service at start.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.lingbot.config import SPATIAL_COMPRESSION
+from pipeline.lingbot.models.cache import CacheConfig
+from pipeline.lingbot.models.checkpoint import (
+    DIT_WEIGHTS,
+    TensorSpec,
+    check_specs,
+    compare_specs,
+    locate_checkpoint,
+    read_specs,
+    write_tiny_checkpoint,
+)
+from pipeline.lingbot.models.config import LINGBOT_FAST_14B, TINY_DIT, DiTConfig
+from pipeline.lingbot.models.errors import CheckpointError, ModelConfigError
+from pipeline.lingbot.models.text import TEXT_ENCODER_WEIGHTS, write_tiny_text_encoder
+from pipeline.lingbot.models.vae import DEFAULT_MAX_PREFIX_FRAMES, VAE_CONFIG, write_tiny_vae
+
+__all__ = [
+    "DIT_DIR",
+    "DTYPES",
+    "TEXT_ENCODER_DIR",
+    "TOKENIZER_DIR",
+    "VAE_DIR",
+    "LingBotFastOptions",
+    "ModelDirSummary",
+    "check_model_dir",
+    "read_dit_config",
+    "write_tiny_model",
+]
+
+DIT_DIR, VAE_DIR, TEXT_ENCODER_DIR, TOKENIZER_DIR = "dit", "vae", "text_encoder", "tokenizer"
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""`LINGSTREAM_MODEL_DTYPE` values besides "auto"."""
+
+
+@dataclass(frozen=True, slots=True)
+class LingBotFastOptions:
+    """How a worker loads and runs the model (picklable: it travels to worker processes in the factory)."""
+
+    path: str
+    dtype: str = "auto"
+    """"auto" (bfloat16 on CUDA, float32 on the CPU) or one of `DTYPES`."""
+    window_frames: int = 18
+    sink_frames: int = 6
+    text_cache_size: int = 16
+    max_prefix_frames: int = DEFAULT_MAX_PREFIX_FRAMES
+
+    def __post_init__(self) -> None:
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ModelConfigError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.text_cache_size < 1 or self.max_prefix_frames < 1:
+            raise ModelConfigError("text_cache_size and max_prefix_frames must be >= 1")
+        self.cache_config(3)  # the window and sink must hold at least the published chunk
+
+    def torch_dtype(self, device: torch.device | str) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        return DTYPES[self.dtype]
+
+    def cache_config(self, chunk_frames: int) -> CacheConfig:
+        """The rolling cache for sessions of `chunk_frames` latent frames per chunk (window and sink in frames)."""
+        return CacheConfig(chunk_frames=chunk_frames, window_frames=self.window_frames, sink_frames=self.sink_frames)
+
+    @property
+    def root(self) -> Path:
+        return Path(self.path)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDirSummary:
+    """What `check_model_dir` found: the DiT's sizes and every part's parameter bytes as stored."""
+
+    dit: DiTConfig
+    dit_bytes: int
+    vae_bytes: int
+    text_encoder_bytes: int
+
+
+def read_dit_config(directory: Path | str) -> DiTConfig:
+    """The DiT's sizes from `dit/config.json` (the `DiTConfig` fields it has; other keys ignored), else the
+    published 14B sizes."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        return LINGBOT_FAST_14B
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not readable JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path} must hold a JSON object")
+    known = {field.name for field in fields(DiTConfig)}
+    values: dict[str, Any] = {key: value for key, value in raw.items() if key in known}
+    if "patch_size" in values:
+        values["patch_size"] = tuple(values["patch_size"])
+    base = {field.name: getattr(LINGBOT_FAST_14B, field.name) for field in fields(DiTConfig)}
+    try:
+        return DiTConfig(**(base | values))
+    except (ModelConfigError, TypeError) as exc:
+        raise CheckpointError(f"{path} does not describe a DiT: {exc}") from exc
+
+
+def check_model_dir(root: Path | str) -> ModelDirSummary:
+    """Checks the whole directory from headers and configs (module docstring); raises one `CheckpointError` per
+    part naming what is wrong. Loads no weights (the tokenizer is loaded: it is small)."""
+    base = Path(root)
+    if not base.is_dir():
+        raise CheckpointError(f"model directory {base} does not exist")
+    absent = [name for name in (DIT_DIR, VAE_DIR, TEXT_ENCODER_DIR, TOKENIZER_DIR) if not (base / name).is_dir()]
+    if absent:
+        raise CheckpointError(f"model directory {base} lacks the folder(s) {', '.join(absent)} (see the layout)")
+    dit = read_dit_config(base / DIT_DIR)
+    dit_layout = locate_checkpoint(base / DIT_DIR, DIT_WEIGHTS)
+    dit_specs = read_specs(dit_layout)
+    check_specs(dit, dit_specs, dit_layout.directory)
+    vae_bytes, z_dim = _check_vae(base / VAE_DIR)
+    if dit.out_dim != z_dim or dit.in_dim != 2 * z_dim + 4:
+        raise CheckpointError(
+            f"the DiT (in_dim {dit.in_dim}, out_dim {dit.out_dim}) does not fit the VAE's {z_dim} latent channels "
+            f"(needs in_dim {2 * z_dim + 4}, out_dim {z_dim})"
+        )
+    text_bytes, d_model = _check_text_encoder(base / TEXT_ENCODER_DIR)
+    if d_model != dit.text_dim:
+        raise CheckpointError(f"the text encoder's width {d_model} is not the DiT's text_dim {dit.text_dim}")
+    _check_tokenizer(base / TOKENIZER_DIR)
+    return ModelDirSummary(dit, _nbytes(dit_specs), vae_bytes, text_bytes)
+
+
+def _check_vae(folder: Path) -> tuple[int, int]:
+    from diffusers import AutoencoderKLWan
+
+    try:
+        config = json.loads((folder / VAE_CONFIG).read_text(encoding="utf-8"))
+        with torch.device("meta"):
+            model = AutoencoderKLWan.from_config(config)
+    except (OSError, ValueError, TypeError) as exc:
+        raise CheckpointError(
+            f"VAE folder {folder}: {VAE_CONFIG} is missing or not an AutoencoderKLWan: {exc}"
+        ) from exc
+    if int(model.config.scale_factor_spatial or SPATIAL_COMPRESSION) != SPATIAL_COMPRESSION:
+        raise CheckpointError(f"VAE folder {folder}: the VAE does not compress {SPATIAL_COMPRESSION}x spatially")
+    layout = locate_checkpoint(folder, DIT_WEIGHTS)
+    specs = read_specs(layout)
+    expected = {name: TensorSpec(tuple(t.shape), t.dtype) for name, t in model.state_dict().items()}
+    compare_specs(expected, specs, folder, "the Wan VAE in its config.json")
+    return _nbytes(specs), int(model.config.z_dim)
+
+
+def _check_text_encoder(folder: Path) -> tuple[int, int]:
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    try:
+        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        config = UMT5Config(**{key: value for key, value in raw.items() if not key.startswith("_")})
+    except (OSError, ValueError, TypeError) as exc:
+        message = f"text encoder folder {folder}: config.json is missing or not a umt5 config: {exc}"
+        raise CheckpointError(message) from exc
+    with torch.device("meta"):
+        model = UMT5EncoderModel(config)
+    layout = locate_checkpoint(folder, TEXT_ENCODER_WEIGHTS)
+    specs = read_specs(layout)
+    expected = {name: TensorSpec(tuple(t.shape), t.dtype) for name, t in model.state_dict().items()}
+    compare_specs(
+        expected, specs, folder, "the umt5 encoder in its config.json", optional={"encoder.embed_tokens.weight"}
+    )
+    return _nbytes(specs), int(config.d_model)
+
+
+def _check_tokenizer(folder: Path) -> None:
+    from transformers import AutoTokenizer
+
+    try:
+        AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"tokenizer folder {folder} cannot be loaded: {exc}") from exc
+
+
+def _nbytes(specs: dict[str, TensorSpec]) -> int:
+    total = 0
+    for spec in specs.values():
+        count = 1
+        for size in spec.shape:
+            count *= size
+        total += count * torch.empty((), dtype=spec.dtype).element_size()
+    return total
+
+
+def write_tiny_model(
+    directory: Path | str, *, seed: int = 0, dit: DiTConfig = TINY_DIT, vae_config: dict[str, Any] | None = None
+) -> Path:
+    """Random weights for every part in the layout above (`TINY_DIT`, `tiny_vae`, a 2-layer umt5, a byte-level
+    tokenizer): what `lingstream tiny-checkpoint DIR` writes. Returns the directory."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    write_tiny_checkpoint(root / DIT_DIR, dit, seed=seed)
+    config = {field.name: getattr(dit, field.name) for field in fields(DiTConfig)}
+    (root / DIT_DIR / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    write_tiny_vae(root / VAE_DIR, seed=seed, config=vae_config)
+    write_tiny_text_encoder(root / TEXT_ENCODER_DIR, root / TOKENIZER_DIR, d_model=dit.text_dim, seed=seed)
+    return root

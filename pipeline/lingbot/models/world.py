@@ -1,0 +1,377 @@
+"""LingBot-World-Fast behind the `WorldModel` seam: our DiT, diffusers' Wan VAE, the umt5 encoder, the Fast sampler
+and the rolling KV cache, as the three stages the session graph places (`pipeline/lingbot/model.py`).
+
+    encode   LingBotFastEncoder   the reference (or the built-in scene) and its zero frames -> normalised latent y
+    denoise  LingBotFastDenoiser  per chunk: condition = first-frame mask + y's frames, control -> 384-channel
+                                  Plücker map, the prompt's text K/V, 4 Fast steps + the clean cache pass
+    decode   LingBotFastDecoder   latents -> uint8 frames, the session's VAE feature cache carried between chunks
+
+Per session the denoiser keeps the base latent, its `KVCache` (window + sink, re-based past the RoPE table so a
+session never ends for lack of positions), the camera adapter's previous pose, the current prompt's `TextKV` and a
+generator seeded from the session's seed (the chunk noise and the sampler's re-noising, drawn in order, so a seed
+and a control trace give the same video). The umt5 states are cached per distinct prompt per worker (`text.py`).
+
+`LingBotFastWorldModel.load(options, device)` builds all three in one process sharing one VAE (threads placement);
+`LingBotFastFactory(options)` builds each inside the worker process that runs it (processes placement; the DiT is
+not sharded: a DiT group of more than one rank is refused). Start-up checks the directory first
+(`bundle.check_model_dir`), so a bad checkpoint fails at start with its problem named.
+
+Concurrency: each stage object is driven by one actor thread; sessions' states are independent. The shared VAE has
+no state of its own between calls (the caches are per session), so the encode and decode threads may use it at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import torch
+
+from pipeline.lingbot.chunks import ChunkPlan
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.errors import ChunkContractError, ModelInputError, ModelSessionError
+from pipeline.lingbot.model import (
+    ModelShard,
+    first_frame_mask,
+    slice_condition,
+    validate_base_latent,
+    validate_control,
+    validate_latent_chunk,
+)
+from pipeline.lingbot.models.bundle import (
+    DIT_DIR,
+    TEXT_ENCODER_DIR,
+    TOKENIZER_DIR,
+    VAE_DIR,
+    LingBotFastOptions,
+    check_model_dir,
+    read_dit_config,
+)
+from pipeline.lingbot.models.cache import CacheStatistics, KVCache, TextKV
+from pipeline.lingbot.models.checkpoint import load_dit
+from pipeline.lingbot.models.dit import LingBotFastDiT
+from pipeline.lingbot.models.errors import ModelConfigError
+from pipeline.lingbot.models.plucker import PluckerAdapter
+from pipeline.lingbot.models.sampler import denoise_chunk
+from pipeline.lingbot.models.text import UMT5TextEncoder, load_text_encoder
+from pipeline.lingbot.models.vae import StreamingVAE, load_vae
+from pipeline.lingbot.reference_model import default_scene
+
+__all__ = [
+    "MASK_CHANNELS",
+    "FastStageStatistics",
+    "LingBotFastDecoder",
+    "LingBotFastDenoiser",
+    "LingBotFastEncoder",
+    "LingBotFastFactory",
+    "LingBotFastWorldModel",
+    "load_streaming_vae",
+]
+
+MASK_CHANNELS = 4
+"""The first-frame mask's channels: the 4 video frames a latent frame folds."""
+
+
+@dataclass(frozen=True, slots=True)
+class FastStageStatistics:
+    open_sessions: int
+    calls: int
+    busy_s: float
+
+
+_S = TypeVar("_S")
+
+
+class _Sessions(Generic[_S]):
+    """One stage's per-session states and call counts (thread-safe)."""
+
+    def __init__(self, stage: str) -> None:
+        self._stage = stage
+        self._lock = threading.Lock()
+        self._states: dict[str, _S] = {}
+        self._calls = 0
+        self._busy_s = 0.0
+
+    def add(self, session_id: str, state: _S) -> None:
+        with self._lock:
+            if session_id in self._states:
+                raise ModelSessionError(f"{self._stage}: session {session_id!r} already has a cache")
+            self._states[session_id] = state
+
+    def get(self, session_id: str) -> _S:
+        with self._lock:
+            state = self._states.get(session_id)
+        if state is None:
+            raise ModelSessionError(f"{self._stage}: no cache for session {session_id!r} (create_cache first)")
+        return state
+
+    def remove(self, session_id: str) -> _S | None:
+        with self._lock:
+            return self._states.pop(session_id, None)
+
+    def record(self, seconds: float) -> None:
+        with self._lock:
+            self._calls += 1
+            self._busy_s += seconds
+
+    def statistics(self) -> FastStageStatistics:
+        with self._lock:
+            return FastStageStatistics(len(self._states), self._calls, self._busy_s)
+
+
+def _check_order(stage: str, plan: ChunkPlan, chunk_index: int, chunk_size: int, expected: int) -> None:
+    if chunk_size != plan.chunk_size:
+        raise ChunkContractError(f"{stage}: chunk_size {chunk_size} does not match the session's {plan.chunk_size}")
+    if not 0 <= chunk_index < plan.num_chunks:
+        raise ChunkContractError(f"{stage}: chunk index {chunk_index} outside the session's 0..{plan.num_chunks - 1}")
+    if chunk_index != expected:
+        raise ModelSessionError(f"{stage}: chunk {chunk_index} arrived out of order, expected chunk {expected}")
+
+
+# --- encode ----------------------------------------------------------------------------------------------------------
+
+
+class LingBotFastEncoder:
+    """`ReferenceEncoder`: the reference image (or the built-in scene for `None`) and zero frames through the VAE."""
+
+    def __init__(self, vae: StreamingVAE, *, max_prefix_frames: int) -> None:
+        self._vae = vae
+        self._max_prefix_frames = max_prefix_frames
+        self._sessions: _Sessions[LingBotSessionConfig] = _Sessions("encode")
+
+    def create_cache(self, session_id: str, config: LingBotSessionConfig) -> None:
+        self._sessions.add(session_id, config)
+
+    def release_cache(self, session_id: str) -> None:
+        self._sessions.remove(session_id)
+
+    def statistics(self) -> FastStageStatistics:
+        return self._sessions.statistics()
+
+    def encode_reference(self, session_id: str, image: torch.Tensor | None) -> torch.Tensor:
+        config = self._sessions.get(session_id)
+        started = time.perf_counter()
+        if image is None:
+            image = default_scene(config.width, config.height)
+        expected = (3, config.height, config.width)
+        if tuple(image.shape) != expected:
+            raise ModelInputError(f"reference image must be {list(expected)}, got {list(image.shape)}")
+        if not image.is_floating_point() or not bool(torch.isfinite(image).all()):
+            raise ModelInputError("reference image must be a finite floating-point tensor in [0, 1]")
+        prefix = self._vae.encode_reference(image, max_prefix_frames=self._max_prefix_frames)
+        self._sessions.record(time.perf_counter() - started)
+        return prefix.latent
+
+
+# --- denoise ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class _DenoiseSession:
+    config: LingBotSessionConfig
+    plan: ChunkPlan
+    base_latent: torch.Tensor
+    cache: KVCache
+    adapter: PluckerAdapter
+    generator: torch.Generator
+    prompt: str | None = None
+    text: TextKV | None = None
+    next_chunk: int = 0
+
+
+class LingBotFastDenoiser:
+    """`ChunkDenoiser`: one chunk of latent frames per call over the session's KV cache (module docstring)."""
+
+    def __init__(self, dit: LingBotFastDiT, text_encoder: UMT5TextEncoder, options: LingBotFastOptions) -> None:
+        if text_encoder.text_dim != dit.config.text_dim:
+            raise ModelConfigError(
+                f"the text encoder's width {text_encoder.text_dim} is not the DiT's text_dim {dit.config.text_dim}"
+            )
+        self._dit = dit
+        self._text_encoder = text_encoder
+        self._options = options
+        self._sessions: _Sessions[_DenoiseSession] = _Sessions("denoise")
+
+    @property
+    def dit(self) -> LingBotFastDiT:
+        return self._dit
+
+    def statistics(self) -> FastStageStatistics:
+        return self._sessions.statistics()
+
+    def cache_statistics(self, session_id: str) -> CacheStatistics:
+        """The session's `CacheStatistics` (eviction, re-bases, bytes)."""
+        return self._sessions.get(session_id).cache.statistics()
+
+    def create_cache(self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor) -> None:
+        validate_base_latent(base_latent, config)
+        device = self._dit.device
+        cache_config = self._options.cache_config(config.chunk_size)
+        cache = self._dit.new_cache(cache_config, config.latent_height, config.latent_width)
+        generator = torch.Generator(device=device).manual_seed(config.seed)
+        state = _DenoiseSession(
+            config=config,
+            plan=config.chunk_plan,
+            base_latent=base_latent.detach().to(device, torch.float32).clone(),
+            cache=cache,
+            adapter=PluckerAdapter(config),
+            generator=generator,
+        )
+        self._sessions.add(session_id, state)
+
+    def release_cache(self, session_id: str) -> None:
+        self._sessions.remove(session_id)
+
+    def denoise_chunk(
+        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+    ) -> torch.Tensor:
+        state = self._sessions.get(session_id)
+        _check_order("denoise", state.plan, chunk_index, chunk_size, state.next_chunk)
+        validate_control(control, state.config, chunk_size)
+        started = time.perf_counter()
+        device = self._dit.device
+        if state.text is None or prompt != state.prompt:
+            state.text = self._dit.encode_text(self._text_encoder.encode(prompt))
+            state.prompt = prompt
+        with torch.inference_mode():
+            latent_image = slice_condition(state.base_latent, chunk_index, chunk_size)
+            mask = first_frame_mask(chunk_index, chunk_size, device).to(torch.float32)
+            mask = mask[None, :, None, None].expand(MASK_CHANNELS, -1, *latent_image.shape[2:])
+            condition = torch.cat([mask, latent_image], dim=0)[None]
+            camera = state.adapter(control.to(device))
+            h, w = state.config.latent_height, state.config.latent_width
+            noise = torch.randn(
+                (1, self._dit.config.out_dim, chunk_size, h, w),
+                generator=state.generator,
+                device=device,
+                dtype=torch.float32,
+            )
+        x0 = denoise_chunk(self._dit, state.cache, state.text, condition, noise, state.generator, camera)
+        state.next_chunk += 1
+        self._sessions.record(time.perf_counter() - started)
+        return x0[0].contiguous()
+
+
+# --- decode ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _DecodeSession:
+    config: LingBotSessionConfig
+    plan: ChunkPlan
+    next_chunk: int = 0
+
+
+class LingBotFastDecoder:
+    """`ChunkDecoder`: the session's latents through the streamed VAE decoder, to uint8 RGB frames on the CPU."""
+
+    def __init__(self, vae: StreamingVAE) -> None:
+        self._vae = vae
+        self._sessions: _Sessions[_DecodeSession] = _Sessions("decode")
+
+    def create_cache(self, session_id: str, config: LingBotSessionConfig) -> None:
+        self._sessions.add(session_id, _DecodeSession(config, config.chunk_plan))
+        try:
+            self._vae.open(session_id)
+        except ModelSessionError:
+            self._sessions.remove(session_id)
+            raise
+
+    def release_cache(self, session_id: str) -> None:
+        self._sessions.remove(session_id)
+        self._vae.release(session_id)
+
+    def statistics(self) -> FastStageStatistics:
+        return self._sessions.statistics()
+
+    def decode_chunk(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> torch.Tensor:
+        state = self._sessions.get(session_id)
+        validate_latent_chunk(latent, state.config, state.plan.chunk_size)
+        _check_order("decode", state.plan, chunk_index, state.plan.chunk_size, state.next_chunk)
+        started = time.perf_counter()
+        video = self._vae.decode_chunk(session_id, latent)  # [3, T, H, W] in [-1, 1]
+        with torch.inference_mode():
+            frames = ((video + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 3, 0).contiguous()
+        state.next_chunk += 1
+        self._sessions.record(time.perf_counter() - started)
+        return frames.cpu()
+
+
+# --- assembly --------------------------------------------------------------------------------------------------------
+
+
+def load_streaming_vae(options: LingBotFastOptions, device: str) -> StreamingVAE:
+    dtype = options.torch_dtype(device)
+    return StreamingVAE(load_vae(options.root / VAE_DIR, device=device, dtype=dtype), device=device, dtype=dtype)
+
+
+def load_denoiser(options: LingBotFastOptions, device: str) -> LingBotFastDenoiser:
+    dtype = options.torch_dtype(device)
+    config = read_dit_config(options.root / DIT_DIR)
+    dit = load_dit(options.root / DIT_DIR, config, dtype=dtype, device=device)
+    text_encoder = load_text_encoder(
+        options.root / TEXT_ENCODER_DIR,
+        options.root / TOKENIZER_DIR,
+        text_len=config.text_len,
+        device=device,
+        dtype=dtype,
+        cache_size=options.text_cache_size,
+    )
+    return LingBotFastDenoiser(dit, text_encoder, options)
+
+
+class LingBotFastWorldModel:
+    """The three stages in one process on one device, sharing one VAE (threads placement)."""
+
+    def __init__(self, encoder: LingBotFastEncoder, denoiser: LingBotFastDenoiser, decoder: LingBotFastDecoder) -> None:
+        self._encoder = encoder
+        self._denoiser = denoiser
+        self._decoder = decoder
+
+    @classmethod
+    def load(cls, options: LingBotFastOptions, device: str = "cpu") -> LingBotFastWorldModel:
+        """Checks the directory (headers), then loads every part strictly onto `device`."""
+        check_model_dir(options.root)
+        vae = load_streaming_vae(options, device)
+        return cls(
+            LingBotFastEncoder(vae, max_prefix_frames=options.max_prefix_frames),
+            load_denoiser(options, device),
+            LingBotFastDecoder(vae),
+        )
+
+    @property
+    def encoder(self) -> LingBotFastEncoder:
+        return self._encoder
+
+    @property
+    def denoiser(self) -> LingBotFastDenoiser:
+        return self._denoiser
+
+    @property
+    def decoder(self) -> LingBotFastDecoder:
+        return self._decoder
+
+
+@dataclass(frozen=True, slots=True)
+class LingBotFastFactory:
+    """The model as a `WorldModelFactory` (processes placement): each part loads its weights in the process that
+    runs it, on `shard.device` (`shard.dtype` is ignored: `options.dtype` decides). Picklable."""
+
+    options: LingBotFastOptions
+
+    def encoder(self, shard: ModelShard) -> LingBotFastEncoder:
+        vae = load_streaming_vae(self.options, shard.device)
+        return LingBotFastEncoder(vae, max_prefix_frames=self.options.max_prefix_frames)
+
+    def denoiser(self, shard: ModelShard) -> LingBotFastDenoiser:
+        if shard.world_size != 1:
+            raise ModelConfigError(
+                f"the LingBot-World-Fast DiT runs on one rank (sequence parallelism is not built), got a DiT group of "
+                f"{shard.world_size}: set LINGSTREAM_DENOISE_RANKS=1"
+            )
+        return load_denoiser(self.options, shard.device)
+
+    def decoder(self, shard: ModelShard) -> LingBotFastDecoder:
+        return LingBotFastDecoder(load_streaming_vae(self.options, shard.device))
