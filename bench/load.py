@@ -9,10 +9,10 @@ queue of 6. `--world fake` uses the test-only fake world (`tests.fakes.world:pac
 Every `--wave-interval` seconds a wave of `--wave-size` clients (default 14: more than slots + queue, so some
 queue and some get 429) starts the full life cycle at once. Each client creates a session, then by role:
 
-- `peer` (3 in 7): listens to the session's SSE events, joins the embedded transport with a real aiortc peer
-  (`tests/fakes/webrtc_client.py`, loopback only), holds keys (a `control_state` snapshot every 250 ms), counts
-  the `chunk` statuses on the data channel, sends `stop` and waits for `done` on the channel and the terminal SSE
-  event;
+- `peer` (3 in 7): listens to the session's SSE events, joins the embedded transport with the project's headless
+  client (`transport.client`: a real aiortc peer, loopback only, as `lingstream play` uses it), holds keys (a
+  `control_state` snapshot every 250 ms), counts the `chunk` statuses on the data channel, sends `stop` and waits
+  for `done` on the channel and the terminal SSE event;
 - `sse` (2 in 7): listens to SSE (its queue heartbeat), holds the running session a while without a transport,
   `DELETE`s it (drain) and waits for the terminal event;
 - `poll` (1 in 7): polls `GET` (its heartbeat) until running, holds, `DELETE ?mode=cancel`, polls to the end;
@@ -67,13 +67,11 @@ from typing import Any
 
 import httpx
 from _common import Server, jain, metric_sum, report
-from aiortc import RTCSessionDescription
 
-from pipeline.bidirectional import ControlState, Stop
 from pipeline.metrics import percentile
 from service.settings import Settings
-from tests.fakes.webrtc_client import BrowserPeer
-from transport.base import ChunkStatus, DoneStatus
+from transport.base import ChunkStatus, StatusMessage
+from transport.client import ApiError, ConnectError, LiveStream, ServiceClient, SessionInfo, connect
 
 SLOTS = 4
 QUEUE = 6
@@ -139,6 +137,11 @@ def slope_per_minute(samples: list[tuple[float, float]]) -> float:
     return cov / var * 60.0
 
 
+def _ended(stream: LiveStream) -> bool:
+    # A call, not the property inline: the stream ends while the peer awaits.
+    return stream.ended
+
+
 @dataclass
 class PeerRecord:
     """One peer session's chunk statuses (monotonic arrival times) while it held keys."""
@@ -175,6 +178,7 @@ def fairness(records: list[PeerRecord], min_window_s: float = 1.0) -> tuple[floa
 class Load:
     def __init__(self, client: httpx.AsyncClient, world: str, hold: tuple[float, float], seed: int) -> None:
         self.client = client  # with the service's base URL
+        self.service = ServiceClient(str(client.base_url), http=client)  # the headless peers' REST side
         self.config = REFERENCE_CONFIG if world == "reference" else FAKE_CONFIG
         self.hold = hold
         self.random = random.Random(seed)
@@ -286,64 +290,63 @@ class Load:
         return body
 
     async def peer_life(self, sid: str, session: dict[str, Any]) -> None:
-        peer = BrowserPeer()
+        """A headless client: the project's own (`transport.client`) joins over the embedded transport, holds keys,
+        counts the `chunk` statuses, sends `stop` and waits for `done`."""
+        loop = asyncio.get_running_loop()
         record = PeerRecord(start=0.0)
-        drain = asyncio.create_task(self.drain_frames(peer))
+        holding = True
+        after_stop = 0
+
+        def on_status(message: StatusMessage) -> None:
+            nonlocal after_stop
+            if isinstance(message, ChunkStatus):
+                if holding:
+                    record.chunks.append(loop.time())
+                else:
+                    after_stop += 1
+
         try:
-            offer = await self.request(
-                "POST", session["transport"]["offer_url"], json={"sdp": await peer.offer(), "type": "offer"}
-            )
-            if offer.status_code != 200:
-                self.problems[f"offer {offer.status_code}"] += 1
-                await self.delete(sid, "cancel")
-                return
-            answer = offer.json()
-            await peer.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
-            try:
-                async with asyncio.timeout(STEP_TIMEOUT_S):
-                    await peer.opened.wait()
-            except TimeoutError:
-                self.problems["peer: channel never opened"] += 1
-                await self.delete(sid, "cancel")
-                return
-            seq = time.time_ns() // 1_000_000
-            loop = asyncio.get_running_loop()
+            stream = await connect(self.service, SessionInfo.from_body(session), connect_timeout=STEP_TIMEOUT_S)
+        except ApiError as exc:
+            self.problems[f"offer {exc.status}"] += 1
+            await self.delete(sid, "cancel")
+            return
+        except ConnectError:
+            self.problems["peer: channel never opened"] += 1
+            await self.delete(sid, "cancel")
+            return
+        stream.add_status_listener(on_status)
+        drain = asyncio.create_task(self.drain_frames(stream))
+        try:
             record.start = loop.time()
             hold_until = record.start + self.random.uniform(*self.hold)
             keys = (frozenset({"w"}), frozenset({"w", "l"}), frozenset({"j"}))
+            sent = 0
             next_send = record.start
-            while (now := loop.time()) < hold_until:
+            while (now := loop.time()) < hold_until and not _ended(stream):
                 if now >= next_send:
-                    seq += 1
-                    peer.send(ControlState(seq, keys[seq % len(keys)]))
+                    await stream.send_keys(keys[sent % len(keys)])
+                    sent += 1
                     next_send += CONTROL_PERIOD_S
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(0.0, min(next_send, hold_until) - loop.time())):
-                        status = await peer.status.get()
-                        if isinstance(status, ChunkStatus):
-                            record.chunks.append(loop.time())
+                await asyncio.sleep(max(0.0, min(next_send, hold_until) - loop.time()))  # an absolute deadline
             record.end = loop.time()
-            peer.send(Stop())
-            done = False
-            with contextlib.suppress(TimeoutError):
+            holding = False
+            try:
                 async with asyncio.timeout(STEP_TIMEOUT_S):
-                    while not done:
-                        status = await peer.status.get()
-                        if isinstance(status, ChunkStatus):
-                            self.peer_chunks += 1
-                        done = isinstance(status, DoneStatus)
-            if not done:
+                    done = await stream.stop()
+                if done.reason.startswith("connection lost"):
+                    self.problems["peer: no done on the data channel"] += 1
+            except TimeoutError:
                 self.problems["peer: no done on the data channel"] += 1
             self.peers.append(record)
-            self.peer_chunks += len(record.chunks)
+            self.peer_chunks += len(record.chunks) + after_stop
         finally:
             drain.cancel()
             await asyncio.gather(drain, return_exceptions=True)
-            await peer.close()
+            await stream.aclose()
 
-    async def drain_frames(self, peer: BrowserPeer) -> None:
-        while True:
-            await peer.frames.get()
+    async def drain_frames(self, stream: LiveStream) -> None:
+        async for _frame in stream.frames():
             self.peer_frames += 1
 
     @contextlib.asynccontextmanager
