@@ -137,7 +137,9 @@ class ChunkOutput:
     from (`applied_seq` is -1 before the client sent any). `timings` holds per-chunk figures in seconds
     (e.g. `control_to_output`, `denoise`, `decode`). `first_frame_index` is the index of the chunk's first frame in
     the session's video. `prompt` is the text prompt the chunk was generated from ("" for none) and `prompt_seq`
-    the `seq` of the `SetPrompt` that set it (-1: the session's initial prompt).
+    the `seq` of the `SetPrompt` that set it (-1: the session's initial prompt). `reset_pose`: the chunk started
+    from the camera's start pose (a `ResetPose` was applied to it); with `keys` and `prompt` it is all a replay of
+    the session needs (a recording's control trace).
     """
 
     session_id: str
@@ -150,6 +152,7 @@ class ChunkOutput:
     timings: Mapping[str, float] = field(default_factory=dict)
     prompt: str = ""
     prompt_seq: int = -1
+    reset_pose: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from service.http.docs import install_docs
 from service.http.middleware import BodyLimitMiddleware, StrictCORSMiddleware
 from service.http.page import install_page
 from service.http.routes import describe_validation_errors, health_router, internal_router, v1_router
+from service.runtime.recordings import WriterFactory
 from service.runtime.runtime import RuntimeTuning, ServiceRuntime
 from service.runtime.workers import build_workers
 from service.scaleout.backend import RedisAdmissionBackend
@@ -71,11 +72,13 @@ def create_app(
     clock: Clock | None = None,
     tuning: RuntimeTuning | None = None,
     telemetry: Telemetry | None = None,
+    recording_writer: WriterFactory | None = None,
 ) -> FastAPI:
     """The application for `settings`. `worker_factory` replaces `build_workers` (tests inject fakes); `transport`
     None means no transport (session bodies carry `transport: null`); `clock` is the admission clock (tests inject
     a fake); `tuning` shortens the runtime's waits (tests); `telemetry` defaults to one configured from the OTEL_*
-    environment variables (the app shuts it down at the end of its lifespan)."""
+    environment variables (the app shuts it down at the end of its lifespan); `recording_writer` replaces the MP4
+    writer of recordings (tests inject failing ones)."""
     config = ServiceConfig.from_settings(settings)
     error_table()  # import the lazily-listed error classes now, not during the first failing request
     if telemetry is None:
@@ -84,12 +87,26 @@ def create_app(
         logger.info("API keys: %d; quotas and usage name them by key id: %s", len(settings.key_ids), _ids(settings))
     workers = list((worker_factory or build_workers)(settings))
     if config.shared_admission is None:
-        runtime = ServiceRuntime(config, workers, transport, clock=clock, tuning=tuning, observer=telemetry.sessions)
+        runtime = ServiceRuntime(
+            config,
+            workers,
+            transport,
+            clock=clock,
+            tuning=tuning,
+            observer=telemetry.sessions,
+            recording_writer=recording_writer,
+        )
     else:
         redis_url = settings.redis_url.get_secret_value() if settings.redis_url is not None else ""
         backend = RedisAdmissionBackend(redis_url, config.shared_admission, config.admission, clock=clock)
         runtime = ServiceRuntime(
-            config, workers, transport, backend=backend, tuning=tuning, observer=telemetry.sessions
+            config,
+            workers,
+            transport,
+            backend=backend,
+            tuning=tuning,
+            observer=telemetry.sessions,
+            recording_writer=recording_writer,
         )
     telemetry.instrument(runtime, workers, transport)
 

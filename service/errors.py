@@ -19,6 +19,11 @@
     │                                                           does not hold (a routing bug)
     ├── SessionElsewhereError        409 session_on_other_replica  a transport route sent to a replica that does
     │                                                               not run the session (it names the one that does)
+    ├── RecordingNotConfiguredError  422 recording_not_configured  `"record": true` without RECORDINGS_DIR
+    ├── RecordingNotFoundError       404 recording_not_found    the session was not recorded here (or the file was
+    │                                                           removed by retention)
+    ├── RecordingFailedError         404 recording_failed       the recording stopped (write error or overrun)
+    ├── RecordingInProgressError     409 recording_in_progress  the session runs, or its recording is being finalised
     ├── SessionStartError            500 session_failed         the model worker or transport failed to start it
     ├── SessionTransitionError       500 internal               an illegal session state move (a bug)
     └── SettingsError                500 internal               invalid settings (raised at start, never served)
@@ -55,6 +60,10 @@ __all__ = [
     "PayloadTooLargeError",
     "QueueFullError",
     "QuotaExceededError",
+    "RecordingFailedError",
+    "RecordingInProgressError",
+    "RecordingNotConfiguredError",
+    "RecordingNotFoundError",
     "ServiceError",
     "SessionElsewhereError",
     "SessionNotFoundError",
@@ -181,6 +190,22 @@ class SessionElsewhereError(ServiceError):
         self.replica = replica
 
 
+class RecordingNotConfiguredError(ServiceError):
+    """A create asked for `"record": true` but this service has no LINGSTREAM_RECORDINGS_DIR."""
+
+
+class RecordingNotFoundError(ServiceError):
+    """The session has no recording here: it was not recorded, ran on another replica, or retention removed it."""
+
+
+class RecordingFailedError(ServiceError):
+    """The session's recording stopped before it was complete (a write error, or it fell behind); nothing was kept."""
+
+
+class RecordingInProgressError(ServiceError):
+    """The session has not ended yet, or its recording is still being finalised: retry once it is over."""
+
+
 class SessionStartError(ServiceError):
     """The session was admitted but its model worker or the transport failed to start it (GET shows it failed)."""
 
@@ -231,6 +256,10 @@ _BASE_TABLE: Mapping[type[BaseException], ErrorSpec] = {
     AdmissionUnavailableError: ErrorSpec(503, "admission_unavailable"),
     NotTicketOwnerError: _INTERNAL,  # only the owner replica releases or publishes a session; anything else is a bug
     SessionStartError: ErrorSpec(500, "session_failed"),
+    RecordingNotConfiguredError: ErrorSpec(422, "recording_not_configured"),
+    RecordingNotFoundError: ErrorSpec(404, "recording_not_found"),
+    RecordingFailedError: ErrorSpec(404, "recording_failed"),
+    RecordingInProgressError: ErrorSpec(409, "recording_in_progress"),
     SessionNotStreamingError: ErrorSpec(409, "session_not_running"),
     SessionElsewhereError: ErrorSpec(409, "session_on_other_replica"),
     SessionTransitionError: _INTERNAL,

@@ -218,6 +218,18 @@ class Settings(BaseSettings):
     max_viewers: int = Field(
         default=8, ge=0, le=1000, description="Viewers a session may have at once (both transports); 0: none."
     )
+    recordings_dir: Path | None = Field(
+        default=None, description="Where sessions created with record=true are written; unset: recording is off."
+    )
+    recordings_max_bytes: int = Field(
+        default=10 * 1024 * _MIB,
+        ge=_MIB,
+        le=1 << 50,
+        description="Most bytes the finished recordings may take; the oldest are removed first.",
+    )
+    recordings_max_count: int = Field(
+        default=100, ge=1, le=1_000_000, description="Most finished recordings kept; the oldest are removed first."
+    )
     livekit_url: str | None = Field(default=None, validation_alias=AliasChoices("LIVEKIT_URL", "livekit_url"))
     livekit_api_key: str | None = Field(
         default=None, validation_alias=AliasChoices("LIVEKIT_API_KEY", "livekit_api_key")
@@ -623,6 +635,15 @@ def default_replica_id() -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordingLimits:
+    """Where recordings go and how much of them is kept (`RECORDINGS_DIR`, `RECORDINGS_MAX_BYTES`, `_MAX_COUNT`)."""
+
+    directory: Path
+    max_bytes: int
+    max_count: int
+
+
+@dataclass(frozen=True, slots=True)
 class ServiceConfig:
     """What the running service needs, converted once from `Settings` (no secrets beyond key digests).
 
@@ -630,6 +651,7 @@ class ServiceConfig:
     themselves are not kept past start. `shared_admission` is set with the redis backend (its URL, a secret, is
     not part of it: `service.app` hands it to the runtime directly). `session_history` finished sessions stay
     readable by GET (the oldest are forgotten first; the admission tickets and worker records behind them too).
+    `recordings` is set when `RECORDINGS_DIR` is (sessions may then be created with `"record": true`).
     """
 
     admission: AdmissionConfig
@@ -641,6 +663,7 @@ class ServiceConfig:
     log_level: str
     shared_admission: SharedAdmissionConfig | None = None
     session_history: int = 256
+    recordings: RecordingLimits | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServiceConfig:
@@ -676,4 +699,11 @@ class ServiceConfig:
                 replica_id=settings.replica_id or default_replica_id(), replica_ttl_s=settings.replica_ttl
             ),
             session_history=settings.session_history,
+            recordings=None
+            if settings.recordings_dir is None
+            else RecordingLimits(
+                directory=settings.recordings_dir,
+                max_bytes=settings.recordings_max_bytes,
+                max_count=settings.recordings_max_count,
+            ),
         )

@@ -18,7 +18,7 @@ session's generation, never the lease). In real-time mode a chunk starts just in
 margin before the previous chunk's playback ends, so a key shows up after about one generation time plus the wait for
 the next chunk start, not behind a buffer of video generated ahead; under-runs are counted (`playout_statistics`) and
 each chunk carries `playout_lead` (and `underrun` when it came late) in its timings. Cancellation of the loop at any
-await leaves the orchestrator session for `close` to cancel and release. """
+await leaves the orchestrator session for `close` to cancel and release."""
 
 from __future__ import annotations
 
@@ -71,6 +71,7 @@ class _Submitted:
     lease_wait: float
     prompt: str
     prompt_seq: int
+    reset_pose: bool
 
 
 class _ChunkQueue:
@@ -318,7 +319,8 @@ class LingBotSession:
             index = self.next_control_index
             latest = self._latest
             snapshot = latest if latest is not None else ControlSnapshot(0, frozenset())
-            control = ControlArtifact(index, snapshot, reset_pose=self._reset_pending, prompt=self._prompt)
+            reset_pose = self._reset_pending
+            control = ControlArtifact(index, snapshot, reset_pose=reset_pose, prompt=self._prompt)
             self._reset_pending = False
             items: dict[str, tuple[int, object]] = {CONTROL: (index, control)}
             starved = self.next_condition_index == index
@@ -336,6 +338,7 @@ class LingBotSession:
                 granted_at - wanted_at,
                 self._prompt,
                 self._prompt_seq,
+                reset_pose,
             )
             item = await anext(stream)
         self.refill()
@@ -371,4 +374,5 @@ class LingBotSession:
             timings=timings,
             prompt=record.prompt,
             prompt_seq=record.prompt_seq,
+            reset_pose=record.reset_pose,
         )

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -135,7 +135,9 @@ async def create_session(
         raise InvalidRequestError(describe_validation_errors(exc.errors())) from None
     image = decode_image(payload.image, runtime.config.limits)
     caller_room = await _caller_room(payload, transport)
-    snapshot, admitted = await runtime.create(owner, payload.config, image, caller_room=caller_room)
+    snapshot, admitted = await runtime.create(
+        owner, payload.config, image, caller_room=caller_room, record=payload.record
+    )
     bind_session_id(snapshot.id)
     response.status_code = 201 if admitted else 202
     response.headers["Location"] = f"/v1/sessions/{snapshot.id}"
@@ -200,6 +202,32 @@ async def delete_session(
     snapshot = await runtime.delete(owner, session_id, CloseMode(mode))
     response.status_code = 200 if snapshot.terminal else 202
     return session_body(snapshot)
+
+
+@v1_router.get(
+    "/sessions/{session_id}/recording",
+    summary="The session's recording, H.264 in MP4 (owner only; once the session has ended)",
+    response_class=FileResponse,
+    responses={200: {"content": {"video/mp4": {}}, "description": "The MP4."}, **_errors(401, 404, 409)},
+)
+async def get_recording(session_id: str, owner: Owner, runtime: Runtime) -> FileResponse:
+    bind_session_id(session_id)
+    outcome = await runtime.recording(owner, session_id)
+    assert outcome.video is not None  # READY outcomes carry their files
+    return FileResponse(outcome.video, media_type="video/mp4", filename=f"{session_id}.mp4")
+
+
+@v1_router.get(
+    "/sessions/{session_id}/recording/controls",
+    summary="The recording's control trace (JSON Lines, the format `lingstream generate --controls` replays)",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/x-ndjson": {}}, "description": "The trace."}, **_errors(401, 404, 409)},
+)
+async def get_recording_controls(session_id: str, owner: Owner, runtime: Runtime) -> FileResponse:
+    bind_session_id(session_id)
+    outcome = await runtime.recording(owner, session_id)
+    assert outcome.trace is not None
+    return FileResponse(outcome.trace, media_type="application/x-ndjson", filename=f"{session_id}.controls.jsonl")
 
 
 @v1_router.get(

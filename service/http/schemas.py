@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from service.runtime.records import DrainStatus
 from service.runtime.sessions import SessionSnapshot
@@ -65,6 +65,11 @@ class CreateSessionRequest(BaseModel):
     )
     livekit: LiveKitRoomRequest | None = Field(
         default=None, description="LiveKit only: publish into the caller's existing room instead of a new one."
+    )
+    record: StrictBool = Field(
+        default=False,
+        description="Record the session (an MP4 and its control trace, served by GET .../recording once it ended); "
+        "needs LINGSTREAM_RECORDINGS_DIR (else 422 recording_not_configured).",
     )
 
 

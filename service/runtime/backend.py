@@ -93,8 +93,11 @@ class AdmissionHost(Protocol):
         """Validate a create request as `create` does (image bounds, the model worker's checks), off the loop."""
         ...
 
-    def register(self, session_id: str, owner: str, prepared: PreparedSession, created_at: float) -> Session:
-        """Record a session created on another replica, still queued: an ADMITTED `admission_event` starts it."""
+    def register(
+        self, session_id: str, owner: str, prepared: PreparedSession, created_at: float, *, record: bool = False
+    ) -> Session:
+        """Record a session created on another replica, still queued: an ADMITTED `admission_event` starts it
+        (`record`: it was created with `"record": true`)."""
         ...
 
 

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from pipeline.bidirectional import BidirectionalService, ChunkOutput, CloseMode, SessionSummary
 from service.runtime.port import LiveSessionPort
+from service.runtime.recordings import RecordingStore, SessionRecording
 from service.runtime.records import RuntimeTuning, SessionObserver
 from service.runtime.sessions import Session, SessionState
-from transport.base import Transport
+from transport.base import ErrorStatus, Transport
 from transport.errors import RoomInUseError, RoomNotFoundError
 
 __all__ = ["RunnerCallbacks", "SessionRunner"]
@@ -69,11 +71,14 @@ class SessionRunner:
         tuning: RuntimeTuning,
         observer: SessionObserver,
         callbacks: RunnerCallbacks,
+        *,
+        recordings: RecordingStore | None = None,
     ) -> None:
         self._transport = transport
         self._tuning = tuning
         self._observer = observer
         self._callbacks = callbacks
+        self._recordings = recordings
 
     async def run(self, session: Session, worker: BidirectionalService) -> None:
         """The admitted session's whole life on `worker`. Cancellation (shutdown) still publishes a final status,
@@ -82,6 +87,7 @@ class SessionRunner:
         port = LiveSessionPort(session, worker, request_close)
         attached = False
         reader: asyncio.Task[None] | None = None
+        recording: SessionRecording | None = None
         # From the create call on, the worker may hold state for the session (even if create fails half-way).
         on_worker = True
         try:
@@ -93,7 +99,10 @@ class SessionRunner:
                 session.record_failure("create_failed", f"the model worker could not create the session: {exc}")
                 return
             if not session.close_requested.is_set():
-                reader = asyncio.create_task(self._read_outputs(session, worker), name=f"outputs-{session.id}")
+                recording = self._record(session)
+                reader = asyncio.create_task(
+                    self._read_outputs(session, worker, recording), name=f"outputs-{session.id}"
+                )
                 if self._transport is not None:
                     try:
                         session.transport_details = dict(await self._transport.attach(port))
@@ -117,11 +126,15 @@ class SessionRunner:
             if reader is not None:
                 await self._stop_reader(session, reader)
                 reader = None
+            if recording is not None:
+                recording.finish()  # every chunk is in: finalised off this task, after the session's end
             self._finish(session, summary)
         finally:
             if reader is not None:
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
+            if recording is not None:
+                recording.finish()
             if on_worker:
                 await self._abandon_on_worker(session, worker)
             self._finish(session, None, reason="shutdown")
@@ -190,13 +203,31 @@ class SessionRunner:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
 
-    async def _read_outputs(self, session: Session, worker: BidirectionalService) -> None:
-        """The session's single output reader: fans chunks out; its end or failure closes the session."""
+    def _record(self, session: Session) -> SessionRecording | None:
+        """Start the session's recording when it asked for one (its end or failure is the recording's own)."""
+        if not session.record or self._recordings is None:
+            return None
+
+        def on_stop(code: str, message: str) -> None:
+            if not session.terminal:
+                session.statuses.publish(ErrorStatus(code, message))
+
+        prepared = session.prepared
+        size = (prepared.width, prepared.height, round(prepared.fps))
+        return self._recordings.record(session.id, size, _replay_header(session), on_stop)
+
+    async def _read_outputs(
+        self, session: Session, worker: BidirectionalService, recording: SessionRecording | None = None
+    ) -> None:
+        """The session's single output reader: fans chunks out (the recording gets each one, never waiting); its end
+        or failure closes the session."""
         request_close = self._callbacks.request_close
         iterator: AsyncIterator[ChunkOutput] = worker.outputs(session.id)
         try:
             async for chunk in iterator:
                 session.publish_chunk(chunk)
+                if recording is not None:
+                    recording.offer(chunk)
                 self._observer.chunk(session, chunk)
         except asyncio.CancelledError:
             raise
@@ -212,3 +243,21 @@ class SessionRunner:
                 with contextlib.suppress(Exception):
                     await aclose()
         request_close(session, CloseMode.DRAIN, "completed")
+
+
+_REPLAYED = ("seed", "fps", "chunk_size", "compute_scale")
+
+
+def _replay_header(session: Session) -> str:
+    """The comment at the top of a recording's control trace: the session and the command that replays it."""
+    config = session.config_view
+    options = [f"--{name.replace('_', '-')} {config[name]}" for name in _REPLAYED if name in config]
+    options.append(f"--resolution {session.prepared.width}x{session.prepared.height}")
+    if config.get("hud") is False:
+        options.append("--no-hud")
+    return (
+        f"lingstream recording of session {session.id}: the controls applied to each chunk.\n"
+        f"config: {json.dumps(dict(config), sort_keys=True, separators=(',', ':'))}\n"
+        "replay: lingstream generate --controls THIS_FILE --out OUT.mp4 --frames FRAMES "
+        f"{' '.join(options)} [--image THE_SAME_IMAGE]"
+    )

@@ -43,6 +43,10 @@ from service.errors import (
     DrainingError,
     InvalidConfigError,
     NotReadyError,
+    RecordingFailedError,
+    RecordingInProgressError,
+    RecordingNotConfiguredError,
+    RecordingNotFoundError,
     SessionNotFoundError,
     SessionStartError,
     SettingsError,
@@ -54,6 +58,7 @@ from service.runtime.config_view import config_view
 from service.runtime.fanout import Subscription
 from service.runtime.images import check_image
 from service.runtime.memory import MemoryAdmissionBackend
+from service.runtime.recordings import RecordingConfig, RecordingOutcome, RecordingState, RecordingStore, WriterFactory
 from service.runtime.records import (
     DrainStatus,
     Readiness,
@@ -119,6 +124,7 @@ class ServiceRuntime:
         clock: Clock | None = None,
         tuning: RuntimeTuning | None = None,
         observer: SessionObserver | None = None,
+        recording_writer: WriterFactory | None = None,
     ) -> None:
         if len(workers) != config.admission.num_workers:
             raise SettingsError(
@@ -137,6 +143,15 @@ class ServiceRuntime:
             if backend is not None
             else MemoryAdmissionBackend(config.admission, clock=clock, tick_interval=self._tuning.admission_tick_s)
         )
+        limits = config.recordings
+        self._recordings = (
+            None
+            if limits is None
+            else RecordingStore(
+                RecordingConfig(limits.directory, max_bytes=limits.max_bytes, max_count=limits.max_count),
+                writer_factory=recording_writer,
+            )
+        )
         self._runner = SessionRunner(
             transport,
             self._tuning,
@@ -147,6 +162,7 @@ class ServiceRuntime:
                 release_slot=self._backend.release,
                 ended=self._after_end,
             ),
+            recordings=self._recordings,
         )
         self._sessions: dict[str, Session] = {}
         self._live: set[str] = set()
@@ -190,6 +206,8 @@ class ServiceRuntime:
         for index in range(len(self._workers)):
             self._backend.set_worker_healthy(index, False)
         await self._backend.start(_Host(self))
+        if self._recordings is not None:
+            await self._recordings.start()
         if self._transport is not None:
             await self._transport.start()
         self._tasks.spawn(self._start_workers(), name="start-workers")
@@ -226,6 +244,8 @@ class ServiceRuntime:
         if runners:
             await asyncio.wait(runners, timeout=max(0.0, deadline - loop.time()))
         await self._tasks.aclose()
+        if self._recordings is not None:
+            await self._recordings.aclose()
         if self._transport is not None:
             try:
                 await self._transport.stop()
@@ -267,19 +287,25 @@ class ServiceRuntime:
         image: bytes | None,
         *,
         caller_room: CallerRoom | None = None,
+        record: bool = False,
     ) -> tuple[SessionSnapshot, bool]:
         """Validate, then admit or queue a new session; returns its snapshot and whether it was admitted at once.
         `caller_room`: the caller's LiveKit room the transport publishes the session into (checked by the route).
 
-        Raises `InvalidConfigError` (and the image errors) for bad input, `QueueFullError`, `QuotaExceededError`
-        (the owner's quota, checked with the admission decision), `DrainingError`,
-        `NotReadyError`, `AdmissionUnavailableError` (a shared backend cannot be reached), or `SessionStartError`
-        when an immediately admitted session failed to start.
+        Raises `InvalidConfigError` (and the image errors) for bad input, `RecordingNotConfiguredError` for `record`
+        without a recordings directory, `QueueFullError`, `QuotaExceededError` (the owner's quota, checked with the
+        admission decision), `DrainingError`, `NotReadyError`, `AdmissionUnavailableError` (a shared backend cannot
+        be reached), or `SessionStartError` when an immediately admitted session failed to start.
         """
+        if record and self._recordings is None:
+            raise RecordingNotConfiguredError(
+                'this service does not record sessions: "record": true needs LINGSTREAM_RECORDINGS_DIR'
+            )
         if self._started and not (self._draining or self._closing) and not self._backend.available:
             raise AdmissionUnavailableError("the shared admission backend is unavailable; retry shortly")
         session = await self._new_session(owner, config, image)
         session.caller_room = caller_room
+        session.record = record
         bind_session_id(session.id)  # the rest of this request is the session's: admission's lines name it too
         try:
             queued_at = await self._backend.create(session, config, image)
@@ -358,6 +384,38 @@ class ServiceRuntime:
         if session_id in self._sessions:
             return self.get(owner, session_id)
         return await self._backend.lookup_here(owner, session_id)
+
+    async def recording(self, owner: str, session_id: str) -> RecordingOutcome:
+        """The finished recording of a session of `owner`. Raises `SessionNotFoundError`, `RecordingInProgressError`
+        (the session has not ended, or the recording is being finalised), `RecordingFailedError`,
+        `RecordingNotFoundError` (not recorded, removed by retention, or recorded by another replica: a recording
+        stays on the replica that ran the session), or `SessionElsewhereError` while another replica runs it."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            snapshot = await self._backend.lookup_here(owner, session_id)  # SessionElsewhereError while it runs
+            if not snapshot.terminal:
+                raise RecordingInProgressError(f"session {session_id!r} has not ended yet")
+            raise RecordingNotFoundError(
+                f"no recording of session {session_id!r} on this replica: a recording stays on the replica that "
+                "ran the session"
+            )
+        session = self._visible(owner, session_id)
+        outcome = self._recordings.outcome(session_id) if self._recordings is not None else None
+        if not session.record:
+            raise RecordingNotFoundError(f'session {session_id!r} was not created with "record": true')
+        if not session.terminal:
+            raise RecordingInProgressError(
+                f"session {session_id!r} is {session.state.value}; its recording is served once it has ended"
+            )
+        if outcome is None:
+            raise RecordingNotFoundError(f"session {session_id!r} ended before anything was recorded")
+        if outcome.state in (RecordingState.RECORDING, RecordingState.FINISHING):
+            raise RecordingInProgressError(f"the recording of session {session_id!r} is being finalised; retry shortly")
+        if outcome.state is RecordingState.FAILED:
+            raise RecordingFailedError(f"the recording of session {session_id!r} stopped: {outcome.reason}")
+        if outcome.state is RecordingState.REMOVED:
+            raise RecordingNotFoundError(f"the recording of session {session_id!r} was {outcome.reason}")
+        return outcome
 
     async def sessions_of(self, owner: str) -> list[SessionSnapshot]:
         """The owner's sessions, oldest first: the live ones admission knows of (every replica's, when it is
@@ -678,7 +736,10 @@ class _Host:
     async def prepare(self, config: Mapping[str, object], image: bytes | None) -> PreparedSession:
         return await asyncio.to_thread(self._runtime._prepare, config, image)
 
-    def register(self, session_id: str, owner: str, prepared: PreparedSession, created_at: float) -> Session:
+    def register(
+        self, session_id: str, owner: str, prepared: PreparedSession, created_at: float, *, record: bool = False
+    ) -> Session:
         session = self._runtime._register(session_id, owner, prepared)
         session.created_at = created_at
+        session.record = record and self._runtime._recordings is not None
         return session

@@ -156,6 +156,7 @@ class Session:
         "position",
         "prepared",
         "reason",
+        "record",
         "service_draining",
         "settled",
         "snapshots",
@@ -177,6 +178,7 @@ class Session:
         self.id = session_id
         self.owner = owner
         self.prepared = prepared
+        self.record = False  # created with "record": true (set by the runtime before admission)
         self.config_view = MappingProxyType(dict(config_view))
         self.state = SessionState.QUEUED
         self.reason: str | None = None

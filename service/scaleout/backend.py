@@ -85,6 +85,7 @@ from service.scaleout.registry import (
     encode_payload,
     failed_body,
     payload_caller_room,
+    payload_records,
     remote_snapshot,
 )
 from service.settings import SharedAdmissionConfig
@@ -226,7 +227,7 @@ class RedisAdmissionBackend:
         view = await self._admission.create(
             session.owner,
             ticket_id=session.id,
-            payload=encode_payload(config, image, session.caller_room),
+            payload=encode_payload(config, image, session.caller_room, record=session.record),
             body=encode_body(session.snapshot()),
         )
         if view.state is TicketState.REJECTED:
@@ -450,6 +451,7 @@ class RedisAdmissionBackend:
                     raise _NotAdopted("create_failed", "its request expired before a replica could start it")
                 config, image = decode_payload(payload)
                 caller_room = payload_caller_room(payload)
+                record = payload_records(payload)
                 prepared = await host.prepare(config, image)
                 if host.closing:
                     raise _NotAdopted("shutdown", "the replica that admitted it was shutting down")
@@ -461,7 +463,7 @@ class RedisAdmissionBackend:
                 self._pending_closes.pop(tid, None)
                 await self._give_back(tid, code, message)
                 return
-            session = host.register(tid, view.owner, prepared, view.created_at)
+            session = host.register(tid, view.owner, prepared, view.created_at, record=record)
             session.caller_room = caller_room
         finally:
             self._adopting.discard(tid)

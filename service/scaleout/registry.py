@@ -38,6 +38,7 @@ __all__ = [
     "encode_payload",
     "failed_body",
     "payload_caller_room",
+    "payload_records",
     "remote_snapshot",
 ]
 
@@ -54,11 +55,20 @@ _LOST_MESSAGES = {
 # --------------------------------------------------------------------------------------------- payload and body
 
 
-def encode_payload(config: Mapping[str, object], image: bytes | None, caller_room: CallerRoom | None = None) -> bytes:
-    """The create request as bytes: one JSON line (the config, the caller's room), then the raw image bytes."""
+def encode_payload(
+    config: Mapping[str, object],
+    image: bytes | None,
+    caller_room: CallerRoom | None = None,
+    *,
+    record: bool = False,
+) -> bytes:
+    """The create request as bytes: one JSON line (the config, the caller's room, whether the session is recorded),
+    then the raw image bytes."""
     fields: dict[str, object] = {"config": dict(config), "image": image is not None}
     if caller_room is not None:
         fields["livekit"] = {"room": caller_room.name, "controller_identity": caller_room.controller_identity}
+    if record:
+        fields["record"] = True
     return json.dumps(fields, separators=(",", ":")).encode() + b"\n" + (image or b"")
 
 
@@ -73,6 +83,13 @@ def payload_caller_room(raw: bytes) -> CallerRoom | None:
         raise ValueError("not a lingstream create payload")
     identity = room.get("controller_identity")
     return CallerRoom(room["room"], identity if isinstance(identity, str) else None)
+
+
+def payload_records(raw: bytes) -> bool:
+    """Whether the create request in `raw` (from `encode_payload`) asked for a recording."""
+    head, _, _ = raw.partition(b"\n")
+    data = json.loads(head)
+    return isinstance(data, dict) and data.get("record") is True
 
 
 def decode_payload(raw: bytes) -> tuple[dict[str, object], bytes | None]:

@@ -67,6 +67,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "sessionHistory": 256,
             "maxConnections": 2000,
             "mallocArenas": 4,
+            "maxViewers": 3,
         },
         "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "96Gi"}},
         "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
@@ -447,6 +448,25 @@ def test_pods_run_non_root_on_a_read_only_root_with_writable_tmp(chart: Any) -> 
     assert spec["enableServiceLinks"] is False
 
 
+def test_recordings_get_a_volume_and_their_settings_only_when_enabled(chart: Any) -> None:
+    plain = render(chart, {})
+    assert "LINGSTREAM_RECORDINGS_DIR" not in only(plain, "ConfigMap")["data"]
+    assert "recordings" not in {v["name"] for v in pod_spec(plain)["volumes"]}
+
+    docs = render(chart, {"recordings": {"enabled": True, "maxBytes": 5 * 2**30, "maxCount": 20, "sizeLimit": "8Gi"}})
+    data = only(docs, "ConfigMap")["data"]
+    assert data["LINGSTREAM_RECORDINGS_DIR"] == "/recordings"
+    assert (data["LINGSTREAM_RECORDINGS_MAX_BYTES"], data["LINGSTREAM_RECORDINGS_MAX_COUNT"]) == ("5368709120", "20")
+    mounts = {m["mountPath"]: m["name"] for m in main_container(docs)["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(docs)["volumes"]}
+    assert volumes[mounts["/recordings"]]["emptyDir"] == {"sizeLimit": "8Gi"}
+
+    claimed = render(chart, {"recordings": {"enabled": True, "existingClaim": "lingstream-recordings"}})
+    volume = {v["name"]: v for v in pod_spec(claimed)["volumes"]}["recordings"]
+    assert volume["persistentVolumeClaim"] == {"claimName": "lingstream-recordings"}
+    assert "LINGSTREAM_RECORDINGS_MAX_BYTES" not in only(claimed, "ConfigMap")["data"]
+
+
 def test_settings_reach_the_pod_through_the_configmap(chart: Any) -> None:
     docs = render(chart, VALUE_SETS["gpu"])
     config_map = only(docs, "ConfigMap")
@@ -461,6 +481,7 @@ def test_settings_reach_the_pod_through_the_configmap(chart: Any) -> None:
     assert data["LINGSTREAM_VIDEO_BITRATE"] == "4000000"  # not 4e+06
     assert (data["LINGSTREAM_SESSION_HISTORY"], data["LINGSTREAM_MAX_CONNECTIONS"]) == ("256", "2000")
     assert data["LINGSTREAM_MALLOC_ARENAS"] == "4"
+    assert data["LINGSTREAM_MAX_VIEWERS"] == "3"
     assert data["LINGSTREAM_ADMISSION_BACKEND"] == "memory"
     assert data["LIVEKIT_URL"] == "wss://livekit.example.com"
     # Unset settings are left to the service's defaults.

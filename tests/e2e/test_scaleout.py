@@ -448,3 +448,43 @@ async def test_a_redis_outage_refuses_creates_keeps_sessions_running_and_recover
 
 async def _more(reading: Awaitable[float], than: float) -> bool:
     return await reading > than
+
+
+async def test_a_recording_stays_on_the_replica_that_ran_the_session(tmp_path: Path) -> None:
+    """`"record": true` travels with a queued request to the replica that admits it, which records the session; GET
+    of the recording elsewhere says where the session runs (409) or that it is not there (404)."""
+    recordings = tmp_path / "recordings"  # one directory for the three replicas: their sessions' names differ
+    async with _cluster(tmp_path, LINGSTREAM_RECORDINGS_DIR=str(recordings)) as cluster:
+
+        async def record(name: str) -> httpx.Response:
+            return await cluster.client.post(cluster.url(name, "/v1/sessions"), json={"record": True})
+
+        first = await record("r1")
+        assert first.json()["status"] == "running"
+        recorded = first.json()["id"]
+        await cluster.create("r2")
+        await cluster.create("r3")
+        queued = await record("r2")
+        assert queued.json()["status"] == "queued"
+        waiting = queued.json()["id"]
+
+        elsewhere = await cluster.client.get(cluster.url("r2", f"/v1/sessions/{recorded}/recording"))
+        assert (elsewhere.status_code, elsewhere.json()["error"]["code"]) == (409, "session_on_other_replica")
+        assert elsewhere.headers["Lingstream-Replica"] == "r1"
+
+        # r1's slot frees: the queued recorded session starts there from its stored request, and is recorded there.
+        assert (await cluster.delete("r3", recorded)).json()["status"] == "closed"
+        await cluster.wait_status("r1", waiting, "running")
+        await asyncio.sleep(0.3)  # a few chunks of the fake world (every 50 ms) into the recording
+        assert (await cluster.delete("r3", waiting)).json()["status"] == "closed"
+        for session in (recorded, waiting):
+
+            async def ready(session: str = session) -> bool:
+                answer = await cluster.client.get(cluster.url("r1", f"/v1/sessions/{session}/recording"))
+                return answer.status_code == 200 and answer.headers["content-type"] == "video/mp4"
+
+            await _poll(ready, f"the recording of {session} on r1")
+            gone = await cluster.client.get(cluster.url("r2", f"/v1/sessions/{session}/recording"))
+            assert (gone.status_code, gone.json()["error"]["code"]) == (404, "recording_not_found")
+            assert "replica that ran the session" in gone.json()["error"]["message"]
+        assert sorted(path.name for path in recordings.glob("*.mp4")) == sorted(f"{s}.mp4" for s in (recorded, waiting))

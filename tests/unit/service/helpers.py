@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from admission import AdmissionController
 from service.app import create_app, runtime_of
 from service.runtime.memory import MemoryAdmissionBackend
+from service.runtime.recordings import WriterFactory
 from service.runtime.runtime import RuntimeTuning, ServiceRuntime
 from service.settings import load_settings
 from tests.fakes.clock import FakeClock
@@ -148,6 +149,7 @@ async def running_service(
     tuning: RuntimeTuning = FAST,
     world: dict[str, Any] | None = None,
     client: tuple[str, int] = ("127.0.0.1", 50000),
+    recording_writer: WriterFactory | None = None,
     **settings: Any,
 ) -> AsyncIterator[Harness]:
     """An app on fake workers with its lifespan running and the workers started; `settings` are overrides."""
@@ -158,7 +160,14 @@ async def running_service(
         workers.extend(FakeWorld(**(world or {})) for _ in range(s.num_workers))
         return workers
 
-    app = create_app(loaded, worker_factory=factory, transport=transport, clock=clock, tuning=tuning)
+    app = create_app(
+        loaded,
+        worker_factory=factory,
+        transport=transport,
+        clock=clock,
+        tuning=tuning,
+        recording_writer=recording_writer,
+    )
     async with app.router.lifespan_context(app):
         runtime = runtime_of(app)
         await runtime.wait_ready()

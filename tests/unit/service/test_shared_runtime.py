@@ -16,6 +16,7 @@ from service.scaleout.registry import (
     encode_payload,
     failed_body,
     payload_caller_room,
+    payload_records,
     remote_snapshot,
 )
 from service.settings import ServiceConfig, load_settings
@@ -75,6 +76,11 @@ def test_the_create_payload_round_trips_config_and_image_bytes() -> None:
     assert decode_payload(encode_payload({}, None)) == ({}, None)
     with pytest.raises(ValueError, match="payload"):
         decode_payload(b'{"other": 1}\n')
+    # A recorded session's request says so, so that the replica that admits it records it.
+    recorded = encode_payload({"fps": 12}, image, record=True)
+    assert payload_records(recorded)
+    assert decode_payload(recorded) == ({"fps": 12}, image)
+    assert not payload_records(encode_payload({"fps": 12}, image))
 
 
 def test_the_create_payload_carries_the_callers_livekit_room_to_the_replica_that_admits_it() -> None:

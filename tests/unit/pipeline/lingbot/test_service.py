@@ -82,8 +82,11 @@ async def test_each_chunk_reports_the_exact_snapshot_it_was_generated_from() -> 
         await asyncio.sleep(0.05)
         assert service._sessions["s"].chunks_emitted == produced
         assert not service._sessions["s"].wants_chunk()
+        assert not chunk.reset_pose
         service.push_control("s", ResetPose())
-        assert (await anext(outputs)).index == chunk.index + 1
+        reset = await anext(outputs)
+        assert reset.index == chunk.index + 1
+        assert reset.reset_pose  # the chunk says it started from the start pose (a recording replays it)
     finally:
         await service.stop()
 

@@ -1,0 +1,414 @@
+"""Recordings: what a session created with `"record": true` generated, kept as an MP4 and a replayable control trace.
+
+`RecordingStore` owns `LINGSTREAM_RECORDINGS_DIR`. For each recorded session it starts a `SessionRecording` when
+the session starts, which writes exactly the frames the session generated, at the session's fps, as H.264 in MP4
+through the writer `lingstream generate` uses (`service.offline.mp4.Mp4Writer`), and keeps, chunk by chunk, what
+the chunk was generated from: the keys held, a pose reset, the prompt. When the session ends the recording is
+finalised: the encoder is flushed, the control trace is written next to the MP4 in the trace format `lingstream
+generate --controls` reads (`<id>.controls.jsonl`), and both are renamed from their temporary names (`.<id>...part`)
+to their final ones, the MP4 last. Only a complete MP4 ever has its final name, so nothing half-written is served.
+
+Recording never slows the stream. The session's output reader hands each chunk to `SessionRecording.offer`, which
+never waits: the chunk goes into a bounded queue (`queue_chunks`), and one task per recording feeds the writer,
+which encodes on its own thread. A recording that falls behind by more than the queue is dropped (the stream goes
+on, never the other way round): reason `recording_overrun`. A write error (disk full, a file size limit, any
+encoder failure) stops the recording too: reason `recording_failed`. Either way the partial files are removed and
+the session's client gets an `error` status message with that code; the session itself goes on.
+
+Retention: after each recording is finalised (and at start), finished recordings beyond `max_count`, or beyond
+`max_bytes` in total (MP4 plus trace), are removed, oldest first; leftovers of a crash (`.part` files) are removed
+at start. The store remembers the outcome of the sessions it recorded (bounded) to answer `GET .../recording`.
+
+Cancellation: `aclose()` finishes every recording still running (bounded by `close_timeout_s`; one not done by
+then is abandoned and its partial files removed) and awaits every task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.bidirectional import ChunkOutput
+from service.runtime.tasks import TaskSet
+
+__all__ = [
+    "RECORDING_FAILED",
+    "RECORDING_OVERRUN",
+    "FrameWriter",
+    "RecordingConfig",
+    "RecordingOutcome",
+    "RecordingState",
+    "RecordingStatistics",
+    "RecordingStore",
+    "SessionRecording",
+    "WriterFactory",
+    "mp4_writer",
+    "trace_lines",
+]
+
+logger = logging.getLogger(__name__)
+
+RECORDING_FAILED = "recording_failed"
+"""Status code: a write error stopped the recording (the session goes on)."""
+RECORDING_OVERRUN = "recording_overrun"
+"""Status code: the recording fell behind the stream by more than its queue and was dropped (the session goes on)."""
+
+_MP4 = ".mp4"
+_TRACE = ".controls.jsonl"
+_PART = ".part"
+_REMEMBERED = 4096  # outcomes kept for GET (sessions older than the session history answer 404 anyway)
+
+
+class FrameWriter(Protocol):
+    """Where a recording's frames go (`Mp4Writer`; tests inject failing ones). `write` encodes off the event loop;
+    `close` flushes and finishes the file (blocking: called on a worker thread)."""
+
+    @property
+    def frames(self) -> int: ...
+
+    async def write(self, frames: npt.NDArray[np.uint8]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+WriterFactory = Callable[[Path, int, int, int], FrameWriter]
+"""`(path, width, height, fps)` → a writer for one recording (blocking: called on a worker thread)."""
+
+
+def mp4_writer(path: Path, width: int, height: int, fps: int) -> FrameWriter:
+    """The writer `lingstream generate` uses: H.264 (yuv420p) in MP4 at a constant frame rate."""
+    from service.offline.mp4 import Mp4Writer, h264_encoder  # PyAV and the offline package, only when recording
+
+    return Mp4Writer(path, width, height, fps, h264_encoder())
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingConfig:
+    """`directory`: where recordings are kept; `max_bytes`/`max_count`: the retention budget; `queue_chunks`: chunks
+    a recording may be behind the stream before it is dropped; `close_timeout_s`: how long shutdown waits for the
+    recordings still being written."""
+
+    directory: Path
+    max_bytes: int
+    max_count: int
+    queue_chunks: int = 8
+    close_timeout_s: float = 30.0
+
+
+class RecordingState(enum.Enum):
+    RECORDING = "recording"  # the session runs; chunks are being written
+    FINISHING = "finishing"  # the session ended; the encoder is flushing and the files are being renamed
+    READY = "ready"  # complete: served by GET
+    FAILED = "failed"  # stopped by a write error or an overrun; nothing kept
+    REMOVED = "removed"  # complete once, removed since by retention
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingOutcome:
+    """What GET answers from: the state, why (for FAILED and REMOVED), and the files once READY."""
+
+    state: RecordingState
+    reason: str | None = None
+    video: Path | None = None
+    trace: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingStatistics:
+    recording: int
+    ready_total: int
+    failed_total: int
+    overruns_total: int
+    removed_total: int
+    kept: int
+    kept_bytes: int
+
+
+def trace_lines(chunks: list[tuple[int, frozenset[str], bool, str]], header: str) -> list[str]:
+    """The control trace of a recording: `#` comment lines of `header`, then per chunk a `reset_pose` entry when the
+    chunk started from the start pose, its `keys`, and its `prompt` whenever it changed (from chunk 0 on when set).
+    `chunks` holds `(index, keys, reset_pose, prompt)` in chunk order."""
+    lines = [f"# {line}" for line in header.splitlines()]
+    prompt = ""
+    for index, keys, reset_pose, chunk_prompt in chunks:
+        if reset_pose:
+            lines.append(json.dumps({"chunk": index, "reset_pose": True}))
+        if chunk_prompt != prompt:
+            lines.append(json.dumps({"chunk": index, "prompt": chunk_prompt}))
+            prompt = chunk_prompt
+        lines.append(json.dumps({"chunk": index, "keys": sorted(keys)}))
+    return lines
+
+
+class SessionRecording:
+    """One session's recording (made by `RecordingStore.start`). `offer(chunk)` from the session's output reader;
+    `finish()` once the session ended. `state` and `outcome()` say where it is."""
+
+    def __init__(
+        self,
+        store: RecordingStore,
+        session_id: str,
+        size: tuple[int, int, int],
+        header: str,
+        on_stop: Callable[[str, str], None],
+    ) -> None:
+        self._store = store
+        self.session_id = session_id
+        self._size = size
+        self._header = header
+        self._on_stop = on_stop
+        self._queue: asyncio.Queue[ChunkOutput | None] = asyncio.Queue(store.config.queue_chunks)
+        self._chunks: list[tuple[int, frozenset[str], bool, str]] = []
+        self._writer: FrameWriter | None = None
+        self.state = RecordingState.RECORDING
+        self.reason: str | None = None
+        self.frames = 0
+        self.video = store.config.directory / f"{session_id}{_MP4}"
+        self.trace = store.config.directory / f"{session_id}{_TRACE}"
+        self._video_part = store.config.directory / f".{session_id}{_MP4}{_PART}"
+        self._trace_part = store.config.directory / f".{session_id}{_TRACE}{_PART}"
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, tasks: TaskSet) -> None:
+        self._task = tasks.spawn(self._run(), name=f"recording-{self.session_id}")
+
+    def offer(self, chunk: ChunkOutput) -> None:
+        """Queue a generated chunk for the recording; never waits. A full queue drops the recording."""
+        if self.state is not RecordingState.RECORDING:
+            return
+        try:
+            self._queue.put_nowait(chunk)
+        except asyncio.QueueFull:
+            self._stop(RECORDING_OVERRUN, f"the recording fell {self._queue.maxsize} chunks behind the stream")
+
+    def finish(self) -> None:
+        """The session ended: write what is queued, then finalise (in the recording's own task)."""
+        if self.state is RecordingState.RECORDING:
+            self.state = RecordingState.FINISHING
+            with contextlib.suppress(asyncio.QueueFull):
+                self._queue.put_nowait(None)  # a full queue: the task sees FINISHING once it has drained it
+
+    async def wait(self) -> None:
+        """Until the recording is finalised or has failed."""
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def outcome(self) -> RecordingOutcome:
+        if self.state is RecordingState.READY:
+            return RecordingOutcome(self.state, video=self.video, trace=self.trace)
+        return RecordingOutcome(self.state, self.reason)
+
+    def _stop(self, code: str, message: str) -> None:
+        """Give up the recording (the session goes on): tell the client, let the task clean up."""
+        if self.state in (RecordingState.FAILED, RecordingState.READY, RecordingState.REMOVED):
+            return
+        self.state = RecordingState.FAILED
+        self.reason = f"{code}: {message}"
+        self._store.count_failure(code)
+        logger.warning("session %s: recording stopped (%s): %s", self.session_id, code, message)
+        try:
+            self._on_stop(code, f"the recording stopped; the session goes on: {message}")
+        except Exception:
+            logger.exception("session %s: reporting the stopped recording failed", self.session_id)
+        if self._task is not None and asyncio.current_task() is not self._task:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        try:
+            await self._write_all()
+            if self.state is RecordingState.FINISHING:
+                await asyncio.to_thread(self._finalise)
+                self.state = RecordingState.READY
+                logger.info("session %s: recording ready (%d frames): %s", self.session_id, self.frames, self.video)
+                await self._store.finished(self)
+        except asyncio.CancelledError:
+            if self.state is not RecordingState.FAILED:
+                self._stop(RECORDING_FAILED, "the service stopped before the recording was complete")
+        except Exception as exc:
+            self._stop(RECORDING_FAILED, f"{type(exc).__name__}: {exc}")
+        finally:
+            if self.state is not RecordingState.READY:
+                await asyncio.shield(asyncio.to_thread(self._discard))
+
+    async def _write_all(self) -> None:
+        width, height, fps = self._size
+        while True:
+            if self.state is RecordingState.FINISHING and self._queue.empty():
+                return
+            chunk = await self._queue.get()
+            if chunk is None:
+                return
+            if self._writer is None:
+                self._writer = await asyncio.to_thread(self._store.writer_factory, self._video_part, width, height, fps)
+            await self._writer.write(chunk.frames)
+            self.frames += len(chunk.frames)
+            self._chunks.append((chunk.index, chunk.keys, chunk.reset_pose, chunk.prompt))
+
+    def _finalise(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is None:
+            raise OSError("the session generated no frames to record")
+        writer.close()
+        header = f"{self._header}\nchunks: {len(self._chunks)}, frames: {self.frames}"
+        text = "\n".join(trace_lines(self._chunks, header)) + "\n"
+        with self._trace_part.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(self._trace_part, self.trace)
+        os.replace(self._video_part, self.video)  # last: a final MP4 name means a complete recording
+
+    def _discard(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+        for path in (self._video_part, self._trace_part):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+class RecordingStore:
+    """The recordings directory: starts sessions' recordings, keeps the retention budget, answers what GET needs.
+
+    Example::
+
+        store = RecordingStore(RecordingConfig(Path("/recordings"), max_bytes=10 << 30, max_count=100))
+        await store.start()
+        recording = store.record(session_id, (416, 240, 16), header, on_stop=publish_error)
+        ...  # recording.offer(chunk) for every chunk
+        recording.finish()
+        store.outcome(session_id)  # RECORDING → FINISHING → READY (or FAILED)
+        await store.aclose()
+    """
+
+    def __init__(self, config: RecordingConfig, *, writer_factory: WriterFactory | None = None) -> None:
+        self.config = config
+        self.writer_factory: WriterFactory = writer_factory if writer_factory is not None else mp4_writer
+        self._tasks = TaskSet("recordings")
+        self._recordings: OrderedDict[str, SessionRecording] = OrderedDict()
+        self._lock = asyncio.Lock()
+        self._ready_total = 0
+        self._failed_total = 0
+        self._overruns_total = 0
+        self._removed_total = 0
+        self._kept = 0
+        self._kept_bytes = 0
+
+    async def start(self) -> None:
+        """Create the directory, remove leftovers of a crash, apply retention."""
+        await asyncio.to_thread(self._prepare_directory)
+        await self._retain()
+
+    def _prepare_directory(self) -> None:
+        self.config.directory.mkdir(parents=True, exist_ok=True)
+        for leftover in self.config.directory.glob(f".*{_PART}"):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+                logger.info("removed an unfinished recording file: %s", leftover.name)
+
+    def record(
+        self, session_id: str, size: tuple[int, int, int], header: str, on_stop: Callable[[str, str], None]
+    ) -> SessionRecording:
+        """Start recording a session: `size` is `(width, height, fps)`; `on_stop(code, message)` is called if the
+        recording stops before the session does."""
+        recording = SessionRecording(self, session_id, size, header, on_stop)
+        self._recordings[session_id] = recording
+        while len(self._recordings) > _REMEMBERED:
+            self._recordings.popitem(last=False)
+        recording.start(self._tasks)
+        return recording
+
+    def outcome(self, session_id: str) -> RecordingOutcome | None:
+        """The recording of a session this store recorded (None: it recorded none, or forgot it)."""
+        recording = self._recordings.get(session_id)
+        return recording.outcome() if recording is not None else None
+
+    def count_failure(self, code: str) -> None:
+        if code == RECORDING_OVERRUN:
+            self._overruns_total += 1
+        else:
+            self._failed_total += 1
+
+    async def finished(self, recording: SessionRecording) -> None:
+        self._ready_total += 1
+        await self._retain()
+
+    async def _retain(self) -> None:
+        async with self._lock:
+            removed = await asyncio.to_thread(self._apply_retention)
+        for session_id in removed:
+            recording = self._recordings.get(session_id)
+            if recording is not None and recording.state is RecordingState.READY:
+                recording.state = RecordingState.REMOVED
+                recording.reason = "removed to keep LINGSTREAM_RECORDINGS_MAX_BYTES / _MAX_COUNT (oldest first)"
+
+    def _apply_retention(self) -> list[str]:
+        kept: list[tuple[float, str, int]] = []
+        for video in self.config.directory.glob(f"*{_MP4}"):
+            if video.name.startswith("."):
+                continue
+            session_id = video.name[: -len(_MP4)]
+            try:
+                stat = video.stat()
+            except FileNotFoundError:
+                continue
+            trace = self.config.directory / f"{session_id}{_TRACE}"
+            with contextlib.suppress(FileNotFoundError):
+                stat_bytes = trace.stat().st_size
+                kept.append((stat.st_mtime, session_id, stat.st_size + stat_bytes))
+                continue
+            kept.append((stat.st_mtime, session_id, stat.st_size))
+        kept.sort()
+        total = sum(size for _, _, size in kept)
+        removed: list[str] = []
+        while kept and (len(kept) > self.config.max_count or total > self.config.max_bytes):
+            _, session_id, size = kept.pop(0)
+            # The MP4 first: without it the recording no longer counts as complete.
+            for path in (
+                self.config.directory / f"{session_id}{_MP4}",
+                self.config.directory / f"{session_id}{_TRACE}",
+            ):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            total -= size
+            removed.append(session_id)
+            self._removed_total += 1
+            logger.info("recording of session %s removed (retention: oldest first)", session_id)
+        self._kept = len(kept)
+        self._kept_bytes = total
+        return removed
+
+    async def aclose(self) -> None:
+        """Finish what is being written (bounded), abandon the rest, await every task. Idempotent."""
+        for recording in self._recordings.values():
+            recording.finish()
+        pending = [r.wait() for r in self._recordings.values() if r.state is RecordingState.FINISHING]
+        if pending:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.close_timeout_s):
+                    await asyncio.gather(*pending)
+        await self._tasks.aclose()
+
+    def statistics(self) -> RecordingStatistics:
+        return RecordingStatistics(
+            recording=sum(1 for r in self._recordings.values() if r.state is RecordingState.RECORDING),
+            ready_total=self._ready_total,
+            failed_total=self._failed_total,
+            overruns_total=self._overruns_total,
+            removed_total=self._removed_total,
+            kept=self._kept,
+            kept_bytes=self._kept_bytes,
+        )
