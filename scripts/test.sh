@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --dev
 export PATH="$PWD/.venv/bin:$PATH"
-echo "== ruff"; ruff format --check . && ruff check .
+# One command per line: under `set -e` a failure on the left of `&&` does not stop the script.
+echo "== ruff"
+ruff format --check .
+ruff check .
 echo "== mypy"; mypy
 echo "== pytest"; pytest "$@"
