@@ -634,6 +634,21 @@ def default_replica_id() -> str:
     return f"{host}-{secrets.token_hex(3)}"
 
 
+def _writable_directory(path: Path, variable: str) -> Path:
+    """`path`, created if missing; a `SettingsError` naming `variable` when it cannot be created or written."""
+    if path.exists() and not path.is_dir():
+        raise SettingsError(f"invalid configuration: {variable}={path} is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SettingsError(
+            f"invalid configuration: {variable}={path} cannot be created: {exc.strerror or exc}"
+        ) from None
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        raise SettingsError(f"invalid configuration: {variable}={path} is not a directory this process can write to")
+    return path
+
+
 @dataclass(frozen=True, slots=True)
 class RecordingLimits:
     """Where recordings go and how much of them is kept (`RECORDINGS_DIR`, `RECORDINGS_MAX_BYTES`, `_MAX_COUNT`)."""
@@ -702,7 +717,7 @@ class ServiceConfig:
             recordings=None
             if settings.recordings_dir is None
             else RecordingLimits(
-                directory=settings.recordings_dir,
+                directory=_writable_directory(settings.recordings_dir, env_name("recordings_dir")),
                 max_bytes=settings.recordings_max_bytes,
                 max_count=settings.recordings_max_count,
             ),

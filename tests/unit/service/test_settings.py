@@ -182,3 +182,18 @@ def test_settings_convert_once_into_the_packages_records(monkeypatch: pytest.Mon
     assert len(config.api_key_digests) == 1
     assert b"k1-0123456789abcdef" not in config.api_key_digests[0]
     assert isinstance(Settings.model_fields["api_keys"].default.get_secret_value(), str)
+
+
+def test_a_recordings_directory_that_cannot_be_written_stops_the_start_naming_the_variable(tmp_path: Path) -> None:
+    made = tmp_path / "new" / "recordings"
+    config = ServiceConfig.from_settings(load_settings(recordings_dir=made))
+    assert config.recordings is not None
+    assert config.recordings.directory == made
+    assert made.is_dir()
+    assert ServiceConfig.from_settings(load_settings()).recordings is None
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(SettingsError, match=r"LINGSTREAM_RECORDINGS_DIR=.*a-file/recordings cannot be created"):
+        ServiceConfig.from_settings(load_settings(recordings_dir=blocker / "recordings"))
+    with pytest.raises(SettingsError, match=r"LINGSTREAM_RECORDINGS_DIR=.*is not a directory"):
+        ServiceConfig.from_settings(load_settings(recordings_dir=blocker))
