@@ -413,8 +413,10 @@ class ServiceRuntime:
             raise RecordingInProgressError(f"the recording of session {session_id!r} is being finalised; retry shortly")
         if outcome.state is RecordingState.FAILED:
             raise RecordingFailedError(f"the recording of session {session_id!r} stopped: {outcome.reason}")
-        if outcome.state is RecordingState.REMOVED:
-            raise RecordingNotFoundError(f"the recording of session {session_id!r} was {outcome.reason}")
+        if outcome.state is RecordingState.REMOVED or outcome.video is None or not outcome.video.exists():
+            # (A file gone while still READY: retention removed it a moment ago and has not said so yet.)
+            reason = outcome.reason or "removed to keep the recordings' retention (oldest first)"
+            raise RecordingNotFoundError(f"the recording of session {session_id!r} was {reason}")
         return outcome
 
     async def sessions_of(self, owner: str) -> list[SessionSnapshot]:

@@ -177,3 +177,22 @@ async def test_a_recording_that_falls_behind_is_dropped_and_the_stream_is_not(tm
         assert _names(tmp_path) == []
         assert stalled.made
         assert stalled.made[0].closed
+
+
+async def test_a_recording_removed_by_retention_answers_404(tmp_path: Path) -> None:
+    async with running_service(
+        world=PACED, recordings_dir=tmp_path, recordings_max_count=1, max_sessions_per_worker=2
+    ) as svc:
+        first = (await svc.create({"record": True})).json()["id"]
+        second = (await svc.create({"record": True})).json()["id"]
+        await wait_for(lambda: all(svc.world._sessions[s].index >= 2 for s in (first, second)), within=_WAIT)
+        await svc.client.delete(f"/v1/sessions/{first}")
+        await wait_for(lambda: _state(svc, first) is RecordingState.READY, within=_WAIT)
+        assert (await svc.client.get(f"/v1/sessions/{first}/recording")).status_code == 200
+        await svc.client.delete(f"/v1/sessions/{second}")
+        await wait_for(lambda: _state(svc, second) is RecordingState.READY, within=_WAIT)
+        removed = await svc.client.get(f"/v1/sessions/{first}/recording")
+        assert _error(removed) == (404, "recording_not_found")
+        assert "oldest first" in removed.json()["error"]["message"]
+        assert (await svc.client.get(f"/v1/sessions/{second}/recording")).status_code == 200
+        assert _names(tmp_path) == [f"{second}.controls.jsonl", f"{second}.mp4"]
