@@ -6,12 +6,15 @@ running service from a control trace and records it (`service.play`, its own opt
     lingstream drain [--wait] [--timeout SECONDS] [--port P]
     lingstream generate --out OUT.mp4 [...]
     lingstream play --url URL --controls TRACE --out OUT.mp4 [...]
+    lingstream tiny-checkpoint DIR [--seed N]
 
 `serve` reads the settings (environment, config file, these flags), prints one paragraph and exits 2 when they are
 invalid, and otherwise runs the app under uvicorn in this one process (no workers: never fork after `livekit.rtc`
 is imported); SIGTERM drains, then the process exits 0. `drain` POSTs `http://127.0.0.1:PORT/internal/drain`;
 with `--wait` it polls until no session runs or the timeout passes. It exits 0 in both cases (a preStop hook must
-not fail the pod's termination) and 1 when the service cannot be reached.
+not fail the pod's termination) and 1 when the service cannot be reached. `tiny-checkpoint` writes a LingBot-World-Fast
+model directory with tiny random weights in the real layout (docs/lingbot-fast.md), for `LINGSTREAM_MODEL=lingbot-fast`
+without real weights: the plumbing is real, the picture is noise. It refuses a directory that is not empty.
 
 Test-only: `serve --worker-factory MODULE:CALLABLE` builds the model workers with that callable instead of the
 LingBot service (e.g. `tests.fakes.world:paced_fake_workers`). It is hidden from `--help` and refused unless the
@@ -68,10 +71,39 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser(
         "play", help="drive a live session of a running service from a control trace (see docs/client.md)"
     )
+    tiny = commands.add_parser(
+        "tiny-checkpoint", help="write a tiny random LingBot-World-Fast model directory (docs/lingbot-fast.md)"
+    )
+    tiny.add_argument("directory", type=Path, metavar="DIR", help="where to write it (new or empty)")
+    tiny.add_argument("--seed", type=int, default=0, help="random weights' seed (default 0)")
     args = parser.parse_args(arguments)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "tiny-checkpoint":
+        return _tiny_checkpoint(args.directory, args.seed)
     return _drain(args)
+
+
+def _tiny_checkpoint(directory: Path, seed: int) -> int:
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        sys.stderr.write(f"lingstream tiny-checkpoint: {directory} exists and is not an empty directory\n")
+        return 2
+    try:
+        from pipeline.lingbot.models import write_tiny_model
+    except ImportError as exc:
+        sys.stderr.write(
+            f"lingstream tiny-checkpoint: needs the lingbot extra (pip install 'lingstream[lingbot]'): {exc}\n"
+        )
+        return 1
+    try:
+        write_tiny_model(directory, seed=seed)
+    except OSError as exc:
+        sys.stderr.write(f"lingstream tiny-checkpoint: cannot write {directory}: {exc}\n")
+        return 1
+    sys.stdout.write(
+        f"wrote a tiny random LingBot-World-Fast model to {directory} (dit/ vae/ text_encoder/ tokenizer/)\n"
+    )
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -177,6 +177,24 @@ class Settings(BaseSettings):
         description="Seconds one call may run in a stage's worker processes before the group counts as stuck "
         "and is restarted (processes placement).",
     )
+    model: Literal["reference", "lingbot-fast"] = Field(
+        default="reference",
+        description="The world model: reference (built in, no weights) or lingbot-fast (LingBot-World-Fast from "
+        "LINGSTREAM_MODEL_PATH; needs the lingbot extra).",
+    )
+    model_path: Path | None = Field(
+        default=None,
+        description="The lingbot-fast model directory: dit/, vae/, text_encoder/, tokenizer/ (docs/lingbot-fast.md).",
+    )
+    model_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="lingbot-fast weights and compute dtype; auto: bfloat16 on CUDA, float32 on CPU."
+    )
+    model_window_frames: int = Field(
+        default=18, ge=4, le=1024, description="lingbot-fast attention window in latent frames (sink included)."
+    )
+    model_sink_frames: int = Field(
+        default=6, ge=0, le=1020, description="lingbot-fast latent frames at a session's start that are never evicted."
+    )
     reconnect_grace: float = Field(default=20.0, gt=0, le=3600, description="Seconds a departed browser may return.")
     video_codec: Literal["vp8", "h264"] = "vp8"
     video_bitrate: int = Field(default=2_000_000, ge=50_000, le=100_000_000, description="Video bits per second.")
@@ -250,7 +268,16 @@ class Settings(BaseSettings):
         # Overrides beat the environment, the environment beats the file; no dotenv, no secrets directory.
         return init_settings, env_settings, _FileSource(settings_cls)
 
-    @field_validator("log_format", "video_codec", "device", "admission_backend", "stage_placement", mode="before")
+    @field_validator(
+        "log_format",
+        "video_codec",
+        "device",
+        "admission_backend",
+        "stage_placement",
+        "model",
+        "model_dtype",
+        mode="before",
+    )
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
@@ -382,6 +409,7 @@ class Settings(BaseSettings):
                 raise ValueError("LINGSTREAM_REDIS_URL must be a redis://, rediss:// or unix:// URL")
         self._check_placement()
         self._check_quotas()
+        self._check_model()
         needed = _base64_size(self.max_image_bytes) + 4096
         if self.max_request_bytes < needed:
             raise ValueError(
@@ -429,6 +457,25 @@ class Settings(BaseSettings):
                 )
             )
         return default, tuple(overrides)
+
+    def _check_model(self) -> None:
+        if self.model != "lingbot-fast":
+            return
+        if self.model_path is None:
+            raise ValueError(
+                "LINGSTREAM_MODEL=lingbot-fast needs LINGSTREAM_MODEL_PATH, the model directory (dit/, vae/, "
+                "text_encoder/, tokenizer/; `lingstream tiny-checkpoint DIR` writes a random one to try)"
+            )
+        if self.denoise_ranks > 1:
+            raise ValueError(
+                f"LINGSTREAM_MODEL=lingbot-fast runs its DiT on one rank (sequence parallelism is not built): "
+                f"LINGSTREAM_DENOISE_RANKS={self.denoise_ranks} must be 1"
+            )
+        if self.model_sink_frames + 3 > self.model_window_frames:
+            raise ValueError(
+                f"LINGSTREAM_MODEL_SINK_FRAMES ({self.model_sink_frames}) + a chunk of 3 latent frames must fit in "
+                f"LINGSTREAM_MODEL_WINDOW_FRAMES ({self.model_window_frames})"
+            )
 
     def _check_placement(self) -> None:
         """The rules between LINGSTREAM_STAGE_PLACEMENT, _DENOISE_RANKS, _DEVICES, _DEVICE and _NUM_WORKERS."""

@@ -404,6 +404,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compute-scale", type=float, metavar="X", help="emulate a model X times as costly (reference model, 1..64)"
     )
+    parser.add_argument(
+        "--model",
+        choices=("reference", "lingbot-fast"),
+        default=os.environ.get("LINGSTREAM_MODEL", "reference").strip().lower() or "reference",
+        help="the world model (default LINGSTREAM_MODEL, else reference)",
+    )
+    parser.add_argument(
+        "--model-path",
+        type=Path,
+        metavar="DIR",
+        default=os.environ.get("LINGSTREAM_MODEL_PATH") or None,
+        help="lingbot-fast model directory (default LINGSTREAM_MODEL_PATH; docs/lingbot-fast.md)",
+    )
+    parser.add_argument(
+        "--model-dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default=os.environ.get("LINGSTREAM_MODEL_DTYPE", "auto").strip().lower() or "auto",
+        help="lingbot-fast dtype (default LINGSTREAM_MODEL_DTYPE, else auto: bfloat16 on CUDA, float32 on CPU)",
+    )
+    parser.add_argument(
+        "--device", default="cpu", metavar="DEV", help="lingbot-fast device: cpu or cuda:N (default cpu)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -413,7 +435,8 @@ def run(args: argparse.Namespace) -> int:
         request = _request_from_args(args)
         if args.report is not None:
             check_output_path(args.report, None, "--report")
-        result = asyncio.run(_generate_until_sigint(request, bar.update if bar is not None else None))
+        model = _model_from_args(args)
+        result = asyncio.run(_generate_until_sigint(request, bar.update if bar is not None else None, model))
     except UsageError as exc:
         sys.stderr.write(f"lingstream generate: {exc}\n")
         return EXIT_USAGE
@@ -493,8 +516,30 @@ def _read_image(path: Path) -> bytes:
         raise UsageError(f"--image: cannot read {path}: {exc.strerror or exc}") from None
 
 
+def _model_from_args(args: argparse.Namespace) -> WorldModel | None:
+    """None for the reference model (`generate`'s default); LingBot-World-Fast loaded from `--model-path`."""
+    if args.model != "lingbot-fast":
+        return None
+    if args.model_path is None:
+        raise UsageError("--model lingbot-fast needs --model-path DIR (or LINGSTREAM_MODEL_PATH)")
+    try:
+        from pipeline.lingbot.models import LingBotFastOptions, LingBotFastWorldModel
+    except ImportError as exc:
+        raise UsageError(
+            f"--model lingbot-fast needs the lingbot extra (pip install 'lingstream[lingbot]'): {exc}"
+        ) from None
+    try:
+        return LingBotFastWorldModel.load(LingBotFastOptions(str(args.model_path), dtype=args.model_dtype), args.device)
+    except ImportError as exc:
+        raise UsageError(
+            f"--model lingbot-fast needs the lingbot extra (pip install 'lingstream[lingbot]'): {exc}"
+        ) from None
+    except ValueError as exc:  # CheckpointError, ModelConfigError
+        raise UsageError(f"--model-path {args.model_path}: {exc}") from None
+
+
 async def _generate_until_sigint(
-    request: GenerateRequest, on_progress: Callable[[Progress], None] | None
+    request: GenerateRequest, on_progress: Callable[[Progress], None] | None, model: WorldModel | None = None
 ) -> GenerateResult:
     """`generate` with SIGINT setting its stop event; a second SIGINT gets Python's default (KeyboardInterrupt)."""
     stop = asyncio.Event()
@@ -510,7 +555,7 @@ async def _generate_until_sigint(
     except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals on this platform
         installed = False
     try:
-        return await generate(request, on_progress=on_progress, stop=stop)
+        return await generate(request, model=model, on_progress=on_progress, stop=stop)
     finally:
         if installed:
             loop.remove_signal_handler(signal.SIGINT)

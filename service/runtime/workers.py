@@ -6,7 +6,11 @@ not importable. It is the wiring point for the model packages' constructors; the
 `WorkerOptions` here, once. `load_factory` resolves the test-only `--worker-factory` hook. The transport is built
 in `service.runtime.transports`.
 
-Stage placement (`LINGSTREAM_STAGE_PLACEMENT`). `threads`: `LingBotService(ReferenceWorldModel(device))`, every
+Model (`LINGSTREAM_MODEL`): `reference` (`ReferenceWorldModel`) or `lingbot-fast` (`pipeline.lingbot.models`, loaded
+from `LINGSTREAM_MODEL_PATH` in `LINGSTREAM_MODEL_DTYPE`, its cache window/sink from `LINGSTREAM_MODEL_WINDOW_FRAMES` /
+`_SINK_FRAMES`).
+
+Stage placement (`LINGSTREAM_STAGE_PLACEMENT`). `threads`: `LingBotService(world model(device))`, every
 stage on a thread of the service process, on the worker's one device. `processes`: the worker's devices
 (`Settings.worker_devices`) become three complete runtime configs, which `pipeline.lingbot.plan_placement` turns
 into worker groups:
@@ -35,13 +39,16 @@ from service.errors import SettingsError
 from service.settings import Settings
 
 if TYPE_CHECKING:
-    from pipeline.lingbot import ProcessPlacement
+    from pipeline.lingbot import ProcessPlacement, WorldModel, WorldModelFactory
+    from pipeline.lingbot.models import LingBotFastOptions
 
 __all__ = [
     "WORKER_ENVIRONMENT",
     "WorkerOptions",
     "build_workers",
     "check_devices",
+    "check_model",
+    "lingbot_fast_options",
     "load_factory",
     "process_placement",
     "worker_options",
@@ -68,6 +75,12 @@ class WorkerOptions:
     devices: tuple[str, ...] = ("cpu",)
     """This worker's devices (its share of `LINGSTREAM_DEVICES`)."""
     stage_call_timeout: float = 60.0
+    model: str = "reference"
+    """`LINGSTREAM_MODEL`: "reference" or "lingbot-fast"."""
+    model_path: str | None = None
+    model_dtype: str = "auto"
+    model_window_frames: int = 18
+    model_sink_frames: int = 6
 
 
 def worker_options(settings: Settings) -> list[WorkerOptions]:
@@ -85,14 +98,19 @@ def worker_options(settings: Settings) -> list[WorkerOptions]:
             denoise_ranks=settings.denoise_ranks,
             devices=devices,
             stage_call_timeout=settings.stage_call_timeout,
+            model=settings.model,
+            model_path=str(settings.model_path) if settings.model_path is not None else None,
+            model_dtype=settings.model_dtype,
+            model_window_frames=settings.model_window_frames,
+            model_sink_frames=settings.model_sink_frames,
         )
         for index, devices in enumerate(settings.worker_devices())
     ]
 
 
 def process_placement(options: WorkerOptions) -> ProcessPlacement:
-    """The worker groups of one model worker with `processes` placement (module docstring), over the reference
-    model. Swap `ReferenceModelFactory` for the real model's factory here."""
+    """The worker groups of one model worker with `processes` placement (module docstring), over the model
+    `LINGSTREAM_MODEL` names (its factory builds each part inside the process that runs it)."""
     from pipeline.lingbot import ModelRuntimeConfig, ProcessPlacement, ReferenceModelFactory, plan_placement
 
     ranks = options.denoise_ranks
@@ -112,12 +130,61 @@ def process_placement(options: WorkerOptions) -> ProcessPlacement:
         decode = spare if spare else dit
         encode = spare if spare else dit[:1]
     plan = plan_placement(runtime(encode), runtime(dit), runtime(decode))
+    factory: WorldModelFactory = ReferenceModelFactory()
+    if options.model == "lingbot-fast":
+        from pipeline.lingbot.models import LingBotFastFactory
+
+        factory = LingBotFastFactory(lingbot_fast_options(options))
     return ProcessPlacement(
         plan,
-        ReferenceModelFactory(),
+        factory,
         max_sessions=options.max_sessions_per_worker,
         call_timeout_s=options.stage_call_timeout,
     )
+
+
+def lingbot_fast_options(options: WorkerOptions) -> LingBotFastOptions:
+    from pipeline.lingbot.models import LingBotFastOptions
+
+    assert options.model_path is not None  # Settings requires it with LINGSTREAM_MODEL=lingbot-fast
+    return LingBotFastOptions(
+        options.model_path,
+        dtype=options.model_dtype,
+        window_frames=options.model_window_frames,
+        sink_frames=options.model_sink_frames,
+    )
+
+
+def check_model(options: WorkerOptions) -> None:
+    """Raise `SettingsError` naming the problem when `LINGSTREAM_MODEL=lingbot-fast` cannot load: the lingbot extra
+    missing, or the model directory incomplete or inconsistent (read from headers: no weights are loaded)."""
+    if options.model != "lingbot-fast":
+        return
+    try:
+        from pipeline.lingbot.models import check_model_dir
+
+        check_model_dir(lingbot_fast_options(options).root)
+    except ImportError as exc:
+        raise SettingsError(
+            f"cannot start: LINGSTREAM_MODEL=lingbot-fast needs the lingbot extra (pip install 'lingstream[lingbot]'): "
+            f"{exc}"
+        ) from None
+    except ValueError as exc:  # CheckpointError, ModelConfigError
+        raise SettingsError(f"cannot start: LINGSTREAM_MODEL_PATH={options.model_path}: {exc}") from None
+
+
+def _world_model(options: WorkerOptions) -> WorldModel:
+    """The threads placement's model on the worker's one device."""
+    if options.model != "lingbot-fast":
+        from pipeline.lingbot import ReferenceWorldModel
+
+        return ReferenceWorldModel(options.devices[0])
+    from pipeline.lingbot.models import LingBotFastWorldModel
+
+    try:
+        return LingBotFastWorldModel.load(lingbot_fast_options(options), options.devices[0])
+    except ValueError as exc:  # CheckpointError, ModelConfigError: a file changed since check_model
+        raise SettingsError(f"cannot start: LINGSTREAM_MODEL_PATH={options.model_path}: {exc}") from None
 
 
 def check_devices(options: list[WorkerOptions]) -> None:
@@ -152,27 +219,30 @@ def build_workers(settings: Settings) -> list[BidirectionalService]:
     `LINGSTREAM_STAGE_PLACEMENT` says (module docstring). Raises `SettingsError` when the implementation cannot be
     imported or a device is missing.
 
-    Wiring point: `LingBotService(ReferenceWorldModel(device) | process_placement(options), lease=ExecutionLease(),
-    max_image_bytes=..., max_image_pixels=..., torch_threads=...)`. Swap the reference model for the real one here.
+    Wiring point: `LingBotService(world model | process_placement(options), lease=ExecutionLease(),
+    max_image_bytes=..., max_image_pixels=..., torch_threads=...)`; the world model is `LINGSTREAM_MODEL`'s: the
+    reference one, or LingBot-World-Fast loaded from `LINGSTREAM_MODEL_PATH` (checked first, so a bad directory
+    fails the start with its problem named).
     """
     try:
-        from pipeline.lingbot import LingBotService, ReferenceWorldModel
+        from pipeline.lingbot import LingBotService
     except ImportError as exc:
         raise SettingsError(
             f"cannot start: the LingBot model worker (pipeline.lingbot.LingBotService) is not importable: {exc}"
         ) from None
     options_list = worker_options(settings)
     check_devices(options_list)
+    check_model(options_list[0])
     if any(options.stage_placement == "processes" for options in options_list):
         for name, value in WORKER_ENVIRONMENT.items():
             os.environ.setdefault(name, value)
     workers: list[BidirectionalService] = []
     for options in options_list:
         if options.stage_placement == "processes":
-            model: ReferenceWorldModel | ProcessPlacement = process_placement(options)
+            model: WorldModel | ProcessPlacement = process_placement(options)
             threads = None  # each rank sets its own; the service process only schedules
         else:
-            model = ReferenceWorldModel(options.devices[0])
+            model = _world_model(options)
             threads = options.torch_threads
         workers.append(
             LingBotService(

@@ -268,6 +268,14 @@ def test_cuda_image_installs_a_cuda_torch_on_an_nvidia_runtime_base() -> None:
     assert "torch.version.cuda" in runs, "the build checks that torch is a CUDA build"
 
 
+def test_cuda_image_installs_the_lingbot_extra_after_the_cuda_torch() -> None:
+    runs = [i.args for i in parse_dockerfile(DOCKERFILES["cuda"])[1].all("RUN")]
+    torch_step = next(n for n, run in enumerate(runs) if '"torch==${TORCH_VERSION}"' in run)
+    extra_step = next(n for n, run in enumerate(runs) if 'pip install --no-cache-dir "/src[lingbot]"' in run)
+    assert torch_step < extra_step
+    assert "torch.version.cuda" in runs[extra_step], "the build checks the extra left the CUDA torch in place"
+
+
 @pytest.mark.parametrize("flavour", DOCKERFILES)
 def test_dockerignore_is_an_allow_list_covering_every_copy(flavour: str) -> None:
     dockerfile = DOCKERFILES[flavour]

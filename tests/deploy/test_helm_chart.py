@@ -637,6 +637,9 @@ def test_autoscaling_without_redis_fails_schema_validation(chart: Any) -> None:
         pytest.param({"otel": {"protocol": "grpc"}}, id="otel-protocol"),
         pytest.param({"grafanaDashboard": {"enable": True}}, id="dashboard"),
         pytest.param({"grafanaDashboard": {"labels": {"team": 1}}}, id="dashboard-label-type"),
+        pytest.param({"model": {"name": "lingbot"}}, id="model-name"),
+        pytest.param({"model": {"dtype": "int8"}}, id="model-dtype"),
+        pytest.param({"model": {"pvc": "x"}}, id="model-typo"),
     ],
 )
 def test_schema_rejects_typos_and_wrong_types(chart: Any, values: dict[str, Any]) -> None:
@@ -807,3 +810,57 @@ def test_dashboard_queries_only_series_the_service_documents() -> None:
     for name in sorted(used):
         base = re.sub(r"_(bucket|count|sum)$", "", name)
         assert name in documented or base in documented, f"{name} is not in docs/metrics.md"
+
+
+def test_lingbot_fast_mounts_its_weights_read_only_and_sets_the_variables(chart: Any) -> None:
+    values = {
+        "model": {"name": "lingbot-fast", "persistentVolumeClaim": "lingbot-weights", "dtype": "bfloat16"},
+        "gpu": {"count": 1},
+    }
+    docs = render(chart, values)
+    data = only(docs, "ConfigMap")["data"]
+    assert data["LINGSTREAM_MODEL"] == "lingbot-fast"
+    assert data["LINGSTREAM_MODEL_PATH"] == "/models/lingbot-fast"
+    assert data["LINGSTREAM_MODEL_DTYPE"] == "bfloat16"
+    assert "LINGSTREAM_MODEL_WINDOW_FRAMES" not in data
+    mount = next(m for m in main_container(docs)["volumeMounts"] if m["name"] == "model")
+    assert mount == {"name": "model", "mountPath": "/models/lingbot-fast", "readOnly": True}
+    volume = next(v for v in pod_spec(docs)["volumes"] if v["name"] == "model")
+    assert volume["persistentVolumeClaim"] == {"claimName": "lingbot-weights", "readOnly": True}
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+def test_lingbot_fast_from_a_host_path_with_its_cache_sizes(chart: Any) -> None:
+    values = {
+        "model": {
+            "name": "lingbot-fast",
+            "hostPath": "/data/lingbot",
+            "subPath": "fast",
+            "windowFrames": 24,
+            "sinkFrames": 3,
+        },
+    }
+    docs = render(chart, values)
+    data = only(docs, "ConfigMap")["data"]
+    assert (data["LINGSTREAM_MODEL_WINDOW_FRAMES"], data["LINGSTREAM_MODEL_SINK_FRAMES"]) == ("24", "3")
+    volume = next(v for v in pod_spec(docs)["volumes"] if v["name"] == "model")
+    assert volume["hostPath"] == {"path": "/data/lingbot", "type": "Directory"}
+    mount = next(m for m in main_container(docs)["volumeMounts"] if m["name"] == "model")
+    assert mount["subPath"] == "fast"
+
+
+def test_the_reference_model_mounts_nothing_and_sets_no_model_variables(chart: Any) -> None:
+    docs = render(chart, {})
+    assert not any(key.startswith("LINGSTREAM_MODEL") for key in only(docs, "ConfigMap")["data"])
+    assert "model" not in {v["name"] for v in pod_spec(docs)["volumes"]}
+
+
+@pytest.mark.parametrize(
+    "model",
+    [{"name": "lingbot-fast"}, {"name": "lingbot-fast", "persistentVolumeClaim": "a", "hostPath": "/b"}],
+    ids=["no-weights", "two-sources"],
+)
+def test_lingbot_fast_needs_exactly_one_weights_source(chart: Any, model: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"exactly one of model\.persistentVolumeClaim and model\.hostPath"):
+        render(chart, {"model": model})

@@ -158,6 +158,13 @@ Checks the schema cannot express. They also hold when schema validation is skipp
 {{- if and (eq (toString $c.device) "cpu") (gt (int (include "lingstream.requiredGpus" .)) 0) }}
 {{- fail "config.device=cpu contradicts the CUDA devices in config.devices" }}
 {{- end }}
+{{- $m := .Values.model }}
+{{- if and (eq $m.name "lingbot-fast") (eq (empty $m.persistentVolumeClaim) (empty $m.hostPath)) }}
+{{- fail "model.name=lingbot-fast: give exactly one of model.persistentVolumeClaim and model.hostPath (the weights)" }}
+{{- end }}
+{{- if and (eq $m.name "lingbot-fast") (gt (int (default 1 $c.denoiseRanks)) 1) }}
+{{- fail "model.name=lingbot-fast runs its DiT on one rank: config.denoiseRanks must be 1" }}
+{{- end }}
 {{- $pdb := .Values.podDisruptionBudget }}
 {{- if and $pdb.enabled (eq (kindIs "invalid" $pdb.maxUnavailable) (kindIs "invalid" $pdb.minAvailable)) }}
 {{- fail "podDisruptionBudget: set exactly one of maxUnavailable and minAvailable" }}

@@ -126,6 +126,11 @@ INVALID = [
     ("LINGSTREAM_SESSION_HISTORY", "0", "LINGSTREAM_SESSION_HISTORY"),
     ("LINGSTREAM_MAX_CONNECTIONS", "0", "LINGSTREAM_MAX_CONNECTIONS"),
     ("LINGSTREAM_MALLOC_ARENAS", "-1", "LINGSTREAM_MALLOC_ARENAS"),
+    ("LINGSTREAM_MODEL", "lingbot-slow", "LINGSTREAM_MODEL"),
+    ("LINGSTREAM_MODEL", "lingbot-fast", "LINGSTREAM_MODEL_PATH"),
+    ("LINGSTREAM_MODEL_DTYPE", "int8", "LINGSTREAM_MODEL_DTYPE"),
+    ("LINGSTREAM_MODEL_WINDOW_FRAMES", "2", "LINGSTREAM_MODEL_WINDOW_FRAMES"),
+    ("LINGSTREAM_MODEL_SINK_FRAMES", "-1", "LINGSTREAM_MODEL_SINK_FRAMES"),
     ("LIVEKIT_URL", "ftp://lk.example", "LIVEKIT_URL"),
     ("LIVEKIT_URL", "wss://lk.example", "LIVEKIT_API_KEY"),
 ]
@@ -197,3 +202,20 @@ def test_a_recordings_directory_that_cannot_be_written_stops_the_start_naming_th
         ServiceConfig.from_settings(load_settings(recordings_dir=blocker / "recordings"))
     with pytest.raises(SettingsError, match=r"LINGSTREAM_RECORDINGS_DIR=.*is not a directory"):
         ServiceConfig.from_settings(load_settings(recordings_dir=blocker))
+
+
+def test_lingbot_fast_settings_are_read_and_checked_together(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("LINGSTREAM_MODEL", "LingBot-Fast")
+    monkeypatch.setenv("LINGSTREAM_MODEL_PATH", str(tmp_path))
+    monkeypatch.setenv("LINGSTREAM_MODEL_DTYPE", "BFloat16")
+    settings = load_settings()
+    assert (settings.model, settings.model_path, settings.model_dtype) == ("lingbot-fast", tmp_path, "bfloat16")
+    assert (settings.model_window_frames, settings.model_sink_frames) == (18, 6)
+    monkeypatch.setenv("LINGSTREAM_MODEL_SINK_FRAMES", "16")
+    with pytest.raises(SettingsError, match=r"LINGSTREAM_MODEL_SINK_FRAMES \(16\) \+ a chunk of 3"):
+        load_settings()
+    monkeypatch.setenv("LINGSTREAM_MODEL_SINK_FRAMES", "6")
+    monkeypatch.setenv("LINGSTREAM_STAGE_PLACEMENT", "processes")
+    monkeypatch.setenv("LINGSTREAM_DENOISE_RANKS", "2")
+    with pytest.raises(SettingsError, match="LINGSTREAM_DENOISE_RANKS=2 must be 1"):
+        load_settings()

@@ -1,0 +1,153 @@
+"""The real model's plumbing end to end on a tiny random checkpoint: `lingstream tiny-checkpoint DIR` writes it,
+`lingstream serve` with `LINGSTREAM_MODEL=lingbot-fast` streams its frames to the Python client over the embedded
+WebRTC transport, `lingstream generate --model lingbot-fast` writes an MP4, and a broken directory stops the start
+with the problem named. The picture is noise (random weights); sizes, counts and the chunk contract are real."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import av
+import httpx
+import pytest
+
+from tests.serving import ROOT, STARTUP_DEADLINE_S, Served, environment, lingstream, serve
+from transport.client import ServiceClient, connect
+
+pytest.importorskip("diffusers", reason="the lingbot extra (diffusers) is not installed")
+pytest.importorskip("transformers", reason="the lingbot extra (transformers) is not installed")
+
+pytestmark = pytest.mark.slow
+
+WIDTH, HEIGHT = 64, 32
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("tiny") / "model"
+    done = subprocess.run(
+        [*lingstream(), "tiny-checkpoint", str(directory)],
+        cwd=ROOT,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "wrote a tiny random LingBot-World-Fast model" in done.stdout
+    assert sorted(path.name for path in directory.iterdir()) == ["dit", "text_encoder", "tokenizer", "vae"]
+    return directory
+
+
+def test_tiny_checkpoint_refuses_a_directory_that_is_not_empty(checkpoint: Path) -> None:
+    done = subprocess.run(
+        [*lingstream(), "tiny-checkpoint", str(checkpoint)],
+        cwd=ROOT,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "is not an empty directory" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def service(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    workdir = tmp_path_factory.mktemp("serve")
+    with serve(
+        workdir,
+        factory=None,
+        LINGSTREAM_HOST="127.0.0.1",
+        LINGSTREAM_MODEL="lingbot-fast",
+        LINGSTREAM_MODEL_PATH=str(checkpoint),
+        LINGSTREAM_TORCH_THREADS="1",
+    ) as served:
+        deadline = time.monotonic() + STARTUP_DEADLINE_S
+        with httpx.Client(timeout=5.0) as client:
+            while True:
+                assert served.process.poll() is None, served.output()
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get(f"{served.url}/readyz").status_code == 200:
+                        break
+                assert time.monotonic() < deadline, served.output()
+                time.sleep(0.05)  # polling another process against a deadline
+        yield served
+    assert "Traceback" not in served.output(), served.output()[-4000:]
+
+
+async def test_serve_streams_the_tiny_models_frames_to_a_client(service: Served) -> None:
+    async with ServiceClient(service.url) as client:
+        info = await client.create(config={"width": WIDTH, "height": HEIGHT, "fps": 16, "prompt": "a stone bridge"})
+        assert info.status == "running"
+        async with asyncio.timeout(WAIT_S):
+            stream = await connect(client, info)
+            async with stream:
+                first = await stream.next_frame()  # the first chunk streams before any control
+                assert first is not None
+                assert first.image.shape == (HEIGHT, WIDTH, 3)
+                await stream.send_keys({"w"})  # a held key keeps chunks coming (idle sessions hold the picture)
+                chunks: dict[int, int] = {}
+                while len(chunks) < 3:
+                    frame = await stream.next_frame()
+                    assert frame is not None
+                    assert frame.image.shape == (HEIGHT, WIDTH, 3)
+                    if frame.chunk is not None:
+                        chunks[frame.chunk.index] = chunks.get(frame.chunk.index, 0) + 1
+                done = await stream.stop()
+        assert done.reason == "closed"
+        assert stream.errors == []
+        second = sorted(chunks)[1]
+        assert chunks[second] > 9  # a later chunk decodes to 12 frames (loopback WebRTC may drop one under load)
+
+
+def test_generate_writes_the_tiny_models_clip(checkpoint: Path, tmp_path: Path) -> None:
+    out = tmp_path / "clip.mp4"
+    done = subprocess.run(
+        [
+            *lingstream(),
+            "generate",
+            "--model",
+            "lingbot-fast",
+            "--model-path",
+            str(checkpoint),
+            "--out",
+            str(out),
+            "--frames",
+            "21",
+            "--resolution",
+            f"{WIDTH}x{HEIGHT}",
+            "--threads",
+            "1",
+        ],
+        cwd=ROOT,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    with av.open(str(out)) as container:
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    assert len(frames) == 21  # chunk 0: 9 frames, chunk 1: 12
+    assert frames[0].shape == (HEIGHT, WIDTH, 3)
+
+
+def test_serve_refuses_to_start_on_a_broken_model_directory(checkpoint: Path, tmp_path: Path) -> None:
+    broken = Path(shutil.copytree(checkpoint, tmp_path / "broken"))
+    (broken / "vae" / "diffusion_pytorch_model.safetensors").unlink()
+    with serve(tmp_path, factory=None, LINGSTREAM_MODEL="lingbot-fast", LINGSTREAM_MODEL_PATH=str(broken)) as served:
+        served.process.wait(timeout=STARTUP_DEADLINE_S)
+        assert served.process.returncode == 2, served.output()
+        assert "neither diffusion_pytorch_model.safetensors nor" in served.output()
+        assert "LINGSTREAM_MODEL_PATH" in served.output()
