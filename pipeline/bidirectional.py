@@ -5,14 +5,16 @@ pull its output chunks, close it. The LingBot service (`pipeline.lingbot.service
 cross-session policy is the execution lease. The HTTP service, the transports and the offline generator talk to
 model workers only through this protocol, so tests can put a scripted fake behind it.
 
-Control messages are the decoded form of control protocol v1 (the transports own the JSON codec):
-`ControlState(seq, keys)` is a snapshot of held keys (newest wins; a stale or duplicate `seq` is dropped and
-counted, never an error that ends the session), `ResetPose()` and `Stop()` are discrete commands, and
-`SetPrompt(seq, text)` replaces the session's text prompt (newest wins by its own `seq`, counted apart from the
-key snapshots'; it applies from the next chunk submitted). The protocol's key table lives here, once, for the wire
-codec (`transport.protocol`) and the model's normaliser (`pipeline.lingbot.controls`): the canonical keys
-`w a s d i j k l`, their aliases (arrows, upper case) and the bounds of a snapshot (`MAX_SEQ`,
-`MAX_KEYS_PER_SNAPSHOT`); so does the prompt's bound (`MAX_PROMPT_BYTES`, `check_prompt`).
+Control messages are the decoded form of control protocol v1 (the transports own the JSON codec): `ControlState(seq,
+keys)` is a snapshot of held keys (newest wins; a stale or duplicate `seq` is dropped and counted, never an error that
+ends the session), `ResetPose()` and `Stop()` are discrete commands, and `SetPrompt(seq, text)` replaces the session's
+text prompt (newest wins by its own `seq`, counted apart from the key snapshots'; it applies from the next chunk
+submitted). `Pause()` stops generation after the chunk in progress (the session keeps its state and asks for no more
+model time; controls and prompts received meanwhile are kept, newest wins) and `Resume()` lets it go on; the service
+decides whether a session may pause, a model worker obeys. The protocol's key table lives here, once, for the wire codec
+(`transport.protocol`) and the model's normaliser (`pipeline.lingbot.controls`): the canonical keys `w a s d i j k l`,
+their aliases (arrows, upper case) and the bounds of a snapshot (`MAX_SEQ`, `MAX_KEYS_PER_SNAPSHOT`); so does the
+prompt's bound (`MAX_PROMPT_BYTES`, `check_prompt`).
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ __all__ = [
     "CloseMode",
     "ControlMessage",
     "ControlState",
+    "Pause",
     "PreparedSession",
     "ResetPose",
+    "Resume",
     "ServiceStatistics",
     "SessionSummary",
     "SetPrompt",
@@ -126,7 +130,17 @@ class SetPrompt:
     text: str
 
 
-ControlMessage = ControlState | ResetPose | Stop | SetPrompt
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Generate nothing more until `Resume` (the chunk in progress is still delivered); keep every state."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Go on generating after a `Pause` (a no-op when not paused)."""
+
+
+ControlMessage = ControlState | ResetPose | Stop | SetPrompt | Pause | Resume
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ from service.settings import ServiceConfig, Settings
 from service.telemetry.otel import Telemetry, TelemetryMiddleware
 from transport.base import Transport
 from transport.errors import TransportError
+from transport.timers import Timers
 
 __all__ = ["WorkerFactory", "create_app", "runtime_of"]
 
@@ -73,12 +74,14 @@ def create_app(
     tuning: RuntimeTuning | None = None,
     telemetry: Telemetry | None = None,
     recording_writer: WriterFactory | None = None,
+    timers: Timers | None = None,
 ) -> FastAPI:
     """The application for `settings`. `worker_factory` replaces `build_workers` (tests inject fakes); `transport`
     None means no transport (session bodies carry `transport: null`); `clock` is the admission clock (tests inject
     a fake); `tuning` shortens the runtime's waits (tests); `telemetry` defaults to one configured from the OTEL_*
     environment variables (the app shuts it down at the end of its lifespan); `recording_writer` replaces the MP4
-    writer of recordings (tests inject failing ones)."""
+    writer of recordings (tests inject failing ones); `timers` runs the sessions' deadlines (time limits, the
+    longest pause; tests inject fake timers)."""
     config = ServiceConfig.from_settings(settings)
     error_table()  # import the lazily-listed error classes now, not during the first failing request
     if telemetry is None:
@@ -95,6 +98,7 @@ def create_app(
             tuning=tuning,
             observer=telemetry.sessions,
             recording_writer=recording_writer,
+            timers=timers,
         )
     else:
         redis_url = settings.redis_url.get_secret_value() if settings.redis_url is not None else ""
@@ -107,6 +111,7 @@ def create_app(
             tuning=tuning,
             observer=telemetry.sessions,
             recording_writer=recording_writer,
+            timers=timers,
         )
     telemetry.instrument(runtime, workers, transport)
 

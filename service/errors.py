@@ -3,6 +3,8 @@
     ServiceError
     ├── InvalidRequestError          422 invalid_request         the request is malformed (JSON, fields, base64)
     ├── InvalidConfigError           422 invalid_config          the model worker rejected the session config
+    ├── PromptTooLargeError          422 prompt_too_large        a prompt over 512 UTF-8 bytes
+    ├── MaxSecondsTooLargeError      422 max_seconds_over_limit  max_seconds above LINGSTREAM_MAX_SESSION_SECONDS
     ├── PayloadTooLargeError         413 payload_too_large       the request body exceeds MAX_REQUEST_BYTES
     ├── ImageTooLargeError           413 image_too_large         the image exceeds MAX_IMAGE_BYTES or MAX_IMAGE_PIXELS
     ├── UnsupportedMediaTypeError    415 unsupported_media_type  not JSON, or an image format that cannot be read
@@ -25,6 +27,8 @@
     ├── RecordingFailedError         404 recording_failed       the recording stopped (write error or overrun)
     ├── RecordingInProgressError     409 recording_in_progress  the session runs, or its recording is being finalised
     ├── SessionStartError            500 session_failed         the model worker or transport failed to start it
+    ├── SessionNotStreamingError     409 session_not_running    the session cannot do that now (not running, ended)
+    │   └── SessionQueuedError       409 session_queued         the session still waits in the queue
     ├── SessionTransitionError       500 internal               an illegal session state move (a bug)
     └── SettingsError                500 internal               invalid settings (raised at start, never served)
 
@@ -55,9 +59,11 @@ __all__ = [
     "InvalidConfigError",
     "InvalidRequestError",
     "InvalidUsageQueryError",
+    "MaxSecondsTooLargeError",
     "NotReadyError",
     "NotTicketOwnerError",
     "PayloadTooLargeError",
+    "PromptTooLargeError",
     "QueueFullError",
     "QuotaExceededError",
     "RecordingFailedError",
@@ -68,6 +74,7 @@ __all__ = [
     "SessionElsewhereError",
     "SessionNotFoundError",
     "SessionNotStreamingError",
+    "SessionQueuedError",
     "SessionStartError",
     "SessionTransitionError",
     "SettingsError",
@@ -93,6 +100,14 @@ class InvalidRequestError(ServiceError):
 
 class InvalidConfigError(ServiceError):
     """The model worker rejected the session configuration; the message names the field."""
+
+
+class PromptTooLargeError(ServiceError):
+    """A text prompt (the create request's `prompt`) is longer than 512 UTF-8 bytes."""
+
+
+class MaxSecondsTooLargeError(ServiceError):
+    """A create request asked for `max_seconds` above the server's `LINGSTREAM_MAX_SESSION_SECONDS`."""
 
 
 class PayloadTooLargeError(ServiceError):
@@ -211,7 +226,12 @@ class SessionStartError(ServiceError):
 
 
 class SessionNotStreamingError(ServiceError):
-    """The session is queued, ended, or not attached to its transport, so it cannot be joined now."""
+    """The session is queued, ended, or not attached to its transport, so it cannot be joined now; or it is not
+    running, so it cannot be paused or resumed now."""
+
+
+class SessionQueuedError(SessionNotStreamingError):
+    """The session still waits in the admission queue: it cannot be paused or resumed before it runs."""
 
 
 class SessionTransitionError(ServiceError):
@@ -242,6 +262,8 @@ _BASE_TABLE: Mapping[type[BaseException], ErrorSpec] = {
     ServiceError: _INTERNAL,
     InvalidRequestError: ErrorSpec(422, "invalid_request"),
     InvalidConfigError: _BAD_CONFIG,
+    PromptTooLargeError: ErrorSpec(422, "prompt_too_large"),
+    MaxSecondsTooLargeError: ErrorSpec(422, "max_seconds_over_limit"),
     PayloadTooLargeError: ErrorSpec(413, "payload_too_large"),
     ImageTooLargeError: ErrorSpec(413, "image_too_large"),
     UnsupportedMediaTypeError: ErrorSpec(415, "unsupported_media_type"),
@@ -261,6 +283,7 @@ _BASE_TABLE: Mapping[type[BaseException], ErrorSpec] = {
     RecordingFailedError: ErrorSpec(404, "recording_failed"),
     RecordingInProgressError: ErrorSpec(409, "recording_in_progress"),
     SessionNotStreamingError: ErrorSpec(409, "session_not_running"),
+    SessionQueuedError: ErrorSpec(409, "session_queued"),
     SessionElsewhereError: ErrorSpec(409, "session_on_other_replica"),
     SessionTransitionError: _INTERNAL,
     SettingsError: _INTERNAL,
@@ -343,6 +366,8 @@ def _transport_table() -> dict[type[BaseException], ErrorSpec]:
         transport.ViewerTokenError: ErrorSpec(401, "viewer_token_invalid"),
         transport.ViewerTokenInvalidError: ErrorSpec(401, "viewer_token_invalid"),
         transport.ViewerTokenExpiredError: ErrorSpec(401, "viewer_token_expired"),
+        # Raised by the service's port to its binding, answered as an `error` status there; never over HTTP.
+        transport.ControlRejectedError: ErrorSpec(409, "session_not_running"),
     }
 
 

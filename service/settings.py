@@ -130,6 +130,16 @@ class Settings(BaseSettings):
         default=30.0, gt=0, le=86_400, description="Seconds a queued client may stay silent before losing its place."
     )
     drain_timeout: float = Field(default=60.0, gt=0, le=86_400, description="Seconds running sessions get on drain.")
+    max_session_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=31_536_000,
+        description="Longest a session may run (seconds, from its start; a create may ask for less with "
+        "max_seconds); unset: no limit.",
+    )
+    max_pause: float = Field(
+        default=300.0, gt=0, le=86_400, description="Seconds a session may stay paused before it is closed."
+    )
     api_keys: SecretStr = Field(default=SecretStr(""), description="Comma-separated bearer keys; empty: no auth.")
     key_max_running: int | None = Field(
         default=None,
@@ -714,6 +724,7 @@ class ServiceConfig:
     not part of it: `service.app` hands it to the runtime directly). `session_history` finished sessions stay
     readable by GET (the oldest are forgotten first; the admission tickets and worker records behind them too).
     `recordings` is set when `RECORDINGS_DIR` is (sessions may then be created with `"record": true`).
+    `max_session_seconds` caps every session's running time (None: no cap); `max_pause` is the longest pause.
     """
 
     admission: AdmissionConfig
@@ -726,6 +737,8 @@ class ServiceConfig:
     shared_admission: SharedAdmissionConfig | None = None
     session_history: int = 256
     recordings: RecordingLimits | None = None
+    max_session_seconds: float | None = None
+    max_pause: float = 300.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServiceConfig:
@@ -768,4 +781,6 @@ class ServiceConfig:
                 max_bytes=settings.recordings_max_bytes,
                 max_count=settings.recordings_max_count,
             ),
+            max_session_seconds=settings.max_session_seconds,
+            max_pause=settings.max_pause,
         )

@@ -19,6 +19,7 @@ from transport.base import (
     StatusMessage,
     Transport,
     TransportStatistics,
+    WarningStatus,
 )
 from transport.binding import (
     TERMINAL_BINDING_STATES,
@@ -43,6 +44,7 @@ from transport.embedded import (
     ice_host_addresses,
 )
 from transport.errors import (
+    ControlRejectedError,
     LinkLostError,
     RoomInUseError,
     RoomJoinError,
@@ -132,6 +134,7 @@ __all__ = [
     "ChunkStatus",
     "ControlInbox",
     "ControlIntake",
+    "ControlRejectedError",
     "ControlStatistics",
     "ControllerPresence",
     "DeliverFrame",
@@ -208,6 +211,7 @@ __all__ = [
     "TransportStatistics",
     "VideoPublishOptions",
     "WaitUntil",
+    "WarningStatus",
     "WebhookError",
     "WebhookHandler",
     "decode_control",

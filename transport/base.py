@@ -34,6 +34,7 @@ __all__ = [
     "StatusMessage",
     "Transport",
     "TransportStatistics",
+    "WarningStatus",
 ]
 
 
@@ -57,6 +58,20 @@ class ChunkStatus:
     keys: tuple[str, ...]
     timings: Mapping[str, float] = field(default_factory=dict)
     first_frame_pts: int | None = None
+    prompt: str = ""
+    """The text prompt the chunk was generated from ("" for none)."""
+    prompt_seq: int = -1
+    """The `seq` of the `prompt` message that set it (-1: the prompt the session was created with)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WarningStatus:
+    """The session will end soon unless the client acts: `code` says why (`time_limit`, `paused_too_long`) and
+    `ends_in_s` when."""
+
+    code: str
+    message: str
+    ends_in_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +89,7 @@ class DoneStatus:
     reason: str
 
 
-StatusMessage = StateStatus | ChunkStatus | ErrorStatus | DoneStatus
+StatusMessage = StateStatus | ChunkStatus | WarningStatus | ErrorStatus | DoneStatus
 
 
 _MAX_ROOM_NAME = 256
@@ -120,7 +135,9 @@ class SessionPort(Protocol):
     def fps(self) -> float: ...
 
     def push_control(self, message: ControlMessage) -> None:
-        """Hand a decoded control message to the session (never blocks; stale snapshots are dropped)."""
+        """Hand a decoded control message to the session (never blocks; stale snapshots are dropped). Raises
+        `ControlRejectedError` for a message the session refuses in its state (e.g. `pause` while it drains); the
+        bindings answer it with an `error` status carrying its code."""
         ...
 
     def chunks(self) -> AsyncIterator[ChunkOutput]:

@@ -15,9 +15,10 @@
     ├── WebhookError                     a LiveKit webhook failed verification (signature, body hash, or body)
     ├── SignalingError                   an embedded WebRTC offer was malformed, oversized or could not be answered
     ├── TooManyViewersError              the session already has `max_viewers` viewers (or credentials out for them)
-    └── ViewerTokenError                 an embedded viewer credential was refused
-        ├── ViewerTokenInvalidError      not a credential this transport minted for this session
-        └── ViewerTokenExpiredError      a genuine credential whose time to join has passed
+    ├── ViewerTokenError                 an embedded viewer credential was refused
+    │   ├── ViewerTokenInvalidError      not a credential this transport minted for this session
+    │   └── ViewerTokenExpiredError      a genuine credential whose time to join has passed
+    └── ControlRejectedError             the session refused a well-formed control message in its state (`code`)
 
 Malformed *control messages* are not errors here: the protocol decoder returns a `ProtocolError` value and the
 bindings answer it with an `error` status message (a client's mistake must never raise into the service).
@@ -28,6 +29,7 @@ translated where they are caught, always with `raise ... from exc`.
 from __future__ import annotations
 
 __all__ = [
+    "ControlRejectedError",
     "LinkLostError",
     "RoomInUseError",
     "RoomJoinError",
@@ -155,3 +157,14 @@ class ViewerTokenInvalidError(ViewerTokenError):
 
 class ViewerTokenExpiredError(ViewerTokenError):
     """The credential is genuine but its time to join has passed (or its place was given up)."""
+
+
+class ControlRejectedError(TransportError):
+    """A `SessionPort` refused a well-formed control message in the session's state (e.g. `pause` while it drains).
+
+    Raised by the service's port, caught by the binding's control intake, which answers the client with an `error`
+    status carrying `code` (a stable code of the REST error table, e.g. `session_not_running`)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code

@@ -1,13 +1,15 @@
 """Control protocol v1: the JSON messages between a browser and its session, both ways (docs/control-protocol.md).
 
-Client to service: `control_state {seq, keys}` (a snapshot of the held keys, newest wins), `reset_pose`, `stop`.
-Service to client: `state {state, detail}`, `chunk {index, applied_seq, keys, timings}`, `error {code, message}`,
-`done {reason}`. Every message carries `"v": 1` and `"type"`.
+Client to service: `control_state {seq, keys}` (a snapshot of the held keys, newest wins), `prompt {seq, text}`
+(the text prompt, newest wins by its own seq), `reset_pose`, `pause`, `resume`, `stop`. Service to client:
+`state {state, detail}`, `chunk {index, applied_seq, keys, prompt, prompt_seq, timings}`, `warning {code, message,
+ends_in_s}`, `error {code, message}`, `done {reason}`. Every message carries `"v": 1` and `"type"`.
 
 `decode_control` never raises: it returns a decoded `ControlMessage` or a `ProtocolError` value, which the bindings
 answer with an `error` status and a counter. Inbound messages are size-checked before anything parses them, and
 validation is strict (exact types, no unknown or duplicated fields, keys from a fixed set). `ControlInbox` keeps a
-session's sequence state: the newest snapshot wins, stale and duplicate ones are dropped and counted. The encoders
+session's sequence state: the newest snapshot (and, apart, the newest prompt) wins, stale and duplicate ones are
+dropped and counted. The encoders
 keep every outbound message under a byte cap (LiveKit's data packet limit), trimming a chunk's `timings` and
 truncating free text rather than exceeding it.
 """
@@ -25,20 +27,26 @@ from pipeline.bidirectional import (
     CANONICAL_KEYS,
     KEY_ALIASES,
     MAX_KEYS_PER_SNAPSHOT,
+    MAX_PROMPT_BYTES,
     MAX_SEQ,
     ControlMessage,
     ControlState,
+    Pause,
     ResetPose,
+    Resume,
+    SetPrompt,
     Stop,
     canonical_key,
+    check_prompt,
 )
-from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
+from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage, WarningStatus
 
 __all__ = [
     "CANONICAL_KEYS",
     "KEY_ALIASES",
     "MAX_INBOUND_BYTES",
     "MAX_KEYS_PER_SNAPSHOT",
+    "MAX_PROMPT_BYTES",
     "MAX_SEQ",
     "MAX_STATUS_BYTES",
     "PROTOCOL_VERSION",
@@ -54,8 +62,9 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
-MAX_INBOUND_BYTES = 1024
-"""Inbound (client to service) messages larger than this are rejected before parsing."""
+MAX_INBOUND_BYTES = 4096
+"""Inbound (client to service) messages larger than this are rejected before parsing (room for a prompt of
+`MAX_PROMPT_BYTES` however its JSON escapes it: at most 6 bytes per UTF-8 byte, as `\u0001`)."""
 MAX_STATUS_BYTES = 15 * 1024
 """Outbound messages never exceed this (LiveKit's reliable data packet limit is 15 KiB)."""
 MIN_STATUS_BYTES = 256
@@ -65,8 +74,17 @@ MIN_STATUS_BYTES = 256
 
 _CONTROL_FIELDS: Mapping[str, frozenset[str]] = {
     "control_state": frozenset({"v", "type", "seq", "keys"}),
+    "prompt": frozenset({"v", "type", "seq", "text"}),
     "reset_pose": frozenset({"v", "type"}),
+    "pause": frozenset({"v", "type"}),
+    "resume": frozenset({"v", "type"}),
     "stop": frozenset({"v", "type"}),
+}
+_COMMANDS: Mapping[str, ControlMessage] = {
+    "reset_pose": ResetPose(),
+    "pause": Pause(),
+    "resume": Resume(),
+    "stop": Stop(),
 }
 _ECHO_LIMIT = 32  # how much of a client's offending value an error message repeats
 _TIMING_NAME_LIMIT = 64
@@ -83,6 +101,9 @@ class ProtocolErrorCode(enum.StrEnum):
     UNKNOWN_TYPE = "unknown_type"  # "type" is not a client message type
     INVALID_SEQ = "invalid_seq"  # seq not an int in 0 .. 2^53 - 1
     INVALID_KEYS = "invalid_keys"  # keys not a list of known key names (at most MAX_KEYS_PER_SNAPSHOT)
+    PROMPT_TOO_LARGE = "prompt_too_large"  # a prompt's text over MAX_PROMPT_BYTES UTF-8 bytes
+    INVALID_PROMPT = "invalid_prompt"  # a prompt's text not a string of valid Unicode (e.g. a lone surrogate)
+    RATE_LIMITED = "rate_limited"  # more prompts than the session's rate limit allows; this one was dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +184,16 @@ def _normalise_keys(value: object) -> frozenset[str] | ProtocolError:
     return frozenset(keys)
 
 
+def _decode_prompt(seq: int, text: object) -> SetPrompt | ProtocolError:
+    if not isinstance(text, str):
+        return ProtocolError(ProtocolErrorCode.INVALID_PROMPT, "text must be a string")
+    try:
+        return SetPrompt(seq=seq, text=check_prompt(text))
+    except ValueError as exc:
+        code = ProtocolErrorCode.INVALID_PROMPT if "Unicode" in str(exc) else ProtocolErrorCode.PROMPT_TOO_LARGE
+        return ProtocolError(code, str(exc))
+
+
 def decode_control(data: bytes | str, *, max_bytes: int = MAX_INBOUND_BYTES) -> ControlMessage | ProtocolError:
     """Decode one client message. Never raises: bad input comes back as a `ProtocolError`."""
     parsed = _parse_json(data, max_bytes)
@@ -192,16 +223,17 @@ def decode_control(data: bytes | str, *, max_bytes: int = MAX_INBOUND_BYTES) -> 
     unknown = sorted(set(parsed) - allowed)
     if unknown:
         return ProtocolError(ProtocolErrorCode.INVALID_MESSAGE, f"unknown field {_echo(unknown[0])} in {kind}")
-    if kind == "reset_pose":
-        return ResetPose()
-    if kind == "stop":
-        return Stop()
+    command = _COMMANDS.get(kind)
+    if command is not None:
+        return command
     missing = sorted(allowed - set(parsed))
     if missing:
         return ProtocolError(ProtocolErrorCode.INVALID_MESSAGE, f"missing field {missing[0]!r} in {kind}")
     seq = parsed["seq"]
     if not _is_int(seq) or not 0 <= seq <= MAX_SEQ:
         return ProtocolError(ProtocolErrorCode.INVALID_SEQ, f"seq must be an integer in 0..{MAX_SEQ}")
+    if kind == "prompt":
+        return _decode_prompt(seq, parsed["text"])
     keys = _normalise_keys(parsed["keys"])
     if isinstance(keys, ProtocolError):
         return keys
@@ -214,8 +246,14 @@ def encode_control(message: ControlMessage) -> bytes:
     match message:
         case ControlState(seq=seq, keys=keys):
             body = {"v": PROTOCOL_VERSION, "type": "control_state", "seq": seq, "keys": sorted(keys)}
+        case SetPrompt(seq=seq, text=text):
+            body = {"v": PROTOCOL_VERSION, "type": "prompt", "seq": seq, "text": text}
         case ResetPose():
             body = {"v": PROTOCOL_VERSION, "type": "reset_pose"}
+        case Pause():
+            body = {"v": PROTOCOL_VERSION, "type": "pause"}
+        case Resume():
+            body = {"v": PROTOCOL_VERSION, "type": "resume"}
         case Stop():
             body = {"v": PROTOCOL_VERSION, "type": "stop"}
     return _dumps(body)
@@ -247,6 +285,8 @@ def _encode_chunk(message: ChunkStatus, max_bytes: int) -> bytes:
         "index": message.index,
         "applied_seq": message.applied_seq,
         "keys": sorted(message.keys),
+        "prompt": message.prompt,
+        "prompt_seq": message.prompt_seq,
         "timings": {},
     }
     if message.first_frame_pts is not None:
@@ -300,11 +340,19 @@ def encode_status(message: StatusMessage, *, max_bytes: int = MAX_STATUS_BYTES) 
         case StateStatus(state=state, detail=detail):
             body: dict[str, object] = {"v": PROTOCOL_VERSION, "type": "state", "state": state[:64], "detail": detail}
             return _fit_text(body, "detail", max_bytes) if detail is not None else _dumps(body)
+        case WarningStatus(code=code, message=text, ends_in_s=ends_in):
+            seconds = float(f"{ends_in:.6g}") if math.isfinite(ends_in) else 0.0
+            body = {"v": PROTOCOL_VERSION, "type": "warning", "code": code[:64], "message": text, "ends_in_s": seconds}
+            return _fit_text(body, "message", max_bytes)
         case ErrorStatus(code=code, message=text):
             body = {"v": PROTOCOL_VERSION, "type": "error", "code": code[:64], "message": text}
             return _fit_text(body, "message", max_bytes)
         case DoneStatus(reason=reason):
             return _fit_text({"v": PROTOCOL_VERSION, "type": "done", "reason": reason}, "reason", max_bytes)
+
+
+_CHUNK_REQUIRED = frozenset({"v", "type", "index", "applied_seq", "keys", "timings"})
+_CHUNK_FIELDS = _CHUNK_REQUIRED | {"truncated", "first_frame_pts", "prompt", "prompt_seq"}
 
 
 def _status_from(parsed: dict[str, Any]) -> StatusMessage | None:
@@ -314,20 +362,15 @@ def _status_from(parsed: dict[str, Any]) -> StatusMessage | None:
             detail = parsed["detail"]
             if isinstance(parsed["state"], str) and (detail is None or isinstance(detail, str)):
                 return StateStatus(parsed["state"], detail)
-        elif kind == "chunk" and {"v", "type", "index", "applied_seq", "keys", "timings"} <= set(parsed) <= {
-            "v",
-            "type",
-            "index",
-            "applied_seq",
-            "keys",
-            "timings",
-            "truncated",
-            "first_frame_pts",
-        }:
+        elif kind == "chunk" and _CHUNK_REQUIRED <= set(parsed) <= _CHUNK_FIELDS:
             timings = parsed["timings"]
             pts = parsed.get("first_frame_pts")
+            prompt = parsed.get("prompt", "")
+            prompt_seq = parsed.get("prompt_seq", -1)
             if (
                 (pts is None or _is_int(pts))
+                and isinstance(prompt, str)
+                and _is_int(prompt_seq)
                 and _is_int(parsed["index"])
                 and _is_int(parsed["applied_seq"])
                 and isinstance(parsed["keys"], list)
@@ -341,7 +384,18 @@ def _status_from(parsed: dict[str, Any]) -> StatusMessage | None:
                     tuple(parsed["keys"]),
                     {name: float(value) for name, value in timings.items()},
                     pts,
+                    prompt,
+                    prompt_seq,
                 )
+        elif kind == "warning" and set(parsed) == {"v", "type", "code", "message", "ends_in_s"}:
+            ends_in = parsed["ends_in_s"]
+            if (
+                isinstance(parsed["code"], str)
+                and isinstance(parsed["message"], str)
+                and isinstance(ends_in, int | float)
+                and not isinstance(ends_in, bool)
+            ):
+                return WarningStatus(parsed["code"], parsed["message"], float(ends_in))
         elif kind == "error" and set(parsed) == {"v", "type", "code", "message"}:
             if isinstance(parsed["code"], str) and isinstance(parsed["message"], str):
                 return ErrorStatus(parsed["code"], parsed["message"])
@@ -372,30 +426,36 @@ def decode_status(data: bytes | str, *, max_bytes: int = MAX_STATUS_BYTES) -> St
 @dataclass(frozen=True, slots=True)
 class InboxStatistics:
     """A session's control intake: snapshots forwarded, stale (older seq) and duplicate (same seq) ones dropped,
-    discrete commands forwarded, the newest accepted `seq` (-1 before the first)."""
+    discrete commands forwarded, the newest accepted `seq` (-1 before the first); prompts forwarded and the newest
+    accepted prompt `seq` (stale and duplicate prompts count with the snapshots')."""
 
     accepted: int
     stale: int
     duplicates: int
     commands: int
     last_seq: int
+    prompts: int = 0
+    last_prompt_seq: int = -1
 
 
 class ControlInbox:
     """Per-session sequence tracking for control snapshots: newest wins.
 
-    `accept(message)` says whether to hand a decoded message to the session. A `ControlState` is accepted only when
-    its `seq` is greater than every one accepted before (lossy data channels reorder and repeat); the rest are
-    dropped and counted. Discrete commands (`ResetPose`, `Stop`) are always accepted: they travel on reliable,
-    ordered channels. The inbox belongs to the session's binding and outlives rebinds, so a reconnected client
-    must keep counting from where it was (docs/control-protocol.md says how).
+    `accept(message)` says whether to hand a decoded message to the session. A `ControlState` is accepted only when its
+    `seq` is greater than every one accepted before (lossy data channels reorder and repeat); the rest are dropped and
+    counted. A `SetPrompt` is held to the same rule against the prompts' own sequence. Discrete commands (`ResetPose`,
+    `Pause`, `Resume`, `Stop`) are always accepted: they travel on reliable, ordered channels. The inbox belongs to the
+    session's binding and outlives rebinds, so a reconnected client must keep counting from where it was
+    (docs/control-protocol.md says how).
     """
 
-    __slots__ = ("_accepted", "_commands", "_duplicates", "_last_seq", "_stale")
+    __slots__ = ("_accepted", "_commands", "_duplicates", "_last_prompt_seq", "_last_seq", "_prompts", "_stale")
 
     def __init__(self) -> None:
         self._last_seq = -1
+        self._last_prompt_seq = -1
         self._accepted = 0
+        self._prompts = 0
         self._stale = 0
         self._duplicates = 0
         self._commands = 0
@@ -405,17 +465,28 @@ class ControlInbox:
         return self._last_seq
 
     def accept(self, message: ControlMessage) -> bool:
+        if isinstance(message, SetPrompt):
+            if not self._newer(message.seq, self._last_prompt_seq):
+                return False
+            self._last_prompt_seq = message.seq
+            self._prompts += 1
+            return True
         if not isinstance(message, ControlState):
             self._commands += 1
             return True
-        if message.seq == self._last_seq:
-            self._duplicates += 1
-            return False
-        if message.seq < self._last_seq:
-            self._stale += 1
+        if not self._newer(message.seq, self._last_seq):
             return False
         self._last_seq = message.seq
         self._accepted += 1
+        return True
+
+    def _newer(self, seq: int, last: int) -> bool:
+        if seq == last:
+            self._duplicates += 1
+            return False
+        if seq < last:
+            self._stale += 1
+            return False
         return True
 
     def statistics(self) -> InboxStatistics:
@@ -425,4 +496,6 @@ class ControlInbox:
             duplicates=self._duplicates,
             commands=self._commands,
             last_seq=self._last_seq,
+            prompts=self._prompts,
+            last_prompt_seq=self._last_prompt_seq,
         )

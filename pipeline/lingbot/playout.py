@@ -88,7 +88,8 @@ class PlayoutScheduler:
 
     Per chunk, in order: `due()` says when to start it (a time on the caller's clock; at or before `now` means at
     once), `started(now)` when the session begins it (before waiting for the lease), `ready(now, frames)` when its
-    frames are out. `started` twice without `ready` keeps the first time (the chunk is still the same one).
+    frames are out, or `abandon()` when it was not generated after all. `started` twice without `ready` keeps the
+    first time (the chunk is still the same one).
     """
 
     def __init__(self, config: PlayoutConfig) -> None:
@@ -134,6 +135,11 @@ class PlayoutScheduler:
             return
         self._started_at = now
         self._continuing = self._end is not None and now < self._end
+
+    def abandon(self) -> None:
+        """The chunk `started` was not generated after all (the session paused while it waited): forget its start."""
+        self._started_at = None
+        self._continuing = False
 
     def ready(self, now: float, frames: int) -> ChunkPlayout:
         if self._started_at is None:

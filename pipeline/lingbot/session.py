@@ -18,7 +18,12 @@ session's generation, never the lease). In real-time mode a chunk starts just in
 margin before the previous chunk's playback ends, so a key shows up after about one generation time plus the wait for
 the next chunk start, not behind a buffer of video generated ahead; under-runs are counted (`playout_statistics`) and
 each chunk carries `playout_lead` (and `underrun` when it came late) in its timings. Cancellation of the loop at any
-await leaves the orchestrator session for `close` to cancel and release."""
+await leaves the orchestrator session for `close` to cancel and release.
+
+Pause: a paused session wants no chunk, so it asks for no lease turn (the other sessions of the worker share the model
+without it); a pause that lands while it waits for its turn gives the grant back unused. Controls and prompts that
+arrive while paused are kept (newest wins) and apply from the first chunk after `Resume`.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ from typing import Protocol
 import torch
 
 from admission.lease import LeaseStatistics
-from pipeline.bidirectional import ChunkOutput, ControlMessage, ControlState, ResetPose, SetPrompt, Stop
+from pipeline.bidirectional import ChunkOutput, ControlMessage, ControlState, Pause, ResetPose, Resume, SetPrompt, Stop
 from pipeline.clock import Clock
 from pipeline.errors import SessionClosedError, SessionFailedError
 from pipeline.lingbot.config import LingBotSessionConfig
@@ -148,6 +153,7 @@ class LingBotSession:
         self._prompt_seq = -1
         self._applied_prompt_seq = -1
         self._reset_pending = False
+        self._paused = False
         self._stop_requested = False
         self._wake = asyncio.Event()
         self._stream: OutputStream | None = None
@@ -215,14 +221,22 @@ class LingBotSession:
                 return
             self._prompt = message.text
             self._prompt_seq = message.seq
+        elif isinstance(message, Pause):
+            self._paused = True
+        elif isinstance(message, Resume):
+            self._paused = False
         elif isinstance(message, ResetPose):
             self._reset_pending = True
         elif isinstance(message, Stop):
             self.request_stop()
         self._wake.set()
 
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
     def wants_chunk(self) -> bool:
-        if self.is_finished():
+        if self.is_finished() or self._paused:
             return False
         if self.next_control_index == 0 or self._reset_pending or self._prompt_seq > self._applied_prompt_seq:
             return True
@@ -266,8 +280,11 @@ class LingBotSession:
                 await self._pace()
                 if self.is_finished():
                     break
+                if not self.wants_chunk():  # paused while it waited for the chunk's start
+                    continue
                 chunk = await self._one_chunk()
-                await self._out.put(chunk)
+                if chunk is not None:
+                    await self._out.put(chunk)
         except SessionFailedError as exc:
             self.failure = exc.reason
             logger.warning("session %s failed: %s", self.session_id, exc.reason)
@@ -304,7 +321,9 @@ class LingBotSession:
             except TimeoutError:
                 return
 
-    async def _one_chunk(self) -> ChunkOutput:
+    async def _one_chunk(self) -> ChunkOutput | None:
+        """One chunk under one lease grant; None when the session was paused while it waited for the grant (the
+        grant goes back unused: a paused session does no model work)."""
         stream = self._stream
         if stream is None:
             raise RuntimeError("the session is not open")
@@ -315,6 +334,10 @@ class LingBotSession:
             self._lease.grant(self.session_id) if self._lease is not None else nullcontext()
         )
         async with grant:
+            if self._paused:
+                if self._playout is not None:
+                    self._playout.abandon()
+                return None
             granted_at = self._clock.now()
             index = self.next_control_index
             latest = self._latest

@@ -33,10 +33,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pipeline.bidirectional import CloseMode
+from pipeline.bidirectional import CloseMode, check_prompt
 from service.errors import (
     ForbiddenError,
     InvalidRequestError,
+    PromptTooLargeError,
     SessionNotStreamingError,
     UnsupportedMediaTypeError,
     error_body,
@@ -134,9 +135,10 @@ async def create_session(
     except ValidationError as exc:
         raise InvalidRequestError(describe_validation_errors(exc.errors())) from None
     image = decode_image(payload.image, runtime.config.limits)
+    config = _with_prompt(payload.config, payload.prompt)
     caller_room = await _caller_room(payload, transport)
     snapshot, admitted = await runtime.create(
-        owner, payload.config, image, caller_room=caller_room, record=payload.record
+        owner, config, image, caller_room=caller_room, record=payload.record, max_seconds=payload.max_seconds
     )
     bind_session_id(snapshot.id)
     response.status_code = 201 if admitted else 202
@@ -156,6 +158,21 @@ async def _caller_room(payload: CreateSessionRequest, transport: Transport | Non
         raise InvalidRequestError(f"livekit: {exc}") from None
     await transport.check_caller_room(room)
     return room
+
+
+def _with_prompt(config: dict[str, Any], prompt: str | None) -> dict[str, Any]:
+    """The worker's config with the request's `prompt` (checked: 422 `prompt_too_large` over 512 UTF-8 bytes)."""
+    if prompt is None:
+        return config
+    if "prompt" in config:
+        raise InvalidRequestError("give the prompt once: as `prompt` or as `config.prompt`, not both")
+    try:
+        check_prompt(prompt)
+    except ValueError as exc:
+        if "UTF-8 bytes" in str(exc):
+            raise PromptTooLargeError(f"prompt: {exc}") from None
+        raise InvalidRequestError(f"prompt: {exc}") from None
+    return {**config, "prompt": prompt}
 
 
 @v1_router.get("/sessions", response_model=SessionList, summary="The caller's sessions", responses=_errors(401))
@@ -202,6 +219,28 @@ async def delete_session(
     snapshot = await runtime.delete(owner, session_id, CloseMode(mode))
     response.status_code = 200 if snapshot.terminal else 202
     return session_body(snapshot)
+
+
+@v1_router.post(
+    "/sessions/{session_id}/pause",
+    response_model=SessionBody,
+    summary="Pause a running session (idempotent): it keeps its slot and state, generates nothing, holds its picture",
+    responses=_errors(401, 404, 409),
+)
+async def pause_session(session_id: str, owner: Owner, runtime: Runtime) -> SessionBody:
+    bind_session_id(session_id)
+    return session_body(await runtime.pause(owner, session_id, True))
+
+
+@v1_router.post(
+    "/sessions/{session_id}/resume",
+    response_model=SessionBody,
+    summary="Resume a paused session (idempotent)",
+    responses=_errors(401, 404, 409),
+)
+async def resume_session(session_id: str, owner: Owner, runtime: Runtime) -> SessionBody:
+    bind_session_id(session_id)
+    return session_body(await runtime.pause(owner, session_id, False))
 
 
 @v1_router.get(
@@ -251,7 +290,7 @@ async def session_events(session_id: str, owner: Owner, runtime: Runtime) -> Str
     )
 
 
-_STREAMING = frozenset({SessionState.ADMITTED, SessionState.RUNNING, SessionState.DRAINING})
+_STREAMING = frozenset({SessionState.ADMITTED, SessionState.RUNNING, SessionState.PAUSED, SessionState.DRAINING})
 
 
 def _conflict(message: str) -> SessionNotStreamingError:

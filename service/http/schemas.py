@@ -31,7 +31,7 @@ __all__ = [
     "session_body",
 ]
 
-StateName = Literal["queued", "admitted", "running", "draining", "closed", "expired", "failed", "cancelled"]
+StateName = Literal["queued", "admitted", "running", "paused", "draining", "closed", "expired", "failed", "cancelled"]
 
 
 class LiveKitRoomRequest(BaseModel):
@@ -71,6 +71,18 @@ class CreateSessionRequest(BaseModel):
         description="Record the session (an MP4 and its control trace, served by GET .../recording once it ended); "
         "needs LINGSTREAM_RECORDINGS_DIR (else 422 recording_not_configured).",
     )
+    prompt: str | None = Field(
+        default=None,
+        description="The text prompt the session starts from (at most 512 UTF-8 bytes; 422 prompt_too_large "
+        "beyond); the `prompt` control message replaces it. Passed to the model worker as its config's `prompt`.",
+    )
+    max_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="Longest the session may run, in seconds from its start (at most the server's "
+        "LINGSTREAM_MAX_SESSION_SECONDS: 422 max_seconds_over_limit beyond); it gets a `warning` status 30 s "
+        "before, then ends with reason time_limit. Default: the server's limit (none when unset).",
+    )
 
 
 class ErrorDetail(BaseModel):
@@ -103,6 +115,10 @@ class SessionBody(BaseModel):
     config: dict[str, Any] = Field(description="The resolved session configuration.")
     video: VideoBody
     error: ErrorDetail | None = Field(description="Set when status is failed.")
+    max_seconds: float | None = Field(default=None, description="The session's time limit in seconds; null: none.")
+    ends_at: datetime.datetime | None = Field(
+        default=None, description="When the time limit ends the session (set once it runs with a limit)."
+    )
 
 
 class SessionList(BaseModel):
@@ -161,6 +177,8 @@ def session_body(snapshot: SessionSnapshot) -> SessionBody:
         config=dict(snapshot.config),
         video=VideoBody(width=snapshot.width, height=snapshot.height, fps=snapshot.fps),
         error=error,
+        max_seconds=snapshot.max_seconds,
+        ends_at=None if snapshot.ends_at is None else _time(snapshot.ends_at),
     )
 
 

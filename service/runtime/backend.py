@@ -79,6 +79,11 @@ class AdmissionHost(Protocol):
         """Close the session with `mode` (a DELETE that reached this replica through the shared admission)."""
         ...
 
+    def set_paused(self, session: Session, paused: bool) -> None:
+        """Pause or resume the session (a request that reached this replica through the shared admission); raises
+        `SessionQueuedError` or `SessionNotStreamingError` when it cannot."""
+        ...
+
     def lose(self, session: Session, code: str, message: str) -> None:
         """Admission took the session away (its replica was reaped, or the shared record was lost): a queued
         session ends cancelled with reason `code`; an admitted one fails with `(code, message)` and is cancelled."""
@@ -94,10 +99,17 @@ class AdmissionHost(Protocol):
         ...
 
     def register(
-        self, session_id: str, owner: str, prepared: PreparedSession, created_at: float, *, record: bool = False
+        self,
+        session_id: str,
+        owner: str,
+        prepared: PreparedSession,
+        created_at: float,
+        *,
+        record: bool = False,
+        max_seconds: float | None = None,
     ) -> Session:
         """Record a session created on another replica, still queued: an ADMITTED `admission_event` starts it
-        (`record`: it was created with `"record": true`)."""
+        (`record`: it was created with `"record": true`; `max_seconds`: its running-time limit)."""
         ...
 
 
@@ -190,4 +202,10 @@ class AdmissionBackend(Protocol):
     async def delete(self, owner: str, session_id: str, mode: CloseMode) -> SessionSnapshot:
         """End the session (idempotent): cancel it while queued, else ask its owner to close it with `mode`;
         waits up to the host's `delete_wait_s` for the end and answers the newest snapshot."""
+        ...
+
+    async def set_paused(self, owner: str, session_id: str, paused: bool) -> SessionSnapshot:
+        """Pause (`paused`) or resume a session run by another replica: its owner is asked, and the answer waits up
+        to the host's `delete_wait_s` for the change. Raises `SessionNotFoundError`, `SessionQueuedError` (still in
+        the queue), `SessionNotStreamingError` (ended) or `AdmissionUnavailableError`."""
         ...

@@ -127,3 +127,6 @@ class MemoryAdmissionBackend:
 
     async def delete(self, owner: str, session_id: str, mode: CloseMode) -> SessionSnapshot:
         raise SessionNotFoundError(session_id)
+
+    async def set_paused(self, owner: str, session_id: str, paused: bool) -> SessionSnapshot:
+        raise SessionNotFoundError(session_id)

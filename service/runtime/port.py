@@ -11,17 +11,21 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from pipeline.bidirectional import BidirectionalService, ChunkOutput, CloseMode, ControlMessage, Stop
+from pipeline.bidirectional import BidirectionalService, ChunkOutput, CloseMode, ControlMessage, Pause, Resume, Stop
+from service.errors import ServiceError, lookup
 from service.runtime.sessions import Session, SessionState
 from transport.base import CallerRoom, StateStatus, StatusMessage
+from transport.errors import ControlRejectedError
 
 __all__ = ["LiveSessionPort"]
 
 logger = logging.getLogger(__name__)
 
-_STEERABLE = frozenset({SessionState.RUNNING, SessionState.DRAINING})
+_STEERABLE = frozenset({SessionState.RUNNING, SessionState.PAUSED, SessionState.DRAINING})
 
 CloseRequest = Callable[[Session, CloseMode, str], None]
+PauseRequest = Callable[[Session, bool], None]
+"""Pause (True) or resume (False) the session; raises a `ServiceError` when it cannot (e.g. it is closing)."""
 
 
 class LiveSessionPort:
@@ -29,19 +33,27 @@ class LiveSessionPort:
 
     - `chunks()`: from now on, bounded per subscriber, latest wins (a slow consumer skips chunks); ends when the
       session ends.
-    - `status()`: first the current state (a rebinding transport learns where the session is), then state
-      changes, one `ChunkStatus` per chunk, and a final `ErrorStatus`/`DoneStatus`; bounded per subscriber (drop
-      oldest); ends after `DoneStatus`.
+    - `status()`: first the current state (a rebinding transport learns where the session is) and the standing
+      `warning` if any (the session ends soon), then state changes, one `ChunkStatus` per chunk, and a final
+      `ErrorStatus`/`DoneStatus`; bounded per subscriber (drop oldest); ends after `DoneStatus`.
     - `push_control()`: never blocks. A `Stop` closes the session with drain (the chunk in progress is delivered);
-      other messages go to the worker while the session runs (also while the service drains, until the session's
-      close is requested) and are dropped (counted) otherwise.
+      `Pause`/`Resume` go to the runtime (as the REST routes do), and one it refuses raises `ControlRejectedError`
+      with the error table's code; other messages go to the worker while the session runs or is paused (also while
+      the service drains, until the session's close is requested) and are dropped (counted) otherwise.
     - `client_gone()`: closes the session with cancel.
     """
 
-    def __init__(self, session: Session, worker: BidirectionalService, request_close: CloseRequest) -> None:
+    def __init__(
+        self,
+        session: Session,
+        worker: BidirectionalService,
+        request_close: CloseRequest,
+        set_paused: PauseRequest,
+    ) -> None:
         self._session = session
         self._worker = worker
         self._request_close = request_close
+        self._set_paused = set_paused
         self.dropped_controls = 0
 
     @property
@@ -68,6 +80,14 @@ class LiveSessionPort:
         if isinstance(message, Stop):
             self._request_close(self._session, CloseMode.DRAIN, "client_stop")
             return
+        if isinstance(message, Pause | Resume):
+            try:
+                self._set_paused(self._session, isinstance(message, Pause))
+            except ServiceError as exc:
+                spec = lookup(exc)
+                code = spec.code if spec is not None else "session_not_running"
+                raise ControlRejectedError(code, str(exc)) from exc
+            return
         # Interactive until a close is requested: a session kept running through the service's drain still steers.
         if self._session.close_mode is not None or self._session.state not in _STEERABLE:
             self.dropped_controls += 1
@@ -87,6 +107,8 @@ class LiveSessionPort:
         with self._session.statuses.subscribe() as subscription:
             if not self._session.terminal:
                 yield StateStatus(self._session.state.value)
+                if self._session.warning is not None:
+                    yield self._session.warning
             async for message in subscription:
                 yield message
 

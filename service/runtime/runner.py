@@ -42,13 +42,16 @@ class RunnerCallbacks:
     - `running(session)`: the session has just moved to RUNNING (the owner marks it draining if the service drains);
     - `release_slot(session)`: give the ended session's admission slot back (called exactly once per session);
     - `ended(session)`: the session reached its final state (after its slot went back, before the transport is
-      detached).
+      detached);
+    - `set_paused(session, paused)`: a `pause` (True) or `resume` (False) from the client's control channel; raises
+      a `ServiceError` when the session cannot (the port answers the client with its code).
     """
 
     request_close: Callable[[Session, CloseMode, str], None]
     running: Callable[[Session], None]
     release_slot: Callable[[Session], None]
     ended: Callable[[Session], None]
+    set_paused: Callable[[Session, bool], None]
 
 
 class SessionRunner:
@@ -84,7 +87,7 @@ class SessionRunner:
         """The admitted session's whole life on `worker`. Cancellation (shutdown) still publishes a final status,
         gives the slot back and detaches the transport in `finally`."""
         request_close = self._callbacks.request_close
-        port = LiveSessionPort(session, worker, request_close)
+        port = LiveSessionPort(session, worker, request_close, self._callbacks.set_paused)
         attached = False
         reader: asyncio.Task[None] | None = None
         recording: SessionRecording | None = None

@@ -12,7 +12,9 @@ The HTTP layer (`service.http.routes`) only translates requests into calls on th
   transport;
 - worker start-up and health (an unready worker admits nothing and makes the instance unready);
 - the drain (SIGTERM or `POST /internal/drain`): not ready at once, no new admissions, queued sessions cancelled,
-  running sessions get until `drain_timeout` to end (closed with drain shortly before it, cancelled at it).
+  running sessions get until `drain_timeout` to end (closed with drain shortly before it, cancelled at it);
+- pause and resume (`service.runtime.pausing`: the REST routes and the client's control channel alike) and the
+  deadlines of running sessions (`service.runtime.limits`: the time limit, the longest pause), on a `Timers` seam.
 
 Everything runs on the event loop; model-side work happens inside the `BidirectionalService` implementation (its
 threads or processes), never here. The only blocking call the runtime makes itself, `prepare` (plus the image
@@ -42,6 +44,7 @@ from service.errors import (
     AdmissionUnavailableError,
     DrainingError,
     InvalidConfigError,
+    MaxSecondsTooLargeError,
     NotReadyError,
     RecordingFailedError,
     RecordingInProgressError,
@@ -57,7 +60,9 @@ from service.runtime.backend import AdmissionBackend
 from service.runtime.config_view import config_view
 from service.runtime.fanout import Subscription
 from service.runtime.images import check_image
+from service.runtime.limits import PAUSED_TOO_LONG, LimitsConfig, SessionDeadlines
 from service.runtime.memory import MemoryAdmissionBackend
+from service.runtime.pausing import set_paused
 from service.runtime.recordings import RecordingConfig, RecordingOutcome, RecordingState, RecordingStore, WriterFactory
 from service.runtime.records import (
     DrainStatus,
@@ -72,6 +77,7 @@ from service.runtime.sessions import LIVE_STATES, Session, SessionSnapshot, Sess
 from service.runtime.tasks import TaskSet
 from service.settings import ServiceConfig
 from transport.base import CallerRoom, Transport
+from transport.timers import LoopTimers, Timers
 
 __all__ = [
     "DrainStatus",
@@ -111,7 +117,7 @@ class ServiceRuntime:
 
     `backend` is the session admission (`service.runtime.backend`); by default this instance's own, in memory, on
     `clock` (tests inject a fake one). A backend given here brings its own clock, and the runtime owns it from now
-    on: it starts and closes it.
+    on: it starts and closes it. `timers` runs the sessions' deadlines (default: the event loop's).
     """
 
     def __init__(
@@ -125,6 +131,7 @@ class ServiceRuntime:
         tuning: RuntimeTuning | None = None,
         observer: SessionObserver | None = None,
         recording_writer: WriterFactory | None = None,
+        timers: Timers | None = None,
     ) -> None:
         if len(workers) != config.admission.num_workers:
             raise SettingsError(
@@ -161,8 +168,15 @@ class ServiceRuntime:
                 running=self._on_running,
                 release_slot=self._backend.release,
                 ended=self._after_end,
+                set_paused=self._set_paused,
             ),
             recordings=self._recordings,
+        )
+        self._deadlines = SessionDeadlines(
+            LimitsConfig(max_pause_s=config.max_pause),
+            timers if timers is not None else LoopTimers(),
+            on_warning=lambda session, status: session.warn(status),
+            on_expired=self._expired,
         )
         self._sessions: dict[str, Session] = {}
         self._live: set[str] = set()
@@ -288,22 +302,27 @@ class ServiceRuntime:
         *,
         caller_room: CallerRoom | None = None,
         record: bool = False,
+        max_seconds: float | None = None,
     ) -> tuple[SessionSnapshot, bool]:
         """Validate, then admit or queue a new session; returns its snapshot and whether it was admitted at once.
         `caller_room`: the caller's LiveKit room the transport publishes the session into (checked by the route).
+        `max_seconds` limits its running time (at most the server's `max_session_seconds`, which applies when it is
+        None).
 
         Raises `InvalidConfigError` (and the image errors) for bad input, `RecordingNotConfiguredError` for `record`
-        without a recordings directory, `QueueFullError`, `QuotaExceededError` (the owner's quota, checked with the
-        admission decision), `DrainingError`, `NotReadyError`, `AdmissionUnavailableError` (a shared backend cannot
-        be reached), or `SessionStartError` when an immediately admitted session failed to start.
+        without a recordings directory, `MaxSecondsTooLargeError`, `QueueFullError`, `QuotaExceededError` (the
+        owner's quota, checked with the admission decision), `DrainingError`, `NotReadyError`,
+        `AdmissionUnavailableError` (a shared backend cannot be reached), or `SessionStartError` when an immediately
+        admitted session failed to start.
         """
         if record and self._recordings is None:
             raise RecordingNotConfiguredError(
                 'this service does not record sessions: "record": true needs LINGSTREAM_RECORDINGS_DIR'
             )
+        limit = self._time_limit(max_seconds)
         if self._started and not (self._draining or self._closing) and not self._backend.available:
             raise AdmissionUnavailableError("the shared admission backend is unavailable; retry shortly")
-        session = await self._new_session(owner, config, image)
+        session = await self._new_session(owner, config, image, limit)
         session.caller_room = caller_room
         session.record = record
         bind_session_id(session.id)  # the rest of this request is the session's: admission's lines name it too
@@ -314,15 +333,36 @@ class ServiceRuntime:
             raise
         return await self._created(session, queued_at)
 
-    async def _new_session(self, owner: str, config: Mapping[str, object], image: bytes | None) -> Session:
+    def _time_limit(self, requested: float | None) -> float | None:
+        """The running-time limit of a new session: its own, which may not exceed the server's, or the server's."""
+        server = self._config.max_session_seconds
+        if requested is None:
+            return server
+        if server is not None and requested > server:
+            raise MaxSecondsTooLargeError(
+                f"max_seconds {requested:g} is over this service's limit of {server:g} s "
+                "(LINGSTREAM_MAX_SESSION_SECONDS)"
+            )
+        return requested
+
+    async def _new_session(
+        self, owner: str, config: Mapping[str, object], image: bytes | None, max_seconds: float | None
+    ) -> Session:
         """Check that creates are accepted, `prepare` off the loop, then register a new queued session."""
         self._check_accepting()
         prepared = await asyncio.to_thread(self._prepare, config, image)
         self._check_accepting()
-        return self._register(secrets.token_urlsafe(16), owner, prepared)
+        return self._register(secrets.token_urlsafe(16), owner, prepared, max_seconds)
 
-    def _register(self, session_id: str, owner: str, prepared: PreparedSession) -> Session:
-        session = Session(session_id, owner, prepared, config_view(prepared.config), self._tuning.buffers)
+    def _register(self, session_id: str, owner: str, prepared: PreparedSession, max_seconds: float | None) -> Session:
+        session = Session(
+            session_id,
+            owner,
+            prepared,
+            config_view(prepared.config),
+            self._tuning.buffers,
+            max_seconds=max_seconds,
+        )
         self._sessions[session_id] = session
         self._live.add(session_id)
         self._idle.clear()
@@ -450,6 +490,16 @@ class ServiceRuntime:
                     await session.ended.wait()
         return session.snapshot()
 
+    async def pause(self, owner: str, session_id: str, paused: bool) -> SessionSnapshot:
+        """Pause (`paused`) or resume the session (idempotent). A session run by another replica is asked through
+        the backend. Raises `SessionNotFoundError`, `SessionQueuedError` or `SessionNotStreamingError`."""
+        session = self._sessions.get(session_id)
+        if session is None or (session.state is SessionState.QUEUED and self._backend.shares_queue):
+            return await self._backend.set_paused(owner, session_id, paused)
+        session = self._visible(owner, session_id)
+        self._set_paused(session, paused)
+        return session.snapshot()
+
     # ------------------------------------------------------------------------------------------------ drain
 
     def start_drain(self, reason: str) -> None:
@@ -571,9 +621,30 @@ class ServiceRuntime:
             session.request_close(mode, reason)
 
     def _on_running(self, session: Session) -> None:
-        """The runner moved the session to RUNNING: a service that drains (now, or since it was admitted) says so."""
+        """The runner moved the session to RUNNING: a service that drains (now, or since it was admitted) says so;
+        its time limit starts."""
+        self._deadlines.running(session)
         if session.service_draining or self._draining:
             self._mark_service_draining(session)
+
+    def _set_paused(self, session: Session, paused: bool) -> None:
+        """Pause or resume a session with a record here (the REST route and the client's control channel)."""
+        worker = self._workers[session.worker if session.worker is not None else 0]
+        if not set_paused(session, worker, paused, max_pause_s=self._config.max_pause):
+            return
+        logger.info("session %s %s", session.id, "paused" if paused else "resumed")
+        if paused:
+            self._deadlines.paused(session)
+            return
+        self._deadlines.resumed(session)
+        if session.warning is not None and session.warning.code == PAUSED_TOO_LONG:
+            session.warn(None)
+        if session.service_draining or self._draining:
+            self._mark_service_draining(session)
+
+    def _expired(self, session: Session, reason: str) -> None:
+        """A session reached its time limit, or stayed paused too long: it ends now, its slot goes back at once."""
+        self._request_close(session, CloseMode.CANCEL, reason)
 
     def _mark_service_draining(self, session: Session) -> None:
         session.service_draining = True
@@ -633,6 +704,7 @@ class ServiceRuntime:
         self._observer.enter_session(session)
 
     def _after_end(self, session: Session) -> None:
+        self._deadlines.ended(session)
         self._observer.session_ended(session)
         self._ended_total[session.state.value] += 1
         self._live.discard(session.id)
@@ -732,6 +804,9 @@ class _Host:
     def lose(self, session: Session, code: str, message: str) -> None:
         self._runtime._lose(session, code, message)
 
+    def set_paused(self, session: Session, paused: bool) -> None:
+        self._runtime._set_paused(session, paused)
+
     def forget(self, session: Session) -> None:
         self._runtime._forget(session)
 
@@ -739,9 +814,16 @@ class _Host:
         return await asyncio.to_thread(self._runtime._prepare, config, image)
 
     def register(
-        self, session_id: str, owner: str, prepared: PreparedSession, created_at: float, *, record: bool = False
+        self,
+        session_id: str,
+        owner: str,
+        prepared: PreparedSession,
+        created_at: float,
+        *,
+        record: bool = False,
+        max_seconds: float | None = None,
     ) -> Session:
-        session = self._runtime._register(session_id, owner, prepared)
+        session = self._runtime._register(session_id, owner, prepared, max_seconds)
         session.created_at = created_at
         session.record = record and self._runtime._recordings is not None
         return session

@@ -3,7 +3,9 @@
 The lifecycle (one enum, an explicit transition table, a frozenset of terminal states)::
 
     queued ──► admitted ──► running ──► draining ──► closed
-       │           │           │           └───────► failed
+       │           │          ▲  │           └───────► failed
+       │           │  resume  │  ▼ pause
+       │           │         paused ──────────────► closed | failed | draining
        │           └───────────┴─────────────────► closed | failed | draining
        ├──► expired
        └──► cancelled
@@ -28,7 +30,15 @@ from types import MappingProxyType
 from pipeline.bidirectional import ChunkOutput, CloseMode, PreparedSession
 from service.errors import SessionTransitionError
 from service.runtime.fanout import Broadcast, Flag
-from transport.base import CallerRoom, ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
+from transport.base import (
+    CallerRoom,
+    ChunkStatus,
+    DoneStatus,
+    ErrorStatus,
+    StateStatus,
+    StatusMessage,
+    WarningStatus,
+)
 
 __all__ = [
     "LIVE_STATES",
@@ -49,6 +59,8 @@ class SessionState(enum.Enum):
     ADMITTED = "admitted"
     # Created and attached: generating and streaming to the client.
     RUNNING = "running"
+    # Running, but generating nothing until resumed (keeps its slot, caches and pose; takes no model time).
+    PAUSED = "paused"
     # Winding down: a close (drain or cancel) is in progress, or the instance drains and will close it by the deadline.
     DRAINING = "draining"
     # Ended after admission without a failure (client DELETE, Stop, client gone, completed, drain) (terminal).
@@ -67,7 +79,12 @@ TRANSITIONS: Mapping[SessionState, frozenset[SessionState]] = MappingProxyType(
         SessionState.ADMITTED: frozenset(
             {SessionState.RUNNING, SessionState.DRAINING, SessionState.CLOSED, SessionState.FAILED}
         ),
-        SessionState.RUNNING: frozenset({SessionState.DRAINING, SessionState.CLOSED, SessionState.FAILED}),
+        SessionState.RUNNING: frozenset(
+            {SessionState.PAUSED, SessionState.DRAINING, SessionState.CLOSED, SessionState.FAILED}
+        ),
+        SessionState.PAUSED: frozenset(
+            {SessionState.RUNNING, SessionState.DRAINING, SessionState.CLOSED, SessionState.FAILED}
+        ),
         SessionState.DRAINING: frozenset({SessionState.CLOSED, SessionState.FAILED}),
         SessionState.CLOSED: frozenset(),
         SessionState.EXPIRED: frozenset(),
@@ -79,7 +96,7 @@ TRANSITIONS: Mapping[SessionState, frozenset[SessionState]] = MappingProxyType(
 
 TERMINAL_STATES: frozenset[SessionState] = frozenset(state for state, moves in TRANSITIONS.items() if not moves)
 LIVE_STATES: frozenset[SessionState] = frozenset(SessionState) - TERMINAL_STATES
-_SLOT_STATES = frozenset({SessionState.ADMITTED, SessionState.RUNNING, SessionState.DRAINING})
+_SLOT_STATES = frozenset({SessionState.ADMITTED, SessionState.RUNNING, SessionState.PAUSED, SessionState.DRAINING})
 
 
 def require_transition(session_id: str, old: SessionState, new: SessionState) -> None:
@@ -99,7 +116,8 @@ class SessionSnapshot:
 
     `created_at`/`updated_at` are wall-clock seconds since the epoch. `queue_position` is set only while queued
     (1 = next). `transport` holds the join details once attached. `error` is `(code, message)` for failed sessions.
-    `sequence` increases with every published change (the SSE event id).
+    `sequence` increases with every published change (the SSE event id). `max_seconds` is the session's time limit
+    (None: none) and `ends_at` the wall-clock second it ends by, once it runs.
     """
 
     id: str
@@ -115,6 +133,8 @@ class SessionSnapshot:
     fps: float
     error: tuple[str, str] | None
     sequence: int
+    max_seconds: float | None = None
+    ends_at: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -148,10 +168,12 @@ class Session:
         "config_view",
         "created_at",
         "ended",
+        "ends_at",
         "escalated",
         "failure",
         "holds_slot",
         "id",
+        "max_seconds",
         "owner",
         "position",
         "prepared",
@@ -164,6 +186,7 @@ class Session:
         "statuses",
         "transport_details",
         "updated_at",
+        "warning",
         "worker",
     )
 
@@ -174,8 +197,13 @@ class Session:
         prepared: PreparedSession,
         config_view: Mapping[str, object],
         buffers: SessionBuffers,
+        *,
+        max_seconds: float | None = None,
     ) -> None:
         self.id = session_id
+        self.max_seconds = max_seconds
+        self.ends_at: float | None = None
+        self.warning: WarningStatus | None = None
         self.owner = owner
         self.prepared = prepared
         self.record = False  # created with "record": true (set by the runtime before admission)
@@ -226,6 +254,8 @@ class Session:
             fps=self.prepared.fps,
             error=self.failure if self.state is SessionState.FAILED else None,
             sequence=self._sequence,
+            max_seconds=self.max_seconds,
+            ends_at=self.ends_at,
         )
 
     def move(self, new: SessionState, *, reason: str | None = None, detail: str | None = None) -> None:
@@ -243,6 +273,14 @@ class Session:
             self._end()
         else:
             self.statuses.publish(StateStatus(new.value, detail))
+
+    def warn(self, status: WarningStatus | None) -> None:
+        """Tell the client the session ends soon (its time limit, or a pause that lasts too long); the warning is
+        kept, so a client that (re)connects is told it too (`ends_in_s` as of when it was sent). None: the warning
+        no longer holds (the pause ended)."""
+        self.warning = status
+        if status is not None and not self.terminal:
+            self.statuses.publish(status)
 
     def set_position(self, position: int | None) -> None:
         """A new queue position (from an admission event); published only when it changed."""
@@ -286,6 +324,8 @@ class Session:
                 applied_seq=chunk.applied_seq,
                 keys=tuple(sorted(chunk.keys)),
                 timings=MappingProxyType(dict(chunk.timings)),
+                prompt=chunk.prompt,
+                prompt_seq=chunk.prompt_seq,
             )
         )
 

@@ -53,6 +53,7 @@ from service.scaleout.lua.mirror import ReplicaMirror
 from service.scaleout.lua.records import (
     CloseRequest,
     NotTicketOwnerError,
+    PauseRequest,
     ReplicaStatistics,
     ScriptReply,
     SharedAdmissionEvent,
@@ -69,6 +70,7 @@ from service.scaleout.lua.records import (
 __all__ = [
     "CloseRequest",
     "NotTicketOwnerError",
+    "PauseRequest",
     "RedisAdmission",
     "ReplicaStatistics",
     "SharedAdmissionEvent",
@@ -316,6 +318,10 @@ class RedisAdmission:
         """Register the hook that receives close requests for sessions this replica owns (from any replica)."""
         return self._mirror.on_close_requested(listener)
 
+    def on_pause_requested(self, listener: Callable[[PauseRequest], None]) -> Callable[[], None]:
+        """Register the hook that receives pause and resume requests for sessions this replica owns."""
+        return self._mirror.on_pause_requested(listener)
+
     def watch(self, ticket_id: str) -> Callable[[], None]:
         """Follow a queued ticket created elsewhere (an SSE stream here): POSITION_CHANGED events for it, the first
         one with its current position. Returns an idempotent unwatch."""
@@ -452,6 +458,13 @@ class RedisAdmission:
         if mode not in _CLOSE_MODES:
             raise ValueError(f"mode must be one of {sorted(_CLOSE_MODES)}, got {mode!r}")
         return self._ok(ticket_id, await self._call("request_close", ticket_id, mode))
+
+    async def request_pause(self, ticket_id: str, paused: bool) -> tuple[str, SharedTicketView]:
+        """A pause (`paused`) or resume from any replica: for an admitted ticket the request goes to its owner (its
+        `on_pause_requested` hooks). Returns the script's code ("requested"; "queued": the ticket still waits,
+        nothing changed; "ok": it has finished) and the snapshot."""
+        reply = await self._call("request_pause", ticket_id, "pause" if paused else "resume")
+        return reply.code, self._ok(ticket_id, reply)
 
     async def publish_status(
         self, ticket_id: str, status: str, *, reason: str | None = None, body: str | None = None
@@ -765,6 +778,8 @@ class RedisAdmission:
                     try:
                         if fields.get("k") == b"close":
                             self._mirror.apply_close(fields)
+                        elif fields.get("k") == b"pause":
+                            self._mirror.apply_pause(fields)
                         else:
                             self._mirror.apply(fields)
                     except Exception:

@@ -12,10 +12,10 @@ session the runtime keeps no record of:
   *adopts* it: reads the payload, has the runtime `prepare` it again and `register` the `Session`. Every status
   change it publishes (`publish_status`, one writer task per session, always the newest snapshot), then it releases
   the slot;
-- **any replica** answers GET, DELETE, the event stream and the list for every session: the runtime from its own
-  `Session` when it runs (or waits for) it here, else this backend from the registry (`service.scaleout.registry`),
-  checking the owner fingerprint in constant time. DELETE elsewhere becomes `request_close`, which reaches the
-  owner's listener;
+- **any replica** answers GET, DELETE, pause/resume, the event stream and the list for every session: the runtime
+  from its own `Session` when it runs (or waits for) it here, else this backend from the registry
+  (`service.scaleout.registry`), checking the owner fingerprint in constant time. DELETE elsewhere becomes
+  `request_close`, and pause/resume `request_pause`, which reach the owner's listeners;
 - **transport routes** (the WebRTC offer, viewer tokens) need the replica that runs the session: elsewhere they
   answer 409 `session_on_other_replica` naming it (with LiveKit, browsers talk to LiveKit, not to a replica);
 - a session created here but admitted elsewhere, and every session still queued here when the replica drains,
@@ -62,8 +62,11 @@ from service.errors import (
     NotTicketOwnerError,
     QueueFullError,
     QuotaExceededError,
+    ServiceError,
     SessionElsewhereError,
     SessionNotFoundError,
+    SessionNotStreamingError,
+    SessionQueuedError,
 )
 from service.logs import session_context
 from service.runtime.backend import AdmissionHost
@@ -73,6 +76,7 @@ from service.runtime.sessions import Session, SessionSnapshot, SessionState
 from service.runtime.tasks import TaskSet
 from service.scaleout.admission import (
     CloseRequest,
+    PauseRequest,
     RedisAdmission,
     SharedAdmissionEvent,
     SharedEventKind,
@@ -173,6 +177,7 @@ class RedisAdmissionBackend:
         self._unsubscribe = [
             self._admission.subscribe(self._on_shared_event),
             self._admission.on_close_requested(self._on_close_request),
+            self._admission.on_pause_requested(self._on_pause_request),
         ]
         await self._admission.start()
         self._tasks.spawn(self._refresh_forever(), name="shared-statistics")
@@ -227,7 +232,9 @@ class RedisAdmissionBackend:
         view = await self._admission.create(
             session.owner,
             ticket_id=session.id,
-            payload=encode_payload(config, image, session.caller_room, record=session.record),
+            payload=encode_payload(
+                config, image, session.caller_room, record=session.record, max_seconds=session.max_seconds
+            ),
             body=encode_body(session.snapshot()),
         )
         if view.state is TicketState.REJECTED:
@@ -312,6 +319,37 @@ class RedisAdmissionBackend:
         local = host.session(session_id)
         return local.snapshot() if local is not None and local.terminal else remote_snapshot(view)
 
+    async def set_paused(self, owner: str, session_id: str, paused: bool) -> SessionSnapshot:
+        """Run elsewhere (or queued anywhere): ask its owner through Redis and wait a little for the change."""
+        host = self._started_host()
+        view = await self._visible_view(owner, session_id)
+        snapshot = remote_snapshot(view)
+        verb = "paused" if paused else "resumed"
+        if snapshot.state is SessionState.QUEUED:
+            raise SessionQueuedError(f"session {session_id!r} is still queued; it can be {verb} once it runs")
+        wanted = SessionState.PAUSED if paused else SessionState.RUNNING
+        if snapshot.state is wanted:
+            return snapshot
+        if snapshot.terminal:
+            raise SessionNotStreamingError(f"session {session_id!r} has ended; it cannot be {verb}")
+        wake = asyncio.Event()
+        stop_following = self._follow_ticket(session_id, wake, positions=False)
+        try:
+            code, view = await self._admission.request_pause(session_id, paused)
+            if code == "queued":
+                raise SessionQueuedError(f"session {session_id!r} is still queued; it can be {verb} once it runs")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(host.tuning.delete_wait_s):
+                    while not (remote_snapshot(view).state is wanted or remote_snapshot(view).terminal):
+                        await wake.wait()
+                        wake.clear()
+                        view = await self._admission.get(session_id)
+        except UnknownTicketError:
+            raise SessionNotFoundError(session_id) from None
+        finally:
+            stop_following()
+        return remote_snapshot(view)
+
     # ---------------------------------------------------------------------------------------------- events
 
     def _on_shared_event(self, event: SharedAdmissionEvent) -> None:
@@ -361,6 +399,20 @@ class RedisAdmissionBackend:
         with session_context(session.id):
             logger.info("session %s: close (%s) requested on replica %s", session.id, mode.value, request.requested_by)
             host.request_close(session, mode, "client_deleted")
+
+    def _on_pause_request(self, request: PauseRequest) -> None:
+        """A pause or resume on some replica for a session this replica owns. One it cannot apply (the session is
+        closing) changes nothing; the asking replica answers with the state it then reads."""
+        session = self._started_host().session(request.ticket_id)
+        if session is None:
+            return
+        with session_context(session.id):
+            verb = "pause" if request.paused else "resume"
+            logger.info("session %s: %s requested on replica %s", session.id, verb, request.requested_by)
+            try:
+                self._started_host().set_paused(session, request.paused)
+            except ServiceError as exc:
+                logger.info("session %s: %s refused: %s", session.id, verb, exc)
 
     def _on_lost(self, host: AdmissionHost, session: Session, view: SharedTicketView) -> None:
         """Admission took the session away: its replica was reaped while stalled, or Redis lost its record."""
@@ -449,10 +501,10 @@ class RedisAdmissionBackend:
                 payload = await self._admission.take_payload(tid)
                 if payload is None:
                     raise _NotAdopted("create_failed", "its request expired before a replica could start it")
-                config, image = decode_payload(payload)
+                request = decode_payload(payload)
                 caller_room = payload_caller_room(payload)
                 record = payload_records(payload)
-                prepared = await host.prepare(config, image)
+                prepared = await host.prepare(request.config, request.image)
                 if host.closing:
                     raise _NotAdopted("shutdown", "the replica that admitted it was shutting down")
             except asyncio.CancelledError:
@@ -463,7 +515,9 @@ class RedisAdmissionBackend:
                 self._pending_closes.pop(tid, None)
                 await self._give_back(tid, code, message)
                 return
-            session = host.register(tid, view.owner, prepared, view.created_at, record=record)
+            session = host.register(
+                tid, view.owner, prepared, view.created_at, record=record, max_seconds=request.max_seconds
+            )
             session.caller_room = caller_room
         finally:
             self._adopting.discard(tid)

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -32,6 +33,7 @@ from service.scaleout.lua.records import SharedTicketView
 from transport.base import CallerRoom
 
 __all__ = [
+    "CreatePayload",
     "RegistryStream",
     "decode_payload",
     "encode_body",
@@ -55,16 +57,27 @@ _LOST_MESSAGES = {
 # --------------------------------------------------------------------------------------------- payload and body
 
 
+@dataclass(frozen=True, slots=True)
+class CreatePayload:
+    """A create request as the replica that admits it rebuilds the session from: the worker's config, the image
+    bytes, and the session's running-time limit (the caller's room: `payload_caller_room`)."""
+
+    config: dict[str, object]
+    image: bytes | None
+    max_seconds: float | None = None
+
+
 def encode_payload(
     config: Mapping[str, object],
     image: bytes | None,
     caller_room: CallerRoom | None = None,
     *,
     record: bool = False,
+    max_seconds: float | None = None,
 ) -> bytes:
-    """The create request as bytes: one JSON line (the config, the caller's room, whether the session is recorded),
-    then the raw image bytes."""
-    fields: dict[str, object] = {"config": dict(config), "image": image is not None}
+    """The create request as bytes: one JSON line (the config, the caller's room, whether the session is recorded,
+    its time limit), then the raw image bytes."""
+    fields: dict[str, object] = {"config": dict(config), "image": image is not None, "max_seconds": max_seconds}
     if caller_room is not None:
         fields["livekit"] = {"room": caller_room.name, "controller_identity": caller_room.controller_identity}
     if record:
@@ -92,13 +105,16 @@ def payload_records(raw: bytes) -> bool:
     return isinstance(data, dict) and data.get("record") is True
 
 
-def decode_payload(raw: bytes) -> tuple[dict[str, object], bytes | None]:
+def decode_payload(raw: bytes) -> CreatePayload:
     """`encode_payload` reversed; raises `ValueError` for anything else."""
     head, separator, image = raw.partition(b"\n")
     data = json.loads(head) if separator else None
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise ValueError("not a lingstream create payload")
-    return data["config"], (image if data.get("image") else None)
+    limit = data.get("max_seconds")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0):
+        raise ValueError("not a lingstream create payload: max_seconds")
+    return CreatePayload(data["config"], image if data.get("image") else None, None if limit is None else float(limit))
 
 
 def encode_body(snapshot: SessionSnapshot) -> str:
@@ -115,6 +131,8 @@ def encode_body(snapshot: SessionSnapshot) -> str:
             "height": snapshot.height,
             "fps": snapshot.fps,
             "error": None if snapshot.error is None else list(snapshot.error),
+            "max_seconds": snapshot.max_seconds,
+            "ends_at": snapshot.ends_at,
         },
         separators=(",", ":"),
         default=str,
@@ -181,6 +199,8 @@ def remote_snapshot(view: SharedTicketView) -> SessionSnapshot:
         fps=float(_number(body.get("fps")) or 0.0),
         error=error,
         sequence=view.version,
+        max_seconds=_number(body.get("max_seconds")),
+        ends_at=_number(body.get("ends_at")),
     )
 
 

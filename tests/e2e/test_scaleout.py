@@ -292,6 +292,42 @@ async def test_get_list_delete_and_events_work_on_any_replica(tmp_path: Path) ->
         assert (closed["status"], closed["reason"]) == ("closed", "client_deleted")
 
 
+async def test_pause_and_resume_on_any_replica_reach_the_one_that_runs_the_session(tmp_path: Path) -> None:
+    async with _cluster(
+        tmp_path, LINGSTREAM_API_KEYS=f"{KEY_A},{KEY_B}", LINGSTREAM_MAX_SESSION_SECONDS="600"
+    ) as cluster:
+        running = await _fill(cluster, KEY_A)
+        session = running["r1"]
+
+        async def act(name: str, action: str, key: str = KEY_A, who: str = session) -> httpx.Response:
+            return await cluster.client.post(cluster.url(name, f"/v1/sessions/{who}/{action}"), headers=_auth(key))
+
+        paused = await act("r2", "pause")
+        assert (paused.status_code, paused.json()["status"]) == (200, "paused")
+        assert (await cluster.status("r1", session, KEY_A))["status"] == "paused"  # the owner paused it
+        again = await act("r3", "pause")  # idempotent, answered from the registry
+        assert (again.status_code, again.json()["status"]) == (200, "paused")
+        assert (await act("r3", "pause", KEY_B)).status_code == 404
+        resumed = await act("r3", "resume")
+        assert (resumed.status_code, resumed.json()["status"]) == (200, "running")
+        assert (await cluster.status("r2", session, KEY_A))["status"] == "running"
+
+        # A queued session cannot be paused, wherever it is asked; its time limit travels with its request to
+        # the replica that admits it.
+        waiting = (
+            await cluster.client.post(cluster.url("r3", "/v1/sessions"), json={"max_seconds": 50}, headers=_auth(KEY_A))
+        ).json()
+        assert waiting["status"] == "queued"
+        refused = await act("r2", "pause", who=waiting["id"])
+        assert (refused.status_code, refused.json()["error"]["code"]) == (409, "session_queued")
+        await cluster.delete("r2", running["r1"], KEY_A, mode="cancel")
+        admitted = await cluster.wait_status("r2", waiting["id"], "running", KEY_A)
+        assert admitted["max_seconds"] == 50
+        assert admitted["ends_at"] is not None
+        ended = await act("r3", "pause")
+        assert (ended.status_code, ended.json()["error"]["code"]) == (409, "session_not_running")
+
+
 async def _read_events(cluster: Cluster, name: str, session: str, sink: list[dict[str, Any]]) -> None:
     url = cluster.url(name, f"/v1/sessions/{session}/events")
     async with cluster.client.stream("GET", url, headers=_auth(KEY_A)) as response:

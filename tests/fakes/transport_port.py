@@ -10,6 +10,7 @@ import numpy.typing as npt
 
 from pipeline.bidirectional import ChunkOutput, ControlMessage
 from transport.base import CallerRoom, StatusMessage
+from transport.errors import ControlRejectedError
 
 _END = object()
 
@@ -82,6 +83,8 @@ class FakeSessionPort:
         self.chunks_opened = 0
         self.status_opened = 0
         self.refuse_control = False
+        self.reject_control: ControlRejectedError | None = None
+        """When set, `push_control` raises it (the service's port refusing a message in the session's state)."""
 
     @property
     def session_id(self) -> str:
@@ -106,6 +109,8 @@ class FakeSessionPort:
     def push_control(self, message: ControlMessage) -> None:
         if self.refuse_control:
             raise KeyError(self._session_id)
+        if self.reject_control is not None:
+            raise self.reject_control
         self.controls.append(message)
         self._control_changed.set()
 

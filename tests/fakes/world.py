@@ -1,7 +1,8 @@
 """`FakeWorld`: a hand-written `BidirectionalService` for the service's tests (no torch, no threads of its own).
 
-It validates a tiny config schema (`fps`: int 1..60, `seed`: int; nothing else), creates and closes sessions,
-records every control, and yields small numpy frame chunks when told to (`emit`) or at a fixed pace (`pace_s`).
+It validates a tiny config schema (`fps`: int 1..60, `seed`: int, `prompt`: str; nothing else), creates and closes
+sessions, records every control, and yields small numpy frame chunks when told to (`emit`) or at a fixed pace
+(`pace_s`); each chunk reports the newest prompt, and a paused session (`Pause`) paces no chunks until `Resume`.
 Tests can make it fail a session, fail creates, go unready, hold creates or drain-closes until released, and read
 what happened (`created`, `close_calls`, `controls`, `live`, `max_live`).
 
@@ -23,15 +24,18 @@ from pipeline.bidirectional import (
     CloseMode,
     ControlMessage,
     ControlState,
+    Pause,
     PreparedSession,
+    Resume,
     ServiceStatistics,
     SessionSummary,
+    SetPrompt,
 )
 from service.settings import Settings
 
 __all__ = ["FakeConfig", "FakeWorld", "idle_fake_workers", "paced_fake_workers"]
 
-_ALLOWED = ("fps", "seed")
+_ALLOWED = ("fps", "seed", "prompt")
 _END = object()
 _QUEUE_LIMIT = 256
 
@@ -40,6 +44,7 @@ _QUEUE_LIMIT = 256
 class FakeConfig:
     fps: int = 10
     seed: int = 0
+    prompt: str = ""
 
 
 class _FakeSession:
@@ -50,6 +55,10 @@ class _FakeSession:
         self.index = 0
         self.last_seq = -1
         self.keys: frozenset[str] = frozenset()
+        config = prepared.config
+        self.prompt = config.prompt if isinstance(config, FakeConfig) else ""
+        self.prompt_seq = -1
+        self.paused = False
         self.failure: str | None = None
         self.closing = False
         self.release_close = asyncio.Event()
@@ -137,10 +146,13 @@ class FakeWorld:
         seed = config.get("seed", 0)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
             raise ValueError(f"seed must be an integer between 0 and 2**31 - 1, got {seed!r}")
+        prompt = config.get("prompt", "")
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
         if image is not None and len(image) > self.max_image_bytes:
             raise ValueError(f"image is larger than the fake's {self.max_image_bytes} bytes")
         return PreparedSession(
-            config=FakeConfig(fps=fps, seed=seed),
+            config=FakeConfig(fps=fps, seed=seed, prompt=prompt),
             width=self.frame_size,
             height=self.frame_size,
             fps=float(fps),
@@ -171,6 +183,11 @@ class FakeWorld:
         if isinstance(message, ControlState) and message.seq > session.last_seq:
             session.last_seq = message.seq
             session.keys = message.keys
+        elif isinstance(message, SetPrompt) and message.seq > session.prompt_seq:
+            session.prompt_seq = message.seq
+            session.prompt = message.text
+        elif isinstance(message, Pause | Resume):
+            session.paused = isinstance(message, Pause)
 
     async def outputs(self, session_id: str) -> AsyncIterator[ChunkOutput]:
         session = self._sessions[session_id]
@@ -234,6 +251,8 @@ class FakeWorld:
             applied_seq=session.last_seq,
             keys=session.keys,
             timings={"fake": 0.0},
+            prompt=session.prompt,
+            prompt_seq=session.prompt_seq,
         )
 
     @staticmethod
@@ -249,7 +268,8 @@ class FakeWorld:
         while True:
             deadline += self.pace_s
             await asyncio.sleep(max(0.0, deadline - loop.time()))
-            self._put(session, self._chunk(session))
+            if not session.paused:
+                self._put(session, self._chunk(session))
 
     @staticmethod
     async def _stop_pacer(session: _FakeSession) -> None:

@@ -4,6 +4,7 @@
   string constants (not `.lua` files), so they ship with the `service` package without package-data settings.
   `SCRIPTS` maps a script's name to its full source (the shared prelude, then the script's body).
 - `records.py`: the records the backend hands out (`SharedTicketView`, `SharedAdmissionEvent`, `CloseRequest`,
+  `PauseRequest`,
   statistics) and the decoding of what the scripts and the event stream return.
 - `mirror.py`: `ReplicaMirror`, one replica's local view between calls to Redis (pure, no I/O).
 
@@ -30,7 +31,8 @@ tag such as `{lingstream}:admission:` keeps them in one Redis Cluster slot):
     P kr:<owner>       set     the owner's admitted ticket ids } kept by every script that moves a ticket
     P lengths          list    recent session lengths in ms (the Retry-After estimate)
     P events           stream  every ticket change ("k" = kind, "by" = the deciding replica, the ticket's fields)
-                               and close requests ("k" = "close", "id", "replica" = the owner, "mode", "by")
+                               and close requests ("k" = "close", "id", "replica" = the owner, "mode", "by"),
+                               pause requests ("k" = "pause", "id", "replica", "action" = pause | resume, "by")
 
 Ticket hash fields: `id owner state reason origin replica worker seq created admitted ended qdl hbdl v ctok failure
 status status_reason body`. Times are Redis server milliseconds since the epoch (`TIME`), so replicas' clocks never

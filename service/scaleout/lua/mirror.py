@@ -20,6 +20,7 @@ from admission import AdmissionConfig, AdmissionStatistics, RingBufferSummary, T
 from service.scaleout.lua.positions import FollowedPositions
 from service.scaleout.lua.records import (
     CloseRequest,
+    PauseRequest,
     SharedAdmissionEvent,
     SharedEventKind,
     SharedTicketView,
@@ -68,6 +69,7 @@ class ReplicaMirror:
         self._watched: Counter[str] = Counter()
         self._listeners: list[Callable[[SharedAdmissionEvent], None]] = []
         self._close_listeners: list[Callable[[CloseRequest], None]] = []
+        self._pause_listeners: list[Callable[[PauseRequest], None]] = []
         self._totals: Counter[str] = Counter()
         self._counted: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._info = ""
@@ -84,6 +86,10 @@ class ReplicaMirror:
     def on_close_requested(self, listener: Callable[[CloseRequest], None]) -> Callable[[], None]:
         self._close_listeners.append(listener)
         return lambda: self._close_listeners.remove(listener) if listener in self._close_listeners else None
+
+    def on_pause_requested(self, listener: Callable[[PauseRequest], None]) -> Callable[[], None]:
+        self._pause_listeners.append(listener)
+        return lambda: self._pause_listeners.remove(listener) if listener in self._pause_listeners else None
 
     def watch(self, ticket_id: str) -> Callable[[], None]:
         self._watched[ticket_id] += 1
@@ -285,6 +291,21 @@ class ReplicaMirror:
                 listener(request)
             except Exception:
                 logger.exception("redis admission close hook %r failed for %s", listener, request.ticket_id)
+
+    def apply_pause(self, fields: Mapping[str, bytes]) -> None:
+        """A pause or resume request from the stream: the hooks hear it if this replica owns the session."""
+        if decode_text(fields.get("replica", b"")) != self.replica_id:
+            return
+        request = PauseRequest(
+            decode_text(fields["id"]),
+            decode_text(fields.get("action", b"pause")) == "pause",
+            decode_text(fields.get("by", b"")),
+        )
+        for listener in tuple(self._pause_listeners):
+            try:
+                listener(request)
+            except Exception:
+                logger.exception("redis admission pause hook %r failed for %s", listener, request.ticket_id)
 
     # ----------------------------------------------------------------------------------------------- internals
 

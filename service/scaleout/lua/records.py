@@ -1,7 +1,8 @@
 """The records of shared admission and the decoding of what the Lua scripts and the event stream return.
 
 `SharedTicketView` is `admission.TicketView` plus where the ticket lives (owner replica, origin, registry status);
-`SharedAdmissionEvent` carries one change of one ticket; `CloseRequest` is a DELETE forwarded to the owner. The
+`SharedAdmissionEvent` carries one change of one ticket; `CloseRequest` is a DELETE forwarded to the owner, and
+`PauseRequest` a pause or resume forwarded to it. The
 `decode_*` functions turn the flat Redis arrays (`[field, value, ...]`) of the ticket hashes, events and script
 replies into these records; `service.scaleout.admission` is their only caller. The deployment's statistics
 (`SharedAdmissionStatistics`, `ReplicaStatistics`) are defined with the runtime's records and `NotTicketOwnerError`
@@ -22,6 +23,7 @@ from service.runtime.records import ReplicaStatistics, SharedAdmissionStatistics
 __all__ = [
     "CloseRequest",
     "NotTicketOwnerError",
+    "PauseRequest",
     "ReplicaStatistics",
     "ScriptReply",
     "SharedAdmissionEvent",
@@ -128,6 +130,15 @@ class CloseRequest:
 
     ticket_id: str
     mode: str
+    requested_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class PauseRequest:
+    """A pause (`paused`) or resume that landed on `requested_by` for a session this replica owns."""
+
+    ticket_id: str
+    paused: bool
     requested_by: str
 
 

@@ -394,6 +394,23 @@ end
 return reply('ok', snapshot(id))
 """
 
+# request_pause: ARGV[7] id, [8] "pause" or "resume". ADMITTED: the request is appended to the stream for the owner
+# replica (code requested); QUEUED: nothing changes (code queued); finished: no-op. Codes: requested, queued, ok,
+# unknown.
+_REQUEST_PAUSE = r"""
+expire_due()
+local id = ARGV[7]
+local state = redis.call('HGET', tkey(id), 'state')
+if not state then return reply('unknown', {}) end
+if state == 'queued' then return reply('queued', snapshot(id)) end
+if state == 'admitted' then
+  redis.call('XADD', STREAM, 'MAXLEN', '~', MAXLEN, '*', 'k', 'pause', 'id', id,
+    'replica', redis.call('HGET', tkey(id), 'replica'), 'action', ARGV[8], 'by', BY)
+  return reply('requested', snapshot(id))
+end
+return reply('ok', snapshot(id))
+"""
+
 # publish_status: ARGV[7] id, [8] session status, [9] status reason ("": none), [10] "1" if a body follows, [11]
 # body. The registry part of a ticket, written only by its owner replica (also after release); a session the
 # reaper marked lost keeps its failure. Codes: ok, unknown, elsewhere.
@@ -554,6 +571,7 @@ SCRIPTS: Mapping[str, str] = MappingProxyType(
             "cancel": _CANCEL,
             "release": _RELEASE,
             "request_close": _REQUEST_CLOSE,
+            "request_pause": _REQUEST_PAUSE,
             "publish_status": _PUBLISH_STATUS,
             "maintain": _MAINTAIN,
             "drain": _DRAIN,

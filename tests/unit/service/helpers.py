@@ -23,6 +23,7 @@ from tests.fakes.world import FakeWorld
 from transport.base import BindingStatistics, DoneStatus, SessionPort, StatusMessage
 from transport.errors import SessionNotAttachedError
 from transport.pacing import PacerStatistics
+from transport.timers import Timers
 
 FAST = RuntimeTuning(
     create_wait_s=5.0,
@@ -150,6 +151,7 @@ async def running_service(
     world: dict[str, Any] | None = None,
     client: tuple[str, int] = ("127.0.0.1", 50000),
     recording_writer: WriterFactory | None = None,
+    timers: Timers | None = None,
     **settings: Any,
 ) -> AsyncIterator[Harness]:
     """An app on fake workers with its lifespan running and the workers started; `settings` are overrides."""
@@ -167,6 +169,7 @@ async def running_service(
         clock=clock,
         tuning=tuning,
         recording_writer=recording_writer,
+        timers=timers,
     )
     async with app.router.lifespan_context(app):
         runtime = runtime_of(app)

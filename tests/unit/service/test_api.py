@@ -32,7 +32,7 @@ async def test_an_empty_body_creates_an_admitted_session_with_the_documented_bod
         assert body["status"] == "running"
         assert body["queue_position"] is None
         assert body["transport"] is None
-        assert body["config"] == {"fps": 10, "seed": 0}
+        assert body["config"] == {"fps": 10, "seed": 0, "prompt": ""}
         assert body["video"] == {"width": 8, "height": 8, "fps": 10.0}
         assert body["error"] is None
         assert body["reason"] is None

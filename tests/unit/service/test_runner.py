@@ -44,6 +44,7 @@ class _Owner:
             running=lambda session: self.calls.append(("running", session.state.value)),
             release_slot=lambda session: self.calls.append(("release_slot", session.state.value)),
             ended=lambda session: self.calls.append(("ended", session.state.value)),
+            set_paused=lambda session, paused: self.calls.append(("set_paused", str(paused))),
         )
 
     def request_close(self, session: Session, mode: CloseMode, reason: str) -> None:

@@ -11,6 +11,7 @@ from service.errors import SettingsError
 from service.runtime.sessions import SessionSnapshot, SessionState
 from service.scaleout.lua.records import SharedTicketView
 from service.scaleout.registry import (
+    CreatePayload,
     decode_payload,
     encode_body,
     encode_payload,
@@ -68,19 +69,20 @@ def test_an_unusable_replica_id_is_refused(monkeypatch: pytest.MonkeyPatch, valu
         load_settings()
 
 
-def test_the_create_payload_round_trips_config_and_image_bytes() -> None:
+def test_the_create_payload_round_trips_config_image_bytes_and_time_limit() -> None:
     image = b"\x89PNG\r\n\x1a\n\nbinary\n"
-    config, decoded = decode_payload(encode_payload({"fps": 12, "note": "two\nlines"}, image))
-    assert config == {"fps": 12, "note": "two\nlines"}
-    assert decoded == image
-    assert decode_payload(encode_payload({}, None)) == ({}, None)
+    request = decode_payload(encode_payload({"fps": 12, "note": "two\nlines"}, image, max_seconds=90.0))
+    assert request == CreatePayload({"fps": 12, "note": "two\nlines"}, image, 90.0)
+    assert decode_payload(encode_payload({}, None)) == CreatePayload({}, None, None)
     with pytest.raises(ValueError, match="payload"):
         decode_payload(b'{"other": 1}\n')
     # A recorded session's request says so, so that the replica that admits it records it.
     recorded = encode_payload({"fps": 12}, image, record=True)
     assert payload_records(recorded)
-    assert decode_payload(recorded) == ({"fps": 12}, image)
+    assert decode_payload(recorded) == CreatePayload({"fps": 12}, image)
     assert not payload_records(encode_payload({"fps": 12}, image))
+    with pytest.raises(ValueError, match="max_seconds"):
+        decode_payload(b'{"config": {}, "max_seconds": -1}\n')
 
 
 def test_the_create_payload_carries_the_callers_livekit_room_to_the_replica_that_admits_it() -> None:
@@ -88,7 +90,7 @@ def test_the_create_payload_carries_the_callers_livekit_room_to_the_replica_that
     for room in (CallerRoom("lobby-7"), CallerRoom("lobby 7 ✓", controller_identity="user-42")):
         payload = encode_payload({"fps": 12}, image, room)
         assert payload_caller_room(payload) == room
-        assert decode_payload(payload) == ({"fps": 12}, image)
+        assert decode_payload(payload) == CreatePayload({"fps": 12}, image)
     assert payload_caller_room(encode_payload({}, None)) is None
     with pytest.raises(ValueError, match="payload"):
         payload_caller_room(b'{"config": {}, "livekit": {"room": 7}}\n')

@@ -1,13 +1,17 @@
-"""The control intake shared by both bindings: the error-reply rate limit over time, on a fake clock."""
+"""The control intake shared by both bindings: the error-reply and prompt rate limits over time, on a fake clock,
+and the session refusing a message in its state."""
 
 from __future__ import annotations
 
 import json
 
+from pipeline.bidirectional import ControlState, SetPrompt
 from tests.fakes.clock import FakeClock
 from tests.fakes.transport_port import FakeSessionPort
 from transport import ControlIntake
 from transport.base import ErrorStatus, StatusMessage
+from transport.control import PROMPT_BURST, PROMPT_RATE
+from transport.errors import ControlRejectedError
 
 # docs/control-protocol.md: error replies come in bursts of 10, then 5 per second.
 BURST = 10
@@ -107,3 +111,40 @@ def test_an_intake_without_a_clock_limits_on_the_monotonic_clock() -> None:
     # A full burst, and the rest held back: refilling at 5/s, the 5 extra would need a second (a slow machine might
     # earn one token meanwhile).
     assert BURST <= len(replies) < BURST + 5
+
+
+def _prompt(seq: int, text: str = "dusk") -> str:
+    return json.dumps({"v": 1, "type": "prompt", "seq": seq, "text": text})
+
+
+def test_a_prompt_flood_over_the_rate_is_dropped_and_answered_rate_limited() -> None:
+    clock = FakeClock()
+    port = FakeSessionPort()
+    replies: list[StatusMessage] = []
+    intake = ControlIntake(port, replies.append, clock=clock)
+    for seq in range(PROMPT_BURST + 3):
+        intake.receive(_prompt(seq))
+    assert [m.seq for m in port.controls if isinstance(m, SetPrompt)] == list(range(PROMPT_BURST))
+    assert [r.code for r in replies if isinstance(r, ErrorStatus)] == ["rate_limited"] * 3
+    intake.receive(_wire(1, "w"))  # key snapshots are not held to the prompt rate
+    assert port.controls[-1] == ControlState(1, frozenset({"w"}))
+    clock.advance(1.0 / PROMPT_RATE)  # one more prompt's worth
+    intake.receive(_prompt(100))
+    intake.receive(_prompt(101))
+    assert [m.seq for m in port.controls if isinstance(m, SetPrompt)][-1] == 100
+    stats = intake.statistics()
+    assert stats.prompts_rate_limited == 4
+    assert stats.inbox.prompts == PROMPT_BURST + 1
+    assert stats.rejected_by_code["rate_limited"] == 4
+
+
+def test_a_message_the_session_refuses_is_answered_with_the_sessions_code() -> None:
+    port = FakeSessionPort()
+    replies: list[StatusMessage] = []
+    intake = ControlIntake(port, replies.append, clock=FakeClock())
+    port.reject_control = ControlRejectedError("session_not_running", "session 's1' is closing; it cannot be paused")
+    intake.receive(b'{"v":1,"type":"pause"}')
+    assert replies == [ErrorStatus("session_not_running", "session 's1' is closing; it cannot be paused")]
+    stats = intake.statistics()
+    assert (stats.refused, stats.rejected, stats.forwarded) == (1, 0, 0)
+    assert stats.rejected_by_code == {"session_not_running": 1}

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import pipeline.bidirectional
 import transport.protocol
-from pipeline.bidirectional import ControlState, ResetPose, Stop
-from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus
+from pipeline.bidirectional import MAX_PROMPT_BYTES, ControlState, Pause, ResetPose, Resume, SetPrompt, Stop
+from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, WarningStatus
 from transport.protocol import (
     MAX_INBOUND_BYTES,
     MAX_SEQ,
@@ -49,6 +49,44 @@ def test_arrow_keys_are_aliases(alias: str, key: str) -> None:
 def test_discrete_commands_decode() -> None:
     assert decode_control(b'{"v":1,"type":"reset_pose"}') == ResetPose()
     assert decode_control(b'{"type":"stop","v":1}') == Stop()
+
+
+def test_prompt_pause_and_resume_decode_and_round_trip() -> None:
+    assert decode_control('{"v":1,"type":"prompt","seq":3,"text":"a snowy night"}') == SetPrompt(3, "a snowy night")
+    assert decode_control('{"v":1,"type":"prompt","seq":0,"text":""}') == SetPrompt(0, "")
+    assert decode_control(b'{"v":1,"type":"pause"}') == Pause()
+    assert decode_control(b'{"v":1,"type":"resume"}') == Resume()
+    for message in (SetPrompt(2**53 - 1, "névé at dawn 🌄"), Pause(), Resume()):
+        assert decode_control(encode_control(message)) == message
+
+
+def test_the_longest_prompt_fits_in_a_message_however_it_is_escaped() -> None:
+    # Control characters are the worst case: 6 bytes of JSON (\u0001) per byte of the prompt.
+    worst = "\u0001" * MAX_PROMPT_BYTES
+    encoded = encode_control(SetPrompt(2**53 - 1, worst))
+    assert len(encoded) <= MAX_INBOUND_BYTES
+    assert decode_control(encoded) == SetPrompt(2**53 - 1, worst)
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (json.dumps({"v": 1, "type": "prompt", "seq": 1, "text": "x" * (MAX_PROMPT_BYTES + 1)}), "prompt_too_large"),
+        (
+            json.dumps({"v": 1, "type": "prompt", "seq": 1, "text": "é" * (MAX_PROMPT_BYTES // 2 + 1)}),
+            "prompt_too_large",
+        ),
+        ('{"v":1,"type":"prompt","seq":1,"text":"\\ud800"}', "invalid_prompt"),
+        ('{"v":1,"type":"prompt","seq":1,"text":5}', "invalid_prompt"),
+        ('{"v":1,"type":"prompt","seq":1,"text":null}', "invalid_prompt"),
+        ('{"v":1,"type":"prompt","seq":1}', "invalid_message"),
+        ('{"v":1,"type":"prompt","seq":-1,"text":"a"}', "invalid_seq"),
+        ('{"v":1,"type":"prompt","seq":1,"text":"a","keys":[]}', "invalid_message"),
+        ('{"v":1,"type":"pause","seq":1}', "invalid_message"),
+    ],
+)
+def test_bad_prompts_and_commands_get_stable_codes(data: str, code: str) -> None:
+    assert str(_code(data)) == code
 
 
 def test_empty_key_list_is_a_valid_snapshot() -> None:
@@ -112,7 +150,8 @@ def test_oversized_input_is_rejected_before_parsing() -> None:
     assert _code('{"v":1,"type":"stop"}' + padding) is ProtocolErrorCode.MESSAGE_TOO_LARGE
     assert _code(b"[" * (MAX_INBOUND_BYTES + 1)) is ProtocolErrorCode.MESSAGE_TOO_LARGE
     # A string of few characters but many UTF-8 bytes is measured in bytes.
-    assert _code('{"v":1,"type":"stop","x":"' + "é" * 600 + '"}') is ProtocolErrorCode.MESSAGE_TOO_LARGE
+    many_bytes = "é" * (MAX_INBOUND_BYTES // 2 + 10)
+    assert _code('{"v":1,"type":"stop","x":"' + many_bytes + '"}') is ProtocolErrorCode.MESSAGE_TOO_LARGE
 
 
 def test_error_messages_do_not_echo_much_input() -> None:
@@ -170,6 +209,19 @@ def test_inbox_keeps_the_newest_snapshot_and_counts_the_rest() -> None:
     assert (stats.accepted, stats.duplicates, stats.stale, stats.commands, stats.last_seq) == (3, 1, 1, 2, 6)
 
 
+def test_the_newest_prompt_wins_on_its_own_sequence() -> None:
+    inbox = ControlInbox()
+    assert inbox.accept(ControlState(10, frozenset("w")))
+    assert inbox.accept(SetPrompt(1, "dusk"))  # a lower seq than the snapshots': prompts count apart
+    assert not inbox.accept(SetPrompt(1, "dusk"))  # duplicate
+    assert not inbox.accept(SetPrompt(0, "noon"))  # stale
+    assert inbox.accept(SetPrompt(2, "night"))
+    assert inbox.accept(ControlState(11, frozenset()))
+    stats = inbox.statistics()
+    assert (stats.prompts, stats.last_prompt_seq, stats.accepted, stats.last_seq) == (2, 2, 2, 11)
+    assert (stats.duplicates, stats.stale) == (1, 1)
+
+
 def test_first_snapshot_may_start_at_zero() -> None:
     assert ControlInbox().accept(ControlState(0, frozenset()))
 
@@ -181,6 +233,8 @@ def test_first_snapshot_may_start_at_zero() -> None:
         StateStatus("draining", "deadline in 10 s"),
         ChunkStatus(3, 41, ("j", "w"), {"control_to_output": 0.412, "denoise": 0.2}),
         ChunkStatus(0, -1, (), {}),
+        ChunkStatus(4, 2, ("w",), {"denoise": 0.1}, None, "a snowy night", 3),
+        WarningStatus("time_limit", "ends in 30 s: the session reaches its time limit of 600 s", 30.0),
         ErrorStatus("malformed_json", "message is not valid JSON"),
         DoneStatus("closed"),
     ],
@@ -191,13 +245,17 @@ def test_status_round_trips(message: object) -> None:
 
 
 def test_status_wire_format_is_documented_shape() -> None:
-    encoded = encode_status(ChunkStatus(3, 41, ("w", "j"), {"control_to_output": 0.4123456789}))
+    encoded = encode_status(
+        ChunkStatus(3, 41, ("w", "j"), {"control_to_output": 0.4123456789}, prompt="dusk", prompt_seq=7)
+    )
     assert json.loads(encoded) == {
         "v": 1,
         "type": "chunk",
         "index": 3,
         "applied_seq": 41,
         "keys": ["j", "w"],
+        "prompt": "dusk",
+        "prompt_seq": 7,
         "timings": {"control_to_output": 0.412346},
     }
     assert json.loads(encode_status(StateStatus("running"))) == {

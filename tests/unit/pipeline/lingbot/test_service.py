@@ -272,5 +272,6 @@ async def test_a_starved_prefetch_is_admitted_atomically_with_its_control() -> N
     orch.condition_room = True
     chunk = await session._one_chunk()
     assert orch.submissions[0] == {CONTROL: 0, CONDITION_REQUEST: 0}  # one all-or-nothing submission
+    assert chunk is not None
     assert chunk.index == 0
     assert 0 <= session.next_condition_index - session.next_control_index <= LOOKAHEAD
