@@ -6,12 +6,13 @@ client's side of a session.
     │   ├── UnauthorizedError        unauthorized, viewer_token_expired, viewer_token_invalid
     │   ├── SessionNotFoundError     session_not_found                 no such session for this key
     │   ├── InvalidInputError        invalid_request, invalid_config, invalid_image, payload_too_large,
-    │   │                            image_too_large, unsupported_media_type, invalid_since
+    │   │                            image_too_large, unsupported_media_type, invalid_since, prompt_too_large,
+    │   │                            max_seconds_over_limit
     │   ├── RoomNotFoundError        room_not_found                    the named LiveKit room does not exist
     │   ├── RoomInUseError           room_in_use                       it holds a session of the service already
     │   ├── RateLimitedError         queue_full, quota_exceeded, too_many_viewers  (`retry_after`: Retry-After)
     │   ├── UnavailableError         draining, not_ready, admission_unavailable
-    │   ├── SessionNotRunningError   session_not_running, session_on_other_replica
+    │   ├── SessionNotRunningError   session_not_running, session_on_other_replica, session_queued
     │   └── SessionStartError        session_failed                    admitted, but it could not be started
     ├── UnreachableError             the service could not be reached (connection refused, timed out)
     ├── SessionEndedError            the session ended (closed, failed, expired, cancelled) before it could stream
@@ -93,8 +94,8 @@ class UnavailableError(ApiError):
 
 
 class SessionNotRunningError(ApiError):
-    """A transport route for a session that does not stream (here): `session_not_running`,
-    `session_on_other_replica`."""
+    """A transport route for a session that does not stream (here), or a pause/resume of one that does not run:
+    `session_not_running`, `session_on_other_replica`, `session_queued`."""
 
 
 class SessionStartError(ApiError):
@@ -142,6 +143,8 @@ _BY_CODE: Mapping[str, type[ApiError]] = MappingProxyType(
         "image_too_large": InvalidInputError,
         "unsupported_media_type": InvalidInputError,
         "invalid_since": InvalidInputError,
+        "prompt_too_large": InvalidInputError,
+        "max_seconds_over_limit": InvalidInputError,
         "room_not_found": RoomNotFoundError,
         "room_in_use": RoomInUseError,
         "queue_full": RateLimitedError,
@@ -152,6 +155,7 @@ _BY_CODE: Mapping[str, type[ApiError]] = MappingProxyType(
         "admission_unavailable": UnavailableError,
         "session_not_running": SessionNotRunningError,
         "session_on_other_replica": SessionNotRunningError,
+        "session_queued": SessionNotRunningError,
         "session_failed": SessionStartError,
     }
 )
