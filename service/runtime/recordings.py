@@ -9,11 +9,13 @@ generate --controls` reads (`<id>.controls.jsonl`), and both are renamed from th
 to their final ones, the MP4 last. Only a complete MP4 ever has its final name, so nothing half-written is served.
 
 Recording never slows the stream. The session's output reader hands each chunk to `SessionRecording.offer`, which
-never waits: the chunk goes into a bounded queue (`queue_chunks`), and one task per recording feeds the writer,
-which encodes on its own thread. A recording that falls behind by more than the queue is dropped (the stream goes
-on, never the other way round): reason `recording_overrun`. A write error (disk full, a file size limit, any
-encoder failure) stops the recording too: reason `recording_failed`. Either way the partial files are removed and
-the session's client gets an `error` status message with that code; the session itself goes on.
+never waits: the chunk goes into a queue bounded in bytes of frames (`queue_bytes`; one chunk is always taken), and
+one task per recording feeds the writer, which encodes on its own thread (it is opened, PyAV and the encoder
+loaded, as the recording starts, not when the first chunk arrives). A recording that falls behind by more than the
+queue is dropped (the stream goes on, never the other way round): reason `recording_overrun`. A write error (disk
+full, a file size limit, any encoder failure) stops the recording too: reason `recording_failed`. Either way the
+partial files are removed and the session's client gets an `error` status message with that code; the session
+itself goes on.
 
 Retention: after each recording is finalised (and at start), finished recordings beyond `max_count`, or beyond
 `max_bytes` in total (MP4 plus trace), are removed, oldest first; leftovers of a crash (`.part` files) are removed
@@ -89,21 +91,25 @@ WriterFactory = Callable[[Path, int, int, int], FrameWriter]
 
 def mp4_writer(path: Path, width: int, height: int, fps: int) -> FrameWriter:
     """The writer `lingstream generate` uses: H.264 (yuv420p) in MP4 at a constant frame rate."""
-    from service.offline.mp4 import Mp4Writer, h264_encoder  # PyAV and the offline package, only when recording
+    from service.offline.clip import UsageError  # PyAV and the offline package load only when recording
+    from service.offline.mp4 import Mp4Writer, h264_encoder
 
-    return Mp4Writer(path, width, height, fps, h264_encoder())
+    try:
+        return Mp4Writer(path, width, height, fps, h264_encoder())
+    except UsageError as exc:  # its message is worded for generate's --out option
+        raise OSError(str(exc).removeprefix("--out: ")) from exc
 
 
 @dataclass(frozen=True, slots=True)
 class RecordingConfig:
-    """`directory`: where recordings are kept; `max_bytes`/`max_count`: the retention budget; `queue_chunks`: chunks
-    a recording may be behind the stream before it is dropped; `close_timeout_s`: how long shutdown waits for the
-    recordings still being written."""
+    """`directory`: where recordings are kept; `max_bytes`/`max_count`: the retention budget; `queue_bytes`: how many
+    bytes of frames a recording may be behind the stream before it is dropped; `close_timeout_s`: how long shutdown
+    waits for the recordings still being written."""
 
     directory: Path
     max_bytes: int
     max_count: int
-    queue_chunks: int = 8
+    queue_bytes: int = 128 * 1024 * 1024
     close_timeout_s: float = 30.0
 
 
@@ -169,7 +175,8 @@ class SessionRecording:
         self._size = size
         self._header = header
         self._on_stop = on_stop
-        self._queue: asyncio.Queue[ChunkOutput | None] = asyncio.Queue(store.config.queue_chunks)
+        self._queue: asyncio.Queue[ChunkOutput | None] = asyncio.Queue()  # bounded by `_queued_bytes`, not length
+        self._queued_bytes = 0
         self._chunks: list[tuple[int, frozenset[str], bool, str]] = []
         self._writer: FrameWriter | None = None
         self.state = RecordingState.RECORDING
@@ -188,17 +195,19 @@ class SessionRecording:
         """Queue a generated chunk for the recording; never waits. A full queue drops the recording."""
         if self.state is not RecordingState.RECORDING:
             return
-        try:
-            self._queue.put_nowait(chunk)
-        except asyncio.QueueFull:
-            self._stop(RECORDING_OVERRUN, f"the recording fell {self._queue.maxsize} chunks behind the stream")
+        limit = self._store.config.queue_bytes
+        if self._queued_bytes and self._queued_bytes + chunk.frames.nbytes > limit:
+            behind = self._queue.qsize()
+            self._stop(RECORDING_OVERRUN, f"the recording fell {behind} chunks ({self._queued_bytes} bytes) behind")
+            return
+        self._queued_bytes += chunk.frames.nbytes
+        self._queue.put_nowait(chunk)
 
     def finish(self) -> None:
         """The session ended: write what is queued, then finalise (in the recording's own task)."""
         if self.state is RecordingState.RECORDING:
             self.state = RecordingState.FINISHING
-            with contextlib.suppress(asyncio.QueueFull):
-                self._queue.put_nowait(None)  # a full queue: the task sees FINISHING once it has drained it
+            self._queue.put_nowait(None)
 
     async def wait(self) -> None:
         """Until the recording is finalised or has failed."""
@@ -244,23 +253,23 @@ class SessionRecording:
 
     async def _write_all(self) -> None:
         width, height, fps = self._size
+        writer = await asyncio.to_thread(self._store.writer_factory, self._video_part, width, height, fps)
+        self._writer = writer
         while True:
-            if self.state is RecordingState.FINISHING and self._queue.empty():
-                return
             chunk = await self._queue.get()
             if chunk is None:
                 return
-            if self._writer is None:
-                self._writer = await asyncio.to_thread(self._store.writer_factory, self._video_part, width, height, fps)
-            await self._writer.write(chunk.frames)
+            self._queued_bytes -= chunk.frames.nbytes
+            await writer.write(chunk.frames)
             self.frames += len(chunk.frames)
             self._chunks.append((chunk.index, chunk.keys, chunk.reset_pose, chunk.prompt))
 
     def _finalise(self) -> None:
-        writer, self._writer = self._writer, None
-        if writer is None:
+        if not self._chunks:
             raise OSError("the session generated no frames to record")
-        writer.close()
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
         header = f"{self._header}\nchunks: {len(self._chunks)}, frames: {self.frames}"
         text = "\n".join(trace_lines(self._chunks, header)) + "\n"
         with self._trace_part.open("w", encoding="utf-8") as handle:
@@ -271,13 +280,14 @@ class SessionRecording:
         os.replace(self._video_part, self.video)  # last: a final MP4 name means a complete recording
 
     def _discard(self) -> None:
+        # The names go first (an open file outlives its name), then the writer: closing it may flush a while.
+        for path in (self._video_part, self._trace_part):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
         writer, self._writer = self._writer, None
         if writer is not None:
             with contextlib.suppress(Exception):
                 writer.close()
-        for path in (self._video_part, self._trace_part):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
 
 
 class RecordingStore:

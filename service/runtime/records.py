@@ -48,6 +48,8 @@ class RuntimeTuning:
       (at most a quarter of the drain timeout); at the deadline they are cancelled.
     - `shutdown_close_s`: at shutdown, how long sessions get to close (cancel) before their runners are cancelled.
     - `admission_tick_s`: the admission driver's expiry check interval.
+    - `recording_queue_bytes`: how far (bytes of frames) a session's recording may fall behind its stream before it
+      is dropped (`recording_overrun`; the stream goes on).
     """
 
     create_wait_s: float = 10.0
@@ -58,6 +60,7 @@ class RuntimeTuning:
     drain_close_grace_s: float = 5.0
     shutdown_close_s: float = 10.0
     admission_tick_s: float = 0.5
+    recording_queue_bytes: int = 128 * 1024 * 1024
     buffers: SessionBuffers = dataclasses.field(default_factory=SessionBuffers)
 
 

@@ -155,7 +155,12 @@ class ServiceRuntime:
             None
             if limits is None
             else RecordingStore(
-                RecordingConfig(limits.directory, max_bytes=limits.max_bytes, max_count=limits.max_count),
+                RecordingConfig(
+                    limits.directory,
+                    max_bytes=limits.max_bytes,
+                    max_count=limits.max_count,
+                    queue_bytes=self._tuning.recording_queue_bytes,
+                ),
                 writer_factory=recording_writer,
             )
         )

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
+import resource
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import av
@@ -21,8 +25,8 @@ from aiortc import RTCSessionDescription
 from pipeline.bidirectional import ControlState, ResetPose, Stop
 from tests.e2e.pages import reference_texture
 from tests.fakes.webrtc_client import BrowserPeer
-from tests.serving import ROOT, environment, lingstream, serve
-from transport.base import ChunkStatus, DoneStatus
+from tests.serving import ROOT, environment, free_port, lingstream, serve
+from transport.base import ChunkStatus, DoneStatus, ErrorStatus
 
 WIDTH, HEIGHT, FPS, SEED, CHUNK_SIZE = 96, 64, 16, 7, 1
 _WAIT = 60.0
@@ -123,3 +127,89 @@ async def test_a_recording_replays_with_lingstream_generate_to_the_same_frames(t
     assert np.array_equal(replayed, recorded), f"{int((replayed != recorded).any(axis=(1, 2, 3)).sum())} frames differ"
     # The same bitstream: the same frames through the same deterministic encoder.
     assert replay.read_bytes() == video.content
+
+
+def _limit_file_size(limit: int) -> Callable[[], None]:
+    def apply() -> None:  # in the child, before exec: every file it writes stops at `limit` bytes (EFBIG)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+@pytest.mark.slow
+async def test_a_full_disk_stops_the_recording_with_a_status_and_the_session_goes_on(tmp_path: Path) -> None:
+    """A real `lingstream serve` whose files may not grow past 64 KiB (RLIMIT_FSIZE; Python ignores SIGXFSZ, so a
+    write past it fails with EFBIG, as on a full disk): the recording stops, the client is told, the session goes
+    on, and nothing is served or left behind."""
+    recordings = tmp_path / "recordings"
+    port = free_port()
+    command = [
+        *lingstream(), "serve", "--port", str(port), "--worker-factory", "tests.fakes.world:noisy_fake_workers",
+    ]  # fmt: skip
+    env = environment(LINGSTREAM_RECORDINGS_DIR=str(recordings))
+    # The log goes to a pipe (not a file, which the limit would cut short), read by a thread.
+    process = subprocess.Popen(  # noqa: ASYNC220 - started once; the test then waits on it over HTTP
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_limit_file_size(64 * 1024),
+    )
+    lines: list[str] = []
+    assert process.stdout is not None
+    output = process.stdout
+    reader = threading.Thread(
+        target=lambda: lines.extend(line.decode(errors="replace") for line in output), daemon=True
+    )
+    reader.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
+            deadline = time.monotonic() + _WAIT
+            while True:
+                with contextlib.suppress(httpx.TransportError):
+                    if (await client.get("/readyz")).status_code == 200:
+                        break
+                assert process.poll() is None, "".join(lines)
+                assert time.monotonic() < deadline, "".join(lines)
+                await asyncio.sleep(0.05)  # polling another process against a deadline
+            session = (await client.post("/v1/sessions", json={"record": True})).json()
+            sid = session["id"]
+            peer = BrowserPeer()
+            try:
+                answer = (
+                    await client.post(
+                        session["transport"]["offer_url"], json={"sdp": await peer.offer(), "type": "offer"}
+                    )
+                ).json()
+                await peer.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+                async with asyncio.timeout(_WAIT):
+                    await peer.opened.wait()
+                    status = await peer.next_status()
+                    while not isinstance(status, ErrorStatus):
+                        status = await peer.next_status()
+                assert status.code == "recording_failed"
+                assert "the session goes on" in status.message
+                # The session goes on: it keeps streaming and is running.
+                await peer.next_frame()
+                assert (await client.get(f"/v1/sessions/{sid}")).json()["status"] == "running"
+                peer.send(Stop())
+                async with asyncio.timeout(_WAIT):
+                    while not isinstance(await peer.next_status(), DoneStatus):
+                        pass
+            finally:
+                await peer.close()
+            failed = await client.get(f"/v1/sessions/{sid}/recording")
+            assert (failed.status_code, failed.json()["error"]["code"]) == (404, "recording_failed")
+            # The partial file goes too (right after the failure, off the event loop).
+            deadline = time.monotonic() + _WAIT
+            while list(recordings.iterdir()):
+                assert time.monotonic() < deadline, "".join(line for line in lines if "record" in line)
+                await asyncio.sleep(0.05)  # polling another process's cleanup against a deadline
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+        reader.join(timeout=10)
+        output.close()
+    assert "Traceback" not in "".join(lines), "".join(lines)[-4000:]

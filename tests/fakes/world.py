@@ -6,8 +6,8 @@ sessions, records every control, and yields small numpy frame chunks when told t
 Tests can make it fail a session, fail creates, go unready, hold creates or drain-closes until released, and read
 what happened (`created`, `close_calls`, `controls`, `live`, `max_live`).
 
-`paced_fake_workers` and `idle_fake_workers` are worker factories for `lingstream serve --worker-factory` (a
-test-only hook, see `service.cli`).
+`paced_fake_workers`, `noisy_fake_workers` and `idle_fake_workers` are worker factories for `lingstream serve
+--worker-factory` (a test-only hook, see `service.cli`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pipeline.bidirectional import (
 )
 from service.settings import Settings
 
-__all__ = ["FakeConfig", "FakeWorld", "idle_fake_workers", "paced_fake_workers"]
+__all__ = ["FakeConfig", "FakeWorld", "idle_fake_workers", "noisy_fake_workers", "paced_fake_workers"]
 
 _ALLOWED = ("fps", "seed", "prompt")
 _END = object()
@@ -69,8 +69,11 @@ class _FakeSession:
 class FakeWorld:
     """A scripted model worker. Every method is called on the event loop except `prepare` (a worker thread)."""
 
-    def __init__(self, *, pace_s: float | None = None, max_image_bytes: int = 1 << 20, frame_size: int = 8) -> None:
+    def __init__(
+        self, *, pace_s: float | None = None, max_image_bytes: int = 1 << 20, frame_size: int = 8, noise: bool = False
+    ) -> None:
         self.pace_s = pace_s
+        self.noise = noise
         self.max_image_bytes = max_image_bytes
         self.frame_size = frame_size
         self.fail_creates = False
@@ -241,7 +244,10 @@ class FakeWorld:
         index = session.index
         session.index += 1
         size = self.frame_size
-        frames = np.full((1, size, size, 3), index % 256, dtype=np.uint8)
+        if self.noise:  # incompressible frames (a recording grows fast), the same for the same chunk index
+            frames = np.random.default_rng(index).integers(0, 256, (1, size, size, 3), dtype=np.uint8)
+        else:
+            frames = np.full((1, size, size, 3), index % 256, dtype=np.uint8)
         return ChunkOutput(
             session_id=session.id,
             index=index,
@@ -282,6 +288,11 @@ class FakeWorld:
 def paced_fake_workers(settings: Settings) -> list[FakeWorld]:
     """Workers that generate a chunk every 50 ms per session (for `lingstream serve` in e2e tests)."""
     return [FakeWorld(pace_s=0.05) for _ in range(settings.num_workers)]
+
+
+def noisy_fake_workers(settings: Settings) -> list[FakeWorld]:
+    """Workers that generate a chunk of one 128x128 frame of noise every 50 ms per session (recordings grow fast)."""
+    return [FakeWorld(pace_s=0.05, frame_size=128, noise=True) for _ in range(settings.num_workers)]
 
 
 def idle_fake_workers(settings: Settings) -> list[FakeWorld]:

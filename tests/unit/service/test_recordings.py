@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import json
 from collections.abc import AsyncIterator
@@ -22,7 +23,7 @@ from service.app import runtime_of
 from service.runtime.recordings import RECORDING_FAILED, RECORDING_OVERRUN, RecordingState
 from tests.fakes.recording_writers import StalledWriters, failing_writer
 from tests.fakes.webrtc_client import BrowserPeer
-from tests.unit.service.helpers import Harness, running_service, wait_for, wait_status
+from tests.unit.service.helpers import FAST, Harness, running_service, wait_for, wait_status
 from transport.base import ErrorStatus
 from transport.config import EmbeddedConfig
 from transport.embedded import EmbeddedTransport
@@ -153,9 +154,11 @@ async def test_a_write_error_stops_the_recording_with_a_status_and_the_session_g
 async def test_a_recording_that_falls_behind_is_dropped_and_the_stream_is_not(tmp_path: Path) -> None:
     stalled = StalledWriters()
     transport = EmbeddedTransport(EmbeddedConfig())
+    frame_bytes = 32 * 32 * 3
     async with running_service(
         world=PACED,
         transport=transport,  # type: ignore[arg-type]
+        tuning=dataclasses.replace(FAST, recording_queue_bytes=8 * frame_bytes),  # 8 chunks of one frame
         recordings_dir=tmp_path,
         recording_writer=stalled.factory,
     ) as svc:
