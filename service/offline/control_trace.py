@@ -1,11 +1,13 @@
 """The control trace of offline generation: which keys are held during which chunk, as JSON Lines.
 
-A trace stands in for the browser: it says, chunk by chunk, which keys the camera operator holds. One JSON object
-per line; blank lines and lines whose first non-blank character is `#` are ignored::
+A trace stands in for the browser: it says, chunk by chunk, which keys the camera operator holds and which text
+prompt steers the world. One JSON object per line; blank lines and lines whose first non-blank character is `#` are
+ignored::
 
-    # hold w from the start, turn right from second 2.5 on, stop at chunk 12 and go back to the start pose
+    # hold w from the start, turn right from second 2.5 on, night falls at 3 s, stop at chunk 12, back to the start
     {"chunk": 0, "keys": ["w"]}
     {"t": 2.5, "keys": ["w", "ArrowRight"]}
+    {"t": 3.0, "prompt": "a snowy night"}
     {"chunk": 12, "keys": []}
     {"chunk": 12, "reset_pose": true}
 
@@ -14,14 +16,16 @@ Each entry has exactly one position and exactly one action:
 - position: `"chunk": <int >= 0>`, or `"t": <seconds >= 0>`, which names the chunk whose media interval holds that
   instant (frame `floor(t * fps)`; chunk 0 holds `4*(chunk_size-1)+1` frames, every later chunk `4*chunk_size`);
 - action: `"keys": [...]`, the keys held from that chunk on (the control protocol's names: `w a s d i j k l`, their
-  upper-case forms, `ArrowUp/ArrowDown/ArrowLeft/ArrowRight`), or `"reset_pose": true`, which puts the camera back
-  at its start pose for that chunk.
+  upper-case forms, `ArrowUp/ArrowDown/ArrowLeft/ArrowRight`), `"reset_pose": true`, which puts the camera back
+  at its start pose for that chunk, or `"prompt": "<text>"` (at most 512 UTF-8 bytes), the text prompt from that
+  chunk on.
 
-Before the first `keys` entry no key is held. Positions never decrease (entries for the same chunk are fine; the
-last `keys` of a chunk wins). Any other field, a wrong type, an unknown key, a decreasing position or one beyond
-the clip's last chunk is a `TraceError` that names the source, the line and the reason, e.g.
-`trace.jsonl:7: unknown key 'q' (allowed: ...)`. Parsing (`parse_trace`) needs nothing but the text; placing the
-entries on a clip (`ControlTrace.resolve`) needs its chunk plan and fps, and happens before any generation.
+Before the first `keys` entry no key is held; before the first `prompt` entry the session's own prompt applies
+(`--prompt`, or none). The last `prompt` of a chunk wins, like its keys. Positions never decrease (entries for the same
+chunk are fine; the last `keys` of a chunk wins). Any other field, a wrong type, an unknown key, a decreasing position
+or one beyond the clip's last chunk is a `TraceError` that names the source, the line and the reason, e.g.
+`trace.jsonl:7: unknown key 'q' (allowed: ...)`. Parsing (`parse_trace`) needs nothing but the text; placing the entries
+on a clip (`ControlTrace.resolve`) needs its chunk plan and fps, and happens before any generation.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.bidirectional import check_prompt
 from pipeline.lingbot.chunks import ChunkPlan
 from pipeline.lingbot.controls import CANONICAL_KEYS, KEY_ALIASES, MAX_KEYS_PER_SNAPSHOT
 
@@ -50,7 +55,7 @@ __all__ = [
 MAX_TRACE_BYTES = 4 * 1024 * 1024
 """A trace file larger than this is refused unread (a 10-minute clip needs a few kilobytes)."""
 
-_FIELDS = ("chunk", "t", "keys", "reset_pose")
+_FIELDS = ("chunk", "t", "keys", "reset_pose", "prompt")
 _ALLOWED_KEYS = "w a s d i j k l, W A S D I J K L, ArrowUp ArrowDown ArrowLeft ArrowRight"
 _SHOWN = 40  # characters of an offending value quoted in a message
 
@@ -68,21 +73,24 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class TraceEntry:
-    """One parsed line: exactly one of `chunk`/`t`, and either `keys` (canonical) or `reset_pose`."""
+    """One parsed line: exactly one of `chunk`/`t`, and one of `keys` (canonical), `reset_pose` or `prompt`."""
 
     line: int
     chunk: int | None
     t: float | None
     keys: frozenset[str] | None
     reset_pose: bool = False
+    prompt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ChunkControl:
-    """What the trace asks for during one chunk: the keys held and whether the pose resets at its start."""
+    """What the trace asks for during one chunk: the keys held, whether the pose resets at its start, and the prompt
+    that takes effect at it (None: the prompt does not change at this chunk)."""
 
     keys: frozenset[str]
     reset_pose: bool = False
+    prompt: str | None = None
 
 
 def read_trace_text(path: Path) -> str:
@@ -119,15 +127,19 @@ def load_trace(path: Path, plan: ChunkPlan, fps: int) -> ControlTrace:
 
 
 class ControlTrace:
-    """A trace placed on one clip: the keys held and the pose resets, chunk by chunk.
+    """A trace placed on one clip: the keys held, the pose resets and the prompt changes, chunk by chunk.
 
     Stored as change points (memory grows with the trace, not with the clip); `for_chunk(i)` is O(log entries).
     """
 
-    __slots__ = ("_change_at", "_keys", "_num_chunks", "_resets")
+    __slots__ = ("_change_at", "_keys", "_num_chunks", "_prompts", "_resets")
 
     def __init__(
-        self, num_chunks: int, changes: Sequence[tuple[int, frozenset[str]]] = (), resets: frozenset[int] = frozenset()
+        self,
+        num_chunks: int,
+        changes: Sequence[tuple[int, frozenset[str]]] = (),
+        resets: frozenset[int] = frozenset(),
+        prompts: Mapping[int, str] | None = None,
     ) -> None:
         if num_chunks < 1:
             raise ValueError(f"a clip has at least one chunk, got {num_chunks}")
@@ -139,6 +151,9 @@ class ControlTrace:
         if any(not 0 <= c < num_chunks for c in resets):
             raise ValueError("pose resets must be chunk indices inside the clip")
         self._resets = resets
+        self._prompts = dict(prompts or {})
+        if any(not 0 <= c < num_chunks for c in self._prompts):
+            raise ValueError("prompt changes must be chunk indices inside the clip")
 
     @classmethod
     def still(cls, num_chunks: int) -> ControlTrace:
@@ -152,6 +167,7 @@ class ControlTrace:
         clip_s = plan.frame_num / fps
         changes: list[tuple[int, frozenset[str]]] = []
         resets: set[int] = set()
+        prompts: dict[int, str] = {}
         previous: tuple[int, int] | None = None  # (chunk, line) of the entry before
         for entry in entries:
             if entry.t is not None:
@@ -184,12 +200,14 @@ class ControlTrace:
             previous = (chunk, entry.line)
             if entry.reset_pose:
                 resets.add(chunk)
+            elif entry.prompt is not None:
+                prompts[chunk] = entry.prompt
             elif entry.keys is not None:
                 if changes and changes[-1][0] == chunk:
                     changes[-1] = (chunk, entry.keys)
                 else:
                     changes.append((chunk, entry.keys))
-        return cls(plan.num_chunks, changes, frozenset(resets))
+        return cls(plan.num_chunks, changes, frozenset(resets), prompts)
 
     @property
     def num_chunks(self) -> int:
@@ -200,7 +218,7 @@ class ControlTrace:
             raise IndexError(f"chunk {index} outside the clip's 0..{self._num_chunks - 1}")
         at = bisect.bisect_right(self._change_at, index) - 1
         keys = self._keys[at] if at >= 0 else frozenset()
-        return ChunkControl(keys=keys, reset_pose=index in self._resets)
+        return ChunkControl(keys=keys, reset_pose=index in self._resets, prompt=self._prompts.get(index))
 
 
 def _frame_at(t: float, fps: int) -> int | None:
@@ -249,8 +267,21 @@ def _parse_line(text: str, line: int, source: str) -> TraceEntry:
             raise fail(f"'t' must be a number of seconds >= 0, got {_show(raw_t)}")
         t = float(raw_t)
 
-    if ("keys" in value) == ("reset_pose" in value):
-        raise fail("give exactly one action, 'keys' or 'reset_pose'" + (", not both" if "keys" in value else ""))
+    actions = [name for name in ("keys", "reset_pose", "prompt") if name in value]
+    if len(actions) != 1:
+        raise fail(
+            "give exactly one action, 'keys', 'reset_pose' or 'prompt'"
+            + (f", not {' and '.join(repr(a) for a in actions)}" if actions else "")
+        )
+    if "prompt" in value:
+        raw_prompt = value["prompt"]
+        if not isinstance(raw_prompt, str):
+            raise fail(f"'prompt' must be a string, got {_show(raw_prompt)}")
+        try:
+            prompt = check_prompt(raw_prompt)
+        except ValueError as exc:
+            raise fail(f"'prompt': {exc}") from None
+        return TraceEntry(line=line, chunk=chunk, t=t, keys=None, prompt=prompt)
     if "reset_pose" in value:
         if value["reset_pose"] is not True:
             raise fail(f"'reset_pose' must be true, got {_show(value['reset_pose'])}")

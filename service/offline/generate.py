@@ -2,7 +2,8 @@
 
 It runs exactly the session lifecycle a browser session runs, through the model worker's real `LingBotService`
 (`realtime=False`, so chunks come as fast as the model allows): `prepare(config, image)` → `create_session` →
-for every chunk, push the trace's `ControlState` (and `ResetPose` when asked) → read `outputs()` → `close_session`.
+for every chunk, push the trace's `ControlState` (and `ResetPose`, `SetPrompt` when asked) → read `outputs()` →
+`close_session`.
 Only the source of control (a trace instead of a browser) and the sink of frames (an H.264 MP4 through PyAV instead
 of a video track) differ.
 
@@ -50,6 +51,8 @@ from pipeline.bidirectional import (
     PreparedSession,
     ResetPose,
     SessionSummary,
+    SetPrompt,
+    check_prompt,
 )
 from pipeline.errors import SessionFailedError
 from pipeline.lingbot.config import DEFAULT_MAX_IMAGE_BYTES, LingBotSessionConfig
@@ -297,6 +300,8 @@ class _Run:
         control = self._trace.for_chunk(index)
         if control.reset_pose:
             self._service.push_control(_SESSION_ID, ResetPose())
+        if control.prompt is not None:
+            self._service.push_control(_SESSION_ID, SetPrompt(seq=index, text=control.prompt))
         self._service.push_control(_SESSION_ID, ControlState(seq=index, keys=control.keys))
         self._gate.release(index)
 
@@ -329,6 +334,12 @@ class _Run:
             raise GenerationError(
                 f"chunk {chunk.index} was generated from control seq {chunk.applied_seq} keys {sorted(chunk.keys)}, "
                 f"expected chunk {index} from seq {index} keys {sorted(expected)}"
+            )
+        prompt = self._trace.for_chunk(index).prompt
+        if prompt is not None and (chunk.prompt, chunk.prompt_seq) != (prompt, index):
+            raise GenerationError(
+                f"chunk {chunk.index} was generated from prompt seq {chunk.prompt_seq}, expected the trace's prompt "
+                f"of chunk {index}"
             )
 
     def _record(self, chunk: ChunkOutput, wall_s: float) -> ChunkRecord:
@@ -401,6 +412,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", type=Path, metavar="REPORT.json", help="write a JSON report of the timings")
     parser.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's own choice)")
     parser.add_argument("--no-hud", action="store_true", help="do not draw the held keys on the frames")
+    parser.add_argument(
+        "--prompt", metavar="TEXT", help="the text prompt the clip starts from (a trace's prompt entries change it)"
+    )
     parser.add_argument(
         "--compute-scale", type=float, metavar="X", help="emulate a model X times as costly (reference model, 1..64)"
     )
@@ -487,6 +501,11 @@ def _request_from_args(args: argparse.Namespace) -> GenerateRequest:
         config["compute_scale"] = args.compute_scale
     if args.no_hud:
         config["hud"] = False
+    if args.prompt is not None:
+        try:
+            config["prompt"] = check_prompt(args.prompt)
+        except ValueError as exc:
+            raise UsageError(f"--prompt: {exc}") from None
     if args.resolution is not None:
         match = _RESOLUTION.match(args.resolution)
         if match is None:

@@ -141,6 +141,30 @@ async def test_every_chunk_is_generated_from_exactly_the_trace_state_for_it(tmp_
     assert (result.summary.failure, result.summary.slot_leaks, dict(result.summary.cleanup_failures)) == (None, 0, {})
 
 
+async def test_a_traces_prompts_change_the_picture_from_their_chunk_on(tmp_path: Path) -> None:
+    plain = await generate(request(tmp_path, "plain.mp4", '{"chunk": 0, "keys": ["w"]}\n'))
+    trace = '{"chunk": 0, "keys": ["w"]}\n{"chunk": 2, "prompt": "night"}\n{"chunk": 3, "prompt": ""}\n'
+    prompted = await generate(request(tmp_path, "night.mp4", trace))
+    before, after = Clip(plain.out), Clip(prompted.out)
+    chunk_of = [0] * 5 + [1] * 8 + [2] * 8 + [3] * 8  # frame -> chunk (chunk_size 2: 5 frames, then 8 per chunk)
+    for frame, chunk in enumerate(chunk_of):
+        darker = float(after.luma[frame].mean()) < float(before.luma[frame].mean()) - 20
+        assert darker == (chunk == 2), f"frame {frame} of chunk {chunk}"
+    for frame in range(5 + 8):  # before the prompt: the same picture, up to the encoder's rounding
+        assert float(np.mean(np.abs(after.luma[frame] - before.luma[frame]))) < 3, f"frame {frame}"
+    assert after.frames == before.frames == 29
+
+
+def test_a_clip_starts_from_its_prompt_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "fog.mp4"
+    assert main(["--out", str(out), "--prompt", "thick fog", "--frames", "13", *SMALL]) == 0
+    plain = tmp_path / "plain.mp4"
+    assert main(["--out", str(plain), "--frames", "13", *SMALL]) == 0
+    assert Clip(out).hashes[1:] != Clip(plain).hashes[1:]
+    assert main(["--out", str(tmp_path / "x.mp4"), "--prompt", "x" * 600, "--frames", "13", *SMALL]) == 2
+    assert "--prompt: a prompt is at most 512 UTF-8 bytes" in capsys.readouterr().err
+
+
 def test_the_same_image_seed_and_trace_give_identical_frames(tmp_path: Path) -> None:
     trace = write_trace(tmp_path, '{"chunk": 0, "keys": ["l", "w"]}\n{"chunk": 2, "keys": ["k"]}\n')
     image = tmp_path / "ref.png"

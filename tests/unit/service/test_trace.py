@@ -112,13 +112,20 @@ def test_entries_for_the_same_chunk_are_allowed_and_the_last_keys_win() -> None:
         ('{"chunk": 0, "keys": ["q"]}', 1, "unknown key 'q' (allowed: w a s d"),
         ('{"chunk": 0, "keys": ["w", 3]}', 1, "a key must be a string, got 3"),
         ('{"chunk": 0, "keys": "w"}', 1, "'keys' must be a list of key names, got \"w\""),
-        ('{"chunk": 0, "keys": ["w"], "speed": 2}', 1, "unknown field 'speed' (allowed: chunk, t, keys, reset_pose)"),
+        (
+            '{"chunk": 0, "keys": ["w"], "speed": 2}',
+            1,
+            "unknown field 'speed' (allowed: chunk, t, keys, reset_pose, prompt)",
+        ),
         ('{"chunk": 0, "keys": ["w"]', 1, "not valid JSON"),
         ('["w"]', 1, "an entry must be a JSON object, got an array"),
         ('{"keys": ["w"]}', 1, "give exactly one position, 'chunk' or 't'"),
         ('{"chunk": 1, "t": 1.0, "keys": ["w"]}', 1, "'chunk' or 't', not both"),
-        ('{"chunk": 1}', 1, "give exactly one action, 'keys' or 'reset_pose'"),
-        ('{"chunk": 1, "keys": [], "reset_pose": true}', 1, "'keys' or 'reset_pose', not both"),
+        ('{"chunk": 1}', 1, "give exactly one action, 'keys', 'reset_pose' or 'prompt'"),
+        ('{"chunk": 1, "keys": [], "reset_pose": true}', 1, "'prompt', not 'keys' and 'reset_pose'"),
+        ('{"chunk": 1, "keys": [], "prompt": "dusk"}', 1, "'prompt', not 'keys' and 'prompt'"),
+        ('{"chunk": 1, "prompt": 3}', 1, "'prompt' must be a string, got 3"),
+        ('{"chunk": 1, "prompt": "' + "x" * 513 + '"}', 1, "'prompt': a prompt is at most 512 UTF-8 bytes"),
         ('{"chunk": -1, "keys": []}', 1, "'chunk' must be an integer >= 0, got -1"),
         ('{"chunk": 1.5, "keys": []}', 1, "'chunk' must be an integer >= 0, got 1.5"),
         ('{"chunk": true, "keys": []}', 1, "'chunk' must be an integer >= 0, got true"),
@@ -178,6 +185,16 @@ def test_unreadable_oversized_and_binary_files_are_trace_errors(tmp_path: Path) 
     binary.write_bytes(b'{"chunk": 0}\xff\xfe')
     with pytest.raises(TraceError, match=r"^binary\.jsonl: not UTF-8 text"):
         read_trace_text(binary)
+
+
+def test_a_prompt_takes_effect_at_its_chunk_and_the_last_one_of_a_chunk_wins() -> None:
+    trace = resolve(
+        '{"chunk": 0, "keys": ["w"]}\n{"t": 1.0, "prompt": "dusk"}\n{"t": 1.1, "prompt": "night"}\n'
+        '{"chunk": 5, "prompt": ""}\n'
+    )
+    # t = 1.0 s and 1.1 s are both in chunk 1 (0.5625 s .. 1.3125 s): the later entry wins.
+    assert [trace.for_chunk(i).prompt for i in range(8)] == [None, "night", None, None, None, "", None, None]
+    assert trace.for_chunk(1) == ChunkControl(frozenset("w"), prompt="night")
 
 
 def test_for_chunk_outside_the_clip_is_an_index_error() -> None:
