@@ -314,7 +314,7 @@ def test_a_second_page_watches_the_session_the_first_controls(open_page: Callabl
     # The viewer's status shows what the controller holds.
     viewer.wait_for_function("window.lingstream.chunks.some((chunk) => chunk.keys.includes('w'))")
     # No controls: the form, the buttons, the key help and the watch link are hidden, and its keys steer nothing.
-    for hidden in ("#setup", "#control-buttons", "#controls-help", "#watch-link"):
+    for hidden in ("#setup", "#control-buttons", "#prompt-form", "#controls-help", "#watch-link"):
         assert viewer.is_hidden(hidden), hidden
     viewer.focus("#stage")
     viewer.keyboard.down("l")
@@ -327,6 +327,59 @@ def test_a_second_page_watches_the_session_the_first_controls(open_page: Callabl
     controller.keyboard.up("w")
     controller.click("#stop")
     viewer.wait_for_function("window.lingstream.state === 'closed' && window.lingstream.ended")
+
+
+def test_the_prompt_box_steers_the_picture_and_pause_holds_it(open_page: Callable[..., Page]) -> None:
+    page = open_page()
+    page.fill("#prompt", "a sunny day")  # the create form's prompt: the session starts from it
+    _start(page)
+    _wait_frames(page)
+    page.wait_for_function("window.lingstream.lastChunk !== null")
+    assert page.evaluate("window.lingstream.lastChunk.prompt") == "a sunny day"
+    assert page.inner_text("#hud-prompt") == "a sunny day"
+    page.evaluate(_SETTLED_JS, 400)  # idle after chunk 0: the picture stands still
+    day, _ = _grab(page, wait=False)
+
+    # The prompt box: Enter sends it on the link; the session (idle, no key held) generates the next chunk from it.
+    page.fill("#prompt-live", "a dark night")
+    page.press("#prompt-live", "Enter")
+    page.wait_for_function("window.lingstream.lastChunk.prompt === 'a dark night'")
+    sent = page.evaluate("window.lingstream.lastPrompt")
+    assert sent["text"] == "a dark night"
+    night_chunk = page.evaluate("window.lingstream.lastChunk")
+    assert night_chunk["prompt_seq"] == sent["seq"]
+    assert all(chunk["prompt"] == "a sunny day" for chunk in page.evaluate("window.lingstream.chunks")[:-1])
+    page.evaluate(_SETTLED_JS, 400)
+    night, _ = _grab(page, wait=False)
+    assert night.mean() < day.mean() - 25, (day.mean(), night.mean())
+    page.wait_for_function("document.getElementById('hud-prompt').textContent === 'a dark night'")
+
+    # Too long for the protocol: the page says so and sends nothing.
+    page.fill("#prompt-live", "é" * 300)
+    page.press("#prompt-live", "Enter")
+    assert "at most 512 bytes" in page.inner_text("#message")
+    assert page.evaluate("window.lingstream.lastPrompt.seq") == sent["seq"]
+
+    # Pause: with a key held nothing is generated (the picture holds its last frame); resume carries on.
+    page.click("#pause")
+    page.wait_for_function("window.lingstream.state === 'paused'")
+    assert page.inner_text("#pause") == "Resume"
+    last = page.evaluate("window.lingstream.lastChunk.index")
+    page.focus("#stage")
+    page.keyboard.down("w")
+    page.wait_for_function("window.lingstream.lastSent && window.lingstream.lastSent.keys.includes('w')")
+    page.evaluate(_SETTLED_JS, 1500)  # a running session with `w` held would never stop presenting frames
+    held, _ = _grab(page, wait=False)
+    assert page.evaluate(_FRAMES_IN_WINDOW_JS, 1000) == 0
+    assert page.evaluate("window.lingstream.lastChunk.index") <= last + 1  # at most the chunk in flight
+    still, _ = _grab(page, wait=False)
+    assert np.array_equal(held, still)
+    page.click("#pause")
+    page.wait_for_function("window.lingstream.state === 'running'")
+    page.wait_for_function("window.lingstream.lastChunk.keys.includes('w')")
+    page.keyboard.up("w")
+    page.click("#stop")
+    page.wait_for_function("window.lingstream.ended")
 
 
 _LIVEKIT = ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET")

@@ -1,8 +1,9 @@
 // The lingstream page: create a session, follow its queue position, join it (embedded WebRTC or LiveKit), show the
 // video, send the held keys, and show what the service applied and how fast. With `?watch=<session id>` it watches a
 // session instead (a viewer on either transport: video and status, no control); a running session's page shows that
-// link. `window.lingstream` is a small view of the page's
-// state for tests and the console.
+// link. The controller can pause and resume the session and steer it with a text prompt (sent on the link, newest wins
+// by its own seq; the HUD shows the prompt the newest chunk was generated from). `window.lingstream` is a small view
+// of the page's state for tests and the console.
 //
 // A session ends on the page once: the event stream reports the terminal state and the link brings the final `done`
 // status, in either order. The link closes when both have happened, or DONE_WAIT_MS after the terminal state when no
@@ -15,7 +16,9 @@ import { LiveKitLink } from "./livekit.js";
 
 const $ = (id) => document.getElementById(id);
 const TERMINAL = new Set(["closed", "expired", "failed", "cancelled"]);
-const STREAMING = new Set(["running", "draining"]);
+const STREAMING = new Set(["running", "paused", "draining"]);
+const MAX_PROMPT_BYTES = 512;
+const encoder = new TextEncoder();
 const HISTORY = 64;
 const DONE_WAIT_MS = 2000;
 const query = new URLSearchParams(window.location.search);
@@ -33,7 +36,7 @@ let follower = null; // AbortController of the event stream
 let doneTimer = null; // closes the link if `done` does not follow the terminal state
 
 const page = {
-  state: "idle", // idle | creating | queued | admitted | running | draining | closed | expired | failed | cancelled
+  state: "idle", // idle | creating | queued | admitted | running | paused | draining | closed | expired | failed | cancelled
   sessionId: null,
   queuePosition: null,
   transport: null,
@@ -47,6 +50,9 @@ const page = {
   photonMs: null, // control to the first presented frame generated from it (matched by RTP timestamp)
   photonsMs: [],
   errors: [],
+  warnings: [], // `warning` statuses: the session ends soon (its time limit, a pause that lasts too long)
+  promptSeq: Date.now(), // the prompt's own sequence (newest wins); Date.now() starts above an earlier page load's
+  lastPrompt: null, // the last prompt message this page sent
   done: null,
   ended: false, // the session is over and the page let go of its link
   connection: null,
@@ -74,6 +80,8 @@ window.lingstream = {
   get photonMs() { return page.photonMs; },
   get photonsMs() { return page.photonsMs.slice(); },
   get errors() { return page.errors.slice(); },
+  get warnings() { return page.warnings.slice(); },
+  get lastPrompt() { return page.lastPrompt; },
   get done() { return page.done; },
   get ended() { return page.ended; },
   get role() { return page.role; },
@@ -106,6 +114,12 @@ function render() {
   const viewer = page.role === "viewer";
   $("stop").disabled = viewer || page.sessionId === null || TERMINAL.has(page.state);
   $("reset").disabled = viewer || !live;
+  const steerable = !viewer && live && (page.state === "running" || page.state === "paused");
+  $("pause").disabled = !steerable;
+  $("pause").textContent = page.state === "paused" ? "Resume" : "Pause";
+  $("prompt-live").disabled = !steerable;
+  $("send-prompt").disabled = !steerable;
+  $("prompt-form").hidden = viewer;
   $("start").disabled = page.sessionId !== null && !TERMINAL.has(page.state);
   const watchLink = $("watch-link");
   watchLink.hidden = viewer || page.sessionId === null || !STREAMING.has(page.state);
@@ -116,6 +130,7 @@ function render() {
   const chunk = page.lastChunk;
   $("hud-applied").textContent = chunk ? (chunk.keys.length ? chunk.keys.join(" ") : "none") : "–";
   $("hud-chunk").textContent = chunk ? `#${chunk.index} (seq ${chunk.applied_seq})` : "–";
+  $("hud-prompt").textContent = chunk ? (chunk.prompt ? chunk.prompt : "none") : "–";
   $("hud-fps").textContent = page.frames ? `${page.fps.toFixed(1)} fps, ${page.frames} frames` : "–";
   $("hud-latency").textContent = latencyText(page.latencyMs, page.latenciesMs);
   $("hud-photon").textContent = latencyText(page.photonMs, page.photonsMs);
@@ -219,6 +234,10 @@ function onStatus(message) {
       }
       break;
     }
+    case "warning":
+      page.warnings.push(message);
+      say(`The session ends in ${Math.round(message.ends_in_s)} s: ${message.message}`);
+      break;
     case "error":
       page.errors.push(message);
       say(`The service reported ${message.code}: ${message.message}`, true);
@@ -252,6 +271,10 @@ async function readImage() {
   return String(url).slice(String(url).indexOf(",") + 1);
 }
 
+function utf8Bytes(text) {
+  return encoder.encode(text).length;
+}
+
 function readConfig() {
   const config = {};
   for (const name of ["width", "height", "fps", "seed"]) {
@@ -272,7 +295,7 @@ function resetPage() {
   Object.assign(page, {
     state: "creating", sessionId: null, queuePosition: null, transport: null, lastChunk: null, chunks: [],
     frames: 0, framesThisConnection: 0, fps: 0, latencyMs: null, latenciesMs: [], photonMs: null, photonsMs: [],
-    errors: [], done: null,
+    errors: [], warnings: [], lastPrompt: null, done: null,
     ended: false, connection: null,
   });
   frameTimes.length = 0;
@@ -288,6 +311,11 @@ async function start(event) {
   render();
   try {
     const body = { config: readConfig() };
+    const prompt = $("prompt").value.trim();
+    if (prompt !== "") {
+      if (utf8Bytes(prompt) > MAX_PROMPT_BYTES) throw new Error(`the prompt is over ${MAX_PROMPT_BYTES} bytes`);
+      body.prompt = prompt;
+    }
     const image = await readImage();
     if (image !== null) body.image = image;
     const { body: session } = await api.createSession(body);
@@ -454,6 +482,31 @@ async function stop() {
   }
 }
 
+// Pause or resume over the link (the REST routes do the same for clients without one); the state follows as a
+// `state` status.
+function togglePause() {
+  if (link === null) return;
+  const type = page.state === "paused" ? "resume" : "pause";
+  link.send({ v: 1, type }, true);
+}
+
+function sendPrompt(event) {
+  event.preventDefault();
+  const text = $("prompt-live").value.trim();
+  if (utf8Bytes(text) > MAX_PROMPT_BYTES) {
+    say(`A prompt is at most ${MAX_PROMPT_BYTES} bytes (this one has ${utf8Bytes(text)}).`, true);
+    return;
+  }
+  page.promptSeq = Math.max(page.promptSeq + 1, Date.now());
+  const message = { v: 1, type: "prompt", seq: page.promptSeq, text };
+  if (link !== null && link.send(message, true)) {
+    page.lastPrompt = message;
+    say(text ? `Prompt sent: “${text}”. It applies from the next chunk.` : "Prompt cleared.");
+  }
+  $("stage").focus();
+  render();
+}
+
 function resetPose() {
   if (link !== null) link.send({ v: 1, type: "reset_pose" }, true);
   $("stage").focus();
@@ -512,6 +565,8 @@ window.addEventListener("pagehide", () => {
 $("create-form").addEventListener("submit", start);
 $("stop").addEventListener("click", stop);
 $("reset").addEventListener("click", resetPose);
+$("pause").addEventListener("click", togglePause);
+$("prompt-form").addEventListener("submit", sendPrompt);
 $("stage").addEventListener("click", () => $("stage").focus());
 controls.attach(window);
 countFrames();

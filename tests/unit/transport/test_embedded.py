@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from pipeline.bidirectional import ControlState, ResetPose
+from pipeline.bidirectional import ControlState, Pause, ResetPose, SetPrompt
 from tests.fakes.transport_port import FakeSessionPort, make_chunk
 from tests.fakes.transport_timers import FakeTimers
 from tests.fakes.webrtc_client import BrowserPeer, frame_index_of
@@ -89,6 +89,9 @@ async def test_browser_gets_frames_status_and_sends_control(setup: Setup) -> Non
         browser.send('{"v":1,"type":"control_state","seq":4,"keys":["s"]}')  # stale: dropped
         browser.send('{"v":1,"type":"reset_pose"}')
         assert await setup.port.wait_controls(2) == [ControlState(5, frozenset({"w", "j"})), ResetPose()]
+        browser.send('{"v":1,"type":"prompt","seq":1,"text":"golden dusk"}')  # prompts count apart: seq 1 is new
+        browser.send('{"v":1,"type":"pause"}')
+        assert (await setup.port.wait_controls(4))[2:] == [SetPrompt(1, "golden dusk"), Pause()]
 
         setup.port.emit_status(ChunkStatus(7, 5, ("j", "w"), {"control_to_output": 0.25}))
         status = await browser.next_status()

@@ -10,13 +10,13 @@ import jwt
 import pytest
 from livekit import api
 
-from pipeline.bidirectional import ControlState, ResetPose, Stop
+from pipeline.bidirectional import ControlState, Pause, ResetPose, Resume, SetPrompt, Stop
 from tests.fakes.livekit import FakeRoom, FakeRoomFactory, FakeVideo
 from tests.fakes.transport_port import FakeSessionPort, make_chunk
 from tests.fakes.transport_timers import FakeTimers
 from transport.base import ChunkStatus, DoneStatus, StateStatus
 from transport.config import LiveKitConfig
-from transport.errors import RoomJoinError
+from transport.errors import ControlRejectedError, RoomJoinError
 from transport.events import ParticipantJoined, ParticipantLeft, RoomFinished
 from transport.livekit_binding import BindingState, ControllerPresence, LiveKitSessionBinding
 from transport.tokens import IssuedToken, ParticipantRole, TokenIssuer
@@ -184,6 +184,23 @@ async def test_control_from_the_controller_reaches_the_session(h: Harness) -> No
     h.room.receive_data('{"v":1,"type":"reset_pose"}', h.controller)
     h.room.receive_data('{"v":1,"type":"stop"}', h.controller)
     assert h.port.controls == [ControlState(1, frozenset({"w", "j"})), ResetPose(), Stop()]
+
+
+async def test_prompts_and_pause_travel_as_livekit_data_and_a_refusal_comes_back_as_an_error(h: Harness) -> None:
+    h.room.receive_data('{"v":1,"type":"prompt","seq":2,"text":"a snowy night"}', h.controller)
+    h.room.receive_data('{"v":1,"type":"pause"}', h.controller)
+    h.room.receive_data('{"v":1,"type":"resume"}', h.controller)
+    assert h.port.controls == [SetPrompt(2, "a snowy night"), Pause(), Resume()]
+    h.port.reject_control = ControlRejectedError("session_not_running", "the session is closing")
+    h.room.receive_data('{"v":1,"type":"pause"}', h.controller)
+    h.room.receive_data('{"v":1,"type":"prompt","seq":3,"text":"' + "x" * 600 + '"}', h.controller)
+    codes = []
+    for _ in range(2):
+        sent = await h.room.next_data()
+        assert sent.reliable
+        assert sent.destinations == (h.controller,)
+        codes.append(json.loads(sent.payload)["code"])
+    assert codes == ["session_not_running", "prompt_too_large"]
 
 
 async def test_data_from_anyone_else_or_on_another_topic_is_ignored(h: Harness) -> None:
