@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -139,6 +139,7 @@ DeliverFrame = Callable[[PacedFrame], bool]
 Called by the pacer on the event loop: it must not block."""
 
 _HELD_STATUSES = 8  # chunk statuses waiting for their first frame; beyond it the oldest goes out without a pts
+_PACED_REMEMBERED = 16  # chunks whose first frame went out before their status came: their pts, for that status
 
 EncodeStatus = Callable[[StatusMessage], Outbound]
 """Encodes one of the session's status messages for the binding's wire (and picks its reliability)."""
@@ -253,6 +254,7 @@ class BindingCore:
         self._frames_unsent = 0
         self._held: deque[ChunkStatus] = deque()
         self._fed_through = -1
+        self._paced_first: OrderedDict[int, int] = OrderedDict()  # chunk index -> its first paced frame's pts
 
     @property
     def session_id(self) -> str:
@@ -339,10 +341,15 @@ class BindingCore:
         else:
             self._frames_unsent += 1
         # A held chunk status goes out with its first frame, stamped with that frame's presentation timestamp.
+        pts = round(frame.media_index * VIDEO_CLOCK_RATE / self._port.fps)
+        if frame.chunk_index not in self._paced_first:
+            self._paced_first[frame.chunk_index] = pts
+            while len(self._paced_first) > _PACED_REMEMBERED:
+                self._paced_first.popitem(last=False)
         while self._held and self._held[0].index <= frame.chunk_index:
             status = self._held.popleft()
             if status.index == frame.chunk_index:
-                status = replace(status, first_frame_pts=round(frame.media_index * VIDEO_CLOCK_RATE / self._port.fps))
+                status = replace(status, first_frame_pts=pts)
             self._outbox.put(self._encode(status))
 
     # -- grace timer ----------------------------------------------------------------------------------------------
@@ -376,7 +383,9 @@ class BindingCore:
     def _encode_relayed(self, message: StatusMessage) -> Outbound | None:
         """Chunk statuses whose frames are still to be paced (or not yet fed) are held until the first of them is
         sent, so that the client learns which presented frame starts the chunk (`first_frame_pts`); `done` lets
-        every held status out first. Bounded (`_HELD_STATUSES`, the oldest goes out unstamped)."""
+        every held status out first. Bounded (`_HELD_STATUSES`, the oldest goes out unstamped). A status that comes
+        after its chunk's first frame was paced (the pacer sent it at once: the relay and the feed race) is stamped
+        with that frame's pts, remembered for the last `_PACED_REMEMBERED` chunks."""
         # A status that overtook its chunk (the feed task has not run yet) is held too, once frames have flowed.
         if isinstance(message, ChunkStatus) and (
             0 <= self._fed_through < message.index or self._pacer.holds_chunk(message.index)
@@ -385,6 +394,10 @@ class BindingCore:
                 self._outbox.put(self._encode(self._held.popleft()))
             self._held.append(message)
             return None
+        if isinstance(message, ChunkStatus) and message.first_frame_pts is None:
+            paced = self._paced_first.get(message.index)
+            if paced is not None:
+                message = replace(message, first_frame_pts=paced)
         if isinstance(message, DoneStatus):
             while self._held:
                 self._outbox.put(self._encode(self._held.popleft()))

@@ -1,8 +1,8 @@
 """The Python client (`transport.client`) and `lingstream play` against a real `lingstream serve` (fake model workers
 through the test-only hook, embedded WebRTC on loopback, API keys on, one session slot).
 
-The fake world's chunk k is one flat grey frame of level k, so a received frame proves which chunk it shows, and
-the client's chunk metadata is checked against the picture itself.
+The fake world's chunk k is one flat grey frame of level 16 k (mod 256), so a received frame proves which chunk it
+shows, and the client's chunk metadata is checked against the picture itself (one chunk off is 16 levels off).
 """
 
 from __future__ import annotations
@@ -43,7 +43,12 @@ WAIT_S = 20.0
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     workdir = tmp_path_factory.mktemp("client")
-    with serve(workdir, LINGSTREAM_API_KEYS=f"{KEY},{OTHER_KEY}", LINGSTREAM_HOST="127.0.0.1") as served:
+    with serve(
+        workdir,
+        factory="tests.fakes.world:stepped_fake_workers",
+        LINGSTREAM_API_KEYS=f"{KEY},{OTHER_KEY}",
+        LINGSTREAM_HOST="127.0.0.1",
+    ) as served:
         deadline = time.monotonic() + STARTUP_DEADLINE_S
         with httpx.Client(timeout=5.0) as client:
             while True:
@@ -63,9 +68,9 @@ def _level(frame: np.ndarray) -> float:
 
 async def test_a_client_follows_the_queue_joins_steers_and_reads_frames_with_their_chunks(service: Served) -> None:
     async with ServiceClient(service.url, api_key=KEY) as client:
-        first = await client.create(config={"fps": 20})
+        first = await client.create(config={"fps": 25})
         assert first.status == "running"
-        queued = await client.create(config={"fps": 20})
+        queued = await client.create(config={"fps": 25})
         assert (queued.status, queued.queue_position) == ("queued", 1)
         seen: list[SessionInfo] = []
         follower = asyncio.create_task(client.wait_streaming(queued.id, on_update=seen.append))
@@ -85,13 +90,14 @@ async def test_a_client_follows_the_queue_joins_steers_and_reads_frames_with_the
                 assert sorted(steered.chunk.keys) == ["l", "w"]  # the alias arrives canonical
                 assert steered.image.shape == (8, 8, 3)
                 assert steered.image.dtype == np.uint8
-                # Every frame is the chunk its metadata names: the fake paints chunk k at grey level k.
+                # Every frame is the chunk its metadata names: the fake paints chunk k at grey level 16 k.
                 matched = 0
                 for _ in range(15):
                     frame = await stream.next_frame()
                     assert frame is not None
                     assert frame.chunk is not None
-                    assert abs(_level(frame.image) - frame.chunk.index % 256) < 4, (frame.chunk, _level(frame.image))
+                    painted = frame.chunk.index * 16 % 256
+                    assert abs(_level(frame.image) - painted) < 6, (frame.chunk, _level(frame.image))
                     assert frame.pts is not None
                     matched += 1
                 assert matched == 15
@@ -125,7 +131,7 @@ async def test_the_services_error_codes_become_typed_exceptions(service: Served)
             await client.create(config={"fps": 1000})
         assert (invalid.value.status, invalid.value.code) == (422, "invalid_config")
         assert "fps" in invalid.value.message
-        created = await client.create(config={"fps": 20})
+        created = await client.create(config={"fps": 25})
         try:
             with pytest.raises(SessionNotFoundError) as hidden:  # another key's session does not exist for it
                 await other.get(created.id)
@@ -175,7 +181,7 @@ TRACE = """\
 
 def test_play_drives_a_live_session_from_a_trace_and_records_it(service: Served, tmp_path: Path) -> None:
     run = _play(
-        service, tmp_path, TRACE, "--config", '{"fps": 20}', "--tail", "1", "--report", str(tmp_path / "r.json")
+        service, tmp_path, TRACE, "--config", '{"fps": 25}', "--tail", "1", "--report", str(tmp_path / "r.json")
     )
     assert run.returncode == 0, run.stderr
     report: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
@@ -185,7 +191,7 @@ def test_play_drives_a_live_session_from_a_trace_and_records_it(service: Served,
     assert report["errors"] == []
     # Three key changes, each seen in a frame generated from it; the fake paces 20 chunks (frames) per second.
     assert report["controls_sent"] == 5  # three snapshots, the reset and the final stop
-    assert report["control_to_photon_count"] == 3
+    assert report["control_to_photon_count"] == 3, report
     assert report["controls_unseen"] == 0
     assert 0 < report["control_to_photon_p50_ms"] <= report["control_to_photon_max_ms"] < 2000
     assert 10 < report["fps"] < 30
@@ -231,9 +237,10 @@ def test_the_example_of_docs_client_md_runs_as_written(service: Served, tmp_path
     script.write_text(
         example.replace("http://127.0.0.1:8080", service.url)
         .replace("api_key=None", f"api_key={KEY!r}")
-        # The fake world makes 20 chunks a second whatever the fps; at 16 the pacer would fall behind and let chunk
-        # statuses out early, unstamped (as the real service does when generation outruns playback).
-        .replace('"fps": 16', '"fps": 20'),
+        # The fake world makes 20 one-frame chunks a second whatever the fps: played at 16 fps a backlog would grow
+        # and chunk statuses would go out before their frames, unstamped (as the service does when generation
+        # outruns playback); played at 25 fps the pacer keeps up.
+        .replace('"fps": 16', '"fps": 25'),
         encoding="utf-8",
     )
     run = subprocess.run(

@@ -33,7 +33,14 @@ from pipeline.bidirectional import (
 )
 from service.settings import Settings
 
-__all__ = ["FakeConfig", "FakeWorld", "idle_fake_workers", "noisy_fake_workers", "paced_fake_workers"]
+__all__ = [
+    "FakeConfig",
+    "FakeWorld",
+    "idle_fake_workers",
+    "noisy_fake_workers",
+    "paced_fake_workers",
+    "stepped_fake_workers",
+]
 
 _ALLOWED = ("fps", "seed", "prompt")
 _END = object()
@@ -70,10 +77,17 @@ class FakeWorld:
     """A scripted model worker. Every method is called on the event loop except `prepare` (a worker thread)."""
 
     def __init__(
-        self, *, pace_s: float | None = None, max_image_bytes: int = 1 << 20, frame_size: int = 8, noise: bool = False
+        self,
+        *,
+        pace_s: float | None = None,
+        max_image_bytes: int = 1 << 20,
+        frame_size: int = 8,
+        noise: bool = False,
+        level_step: int = 1,
     ) -> None:
         self.pace_s = pace_s
         self.noise = noise
+        self.level_step = level_step  # chunk k is one flat frame of grey level k * level_step (mod 256)
         self.max_image_bytes = max_image_bytes
         self.frame_size = frame_size
         self.fail_creates = False
@@ -247,7 +261,7 @@ class FakeWorld:
         if self.noise:  # incompressible frames (a recording grows fast), the same for the same chunk index
             frames = np.random.default_rng(index).integers(0, 256, (1, size, size, 3), dtype=np.uint8)
         else:
-            frames = np.full((1, size, size, 3), index % 256, dtype=np.uint8)
+            frames = np.full((1, size, size, 3), (index * self.level_step) % 256, dtype=np.uint8)
         return ChunkOutput(
             session_id=session.id,
             index=index,
@@ -293,6 +307,12 @@ def paced_fake_workers(settings: Settings) -> list[FakeWorld]:
 def noisy_fake_workers(settings: Settings) -> list[FakeWorld]:
     """Workers that generate a chunk of one 128x128 frame of noise every 50 ms per session (recordings grow fast)."""
     return [FakeWorld(pace_s=0.05, frame_size=128, noise=True) for _ in range(settings.num_workers)]
+
+
+def stepped_fake_workers(settings: Settings) -> list[FakeWorld]:
+    """Paced workers whose chunk k is grey level 16 k (mod 256): a decoded frame tells its chunk from the next one
+    (VP8 moves a flat level by a few steps; adjacent levels 1 apart would be indistinguishable)."""
+    return [FakeWorld(pace_s=0.05, level_step=16) for _ in range(settings.num_workers)]
 
 
 def idle_fake_workers(settings: Settings) -> list[FakeWorld]:

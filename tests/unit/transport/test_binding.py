@@ -14,7 +14,7 @@ import pytest
 from pipeline.clock import MonotonicClock
 from tests.fakes.transport_port import FakeSessionPort, make_chunk
 from tests.fakes.transport_timers import FakeTimers
-from transport.base import DoneStatus, ErrorStatus, StateStatus, StatusMessage
+from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
 from transport.binding import (
     TERMINAL_BINDING_STATES,
     BindingCore,
@@ -363,3 +363,12 @@ async def test_close_does_not_wait_for_a_link_that_is_down() -> None:
     async with asyncio.timeout(Settings().status_flush_timeout / 2):  # no flush: well within the flush timeout
         assert await rig.core.close("closed")
     assert rig.link.sent == []
+
+
+async def test_a_chunk_status_that_comes_after_its_first_frame_was_paced_is_still_stamped(rig: Rig) -> None:
+    rig.core.start_serving()
+    rig.port.emit_chunk(make_chunk(0, first_frame_index=0, count=1, width=32, height=24, fps=50.0))
+    (frame,) = await rig.frames.wait_frames(1)  # paced at once: the relay had not seen the chunk's status yet
+    rig.port.emit_status(ChunkStatus(0, 3, ("w",), {}))
+    (status,) = await rig.link.wait_sent(1)
+    assert status == ChunkStatus(0, 3, ("w",), {}, first_frame_pts=round(frame.media_index * 90000 / 50.0))
