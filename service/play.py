@@ -4,10 +4,10 @@
                     [--tail S] [--livekit-room ROOM [--livekit-identity ID --livekit-token TOKEN]] [--report R.json]
 
 It is a headless client (`transport.client`): it creates a session, follows its queue position (printed), joins
-over the session's transport (embedded WebRTC or LiveKit), plays the trace as `control_state` snapshots and
-`reset_pose` commands, writes every received frame to an H.264 MP4 (`service.offline.mp4`), sends `stop` after the
-trace (and `--tail` seconds more), and prints what it measured as one JSON line on stdout (a human summary goes to
-stderr).
+over the session's transport (embedded WebRTC or LiveKit), plays the trace as `control_state` snapshots, `prompt`
+messages and `reset_pose` commands, writes every received frame to an H.264 MP4 (`service.offline.mp4`), sends
+`stop` after the trace (and `--tail` seconds more), and prints what it measured as one JSON line on stdout (a human
+summary goes to stderr).
 
 The trace has `lingstream generate`'s format (`service.offline.control_trace`); live, a position says *when* to
 send, since which chunk applies a control is up to the service:
@@ -198,6 +198,8 @@ async def _drive(stream: LiveStream, entries: Sequence[TraceEntry], meter: Photo
             return
         if entry.reset_pose:
             await stream.reset_pose()
+        elif entry.prompt is not None:
+            await stream.send_prompt(entry.prompt)
         elif entry.keys is not None and entry.keys != held:
             held = entry.keys
             seq = await stream.send_keys(entry.keys)

@@ -101,6 +101,15 @@ async def test_a_client_follows_the_queue_joins_steers_and_reads_frames_with_the
                     assert frame.pts is not None
                     matched += 1
                 assert matched == 15
+                prompt_seq = await stream.send_prompt("a foggy harbour at dawn")
+                prompted = None
+                while prompted is None:
+                    frame = await stream.next_frame()
+                    assert frame is not None
+                    if frame.chunk is not None and frame.chunk.prompt_seq == prompt_seq:
+                        prompted = frame.chunk
+                assert prompted.prompt == "a foggy harbour at dawn"
+                assert prompted.applied_seq == seq  # the keys' own sequence is untouched by prompts
                 done = await stream.stop()
                 assert done.reason == "closed"
                 assert stream.statistics().frames_received > 15
@@ -171,9 +180,10 @@ def _play(service: Served, tmp_path: Path, trace: str, *extra: str) -> subproces
 
 
 TRACE = """\
-# w at once, turn right after half a second, let go once chunk 25 came, then a reset
+# w at once, turn right after half a second, a new prompt, let go once chunk 25 came, then a reset
 {"chunk": 0, "keys": ["w"]}
 {"t": 0.5, "keys": ["w", "l"]}
+{"t": 0.6, "prompt": "snow falls on the quay"}
 {"chunk": 25, "keys": []}
 {"chunk": 25, "reset_pose": true}
 """
@@ -190,7 +200,7 @@ def test_play_drives_a_live_session_from_a_trace_and_records_it(service: Served,
     assert report["done_reason"] == "closed"
     assert report["errors"] == []
     # Three key changes, each seen in a frame generated from it; the fake paces 20 chunks (frames) per second.
-    assert report["controls_sent"] == 5  # three snapshots, the reset and the final stop
+    assert report["controls_sent"] == 6  # three snapshots, the prompt, the reset and the final stop
     assert report["control_to_photon_count"] == 3, report
     assert report["controls_unseen"] == 0
     assert 0 < report["control_to_photon_p50_ms"] <= report["control_to_photon_max_ms"] < 2000

@@ -13,7 +13,9 @@ client's side of a session.
     │   ├── RateLimitedError         queue_full, quota_exceeded, too_many_viewers  (`retry_after`: Retry-After)
     │   ├── UnavailableError         draining, not_ready, admission_unavailable
     │   ├── SessionNotRunningError   session_not_running, session_on_other_replica, session_queued
-    │   └── SessionStartError        session_failed                    admitted, but it could not be started
+    │   ├── SessionStartError        session_failed                    admitted, but it could not be started
+    │   └── RecordingError           recording_not_found, recording_failed, recording_in_progress,
+    │                                recording_not_configured          a session's recording cannot be had (yet)
     ├── UnreachableError             the service could not be reached (connection refused, timed out)
     ├── SessionEndedError            the session ended (closed, failed, expired, cancelled) before it could stream
     └── ConnectError                 joining the session's transport failed (no answer, nothing connected)
@@ -34,6 +36,7 @@ __all__ = [
     "ConnectError",
     "InvalidInputError",
     "RateLimitedError",
+    "RecordingError",
     "RoomInUseError",
     "RoomNotFoundError",
     "SessionEndedError",
@@ -102,6 +105,11 @@ class SessionStartError(ApiError):
     """`session_failed`: admitted, but the model worker or the transport could not start it."""
 
 
+class RecordingError(ApiError):
+    """A session's recording is not there: `recording_not_found`, `recording_failed`, `recording_in_progress`,
+    `recording_not_configured`."""
+
+
 class UnreachableError(ClientError):
     """The service could not be reached (refused, reset, timed out); the message names the URL."""
 
@@ -157,6 +165,10 @@ _BY_CODE: Mapping[str, type[ApiError]] = MappingProxyType(
         "session_on_other_replica": SessionNotRunningError,
         "session_queued": SessionNotRunningError,
         "session_failed": SessionStartError,
+        "recording_not_found": RecordingError,
+        "recording_failed": RecordingError,
+        "recording_in_progress": RecordingError,
+        "recording_not_configured": RecordingError,
     }
 )
 

@@ -1,8 +1,9 @@
 """The media half of the Python client: one live session joined over its transport, frames in, control out.
 
-`LiveStream` is what a client holds while a session streams. It sends control protocol v1 (`send_keys` snapshots
-with its own increasing `seq`, `reset_pose`, `stop`), receives the video as numpy RGB arrays (`ReceivedFrame`) and
-the status messages (`chunk`, `state`, `error`, `done`). It does not care how it is connected: a `Link` carries
+`LiveStream` is what a client holds while a session streams. It sends control protocol v1 (`send_keys` snapshots and
+`send_prompt` prompts, each with its own increasing `seq`, `reset_pose`, `pause`, `resume`, `stop`), receives the
+video as numpy RGB arrays (`ReceivedFrame`) and the status messages (`chunk`, `state`, `error`, `done`, and any
+other the service sends, through the status listeners). It does not care how it is connected: a `Link` carries
 bytes and frames, and there are two, chosen by the session's join details:
 
 - `EmbeddedLink` (`kind: embedded`): an aiortc peer connection with a receive-only video transceiver and the
@@ -45,7 +46,7 @@ import numpy.typing as npt
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from pipeline.bidirectional import ControlMessage, ControlState, ResetPose, Stop
+from pipeline.bidirectional import ControlMessage, ControlState, Pause, ResetPose, Resume, SetPrompt, Stop
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
 from transport.client.api import ServiceClient, SessionInfo
 from transport.client.errors import ConnectError
@@ -177,6 +178,7 @@ class LiveStream:
         self._frame_arrived = asyncio.Event()
         self._tracker = ChunkTracker()
         self._seq = time.time_ns() // 1_000_000
+        self._prompt_seq = self._seq  # prompts count on their own (the service keeps the newest of each kind)
         self._sent: dict[int, float] = {}
         self._sent_order: deque[int] = deque()
         self.state: str | None = None
@@ -266,8 +268,24 @@ class LiveStream:
         """When (monotonic) the snapshot `seq` was sent by this stream; None for unknown or forgotten ones."""
         return self._sent.get(seq)
 
+    async def send_prompt(self, text: str) -> int:
+        """Replace the session's text prompt from the next chunk on; returns the prompt's `seq` (a chunk status
+        reports `prompt` and `prompt_seq` once a chunk was generated from it). The service bounds the text
+        (`prompt_too_large`) and may rate-limit prompts (`rate_limited` error statuses)."""
+        self._prompt_seq = min(self._prompt_seq + 1, MAX_SEQ)
+        seq = self._prompt_seq
+        await self.send(SetPrompt(seq, text))
+        return seq
+
     async def reset_pose(self) -> None:
         await self.send(ResetPose())
+
+    async def pause(self) -> None:
+        """Generate nothing more until `resume()` (the chunk in progress is still delivered)."""
+        await self.send(Pause())
+
+    async def resume(self) -> None:
+        await self.send(Resume())
 
     async def stop(self) -> DoneStatus:
         """Send `stop` and wait for `done` (the chunk in progress is delivered first). Bound it with

@@ -8,6 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from pipeline.bidirectional import SetPrompt
 from service.errors import error_table, http_status_spec
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus
 from transport.client import (
@@ -182,11 +183,14 @@ async def test_a_stream_numbers_its_snapshots_and_keeps_the_newest_frames_when_i
     link = RecordingLink()
     stream.attach_link(link)
     first = await stream.send_keys(["w", "ArrowLeft"])
+    prompt = await stream.send_prompt("dusk")
     second = await stream.send_keys([])
-    assert second == first + 1
+    assert second == first + 1  # prompts count on their own
     assert stream.sent_at(first) is not None
     decoded = [decode_control(payload) for payload, _ in link.sent]
-    assert [(m.seq, sorted(m.keys)) for m in decoded] == [(first, ["j", "w"]), (second, [])]  # type: ignore[union-attr]
+    assert decoded[1] == SetPrompt(prompt, "dusk")
+    snapshots = [decoded[0], decoded[2]]
+    assert [(m.seq, sorted(m.keys)) for m in snapshots] == [(first, ["j", "w"]), (second, [])]  # type: ignore[union-attr]
     for level in range(3):
         stream.on_frame(np.full((8, 8, 3), level, np.uint8), None)
     stream.on_status(encode_status(ErrorStatus("invalid_keys", "no")))
@@ -194,9 +198,9 @@ async def test_a_stream_numbers_its_snapshots_and_keeps_the_newest_frames_when_i
     levels = [int(frame.image[0, 0, 0]) async for frame in stream.frames()]
     assert levels == [1, 2]  # drop oldest
     stats = stream.statistics()
-    assert (stats.frames_received, stats.frames_dropped, stats.errors, stats.controls_sent) == (3, 1, 1, 2)
+    assert (stats.frames_received, stats.frames_dropped, stats.errors, stats.controls_sent) == (3, 1, 1, 3)
     async with asyncio.timeout(1):
         assert await stream.stop() == DoneStatus("closed")  # already done: no stop is sent
-    assert len(link.sent) == 2
+    assert len(link.sent) == 3
     await stream.aclose()
     assert link.closed
