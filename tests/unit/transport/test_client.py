@@ -92,7 +92,10 @@ def test_every_code_the_service_answers_has_a_client_class_or_is_a_plain_api_err
     unmapped = sorted(codes - set(classes))
     # The codes without a class of their own are the ones a client cannot act on differently.
     expected = {"bad_request", "forbidden", "internal", "method_not_allowed", "model_context_exhausted", "not_found"}
-    assert unmapped == sorted(expected), unmapped
+    assert unmapped == sorted(expected), (
+        f"codes the client does not classify: {sorted(set(unmapped) - expected)}; a new code of the service goes into "
+        "transport/client/errors.py (_BY_CODE, the class tree) and the table of docs/client.md"
+    )
     for code in unmapped:
         assert type(api_error(500, code, "x")) is ApiError
     assert isinstance(api_error(401, "unauthorized", "no"), UnauthorizedError)
