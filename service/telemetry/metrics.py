@@ -144,7 +144,7 @@ def observe_runtime(meter: Meter, read: Callable[[], RuntimeStatistics | None]) 
     gauge(
         "lingstream.sessions",
         "{session}",
-        "Live sessions on this instance by state (queued, admitted, running, draining).",
+        "Live sessions on this instance by state (queued, admitted, running, paused, draining).",
         lambda s: (Observation(count, {"state": state}) for state, count in s.sessions.items()),
     )
     counter(

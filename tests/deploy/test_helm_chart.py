@@ -68,6 +68,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "maxConnections": 2000,
             "mallocArenas": 4,
             "maxViewers": 3,
+            "maxSessionSeconds": 1800,
+            "maxPause": 90.5,
         },
         "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "96Gi"}},
         "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
@@ -482,6 +484,7 @@ def test_settings_reach_the_pod_through_the_configmap(chart: Any) -> None:
     assert (data["LINGSTREAM_SESSION_HISTORY"], data["LINGSTREAM_MAX_CONNECTIONS"]) == ("256", "2000")
     assert data["LINGSTREAM_MALLOC_ARENAS"] == "4"
     assert data["LINGSTREAM_MAX_VIEWERS"] == "3"
+    assert (data["LINGSTREAM_MAX_SESSION_SECONDS"], data["LINGSTREAM_MAX_PAUSE"]) == ("1800", "90.5")
     assert data["LINGSTREAM_ADMISSION_BACKEND"] == "memory"
     assert data["LIVEKIT_URL"] == "wss://livekit.example.com"
     # Unset settings are left to the service's defaults.
