@@ -41,7 +41,7 @@ from service.http.page import install_page
 from service.http.routes import describe_validation_errors, health_router, internal_router, v1_router
 from service.runtime.recordings import WriterFactory
 from service.runtime.runtime import RuntimeTuning, ServiceRuntime
-from service.runtime.workers import build_workers
+from service.runtime.workers import build_workers, model_memory
 from service.scaleout.backend import RedisAdmissionBackend
 from service.settings import ServiceConfig, Settings
 from service.telemetry.otel import Telemetry, TelemetryMiddleware
@@ -88,7 +88,10 @@ def create_app(
         telemetry = Telemetry.from_environ(os.environ, service_version=_version())
     if settings.api_key_list:
         logger.info("API keys: %d; quotas and usage name them by key id: %s", len(settings.key_ids), _ids(settings))
-    workers = list((worker_factory or build_workers)(settings))
+    factory = worker_factory or build_workers
+    workers = list(factory(settings))
+    # The real workers checked the model at start (cached); a test's fake workers have no model to estimate.
+    memory = model_memory(settings) if factory is build_workers else None
     if config.shared_admission is None:
         runtime = ServiceRuntime(
             config,
@@ -137,6 +140,7 @@ def create_app(
         openapi_url="/openapi.json",
     )
     app.state.runtime = runtime
+    app.state.model_memory = memory.to_mapping() if memory is not None else None
     app.state.telemetry = telemetry
     app.state.transport = transport
     app.state.auth = ApiKeyAuth(config.api_key_digests)

@@ -502,10 +502,11 @@ async def healthz() -> HealthBody:
     summary="Readiness: 200 when started, not draining and every model worker is ready",
     responses=_errors(503),
 )
-async def readyz(runtime: Runtime) -> Response:
+async def readyz(request: Request, runtime: Runtime) -> Response:
     readiness = runtime.readiness()
     if readiness.ready:
-        return JSONResponse({"status": "ready"})
+        memory: dict[str, object] | None = request.app.state.model_memory
+        return JSONResponse({"status": "ready"} if memory is None else {"status": "ready", "model_memory": memory})
     return JSONResponse(error_body(readiness.code or "not_ready", readiness.reason or "not ready"), status_code=503)
 
 

@@ -147,8 +147,24 @@ class WebhookAck(BaseModel):
     received: Literal[True] = True
 
 
+class ModelMemoryBody(BaseModel):
+    """LINGSTREAM_MODEL=lingbot-fast's memory estimate on the first worker's device (docs/lingbot-fast.md)."""
+
+    device: str
+    dtype: str
+    model_bytes: int = Field(description="Weights: DiT, VAE and text encoder, in the run dtype.")
+    session_bytes: int = Field(description="One session's attention cache at the planning resolution.")
+    device_bytes: int
+    usable_bytes: int = Field(description="The share of the device the estimate plans with (90%).")
+    fits_sessions: int = Field(description="Sessions that fit beside the weights.")
+    resolution: str = Field(description="The planning resolution, WIDTHxHEIGHT.")
+
+
 class HealthBody(BaseModel):
     status: Literal["ok", "ready"]
+    model_memory: ModelMemoryBody | None = Field(
+        default=None, description="/readyz with LINGSTREAM_MODEL=lingbot-fast: the memory estimate it started with."
+    )
 
 
 class DrainBody(BaseModel):

@@ -28,6 +28,7 @@ At start, `check_devices` confirms every CUDA device exists (an error names the 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from service.settings import Settings
 
 if TYPE_CHECKING:
     from pipeline.lingbot import ProcessPlacement, WorldModel, WorldModelFactory
-    from pipeline.lingbot.models import LingBotFastOptions
+    from pipeline.lingbot.models import LingBotFastOptions, MemoryEstimate
 
 __all__ = [
     "WORKER_ENVIRONMENT",
@@ -50,6 +51,7 @@ __all__ = [
     "check_model",
     "lingbot_fast_options",
     "load_factory",
+    "model_memory",
     "process_placement",
     "worker_options",
 ]
@@ -155,15 +157,24 @@ def lingbot_fast_options(options: WorkerOptions) -> LingBotFastOptions:
     )
 
 
-def check_model(options: WorkerOptions) -> None:
-    """Raise `SettingsError` naming the problem when `LINGSTREAM_MODEL=lingbot-fast` cannot load: the lingbot extra
-    missing, or the model directory incomplete or inconsistent (read from headers: no weights are loaded)."""
+def check_model(options: WorkerOptions) -> MemoryEstimate | None:
+    """For `LINGSTREAM_MODEL=lingbot-fast`: check the model directory from its headers (no weights loaded), estimate
+    its memory on the worker's device and refuse a `LINGSTREAM_MAX_SESSIONS_PER_WORKER` that cannot fit; returns the
+    estimate (what `/readyz` shows). Raises `SettingsError` naming the problem: the lingbot extra missing, the
+    directory incomplete or inconsistent, too many sessions. None for the reference model. Cached per options."""
     if options.model != "lingbot-fast":
-        return
-    try:
-        from pipeline.lingbot.models import check_model_dir
+        return None
+    return _checked_estimate(options)
 
-        check_model_dir(lingbot_fast_options(options).root)
+
+@functools.lru_cache(maxsize=8)
+def _checked_estimate(options: WorkerOptions) -> MemoryEstimate:
+    device = options.devices[0]
+    try:
+        from pipeline.lingbot.models import check_model_dir, estimate_memory
+
+        fast = lingbot_fast_options(options)
+        estimate = estimate_memory(check_model_dir(fast.root), fast, device)
     except ImportError as exc:
         raise SettingsError(
             f"cannot start: LINGSTREAM_MODEL=lingbot-fast needs the lingbot extra (pip install 'lingstream[lingbot]'): "
@@ -171,6 +182,26 @@ def check_model(options: WorkerOptions) -> None:
         ) from None
     except ValueError as exc:  # CheckpointError, ModelConfigError
         raise SettingsError(f"cannot start: LINGSTREAM_MODEL_PATH={options.model_path}: {exc}") from None
+    wanted = options.max_sessions_per_worker
+    if estimate.fits_sessions < wanted:
+        raise SettingsError(
+            f"cannot start: LINGSTREAM_MAX_SESSIONS_PER_WORKER={wanted} does not fit on {device}: the model takes "
+            f"{_gb(estimate.model_bytes)} and each session {_gb(estimate.session_bytes)} of attention cache "
+            f"({estimate.dtype}, {estimate.width}x{estimate.height}, window {options.model_window_frames} latent "
+            f"frames), {_gb(estimate.total_bytes(wanted))} in all, but {_gb(estimate.usable_bytes)} of the device's "
+            f"{_gb(estimate.device_bytes)} is usable: at most {estimate.fits_sessions} session(s). Lower it, shrink "
+            "LINGSTREAM_MODEL_WINDOW_FRAMES, or use a device with more memory."
+        )
+    return estimate
+
+
+def model_memory(settings: Settings) -> MemoryEstimate | None:
+    """The first model worker's memory estimate (`check_model`); None for the reference model."""
+    return check_model(worker_options(settings)[0])
+
+
+def _gb(size: int) -> str:
+    return f"{size / 1e9:.2f} GB"
 
 
 def _world_model(options: WorkerOptions) -> WorldModel:
@@ -232,7 +263,8 @@ def build_workers(settings: Settings) -> list[BidirectionalService]:
         ) from None
     options_list = worker_options(settings)
     check_devices(options_list)
-    check_model(options_list[0])
+    for options in options_list:
+        check_model(options)  # refuses a directory that does not load or sessions that do not fit
     if any(options.stage_placement == "processes" for options in options_list):
         for name, value in WORKER_ENVIRONMENT.items():
             os.environ.setdefault(name, value)

@@ -85,6 +85,15 @@ def service(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     assert "Traceback" not in served.output(), served.output()[-4000:]
 
 
+def test_readyz_shows_the_memory_estimate_it_started_with(service: Served) -> None:
+    body = httpx.get(f"{service.url}/readyz", timeout=5.0).json()
+    assert body["status"] == "ready"
+    memory = body["model_memory"]
+    assert (memory["device"], memory["dtype"], memory["resolution"]) == ("cpu", "float32", "832x480")
+    assert memory["fits_sessions"] >= 1
+    assert memory["model_bytes"] + memory["session_bytes"] <= memory["usable_bytes"] < memory["device_bytes"]
+
+
 async def test_serve_streams_the_tiny_models_frames_to_a_client(service: Served) -> None:
     async with ServiceClient(service.url) as client:
         info = await client.create(config={"width": WIDTH, "height": HEIGHT, "fps": 16, "prompt": "a stone bridge"})

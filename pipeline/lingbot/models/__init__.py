@@ -55,6 +55,14 @@ from pipeline.lingbot.models.errors import (
     ModelConfigError,
     ModelContextExhaustedError,
 )
+from pipeline.lingbot.models.memory import (
+    PLAN_HEIGHT,
+    PLAN_WIDTH,
+    USABLE_SHARE,
+    MemoryEstimate,
+    device_bytes,
+    estimate_memory,
+)
 from pipeline.lingbot.models.plucker import PluckerAdapter, relative_poses
 from pipeline.lingbot.models.sampler import FAST_SCHEDULE, FastSchedule, denoise_chunk, fast_schedule, sample_chunk
 from pipeline.lingbot.models.text import (
@@ -93,6 +101,8 @@ __all__ = [
     "DTYPES",
     "FAST_SCHEDULE",
     "LINGBOT_FAST_14B",
+    "PLAN_HEIGHT",
+    "PLAN_WIDTH",
     "PUBLISHED_CACHE",
     "TEXT_ENCODER_DIR",
     "TEXT_ENCODER_WEIGHTS",
@@ -100,6 +110,7 @@ __all__ = [
     "TINY_UMT5_CONFIG",
     "TINY_VAE_CONFIG",
     "TOKENIZER_DIR",
+    "USABLE_SHARE",
     "VAE_DIR",
     "CacheConfig",
     "CacheSlot",
@@ -117,6 +128,7 @@ __all__ = [
     "LingBotFastFactory",
     "LingBotFastOptions",
     "LingBotFastWorldModel",
+    "MemoryEstimate",
     "ModelConfigError",
     "ModelContextExhaustedError",
     "ModelDirSummary",
@@ -131,6 +143,8 @@ __all__ = [
     "check_model_dir",
     "compare_specs",
     "denoise_chunk",
+    "device_bytes",
+    "estimate_memory",
     "expected_specs",
     "fast_schedule",
     "load_dit",

@@ -21,6 +21,7 @@ disagreement between the parts (the DiT's text width and the encoder's, the DiT'
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -96,12 +97,12 @@ class LingBotFastOptions:
 
 @dataclass(frozen=True, slots=True)
 class ModelDirSummary:
-    """What `check_model_dir` found: the DiT's sizes and every part's parameter bytes as stored."""
+    """What `check_model_dir` found: the DiT's sizes and every part's parameter count (the memory estimate's input)."""
 
     dit: DiTConfig
-    dit_bytes: int
-    vae_bytes: int
-    text_encoder_bytes: int
+    dit_parameters: int
+    vae_parameters: int
+    text_encoder_parameters: int
 
 
 def read_dit_config(directory: Path | str) -> DiTConfig:
@@ -140,17 +141,17 @@ def check_model_dir(root: Path | str) -> ModelDirSummary:
     dit_layout = locate_checkpoint(base / DIT_DIR, DIT_WEIGHTS)
     dit_specs = read_specs(dit_layout)
     check_specs(dit, dit_specs, dit_layout.directory)
-    vae_bytes, z_dim = _check_vae(base / VAE_DIR)
+    vae_count, z_dim = _check_vae(base / VAE_DIR)
     if dit.out_dim != z_dim or dit.in_dim != 2 * z_dim + 4:
         raise CheckpointError(
             f"the DiT (in_dim {dit.in_dim}, out_dim {dit.out_dim}) does not fit the VAE's {z_dim} latent channels "
             f"(needs in_dim {2 * z_dim + 4}, out_dim {z_dim})"
         )
-    text_bytes, d_model = _check_text_encoder(base / TEXT_ENCODER_DIR)
+    text_count, d_model = _check_text_encoder(base / TEXT_ENCODER_DIR)
     if d_model != dit.text_dim:
         raise CheckpointError(f"the text encoder's width {d_model} is not the DiT's text_dim {dit.text_dim}")
     _check_tokenizer(base / TOKENIZER_DIR)
-    return ModelDirSummary(dit, _nbytes(dit_specs), vae_bytes, text_bytes)
+    return ModelDirSummary(dit, _count(dit_specs), vae_count, text_count)
 
 
 def _check_vae(folder: Path) -> tuple[int, int]:
@@ -170,7 +171,7 @@ def _check_vae(folder: Path) -> tuple[int, int]:
     specs = read_specs(layout)
     expected = {name: TensorSpec(tuple(t.shape), t.dtype) for name, t in model.state_dict().items()}
     compare_specs(expected, specs, folder, "the Wan VAE in its config.json")
-    return _nbytes(specs), int(model.config.z_dim)
+    return _count(specs), int(model.config.z_dim)
 
 
 def _check_text_encoder(folder: Path) -> tuple[int, int]:
@@ -190,7 +191,7 @@ def _check_text_encoder(folder: Path) -> tuple[int, int]:
     compare_specs(
         expected, specs, folder, "the umt5 encoder in its config.json", optional={"encoder.embed_tokens.weight"}
     )
-    return _nbytes(specs), int(config.d_model)
+    return _count(specs), int(config.d_model)
 
 
 def _check_tokenizer(folder: Path) -> None:
@@ -202,14 +203,8 @@ def _check_tokenizer(folder: Path) -> None:
         raise CheckpointError(f"tokenizer folder {folder} cannot be loaded: {exc}") from exc
 
 
-def _nbytes(specs: dict[str, TensorSpec]) -> int:
-    total = 0
-    for spec in specs.values():
-        count = 1
-        for size in spec.shape:
-            count *= size
-        total += count * torch.empty((), dtype=spec.dtype).element_size()
-    return total
+def _count(specs: dict[str, TensorSpec]) -> int:
+    return sum(math.prod(spec.shape) for spec in specs.values())
 
 
 def write_tiny_model(

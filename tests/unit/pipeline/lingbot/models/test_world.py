@@ -15,7 +15,7 @@ import torch
 
 from pipeline.lingbot import CameraController, ControlSnapshot, LingBotSessionConfig, ModelShard
 from pipeline.lingbot.errors import ModelSessionError
-from pipeline.lingbot.models import TINY_DIT, CheckpointError, ModelConfigError, denoise_chunk
+from pipeline.lingbot.models import TINY_DIT, CheckpointError, LingBotFastDiT, ModelConfigError, denoise_chunk
 from pipeline.lingbot.models.bundle import LingBotFastOptions, check_model_dir, write_tiny_model
 from pipeline.lingbot.models.plucker import PluckerAdapter
 from pipeline.lingbot.models.world import LingBotFastFactory, LingBotFastWorldModel
@@ -173,7 +173,10 @@ def test_a_session_runs_past_the_rope_table_with_finite_frames_and_a_bounded_cac
 def test_a_complete_directory_passes_the_start_check(model_dir: Path) -> None:
     summary = check_model_dir(model_dir)
     assert summary.dit == TINY_DIT
-    assert min(summary.dit_bytes, summary.vae_bytes, summary.text_encoder_bytes) > 0
+    with torch.device("meta"):
+        dit = LingBotFastDiT(TINY_DIT)
+    assert summary.dit_parameters == sum(p.numel() for p in dit.parameters())
+    assert min(summary.vae_parameters, summary.text_encoder_parameters) > 0
 
 
 @pytest.fixture

@@ -1,0 +1,100 @@
+"""How many LingBot-World-Fast sessions fit on a device: the weights once, plus each session's attention cache.
+
+    model bytes    = (DiT + VAE + umt5 encoder parameters) x the run dtype's size
+    session bytes  = the DiT's self-attention cache (window x tokens per latent frame, K and V, every layer) plus
+                     its prompt's cross-attention K/V (`cache.bytes_per_session`), at the planning resolution
+    fits           = floor((usable - model bytes) / session bytes),  usable = device bytes x `usable_share` (0.9)
+
+Everything is counted on the denoise device (the threads placement puts every part there; with processes the VAE
+may sit elsewhere, so the estimate errs on the safe side). Not counted: activations (one chunk's, transient) and
+the VAE decoder's per-session feature cache (two frames of each causal convolution's input); the 10% held back is
+for them and for the allocator.
+
+The planning resolution is the model's published 832x480 (1 560 tokens per latent frame): full size, window 18,
+bf16 gives 37.1 GB of weights for the DiT alone and 23.4 GB per session, so one H100 (80 GB) holds one session, an
+H200 (141 GB) three. A session asked at a larger size needs proportionally more (1280x720: 2.3x) and is not refused
+by this estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.lingbot.models.bundle import LingBotFastOptions, ModelDirSummary
+from pipeline.lingbot.models.cache import bytes_per_session
+
+__all__ = ["PLAN_HEIGHT", "PLAN_WIDTH", "USABLE_SHARE", "MemoryEstimate", "device_bytes", "estimate_memory"]
+
+PLAN_WIDTH, PLAN_HEIGHT = 832, 480
+USABLE_SHARE = 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    device: str
+    dtype: str
+    model_bytes: int
+    session_bytes: int
+    device_bytes: int
+    usable_bytes: int
+    fits_sessions: int
+    """Sessions that fit beside the weights (0: not even one)."""
+    width: int
+    height: int
+
+    def total_bytes(self, sessions: int) -> int:
+        return self.model_bytes + sessions * self.session_bytes
+
+    def to_mapping(self) -> dict[str, object]:
+        return {
+            "device": self.device,
+            "dtype": self.dtype,
+            "model_bytes": self.model_bytes,
+            "session_bytes": self.session_bytes,
+            "device_bytes": self.device_bytes,
+            "usable_bytes": self.usable_bytes,
+            "fits_sessions": self.fits_sessions,
+            "resolution": f"{self.width}x{self.height}",
+        }
+
+
+def device_bytes(device: str) -> int:
+    """The device's memory: a CUDA device's total, or the machine's physical RAM for the CPU."""
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+    import os
+
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def estimate_memory(
+    summary: ModelDirSummary,
+    options: LingBotFastOptions,
+    device: str,
+    *,
+    capacity: int | None = None,
+    width: int = PLAN_WIDTH,
+    height: int = PLAN_HEIGHT,
+) -> MemoryEstimate:
+    """The estimate for `summary`'s model run as `options` say on `device` (`capacity`: its bytes, measured when
+    None)."""
+    dtype = options.torch_dtype(device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    model = itemsize * (summary.dit_parameters + summary.vae_parameters + summary.text_encoder_parameters)
+    session = bytes_per_session(summary.dit, height, width, dtype, options.cache_config(3))
+    total = device_bytes(device) if capacity is None else capacity
+    usable = int(total * USABLE_SHARE)
+    fits = max(0, (usable - model) // session) if session > 0 else 0
+    return MemoryEstimate(
+        device=device,
+        dtype=str(dtype).removeprefix("torch."),
+        model_bytes=model,
+        session_bytes=session,
+        device_bytes=total,
+        usable_bytes=usable,
+        fits_sessions=int(fits),
+        width=width,
+        height=height,
+    )

@@ -1,0 +1,62 @@
+"""LINGSTREAM_MODEL=lingbot-fast at start: the model directory is checked and its memory estimated on the worker's
+device; a LINGSTREAM_MAX_SESSIONS_PER_WORKER that cannot fit stops the start with the figures, one that fits
+passes and its estimate is what /readyz shows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.errors import SettingsError
+from service.runtime.workers import WorkerOptions, check_model
+
+pytest.importorskip("diffusers", reason="the lingbot extra (diffusers) is not installed")
+pytest.importorskip("transformers", reason="the lingbot extra (transformers) is not installed")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pipeline.lingbot.models import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def options(path: Path, sessions: int, window: int = 1024) -> WorkerOptions:
+    return WorkerOptions(
+        worker_index=0,
+        num_workers=1,
+        max_sessions_per_worker=sessions,
+        device="cpu",
+        torch_threads=1,
+        max_image_bytes=1 << 20,
+        max_image_pixels=1 << 20,
+        model="lingbot-fast",
+        model_path=str(path),
+        model_window_frames=window,
+    )
+
+
+def test_sessions_that_fit_pass_and_one_more_is_refused_with_the_figures(tiny: Path) -> None:
+    estimate = check_model(options(tiny, 1))
+    assert estimate is not None
+    fits = estimate.fits_sessions
+    assert fits >= 1
+    assert estimate.device == "cpu"
+    assert check_model(options(tiny, fits)) is not None
+    with pytest.raises(SettingsError) as refused:
+        check_model(options(tiny, fits + 1))
+    message = str(refused.value)
+    assert f"LINGSTREAM_MAX_SESSIONS_PER_WORKER={fits + 1} does not fit on cpu" in message
+    assert f"at most {fits} session(s)" in message
+    assert "window 1024 latent frames" in message
+
+
+def test_a_broken_directory_is_refused_naming_the_variable(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=r"LINGSTREAM_MODEL_PATH=.*does not exist"):
+        check_model(options(tmp_path / "absent", 1))
+
+
+def test_the_reference_model_has_no_estimate() -> None:
+    reference = WorkerOptions(0, 1, 1, "cpu", None, 1, 1)
+    assert check_model(reference) is None
