@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -50,16 +51,19 @@ from service.http.schemas import (
     HealthBody,
     SessionBody,
     SessionList,
+    UsageBody,
     WebhookAck,
     WebrtcAnswer,
     WebrtcOffer,
     drain_body,
     session_body,
+    usage_body,
 )
 from service.logs import bind_session_id
 from service.runtime.images import decode_image
 from service.runtime.runtime import ServiceRuntime, SnapshotStream
 from service.runtime.sessions import SessionSnapshot, SessionState
+from service.usage.query import parse_since
 from transport.base import CallerRoom, Transport
 from transport.embedded import EmbeddedTransport
 from transport.errors import SessionNotAttachedError, ViewerTokenInvalidError
@@ -173,6 +177,29 @@ def _with_prompt(config: dict[str, Any], prompt: str | None) -> dict[str, Any]:
             raise PromptTooLargeError(f"prompt: {exc}") from None
         raise InvalidRequestError(f"prompt: {exc}") from None
     return {**config, "prompt": prompt}
+
+
+@v1_router.get(
+    "/usage",
+    response_model=UsageBody,
+    summary="The caller's key's usage and quota (aggregated over every replica with the redis backend)",
+    tags=["usage"],
+    responses=_errors(401, 422, 503),
+)
+async def get_usage(
+    owner: Owner,
+    runtime: Runtime,
+    since: Annotated[
+        str | None,
+        Query(
+            description="RFC 3339 time with an offset (2026-12-01T18:00:00Z) or Unix seconds; counted from the "
+            "start of its hour. Default (and at most): the 35 days kept."
+        ),
+    ] = None,
+) -> UsageBody:
+    start = parse_since(since, time.time())
+    report = await runtime.usage(owner, start)
+    return usage_body(report, runtime.config.admission.quota_of(owner))
 
 
 @v1_router.get("/sessions", response_model=SessionList, summary="The caller's sessions", responses=_errors(401))

@@ -11,8 +11,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from admission import KeyQuota
+from service.keys import key_id
 from service.runtime.records import DrainStatus
 from service.runtime.sessions import SessionSnapshot
+from service.usage.ledger import UsageReport
 
 __all__ = [
     "CreateSessionRequest",
@@ -23,12 +26,14 @@ __all__ = [
     "LiveKitRoomRequest",
     "SessionBody",
     "SessionList",
+    "UsageBody",
     "VideoBody",
     "WebhookAck",
     "WebrtcAnswer",
     "WebrtcOffer",
     "drain_body",
     "session_body",
+    "usage_body",
 ]
 
 StateName = Literal["queued", "admitted", "running", "paused", "draining", "closed", "expired", "failed", "cancelled"]
@@ -123,6 +128,41 @@ class SessionBody(BaseModel):
 
 class SessionList(BaseModel):
     sessions: list[SessionBody]
+
+
+class QuotaBody(BaseModel):
+    max_running: int | None = Field(description="Sessions the key may run or wait to run at once (null: no bound).")
+    max_queued: int | None = Field(description="Of those, how many may wait in the queue (null: no bound).")
+
+
+class UsageBody(BaseModel):
+    """GET /v1/usage: the caller's key's usage from `since` (the start of the hour bucket that holds the asked
+    time) to `until` (now); with the redis backend, over every replica."""
+
+    key: str = Field(description="The key id (never the key): what /metrics labels and KEY_QUOTAS names.")
+    since: datetime.datetime = Field(description="Counted from here (an hour bucket's start, UTC).")
+    until: datetime.datetime = Field(description="Counted up to here (when it was read, UTC).")
+    running_seconds: float = Field(description="Session-seconds holding a slot (admitted until released).")
+    queued_seconds: float = Field(description="Session-seconds waiting in the queue (counted when the wait ends).")
+    sessions: int = Field(description="Creates accepted (admitted or queued); refusals are not counted.")
+    chunks: int = Field(description="Chunks generated.")
+    frames: int = Field(description="Frames generated.")
+    quota: QuotaBody
+
+
+def usage_body(report: UsageReport, quota: KeyQuota) -> UsageBody:
+    totals = report.totals
+    return UsageBody(
+        key=key_id(report.owner),
+        since=_time(report.since),
+        until=_time(report.until),
+        running_seconds=round(totals.running_s, 3),
+        queued_seconds=round(totals.queued_s, 3),
+        sessions=totals.sessions,
+        chunks=totals.chunks,
+        frames=totals.frames,
+        quota=QuotaBody(max_running=quota.max_running, max_queued=quota.max_queued),
+    )
 
 
 class WebrtcOffer(BaseModel):

@@ -42,6 +42,7 @@ from admission import AdmissionEvent
 from pipeline.bidirectional import CloseMode, PreparedSession
 from service.runtime.records import AdmissionReport, RuntimeTuning, SnapshotStream
 from service.runtime.sessions import Session, SessionSnapshot
+from service.usage.ledger import UsageReport, UsageTotals
 
 __all__ = ["AdmissionBackend", "AdmissionHost"]
 
@@ -176,6 +177,24 @@ class AdmissionBackend(Protocol):
 
     def release(self, session: Session) -> None:
         """The admitted session ended (its final state is set): its slot goes back. Called exactly once."""
+        ...
+
+    # ---------------------------------------------------------------------------------------------- usage
+    # Per-owner usage (docs/scale-out.md, §12): admission counts sessions, queued and running time at its own
+    # transitions; the runtime reports the chunks.
+
+    def record_chunk(self, session: Session, frames: int) -> None:
+        """A chunk of `frames` frames of `session` was generated here. Never raises, never waits (a shared backend
+        sends the counts in the background, coalesced)."""
+        ...
+
+    async def usage(self, owner: str, since: float) -> UsageReport:
+        """`owner`'s usage counted from the bucket that holds `since` (Unix seconds) up to now. Raises
+        `AdmissionUnavailableError` when a shared backend cannot be reached."""
+        ...
+
+    def usage_totals(self) -> Mapping[str, UsageTotals]:
+        """Every owner's all-time usage, by owner, without waiting (a shared backend serves its last refresh)."""
         ...
 
     # ---------------------------------------------------------------------------------------------- registry

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 from admission import (
@@ -27,6 +28,8 @@ from service.errors import DrainingError, QueueFullError, QuotaExceededError, Se
 from service.runtime.backend import AdmissionHost
 from service.runtime.records import AdmissionReport, SnapshotStream
 from service.runtime.sessions import Session, SessionSnapshot
+from service.usage.ledger import UsageLedger, UsageReport, UsageTotals
+from service.usage.meter import UsageMeter
 
 __all__ = ["MemoryAdmissionBackend"]
 
@@ -37,13 +40,24 @@ class MemoryAdmissionBackend:
     """`AdmissionBackend` on this instance's own `AdmissionController`.
 
     `clock` is the controller's clock (tests inject a fake one); `tick_interval` the driver's expiry check
-    interval (`RuntimeTuning.admission_tick_s`).
+    interval (`RuntimeTuning.admission_tick_s`). Usage is counted in this process's memory (`UsageMeter`, fed by
+    every controller event and chunk; durations on `clock`, bucketed by `wall`, Unix seconds): since start.
     """
 
-    def __init__(self, config: AdmissionConfig, *, clock: Clock | None = None, tick_interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        config: AdmissionConfig,
+        *,
+        clock: Clock | None = None,
+        tick_interval: float = 0.5,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self._controller = AdmissionController(config, clock=clock)
         self._driver = AdmissionDriver(self._controller, tick_interval=tick_interval)
         self._unsubscribe: Callable[[], None] | None = None
+        self._wall = wall
+        self._meter = UsageMeter(UsageLedger(), self._controller.clock, wall)
+        self._controller.subscribe(self._meter.event)
 
     @property
     def controller(self) -> AdmissionController:
@@ -108,6 +122,20 @@ class MemoryAdmissionBackend:
 
     def release(self, session: Session) -> None:
         self._controller.release(session.id)
+
+    # ---------------------------------------------------------------------------------------------- usage
+
+    def record_chunk(self, session: Session, frames: int) -> None:
+        self._meter.chunk(session.id, session.owner, frames)
+
+    async def usage(self, owner: str, since: float) -> UsageReport:
+        self._meter.settle(owner)
+        ledger = self._meter.ledger
+        start = ledger.bucket_start(since)
+        return UsageReport(owner, start, self._wall(), ledger.since(owner, start))
+
+    def usage_totals(self) -> Mapping[str, UsageTotals]:
+        return self._meter.ledger.totals()
 
     # ---------------------------------------------------------------------------------------------- registry
 

@@ -19,6 +19,7 @@ from typing import Protocol
 from admission import AdmissionEvent, AdmissionStatistics
 from pipeline.bidirectional import ChunkOutput
 from service.runtime.sessions import Session, SessionBuffers, SessionSnapshot
+from service.usage.ledger import UsageTotals
 
 __all__ = [
     "AdmissionReport",
@@ -146,7 +147,8 @@ class RuntimeStatistics:
     """What /metrics reads. `sessions` counts live sessions by state; `ended_total` finished ones by final state.
     `slots_held` counts sessions holding an admission slot; `slot_mismatch` is admission's retained count minus it
     (anything but 0 means a leak or a double count). `shared` is the whole deployment (every replica, the global
-    queue) with the Redis backend, as of its last refresh; None in memory."""
+    queue) with the Redis backend, as of its last refresh; None in memory. `usage` is every key's all-time usage by
+    key id (this instance's in memory; the deployment's, as of the last refresh, with the Redis backend)."""
 
     sessions: Mapping[str, int]
     ended_total: Mapping[str, int]
@@ -156,6 +158,7 @@ class RuntimeStatistics:
     slots_held: int
     slot_mismatch: int
     shared: SharedAdmissionStatistics | None = None
+    usage: Mapping[str, UsageTotals] = dataclasses.field(default_factory=dict)
 
 
 class SessionObserver(Protocol):

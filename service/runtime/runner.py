@@ -44,7 +44,8 @@ class RunnerCallbacks:
     - `ended(session)`: the session reached its final state (after its slot went back, before the transport is
       detached);
     - `set_paused(session, paused)`: a `pause` (True) or `resume` (False) from the client's control channel; raises
-      a `ServiceError` when the session cannot (the port answers the client with its code).
+      a `ServiceError` when the session cannot (the port answers the client with its code);
+    - `generated(session, chunk)`: the session's model worker produced `chunk` (usage metering counts it).
     """
 
     request_close: Callable[[Session, CloseMode, str], None]
@@ -52,6 +53,7 @@ class RunnerCallbacks:
     release_slot: Callable[[Session], None]
     ended: Callable[[Session], None]
     set_paused: Callable[[Session, bool], None]
+    generated: Callable[[Session, ChunkOutput], None] = lambda _session, _chunk: None
 
 
 class SessionRunner:
@@ -231,6 +233,7 @@ class SessionRunner:
                 session.publish_chunk(chunk)
                 if recording is not None:
                     recording.offer(chunk)
+                self._callbacks.generated(session, chunk)
                 self._observer.chunk(session, chunk)
         except asyncio.CancelledError:
             raise

@@ -55,6 +55,7 @@ from service.errors import (
     SettingsError,
     lookup,
 )
+from service.keys import key_id
 from service.logs import bind_session_id, session_context
 from service.runtime.backend import AdmissionBackend
 from service.runtime.config_view import config_view
@@ -76,6 +77,7 @@ from service.runtime.runner import RunnerCallbacks, SessionRunner
 from service.runtime.sessions import LIVE_STATES, Session, SessionSnapshot, SessionState
 from service.runtime.tasks import TaskSet
 from service.settings import ServiceConfig
+from service.usage.ledger import UsageReport
 from transport.base import CallerRoom, Transport
 from transport.timers import LoopTimers, Timers
 
@@ -174,6 +176,7 @@ class ServiceRuntime:
                 release_slot=self._backend.release,
                 ended=self._after_end,
                 set_paused=self._set_paused,
+                generated=self._generated,
             ),
             recordings=self._recordings,
         )
@@ -548,6 +551,11 @@ class ServiceRuntime:
             deadline_in_s=deadline_in,
         )
 
+    async def usage(self, owner: str, since: float) -> UsageReport:
+        """`owner`'s usage from the bucket that holds `since` (Unix seconds) up to now, from admission (this
+        instance's, or the whole deployment's with a shared backend)."""
+        return await self._backend.usage(owner, since)
+
     def statistics(self) -> RuntimeStatistics:
         report = self._backend.statistics()
         counts = Counter(self._sessions[sid].state.value for sid in self._live)
@@ -561,6 +569,7 @@ class ServiceRuntime:
             slots_held=held,
             slot_mismatch=report.admission.retained_total - held,
             shared=report.shared,
+            usage={key_id(owner): totals for owner, totals in self._backend.usage_totals().items()},
         )
 
     # ------------------------------------------------------------------------------------------------ internals
@@ -624,6 +633,10 @@ class ServiceRuntime:
             self._backend.cancel_queued(session)
         else:
             session.request_close(mode, reason)
+
+    def _generated(self, session: Session, chunk: ChunkOutput) -> None:
+        frames = chunk.frames.shape[0] if chunk.frames.ndim == 4 else 1
+        self._backend.record_chunk(session, int(frames))
 
     def _on_running(self, session: Session) -> None:
         """The runner moved the session to RUNNING: a service that drains (now, or since it was admitted) says so;

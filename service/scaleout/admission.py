@@ -66,6 +66,7 @@ from service.scaleout.lua.records import (
     decode_text,
     decode_view,
 )
+from service.usage.ledger import UsageReport, UsageTotals
 
 __all__ = [
     "CloseRequest",
@@ -341,6 +342,32 @@ class RedisAdmission:
         reply = await self._call("overview")
         replicas = sorted((decode_replica(*row) for row in reply.result), key=lambda r: r.replica_id)
         return SharedAdmissionStatistics(tuple(replicas), reply.queue_depth)
+
+    async def usage(self, owner: str, since: float) -> UsageReport:
+        """`owner`'s usage over every replica, from the bucket that holds `since` (Unix seconds) to now (Redis
+        time). Running sessions' time is counted up to their replica's last heartbeat."""
+        reply = await self._call("usage_read", owner, max(0, round(since * 1000)))
+        first, now, running, queued, sessions, chunks, frames = (int(value) for value in reply.result)
+        totals = UsageTotals(running / 1000, queued / 1000, sessions, chunks, frames)
+        return UsageReport(owner, first / 1000, now / 1000, totals)
+
+    async def usage_totals(self) -> dict[str, UsageTotals]:
+        """Every owner's all-time usage over every replica."""
+        reply = await self._call("usage_totals")
+        out: dict[str, UsageTotals] = {}
+        for raw_owner, running, queued, sessions, chunks, frames in reply.result:
+            out[decode_text(raw_owner)] = UsageTotals(
+                int(running) / 1000, int(queued) / 1000, int(sessions), int(chunks), int(frames)
+            )
+        return out
+
+    async def flush_usage(self, generated: Mapping[str, tuple[int, int]]) -> None:
+        """Count `owner -> (chunks, frames)` generated on this replica since its last flush (now, Redis time)."""
+        args: list[str | int | bytes] = []
+        for owner, (chunks, frames) in generated.items():
+            args += [owner, chunks, frames]
+        if args:
+            await self._call("usage_flush", *args)
 
     # ------------------------------------------------------------------------------------------------ commands
 

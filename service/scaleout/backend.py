@@ -23,6 +23,11 @@ session the runtime keeps no record of:
 - **outages**: while Redis is unreachable the backend is not `available` (the runtime is then not ready and
   refuses creates with 503 `admission_unavailable`), running sessions go on; once it is back every running session's
   status is published again;
+- **usage**: admission's scripts count sessions, waits and running time at each transition (the owner's heartbeat
+  moves the running time forward; a reaper counts a dead replica's sessions up to its last heartbeat); chunks and
+  frames are counted here per owner and flushed at chunk boundaries by one background writer (coalesced, one
+  script call in flight; kept and retried through outages; a last flush at shutdown). `/v1/usage` reads Redis;
+  `/metrics` serves every key's all-time totals from the background refresh (the deployment's, on every replica);
 - **metrics**: the queue depth is the global queue's (every reply from Redis carries it, and the maintenance pass
   runs every heartbeat interval); the deployment's statistics (every replica's slots) are read in the background
   every heartbeat interval and served from that cache, so `/metrics` never waits for Redis.
@@ -93,6 +98,7 @@ from service.scaleout.registry import (
     remote_snapshot,
 )
 from service.settings import SharedAdmissionConfig
+from service.usage.ledger import UsageReport, UsageTotals
 
 __all__ = ["DEFAULT_PREFIX", "RedisAdmissionBackend"]
 
@@ -160,6 +166,9 @@ class RedisAdmissionBackend:
         self._beating: set[str] = set()
         self._stopped_admitting = False
         self._shared_statistics: SharedAdmissionStatistics | None = None
+        self._usage_totals: Mapping[str, UsageTotals] = {}
+        self._generated: dict[str, tuple[int, int]] = {}  # owner -> chunks, frames not yet flushed
+        self._flush = asyncio.Event()
 
     @property
     def admission(self) -> RedisAdmission:
@@ -181,6 +190,7 @@ class RedisAdmissionBackend:
         ]
         await self._admission.start()
         self._tasks.spawn(self._refresh_forever(), name="shared-statistics")
+        self._tasks.spawn(self._flush_usage_forever(), name="usage-flush")
         logger.info("shared admission: replica %s (liveness TTL %g s)", self._replica, self._refresh_s * 3)
 
     def stop_admitting(self) -> None:
@@ -201,6 +211,12 @@ class RedisAdmissionBackend:
             _, pending = await asyncio.wait(writers, timeout=self._started_host().tuning.shutdown_close_s)
             if pending:
                 logger.error("shutdown: %d session status writer(s) did not finish in time", len(pending))
+        if self._generated:
+            with contextlib.suppress(TimeoutError, *_CALL_ERRORS):
+                async with asyncio.timeout(self._started_host().tuning.shutdown_close_s):
+                    await self._flush_usage()
+            if self._generated:
+                logger.error("shutdown: usage of %d key(s) was not flushed to Redis", len(self._generated))
         await self._tasks.aclose()
         for unsubscribe in self._unsubscribe:
             unsubscribe()
@@ -263,6 +279,45 @@ class RedisAdmissionBackend:
         if owned is None or owned.writer is None or owned.writer.done():
             self._spawn(self._release(session.id), name=f"release-{session.id}")
         # else: its writer publishes the final status, then releases (in that order: see `_write_statuses`)
+
+    # ---------------------------------------------------------------------------------------------- usage
+
+    def record_chunk(self, session: Session, frames: int) -> None:
+        chunks, total = self._generated.get(session.owner, (0, 0))
+        self._generated[session.owner] = (chunks + 1, total + frames)
+        self._flush.set()
+
+    async def usage(self, owner: str, since: float) -> UsageReport:
+        return await self._admission.usage(owner, since)
+
+    def usage_totals(self) -> Mapping[str, UsageTotals]:
+        """As of the last background refresh (every heartbeat interval): the deployment's, not this replica's."""
+        return self._usage_totals
+
+    async def _flush_usage(self) -> None:
+        """Send what was generated since the last flush; on failure it stays to be sent with the next one."""
+        sending = dict(self._generated)
+        await self._admission.flush_usage(sending)
+        for owner, (chunks, frames) in sending.items():
+            left_chunks, left_frames = self._generated.pop(owner, (0, 0))
+            if (left_chunks, left_frames) != (chunks, frames):  # more came while the call was in flight
+                self._generated[owner] = (left_chunks - chunks, left_frames - frames)
+
+    async def _flush_usage_forever(self) -> None:
+        """At every chunk boundary (coalesced: one call in flight, what arrives meanwhile goes with the next)."""
+        while True:
+            await self._flush.wait()
+            self._flush.clear()
+            if not self._generated:
+                continue
+            if not self._admission.available:
+                await self._admission.wait_available()
+            try:
+                await self._flush_usage()
+            except _CALL_ERRORS as exc:
+                logger.debug("flushing usage failed (kept for the next flush): %r", exc)
+                self._flush.set()
+                await asyncio.sleep(self._refresh_s)
 
     # ---------------------------------------------------------------------------------------------- registry
 
@@ -554,6 +609,7 @@ class RedisAdmissionBackend:
             if self._admission.available:
                 try:
                     self._shared_statistics = await self._admission.shared_statistics()
+                    self._usage_totals = await self._admission.usage_totals()
                 except _CALL_ERRORS as exc:
                     logger.debug("reading the shared admission statistics failed: %r", exc)
             await asyncio.sleep(self._refresh_s)

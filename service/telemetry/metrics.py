@@ -10,7 +10,8 @@ them, on a `Meter` that `service.telemetry.otel` provides (and exports at `/metr
 
 Reading happens on the event loop, because none of those objects is thread-safe: a collection on another thread
 (the OTLP exporter's) asks the loop for a snapshot and waits briefly for it (see `ServiceMetrics.current`).
-Labels are bounded (states, results, reasons, stage names, worker indices); never a session id, key or token.
+Labels are bounded (states, results, reasons, stage names, worker indices, API key ids: a short hash of a
+configured key, never the key); never a session id, key or token.
 docs/metrics.md lists every series with its Prometheus name.
 """
 
@@ -41,6 +42,7 @@ from pipeline.metrics import StageTiming
 from pipeline.orchestrator import OrchestratorStatistics
 from service.runtime.records import RuntimeStatistics
 from service.telemetry.memory import GlibcHeap, HeapInfo
+from service.usage.ledger import UsageTotals
 from transport.base import Transport
 
 __all__ = [
@@ -213,6 +215,19 @@ def observe_runtime(meter: Meter, read: Callable[[], RuntimeStatistics | None]) 
         "Slots held by admitted sessions on every replica (redis backend only).",
         lambda s: [] if s.shared is None else [Observation(s.shared.retained_total)],
     )
+    for name, unit, what, pick in (
+        ("running", "s", "Session-seconds holding a slot", _usage_running),
+        ("queued", "s", "Session-seconds waiting in the queue", _usage_queued),
+        ("sessions", "{session}", "Creates accepted (admitted or queued)", _usage_sessions),
+        ("chunks", "{chunk}", "Chunks generated", _usage_chunks),
+        ("frames", "{frame}", "Frames generated", _usage_frames),
+    ):
+        counter(
+            f"lingstream.usage.{name}",
+            unit,
+            f"{what}, by API key id (all time; with the redis backend the deployment's, the same on every replica).",
+            _usage_series(pick),
+        )
     gauge("lingstream.ready", "1", "1 when /readyz answers 200.", lambda s: [Observation(int(s.ready))])
     gauge("lingstream.draining", "1", "1 while the instance drains.", lambda s: [Observation(int(s.draining))])
 
@@ -286,6 +301,33 @@ def _admission_results(stats: RuntimeStatistics) -> list[Observation]:
         "released": a.released_total,
     }
     return [Observation(value, {"result": result}) for result, value in results.items()]
+
+
+def _usage_running(totals: UsageTotals) -> float:
+    return totals.running_s
+
+
+def _usage_queued(totals: UsageTotals) -> float:
+    return totals.queued_s
+
+
+def _usage_sessions(totals: UsageTotals) -> float:
+    return totals.sessions
+
+
+def _usage_chunks(totals: UsageTotals) -> float:
+    return totals.chunks
+
+
+def _usage_frames(totals: UsageTotals) -> float:
+    return totals.frames
+
+
+def _usage_series(pick: Callable[[UsageTotals], float]) -> _Observe[RuntimeStatistics]:
+    def observe(stats: RuntimeStatistics) -> list[Observation]:
+        return [Observation(pick(totals), {"key": key}) for key, totals in sorted(stats.usage.items())]
+
+    return observe
 
 
 def render_metrics(stats: RuntimeStatistics) -> str:

@@ -23,6 +23,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from service.settings import load_settings
 from tests.fakes.redis_server import REDIS_SERVER, RedisServer
 from tests.serving import ROOT, environment, free_port, lingstream
 
@@ -524,3 +525,94 @@ async def test_a_recording_stays_on_the_replica_that_ran_the_session(tmp_path: P
             assert (gone.status_code, gone.json()["error"]["code"]) == (404, "recording_not_found")
             assert "replica that ran the session" in gone.json()["error"]["message"]
         assert sorted(path.name for path in recordings.glob("*.mp4")) == sorted(f"{s}.mp4" for s in (recorded, waiting))
+
+
+def _key_id(key: str) -> str:
+    (only,) = load_settings(api_keys=key).key_ids
+    return only
+
+
+async def _usage(cluster: Cluster, name: str, key: str) -> dict[str, Any]:
+    response = await cluster.client.get(cluster.url(name, "/v1/usage"), headers=_auth(key))
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def _ticket_ms(cluster: Cluster, session: str, *names: str) -> list[int]:
+    """Times (Redis ms) from a ticket's record."""
+    values: list[Any] = await cluster.raw.hmget(f"{PREFIX}t:{session}", list(names))
+    return [int(value) for value in values]
+
+
+async def _running_ms(cluster: Cluster, sessions: list[str]) -> int:
+    """What Redis says the sessions ran for, from each ticket's admission to its usage mark (`um`)."""
+    total = 0
+    for session in sessions:
+        admitted, mark = await _ticket_ms(cluster, session, "admitted", "um")
+        total += mark - admitted
+    return total
+
+
+async def test_quotas_hold_over_replicas_and_usage_survives_a_killed_replica(tmp_path: Path) -> None:
+    keys = {"LINGSTREAM_API_KEYS": f"{KEY_A},{KEY_B}", "LINGSTREAM_KEY_MAX_RUNNING": "2"}
+    async with _cluster(tmp_path, **keys) as cluster:
+        # Six creates of one key race over the three replicas: the quota admits exactly two, another key is free.
+        answers = await asyncio.gather(*(cluster.create(NAMES[index % 3], KEY_A) for index in range(6)))
+        accepted = [answer.json()["id"] for answer in answers if answer.status_code in (201, 202)]
+        refused = [answer.json()["error"] for answer in answers if answer.status_code == 429]
+        assert (len(accepted), len(refused)) == (2, 4), [answer.text for answer in answers]
+        assert all(error["code"] == "quota_exceeded" and "max_running=2" in error["message"] for error in refused)
+        other = await cluster.create("r3", KEY_B)
+        assert other.status_code in (201, 202), other.text
+        for session in accepted:
+            await cluster.wait_status("r1", session, "running", KEY_A)
+
+        # One of them ends normally; the replica running the other is killed mid-session.
+        held = await cluster.held()
+        victim = next(name for name, slots in held.items() if accepted[1] in slots)
+        survivor = next(name for name in NAMES if name != victim)
+        deleted = await cluster.delete(survivor, accepted[0], KEY_A, mode="cancel")
+        assert deleted.json()["status"] in ("closed", "cancelled"), deleted.text
+
+        async def generating() -> bool:
+            return bool((await _usage(cluster, survivor, KEY_A))["chunks"] >= 10)
+
+        await _poll(generating, "chunks of the key counted in Redis")
+        before = await _usage(cluster, survivor, KEY_A)
+        cluster.replicas[victim].process.send_signal(signal.SIGKILL)
+        lost = await cluster.wait_status(survivor, accepted[1], "failed", KEY_A)
+        assert lost["reason"] == f"replica_lost: {victim}"
+
+        after = await _usage(cluster, survivor, KEY_A)
+        assert after["key"] == _key_id(KEY_A)
+        assert after["sessions"] == 2
+        assert after["chunks"] >= before["chunks"]
+        assert after["frames"] == after["chunks"]
+        assert after["running_seconds"] >= before["running_seconds"] > 0
+        # Exact: the running time billed is each ticket's admission to its mark, once; the killed replica's session
+        # up to its last heartbeat, a full TTL before the reap at least.
+        assert round(after["running_seconds"] * 1000) == await _running_ms(cluster, accepted)
+        admitted, ended, mark = await _ticket_ms(cluster, accepted[1], "admitted", "ended", "um")
+        assert admitted < mark <= ended - TTL_S * 1000
+        await asyncio.sleep(TTL_S)  # several heartbeats of the live replicas: nothing more is counted for it
+        for name in NAMES:
+            if name != victim:
+                again = await _usage(cluster, name, KEY_A)
+                assert {k: v for k, v in again.items() if k != "until"} == {
+                    k: v for k, v in after.items() if k != "until"
+                }
+
+        # /metrics on a live replica: the same deployment-wide counters, labelled by the key id, never the key.
+        series = f'lingstream_usage_chunks_total{{key="{_key_id(KEY_A)}"}}'
+
+        async def exported() -> bool:
+            return bool(await cluster.metric(survivor, series, default=-1) == after["chunks"])
+
+        await _poll(exported, "the usage counters at /metrics")
+        text = (await cluster.client.get(cluster.url(survivor, "/metrics"))).text
+        assert KEY_A not in text
+        assert KEY_B not in text
+        # The key has room again: its killed session no longer counts.
+        again_created = await cluster.create(survivor, KEY_A)
+        assert again_created.status_code in (201, 202), again_created.text

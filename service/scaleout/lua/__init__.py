@@ -29,14 +29,22 @@ tag such as `{lingstream}:admission:` keeps them in one Redis Cluster slot):
                                which nobody heartbeated (Redis down or restarted) live replicas re-register first
     P kq:<owner>       set     the owner's queued ticket ids   } an owner's quota counts (`admission.quota`),
     P kr:<owner>       set     the owner's admitted ticket ids } kept by every script that moves a ticket
+    P seen             hash    replica id -> Redis ms of its last heartbeat (a reaped replica's sessions are billed
+                               up to it)
+    P u:<owner>:<ms>   hash    usage in one wall-clock bucket (`service.usage.USAGE_BUCKET_S`, expires after the
+                               retention): r running ms, q queued ms, s sessions, c chunks, f frames
+    P ub:<owner>       zset    the starts of the owner's usage buckets (what `usage_read` sums from `since` on)
+    P ut:<owner>       hash    the owner's all-time usage (the same fields; /metrics)
+    P uowners          set     every owner with usage
     P lengths          list    recent session lengths in ms (the Retry-After estimate)
     P events           stream  every ticket change ("k" = kind, "by" = the deciding replica, the ticket's fields)
                                and close requests ("k" = "close", "id", "replica" = the owner, "mode", "by"),
                                pause requests ("k" = "pause", "id", "replica", "action" = pause | resume, "by")
 
 Ticket hash fields: `id owner state reason origin replica worker seq created admitted ended qdl hbdl v ctok failure
-status status_reason body`. Times are Redis server milliseconds since the epoch (`TIME`), so replicas' clocks never
-matter. `v` grows by one with every change that emits an event, which lets readers drop stale or repeated events.
+status status_reason body um` (`um`: up to when its running time was counted). Times are Redis server
+milliseconds since the epoch (`TIME`), so replicas' clocks never matter. `v` grows by one with every change that
+emits an event, which lets readers drop stale or repeated events.
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ Invariants every script keeps (tests read Redis to check them after each step):
 - no worker of a replica holds more than its slots (only `pick` chooses a worker, and only for BY itself);
 - `live` holds exactly the queued and admitted tickets; finished ones carry a TTL and no payload;
 - `kq:<owner>` / `kr:<owner>` hold exactly the owner's queued / admitted tickets (the quota counts);
+- usage is counted once per transition: a session at its create, its wait when it leaves the queue, its running
+  time up to the mark `um` (moved by every count) at the owner's heartbeats and at its release, which happens once.
 - the queue is strict FIFO: only its head is ever admitted, and expiry takes the earliest deadline first.
 """
 
@@ -27,13 +29,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from service.usage.ledger import USAGE_BUCKET_S, USAGE_RETENTION_S
+
 __all__ = ["SCRIPTS"]
 
 _PRELUDE = r"""
 local P, BY, TTL, MAXLEN, PAYLOAD_TTL = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
 local QUEUE, QDL, HBDL, LIVE = P .. 'queue', P .. 'qdl', P .. 'hbdl', P .. 'live'
 local REPLICAS, STREAM, LENGTHS = P .. 'replicas', P .. 'events', P .. 'lengths'
-local SEQ, EPOCH, WATCH = P .. 'seq', P .. 'epoch', P .. 'watch'
+local SEQ, EPOCH, WATCH, SEEN = P .. 'seq', P .. 'epoch', P .. 'watch', P .. 'seen'
 local clock = redis.call('TIME')
 local NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local EVENTS, TAKEN = {}, {}
@@ -45,6 +49,48 @@ local function rkey(r) return P .. 'replica:' .. r end
 local function alive(r) return redis.call('EXISTS', rkey(r)) == 1 end
 local function kqkey(owner) return P .. 'kq:' .. owner end
 local function krkey(owner) return P .. 'kr:' .. owner end
+
+-- Usage (docs/scale-out.md, §12): `amount` of `field` (r running ms, q queued ms, s sessions, c chunks, f frames)
+-- for `owner`, in the wall-clock bucket that holds `at` (ms), and in the owner's all-time totals.
+local function usage_add(owner, field, amount, at)
+  if not owner or amount <= 0 then return end
+  local bucket = at - at % UBUCKET
+  local key, index = P .. 'u:' .. owner .. ':' .. bucket, P .. 'ub:' .. owner
+  redis.call('HINCRBY', key, field, amount)
+  if redis.call('ZADD', index, bucket, bucket) == 1 then
+    redis.call('PEXPIRE', key, URETAIN + UBUCKET)
+    redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. (NOW - URETAIN - UBUCKET))
+  end
+  redis.call('HINCRBY', P .. 'ut:' .. owner, field, amount)
+  redis.call('SADD', P .. 'uowners', owner)
+end
+
+-- The span [from, to) ms of `field`, split at bucket edges.
+local function usage_span(owner, field, from, to)
+  from, to = tonumber(from), tonumber(to)
+  if not from or not to then return end
+  while from < to do
+    local stop = math.min(from - from % UBUCKET + UBUCKET, to)
+    usage_add(owner, field, stop - from, from)
+    from = stop
+  end
+end
+
+-- The admitted ticket's running time up to `to` (ms): from its mark `um` (or its admission); the mark moves there.
+local function usage_run(id, to)
+  local f = redis.call('HMGET', tkey(id), 'owner', 'um', 'admitted')
+  local from = tonumber(f[2]) or tonumber(f[3])
+  if from and to > from then
+    usage_span(f[1], 'r', from, to)
+    redis.call('HSET', tkey(id), 'um', to)
+  end
+end
+
+-- A ticket left the queue at `at`: its wait counts.
+local function usage_wait(id, at)
+  local f = redis.call('HMGET', tkey(id), 'owner', 'created')
+  usage_span(f[1], 'q', f[2], at)
+end
 
 -- The ticket now holds a slot: its owner's quota counts it as running (no longer queued).
 local function count_running(id)
@@ -163,6 +209,7 @@ end
 
 -- QUEUED -> EXPIRED | CANCELLED.
 local function leave_queue(id, state, reason, at)
+  usage_wait(id, at)
   unqueue(id)
   finish(id, state, reason, at)
   redis.call('HSET', tkey(id), 'status', state)
@@ -171,8 +218,10 @@ local function leave_queue(id, state, reason, at)
 end
 
 -- ADMITTED -> RELEASED: the slot on replica r goes back. With `failure` the session is lost (its replica died).
-local function release_slot(id, r, failure, window)
+-- Its running time counts up to `upto` (ms; default now).
+local function release_slot(id, r, failure, window, upto)
   local key = tkey(id)
+  usage_run(id, upto or NOW)
   redis.call('HDEL', hkey(r), id)
   finish(id, 'released', 'session_ended', NOW)
   if failure then
@@ -199,6 +248,7 @@ local function admit_queued()
     if not head then return end
     local w = pick(BY, ME)
     if w == nil then return end
+    usage_wait(head, NOW)
     unqueue(head)
     redis.call('HSET', tkey(head), 'state', 'admitted', 'replica', BY, 'worker', w, 'admitted', NOW, 'status',
       'admitted')
@@ -235,13 +285,19 @@ local function next_deadline()
   return math.max(0, best - NOW)
 end
 
--- Every slot replica r holds is reclaimed and its sessions marked failed; r leaves the registry.
+-- Every slot replica r holds is reclaimed and its sessions marked failed; r leaves the registry. Their running
+-- time counts up to r's last heartbeat (the last moment it was known alive; now when r leaves by itself).
 local function reap(r)
+  local seen = tonumber(redis.call('HGET', SEEN, r)) or NOW
+  if r == BY then seen = NOW end
   for _, id in ipairs(redis.call('HKEYS', hkey(r))) do
-    if redis.call('HGET', tkey(id), 'state') == 'admitted' then release_slot(id, r, 'replica_lost: ' .. r) end
+    if redis.call('HGET', tkey(id), 'state') == 'admitted' then
+      release_slot(id, r, 'replica_lost: ' .. r, nil, math.min(seen, NOW))
+    end
   end
   redis.call('DEL', hkey(r))
   redis.call('HDEL', REPLICAS, r)
+  redis.call('HDEL', SEEN, r)
 end
 
 -- Whole seconds until some slot frees: mean recent session length / slots of live replicas, clamped.
@@ -305,6 +361,7 @@ local seq = redis.call('INCR', SEQ)
 redis.call('HSET', key, 'id', id, 'owner', owner, 'origin', BY, 'ctok', ctok, 'seq', seq, 'created', NOW, 'v', 0)
 if ARGV[17] == '1' then redis.call('HSET', key, 'body', ARGV[18]) end
 redis.call('ZADD', LIVE, seq, id)
+usage_add(owner, 's', 1, NOW)
 if w ~= nil then
   redis.call('HSET', key, 'state', 'admitted', 'replica', BY, 'worker', w, 'admitted', NOW, 'status', 'admitted')
   redis.call('HSET', hkey(BY), id, w)
@@ -440,6 +497,7 @@ return reply('ok', snapshot(id))
 _MAINTAIN = r"""
 local existed = alive(BY)
 redis.call('SET', rkey(BY), NOW, 'PX', ARGV[7])
+redis.call('HSET', SEEN, BY, NOW)
 sync_info()
 local epoch = redis.call('GET', EPOCH)
 if not epoch then
@@ -468,10 +526,12 @@ for i = 10, #ARGV, 6 do
   local state, gone = redis.call('HGET', key, 'state'), false
   if state == 'admitted' and redis.call('HGET', key, 'replica') == BY then
     redis.call('HSET', hkey(BY), id, w)
+    usage_run(id, NOW)
   elseif not state and data_lost and counts[wi] ~= nil and counts[wi] < ME.cap then
     local seq = redis.call('INCR', SEQ)
     redis.call('HSET', key, 'id', id, 'owner', ARGV[i + 2], 'origin', BY, 'seq', seq, 'created', ARGV[i + 3],
-      'state', 'admitted', 'replica', BY, 'worker', w, 'admitted', ARGV[i + 4], 'status', 'admitted', 'v', ARGV[i + 5])
+      'state', 'admitted', 'replica', BY, 'worker', w, 'admitted', ARGV[i + 4], 'status', 'admitted', 'v', ARGV[i + 5],
+      'um', NOW)
     redis.call('HSET', hkey(BY), id, w)
     redis.call('ZADD', LIVE, seq, id)
     redis.call('SADD', krkey(ARGV[i + 2]), id)
@@ -561,9 +621,46 @@ end
 return reply('ok', out)
 """
 
+# usage_flush: then 3 per owner: owner, chunks, frames (what BY generated since its last flush). Counted now.
+_USAGE_FLUSH = r"""
+for i = 7, #ARGV, 3 do
+  usage_add(ARGV[i], 'c', tonumber(ARGV[i + 1]), NOW)
+  usage_add(ARGV[i], 'f', tonumber(ARGV[i + 2]), NOW)
+end
+return reply('ok', {})
+"""
+
+# usage_read: ARGV[7] owner, [8] since (ms). Read-only. Result: {first bucket start ms, now ms, r, q, s, c, f} summed
+# over the owner's buckets from the one holding `since`.
+_USAGE_READ = r"""
+local owner, since = ARGV[7], tonumber(ARGV[8])
+local first = since - since % UBUCKET
+local sums = {r = 0, q = 0, s = 0, c = 0, f = 0}
+for _, bucket in ipairs(redis.call('ZRANGEBYSCORE', P .. 'ub:' .. owner, first, '+inf')) do
+  local flat = redis.call('HGETALL', P .. 'u:' .. owner .. ':' .. bucket)
+  for i = 1, #flat, 2 do
+    if sums[flat[i]] then sums[flat[i]] = sums[flat[i]] + tonumber(flat[i + 1]) end
+  end
+end
+return reply('ok', {first, NOW, sums.r, sums.q, sums.s, sums.c, sums.f})
+"""
+
+# usage_totals: read-only. Result: per owner ever counted {owner, r, q, s, c, f} (all time).
+_USAGE_TOTALS = r"""
+local out = {}
+for _, owner in ipairs(redis.call('SMEMBERS', P .. 'uowners')) do
+  local f = redis.call('HMGET', P .. 'ut:' .. owner, 'r', 'q', 's', 'c', 'f')
+  out[#out + 1] = {owner, tonumber(f[1]) or 0, tonumber(f[2]) or 0, tonumber(f[3]) or 0, tonumber(f[4]) or 0,
+    tonumber(f[5]) or 0}
+end
+return reply('ok', out)
+"""
+
+_USAGE_CONSTANTS = f"local UBUCKET, URETAIN = {USAGE_BUCKET_S * 1000}, {USAGE_RETENTION_S * 1000}\n"
+
 SCRIPTS: Mapping[str, str] = MappingProxyType(
     {
-        name: _PRELUDE + body
+        name: _USAGE_CONSTANTS + _PRELUDE + body
         for name, body in {
             "create": _CREATE,
             "get": _GET,
@@ -579,6 +676,9 @@ SCRIPTS: Mapping[str, str] = MappingProxyType(
             "list": _LIST,
             "positions": _POSITIONS,
             "overview": _OVERVIEW,
+            "usage_flush": _USAGE_FLUSH,
+            "usage_read": _USAGE_READ,
+            "usage_totals": _USAGE_TOTALS,
         }.items()
     }
 )
