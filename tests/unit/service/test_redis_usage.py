@@ -50,7 +50,8 @@ async def _ms(raw: Redis, ticket_id: str, *names: str) -> list[int]:
 
 
 async def test_usage_over_three_replicas_is_exact_against_the_ticket_records(cluster: Cluster) -> None:
-    a, b, c = [await cluster.add(name) for name in ("a", "b", "c")]
+    # A long liveness TTL: nobody dies here, and a loaded machine may delay a heartbeat.
+    a, b, c = [await cluster.add(name, replica_ttl_s=10.0, heartbeat_interval_s=0.5) for name in ("a", "b", "c")]
     await a.create("k", ticket_id="x")
     await b.create("k", ticket_id="y")
     await c.create("other", ticket_id="z")
