@@ -32,7 +32,8 @@ MALFORMED: dict[str, bytes] = {
     "malformed_json": b"{not json",
     "unknown_type": b'{"v":1,"type":"warp"}',
     "unsupported_version": b'{"v":2,"type":"stop"}',
-    "message_too_large": b'{"v":1,"type":"control_state","seq":1,"keys":[' + b'"w",' * 400 + b'"w"]}',
+    # over MAX_INBOUND_BYTES (4096 since prompts travel as control messages): refused before it is parsed
+    "message_too_large": b'{"v":1,"type":"control_state","seq":1,"keys":[' + b'"w",' * 1100 + b'"w"]}',
     "invalid_seq": b'{"v":1,"type":"control_state","seq":-1,"keys":[]}',
 }
 """One bad packet per `error` code it must get back."""
