@@ -90,6 +90,7 @@ GROUPS = (
         (
             "tests/unit/service/test_redis_admission.py",
             "tests/unit/service/test_redis_accounting.py",
+            "tests/unit/service/test_redis_outages.py",
             "tests/unit/service/test_retry_after_redis.py",
         ),
     ),

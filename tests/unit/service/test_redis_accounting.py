@@ -232,3 +232,96 @@ async def test_refusals_and_session_lengths_are_accounted_for(replica: RedisAdmi
     for ticket_id in ("d1", "d2"):
         assert (await replica.create("k", ticket_id=ticket_id)).reason is TicketReason.DRAINING
     assert replica.statistics().rejected_draining_total == 2
+
+
+async def test_a_refusal_for_a_full_queue_carries_the_redis_time_in_seconds(replica: RedisAdmission) -> None:
+    await replica.create("k", ticket_id="run-0")
+    await replica.create("k", ticket_id="run-1")
+    await replica.create("k", ticket_id="wait")
+    before = time.time()
+    full = await replica.create("k", ticket_id="late")
+    assert full.reason is TicketReason.QUEUE_FULL
+    assert before - 1 <= full.created_at <= time.time() + 1
+    assert full.ended_at == full.created_at
+
+
+async def test_a_queued_tickets_deadlines_are_its_creation_plus_the_configured_timeouts(
+    redis_server: RedisServer,
+) -> None:
+    config = AdmissionConfig(num_workers=1, queue_timeout=900.0, queue_heartbeat_timeout=300.0)
+    admission = RedisAdmission(redis_server.url, "a", config, prefix="deadlines:", replica_ttl_s=5.0)
+    await admission.start()
+    try:
+        await admission.create("k", ticket_id="run")
+        queued = await admission.create("k", ticket_id="wait")
+        assert queued.queue_deadline is not None
+        assert queued.heartbeat_deadline is not None
+        assert queued.queue_deadline - queued.created_at == pytest.approx(900.0, abs=1e-6)  # Redis keeps ms
+        assert queued.heartbeat_deadline - queued.created_at == pytest.approx(300.0, abs=1e-6)
+        beat = await admission.heartbeat("wait")
+        assert beat.heartbeat_deadline is not None
+        assert beat.heartbeat_deadline - queued.heartbeat_deadline < 5.0
+    finally:
+        await admission.aclose()
+
+
+async def test_a_close_hook_unsubscribed_hears_no_more_requests(
+    replica: RedisAdmission, redis_server: RedisServer
+) -> None:
+    other = await _second(redis_server)
+    try:
+        gone: list[CloseRequest] = []
+        kept: list[CloseRequest] = []
+        unsubscribe = replica.on_close_requested(gone.append)
+        replica.on_close_requested(kept.append)
+        unsubscribe()
+        unsubscribe()  # idempotent
+        await replica.create("k", ticket_id="run")
+        await other.request_close("run", "drain")
+        await asyncio.wait_for(_until(lambda: bool(kept)), timeout=5)  # the hooks are called in one pass
+        assert (kept, gone) == ([CloseRequest("run", "drain", "b")], [])
+    finally:
+        await other.aclose()
+
+
+async def test_a_create_nobody_overtook_costs_one_script_call(redis_server: RedisServer) -> None:
+    """A queued create's position comes back with it; it is read again only if a departure was heard while the
+    create was in flight (issue #17: script calls per create)."""
+    config = AdmissionConfig(num_workers=1, queue_size=8, queue_heartbeat_timeout=None)
+    # A long TTL: no maintenance pass (a script call) within the test.
+    mine, theirs = (
+        RedisAdmission(redis_server.url, name, config, prefix="calls:", replica_ttl_s=60.0) for name in ("a", "b")
+    )
+    raw = Redis.from_url(redis_server.url)
+    events: list[SharedAdmissionEvent] = []
+    mine.subscribe(events.append)
+
+    def moved(ticket_id: str) -> bool:
+        return any(e.kind is SharedEventKind.POSITION_CHANGED and e.ticket.ticket_id == ticket_id for e in events)
+
+    async def script_calls() -> int:
+        stats: dict[str, dict[str, int]] = await raw.info("commandstats")
+        return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+    try:
+        await mine.start()
+        await theirs.start()
+        await mine.create("k", ticket_id="run-a")
+        await theirs.create("k", ticket_id="run-b")
+        await theirs.create("k", ticket_id="theirs-0")
+        await theirs.create("k", ticket_id="theirs-1")
+        mine.watch("theirs-0")  # the positions script is loaded and the follower idle
+        await asyncio.wait_for(_until(lambda: moved("theirs-0")), timeout=5)
+
+        before = await script_calls()
+        view = await mine.create("k", ticket_id="mine")
+        assert (view.state, view.position) == (TicketState.QUEUED, 3)
+        for _ in range(3):
+            await asyncio.sleep(0)  # the position follower takes what the create left to read, if anything
+        mine.watch("theirs-1")  # the follower's next read, which this test waits for
+        await asyncio.wait_for(_until(lambda: moved("theirs-1")), timeout=5)
+        assert await script_calls() - before == 2  # the create, and the read of theirs-1's position
+    finally:
+        await mine.aclose()
+        await theirs.aclose()
+        await raw.aclose()
