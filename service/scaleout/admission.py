@@ -276,9 +276,6 @@ class RedisAdmission:
         self._unavailable_since = self._clock.now()
         try:
             await self._maintain_once()
-            # Events from here on reach the listeners (those before concern tickets this replica never saw).
-            newest: Any = await self._timed(self._redis.xrevrange(self._stream_key, count=1))
-            self._stream_from = newest[0][0] if newest else "0-0"
         except _UNAVAILABLE as exc:
             logger.warning("redis admission %s: Redis is not reachable at start (%s); retrying", self._replica_id, exc)
         self._tasks.spawn(self._maintain_forever(), name=f"admission-maintain-{self._replica_id}")
@@ -699,6 +696,12 @@ class RedisAdmission:
             # next call once and flap `available`. Drop them; calls reconnect.
             with contextlib.suppress(*_UNAVAILABLE):
                 await self._timed(self._redis.connection_pool.disconnect(inuse_connections=False))
+        if self._stream_from is None:
+            # Listeners hear every event from when this replica first reached Redis (those before concern tickets
+            # it never saw). That point is read before the first registration, which may admit tickets here whose
+            # later events (a close request) must not be skipped, even if its reply is lost and it is retried.
+            newest: Any = await self._timed(self._redis.xrevrange(self._stream_key, count=1))
+            self._stream_from = newest[0][0] if newest else "0-0"
         window = self._config.session_length_window
         for ticket_id, action in list(self._mirror.deferred.items()):
             if action == "release":
@@ -777,18 +780,17 @@ class RedisAdmission:
                     await self._kick.wait()
 
     async def _read_events_forever(self) -> None:
-        """Read the event stream from where it stood at start; resume after outages (from the start of a new
-        stream when Redis lost its data)."""
-        last: Any = self._stream_from
+        """Read the event stream from where it stood when this replica first reached Redis; resume after outages
+        (from the start of a new stream when Redis lost its data)."""
+        last: Any = None
         while True:
             _stop_if_cancelled()
             await self._up.wait()
+            if self._reader_reset:
+                last, self._reader_reset = "0-0", False
+            elif last is None:
+                last = self._stream_from  # read before the registration that set `_up`
             try:
-                if self._reader_reset:
-                    last, self._reader_reset = "0-0", False
-                elif last is None:  # Redis was down at start: nothing of ours can be in the stream yet
-                    newest: Any = await self._timed(self._redis.xrevrange(self._stream_key, count=1))
-                    last = newest[0][0] if newest else "0-0"
                 read = self._redis.xread({self._stream_key: last}, count=512, block=self._block_ms)
                 reply: Any = await self._timed(read, self._block_ms / 1000)
             except _UNAVAILABLE as exc:

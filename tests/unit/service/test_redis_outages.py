@@ -7,6 +7,7 @@ its caller was told failed; the event reader starts where the stream stood when 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -317,6 +318,24 @@ async def test_events_from_before_start_are_not_delivered(setup: Setup) -> None:
     await b.create("k", ticket_id="new")
     await setup.logs["a"].wait_for(SharedEventKind.ADMITTED, "new", within=5)
     assert setup.heard("a", "old") == []  # the stream is read in order: "old" would have come first
+
+
+async def test_a_close_request_sent_while_the_first_registration_went_unanswered_is_heard(setup: Setup) -> None:
+    b = await setup.start("b", via_proxy=False)
+    await b.create("k", ticket_id="y")
+    await b.create("k", ticket_id="q")  # queued: B is full
+    setup.proxy.refuse()
+    a = await setup.start("a", via_proxy=True)  # Redis is unreachable when A starts
+    setup.proxy.restore()
+    # A's first registration admits q onto its free slot, and its reply is lost; q's client sends a DELETE to B.
+    setup.proxy.cut_at_reply_to(hashlib.sha1(SCRIPTS["maintain"].encode()).hexdigest().encode())
+    await _until(lambda: _state_is(setup.raw, "q", "admitted"))
+    assert a.available is False
+    await b.request_close("q", "cancel")
+    setup.proxy.restore()
+    await asyncio.wait_for(a.wait_available(), timeout=5)
+    assert a.held() == {"q": 0}
+    assert await setup.closes["a"].next(within=5) == CloseRequest("q", "cancel", "b")
 
 
 async def test_an_idle_event_reader_waits_on_redis_instead_of_polling(setup: Setup) -> None:
