@@ -68,6 +68,21 @@ FIGURES: dict[str, frozenset[str]] = {
         "load_average_1m",
         "bench_seconds",
     },
+    "lingbot_fast": frozenset(
+        {
+            "lingbot_fast_chunk_ms_p50",
+            "lingbot_fast_dit_ms_p50",
+            "lingbot_fast_vae_ms_p50",
+            "lingbot_fast_rest_ms_p50",
+            "lingbot_fast_overhead_share",
+            "lingbot_fast_fps",
+            "lingbot_fast_first_chunk_s",
+            "flashdreams_h100_fps",
+            "flashdreams_h100_ms_per_chunk",
+            "load_average_1m",
+            "bench_seconds",
+        }
+    ),
     "admission_latency": frozenset(
         {
             "create_p50_ms",
