@@ -23,17 +23,18 @@ export class Api {
     else sessionStorage.removeItem(KEY_STORAGE);
   }
 
-  headers(json) {
+  headers(json, key = this.key) {
     const headers = {};
     if (json) headers["Content-Type"] = "application/json";
-    if (this.key) headers.Authorization = `Bearer ${this.key}`;
+    if (key) headers.Authorization = `Bearer ${key}`;
     return headers;
   }
 
-  async request(method, path, body) {
+  // `key`: the bearer credential (the API key unless given: a viewer's offer carries its viewer credential).
+  async request(method, path, body, key = this.key) {
     const response = await fetch(path, {
       method,
-      headers: this.headers(body !== undefined),
+      headers: this.headers(body !== undefined, key),
       body: body === undefined ? undefined : JSON.stringify(body),
     });
     let data = null;
@@ -82,15 +83,8 @@ export class Api {
   }
 
   // An SDP offer; a viewer's goes with its viewer credential instead of the API key.
-  async offer(url, sdp, viewerToken = null) {
-    if (viewerToken === null) return this.request("POST", url, { sdp, type: "offer" });
-    const saved = this.key;
-    this.key = viewerToken;
-    try {
-      return await this.request("POST", url, { sdp, type: "offer" });
-    } finally {
-      this.key = saved;
-    }
+  offer(url, sdp, viewerToken = null) {
+    return this.request("POST", url, { sdp, type: "offer" }, viewerToken === null ? this.key : viewerToken);
   }
 
   // Yields every session snapshot of the event stream until it ends (after the terminal one) or `signal` aborts.
