@@ -140,11 +140,20 @@ async def test_the_services_error_codes_become_typed_exceptions(service: Served)
             await client.create(config={"fps": 1000})
         assert (invalid.value.status, invalid.value.code) == (422, "invalid_config")
         assert "fps" in invalid.value.message
-        created = await client.create(config={"fps": 25})
+        with pytest.raises(InvalidInputError) as long_prompt:
+            await client.create(prompt="x" * 600)
+        assert (long_prompt.value.status, long_prompt.value.code) == (422, "prompt_too_large")
+        created = await client.create(config={"fps": 25}, prompt="a quiet harbour")
         try:
             with pytest.raises(SessionNotFoundError) as hidden:  # another key's session does not exist for it
                 await other.get(created.id)
             assert hidden.value.code == "session_not_found"
+            with pytest.raises(SessionNotFoundError):
+                await other.pause(created.id)
+            await client.wait_streaming(created.id)
+            paused = await client.pause(created.id)
+            assert (paused.status, paused.streaming) == ("paused", True)
+            assert (await client.resume(created.id)).status == "running"
         finally:
             ended = await client.delete(created.id, "cancel")
         assert ended.status in ("closed", "draining")

@@ -28,7 +28,7 @@ from transport.client.errors import ApiError, SessionEndedError, UnreachableErro
 __all__ = ["STREAMING_STATUSES", "TERMINAL_STATUSES", "ServiceClient", "SessionInfo"]
 
 TERMINAL_STATUSES = frozenset({"closed", "expired", "failed", "cancelled"})
-STREAMING_STATUSES = frozenset({"running", "draining"})
+STREAMING_STATUSES = frozenset({"running", "paused", "draining"})
 _DEFAULT_TIMEOUT_S = 30.0
 
 
@@ -140,12 +140,19 @@ class ServiceClient:
         config: Mapping[str, Any] | None = None,
         image: bytes | None = None,
         livekit: Mapping[str, Any] | None = None,
+        prompt: str | None = None,
+        max_seconds: float | None = None,
     ) -> SessionInfo:
         """`POST /v1/sessions`: admitted (`running`, or `admitted` when it took long) or `queued`.
 
         `image` is the reference image's bytes (PNG, JPEG or WebP); `livekit` the LiveKit options of the create
-        (`{"room": ..., "controller_identity": ...}`: publish into an existing room, docs/livekit.md)."""
+        (`{"room": ..., "controller_identity": ...}`: publish into an existing room, docs/livekit.md); `prompt` the
+        text the session starts from; `max_seconds` its time limit (at most the server's)."""
         body: dict[str, Any] = {"config": dict(config or {})}
+        if prompt is not None:
+            body["prompt"] = prompt
+        if max_seconds is not None:
+            body["max_seconds"] = max_seconds
         if image is not None:
             body["image"] = base64.b64encode(image).decode("ascii")
         if livekit is not None:
@@ -166,6 +173,14 @@ class ServiceClient:
         """`DELETE /v1/sessions/{id}`: the final session, or one still `draining` (the close goes on)."""
         response = await self.request("DELETE", f"/v1/sessions/{session_id}", params={"mode": mode})
         return SessionInfo.from_body(response.json())
+
+    async def pause(self, session_id: str) -> SessionInfo:
+        """`POST /v1/sessions/{id}/pause` (idempotent): it generates nothing until resumed and keeps its state."""
+        return SessionInfo.from_body((await self.request("POST", f"/v1/sessions/{session_id}/pause")).json())
+
+    async def resume(self, session_id: str) -> SessionInfo:
+        """`POST /v1/sessions/{id}/resume` (idempotent)."""
+        return SessionInfo.from_body((await self.request("POST", f"/v1/sessions/{session_id}/resume")).json())
 
     async def follow(self, session_id: str) -> AsyncIterator[SessionInfo]:
         """The session's server-sent events: the current snapshot, then one per change; ends after the terminal
