@@ -243,3 +243,23 @@ def test_auto_dtype_is_bfloat16_on_cuda_and_float32_on_the_cpu() -> None:
     assert options.torch_dtype("cpu") == torch.float32
     assert options.torch_dtype("cuda:0") == torch.bfloat16
     assert LingBotFastOptions(".", dtype="float16").torch_dtype("cpu") == torch.float16
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu-check.sh runs it on one)")
+def test_the_tiny_model_runs_in_bfloat16_on_cuda(model_dir: Path, world: LingBotFastWorldModel) -> None:
+    """auto dtype on CUDA is bfloat16 (weights and KV cache); SDPA picks its CUDA kernel. The frames follow the
+    float32 CPU run's contract and stay finite; bf16 rounding makes them differ from it, so they are not compared."""
+    cuda = LingBotFastWorldModel.load(LingBotFastOptions(str(model_dir)), "cuda:0")
+    assert cuda.denoiser.dit.dtype == torch.bfloat16
+    camera = open_session(cuda, "gpu", CONFIG)
+    for index in range(3):
+        latent, frames = step(cuda, "gpu", camera, index, ["w", "l"])
+        assert latent.device.type == "cuda"
+        assert latent.dtype == torch.float32
+        assert bool(torch.isfinite(latent).all())
+        assert frames.shape == ((9 if index == 0 else 12), 32, 64, 3)
+        assert frames.device.type == "cpu"
+    stats = cuda.denoiser.cache_statistics("gpu")
+    assert stats.nbytes == 2 * TINY_DIT.num_layers * 18 * 8 * TINY_DIT.dim * 2  # K and V, window 18, 8 tokens, bf16
+    close_session(cuda, "gpu")
