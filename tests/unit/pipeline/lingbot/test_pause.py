@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from admission import ExecutionLease
-from pipeline.bidirectional import ChunkOutput, ControlState, Pause, Resume, SetPrompt
+from pipeline.bidirectional import ChunkOutput, CloseMode, ControlState, Pause, Resume, SetPrompt
 from pipeline.lingbot.reference_model import ReferenceWorldModel
 from pipeline.lingbot.service import LingBotService
 
@@ -32,6 +32,11 @@ class Reader:
             while len(self.chunks) < count:
                 self._changed.clear()
                 await self._changed.wait()
+
+    async def finished(self) -> None:
+        """Wait until the session's outputs ended (it closed) and every chunk was read."""
+        async with asyncio.timeout(30):
+            await self._task
 
     async def aclose(self) -> None:
         self._task.cancel()
@@ -99,5 +104,24 @@ async def test_resume_without_pause_and_a_second_pause_change_nothing() -> None:
         service.push_control("s", Resume())
         assert session.wants_chunk()
         assert (await anext(outputs)).prompt == "fog"
+    finally:
+        await service.stop()
+
+
+async def test_a_paused_session_closes_with_drain_at_once() -> None:
+    service = LingBotService(ReferenceWorldModel("cpu"), lease=ExecutionLease(), realtime=False)
+    await service.start()
+    try:
+        await service.create_session("s", service.prepare(SMALL, None))
+        service.push_control("s", ControlState(0, frozenset({"w"})))
+        reader = Reader(service.outputs("s"))
+        await reader.wait_for(2)
+        service.push_control("s", Pause())
+        async with asyncio.timeout(30):  # nothing to deliver but the chunk in flight: the drain does not wait on
+            summary = await service.close_session("s", CloseMode.DRAIN)  # a pause that nobody lifts
+        assert summary.failure is None
+        assert summary.slot_leaks == 0
+        await reader.finished()
+        assert summary.chunks == len(reader.chunks)
     finally:
         await service.stop()
