@@ -43,6 +43,7 @@ from transport.embedded import (
     PeerPresence,
     ice_host_addresses,
 )
+from transport.embedded_viewers import VIEWER_CANNOT_CONTROL, EmbeddedViewers, EmbeddedViewersStatistics
 from transport.errors import (
     ControlRejectedError,
     LinkLostError,
@@ -55,9 +56,13 @@ from transport.errors import (
     SessionAlreadyAttachedError,
     SessionNotAttachedError,
     SignalingError,
+    TooManyViewersError,
     TransportClosedError,
     TransportConfigError,
     TransportError,
+    ViewerTokenError,
+    ViewerTokenExpiredError,
+    ViewerTokenInvalidError,
     WebhookError,
 )
 from transport.events import ParticipantJoined, ParticipantLeft, RoomEvent, RoomFinished
@@ -110,12 +115,20 @@ from transport.protocol import (
 from transport.rooms import RoomAdmin, RoomConfig, RoomInfo, RoomManager
 from transport.timers import GraceTimer, LoopTimers, TimerHandle, Timers
 from transport.tokens import DEFAULT_JOIN_TTL, IssuedToken, ParticipantRole, TokenIssuer, room_name_for
+from transport.viewers import (
+    DEFAULT_MAX_VIEWERS,
+    ViewerCredential,
+    ViewerCredentials,
+    ViewerSeats,
+    ViewerStatistics,
+)
 from transport.webhooks import WebhookHandler
 
 __all__ = [
     "CANONICAL_KEYS",
     "CONTROL_TOPIC",
     "DEFAULT_JOIN_TTL",
+    "DEFAULT_MAX_VIEWERS",
     "KEY_ALIASES",
     "MAX_INBOUND_BYTES",
     "MAX_SEQ",
@@ -124,6 +137,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "STATUS_TOPIC",
     "TERMINAL_BINDING_STATES",
+    "VIEWER_CANNOT_CONTROL",
     "BindingCore",
     "BindingCoreStatistics",
     "BindingLifecycle",
@@ -144,6 +158,8 @@ __all__ = [
     "EmbeddedSessionBinding",
     "EmbeddedTransport",
     "EmbeddedTransportStatistics",
+    "EmbeddedViewers",
+    "EmbeddedViewersStatistics",
     "EncodeStatus",
     "ErrorStatus",
     "FramePacer",
@@ -203,6 +219,7 @@ __all__ = [
     "TimerHandle",
     "Timers",
     "TokenIssuer",
+    "TooManyViewersError",
     "TransitionTable",
     "Transport",
     "TransportClosedError",
@@ -210,6 +227,13 @@ __all__ = [
     "TransportError",
     "TransportStatistics",
     "VideoPublishOptions",
+    "ViewerCredential",
+    "ViewerCredentials",
+    "ViewerSeats",
+    "ViewerStatistics",
+    "ViewerTokenError",
+    "ViewerTokenExpiredError",
+    "ViewerTokenInvalidError",
     "WaitUntil",
     "WarningStatus",
     "WebhookError",
