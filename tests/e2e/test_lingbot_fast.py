@@ -61,8 +61,11 @@ def test_tiny_checkpoint_refuses_a_directory_that_is_not_empty(checkpoint: Path)
     assert "is not an empty directory" in done.stderr
 
 
-@pytest.fixture(scope="module")
-def service(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+@pytest.fixture(scope="module", params=["threads", "processes"])
+def service(
+    checkpoint: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Served]:
+    """The service on the tiny model, its stages on threads or in worker processes (each loading its part)."""
     workdir = tmp_path_factory.mktemp("serve")
     with serve(
         workdir,
@@ -71,6 +74,7 @@ def service(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         LINGSTREAM_MODEL="lingbot-fast",
         LINGSTREAM_MODEL_PATH=str(checkpoint),
         LINGSTREAM_TORCH_THREADS="1",
+        LINGSTREAM_STAGE_PLACEMENT=request.param,
     ) as served:
         deadline = time.monotonic() + STARTUP_DEADLINE_S
         with httpx.Client(timeout=5.0) as client:
