@@ -36,18 +36,18 @@ is a no-op) so a failed release can be retried. Chunks of one session arrive in 
 guarantees it); implementations may reject anything else with `ModelSessionError`. Calls on one object are serial
 (one actor owns it); different sessions' caches are independent.
 
-How a real LingBot-World checkpoint fills the seam. LingBot-World is built on Wan2.2 image-to-video: a causal 3D VAE
-with 16 latent channels, 8x spatial and 4x temporal compression (first latent frame = one video frame), and a DiT
-over 1x2x2 latent patches. At the reference 832x480, 16 fps, a latent frame is 16 x 60 x 104.
+How a real LingBot-World checkpoint fills the seam (LingBot-World-Fast does: `pipeline.lingbot.models`,
+`docs/lingbot-fast.md`). LingBot-World is built on Wan2.2 image-to-video: a causal 3D VAE with 16 latent channels,
+8x spatial and 4x temporal compression (first latent frame = one video frame), and a DiT over 1x2x2 latent patches. At the reference 832x480, 16 fps, a latent frame is 16 x 60 x 104.
 - Encode: the Wan VAE encodes the reference image followed by zero frames for the bounded prefix, giving the
   16-channel `y` condition `[16, T, h, w]`; that is the base latent.
 - Denoise: the DiT input per chunk is the noisy latent (16 channels) concatenated with a 4-channel first-frame mask
   (the 4 video frames folded per latent frame) and the sliced `y` (16 channels), 36 channels in all. The camera
   enters as a Plücker embedding: the official model builds a 6-channel ray map per latent frame at pixel resolution,
   folds each 8x8 patch onto channels (6*64 = 384 channels at latent resolution), patch-embeds it like the video
-  tokens and injects it in every transformer block as a scale/shift modulation after self-attention. An adapter
-  would recover the exact per-video-frame poses from our `[24, cs, h, w]` tensor (`camera.recover_cameras`) and
-  re-embed them in the checkpoint's own convention (relative poses, normalised translation). The causal, distilled
+  tokens and injects it in every transformer block as a scale/shift modulation after self-attention. The adapter
+  (`models/plucker.py`) recovers the poses from our `[24, cs, h, w]` tensor (`camera.recover_cameras`) and re-embeds
+  them in the checkpoint's own convention (framewise relative poses, normalised translation). The causal, distilled
   variant keeps a per-session KV cache of past chunks on the denoise side: that is `create_cache`'s state, sized by
   the session, and what admission counts.
 - Decode: the Wan VAE decoder is causal in time and keeps a per-session feature cache between chunks, so decode has
