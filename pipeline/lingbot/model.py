@@ -38,7 +38,8 @@ guarantees it); implementations may reject anything else with `ModelSessionError
 
 How a real LingBot-World checkpoint fills the seam (LingBot-World-Fast does: `pipeline.lingbot.models`,
 `docs/lingbot-fast.md`). LingBot-World is built on Wan2.2 image-to-video: a causal 3D VAE with 16 latent channels,
-8x spatial and 4x temporal compression (first latent frame = one video frame), and a DiT over 1x2x2 latent patches. At the reference 832x480, 16 fps, a latent frame is 16 x 60 x 104.
+8x spatial and 4x temporal compression (first latent frame = one video frame), and a DiT over 1x2x2 latent patches.
+At the reference 832x480, 16 fps, a latent frame is 16 x 60 x 104.
 - Encode: the Wan VAE encodes the reference image followed by zero frames for the bounded prefix, giving the
   16-channel `y` condition `[16, T, h, w]`; that is the base latent.
 - Denoise: the DiT input per chunk is the noisy latent (16 channels) concatenated with a 4-channel first-frame mask
