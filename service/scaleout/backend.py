@@ -382,11 +382,16 @@ class RedisAdmissionBackend:
         verb = "paused" if paused else "resumed"
         if snapshot.state is SessionState.QUEUED:
             raise SessionQueuedError(f"session {session_id!r} is still queued; it can be {verb} once it runs")
-        wanted = SessionState.PAUSED if paused else SessionState.RUNNING
+        wanted, current = (
+            (SessionState.PAUSED, SessionState.RUNNING) if paused else (SessionState.RUNNING, SessionState.PAUSED)
+        )
         if snapshot.state is wanted:
             return snapshot
-        if snapshot.terminal:
-            raise SessionNotStreamingError(f"session {session_id!r} has ended; it cannot be {verb}")
+        if snapshot.state is not current:
+            state = "ended" if snapshot.terminal else snapshot.state.value
+            raise SessionNotStreamingError(
+                f"session {session_id!r} is {state}; only a {current.value} session can be {verb}"
+            )
         wake = asyncio.Event()
         stop_following = self._follow_ticket(session_id, wake, positions=False)
         try:
@@ -403,7 +408,12 @@ class RedisAdmissionBackend:
             raise SessionNotFoundError(session_id) from None
         finally:
             stop_following()
-        return remote_snapshot(view)
+        snapshot = remote_snapshot(view)
+        if snapshot.state is not wanted:
+            raise SessionNotStreamingError(
+                f"session {session_id!r} is {snapshot.state.value}; its replica did not let it be {verb}"
+            )
+        return snapshot
 
     # ---------------------------------------------------------------------------------------------- events
 
