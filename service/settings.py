@@ -50,6 +50,7 @@ from service.keys import ANONYMOUS, key_id, owner_fingerprint
 __all__ = [
     "CONFIG_FILE_VARIABLE",
     "ENV_PREFIX",
+    "MAX_SESSION_SECONDS_BOUND",
     "QuotaOverride",
     "RequestLimits",
     "ServiceConfig",
@@ -103,6 +104,10 @@ class QuotaOverride(BaseModel):
     max_queued: int | None = Field(default=None, ge=0, le=100_000)
 
 
+MAX_SESSION_SECONDS_BOUND = 365 * 86_400
+"""The largest time limit a session may have (`MAX_SESSION_SECONDS`, a create's `max_seconds`): a year."""
+
+
 class Settings(BaseSettings):
     """Every setting of `lingstream serve`, validated. Field `x` is read from `LINGSTREAM_X` (LiveKit: unprefixed).
 
@@ -133,7 +138,7 @@ class Settings(BaseSettings):
     max_session_seconds: float | None = Field(
         default=None,
         gt=0,
-        le=31_536_000,
+        le=MAX_SESSION_SECONDS_BOUND,
         description="Longest a session may run (seconds, from its start; a create may ask for less with "
         "max_seconds); unset: no limit.",
     )

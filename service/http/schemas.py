@@ -9,12 +9,13 @@ from __future__ import annotations
 import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from admission import KeyQuota
 from service.keys import key_id
 from service.runtime.records import DrainStatus
 from service.runtime.sessions import SessionSnapshot
+from service.settings import MAX_SESSION_SECONDS_BOUND
 from service.usage.ledger import UsageReport
 
 __all__ = [
@@ -76,14 +77,15 @@ class CreateSessionRequest(BaseModel):
         description="Record the session (an MP4 and its control trace, served by GET .../recording once it ended); "
         "needs LINGSTREAM_RECORDINGS_DIR (else 422 recording_not_configured).",
     )
-    prompt: str | None = Field(
+    prompt: StrictStr | None = Field(
         default=None,
         description="The text prompt the session starts from (at most 512 UTF-8 bytes; 422 prompt_too_large "
         "beyond); the `prompt` control message replaces it. Passed to the model worker as its config's `prompt`.",
     )
-    max_seconds: float | None = Field(
+    max_seconds: StrictFloat | StrictInt | None = Field(
         default=None,
         gt=0,
+        le=MAX_SESSION_SECONDS_BOUND,
         description="Longest the session may run, in seconds from its start (at most the server's "
         "LINGSTREAM_MAX_SESSION_SECONDS: 422 max_seconds_over_limit beyond); it gets a `warning` status 30 s "
         "before, then ends with reason time_limit. Default: the server's limit (none when unset).",
