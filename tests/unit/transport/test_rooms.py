@@ -153,10 +153,16 @@ def test_signed_webhook_of_the_controller_maps_to_room_events() -> None:
     assert handler.receive(finished, sign_webhook(finished, KEY, SECRET)) == RoomFinished("lingstream-s1")
 
 
+def test_a_viewer_leaving_maps_to_participant_left_so_its_place_is_freed() -> None:
+    handler = WebhookHandler(KEY, SECRET)
+    left = webhook_body("participant_left", "lingstream-s1", "view-s1-abc")
+    assert handler.receive(left, sign_webhook(left, KEY, SECRET)) == ParticipantLeft("lingstream-s1", "view-s1-abc")
+
+
 def test_verified_events_nobody_acts_on_map_to_none() -> None:
     handler = WebhookHandler(KEY, SECRET)
     for body in (
-        webhook_body("participant_left", "lingstream-s1", "view-s1-abc"),
+        webhook_body("participant_left", "lingstream-s1", "guest-s1-abc"),  # nobody the service issued
         webhook_body("participant_joined", "lingstream-s1", "svc-s1-abc"),
         webhook_body("track_published", "lingstream-s1", "svc-s1-abc"),
         webhook_body("room_started", "lingstream-s1"),
