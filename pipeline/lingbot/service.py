@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import MappingProxyType
 
 import torch
@@ -89,6 +89,7 @@ class LingBotService:
         realtime: bool = True,
         release_retry_s: float = 0.5,
         history: int = _KEPT_SUMMARIES,
+        check_config: Callable[[LingBotSessionConfig], None] | None = None,
     ) -> None:
         if history < 1:
             raise ValueError(f"history must be at least 1, got {history}")
@@ -99,6 +100,7 @@ class LingBotService:
         self._torch_threads = torch_threads
         self._realtime = realtime
         self._release_retry_s = release_retry_s
+        self._check_config = check_config
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._actors = build_actors(model, edge_capacity)
         self._orchestrator = StreamingPipelineOrchestrator(
@@ -156,8 +158,11 @@ class LingBotService:
         self._actors.close()
 
     def prepare(self, config: Mapping[str, object], image: bytes | None) -> PreparedSession:
-        """Validate the config (`SessionConfigError`) and decode the image bounded (`ImageInputError`)."""
+        """Validate the config (`SessionConfigError`; also the model's own limits, `check_config`) and decode the
+        image bounded (`ImageInputError`)."""
         parsed = LingBotSessionConfig.from_mapping(config)
+        if self._check_config is not None:
+            self._check_config(parsed)
         tensor = None
         if image is not None:
             tensor = decode_reference_image(

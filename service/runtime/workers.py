@@ -40,7 +40,9 @@ from service.errors import SettingsError
 from service.settings import Settings
 
 if TYPE_CHECKING:
-    from pipeline.lingbot import ProcessPlacement, WorldModel, WorldModelFactory
+    from collections.abc import Callable
+
+    from pipeline.lingbot import LingBotSessionConfig, ProcessPlacement, WorldModel, WorldModelFactory
     from pipeline.lingbot.models import LingBotFastOptions, MemoryEstimate
 
 __all__ = [
@@ -204,6 +206,16 @@ def _gb(size: int) -> str:
     return f"{size / 1e9:.2f} GB"
 
 
+def _session_limits(options: WorkerOptions) -> Callable[[LingBotSessionConfig], None] | None:
+    """What the model refuses at create (lingbot-fast: more pixels than it planned memory for, a chunk its window
+    cannot hold); None for the reference model."""
+    if options.model != "lingbot-fast":
+        return None
+    from pipeline.lingbot.models import session_limits
+
+    return session_limits(lingbot_fast_options(options))
+
+
 def _world_model(options: WorkerOptions) -> WorldModel:
     """The threads placement's model on the worker's one device."""
     if options.model != "lingbot-fast":
@@ -284,6 +296,7 @@ def build_workers(settings: Settings) -> list[BidirectionalService]:
                 max_image_pixels=options.max_image_pixels,
                 torch_threads=threads,
                 history=options.session_history,
+                check_config=_session_limits(options),
             )
         )
     return workers

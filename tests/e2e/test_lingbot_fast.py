@@ -98,6 +98,16 @@ def test_readyz_shows_the_memory_estimate_it_started_with(service: Served) -> No
     assert memory["model_bytes"] + memory["session_bytes"] <= memory["usable_bytes"] < memory["device_bytes"]
 
 
+def test_a_session_the_model_cannot_hold_is_refused_at_create(service: Served) -> None:
+    with httpx.Client(base_url=service.url, timeout=5.0) as client:
+        large = client.post("/v1/sessions", json={"config": {"width": 1280, "height": 720}})
+        chunky = client.post("/v1/sessions", json={"config": {"chunk_size": 13, "frame_num": 4 * 26 - 3}})
+    for refused, field in ((large, "width x height"), (chunky, "chunk_size")):
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["code"] == "invalid_config"
+        assert field in refused.json()["error"]["message"]
+
+
 async def test_serve_streams_the_tiny_models_frames_to_a_client(service: Served) -> None:
     async with ServiceClient(service.url) as client:
         info = await client.create(config={"width": WIDTH, "height": HEIGHT, "fps": 16, "prompt": "a stone bridge"})

@@ -62,6 +62,7 @@ from pipeline.lingbot.models.memory import (
     MemoryEstimate,
     device_bytes,
     estimate_memory,
+    session_limits,
 )
 from pipeline.lingbot.models.plucker import PluckerAdapter, relative_poses
 from pipeline.lingbot.models.sampler import FAST_SCHEDULE, FastSchedule, denoise_chunk, fast_schedule, sample_chunk
@@ -156,6 +157,7 @@ __all__ = [
     "read_specs",
     "relative_poses",
     "sample_chunk",
+    "session_limits",
     "tiny_vae",
     "write_tiny_checkpoint",
     "write_tiny_model",

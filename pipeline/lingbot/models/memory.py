@@ -12,20 +12,32 @@ for them and for the allocator.
 
 The planning resolution is the model's published 832x480 (1 560 tokens per latent frame): full size, window 18,
 bf16 gives 37.1 GB of weights for the DiT alone and 23.4 GB per session, so one H100 (80 GB) holds one session, an
-H200 (141 GB) three. A session asked at a larger size needs proportionally more (1280x720: 2.3x) and is not refused
-by this estimate.
+H200 (141 GB) three. A session asked at a larger size would need proportionally more (1280x720: 2.3x), so
+`session_limits` refuses more pixels than the planning resolution at create (422), as it refuses a chunk the cache
+window cannot hold beside its sink.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.errors import SessionConfigError
 from pipeline.lingbot.models.bundle import LingBotFastOptions, ModelDirSummary
 from pipeline.lingbot.models.cache import bytes_per_session
 
-__all__ = ["PLAN_HEIGHT", "PLAN_WIDTH", "USABLE_SHARE", "MemoryEstimate", "device_bytes", "estimate_memory"]
+__all__ = [
+    "PLAN_HEIGHT",
+    "PLAN_WIDTH",
+    "USABLE_SHARE",
+    "MemoryEstimate",
+    "device_bytes",
+    "estimate_memory",
+    "session_limits",
+]
 
 PLAN_WIDTH, PLAN_HEIGHT = 832, 480
 USABLE_SHARE = 0.9
@@ -98,3 +110,24 @@ def estimate_memory(
         width=width,
         height=height,
     )
+
+
+def session_limits(options: LingBotFastOptions) -> Callable[[LingBotSessionConfig], None]:
+    """The check `LingBotService(check_config=...)` runs on every create: a session may not ask for more pixels than
+    the memory estimate planned with (832x480), nor a chunk the cache window cannot hold beside its sink. Raises
+    `SessionConfigError` (422 `invalid_config`) naming the field."""
+    window, sink = options.window_frames, options.sink_frames
+
+    def check(config: LingBotSessionConfig) -> None:
+        if config.width * config.height > PLAN_WIDTH * PLAN_HEIGHT:
+            raise SessionConfigError(
+                f"width x height: {config.width}x{config.height} is more pixels than the {PLAN_WIDTH}x{PLAN_HEIGHT} "
+                "this lingbot-fast worker plans its memory for"
+            )
+        if sink + config.chunk_size > window:
+            raise SessionConfigError(
+                f"chunk_size: {config.chunk_size} latent frames do not fit the model's attention window "
+                f"({window} frames, {sink} of them the sink): at most {window - sink} (the model was trained with 3)"
+            )
+
+    return check

@@ -6,7 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.lingbot.models import LINGBOT_FAST_14B, TINY_DIT, LingBotFastOptions, ModelDirSummary, estimate_memory
+from pipeline.lingbot import LingBotService, LingBotSessionConfig, ReferenceWorldModel
+from pipeline.lingbot.errors import SessionConfigError
+from pipeline.lingbot.models import (
+    LINGBOT_FAST_14B,
+    TINY_DIT,
+    LingBotFastOptions,
+    ModelDirSummary,
+    estimate_memory,
+    session_limits,
+)
 
 transformers = pytest.importorskip("transformers", reason="the lingbot extra (transformers) is not installed")
 diffusers = pytest.importorskip("diffusers", reason="the lingbot extra (diffusers) is not installed")
@@ -65,3 +74,16 @@ def test_what_fits_is_what_is_left_after_the_weights_divided_by_a_session() -> N
     assert estimate.usable_bytes == 9 * 10**8
     assert estimate.fits_sessions == (estimate.usable_bytes - estimate.model_bytes) // estimate.session_bytes
     assert estimate.total_bytes(3) == estimate.model_bytes + 3 * estimate.session_bytes
+
+
+def test_sessions_above_the_planned_pixels_or_with_a_chunk_the_window_cannot_hold_are_refused() -> None:
+    check = session_limits(LingBotFastOptions(".", window_frames=9, sink_frames=3))
+    check(LingBotSessionConfig(width=832, height=480, chunk_size=6))  # the planned size and the largest chunk pass
+    with pytest.raises(SessionConfigError, match=r"width x height: 848x480 is more pixels than the 832x480"):
+        check(LingBotSessionConfig(width=848, height=480))
+    with pytest.raises(SessionConfigError, match=r"chunk_size: 7 latent frames .* at most 6"):
+        check(LingBotSessionConfig(chunk_size=7, frame_num=4 * 14 - 3))
+    service = LingBotService(ReferenceWorldModel(), check_config=check)  # the service runs it on every create
+    with pytest.raises(SessionConfigError, match="chunk_size: 7"):
+        service.prepare({"chunk_size": 7, "frame_num": 4 * 14 - 3}, None)
+    assert service.prepare({"chunk_size": 3}, None).width == 416
