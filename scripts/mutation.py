@@ -70,6 +70,7 @@ GROUPS = (
             "admission/driver.py",
             "admission/config.py",
             "admission/summary.py",
+            "admission/quota.py",
         ),
         ("tests/unit/admission",),
     ),
@@ -92,6 +93,8 @@ GROUPS = (
             "tests/unit/service/test_redis_accounting.py",
             "tests/unit/service/test_redis_outages.py",
             "tests/unit/service/test_retry_after_redis.py",
+            "tests/unit/service/test_redis_quotas.py",
+            "tests/unit/service/test_redis_usage.py",
         ),
     ),
 )
