@@ -3,6 +3,7 @@ and `POST /v1/sessions` answering 429 `quota_exceeded` with the limit, without t
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,19 @@ async def test_a_key_over_max_running_gets_429_quota_exceeded_and_another_key_is
         text = (await svc.client.get("/metrics")).text
         assert metric(text, 'lingstream_admissions_total{result="rejected_quota"}') == 1
         assert metric(text, 'lingstream_admissions_total{result="rejected_queue_full"}') == 0
+
+
+async def test_concurrent_creates_of_one_key_are_bounded_exactly_in_memory() -> None:
+    async with running_service(
+        api_keys=f"{KEY_A},{KEY_B}", num_workers=2, max_sessions_per_worker=2, queue_size=8, key_max_running=3
+    ) as svc:
+        answers = await asyncio.gather(*(svc.create(headers=_bearer(KEY_A)) for _ in range(20)))
+        others = await asyncio.gather(*(svc.create(headers=_bearer(KEY_B)) for _ in range(2)))
+        codes = sorted(answer.status_code for answer in answers)
+        assert codes.count(429) == 17
+        assert len([code for code in codes if code in (201, 202)]) == 3
+        assert all(answer.status_code in (201, 202) for answer in others)
+        svc.controller.check_invariants()  # includes: no owner over its quota, per-owner counts exact
 
 
 async def test_a_per_key_override_in_the_config_file_beats_the_default(tmp_path: Path) -> None:
