@@ -92,6 +92,8 @@ GROUPS = (
             "tests/unit/service/test_redis_admission.py",
             "tests/unit/service/test_redis_accounting.py",
             "tests/unit/service/test_redis_outages.py",
+            "tests/unit/service/test_redis_quotas.py",
+            "tests/unit/service/test_redis_usage.py",
             "tests/unit/service/test_retry_after_redis.py",
             "tests/unit/service/test_redis_quotas.py",
             "tests/unit/service/test_redis_usage.py",

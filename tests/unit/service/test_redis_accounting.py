@@ -325,3 +325,35 @@ async def test_a_create_nobody_overtook_costs_one_script_call(redis_server: Redi
         await mine.aclose()
         await theirs.aclose()
         await raw.aclose()
+
+
+async def test_an_admitted_payload_stays_readable_in_redis_for_payload_ttl(
+    redis_server: RedisServer, replica: RedisAdmission
+) -> None:
+    await replica.create("k", ticket_id="run-0")
+    await replica.create("k", ticket_id="run-1")
+    await replica.create("k", ticket_id="wait", payload=b"queued request")
+    await replica.release("run-0")  # admits "wait" here
+    assert (await replica.get("wait")).state is TicketState.ADMITTED
+    raw = Redis.from_url(redis_server.url)
+    other = await _second(redis_server)  # it never saw the reply that carried the payload
+    try:
+        assert await other.take_payload("wait") == b"queued request"
+        ttl_ms = await raw.pttl("acct:p:wait")
+        assert 100_000 < ttl_ms <= 120_000  # payload_ttl_s (120 s) from the admission
+    finally:
+        await other.aclose()
+        await raw.aclose()
+
+
+async def test_the_overview_counts_every_session_on_a_worker(redis_server: RedisServer) -> None:
+    config = AdmissionConfig(num_workers=1, max_sessions_per_worker=2, queue_heartbeat_timeout=None)
+    admission = RedisAdmission(redis_server.url, "a", config, prefix="overview:", replica_ttl_s=5.0)
+    await admission.start()
+    try:
+        await admission.create("k", ticket_id="one")
+        await admission.create("k", ticket_id="two")
+        (me,) = (await admission.shared_statistics()).replicas
+        assert me.retained == (2,)
+    finally:
+        await admission.aclose()

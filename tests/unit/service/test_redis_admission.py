@@ -594,7 +594,7 @@ async def test_redis_outage_refuses_creates_keeps_sessions_and_a_restart_re_regi
     a, b = await cluster.add("a"), await cluster.add("b")
     await a.create("k", ticket_id="x")
     await b.create("k", ticket_id="y")
-    await a.create("k", ticket_id="q")
+    queued = await a.create("k", ticket_id="q")
     assert a.available
     assert b.available
 
@@ -623,6 +623,8 @@ async def test_redis_outage_refuses_creates_keeps_sessions_and_a_restart_re_regi
     vanished = await cluster.logs["a"].wait_for(SharedEventKind.LOST, "q", within=5)  # A created q: it reports it
     assert (vanished.ticket.state, vanished.ticket.failure) == (TicketState.CANCELLED, "admission_state_lost")
     assert (vanished.ticket.status, vanished.ticket.status_reason) == ("failed", "admission_state_lost")
+    assert vanished.by == ""  # reconstructed by A, decided by nobody
+    assert vanished.ticket.version > queued.version  # a newer change than any A delivered
     assert not [e for e in cluster.logs["b"].events if e.kind is SharedEventKind.LOST]
     assert (await a.create("k", ticket_id="after")).state is TicketState.QUEUED  # A is full (x)
     assert (await b.wait_until_admitted("after")).replica == "b"

@@ -307,6 +307,26 @@ async def test_a_drain_during_an_outage_reaches_redis_once_it_answers(setup: Set
     assert {r.replica_id: r.draining for r in overview.replicas} == {"a": True, "b": False}
 
 
+async def test_slots_re_created_after_redis_lost_its_data_keep_their_creation_and_admission_times(
+    setup: Setup,
+) -> None:
+    a = await setup.start("a", via_proxy=False)
+    await a.create("k", ticket_id="run")
+    queued = await a.create("k", ticket_id="x")
+    await asyncio.sleep(0.005)  # so that x is admitted a few milliseconds after it was created
+    await a.release("run")
+    admitted = await a.wait_until_admitted("x")
+    assert admitted.admitted_at != queued.created_at
+    setup.server.restart()  # an empty Redis: A re-creates the records of the slots it holds
+    await _until(lambda: a.reconnections == 1)
+    view = await a.get("x")
+    assert (view.state, view.created_at, view.admitted_at) == (
+        TicketState.ADMITTED,
+        queued.created_at,
+        admitted.admitted_at,
+    )
+
+
 # ----------------------------------------------------------------------------------------------- the event reader
 
 
