@@ -62,6 +62,10 @@ class ChunkStatus:
     """The text prompt the chunk was generated from ("" for none)."""
     prompt_seq: int = -1
     """The `seq` of the `prompt` message that set it (-1: the prompt the session was created with)."""
+    stream_base_pts: int | None = None
+    """Embedded transport: the presentation timestamp of the first frame the connection's video track sent (an
+    aiortc receiver counts a frame's timestamp from that frame, so this maps its frames onto `first_frame_pts`
+    exactly); None before that frame went out, and on LiveKit."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import quote
 
 from aiortc import RTCConfiguration, RTCDataChannel, RTCIceServer, RTCPeerConnection
@@ -342,6 +342,11 @@ class EmbeddedSessionBinding:
         # "Lossy" in the outbox's sense: dropped while no channel is open (they would be stale by then), sent on the
         # ordered, reliable data channel otherwise. That covers chunk statuses and states (the current state is
         # sent again on every channel that opens); errors and `done` wait for a channel.
+        peer = self._peer
+        if isinstance(message, ChunkStatus) and peer is not None and peer.track.first_pts is not None:
+            # An aiortc receiver counts frame timestamps from the first frame its connection received: with the
+            # pts of that frame a Python client maps its frames onto `first_frame_pts` exactly.
+            message = replace(message, stream_base_pts=peer.track.first_pts)
         encoded = encode_outbound(message, max_bytes=self._config.status_max_bytes)
         if isinstance(message, StateStatus | ChunkStatus):
             return Outbound(encoded.payload, reliable=False)

@@ -291,6 +291,8 @@ def _encode_chunk(message: ChunkStatus, max_bytes: int) -> bytes:
     }
     if message.first_frame_pts is not None:
         body["first_frame_pts"] = message.first_frame_pts
+    if message.stream_base_pts is not None:
+        body["stream_base_pts"] = message.stream_base_pts
     base = _dumps(body)
     timings = _clean_timings(message.timings)
     encoded = _dumps({**body, "timings": dict(timings)})
@@ -352,7 +354,7 @@ def encode_status(message: StatusMessage, *, max_bytes: int = MAX_STATUS_BYTES) 
 
 
 _CHUNK_REQUIRED = frozenset({"v", "type", "index", "applied_seq", "keys", "timings"})
-_CHUNK_FIELDS = _CHUNK_REQUIRED | {"truncated", "first_frame_pts", "prompt", "prompt_seq"}
+_CHUNK_FIELDS = _CHUNK_REQUIRED | {"truncated", "first_frame_pts", "prompt", "prompt_seq", "stream_base_pts"}
 
 
 def _status_from(parsed: dict[str, Any]) -> StatusMessage | None:
@@ -367,8 +369,10 @@ def _status_from(parsed: dict[str, Any]) -> StatusMessage | None:
             pts = parsed.get("first_frame_pts")
             prompt = parsed.get("prompt", "")
             prompt_seq = parsed.get("prompt_seq", -1)
+            base_pts = parsed.get("stream_base_pts")
             if (
                 (pts is None or _is_int(pts))
+                and (base_pts is None or _is_int(base_pts))
                 and isinstance(prompt, str)
                 and _is_int(prompt_seq)
                 and _is_int(parsed["index"])
@@ -386,6 +390,7 @@ def _status_from(parsed: dict[str, Any]) -> StatusMessage | None:
                     pts,
                     prompt,
                     prompt_seq,
+                    base_pts,
                 )
         elif kind == "warning" and set(parsed) == {"v", "type", "code", "message", "ends_in_s"}:
             ends_in = parsed["ends_in_s"]

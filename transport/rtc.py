@@ -84,6 +84,7 @@ class PacedVideoTrack(MediaStreamTrack):
         self._available = asyncio.Event()
         self.dropped = 0
         self.delivered = 0
+        self.first_pts: int | None = None  # the pts of the first frame handed to the sender: a receiver's zero
 
     def offer(self, frame: PacedFrame) -> None:
         if self.readyState != "live":
@@ -106,6 +107,8 @@ class PacedVideoTrack(MediaStreamTrack):
         video = av.VideoFrame.from_ndarray(frame.image, format="rgb24")
         video.pts = round(frame.media_index * self._ticks_per_frame)
         video.time_base = fractions.Fraction(1, VIDEO_CLOCK_RATE)
+        if self.first_pts is None:
+            self.first_pts = video.pts
         self.delivered += 1
         return video
 

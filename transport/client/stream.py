@@ -14,11 +14,12 @@ bytes and frames, and there are two, chosen by the session's join details:
 
 Which chunk a frame shows (`ReceivedFrame.chunk`): a `chunk` status leaves the service with the chunk's first frame
 and carries that frame's 90 kHz presentation timestamp (`first_frame_pts`; docs/control-protocol.md). On the
-embedded transport a decoded frame keeps its RTP timestamp, which is the presentation timestamp plus an offset the
-sender picked: `ChunkTracker` learns the offset from the first frame after the first stamped status and then
-assigns every frame exactly (the first chunk after connecting may be off by one frame if its frame overtook its
-status). The LiveKit SDK does not expose RTP timestamps, so there a status is assigned to the next frame that
-arrives after it (within the jitter of two independent paths).
+embedded transport a decoded frame carries its RTP timestamp counted from the first frame received, which is the
+presentation timestamp minus one offset per connection; the service sends that offset in chunk statuses
+(`stream_base_pts`) and `ChunkTracker` labels each frame exactly as it is read (before the offset arrives it fits
+one from when statuses and frames arrive, see its docstring). The LiveKit
+SDK does not expose RTP timestamps, so there a status is given to the next frame that arrives after it (within the
+jitter of two independent paths).
 
 Frames wait in a bounded buffer (`frame_buffer`, default 64) whose overflow policy is *drop oldest* (counted in
 `statistics().frames_dropped`): a consumer slower than the video loses old frames, never the newest.
@@ -30,6 +31,7 @@ still buffered stay readable until drained.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import ipaddress
 import logging
@@ -50,8 +52,8 @@ from pipeline.bidirectional import ControlMessage, ControlState, Pause, ResetPos
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
 from transport.client.api import ServiceClient, SessionInfo
 from transport.client.errors import ConnectError
-from transport.embedded import ice_host_addresses
 from transport.protocol import MAX_SEQ, ProtocolError, decode_status, encode_control
+from transport.rtc import ice_host_addresses
 
 __all__ = [
     "ChunkTracker",
@@ -67,10 +69,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_WRAP = 1 << 32  # RTP timestamps are 32-bit
 _FRAME_BUFFER = 64
 _CONNECT_TIMEOUT_S = 20.0
 _PENDING_LIMIT = 64  # stamped statuses waiting for their frame; more means frames are lost, the oldest go
+_KEPT_STATUSES = 512  # stamped statuses kept to label frames read later (a few hundred chunks back)
+_FIT_STATUSES = 32  # the recent statuses the RTP offset is fitted over
+_FIT_FRAMES = 128  # the recent frames it is fitted over
+_EARLY_S = 0.005  # a frame may come this much before its status and still count as after it (clock jitter)
+_PAIR_WINDOW_S = 1.0  # how long after its status a frame may come to be considered its frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,15 @@ class ReceivedFrame:
 
 
 @dataclass(frozen=True, slots=True)
+class _Arrived:
+    image: npt.NDArray[np.uint8]
+    at: float
+    rtp: int | None
+    chunk: ChunkStatus | None  # the arrival-order label (no RTP timestamp)
+    first: bool
+
+
+@dataclass(frozen=True, slots=True)
 class StreamStatistics:
     frames_received: int
     frames_dropped: int
@@ -97,54 +112,122 @@ class StreamStatistics:
 
 
 class ChunkTracker:
-    """Assigns received frames to chunk statuses (see the module docstring). Pure: no clock, no I/O.
+    """Which chunk a received frame shows (see the module docstring). Pure: times are given, nothing is read.
 
-    `status(chunk)` records a chunk status as it arrives; `frame(rtp)` says which chunk the next received frame
-    shows, given its RTP timestamp (None where the transport does not expose one), and whether it is that chunk's
-    first frame. Returns the frame's presentation timestamp too (None until the offset is known)."""
+    With RTP timestamps (the embedded transport), `status(chunk, at)` and `frame(rtp, at)` record what arrived when,
+    and `label(rtp)` names the chunk a frame shows, any time later (a status that comes after its frame still labels
+    it). aiortc hands out a frame's RTP timestamp counted from the first frame received, so a frame's presentation
+    timestamp is its RTP timestamp plus one offset per connection: the presentation timestamp of that first frame,
+    which the service sends in chunk statuses (`stream_base_pts`) once the frame went out. Until then (and with a
+    service that does not send it) the offset is fitted over the recent statuses and frames: each candidate pairs a
+    status with a frame that arrived near it; a candidate is refused when more than a tenth of the statuses it pairs
+    with a frame would have been overtaken by that frame (a chunk's first frame leaves the service with its status
+    and takes the longer way: encoding, RTP, decoding); of the rest, the one whose frames follow their statuses most
+    closely (smallest median delay) wins. Under a load that delays every frame by more than a frame interval behind
+    its status, a fitted offset can be a frame off.
 
-    __slots__ = ("_current", "_fresh", "_origin", "_pending")
+    Without RTP timestamps (LiveKit), `frame(None, at)` gives each status, in order, to the next frame that arrives.
+    """
+
+    __slots__ = (
+        "_by_pts",
+        "_current",
+        "_exact",
+        "_fits",
+        "_fresh",
+        "_offset",
+        "_pending",
+        "_recent_frames",
+        "_recent_statuses",
+        "_sorted",
+    )
 
     def __init__(self) -> None:
-        self._pending: deque[ChunkStatus] = deque()
+        self._by_pts: dict[int, ChunkStatus] = {}
+        self._sorted: list[int] = []
+        self._recent_statuses: deque[tuple[int, float]] = deque(maxlen=_FIT_STATUSES)
+        self._recent_frames: deque[tuple[int, float]] = deque(maxlen=_FIT_FRAMES)
+        self._offset: int | None = None
+        self._exact = False  # the offset came from the service (`stream_base_pts`), not from a fit
+        self._fits = 0
+        self._pending: deque[ChunkStatus] = deque()  # without timestamps: statuses waiting for the next frame
         self._current: ChunkStatus | None = None
         self._fresh = False
-        self._origin: int | None = None
 
     @property
-    def current(self) -> ChunkStatus | None:
-        return self._current
+    def offset(self) -> int | None:
+        """A frame's presentation timestamp minus its RTP timestamp, once fitted."""
+        return self._offset
 
-    def status(self, chunk: ChunkStatus) -> None:
-        if chunk.first_frame_pts is None:
-            # No frame was paced for it (it ended before): it never shows; only its metadata is news.
-            return
+    def status(self, chunk: ChunkStatus, at: float) -> None:
+        pts = chunk.first_frame_pts
+        if pts is None:
+            return  # no frame was stamped for it (none left to pace, or it went out early): it labels no frame
         if len(self._pending) >= _PENDING_LIMIT:
             self._pending.popleft()
         self._pending.append(chunk)
+        if pts not in self._by_pts:
+            bisect.insort(self._sorted, pts)
+            if len(self._sorted) > _KEPT_STATUSES:
+                del self._by_pts[self._sorted.pop(0)]
+        self._by_pts[pts] = chunk
+        if chunk.stream_base_pts is not None:
+            self._offset, self._exact = chunk.stream_base_pts, True
+        if self._exact:
+            return
+        self._recent_statuses.append((pts, at))
+        self._fits += 1
+        if self._fits <= _FIT_STATUSES or self._fits % 8 == 0:
+            self._fit()
 
-    def frame(self, rtp: int | None) -> tuple[ChunkStatus | None, bool, int | None]:
-        if rtp is None:
-            if self._pending:
-                self._current, self._fresh = self._pending.popleft(), True
-            first, self._fresh = self._fresh, False
-            return self._current, first, None
-        if self._origin is None:
-            if not self._pending:
-                return self._current, False, None
-            first_pts = self._pending[0].first_frame_pts
-            assert first_pts is not None
-            self._origin = (rtp - first_pts) % _WRAP
-        pts = (rtp - self._origin) % _WRAP
-        while self._pending:
-            head_pts = self._pending[0].first_frame_pts
-            assert head_pts is not None
-            ahead = ((pts - head_pts + _WRAP // 2) % _WRAP) - _WRAP // 2  # signed, modulo 2^32
-            if ahead < 0:
-                break
+    def frame(self, rtp: int | None, at: float) -> tuple[ChunkStatus | None, bool]:
+        """Record a frame's arrival. Without a timestamp, its label by arrival order (chunk, first of it)."""
+        if rtp is not None:
+            if not self._exact:
+                self._recent_frames.append((rtp, at))
+                if self._offset is None and self._recent_statuses:
+                    self._fit()
+            return None, False
+        if self._pending:
             self._current, self._fresh = self._pending.popleft(), True
         first, self._fresh = self._fresh, False
-        return self._current, first, pts
+        return self._current, first
+
+    def label(self, rtp: int) -> tuple[ChunkStatus | None, bool, int | None]:
+        """The chunk a frame with this RTP timestamp shows, whether it is that chunk's first frame, and the frame's
+        presentation timestamp (all None/False until the offset is known)."""
+        if self._offset is None:
+            return None, False, None
+        pts = rtp + self._offset
+        # One tick of slack: the track and the status round the same slot's timestamp separately.
+        at = bisect.bisect_right(self._sorted, pts + 1) - 1
+        if at < 0:
+            return None, False, pts
+        first_pts = self._sorted[at]
+        return self._by_pts[first_pts], abs(first_pts - pts) <= 1, pts
+
+    def _fit(self) -> None:
+        arrivals = dict(self._recent_frames)
+        statuses = tuple(self._recent_statuses)
+        candidates = {
+            pts - rtp
+            for pts, status_at in statuses
+            for rtp, frame_at in self._recent_frames
+            if -_EARLY_S <= frame_at - status_at <= _PAIR_WINDOW_S
+        }
+        best: tuple[float, int, int] | None = None  # (median delay, -pairs, offset)
+        for offset in candidates:
+            delays = sorted(
+                arrivals[pts - offset] - status_at for pts, status_at in statuses if pts - offset in arrivals
+            )
+            overtaken = sum(1 for delay in delays if delay < -_EARLY_S)
+            if not delays or overtaken * 10 > len(delays):
+                continue
+            key = (delays[len(delays) // 2], -len(delays), offset)
+            if best is None or key < best:
+                best = key
+        if best is not None:
+            self._offset = best[2]
 
 
 class Link(Protocol):
@@ -173,7 +256,7 @@ class LiveStream:
             raise ValueError(f"frame_buffer must be at least 1, got {frame_buffer}")
         self.info = info
         self._link: Link | None = None
-        self._frames: deque[ReceivedFrame] = deque()
+        self._frames: deque[_Arrived] = deque()
         self._frame_buffer = frame_buffer
         self._frame_arrived = asyncio.Event()
         self._tracker = ChunkTracker()
@@ -198,11 +281,12 @@ class LiveStream:
         self._link = link
 
     def on_frame(self, image: npt.NDArray[np.uint8], rtp: int | None) -> None:
-        chunk, first, pts = self._tracker.frame(rtp)
+        now = time.monotonic()
+        chunk, first = self._tracker.frame(rtp, now)
         if len(self._frames) >= self._frame_buffer:
             self._frames.popleft()
             self._frames_dropped += 1
-        self._frames.append(ReceivedFrame(image, time.monotonic(), pts, chunk, first))
+        self._frames.append(_Arrived(image, now, rtp, chunk, first))
         self._frames_received += 1
         self._frame_arrived.set()
 
@@ -215,7 +299,7 @@ class LiveStream:
             case ChunkStatus():
                 self.last_chunk = message
                 self._chunks += 1
-                self._tracker.status(message)
+                self._tracker.status(message, time.monotonic())
             case StateStatus(state=state):
                 self.state = state
             case ErrorStatus():
@@ -310,7 +394,12 @@ class LiveStream:
                 return None
             self._frame_arrived.clear()
             await self._frame_arrived.wait()
-        return self._frames.popleft()
+        arrived = self._frames.popleft()
+        if arrived.rtp is None:
+            return ReceivedFrame(arrived.image, arrived.at, None, arrived.chunk, arrived.first)
+        # Labelled as it is read: statuses that came after the frame, and a better fitted offset, count too.
+        chunk, first, pts = self._tracker.label(arrived.rtp)
+        return ReceivedFrame(arrived.image, arrived.at, pts, chunk, first)
 
     async def frames(self) -> AsyncIterator[ReceivedFrame]:
         """Every frame until the session is done (then the buffered rest)."""

@@ -4,6 +4,7 @@ session body, where ICE candidates are gathered, and the stream's bookkeeping (t
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -28,62 +29,76 @@ from transport.client import (
 )
 from transport.protocol import decode_control, encode_status
 
-ORIGIN = 4_000_000_000  # an RTP offset near the 32-bit wrap
-TICKS = 4500  # 90 kHz / 20 fps
+TICKS = 3600  # 90 kHz / 25 fps
+FIRST = 2  # the first frame the client received was the session's frame 2: RTP timestamps count from there
 
 
-def _chunk(index: int, first_frame: int | None, applied_seq: int = -1) -> ChunkStatus:
-    pts = None if first_frame is None else first_frame * TICKS
-    return ChunkStatus(index, applied_seq, (), {}, pts)
+def _chunk(index: int, stamped: bool = True) -> ChunkStatus:
+    """Chunk `index` of a one-frame-per-chunk session: its frame is the session's frame `index`."""
+    return ChunkStatus(index, -1, (), {}, index * TICKS if stamped else None)
 
 
 def _rtp(frame: int) -> int:
-    return (ORIGIN + frame * TICKS) % (1 << 32)
+    return (frame - FIRST) * TICKS
 
 
-def test_frames_are_matched_to_chunks_by_their_rtp_timestamp_across_the_wrap() -> None:
+def _play(tracker: ChunkTracker, delays: list[float], period: float = 0.04, *, lost: int = 0) -> None:
+    """Statuses of chunks FIRST.. leave every `period` s, each chunk's frame arrives `delays[i]` after its status;
+    the statuses of the first `lost` chunks never arrive (sent before the data channel opened)."""
+    events: list[tuple[float, int, str]] = []
+    for i, delay in enumerate(delays):
+        index = FIRST + i
+        if i >= lost:
+            events.append((i * period, index, "status"))
+        events.append((i * period + delay, index, "frame"))
+    for at, index, kind in sorted(events):
+        if kind == "status":
+            tracker.status(_chunk(index), at)
+        else:
+            tracker.frame(_rtp(index), at)
+
+
+def test_frames_are_labelled_exactly_once_the_offset_is_fitted_over_many_statuses() -> None:
     tracker = ChunkTracker()
-    assert tracker.frame(_rtp(0)) == (None, False, None)  # no stamped status yet: nothing is known
-    for index in range(3):
-        tracker.status(_chunk(index, first_frame=10 + 4 * index))  # four frames per chunk
-    seen = []
-    for frame in range(10, 22):
-        chunk, first, pts = tracker.frame(_rtp(frame))
-        assert pts == frame * TICKS
-        assert chunk is not None
-        seen.append((chunk.index, first))
-    assert seen == [(i // 4, i % 4 == 0) for i in range(12)]
+    # The first status is lost and the first frames lag their statuses by more than a frame interval: the first
+    # status to arrive (chunk 3's) is followed by chunk 2's frame, a frame off. Then the video catches up: only the
+    # true offset has no frame overtaking its status.
+    _play(tracker, [0.045] * 6 + [0.015] * 20, lost=1)
+    assert tracker.offset == FIRST * TICKS
+    assert tracker.label(_rtp(FIRST)) == (None, False, FIRST * TICKS)  # its status never came
+    for index in range(FIRST + 1, FIRST + 26):
+        chunk, first, pts = tracker.label(_rtp(index))
+        assert (chunk, first, pts) == (_chunk(index), True, index * TICKS)
 
 
-def test_a_status_that_comes_late_is_taken_when_its_frame_is_reached() -> None:
+def test_a_frame_read_before_its_status_arrived_is_labelled_when_it_is_read_after() -> None:
     tracker = ChunkTracker()
-    tracker.status(_chunk(0, first_frame=0))
-    assert tracker.frame(_rtp(0))[:2] == (_chunk(0, 0), True)
-    assert tracker.frame(_rtp(1))[:2] == (_chunk(0, 0), False)
-    # chunk 1's frames (from frame 2 on) are not announced yet: they stay with the chunk before
-    assert tracker.frame(_rtp(2))[0] == _chunk(0, 0)
-    tracker.status(_chunk(1, first_frame=2))
-    tracker.status(_chunk(2, first_frame=5))
-    assert tracker.frame(_rtp(3))[:2] == (_chunk(1, 2), True)
-    assert tracker.frame(_rtp(6))[:2] == (_chunk(2, 5), True)  # frames lost in between: still the right chunk
+    _play(tracker, [0.01] * 10)
+    assert tracker.label(_rtp(FIRST + 12)) == (_chunk(FIRST + 9), False, (FIRST + 12) * TICKS)  # not announced yet
+    tracker.status(_chunk(FIRST + 12), 1.0)
+    assert tracker.label(_rtp(FIRST + 12)) == (_chunk(FIRST + 12), True, (FIRST + 12) * TICKS)
 
 
-def test_unstamped_statuses_never_claim_a_frame() -> None:
+def test_nothing_is_labelled_before_a_stamped_status_and_unstamped_ones_label_nothing() -> None:
     tracker = ChunkTracker()
-    tracker.status(_chunk(0, first_frame=None))
-    assert tracker.frame(_rtp(0)) == (None, False, None)
+    tracker.frame(_rtp(FIRST), 0.0)
+    assert tracker.label(_rtp(FIRST)) == (None, False, None)
+    tracker.status(_chunk(FIRST, stamped=False), 0.01)
+    tracker.frame(_rtp(FIRST + 1), 0.05)
+    assert tracker.offset is None
+    assert tracker.label(_rtp(FIRST + 1)) == (None, False, None)
 
 
 def test_without_timestamps_each_status_goes_to_the_next_frame_that_arrives() -> None:
     tracker = ChunkTracker()
-    assert tracker.frame(None) == (None, False, None)
-    tracker.status(_chunk(0, first_frame=0))
-    assert tracker.frame(None) == (_chunk(0, 0), True, None)
-    assert tracker.frame(None) == (_chunk(0, 0), False, None)
-    tracker.status(_chunk(1, first_frame=4))
-    tracker.status(_chunk(2, first_frame=8))
-    assert tracker.frame(None)[:2] == (_chunk(1, 4), True)
-    assert tracker.frame(None)[:2] == (_chunk(2, 8), True)
+    assert tracker.frame(None, 0.0) == (None, False)
+    tracker.status(_chunk(0), 0.01)
+    assert tracker.frame(None, 0.02) == (_chunk(0), True)
+    assert tracker.frame(None, 0.03) == (_chunk(0), False)
+    tracker.status(_chunk(1), 0.04)
+    tracker.status(_chunk(2), 0.05)
+    assert tracker.frame(None, 0.06) == (_chunk(1), True)
+    assert tracker.frame(None, 0.07) == (_chunk(2), True)
 
 
 def test_every_code_the_service_answers_has_a_client_class_or_is_a_plain_api_error() -> None:
@@ -207,3 +222,16 @@ async def test_a_stream_numbers_its_snapshots_and_keeps_the_newest_frames_when_i
     assert len(link.sent) == 3
     await stream.aclose()
     assert link.closed
+
+
+def test_the_services_stream_base_makes_the_offset_exact_whatever_the_arrival_times() -> None:
+    tracker = ChunkTracker()
+    _play(tracker, [0.045] * 20)  # every frame a frame interval late: a fit alone would be a frame off
+    fitted = tracker.offset
+    tracker.status(replace(_chunk(FIRST + 20), stream_base_pts=FIRST * TICKS), 2.0)
+    assert tracker.offset == FIRST * TICKS != fitted
+    for index in range(FIRST, FIRST + 20):
+        assert tracker.label(_rtp(index)) == (_chunk(index), True, index * TICKS)
+    last = replace(_chunk(FIRST + 20), stream_base_pts=FIRST * TICKS)
+    assert tracker.label(_rtp(FIRST + 20)) == (last, True, (FIRST + 20) * TICKS)
+    assert tracker.label(_rtp(FIRST + 5) + 1)[:2] == (_chunk(FIRST + 5), True)  # a tick of rounding is the same slot

@@ -97,7 +97,13 @@ async def test_browser_gets_frames_status_and_sends_control(setup: Setup) -> Non
         status = await browser.next_status()
         # While chunk 7's frames are being paced its status waits for the first of them and carries its timestamp.
         assert isinstance(status, ChunkStatus)
-        assert replace(status, first_frame_pts=None) == ChunkStatus(7, 5, ("j", "w"), {"control_to_output": 0.25})
+        assert replace(status, first_frame_pts=None, stream_base_pts=None) == ChunkStatus(
+            7, 5, ("j", "w"), {"control_to_output": 0.25}
+        )
+        # Frames went out before it: it names the first one, from which an aiortc receiver counts its timestamps.
+        assert status.stream_base_pts is not None
+        assert status.first_frame_pts is not None
+        assert 0 <= status.stream_base_pts < status.first_frame_pts
 
         browser.send("{broken")
         error = await browser.next_status()
@@ -142,7 +148,7 @@ async def test_every_new_channel_is_told_the_current_state_once(setup: Setup) ->
         setup.port.emit_status(ChunkStatus(0, -1, (), {}))
         status = await first.next_status()  # no second copy of the state before it
         assert isinstance(status, ChunkStatus)
-        assert replace(status, first_frame_pts=None) == ChunkStatus(0, -1, (), {})
+        assert replace(status, first_frame_pts=None, stream_base_pts=None) == ChunkStatus(0, -1, (), {})
         async with _browser() as second:
             await second.connect(setup.transport, "s1")
             assert await second.next_status() == StateStatus("running")

@@ -234,6 +234,7 @@ def test_first_snapshot_may_start_at_zero() -> None:
         ChunkStatus(3, 41, ("j", "w"), {"control_to_output": 0.412, "denoise": 0.2}),
         ChunkStatus(0, -1, (), {}),
         ChunkStatus(4, 2, ("w",), {"denoise": 0.1}, None, "a snowy night", 3),
+        ChunkStatus(5, 2, ("w",), {}, 45000, "", -1, 36000),
         WarningStatus("time_limit", "ends in 30 s: the session reaches its time limit of 600 s", 30.0),
         ErrorStatus("malformed_json", "message is not valid JSON"),
         DoneStatus("closed"),
