@@ -19,6 +19,7 @@ from transport.base import (
     StatusMessage,
     Transport,
     TransportStatistics,
+    ViewerFigures,
     WarningStatus,
 )
 from transport.binding import (
@@ -229,6 +230,7 @@ __all__ = [
     "VideoPublishOptions",
     "ViewerCredential",
     "ViewerCredentials",
+    "ViewerFigures",
     "ViewerSeats",
     "ViewerStatistics",
     "ViewerTokenError",

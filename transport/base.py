@@ -8,8 +8,9 @@ a new connection to the same port; the session, its caches, pose and sequence nu
 Status messages are the service-to-client half of control protocol v1; the transports encode them as JSON.
 
 What a transport reports to the service is typed here too, in terms every kind shares: `BindingStatistics` for one
-session's binding (its pacer, frames nobody took, returns by `ReconnectKind`) and `TransportStatistics` for the
-whole transport. Each kind also has its own, richer records (`session_statistics()`, `statistics()`).
+session's binding (its pacer, frames nobody took, returns by `ReconnectKind`, its viewers as `ViewerFigures`) and
+`TransportStatistics` for the whole transport. Each kind also has its own, richer records (`session_statistics()`,
+`statistics()`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "StatusMessage",
     "Transport",
     "TransportStatistics",
+    "ViewerFigures",
     "WarningStatus",
 ]
 
@@ -167,19 +169,33 @@ class ReconnectKind(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class ViewerFigures:
+    """A session's viewers in common terms. `watching`: viewers connected now. `frames_dropped`: frames a slow
+    viewer's own track dropped (its sender was behind; the controller and other viewers are not held up).
+    `controls_refused`: messages viewers sent, never applied (answered `viewer_cannot_control`). None: this kind
+    does not carry that itself (LiveKit: the SFU forwards the one published track to viewers, and a viewer's token
+    cannot publish data)."""
+
+    watching: int = 0
+    frames_dropped: int | None = None
+    controls_refused: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class BindingStatistics:
     """What every kind of session binding reports, in the same terms (the service's metrics read this).
 
     `pacer`: the binding's frame pacer (frames sent; dropped late, by overflow, or rejected for their shape).
     `frames_unsent`: frames the pacer released while no connection could take them. `track_dropped`: frames the
     video track's own queue dropped because its sender was behind (None: this kind has no such queue).
-    `reconnects`: returns counted by kind, for the kinds this binding has.
+    `reconnects`: returns counted by kind, for the kinds this binding has. `viewers`: the session's viewers.
     """
 
     pacer: PacerStatistics
     frames_unsent: int
     track_dropped: int | None
     reconnects: Mapping[ReconnectKind, int]
+    viewers: ViewerFigures = ViewerFigures()
 
 
 class TransportStatistics(Protocol):

@@ -38,7 +38,15 @@ from urllib.parse import quote
 from aiortc import RTCConfiguration, RTCDataChannel, RTCIceServer, RTCPeerConnection
 
 from pipeline.clock import Clock
-from transport.base import BindingStatistics, ChunkStatus, ReconnectKind, SessionPort, StateStatus, StatusMessage
+from transport.base import (
+    BindingStatistics,
+    ChunkStatus,
+    ReconnectKind,
+    SessionPort,
+    StateStatus,
+    StatusMessage,
+    ViewerFigures,
+)
 from transport.binding import TERMINAL_BINDING_STATES, BindingCore, BindingState, TransitionTable
 from transport.config import EmbeddedConfig
 from transport.control import ControlStatistics
@@ -582,6 +590,11 @@ class EmbeddedTransport:
             frames_unsent=stats.frames_unsent,
             track_dropped=stats.track_dropped,
             reconnects={ReconnectKind.PEER_RETURN: stats.peer_returns},
+            viewers=ViewerFigures(
+                watching=stats.viewers.seats.watching,
+                frames_dropped=stats.viewers.frames_dropped,
+                controls_refused=stats.viewers.controls_refused,
+            ),
         )
 
     @property

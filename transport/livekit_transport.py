@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pipeline.clock import Clock
-from transport.base import BindingStatistics, CallerRoom, ReconnectKind, SessionPort
+from transport.base import BindingStatistics, CallerRoom, ReconnectKind, SessionPort, ViewerFigures
 from transport.config import LiveKitConfig
 from transport.errors import (
     RoomInUseError,
@@ -305,6 +305,7 @@ class LiveKitTransport:
                 ReconnectKind.REJOIN: stats.rejoins,
                 ReconnectKind.CONTROLLER_RETURN: stats.controller_returns,
             },
+            viewers=ViewerFigures(watching=stats.viewers.watching),
         )
 
     def statistics(self) -> LiveKitTransportStatistics:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from admission import KeyQuota
 from service.keys import key_id
+from service.runtime.recordings import RecordingReport
 from service.runtime.records import DrainStatus
 from service.runtime.sessions import SessionSnapshot
 from service.settings import MAX_SESSION_SECONDS_BOUND
@@ -109,6 +110,27 @@ class VideoBody(BaseModel):
     fps: float
 
 
+RecordingStateName = Literal["recording", "finishing", "ready", "failed", "removed"]
+
+
+class RecordingBody(BaseModel):
+    """A session's recording as of the answer."""
+
+    state: RecordingStateName = Field(
+        description="recording (the session runs), finishing (it ended; the files are being finalised), ready "
+        "(GET .../recording serves it), failed (stopped: see code; nothing kept), removed (by retention)."
+    )
+    code: str | None = Field(
+        description="What stopped a failed recording: recording_failed (a write error) or recording_overrun (it "
+        "fell behind the stream); null otherwise."
+    )
+    frames: int = Field(description="Frames written so far.")
+    bytes: int = Field(
+        description="Bytes on disk: the MP4 so far while recording, the MP4 and its control trace once ready "
+        "(a failed recording's were written, then removed)."
+    )
+
+
 class SessionBody(BaseModel):
     """A session as of the moment of the answer."""
 
@@ -125,6 +147,10 @@ class SessionBody(BaseModel):
     max_seconds: float | None = Field(default=None, description="The session's time limit in seconds; null: none.")
     ends_at: datetime.datetime | None = Field(
         default=None, description="When the time limit ends the session (set once it runs with a limit)."
+    )
+    record: bool = Field(default=False, description='Created with "record": true: the session is recorded.')
+    recording: RecordingBody | None = Field(
+        default=None, description="Its recording once the session started (null without one, or on another replica)."
     )
 
 
@@ -237,7 +263,14 @@ def session_body(snapshot: SessionSnapshot) -> SessionBody:
         error=error,
         max_seconds=snapshot.max_seconds,
         ends_at=None if snapshot.ends_at is None else _time(snapshot.ends_at),
+        record=snapshot.record,
+        recording=None if snapshot.recording is None else _recording_body(snapshot.recording),
     )
+
+
+def _recording_body(report: RecordingReport) -> RecordingBody:
+    state: RecordingStateName = report.state.value
+    return RecordingBody(state=state, code=report.code, frames=report.frames, bytes=report.bytes)
 
 
 def drain_body(status: DrainStatus) -> DrainBody:

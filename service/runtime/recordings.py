@@ -51,6 +51,7 @@ __all__ = [
     "FrameWriter",
     "RecordingConfig",
     "RecordingOutcome",
+    "RecordingReport",
     "RecordingState",
     "RecordingStatistics",
     "RecordingStore",
@@ -132,12 +133,30 @@ class RecordingOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordingReport:
+    """One recording as the session's REST body shows it: its state, the stable code that stopped it (FAILED:
+    `recording_failed` or `recording_overrun`), the frames written and the bytes on disk (while recording, the MP4
+    so far; once ready, the MP4 and its trace; a stopped one's bytes were written, then removed)."""
+
+    state: RecordingState
+    code: str | None
+    frames: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class RecordingStatistics:
+    """The store's figures (metrics): `recording` now; recordings started, completed (`ready_total`), stopped by a
+    write error (`failed_total`) or by falling behind (`overruns_total`), removed by retention; `bytes_total`: bytes
+    written to recording files (a stopped recording's included); `kept`/`kept_bytes`: complete ones on disk."""
+
     recording: int
+    started_total: int
     ready_total: int
     failed_total: int
     overruns_total: int
     removed_total: int
+    bytes_total: int
     kept: int
     kept_bytes: int
 
@@ -181,7 +200,9 @@ class SessionRecording:
         self._writer: FrameWriter | None = None
         self.state = RecordingState.RECORDING
         self.reason: str | None = None
+        self.code: str | None = None
         self.frames = 0
+        self.bytes = 0
         self.video = store.config.directory / f"{session_id}{_MP4}"
         self.trace = store.config.directory / f"{session_id}{_TRACE}"
         self._video_part = store.config.directory / f".{session_id}{_MP4}{_PART}"
@@ -214,6 +235,9 @@ class SessionRecording:
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
 
+    def report(self) -> RecordingReport:
+        return RecordingReport(self.state, self.code, self.frames, self.bytes)
+
     def outcome(self) -> RecordingOutcome:
         if self.state is RecordingState.READY:
             return RecordingOutcome(self.state, video=self.video, trace=self.trace)
@@ -224,6 +248,7 @@ class SessionRecording:
         if self.state in (RecordingState.FAILED, RecordingState.READY, RecordingState.REMOVED):
             return
         self.state = RecordingState.FAILED
+        self.code = code
         self.reason = f"{code}: {message}"
         self._store.count_failure(code)
         logger.warning("session %s: recording stopped (%s): %s", self.session_id, code, message)
@@ -238,7 +263,7 @@ class SessionRecording:
         try:
             await self._write_all()
             if self.state is RecordingState.FINISHING:
-                await asyncio.to_thread(self._finalise)
+                self._measure(await asyncio.to_thread(self._finalise))
                 self.state = RecordingState.READY
                 logger.info("session %s: recording ready (%d frames): %s", self.session_id, self.frames, self.video)
                 await self._store.finished(self)
@@ -263,8 +288,16 @@ class SessionRecording:
             await writer.write(chunk.frames)
             self.frames += len(chunk.frames)
             self._chunks.append((chunk.index, chunk.keys, chunk.reset_pose, chunk.prompt))
+            with contextlib.suppress(OSError):  # a stat: what the encoder has flushed to the file so far
+                self._measure(self._video_part.stat().st_size)
 
-    def _finalise(self) -> None:
+    def _measure(self, size: int) -> None:
+        """The recording's files hold `size` bytes now; the store counts what was added since the last look."""
+        if size > self.bytes:
+            self._store.count_bytes(size - self.bytes)
+            self.bytes = size
+
+    def _finalise(self) -> int:
         if not self._chunks:
             raise OSError("the session generated no frames to record")
         writer, self._writer = self._writer, None
@@ -278,6 +311,7 @@ class SessionRecording:
             os.fsync(handle.fileno())
         os.replace(self._trace_part, self.trace)
         os.replace(self._video_part, self.video)  # last: a final MP4 name means a complete recording
+        return self.video.stat().st_size + self.trace.stat().st_size
 
     def _discard(self) -> None:
         # The names go first (an open file outlives its name), then the writer: closing it may flush a while.
@@ -310,6 +344,8 @@ class RecordingStore:
         self._tasks = TaskSet("recordings")
         self._recordings: OrderedDict[str, SessionRecording] = OrderedDict()
         self._lock = asyncio.Lock()
+        self._started_total = 0
+        self._bytes_total = 0
         self._ready_total = 0
         self._failed_total = 0
         self._overruns_total = 0
@@ -335,6 +371,7 @@ class RecordingStore:
         """Start recording a session: `size` is `(width, height, fps)`; `on_stop(code, message)` is called if the
         recording stops before the session does."""
         recording = SessionRecording(self, session_id, size, header, on_stop)
+        self._started_total += 1
         self._recordings[session_id] = recording
         while len(self._recordings) > _REMEMBERED:
             self._recordings.popitem(last=False)
@@ -345,6 +382,9 @@ class RecordingStore:
         """The recording of a session this store recorded (None: it recorded none, or forgot it)."""
         recording = self._recordings.get(session_id)
         return recording.outcome() if recording is not None else None
+
+    def count_bytes(self, added: int) -> None:
+        self._bytes_total += added
 
     def count_failure(self, code: str) -> None:
         if code == RECORDING_OVERRUN:
@@ -415,10 +455,12 @@ class RecordingStore:
     def statistics(self) -> RecordingStatistics:
         return RecordingStatistics(
             recording=sum(1 for r in self._recordings.values() if r.state is RecordingState.RECORDING),
+            started_total=self._started_total,
             ready_total=self._ready_total,
             failed_total=self._failed_total,
             overruns_total=self._overruns_total,
             removed_total=self._removed_total,
+            bytes_total=self._bytes_total,
             kept=self._kept,
             kept_bytes=self._kept_bytes,
         )

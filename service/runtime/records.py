@@ -18,6 +18,7 @@ from typing import Protocol
 
 from admission import AdmissionEvent, AdmissionStatistics
 from pipeline.bidirectional import ChunkOutput
+from service.runtime.recordings import RecordingStatistics
 from service.runtime.sessions import Session, SessionBuffers, SessionSnapshot
 from service.usage.ledger import UsageTotals
 
@@ -148,7 +149,9 @@ class RuntimeStatistics:
     `slots_held` counts sessions holding an admission slot; `slot_mismatch` is admission's retained count minus it
     (anything but 0 means a leak or a double count). `shared` is the whole deployment (every replica, the global
     queue) with the Redis backend, as of its last refresh; None in memory. `usage` is every key's all-time usage by
-    key id (this instance's in memory; the deployment's, as of the last refresh, with the Redis backend)."""
+    key id (this instance's in memory; the deployment's, as of the last refresh, with the Redis backend).
+    `ended_by_limit` counts sessions a limit ended, by reason (`time_limit`, `paused_too_long`; the state is closed);
+    `recordings` is the recording store's figures (None: recording is not configured)."""
 
     sessions: Mapping[str, int]
     ended_total: Mapping[str, int]
@@ -159,6 +162,8 @@ class RuntimeStatistics:
     slot_mismatch: int
     shared: SharedAdmissionStatistics | None = None
     usage: Mapping[str, UsageTotals] = dataclasses.field(default_factory=dict)
+    ended_by_limit: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    recordings: RecordingStatistics | None = None
 
 
 class SessionObserver(Protocol):

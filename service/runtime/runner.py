@@ -219,7 +219,8 @@ class SessionRunner:
 
         prepared = session.prepared
         size = (prepared.width, prepared.height, round(prepared.fps))
-        return self._recordings.record(session.id, size, _replay_header(session), on_stop)
+        session.recording = self._recordings.record(session.id, size, _replay_header(session), on_stop)
+        return session.recording
 
     async def _read_outputs(
         self, session: Session, worker: BidirectionalService, recording: SessionRecording | None = None

@@ -61,7 +61,7 @@ from service.runtime.backend import AdmissionBackend
 from service.runtime.config_view import config_view
 from service.runtime.fanout import Subscription
 from service.runtime.images import check_image
-from service.runtime.limits import PAUSED_TOO_LONG, LimitsConfig, SessionDeadlines
+from service.runtime.limits import PAUSED_TOO_LONG, TIME_LIMIT, LimitsConfig, SessionDeadlines
 from service.runtime.memory import MemoryAdmissionBackend
 from service.runtime.pausing import set_paused
 from service.runtime.recordings import RecordingConfig, RecordingOutcome, RecordingState, RecordingStore, WriterFactory
@@ -190,6 +190,7 @@ class ServiceRuntime:
         self._live: set[str] = set()
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._ended_total: Counter[str] = Counter()
+        self._ended_by_limit: Counter[str] = Counter()
         self._tasks = TaskSet("runtime")
         self._runners: set[asyncio.Task[None]] = set()
         self._started = False
@@ -570,6 +571,8 @@ class ServiceRuntime:
             slot_mismatch=report.admission.retained_total - held,
             shared=report.shared,
             usage={key_id(owner): totals for owner, totals in self._backend.usage_totals().items()},
+            ended_by_limit={reason: self._ended_by_limit.get(reason, 0) for reason in (TIME_LIMIT, PAUSED_TOO_LONG)},
+            recordings=self._recordings.statistics() if self._recordings is not None else None,
         )
 
     # ------------------------------------------------------------------------------------------------ internals
@@ -725,6 +728,8 @@ class ServiceRuntime:
         self._deadlines.ended(session)
         self._observer.session_ended(session)
         self._ended_total[session.state.value] += 1
+        if session.reason in (TIME_LIMIT, PAUSED_TOO_LONG):
+            self._ended_by_limit[session.reason] += 1
         self._live.discard(session.id)
         self._finished[session.id] = None
         while len(self._finished) > self._config.session_history:

@@ -30,6 +30,7 @@ from types import MappingProxyType
 from pipeline.bidirectional import ChunkOutput, CloseMode, PreparedSession
 from service.errors import SessionTransitionError
 from service.runtime.fanout import Broadcast, Flag
+from service.runtime.recordings import RecordingReport, SessionRecording
 from transport.base import (
     CallerRoom,
     ChunkStatus,
@@ -117,7 +118,8 @@ class SessionSnapshot:
     `created_at`/`updated_at` are wall-clock seconds since the epoch. `queue_position` is set only while queued
     (1 = next). `transport` holds the join details once attached. `error` is `(code, message)` for failed sessions.
     `sequence` increases with every published change (the SSE event id). `max_seconds` is the session's time limit
-    (None: none) and `ends_at` the wall-clock second it ends by, once it runs.
+    (None: none) and `ends_at` the wall-clock second it ends by, once it runs. `record`: created with `"record":
+    true` (and recording configured); `recording`: its recording as of this moment, once the session started.
     """
 
     id: str
@@ -135,6 +137,8 @@ class SessionSnapshot:
     sequence: int
     max_seconds: float | None = None
     ends_at: float | None = None
+    record: bool = False
+    recording: RecordingReport | None = None
 
     @property
     def terminal(self) -> bool:
@@ -179,6 +183,7 @@ class Session:
         "prepared",
         "reason",
         "record",
+        "recording",
         "service_draining",
         "settled",
         "snapshots",
@@ -207,6 +212,7 @@ class Session:
         self.owner = owner
         self.prepared = prepared
         self.record = False  # created with "record": true (set by the runtime before admission)
+        self.recording: SessionRecording | None = None  # its recording, from the session's start (the runner)
         self.config_view = MappingProxyType(dict(config_view))
         self.state = SessionState.QUEUED
         self.reason: str | None = None
@@ -256,6 +262,8 @@ class Session:
             sequence=self._sequence,
             max_seconds=self.max_seconds,
             ends_at=self.ends_at,
+            record=self.record,
+            recording=self.recording.report() if self.recording is not None else None,
         )
 
     def move(self, new: SessionState, *, reason: str | None = None, detail: str | None = None) -> None:

@@ -133,6 +133,7 @@ def encode_body(snapshot: SessionSnapshot) -> str:
             "error": None if snapshot.error is None else list(snapshot.error),
             "max_seconds": snapshot.max_seconds,
             "ends_at": snapshot.ends_at,
+            "record": snapshot.record,  # the recording itself is the owning replica's (served there only)
         },
         separators=(",", ":"),
         default=str,
@@ -201,6 +202,7 @@ def remote_snapshot(view: SharedTicketView) -> SessionSnapshot:
         sequence=view.version,
         max_seconds=_number(body.get("max_seconds")),
         ends_at=_number(body.get("ends_at")),
+        record=body.get("record") is True,
     )
 
 

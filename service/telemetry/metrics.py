@@ -3,8 +3,9 @@
 The libraries only expose frozen `statistics()` records and events; this module owns every instrument made from
 them, on a `Meter` that `service.telemetry.otel` provides (and exports at `/metrics` and over OTLP):
 
-- observable gauges and counters read one `StatisticsSnapshot` per collection: the runtime (sessions, admission),
-  the model workers (their orchestrators' diagnostics, their execution leases) and the transport's bindings;
+- observable gauges and counters read one `StatisticsSnapshot` per collection: the runtime (sessions, admission,
+  usage, limits, recordings: `service.telemetry.runtime_series`), the model workers (their orchestrators'
+  diagnostics, their execution leases) and the transport's bindings (frames, reconnects, viewers);
 - histograms and counters are fed by events: each chunk a session emits (its `timings`), each stage invocation
   an orchestrator completes, each admission and each session end.
 
@@ -12,7 +13,8 @@ Reading happens on the event loop, because none of those objects is thread-safe:
 (the OTLP exporter's) asks the loop for a snapshot and waits briefly for it (see `ServiceMetrics.current`).
 Labels are bounded (states, results, reasons, stage names, worker indices, API key ids: a short hash of a
 configured key, never the key); never a session id, key or token.
-docs/metrics.md lists every series with its Prometheus name.
+The process's own memory series are `service.telemetry.process_series`. docs/metrics.md lists every series with
+its Prometheus name.
 """
 
 from __future__ import annotations
@@ -21,18 +23,13 @@ import asyncio
 import concurrent.futures
 import logging
 import math
-import os
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
-from opentelemetry.sdk.metrics import MeterProvider
-from prometheus_client import CollectorRegistry, generate_latest
+from opentelemetry.metrics import Histogram, Meter, Observation
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from admission import LeaseStatistics, percentile
@@ -41,8 +38,10 @@ from pipeline.bidirectional import BidirectionalService, ChunkOutput
 from pipeline.metrics import StageTiming
 from pipeline.orchestrator import OrchestratorStatistics
 from service.runtime.records import RuntimeStatistics
-from service.telemetry.memory import GlibcHeap, HeapInfo
-from service.usage.ledger import UsageTotals
+from service.telemetry._observing import Observe, callback
+from service.telemetry.memory import GlibcHeap
+from service.telemetry.process_series import observe_process
+from service.telemetry.runtime_series import observe_runtime, render_metrics
 from transport.base import Transport
 
 __all__ = [
@@ -61,10 +60,6 @@ logger = logging.getLogger(__name__)
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 """The Prometheus text format (0.0.4) that `/metrics` answers in."""
 
-T = TypeVar("T")
-
-_FINAL_STATES = ("closed", "expired", "failed", "cancelled")
-
 # Bucket boundaries (seconds). The SDK's defaults are milliseconds-shaped (0, 5, 10, ... 10000) and useless here.
 HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 CHUNK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -76,7 +71,6 @@ SESSION_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600
 _FRESH_S = 1.0  # a snapshot younger than this is reused by the callbacks of one collection
 _LOOP_WAIT_S = 2.0  # how long a collection on another thread waits for the loop to take a snapshot
 _RTF_WINDOW = 64  # chunk periods kept per running session for the real-time factor
-_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 # --------------------------------------------------------------------------------------------- snapshot records
@@ -94,12 +88,17 @@ class WorkerFigures:
 
 @dataclass(frozen=True, slots=True)
 class TransportFigures:
-    """The transport summed over every session it ever carried (finished bindings' last figures included)."""
+    """The transport summed over every session it ever carried (finished bindings' last figures included).
+    `kind`: the transport's; `viewers`: watching now; the viewer counters are None where the kind has none."""
 
     sessions: int | None
     frames_sent: int
     frames_dropped: Mapping[str, int]
     reconnects: Mapping[str, int]
+    kind: str = "unknown"
+    viewers: int = 0
+    viewer_frames_dropped: int | None = None
+    viewer_controls_refused: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,236 +115,6 @@ class StatisticsSnapshot:
 _EMPTY = StatisticsSnapshot(taken_at=-math.inf, runtime=None)
 
 
-# --------------------------------------------------------------------------------------------- runtime series
-
-
-_Observe = Callable[[T], Iterable[Observation]]
-
-
-def _callback(read: Callable[[], T | None], observe: _Observe[T]) -> Callable[[CallbackOptions], Iterable[Observation]]:
-    def callback(_options: CallbackOptions) -> Iterable[Observation]:
-        value = read()
-        return () if value is None else list(observe(value))
-
-    return callback
-
-
-def observe_runtime(meter: Meter, read: Callable[[], RuntimeStatistics | None]) -> None:
-    """Register the runtime's series (sessions, admission, readiness) on `meter`, reading `read()` per collection.
-
-    These names predate OpenTelemetry here and the Helm chart's autoscaling queries use two of them
-    (`lingstream_admission_queue_depth`, `lingstream_sessions{state="running"}`): keep them stable.
-    """
-
-    def gauge(name: str, unit: str, description: str, observe: _Observe[RuntimeStatistics]) -> None:
-        meter.create_observable_gauge(name, [_callback(read, observe)], unit=unit, description=description)
-
-    def counter(name: str, unit: str, description: str, observe: _Observe[RuntimeStatistics]) -> None:
-        meter.create_observable_counter(name, [_callback(read, observe)], unit=unit, description=description)
-
-    gauge(
-        "lingstream.sessions",
-        "{session}",
-        "Live sessions on this instance by state (queued, admitted, running, paused, draining).",
-        lambda s: (Observation(count, {"state": state}) for state, count in s.sessions.items()),
-    )
-    counter(
-        "lingstream.sessions.ended",
-        "{session}",
-        "Sessions that reached a final state, by that state (closed, expired, failed, cancelled).",
-        lambda s: (Observation(s.ended_total.get(state, 0), {"state": state}) for state in _FINAL_STATES),
-    )
-    gauge(
-        "lingstream.admission.queue.depth",
-        "{session}",
-        "Sessions waiting in the admission queue.",
-        lambda s: [Observation(s.admission.queue_depth)],
-    )
-    gauge(
-        "lingstream.admission.queue.size",
-        "{session}",
-        "Capacity of the admission queue.",
-        lambda s: [Observation(s.admission.queue_size)],
-    )
-    gauge(
-        "lingstream.admission.slots",
-        "{session}",
-        "Session slots of this instance (num_workers x max_sessions_per_worker).",
-        lambda s: [Observation(len(s.admission.retained) * s.admission.max_sessions_per_worker)],
-    )
-    gauge(
-        "lingstream.admission.slots.retained",
-        "{session}",
-        "Slots held by admitted sessions, by model worker.",
-        lambda s: (Observation(count, {"worker": str(i)}) for i, count in enumerate(s.admission.retained)),
-    )
-    gauge(
-        "lingstream.admission.slot_mismatch",
-        "{session}",
-        "Retained slots minus sessions holding one (anything but 0 means a leak or a double count).",
-        lambda s: [Observation(s.slot_mismatch)],
-    )
-    counter(
-        "lingstream.admissions",
-        "{session}",
-        "Admission decisions and queue exits by result.",
-        _admission_results,
-    )
-    gauge(
-        "lingstream.worker.ready",
-        "1",
-        "1 while the model worker admits sessions (started and ready), by model worker.",
-        lambda s: (Observation(int(ok), {"worker": str(i)}) for i, ok in enumerate(s.admission.healthy)),
-    )
-    gauge(
-        "lingstream.admission.replicas",
-        "{replica}",
-        "Replicas registered in the shared admission, by liveness (redis backend only).",
-        _replicas,
-    )
-    gauge(
-        "lingstream.admission.deployment.slots",
-        "{session}",
-        "Session slots of every live, non-draining replica (redis backend only).",
-        lambda s: [] if s.shared is None else [Observation(s.shared.capacity)],
-    )
-    gauge(
-        "lingstream.admission.deployment.slots.retained",
-        "{session}",
-        "Slots held by admitted sessions on every replica (redis backend only).",
-        lambda s: [] if s.shared is None else [Observation(s.shared.retained_total)],
-    )
-    for name, unit, what, pick in (
-        ("running", "s", "Session-seconds holding a slot", _usage_running),
-        ("queued", "s", "Session-seconds waiting in the queue", _usage_queued),
-        ("sessions", "{session}", "Creates accepted (admitted or queued)", _usage_sessions),
-        ("chunks", "{chunk}", "Chunks generated", _usage_chunks),
-        ("frames", "{frame}", "Frames generated", _usage_frames),
-    ):
-        counter(
-            f"lingstream.usage.{name}",
-            unit,
-            f"{what}, by API key id (all time; with the redis backend the deployment's, the same on every replica).",
-            _usage_series(pick),
-        )
-    gauge("lingstream.ready", "1", "1 when /readyz answers 200.", lambda s: [Observation(int(s.ready))])
-    gauge("lingstream.draining", "1", "1 while the instance drains.", lambda s: [Observation(int(s.draining))])
-
-
-def observe_process(meter: Meter, heap: GlibcHeap | None = None) -> None:
-    """Register the process's memory series on `meter`: resident memory from /proc (Linux) and, under glibc, what
-    the malloc heap holds in use and free and its arena count (`service.telemetry.memory`). Read on the collecting
-    thread."""
-
-    def resident(_options: CallbackOptions) -> Iterable[Observation]:
-        try:
-            with open("/proc/self/statm", "rb") as statm:
-                pages = int(statm.read().split()[1])
-        except (OSError, ValueError, IndexError):
-            return []
-        return [Observation(pages * _PAGE_BYTES)]
-
-    meter.create_observable_gauge(
-        "lingstream.process.memory.resident", [resident], unit="By", description="Resident memory of the process."
-    )
-    if heap is None:
-        return
-    last: list[tuple[float, HeapInfo]] = []  # one walk of the arenas per collection, like `_FRESH_S` snapshots
-
-    def read() -> HeapInfo:
-        if not last or time.monotonic() - last[0][0] >= _FRESH_S:
-            last[:] = [(time.monotonic(), heap.info())]
-        return last[0][1]
-
-    def figure(pick: Callable[[HeapInfo], int]) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        return lambda _options: [Observation(pick(read()))]
-
-    for name, unit, description, pick in (
-        ("in_use", "By", "Bytes the malloc heap has handed out (glibc).", lambda i: i.in_use_bytes),
-        (
-            "free",
-            "By",
-            "Bytes the malloc heap holds free: resident memory nothing uses (glibc).",
-            lambda i: i.free_bytes,
-        ),
-        (
-            "arenas",
-            "{arena}",
-            "malloc arenas in the process (glibc; LINGSTREAM_MALLOC_ARENAS limits them).",
-            lambda i: i.arenas,
-        ),
-    ):
-        meter.create_observable_gauge(
-            f"lingstream.process.heap.{name}", [figure(pick)], unit=unit, description=description
-        )
-
-
-def _replicas(stats: RuntimeStatistics) -> list[Observation]:
-    if stats.shared is None:
-        return []
-    alive = sum(1 for replica in stats.shared.replicas if replica.alive)
-    return [Observation(alive, {"alive": "true"}), Observation(len(stats.shared.replicas) - alive, {"alive": "false"})]
-
-
-def _admission_results(stats: RuntimeStatistics) -> list[Observation]:
-    a = stats.admission
-    results = {
-        "admitted": a.admitted_total,
-        "queued": a.queued_total,
-        "rejected_queue_full": a.rejected_total - a.rejected_draining_total - a.quota_rejected_total,
-        "rejected_draining": a.rejected_draining_total,
-        "rejected_quota": a.quota_rejected_total,
-        "expired": a.expired_total - a.heartbeat_lost_total,
-        "heartbeat_lost": a.heartbeat_lost_total,
-        "cancelled": a.cancelled_total,
-        "released": a.released_total,
-    }
-    return [Observation(value, {"result": result}) for result, value in results.items()]
-
-
-def _usage_running(totals: UsageTotals) -> float:
-    return totals.running_s
-
-
-def _usage_queued(totals: UsageTotals) -> float:
-    return totals.queued_s
-
-
-def _usage_sessions(totals: UsageTotals) -> float:
-    return totals.sessions
-
-
-def _usage_chunks(totals: UsageTotals) -> float:
-    return totals.chunks
-
-
-def _usage_frames(totals: UsageTotals) -> float:
-    return totals.frames
-
-
-def _usage_series(pick: Callable[[UsageTotals], float]) -> _Observe[RuntimeStatistics]:
-    def observe(stats: RuntimeStatistics) -> list[Observation]:
-        return [Observation(pick(totals), {"key": key}) for key, totals in sorted(stats.usage.items())]
-
-    return observe
-
-
-def render_metrics(stats: RuntimeStatistics) -> str:
-    """The runtime's series alone, for one statistics record, through the same instruments as `/metrics`.
-
-    The served `/metrics` comes from `service.telemetry.otel.Telemetry` (every series); this is for callers that hold
-    only a `RuntimeStatistics`.
-    """
-    registry = CollectorRegistry(auto_describe=False)
-    reader = PrometheusMetricReader(disable_target_info=True, scope_info_enabled=False, registry=registry)
-    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
-    try:
-        observe_runtime(provider.get_meter("lingstream"), lambda: stats)
-        return generate_latest(registry).decode()
-    finally:
-        provider.shutdown()
-
-
 # --------------------------------------------------------------------------------------------- service metrics
 
 
@@ -360,6 +129,9 @@ class _SessionFigures:
     sent: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     reconnects: Counter[str] = field(default_factory=Counter)
+    viewers: int = 0
+    viewer_dropped: int | None = None
+    viewer_refused: int | None = None
 
 
 class ServiceMetrics:
@@ -390,6 +162,8 @@ class ServiceMetrics:
         self._retired_sent = 0
         self._retired_dropped: Counter[str] = Counter()
         self._retired_reconnects: Counter[str] = Counter()
+        self._retired_viewer_dropped: int | None = None
+        self._retired_viewer_refused: int | None = None
         self._last = _EMPTY
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
@@ -508,6 +282,8 @@ class ServiceMetrics:
         self._retired_sent += figures.sent
         self._retired_dropped.update(figures.dropped)
         self._retired_reconnects.update(figures.reconnects)
+        self._retired_viewer_dropped = _add(self._retired_viewer_dropped, figures.viewer_dropped)
+        self._retired_viewer_refused = _add(self._retired_viewer_refused, figures.viewer_refused)
 
     # -- instruments ---------------------------------------------------------------------------------------------
 
@@ -584,11 +360,11 @@ class ServiceMetrics:
     def _define_worker_series(self, meter: Meter) -> None:
         read = self.current
 
-        def gauge(name: str, unit: str, description: str, observe: _Observe[StatisticsSnapshot]) -> None:
-            meter.create_observable_gauge(name, [_callback(read, observe)], unit=unit, description=description)
+        def gauge(name: str, unit: str, description: str, observe: Observe[StatisticsSnapshot]) -> None:
+            meter.create_observable_gauge(name, [callback(read, observe)], unit=unit, description=description)
 
-        def counter(name: str, unit: str, description: str, observe: _Observe[StatisticsSnapshot]) -> None:
-            meter.create_observable_counter(name, [_callback(read, observe)], unit=unit, description=description)
+        def counter(name: str, unit: str, description: str, observe: Observe[StatisticsSnapshot]) -> None:
+            meter.create_observable_counter(name, [callback(read, observe)], unit=unit, description=description)
 
         counter(
             "lingstream.controls.stale",
@@ -677,7 +453,7 @@ class ServiceMetrics:
         read = self.current
         meter.create_observable_gauge(
             "lingstream.realtime_factor",
-            [_callback(read, _realtime_factor)],
+            [callback(read, _realtime_factor)],
             unit="1",
             description="p95 chunk period / media seconds per chunk over running sessions (max and mean); "
             "below 1 generation outruns playback.",
@@ -688,27 +464,47 @@ class ServiceMetrics:
 
         meter.create_observable_gauge(
             "lingstream.transport.sessions",
-            [_callback(transport, lambda t: [] if t.sessions is None else [Observation(t.sessions)])],
+            [callback(transport, lambda t: [] if t.sessions is None else [Observation(t.sessions)])],
             unit="{session}",
             description="Sessions bound to the transport.",
         )
         meter.create_observable_counter(
             "lingstream.transport.frames.sent",
-            [_callback(transport, lambda t: [Observation(t.frames_sent)])],
+            [callback(transport, lambda t: [Observation(t.frames_sent)])],
             unit="{frame}",
             description="Video frames the transport's pacers released to the video track.",
         )
         meter.create_observable_counter(
             "lingstream.transport.frames.dropped",
-            [_callback(transport, lambda t: (Observation(n, {"reason": r}) for r, n in t.frames_dropped.items()))],
+            [callback(transport, lambda t: (Observation(n, {"reason": r}) for r, n in t.frames_dropped.items()))],
             unit="{frame}",
             description="Video frames the transport dropped, by reason (late, overflow, rejected, unsent, track).",
         )
         meter.create_observable_counter(
             "lingstream.transport.reconnects",
-            [_callback(transport, lambda t: (Observation(n, {"kind": k}) for k, n in t.reconnects.items()))],
+            [callback(transport, lambda t: (Observation(n, {"kind": k}) for k, n in t.reconnects.items()))],
             unit="{reconnect}",
             description="Transport reconnects by kind (sdk_resume, rejoin, controller_return, peer_return).",
+        )
+        meter.create_observable_gauge(
+            "lingstream.viewers",
+            [callback(transport, lambda t: _viewer_series(t, lambda f: f.viewers))],
+            unit="{viewer}",
+            description="Viewers watching sessions now (connected, never controlling), by transport.",
+        )
+        meter.create_observable_counter(
+            "lingstream.viewers.frames.dropped",
+            [callback(transport, lambda t: _viewer_series(t, lambda f: f.viewer_frames_dropped))],
+            unit="{frame}",
+            description="Frames dropped to slow viewers (their own track was behind; nobody else waited), by "
+            "transport (embedded: LiveKit's SFU forwards to viewers itself).",
+        )
+        meter.create_observable_counter(
+            "lingstream.viewers.controls.refused",
+            [callback(transport, lambda t: _viewer_series(t, lambda f: f.viewer_controls_refused))],
+            unit="{message}",
+            description="Messages viewers sent, never applied (answered viewer_cannot_control), by transport "
+            "(embedded: a LiveKit viewer's token cannot publish data).",
         )
 
     # -- sources ------------------------------------------------------------------------------------------------
@@ -737,11 +533,25 @@ class ServiceMetrics:
         sent = self._retired_sent
         dropped = Counter(self._retired_dropped)
         reconnects = Counter(self._retired_reconnects)
+        viewers = 0
+        viewer_dropped, viewer_refused = self._retired_viewer_dropped, self._retired_viewer_refused
         for figures in self._sessions.values():
             sent += figures.sent
             dropped.update(figures.dropped)
             reconnects.update(figures.reconnects)
-        return TransportFigures(sessions, sent, dict(dropped), dict(reconnects))
+            viewers += figures.viewers
+            viewer_dropped = _add(viewer_dropped, figures.viewer_dropped)
+            viewer_refused = _add(viewer_refused, figures.viewer_refused)
+        return TransportFigures(
+            sessions,
+            sent,
+            dict(dropped),
+            dict(reconnects),
+            kind=transport.kind,
+            viewers=viewers,
+            viewer_frames_dropped=viewer_dropped,
+            viewer_controls_refused=viewer_refused,
+        )
 
     def _read_binding(self, session_id: str, figures: _SessionFigures) -> None:
         """Refresh one session's binding counters. A session that is not (or no longer) attached keeps its last
@@ -762,6 +572,9 @@ class ServiceMetrics:
             figures.dropped["track"] = stats.track_dropped
         for kind, count in stats.reconnects.items():
             figures.reconnects[kind.value] = count
+        figures.viewers = stats.viewers.watching
+        figures.viewer_dropped = stats.viewers.frames_dropped
+        figures.viewer_refused = stats.viewers.controls_refused
 
 
 def _discarded_results(snapshot: StatisticsSnapshot) -> Iterable[Observation]:
@@ -795,6 +608,18 @@ def _realtime_factor(snapshot: StatisticsSnapshot) -> list[Observation]:
         Observation(max(factors), {"statistic": "max"}),
         Observation(sum(factors) / len(factors), {"statistic": "mean"}),
     ]
+
+
+def _add(total: int | None, more: int | None) -> int | None:
+    """A sum over bindings where None means "this kind does not count it" (None only while every part is None)."""
+    if more is None:
+        return total
+    return more if total is None else total + more
+
+
+def _viewer_series(transport: TransportFigures, pick: Callable[[TransportFigures], int | None]) -> list[Observation]:
+    value = pick(transport)
+    return [] if value is None else [Observation(value, {"transport": transport.kind})]
 
 
 def _seconds(value: object) -> float | None:

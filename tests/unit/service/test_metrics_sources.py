@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from admission import DurationSummary, LeaseStatistics
 from pipeline import ActorStatistics, CoreStatistics, OrchestratorStatistics, ServiceStatistics
 from service.telemetry.metrics import ServiceMetrics
-from transport.base import BindingStatistics, ReconnectKind
+from transport.base import BindingStatistics, ReconnectKind, ViewerFigures
 from transport.pacing import PacerStatistics
 
 _SCALARS = {"int": int, "float": float, "bool": bool}
@@ -79,17 +79,21 @@ def test_every_worker_and_transport_series_reads_the_field_it_is_named_for() -> 
     )
     service = distinct(ServiceStatistics, values, orchestrator=orchestrator, lease=lease)
     pacer = distinct(PacerStatistics, values)
+    viewers = distinct(ViewerFigures, values, frames_dropped=next(values), controls_refused=next(values))
     binding = distinct(
         BindingStatistics,
         values,
         pacer=pacer,
         track_dropped=next(values),
         reconnects={kind: next(values) for kind in ReconnectKind},
+        viewers=viewers,
     )
     sessions = next(values)
     worker = SimpleNamespace(statistics=lambda: service)
     transport = SimpleNamespace(
-        binding_statistics=lambda session_id: binding, statistics=lambda: SimpleNamespace(sessions=sessions)
+        kind="embedded",
+        binding_statistics=lambda session_id: binding,
+        statistics=lambda: SimpleNamespace(sessions=sessions),
     )
 
     registry = CollectorRegistry(auto_describe=False)
@@ -135,5 +139,8 @@ def test_every_worker_and_transport_series_reads_the_field_it_is_named_for() -> 
             _key("lingstream_transport_reconnects_total", kind=kind.value): count
             for kind, count in binding.reconnects.items()
         },
+        _key("lingstream_viewers", transport="embedded"): viewers.watching,
+        _key("lingstream_viewers_frames_dropped_total", transport="embedded"): viewers.frames_dropped,
+        _key("lingstream_viewers_controls_refused_total", transport="embedded"): viewers.controls_refused,
     }
     assert _samples(text) == expected

@@ -11,7 +11,7 @@ import pytest
 from pipeline.bidirectional import ControlState, Pause, Resume, SetPrompt
 from service.runtime.sessions import SessionState
 from tests.fakes.transport_timers import FakeTimers
-from tests.unit.service.helpers import Harness, RecordingTransport, running_service, wait_for
+from tests.unit.service.helpers import Harness, RecordingTransport, metric, running_service, wait_for
 from transport.base import ChunkStatus, DoneStatus, StateStatus, WarningStatus
 from transport.errors import ControlRejectedError
 
@@ -19,6 +19,16 @@ from transport.errors import ControlRejectedError
 async def _status(svc: Harness, session_id: str, **kwargs: Any) -> dict[str, Any]:
     body: dict[str, Any] = (await svc.client.get(f"/v1/sessions/{session_id}", **kwargs)).json()
     return body
+
+
+async def _scrape(svc: Harness) -> str:
+    response = await svc.client.get("/metrics")
+    assert response.status_code == 200
+    return response.text
+
+
+def _ended_by(text: str, reason: str) -> float:
+    return metric(text, f'lingstream_sessions_ended_limit_total{{reason="{reason}"}}')
 
 
 async def _ended(svc: Harness, session_id: str) -> dict[str, Any]:
@@ -61,6 +71,7 @@ async def test_a_session_paused_past_the_longest_pause_is_warned_then_closed_and
         sid = (await svc.create()).json()["id"]
         waiting = (await svc.create()).json()["id"]  # queued behind it: one slot
         await svc.client.post(f"/v1/sessions/{sid}/pause")
+        assert metric(await _scrape(svc), 'lingstream_sessions{state="paused"}') == 1
         timers.advance(29.0)
         assert _statuses(svc, sid, WarningStatus) == []
         timers.advance(1.0)
@@ -71,6 +82,9 @@ async def test_a_session_paused_past_the_longest_pause_is_warned_then_closed_and
         body = await _ended(svc, sid)
         assert (body["status"], body["reason"]) == ("closed", "paused_too_long")
         await wait_for(lambda: svc.runtime._sessions[waiting].state is SessionState.RUNNING)
+        text = await _scrape(svc)
+        assert (_ended_by(text, "paused_too_long"), _ended_by(text, "time_limit")) == (1, 0)
+        assert metric(text, 'lingstream_sessions{state="paused"}') == 0
 
 
 async def test_resuming_in_time_cancels_the_pause_deadline() -> None:
@@ -171,6 +185,9 @@ async def test_a_session_is_warned_30_s_before_its_time_limit_then_closed_and_it
         body = await _ended(svc, sid)
         assert (body["status"], body["reason"]) == ("closed", "time_limit")
         assert svc.world.close_calls[0][0] == sid
+        text = await _scrape(svc)
+        assert (_ended_by(text, "time_limit"), _ended_by(text, "paused_too_long")) == (1, 0)
+        assert metric(text, 'lingstream_sessions_ended_total{state="closed"}') == 1
         await wait_for(lambda: svc.runtime._sessions[waiting].state is SessionState.RUNNING)
         await wait_for(lambda: any(isinstance(m, DoneStatus) for m in svc.transport.statuses[sid]))  # type: ignore[union-attr]
 

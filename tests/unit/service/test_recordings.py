@@ -23,7 +23,7 @@ from service.app import runtime_of
 from service.runtime.recordings import RECORDING_FAILED, RECORDING_OVERRUN, RecordingState
 from tests.fakes.recording_writers import StalledWriters, failing_writer
 from tests.fakes.webrtc_client import BrowserPeer
-from tests.unit.service.helpers import FAST, Harness, running_service, wait_for, wait_status
+from tests.unit.service.helpers import FAST, Harness, metric, running_service, wait_for, wait_status
 from transport.base import ErrorStatus
 from transport.config import EmbeddedConfig
 from transport.embedded import EmbeddedTransport
@@ -50,6 +50,26 @@ def _state(svc: Harness, session_id: str) -> RecordingState | None:
     return None if outcome is None else outcome.state
 
 
+async def _recording(svc: Harness, session_id: str) -> dict[str, Any] | None:
+    body = (await svc.client.get(f"/v1/sessions/{session_id}")).json()
+    assert body["record"] is True
+    recording: dict[str, Any] | None = body["recording"]
+    return recording
+
+
+async def _recording_metrics(svc: Harness) -> dict[str, float]:
+    text = (await svc.client.get("/metrics")).text
+    names = {
+        "started": "lingstream_recordings_started_total",
+        "completed": "lingstream_recordings_completed_total",
+        "failed": 'lingstream_recordings_stopped_total{reason="failed"}',
+        "overrun": 'lingstream_recordings_stopped_total{reason="overrun"}',
+        "written": "lingstream_recordings_written_bytes_total",
+        "active": "lingstream_recordings_active",
+    }
+    return {key: metric(text, name) for key, name in names.items()}
+
+
 @contextlib.asynccontextmanager
 async def with_peer(svc: Harness, session: dict[str, Any]) -> AsyncIterator[BrowserPeer]:
     peer = BrowserPeer()
@@ -68,8 +88,14 @@ async def test_a_recorded_session_is_served_as_an_mp4_with_its_control_trace_onc
     async with running_service(world=PACED, recordings_dir=tmp_path) as svc:
         created = await svc.create({"record": True})
         assert created.status_code == 201
+        assert created.json()["record"] is True
         sid = created.json()["id"]
         await wait_for(lambda: svc.world.live == 1 and svc.world._sessions[sid].index >= 6, within=_WAIT)
+        await wait_for(lambda: svc.runtime._sessions[sid].snapshot().recording is not None, within=_WAIT)
+        recording = await _recording(svc, sid)
+        assert recording is not None
+        assert (recording["state"], recording["code"]) == ("recording", None)
+        assert (await _recording_metrics(svc))["active"] == 1
         running = await svc.client.get(f"/v1/sessions/{sid}/recording")
         assert _error(running) == (409, "recording_in_progress")
         assert "running" in running.json()["error"]["message"]
@@ -96,6 +122,13 @@ async def test_a_recorded_session_is_served_as_an_mp4_with_its_control_trace_onc
         assert f"session {sid}" in trace.text.splitlines()[0]
         # Nothing half-written is left; the final names are the only files.
         assert _names(tmp_path) == [f"{sid}.controls.jsonl", f"{sid}.mp4"]
+        # The session's body and the metrics say the same: one complete recording of exactly these bytes.
+        size = len(video.content) + len(trace.content)
+        assert await _recording(svc, sid) == {"state": "ready", "code": None, "frames": chunks, "bytes": size}
+        figures = await _recording_metrics(svc)
+        assert figures == {"started": 1, "completed": 1, "failed": 0, "overrun": 0, "written": size, "active": 0}
+        plain = (await svc.create({})).json()
+        assert (plain["record"], plain["recording"]) == (False, None)
 
 
 async def test_recording_requests_are_refused_with_stable_codes(tmp_path: Path) -> None:
@@ -149,6 +182,12 @@ async def test_a_write_error_stops_the_recording_with_a_status_and_the_session_g
         assert _error(failed) == (404, "recording_failed")
         assert "No space left on device" in failed.json()["error"]["message"]
         assert _names(tmp_path) == []  # the partial files were removed
+        recording = await _recording(svc, sid)
+        assert recording is not None
+        assert (recording["state"], recording["code"], recording["frames"]) == ("failed", RECORDING_FAILED, 3)
+        figures = await _recording_metrics(svc)
+        assert (figures["started"], figures["completed"], figures["failed"], figures["overrun"]) == (1, 0, 1, 0)
+        assert figures["written"] == recording["bytes"]  # written before it stopped, then removed
 
 
 async def test_a_recording_that_falls_behind_is_dropped_and_the_stream_is_not(tmp_path: Path) -> None:
@@ -180,6 +219,11 @@ async def test_a_recording_that_falls_behind_is_dropped_and_the_stream_is_not(tm
         assert _names(tmp_path) == []
         assert stalled.made
         assert stalled.made[0].closed
+        recording = await _recording(svc, sid)
+        assert recording is not None
+        assert (recording["state"], recording["code"]) == ("failed", RECORDING_OVERRUN)
+        figures = await _recording_metrics(svc)
+        assert (figures["started"], figures["completed"], figures["failed"], figures["overrun"]) == (1, 0, 0, 1)
 
 
 async def test_a_recording_removed_by_retention_answers_404(tmp_path: Path) -> None:

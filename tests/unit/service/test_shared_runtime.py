@@ -8,6 +8,7 @@ import pytest
 
 from admission import TicketReason, TicketState
 from service.errors import SettingsError
+from service.runtime.recordings import RecordingReport, RecordingState
 from service.runtime.sessions import SessionSnapshot, SessionState
 from service.scaleout.lua.records import SharedTicketView
 from service.scaleout.registry import (
@@ -147,6 +148,15 @@ def test_a_remote_snapshot_is_the_owners_body_with_admissions_state() -> None:
     assert snapshot.transport is not None
     assert snapshot.transport["offer_url"] == "/v1/sessions/s1/webrtc"
     assert snapshot.sequence == 7
+    assert (snapshot.record, snapshot.recording) == (False, None)
+
+
+def test_a_remote_snapshot_says_the_session_records_but_not_how_its_recording_stands() -> None:
+    report = RecordingReport(RecordingState.RECORDING, None, frames=12, bytes=3456)
+    body = encode_body(_snapshot(SessionState.RUNNING, record=True, recording=report))
+    snapshot = remote_snapshot(_view(TicketState.ADMITTED, status="running", body=body))
+    # The recording is the owning replica's (served there only); its figures would be stale from the registry.
+    assert (snapshot.record, snapshot.recording) == (True, None)
 
 
 def test_a_queued_ticket_reads_its_live_global_position_and_the_body_from_its_create() -> None:

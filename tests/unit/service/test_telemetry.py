@@ -40,7 +40,7 @@ from service.telemetry.otel import OtlpTarget, Telemetry, TelemetryConfig
 from tests.fakes.clock import FakeClock
 from tests.fakes.world import FakeWorld
 from tests.unit.service.helpers import FAST, RecordingTransport, metric, wait_for
-from transport.base import BindingStatistics, ChunkStatus, ReconnectKind
+from transport.base import BindingStatistics, ChunkStatus, ReconnectKind, ViewerFigures
 from transport.pacing import PacerStatistics
 
 METRICS_DOC = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
@@ -73,6 +73,7 @@ class BindingFigures:
     dropped_late: int = 0
     rejoins: int = 0
     sdk_reconnects: int = 0
+    viewers: ViewerFigures = dataclasses.field(default_factory=ViewerFigures)
 
 
 class BindingTransport(RecordingTransport):
@@ -102,7 +103,9 @@ class BindingTransport(RecordingTransport):
             max_lateness=0.0,
         )
         reconnects = {ReconnectKind.REJOIN: figures.rejoins, ReconnectKind.SDK_RESUME: figures.sdk_reconnects}
-        return BindingStatistics(pacer=pacer, frames_unsent=0, track_dropped=None, reconnects=reconnects)
+        return BindingStatistics(
+            pacer=pacer, frames_unsent=0, track_dropped=None, reconnects=reconnects, viewers=figures.viewers
+        )
 
 
 @dataclass
@@ -294,6 +297,38 @@ async def test_transport_frames_and_reconnects_are_summed_over_live_and_ended_se
     assert metric(text, 'lingstream_transport_reconnects_total{kind="rejoin"}') == 1
     assert metric(text, 'lingstream_transport_reconnects_total{kind="sdk_resume"}') == 3
     assert metric(text, "lingstream_transport_sessions") == 1
+
+
+async def test_viewers_are_counted_now_and_their_drops_and_refusals_summed_over_ended_sessions(tmp_path: Path) -> None:
+    transport = BindingTransport()
+    async with service(transport=transport, max_sessions_per_worker=2, recordings_dir=str(tmp_path)) as svc:
+        ended = await _run_chunks(svc, 1)
+        live = await _run_chunks(svc, 1)
+        transport.figures[ended].viewers = ViewerFigures(watching=2, frames_dropped=5, controls_refused=1)
+        await svc.client.delete(f"/v1/sessions/{ended}")
+        transport.figures[ended].viewers = ViewerFigures(watching=9, frames_dropped=900, controls_refused=900)
+        transport.figures[live].viewers = ViewerFigures(watching=3, frames_dropped=4, controls_refused=2)
+        text = await svc.scrape()
+    kind = f'{{transport="{transport.kind}"}}'
+    assert metric(text, f"lingstream_viewers{kind}") == 3  # the ended session's viewers left with it
+    assert metric(text, f"lingstream_viewers_frames_dropped_total{kind}") == 9
+    assert metric(text, f"lingstream_viewers_controls_refused_total{kind}") == 3
+    # Recording is configured here, so its series are exposed (none recorded yet), and all are documented.
+    assert metric(text, "lingstream_recordings_started_total") == 0
+    assert metric(text, "lingstream_recordings_kept_size_bytes") == 0
+    assert _undocumented(text) == set()
+
+
+async def test_a_kind_without_viewer_counters_exposes_only_the_viewers_watching() -> None:
+    transport = BindingTransport()
+    async with service(transport=transport) as svc:
+        session = await _run_chunks(svc, 1)
+        transport.figures[session].viewers = ViewerFigures(watching=4)  # LiveKit's: the SFU serves viewers
+        text = await svc.scrape()
+    assert metric(text, f'lingstream_viewers{{transport="{transport.kind}"}}') == 4
+    assert "lingstream_viewers_frames_dropped_total{" not in text
+    assert "lingstream_viewers_controls_refused_total{" not in text
+    assert "lingstream_recordings_" not in text  # recording is not configured
 
 
 async def test_a_real_orchestrator_feeds_stage_histograms_lease_grants_and_chunk_events() -> None:

@@ -15,7 +15,7 @@ from aiortc import RTCSessionDescription
 from pipeline.bidirectional import ControlState
 from tests.fakes.livekit import sign_webhook, webhook_body
 from tests.fakes.webrtc_client import BrowserPeer
-from tests.unit.service.helpers import Harness, running_service, wait_for
+from tests.unit.service.helpers import Harness, metric, running_service, wait_for
 from tests.unit.service.test_transport_routes import ALICE, API_KEYS, BOB, KEY, PACED, SECRET, livekit_service
 from transport.base import ErrorStatus, StateStatus
 from transport.config import EmbeddedConfig
@@ -98,6 +98,10 @@ async def test_an_embedded_viewer_sees_the_frames_and_status_and_cannot_control(
         assert stats.controls_refused == 1
         assert stats.seats.watching == 1
         assert stats.frames_offered > 0
+        text = (await svc.client.get("/metrics")).text
+        assert metric(text, 'lingstream_viewers{transport="embedded"}') == 1
+        assert metric(text, 'lingstream_viewers_controls_refused_total{transport="embedded"}') == 1
+        assert metric(text, 'lingstream_viewers_frames_dropped_total{transport="embedded"}') == stats.frames_dropped
         # The viewer is not the controller: its peer connection did not take the controller's place.
         assert transport.binding(sid).peer_connection is not None
         assert transport.binding(sid).peer_connection is not viewer.pc
@@ -184,6 +188,9 @@ async def test_max_viewers_on_livekit_refuses_with_429_and_a_departure_frees_a_p
 
         await hook("participant_joined", first["identity"])
         assert transport.session_statistics(sid).viewers.watching == 1
+        text = (await svc.client.get("/metrics")).text
+        assert metric(text, 'lingstream_viewers{transport="livekit"}') == 1
+        assert "lingstream_viewers_frames_dropped_total{" not in text  # the SFU forwards to viewers, not the service
         assert _error(await svc.client.post(url)) == (429, "too_many_viewers")
         await hook("participant_left", first["identity"])
         await hook("participant_left", first["identity"])  # a repeated webhook changes nothing
