@@ -1,6 +1,7 @@
 """A recording made by a real `lingstream serve` (the reference LingBot model, the embedded transport, an aiortc peer
 as the browser) is exactly what `lingstream generate` renders from the recording's own control trace with the same
-seed and image: the service records the frames it generated, and the trace says what each chunk was generated from."""
+seed and image: the service records the frames it generated, and the trace says what each chunk was generated from
+(its keys, a pose reset, and its text prompt: the create's and a live `prompt` message's)."""
 
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ import numpy.typing as npt
 import pytest
 from aiortc import RTCSessionDescription
 
-from pipeline.bidirectional import ControlState, ResetPose, Stop
+from pipeline.bidirectional import ControlState, ResetPose, SetPrompt, Stop
 from tests.e2e.pages import reference_texture
 from tests.fakes.webrtc_client import BrowserPeer
 from tests.serving import ROOT, environment, free_port, lingstream, serve
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus
 
 WIDTH, HEIGHT, FPS, SEED, CHUNK_SIZE = 96, 64, 16, 7, 1
+FIRST_PROMPT, LIVE_PROMPT = "a foggy dawn", "golden dusk over snow"
 _WAIT = 60.0
 
 
@@ -56,6 +58,7 @@ async def test_a_recording_replays_with_lingstream_generate_to_the_same_frames(t
         "config": {"width": WIDTH, "height": HEIGHT, "fps": FPS, "seed": SEED, "chunk_size": CHUNK_SIZE},
         "image": base64.b64encode(image.read_bytes()).decode(),
         "record": True,
+        "prompt": FIRST_PROMPT,
     }
     with serve(
         tmp_path, factory=None, LINGSTREAM_RECORDINGS_DIR=str(recordings), LINGSTREAM_TORCH_THREADS="1"
@@ -76,14 +79,21 @@ async def test_a_recording_replays_with_lingstream_generate_to_the_same_frames(t
                 await peer.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
                 async with asyncio.timeout(_WAIT):
                     await peer.opened.wait()
-                # Walk, turn while walking, go back to the start pose, look up; a few chunks of each.
+                # Walk, turn while walking under a new prompt, go back to the start pose, look up; a few chunks of
+                # each. The created prompt holds until the live one.
                 for seq, keys in enumerate((["w"], ["w", "l"], ["i"]), start=1):
+                    if seq == 2:
+                        peer.send(SetPrompt(1, LIVE_PROMPT))
                     if seq == 3:
                         peer.send(ResetPose())
                     peer.send(ControlState(seq, frozenset(keys)))
                     first = await _until_applied(peer, seq)
-                    await _until_applied(peer, seq)  # at least two chunks of each, however fast the model is
+                    second = await _until_applied(peer, seq)  # at least two chunks of each, however fast the model is
                     assert set(first.keys) == set(keys)
+                    if seq == 1:
+                        assert (first.prompt, first.prompt_seq) == (FIRST_PROMPT, -1)
+                    if seq == 3:  # the prompt came before the keys of seq 2, so it holds by now
+                        assert (second.prompt, second.prompt_seq) == (LIVE_PROMPT, 1)
                 peer.send(ControlState(4, frozenset()))
                 await _until_applied(peer, 4)
                 running = await client.get(f"/v1/sessions/{sid}/recording")
@@ -110,6 +120,8 @@ async def test_a_recording_replays_with_lingstream_generate_to_the_same_frames(t
     controls = tmp_path / "controls.jsonl"
     controls.write_text(trace.text)
     assert '"reset_pose": true' in trace.text
+    assert f'{{"chunk": 0, "prompt": "{FIRST_PROMPT}"}}' in trace.text
+    assert f'"prompt": "{LIVE_PROMPT}"' in trace.text
     assert "replay: lingstream generate" in trace.text
 
     replay = tmp_path / "replay.mp4"
