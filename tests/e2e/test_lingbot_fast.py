@@ -6,10 +6,8 @@ with the problem named. The picture is noise (random weights); sizes, counts and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import av
 import httpx
 import pytest
 
+from tests.e2e.tiny_model import wait_ready, write_tiny_checkpoint
 from tests.serving import ROOT, STARTUP_DEADLINE_S, Served, environment, lingstream, serve
 from transport.client import ServiceClient, connect
 
@@ -31,20 +30,7 @@ WAIT_S = 60.0
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("tiny") / "model"
-    done = subprocess.run(
-        [*lingstream(), "tiny-checkpoint", str(directory)],
-        cwd=ROOT,
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "wrote a tiny random LingBot-World-Fast model" in done.stdout
-    assert sorted(path.name for path in directory.iterdir()) == ["dit", "text_encoder", "tokenizer", "vae"]
-    return directory
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def test_tiny_checkpoint_refuses_a_directory_that_is_not_empty(checkpoint: Path) -> None:
@@ -76,15 +62,7 @@ def service(
         LINGSTREAM_TORCH_THREADS="1",
         LINGSTREAM_STAGE_PLACEMENT=request.param,
     ) as served:
-        deadline = time.monotonic() + STARTUP_DEADLINE_S
-        with httpx.Client(timeout=5.0) as client:
-            while True:
-                assert served.process.poll() is None, served.output()
-                with contextlib.suppress(httpx.TransportError):
-                    if client.get(f"{served.url}/readyz").status_code == 200:
-                        break
-                assert time.monotonic() < deadline, served.output()
-                time.sleep(0.05)  # polling another process against a deadline
+        wait_ready(served)
         yield served
     assert "Traceback" not in served.output(), served.output()[-4000:]
 

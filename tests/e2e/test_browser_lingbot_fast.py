@@ -1,0 +1,151 @@
+"""The page in a real headless Chromium against `lingstream serve` with `LINGSTREAM_MODEL=lingbot-fast` on a tiny
+random checkpoint written by `lingstream tiny-checkpoint`: the real model's stages (our DiT, the streamed Wan VAE,
+umt5) behind the service, video over the embedded WebRTC transport on loopback.
+
+The picture is noise (random weights); what is checked is the plumbing: every presented frame has the session's
+size, and the frames the page presents add up chunk by chunk to the frame contract, 4 x (chunk_size - 1) + 1 for
+the first chunk and 4 x chunk_size after. An idle session generates one chunk per new prompt, so the test steps it
+chunk by chunk and counts the frames presented between chunk statuses. Frames are counted with the compositor's own
+`presentedFrames` (requestVideoFrameCallback's metadata), so a callback the page skipped under load still counts.
+Waits are on conditions; each step waits for its frames, then for the video to fall quiet, and only then compares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.pages import SETTLED_JS, page_opener, start_session
+from tests.e2e.tiny_model import wait_ready, write_tiny_checkpoint
+from tests.serving import Served, serve
+
+try:
+    from playwright.sync_api import Browser, Page, sync_playwright
+except ImportError:  # pragma: no cover - the dev extra installs it
+    sync_playwright = None  # type: ignore[assignment]
+
+pytest.importorskip("diffusers", reason="the lingbot extra (diffusers) is not installed")
+pytest.importorskip("transformers", reason="the lingbot extra (transformers) is not installed")
+
+WIDTH, HEIGHT = 64, 32
+WAIT_MS = 60_000  # the tiny model's first chunk encodes the reference prefix: seconds on a loaded 2-core machine
+QUIET_MS = 800  # no frame for this long after a chunk's frames arrived: the chunk has played out (16 fps: 62 ms apart)
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(sync_playwright is None, reason="needs playwright (python): pip install -e '.[dev]'"),
+    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs Chromium at {CHROMIUM} (scripts/setup.sh --dev)"),
+]
+
+# Every presented frame's compositor count, size and RTP timestamp, from requestVideoFrameCallback on the page's
+# <video> (installed before the session starts; the page's own callback keeps running beside it).
+PRESENTED_JS = """
+() => {
+  const video = document.getElementById("video");
+  window.presented = [];
+  const onFrame = (now, meta) => {
+    window.presented.push({ count: meta.presentedFrames, width: meta.width, height: meta.height });
+    video.requestVideoFrameCallback(onFrame);
+  };
+  video.requestVideoFrameCallback(onFrame);
+}
+"""
+PRESENTED_COUNT_JS = "() => window.presented.length ? window.presented[window.presented.length - 1].count : 0"
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    checkpoint = write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "model")
+    with serve(
+        tmp_path_factory.mktemp("serve"),
+        factory=None,
+        LINGSTREAM_HOST="127.0.0.1",
+        LINGSTREAM_MODEL="lingbot-fast",
+        LINGSTREAM_MODEL_PATH=str(checkpoint),
+        LINGSTREAM_TORCH_THREADS="1",
+        LINGSTREAM_NUM_WORKERS="1",
+        LINGSTREAM_MAX_SESSIONS_PER_WORKER="1",
+        LINGSTREAM_DRAIN_TIMEOUT="5",
+    ) as served:
+        wait_ready(served)
+        yield served
+    assert "Traceback" not in served.output(), served.output()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    assert sync_playwright is not None
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def open_page(browser: Browser, service: Served) -> Iterator[Callable[..., Page]]:
+    def cancel(sessions: list[str]) -> None:
+        with httpx.Client(base_url=service.url, timeout=10.0) as client:
+            for session in sessions:
+                client.delete(f"/v1/sessions/{session}", params={"mode": "cancel"})
+
+    with page_opener(browser, service.url, cancel, timeout_ms=WAIT_MS) as opener:
+        yield opener
+
+
+def _played_out(page: Page, first: int, later: int) -> tuple[int, int]:
+    """Wait until the compositor presented the frames the chunk statuses so far promise (`first`, then `later` per
+    chunk) and the video fell quiet; then (chunk statuses, frames presented)."""
+    page.wait_for_function(
+        f"([first, later]) => ({PRESENTED_COUNT_JS})() >= first + later * (window.lingstream.chunks.length - 1)",
+        arg=[first, later],
+    )
+    page.evaluate(SETTLED_JS, QUIET_MS)
+    chunks: int = page.evaluate("window.lingstream.chunks.length")
+    presented: int = page.evaluate(PRESENTED_COUNT_JS)
+    return chunks, presented
+
+
+def test_the_page_gets_the_tiny_models_frames_at_the_sessions_size_chunk_by_chunk(
+    open_page: Callable[..., Page], service: Served
+) -> None:
+    page = open_page()
+    page.evaluate(PRESENTED_JS)
+    page.fill("#prompt", "a stone bridge")
+    start_session(page, WIDTH, HEIGHT)
+    page.wait_for_function("window.lingstream.lastChunk !== null")
+    session = page.evaluate("window.lingstream.sessionId")
+    with httpx.Client(base_url=service.url, timeout=10.0) as client:
+        config: dict[str, Any] = client.get(f"/v1/sessions/{session}").json()["config"]
+    assert (config["width"], config["height"]) == (WIDTH, HEIGHT)
+    chunk_size = int(config["chunk_size"])
+    first, later = 4 * (chunk_size - 1) + 1, 4 * chunk_size
+
+    # The session streams chunk 0 at once (and one more for the page's first, idle, control snapshot); then it
+    # idles, holding its picture, until something new arrives: each new prompt makes it generate one more chunk.
+    steps = [_played_out(page, first, later)]
+    for text in ("a dark night", "a sunny day"):
+        page.fill("#prompt-live", text)
+        page.press("#prompt-live", "Enter")
+        page.wait_for_function("(text) => window.lingstream.lastChunk.prompt === text", arg=text)
+        steps.append(_played_out(page, first, later))
+    promised = [(chunks, first + later * (chunks - 1)) for chunks, _ in steps]
+    assert steps == promised, f"(chunk statuses, frames presented) after each step; chunk_size {chunk_size}"
+    assert [chunks for chunks, _ in steps[1:]] == [steps[0][0] + 1, steps[0][0] + 2]  # one chunk per prompt
+    chunks = page.evaluate("window.lingstream.chunks")
+    assert [chunk["index"] for chunk in chunks] == list(range(len(chunks)))
+    assert [chunk["prompt"] for chunk in chunks][-3:] == ["a stone bridge", "a dark night", "a sunny day"]
+
+    presented = page.evaluate("window.presented")
+    assert {(frame["width"], frame["height"]) for frame in presented} == {(WIDTH, HEIGHT)}
+    assert page.evaluate("window.lingstream.videoSize") == {"width": WIDTH, "height": HEIGHT}
+    page.click("#stop")
+    page.wait_for_function("window.lingstream.ended")
+    assert page.evaluate("window.lingstream.done") == "closed"
+    assert page.evaluate("window.lingstream.errors") == []
