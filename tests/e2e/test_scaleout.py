@@ -542,6 +542,7 @@ async def _usage(cluster: Cluster, name: str, key: str) -> dict[str, Any]:
 async def _ticket_ms(cluster: Cluster, session: str, *names: str) -> list[int]:
     """Times (Redis ms) from a ticket's record."""
     values: list[Any] = await cluster.raw.hmget(f"{PREFIX}t:{session}", list(names))
+    assert None not in values, f"{session} has no {names}: {values}"
     return [int(value) for value in values]
 
 
@@ -579,6 +580,11 @@ async def test_quotas_hold_over_replicas_and_usage_survives_a_killed_replica(tmp
             return bool((await _usage(cluster, survivor, KEY_A))["chunks"] >= 10)
 
         await _poll(generating, "chunks of the key counted in Redis")
+
+        async def heartbeat_counted() -> bool:  # the victim's heartbeat has counted some of its running time
+            return await cluster.raw.hexists(f"{PREFIX}t:{accepted[1]}", "um") == 1
+
+        await _poll(heartbeat_counted, f"a heartbeat of {victim} after the session's admission")
         before = await _usage(cluster, survivor, KEY_A)
         cluster.replicas[victim].process.send_signal(signal.SIGKILL)
         lost = await cluster.wait_status(survivor, accepted[1], "failed", KEY_A)
