@@ -116,6 +116,11 @@ FIGURES: dict[str, frozenset[str]] = {
             "bench_seconds",
         }
     ),
+    "viewer_cost": frozenset(
+        {f"cpu_s_per_media_s_{n}_viewers" for n in (0, 1, 4)}
+        | {"cpu_s_per_media_s_per_viewer", "viewer_fps_min_4", "viewers_watching_4", "viewer_frames_dropped"}
+        | {"fps", "bench_seconds"}
+    ),
     "latency": frozenset(
         {
             f"{prefix}{key}"
