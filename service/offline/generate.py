@@ -116,13 +116,15 @@ async def generate(
     request: GenerateRequest,
     *,
     model: WorldModel | None = None,
+    check_config: Callable[[LingBotSessionConfig], None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     stop: asyncio.Event | None = None,
 ) -> GenerateResult:
     """Generate one clip (see the module docstring for the lifecycle, determinism and stopping).
 
     Raises `UsageError` for bad inputs before anything is generated or written, `GenerationError` when generation
-    fails. `model` defaults to the reference world model on the CPU.
+    fails. `model` defaults to the reference world model on the CPU. `check_config` is the model's own limit on a
+    session (`LingBotService`'s, the one `lingstream serve` runs at create; lingbot-fast's `session_limits`).
     """
     check_output_path(request.out, ".mp4", "--out")
     gate = _TraceGate()
@@ -131,6 +133,7 @@ async def generate(
         lease=gate,
         realtime=False,
         torch_threads=request.torch_threads,
+        check_config=check_config,
     )
     try:
         prepared = await asyncio.to_thread(service.prepare, request.config, request.image)
@@ -449,8 +452,9 @@ def run(args: argparse.Namespace) -> int:
         request = _request_from_args(args)
         if args.report is not None:
             check_output_path(args.report, None, "--report")
-        model = _model_from_args(args)
-        result = asyncio.run(_generate_until_sigint(request, bar.update if bar is not None else None, model))
+        model, check_config = _model_from_args(args, request)
+        progress = bar.update if bar is not None else None
+        result = asyncio.run(_generate_until_sigint(request, progress, model, check_config))
     except UsageError as exc:
         sys.stderr.write(f"lingstream generate: {exc}\n")
         return EXIT_USAGE
@@ -535,20 +539,30 @@ def _read_image(path: Path) -> bytes:
         raise UsageError(f"--image: cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _model_from_args(args: argparse.Namespace) -> WorldModel | None:
-    """None for the reference model (`generate`'s default); LingBot-World-Fast loaded from `--model-path`."""
+def _model_from_args(
+    args: argparse.Namespace, request: GenerateRequest
+) -> tuple[WorldModel | None, Callable[[LingBotSessionConfig], None] | None]:
+    """None for the reference model (`generate`'s default); LingBot-World-Fast loaded from `--model-path`, with the
+    check `lingstream serve` runs at create (`session_limits`: a session the model cannot hold). The check runs here
+    first, before any weight is read, so a clip the model cannot hold fails at once with the message create gives."""
     if args.model != "lingbot-fast":
-        return None
+        return None, None
     if args.model_path is None:
         raise UsageError("--model lingbot-fast needs --model-path DIR (or LINGSTREAM_MODEL_PATH)")
     try:
-        from pipeline.lingbot.models import LingBotFastOptions, LingBotFastWorldModel
+        from pipeline.lingbot.models import LingBotFastOptions, LingBotFastWorldModel, session_limits
     except ImportError as exc:
         raise UsageError(
             f"--model lingbot-fast needs the lingbot extra (pip install 'lingstream[lingbot]'): {exc}"
         ) from None
+    options = LingBotFastOptions(str(args.model_path), dtype=args.model_dtype)
+    check = session_limits(options)
     try:
-        return LingBotFastWorldModel.load(LingBotFastOptions(str(args.model_path), dtype=args.model_dtype), args.device)
+        check(LingBotSessionConfig.from_mapping(request.config))
+    except SessionConfigError as exc:
+        raise UsageError(_config_message(exc)) from None
+    try:
+        return LingBotFastWorldModel.load(options, args.device), check
     except ImportError as exc:
         raise UsageError(
             f"--model lingbot-fast needs the lingbot extra (pip install 'lingstream[lingbot]'): {exc}"
@@ -558,7 +572,10 @@ def _model_from_args(args: argparse.Namespace) -> WorldModel | None:
 
 
 async def _generate_until_sigint(
-    request: GenerateRequest, on_progress: Callable[[Progress], None] | None, model: WorldModel | None = None
+    request: GenerateRequest,
+    on_progress: Callable[[Progress], None] | None,
+    model: WorldModel | None = None,
+    check_config: Callable[[LingBotSessionConfig], None] | None = None,
 ) -> GenerateResult:
     """`generate` with SIGINT setting its stop event; a second SIGINT gets Python's default (KeyboardInterrupt)."""
     stop = asyncio.Event()
@@ -574,7 +591,7 @@ async def _generate_until_sigint(
     except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals on this platform
         installed = False
     try:
-        return await generate(request, model=model, on_progress=on_progress, stop=stop)
+        return await generate(request, model=model, check_config=check_config, on_progress=on_progress, stop=stop)
     finally:
         if installed:
             loop.remove_signal_handler(signal.SIGINT)

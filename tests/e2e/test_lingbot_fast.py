@@ -15,12 +15,16 @@ import av
 import httpx
 import pytest
 
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.errors import SessionConfigError
 from tests.e2e.tiny_model import wait_ready, write_tiny_checkpoint
 from tests.serving import ROOT, STARTUP_DEADLINE_S, Served, environment, lingstream, serve
 from transport.client import ServiceClient, connect
 
 pytest.importorskip("diffusers", reason="the lingbot extra (diffusers) is not installed")
 pytest.importorskip("transformers", reason="the lingbot extra (transformers) is not installed")
+
+from pipeline.lingbot.models import LingBotFastOptions, session_limits  # after the skips: it needs the extra
 
 pytestmark = pytest.mark.slow
 
@@ -76,14 +80,48 @@ def test_readyz_shows_the_memory_estimate_it_started_with(service: Served) -> No
     assert memory["model_bytes"] + memory["session_bytes"] <= memory["usable_bytes"] < memory["device_bytes"]
 
 
+# Sessions the tiny model's default cache (window 18, sink 6) and memory plan (832x480) cannot hold, each with the
+# `lingstream generate` options that ask for the same.
+TOO_LARGE = {"width": 1280, "height": 720}
+TOO_CHUNKY = {"chunk_size": 13, "frame_num": 4 * 26 - 3}
+OPTIONS = {
+    "width x height": (TOO_LARGE, ["--resolution", "1280x720"]),
+    "chunk_size": (TOO_CHUNKY, ["--chunk-size", "13", "--frames", "101"]),
+}
+
+
+def _refusal(config: dict[str, int]) -> str:
+    """The message of the model's own check (`session_limits`, what create runs) for `config`."""
+    with pytest.raises(SessionConfigError) as refused:
+        session_limits(LingBotFastOptions("unused"))(LingBotSessionConfig.from_mapping(config))
+    return str(refused.value)
+
+
 def test_a_session_the_model_cannot_hold_is_refused_at_create(service: Served) -> None:
-    with httpx.Client(base_url=service.url, timeout=5.0) as client:
-        large = client.post("/v1/sessions", json={"config": {"width": 1280, "height": 720}})
-        chunky = client.post("/v1/sessions", json={"config": {"chunk_size": 13, "frame_num": 4 * 26 - 3}})
-    for refused, field in ((large, "width x height"), (chunky, "chunk_size")):
+    for field, (config, _) in OPTIONS.items():
+        with httpx.Client(base_url=service.url, timeout=5.0) as client:
+            refused = client.post("/v1/sessions", json={"config": config})
         assert refused.status_code == 422, refused.text
         assert refused.json()["error"]["code"] == "invalid_config"
-        assert field in refused.json()["error"]["message"]
+        assert refused.json()["error"]["message"] == _refusal(config)
+        assert refused.json()["error"]["message"].startswith(field)
+
+
+def test_generate_refuses_what_create_refuses_with_the_same_message(checkpoint: Path, tmp_path: Path) -> None:
+    never = ["--out", str(tmp_path / "never.mp4"), "--threads", "1"]
+    for config, options in OPTIONS.values():
+        done = subprocess.run(
+            [*lingstream(), "generate", "--model", "lingbot-fast", "--model-path", str(checkpoint), *options, *never],
+            cwd=ROOT,
+            env=environment(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 2, done.stderr  # generate's exit code for every bad option
+        assert f"{options[0]}: {_refusal(config)}" in done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 async def test_serve_streams_the_tiny_models_frames_to_a_client(service: Served) -> None:

@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -32,6 +33,7 @@ from service.offline.generate import (
     GenerateRequest,
     GenerationError,
     Progress,
+    UsageError,
     add_arguments,
     generate,
     main,
@@ -459,3 +461,44 @@ def _write_png(path: Path) -> None:
     gradient = np.linspace(0, 255, 96 * 72 * 3).reshape(72, 96, 3).astype(np.uint8)
     gradient[20:40, 30:60] = (200, 40, 40)
     Image.fromarray(gradient).save(path)
+
+
+# --- a clip the model cannot hold -------------------------------------------------------------------------------------
+
+_WINDOW = "chunk_size: 13 latent frames do not fit the model's attention window (18 frames, 6 of them the sink)"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--resolution", "1280x720"],
+            "--resolution: width x height: 1280x720 is more pixels than the 832x480 this lingbot-fast worker plans "
+            "its memory for",
+        ),
+        (["--chunk-size", "13", "--frames", str(4 * 26 - 3)], f"--chunk-size: {_WINDOW}: at most 12"),
+    ],
+)
+def test_lingbot_fast_refuses_a_clip_it_cannot_hold_before_reading_any_weight(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    pytest.importorskip("diffusers", reason="the lingbot extra (diffusers) is not installed")
+    pytest.importorskip("transformers", reason="the lingbot extra (transformers) is not installed")
+    missing = tmp_path / "no-model"  # never opened: the session check comes before the model loads
+    argv = ["--out", str(tmp_path / "never.mp4"), "--model", "lingbot-fast", "--model-path", str(missing), *extra]
+    assert main([*argv, "--no-hud"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert message in err
+    assert "--model-path" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_runs_the_models_session_check_before_it_writes_anything(tmp_path: Path) -> None:
+    models = pytest.importorskip("pipeline.lingbot.models", reason="the lingbot extra is not installed")
+    check = models.session_limits(models.LingBotFastOptions(str(tmp_path / "unused")))
+    refused = request(tmp_path, "never.mp4", chunk_size=13, frame_num=4 * 26 - 3)
+    with pytest.raises(UsageError, match=re.escape(f"--chunk-size: {_WINDOW}")):
+        asyncio.run(generate(refused, check_config=check))
+    assert list(tmp_path.iterdir()) == []
+    held = request(tmp_path, "held.mp4", chunk_size=2, frame_num=4 * 5 + 1)  # within the limits: generated
+    assert asyncio.run(generate(held, check_config=check)).frames == 21
