@@ -28,8 +28,35 @@ threads placement. Then, side by side in the same run (every process group is st
   where the work does not already scale with threads; what every rank still does whole — camera recovery, the
   seeded noise — and the all-gather cost it). denoise_ms_p50_1_rank and denoise_ms_p50_2_ranks are the two times.
 
-`--quick` is a smoke run over the same paths (4 chunks per session); its figures are not the ones to compare. The
-last line printed is one JSON object with every figure.
+Then the LingBot-World-Fast backend (`LINGSTREAM_MODEL=lingbot-fast`) on the service's real path: the model in
+`--model-path` (real weights where a GPU has them), or by default a tiny random checkpoint written by `lingstream
+tiny-checkpoint`'s function into a temporary directory (on a CPU that measures the plumbing around a
+real-architecture model, not the model), on the first of `--devices`. One session on threads (`realtime=False`, so
+the chunk period is generation, not playback), keys held, chunks of 3 latent frames (12 video frames), at
+`--fast-resolution`, `--fast-chunks` chunks measured after a 2-chunk warm-up session. Figures (medians over the
+chunks after the first):
+
+- lingbot_fast_chunk_ms_p50: the chunk period, one chunk received by the caller to the next;
+- lingbot_fast_dit_ms_p50, lingbot_fast_vae_ms_p50: one denoise call (4 steps + the clean cache pass) and one
+  decode call, as the model's stages time them;
+- lingbot_fast_rest_ms_p50: the time in a chunk period that is not model compute *on its critical path*. The bench
+  records when every denoise and decode call ran (on CUDA, until the device finished it) and walks back from the
+  chunk's arrival: its decode, then whichever of that decode's two inputs finished later (the previous chunk's
+  decode, or this chunk's denoise; a denoise waits on the previous denoise), and so on until the previous chunk's
+  arrival; rest = period - the model time on that path. So it is never negative: a DiT call that overlaps the
+  decode on the critical path (decode of chunk k beside the denoise of chunk k + 1) is simply not on it, where
+  "period - DiT - VAE" would count it twice and go below 0;
+- lingbot_fast_overhead_share: the rest summed over the measured chunks ÷ their periods summed (goal <= 0.03);
+- lingbot_fast_fps: video frames per second generated (12 ÷ chunk period);
+- lingbot_fast_first_chunk_s: the session's first ingress to its first chunk (encode, prefix, first denoise and
+  decode);
+- flashdreams_h100_fps, flashdreams_h100_ms_per_chunk: NVIDIA FlashDreams' published figures for the real model on
+  one H100 (5.56 fps, 2 157 ms per chunk), printed beside ours for comparison; they are not measured here.
+
+`--model reference` or `--model lingbot-fast` runs only that half (scripts/gpu-check.sh runs both).
+
+`--quick` is a smoke run over the same paths (4 chunks per session; the LingBot-World-Fast half 4 chunks at 64x32);
+its figures are not the ones to compare. The last line printed is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -39,8 +66,11 @@ import asyncio
 import dataclasses
 import os
 import statistics
+import tempfile
+import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 from _common import report
@@ -48,7 +78,10 @@ from _common import report
 from admission import ExecutionLease
 from pipeline.bidirectional import CloseMode, ControlState
 from pipeline.lingbot import ModelRuntimeConfig, ProcessPlacement, ReferenceModelFactory, plan_placement
+from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.group_stages import LATENT_CHANNEL_TIMING
+from pipeline.lingbot.model import ChunkDecoder, ChunkDenoiser, WorldModelParts
+from pipeline.lingbot.models import LingBotFastOptions, LingBotFastWorldModel, write_tiny_model
 from pipeline.lingbot.reference_model import ReferenceWorldModel
 from pipeline.lingbot.service import LingBotService
 from pipeline.metrics import percentile
@@ -58,6 +91,8 @@ CONFIG = {"width": 416, "height": 240, "fps": 16, "chunk_size": 3}
 MEDIA_S = 4 * CONFIG["chunk_size"] / CONFIG["fps"]
 NAN = float("nan")
 ROUNDS = 3
+FLASHDREAMS_H100_FPS = 5.56
+FLASHDREAMS_H100_MS_PER_CHUNK = 2157.0
 
 
 def placement(ranks: int, threads: int, devices: tuple[str, ...] = ("cpu",)) -> ProcessPlacement | None:
@@ -138,11 +173,11 @@ def _per_chunk(figures: Mapping[str, float]) -> dict[str, float]:
     return {key: figures[key] for key in keys}
 
 
-async def main(chunks: int, threads: int, devices: tuple[str, ...]) -> dict[str, float]:
-    torch.set_num_threads(threads)
+async def reference(chunks: int, threads: int, devices: tuple[str, ...]) -> dict[str, float]:
+    """The reference model's figures: one worker on threads, two sessions, heavy, then the placements side by side."""
     for name, value in WORKER_ENVIRONMENT.items():  # what `lingstream serve` gives its worker processes
         os.environ.setdefault(name, value)
-    results: dict[str, float] = {"load_average_1m": os.getloadavg()[0]}
+    results: dict[str, float] = {}
     one, two = placement(1, threads, devices), placement(2, max(1, threads // 2), devices)
     assert one is not None
     threaded = LingBotService(ReferenceWorldModel(devices[0]), lease=ExecutionLease(), realtime=False)
@@ -194,19 +229,187 @@ async def main(chunks: int, threads: int, devices: tuple[str, ...]) -> dict[str,
     return results
 
 
+# --- LingBot-World-Fast ------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Span:
+    """One model call: which stage, which chunk, when it ran (perf_counter seconds)."""
+
+    stage: str
+    chunk: int
+    start: float
+    end: float
+
+
+class Spans:
+    """Where every denoise and decode call of the measured session ran; appended from the stages' threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spans: dict[tuple[str, int], Span] = {}
+
+    def add(self, stage: str, chunk: int, start: float) -> None:
+        with self._lock:
+            self._spans[stage, chunk] = Span(stage, chunk, start, time.perf_counter())
+
+    def get(self, stage: str, chunk: int) -> Span | None:
+        with self._lock:
+            return self._spans.get((stage, chunk))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._spans.clear()
+
+
+class TimedDenoiser:
+    """The model's `ChunkDenoiser`, each `denoise_chunk` recorded in `spans` (on CUDA once the device is done)."""
+
+    def __init__(self, inner: ChunkDenoiser, spans: Spans) -> None:
+        self._inner, self._spans = inner, spans
+
+    def create_cache(self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor) -> None:
+        self._inner.create_cache(session_id, config, base_latent)
+
+    def denoise_chunk(
+        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+    ) -> torch.Tensor:
+        start = time.perf_counter()
+        latent = self._inner.denoise_chunk(session_id, chunk_index, chunk_size, control, prompt=prompt)
+        if latent.is_cuda:  # the kernels it launched belong to its span (decode would otherwise wait for them)
+            torch.cuda.synchronize(latent.device)
+        self._spans.add("denoise", chunk_index, start)
+        return latent
+
+    def release_cache(self, session_id: str) -> None:
+        self._inner.release_cache(session_id)
+
+
+class TimedDecoder:
+    """The model's `ChunkDecoder`, each `decode_chunk` recorded in `spans`."""
+
+    def __init__(self, inner: ChunkDecoder, spans: Spans) -> None:
+        self._inner, self._spans = inner, spans
+
+    def create_cache(self, session_id: str, config: LingBotSessionConfig) -> None:
+        self._inner.create_cache(session_id, config)
+
+    def decode_chunk(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        frames = self._inner.decode_chunk(session_id, chunk_index, latent)
+        self._spans.add("decode", chunk_index, start)
+        return frames
+
+    def release_cache(self, session_id: str) -> None:
+        self._inner.release_cache(session_id)
+
+
+def critical_model_time(spans: Spans, chunk: int, since: float, until: float) -> float:
+    """Model time on the path that made chunk `chunk` arrive at `until`, inside `(since, until]` (the module
+    docstring): from its decode back through whichever input finished later, until `since`."""
+    total = 0.0
+    node = spans.get("decode", chunk)
+    while node is not None and node.end > since:
+        total += min(node.end, until) - max(node.start, since)
+        if node.stage == "decode":
+            inputs = [spans.get("decode", node.chunk - 1), spans.get("denoise", node.chunk)]
+        else:
+            inputs = [spans.get("denoise", node.chunk - 1)]
+        earlier = [span for span in inputs if span is not None and span.end <= node.start]
+        node = max(earlier, key=lambda span: span.end, default=None)
+    return total
+
+
+async def fast_session(
+    model: LingBotFastWorldModel, spans: Spans, width: int, height: int, chunks: int
+) -> dict[str, float]:
+    timed = WorldModelParts(model.encoder, TimedDenoiser(model.denoiser, spans), TimedDecoder(model.decoder, spans))
+    service = LingBotService(timed, lease=ExecutionLease(), realtime=False)
+    spans.clear()
+    await service.start()
+    try:
+        prepared = service.prepare({"width": width, "height": height, "fps": 16, "chunk_size": 3}, None)
+        await service.create_session("fast", prepared)
+        outputs = service.outputs("fast")
+        arrived, periods, rest, dit, vae = [], [], [], [], []
+        for seq in range(chunks):
+            service.push_control("fast", ControlState(seq, frozenset({"w", "l"})))
+            chunk = await anext(outputs)
+            arrived.append(time.perf_counter())
+            dit.append(chunk.timings["denoise"])
+            vae.append(chunk.timings["decode"])
+            if seq > 0:
+                period = arrived[-1] - arrived[-2]
+                periods.append(period)
+                rest.append(period - critical_model_time(spans, chunk.index, arrived[-2], arrived[-1]))
+        first = service.orchestrator.metrics("fast").first_output_latency or NAN
+        await service.close_session("fast", CloseMode.CANCEL)
+    finally:
+        await service.stop()
+    period_ms = statistics.median(periods) * 1000
+    return {
+        "lingbot_fast_chunk_ms_p50": period_ms,
+        "lingbot_fast_dit_ms_p50": statistics.median(dit[1:]) * 1000,
+        "lingbot_fast_vae_ms_p50": statistics.median(vae[1:]) * 1000,
+        "lingbot_fast_rest_ms_p50": statistics.median(rest) * 1000,
+        "lingbot_fast_overhead_share": sum(rest) / sum(periods),
+        "lingbot_fast_fps": 12 / (period_ms / 1000),
+        "lingbot_fast_first_chunk_s": first,
+        "flashdreams_h100_fps": FLASHDREAMS_H100_FPS,
+        "flashdreams_h100_ms_per_chunk": FLASHDREAMS_H100_MS_PER_CHUNK,
+    }
+
+
+def lingbot_fast(model_path: Path | None, device: str, dtype: str, resolution: str, chunks: int) -> dict[str, float]:
+    """The LingBot-World-Fast figures: the model in `model_path`, or a tiny random one written now."""
+    width, height = (int(part) for part in resolution.lower().split("x"))
+    spans = Spans()
+    with tempfile.TemporaryDirectory(prefix="lingbot-fast-bench-") as scratch:
+        path = model_path or write_tiny_model(Path(scratch) / "tiny")
+        model = LingBotFastWorldModel.load(LingBotFastOptions(str(path), dtype=dtype), device)
+        asyncio.run(fast_session(model, spans, width, height, 2))  # warm-up: first-call costs stay out
+        return asyncio.run(fast_session(model, spans, width, height, max(2, chunks)))
+
+
+def main(args: argparse.Namespace) -> dict[str, float]:
+    torch.set_num_threads(args.threads)
+    devices = tuple(name.strip() for name in args.devices.split(",") if name.strip()) or ("cpu",)
+    results: dict[str, float] = {"load_average_1m": os.getloadavg()[0]}
+    if args.model in ("both", "reference"):
+        results.update(asyncio.run(reference(args.chunks, args.threads, devices)))
+    if args.model in ("both", "lingbot-fast"):
+        fast = lingbot_fast(args.model_path, devices[0], args.dtype, args.fast_resolution, args.fast_chunks)
+        results.update(fast)
+    return results
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--chunks", type=int, default=24, help="chunks per session")
+    parser.add_argument("--chunks", type=int, default=24, help="chunks per session (the reference model)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (per rank of a 1-rank process group)")
     parser.add_argument(
         "--devices",
         default="cpu",
         help="cpu, or the GPUs to place the stages on, e.g. cuda:0,cuda:1,cuda:2 (scripts/gpu-check.sh passes them)",
     )
-    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds: 4 chunks per session")
+    parser.add_argument(
+        "--model", choices=("both", "reference", "lingbot-fast"), default="both", help="which model(s) to measure"
+    )
+    parser.add_argument(
+        "--model-path", type=Path, help="a LingBot-World-Fast model directory (default: a tiny random one, written now)"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="LingBot-World-Fast: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16",
+    )
+    parser.add_argument("--fast-resolution", default="128x64", help="LingBot-World-Fast: WIDTHxHEIGHT, multiples of 16")
+    parser.add_argument("--fast-chunks", type=int, default=12, help="LingBot-World-Fast: chunks measured")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: 4 chunks per session, 64x32 for the real model"
+    )
     args = parser.parse_args()
     if args.quick:
-        args.chunks = 4
+        args.chunks, args.fast_chunks, args.fast_resolution = 4, 4, "64x32"
     started = time.perf_counter()
-    devices = tuple(name.strip() for name in args.devices.split(",") if name.strip()) or ("cpu",)
-    report(asyncio.run(main(args.chunks, args.threads, devices)), started)
+    report(main(args), started)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one short run (under 10 minutes): the `gpu`-marked tests (the LingBot-World-Fast
-# tiny model in bf16 on CUDA among them), then bench/lingbot.py with the processes placement on the GPUs this machine
-# has (up to three: a 2-rank DiT and a VAE GPU), then bench/lingbot_fast.py on cuda:0 (real weights at 832x480 where
-# LINGSTREAM_MODEL_PATH names a model directory, else the tiny random model), both JSON lines merged into one, last. Without a CUDA device it prints one JSON line saying so and exits 0, so CI runs it everywhere
+# tiny model in bf16 on CUDA among them), then bench/lingbot.py: the reference model with the processes placement on
+# the GPUs this machine has (up to three: a 2-rank DiT and a VAE GPU), and the LingBot-World-Fast backend on cuda:0
+# (real weights at 832x480 where LINGSTREAM_MODEL_PATH names a model directory, else the tiny random model); its JSON
+# line last. Without a CUDA device it prints one JSON line saying so and exits 0, so CI runs it everywhere
 # (tests/deploy/test_gpu_check.py); --dry-run prints the commands it would run instead of running them.
 #
 #   scripts/gpu-check.sh            # on a CUDA machine, after scripts/setup.sh --dev
@@ -28,14 +29,13 @@ fi
 used=$(( gpus < 1 ? 1 : (gpus > 3 ? 3 : gpus) ))
 devices=$(seq -s, -f 'cuda:%g' 0 $(( used - 1 )))
 tests=(timeout 330 "$python" -m pytest -q -p no:cacheprovider -m gpu tests/)
-bench=(timeout 150 "$python" bench/lingbot.py --devices "$devices" --chunks 12)
-fast=(timeout 110 "$python" bench/lingbot_fast.py --device cuda:0 --chunks 12)
+bench=(timeout 260 "$python" bench/lingbot.py --devices "$devices" --chunks 12 --fast-chunks 12)
 if [ -n "${LINGSTREAM_MODEL_PATH:-}" ]; then
-  fast+=(--model-path "$LINGSTREAM_MODEL_PATH" --resolution 832x480)
+  bench+=(--model-path "$LINGSTREAM_MODEL_PATH" --fast-resolution 832x480)
 fi
 
 if [ "$dry_run" -eq 1 ]; then
-  printf '%s\n' "${tests[*]}" "${bench[*]}" "${fast[*]}"
+  printf '%s\n' "${tests[*]}" "${bench[*]}"
   exit 0
 fi
 
@@ -46,11 +46,7 @@ if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then  # 5: no test selected is no
   echo "{\"gpu_check\": \"failed\", \"stage\": \"tests\", \"exit\": $status, \"gpus\": $gpus}"
   exit "$status"
 fi
-echo "== bench/lingbot.py --devices $devices" >&2
+echo "== ${bench[*]:2}" >&2
 output=$("${bench[@]}")
 echo "$output" >&2
-echo "== ${fast[*]:2}" >&2
-fast_output=$("${fast[@]}")
-echo "$fast_output" >&2
-"$python" -c 'import json, sys; print(json.dumps({**json.loads(sys.argv[1]), **json.loads(sys.argv[2])}))' \
-  "$(echo "$output" | tail -n 1)" "$(echo "$fast_output" | tail -n 1)"
+echo "$output" | tail -n 1

@@ -67,22 +67,9 @@ FIGURES: dict[str, frozenset[str]] = {
         "two_ranks_speedup",
         "load_average_1m",
         "bench_seconds",
-    },
-    "lingbot_fast": frozenset(
-        {
-            "lingbot_fast_chunk_ms_p50",
-            "lingbot_fast_dit_ms_p50",
-            "lingbot_fast_vae_ms_p50",
-            "lingbot_fast_rest_ms_p50",
-            "lingbot_fast_overhead_share",
-            "lingbot_fast_fps",
-            "lingbot_fast_first_chunk_s",
-            "flashdreams_h100_fps",
-            "flashdreams_h100_ms_per_chunk",
-            "load_average_1m",
-            "bench_seconds",
-        }
-    ),
+    }
+    | {f"lingbot_fast_{key}" for key in ("chunk_ms_p50", "dit_ms_p50", "vae_ms_p50", "rest_ms_p50", "overhead_share")}
+    | {"lingbot_fast_fps", "lingbot_fast_first_chunk_s", "flashdreams_h100_fps", "flashdreams_h100_ms_per_chunk"},
     "admission_latency": frozenset(
         {
             "create_p50_ms",

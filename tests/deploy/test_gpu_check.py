@@ -39,11 +39,11 @@ def test_without_a_gpu_it_skips_in_one_json_line_and_exits_0() -> None:
 def test_the_dry_run_names_the_gpu_tests_and_the_processes_bench() -> None:
     result = _run("--dry-run")
     assert result.returncode == 0, result.stderr
-    tests, bench, fast = result.stdout.strip().splitlines()
+    tests, bench = result.stdout.strip().splitlines()
     assert tests.endswith("-m pytest -q -p no:cacheprovider -m gpu tests/")
-    assert bench.endswith("bench/lingbot.py --devices cuda:0 --chunks 12")
-    assert fast.endswith("bench/lingbot_fast.py --device cuda:0 --chunks 12")  # the tiny model without weights
-    budget = [int(line.split()[1]) for line in (tests, bench, fast)]  # each under `timeout`
+    # Both models: the reference on the placements, LingBot-World-Fast (the tiny model without weights) on cuda:0.
+    assert bench.endswith("bench/lingbot.py --devices cuda:0 --chunks 12 --fast-chunks 12")
+    budget = [int(line.split()[1]) for line in (tests, bench)]  # each under `timeout`
     assert sum(budget) < 600, budget
 
 
@@ -53,10 +53,8 @@ def test_with_real_weights_the_dry_run_benches_them_at_the_published_size(tmp_pa
         ["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
     )
     assert result.returncode == 0, result.stderr
-    fast = result.stdout.strip().splitlines()[-1]
-    assert fast.endswith(
-        f"bench/lingbot_fast.py --device cuda:0 --chunks 12 --model-path {tmp_path} --resolution 832x480"
-    )
+    bench = result.stdout.strip().splitlines()[-1]
+    assert bench.endswith(f"--chunks 12 --fast-chunks 12 --model-path {tmp_path} --fast-resolution 832x480")
 
 
 def test_an_unknown_argument_is_refused() -> None:
