@@ -71,6 +71,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from _common import report
@@ -81,11 +82,13 @@ from pipeline.lingbot import ModelRuntimeConfig, ProcessPlacement, ReferenceMode
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.group_stages import LATENT_CHANNEL_TIMING
 from pipeline.lingbot.model import ChunkDecoder, ChunkDenoiser, WorldModelParts
-from pipeline.lingbot.models import LingBotFastOptions, LingBotFastWorldModel, write_tiny_model
 from pipeline.lingbot.reference_model import ReferenceWorldModel
 from pipeline.lingbot.service import LingBotService
 from pipeline.metrics import percentile
 from service.runtime.workers import WORKER_ENVIRONMENT
+
+if TYPE_CHECKING:  # the lingbot extra (diffusers, transformers): imported where the LingBot-World-Fast half runs
+    from pipeline.lingbot.models import LingBotFastWorldModel
 
 CONFIG = {"width": 416, "height": 240, "fps": 16, "chunk_size": 3}
 MEDIA_S = 4 * CONFIG["chunk_size"] / CONFIG["fps"]
@@ -362,6 +365,8 @@ async def fast_session(
 
 def lingbot_fast(model_path: Path | None, device: str, dtype: str, resolution: str, chunks: int) -> dict[str, float]:
     """The LingBot-World-Fast figures: the model in `model_path`, or a tiny random one written now."""
+    from pipeline.lingbot.models import LingBotFastOptions, LingBotFastWorldModel, write_tiny_model
+
     width, height = (int(part) for part in resolution.lower().split("x"))
     spans = Spans()
     with tempfile.TemporaryDirectory(prefix="lingbot-fast-bench-") as scratch:
