@@ -14,7 +14,9 @@ send, since which chunk applies a control is up to the service:
 
 - `{"t": S, ...}`: S seconds after the client joined;
 - `{"chunk": N, ...}`: as soon as the `chunk` status of chunk N-1 has arrived (N = 0: at once on joining), so the
-  control can apply to chunk N at the earliest.
+  control can apply to chunk N at the earliest; after `--wait` seconds (10) without it it is sent anyway, with a
+  warning (LiveKit may drop a chunk status, and a model may rest while no key is held: the reference model
+  generates nothing then).
 
 Entries are played in file order, each after the one before.
 
@@ -39,7 +41,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,10 +52,10 @@ from pipeline.metrics import percentile
 from service.offline.clip import GenerationError, UsageError
 from service.offline.control_trace import TraceEntry, TraceError, parse_trace, read_trace_text
 from service.offline.mp4 import Mp4Writer, h264_encoder
-from transport.base import ChunkStatus, StatusMessage
+from transport.base import ChunkStatus, DoneStatus, StatusMessage
 from transport.client import ClientError, LiveStream, ReceivedFrame, ServiceClient, SessionInfo, connect
 
-__all__ = ["PhotonMeter", "PlayReport", "add_arguments", "main", "play"]
+__all__ = ["PhotonMeter", "PlayReport", "add_arguments", "main", "play", "wait_for_chunk"]
 
 _STOP_WAIT_S = 30.0
 _FIRST_FRAME_S = 60.0
@@ -157,25 +159,26 @@ class _Recorder:
         return self.writer.frames
 
 
-async def _wait_chunk(stream: LiveStream, index: int) -> None:
-    """Until the stream has seen the status of chunk `index` (or the session is done)."""
+async def wait_for_chunk(stream: LiveStream, index: int, within: float) -> bool:
+    """Until the stream has seen the status of chunk `index` or the session is done (True), at most `within` seconds
+    (False: LiveKit may drop a chunk status, and a session may stall)."""
+    if (stream.last_chunk is not None and stream.last_chunk.index >= index) or stream.ended:
+        return True
     arrived = asyncio.Event()
 
     def listener(message: StatusMessage) -> None:
-        if isinstance(message, ChunkStatus) and message.index >= index:
+        if (isinstance(message, ChunkStatus) and message.index >= index) or isinstance(message, DoneStatus):
             arrived.set()
 
     stream.add_status_listener(listener)
-    while not (stream.last_chunk is not None and stream.last_chunk.index >= index) and stream.done is None:
-        arrived.clear()
-        waiter = asyncio.ensure_future(arrived.wait())
-        done_waiter = asyncio.ensure_future(stream.wait_done())
-        try:
-            await asyncio.wait({waiter, done_waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (waiter, done_waiter):
-                task.cancel()
-            await asyncio.gather(waiter, done_waiter, return_exceptions=True)
+    try:
+        async with asyncio.timeout(within):
+            await arrived.wait()
+    except TimeoutError:
+        return False
+    finally:
+        stream.remove_status_listener(listener)
+    return True
 
 
 def _over(stream: LiveStream) -> bool:
@@ -183,7 +186,14 @@ def _over(stream: LiveStream) -> bool:
     return stream.ended
 
 
-async def _drive(stream: LiveStream, entries: Sequence[TraceEntry], meter: PhotonMeter, tail_s: float) -> None:
+async def _drive(
+    stream: LiveStream,
+    entries: Sequence[TraceEntry],
+    meter: PhotonMeter,
+    tail_s: float,
+    wait_s: float,
+    warn: Callable[[str], None],
+) -> None:
     loop = asyncio.get_running_loop()
     joined = loop.time()
     held: frozenset[str] | None = None
@@ -192,8 +202,8 @@ async def _drive(stream: LiveStream, entries: Sequence[TraceEntry], meter: Photo
             return
         if entry.t is not None:
             await asyncio.sleep(max(0.0, joined + entry.t - loop.time()))  # an absolute deadline from the join
-        elif entry.chunk:
-            await _wait_chunk(stream, entry.chunk - 1)
+        elif entry.chunk and not await wait_for_chunk(stream, entry.chunk - 1, wait_s):
+            warn(f"line {entry.line}: no status of chunk {entry.chunk - 1} within {wait_s:g} s; sending it now")
         if _over(stream):
             return
         if entry.reset_pose:
@@ -231,7 +241,8 @@ async def play(
     livekit: dict[str, Any] | None = None,
     livekit_token: str | None = None,
     tail_s: float = 2.0,
-    progress: Any = None,
+    wait_s: float = 10.0,
+    progress: Callable[[str], None] | None = None,
 ) -> PlayReport:
     """Run one live session from `entries` and record it to `out`; see the module docstring. Raises the client's
     errors (`ClientError`) and `GenerationError` when no frame arrived."""
@@ -258,7 +269,7 @@ async def play(
         reading = asyncio.create_task(recorder.run(), name="play-recorder")
         started = time.monotonic()
         try:
-            await _drive(stream, entries, meter, tail_s)
+            await _drive(stream, entries, meter, tail_s, wait_s, progress or (lambda _line: None))
             if stream.done is None:
                 async with asyncio.timeout(_STOP_WAIT_S):
                     await stream.stop()
@@ -318,6 +329,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="session config as JSON, e.g. '{\"fps\": 16}'")
     parser.add_argument("--image", type=Path, help="reference image (PNG, JPEG or WebP)")
     parser.add_argument("--tail", type=float, default=2.0, help="seconds to keep streaming after the trace (2)")
+    parser.add_argument(
+        "--wait", type=float, default=10.0, help="most seconds a chunk entry waits for the chunk before it (10)"
+    )
     parser.add_argument("--livekit-room", help="LiveKit: publish into this existing room (docs/livekit.md)")
     parser.add_argument("--livekit-identity", help="LiveKit: the identity that controls (with --livekit-token)")
     parser.add_argument("--livekit-token", help="LiveKit: a token for --livekit-identity in --livekit-room")
@@ -329,6 +343,8 @@ def _options(args: argparse.Namespace) -> tuple[tuple[TraceEntry, ...], dict[str
         raise UsageError(f"--out must end in .mp4, got {args.out}")
     if not (math.isfinite(args.tail) and args.tail >= 0):
         raise UsageError(f"--tail must be a number of seconds >= 0, got {args.tail:g}")
+    if not (math.isfinite(args.wait) and args.wait > 0):
+        raise UsageError(f"--wait must be a positive number of seconds, got {args.wait:g}")
     if (args.livekit_identity is None) != (args.livekit_token is None):
         raise UsageError("give --livekit-identity and --livekit-token together")
     if args.livekit_identity is not None and args.livekit_room is None:
@@ -387,6 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 livekit=livekit,
                 livekit_token=args.livekit_token,
                 tail_s=args.tail,
+                wait_s=args.wait,
                 progress=progress,
             )
         )

@@ -308,16 +308,19 @@ class LiveStream:
                 self.done = message
                 self._done_event.set()
                 self._frame_arrived.set()  # a reader waiting for frames learns that none will come
-        for listener in self._status_listeners:
+        for listener in tuple(self._status_listeners):
             listener(message)
 
     def on_link_lost(self, why: str) -> None:
         """The link ended for good (the room or peer connection closed); readers stop waiting."""
         logger.info("session %s: the connection ended: %s", self.info.id, why)
-        if self.done is None:
-            self.done = DoneStatus(f"connection lost: {why}")
+        if self.done is not None:
+            return
+        self.done = DoneStatus(f"connection lost: {why}")
         self._done_event.set()
         self._frame_arrived.set()
+        for listener in tuple(self._status_listeners):
+            listener(self.done)
 
     @property
     def ended(self) -> bool:
@@ -325,8 +328,13 @@ class LiveStream:
         return self.done is not None
 
     def add_status_listener(self, listener: Callable[[StatusMessage], None]) -> None:
-        """Call `listener` with every status message from now on (on the event loop; it must not block)."""
+        """Call `listener` with every status message from now on (on the event loop; it must not block), and with
+        the `done` that stands for a connection that ended."""
         self._status_listeners.append(listener)
+
+    def remove_status_listener(self, listener: Callable[[StatusMessage], None]) -> None:
+        if listener in self._status_listeners:
+            self._status_listeners.remove(listener)
 
     # -- control ------------------------------------------------------------------------------------------------
 
@@ -583,9 +591,13 @@ class LiveKitLink:
         if not token:
             raise ConnectError("no LiveKit token: the session names its own controller identity; pass its token")
         try:
-            await room.connect(url, token, rtc.RoomOptions(auto_subscribe=True, connect_timeout=within))
+            # The SDK bounds each signal attempt but retries a failed ICE connection on its own: bound the whole.
+            async with asyncio.timeout(2 * within):
+                await room.connect(url, token, rtc.RoomOptions(auto_subscribe=True, connect_timeout=within))
         except rtc.ConnectError as exc:
             raise ConnectError(f"joining the LiveKit room failed: {exc.message}") from exc
+        except TimeoutError:
+            raise ConnectError(f"joining the LiveKit room took over {2 * within:g} s") from None
         try:
             async with asyncio.timeout(within):
                 await self._track_ready.wait()

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from service.play import PhotonMeter, main
+from service.play import PhotonMeter, main, wait_for_chunk
 from transport.base import ChunkStatus
-from transport.client import ReceivedFrame
+from transport.client import LiveStream, ReceivedFrame, SessionInfo
+from transport.protocol import encode_status
 
 
 def _frame(at: float, applied_seq: int | None) -> ReceivedFrame:
@@ -49,3 +51,32 @@ def test_bad_options_exit_two_before_anything_is_created(
     argv = ["--url", "http://127.0.0.1:9", "--controls", str(trace), "--out", str(tmp_path / "o.mp4"), *extra]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def _stream() -> LiveStream:
+    info = SessionInfo.from_body(
+        {
+            "id": "s1",
+            "status": "running",
+            "transport": {"kind": "embedded"},
+            "video": {"width": 8, "height": 8, "fps": 20},
+        }
+    )
+    return LiveStream(info)
+
+
+async def test_a_chunk_entry_waits_for_the_chunk_before_it_or_the_end_and_not_forever() -> None:
+    stream = _stream()
+    waiting = asyncio.create_task(wait_for_chunk(stream, 3, within=30.0))
+    stream.on_status(encode_status(ChunkStatus(2, -1, (), {})))
+    await asyncio.sleep(0)  # the waiter runs: chunk 2 is not the one it waits for
+    assert not waiting.done()
+    stream.on_status(encode_status(ChunkStatus(4, -1, (), {})))  # chunk 3's status was lost: a later one will do
+    assert await waiting is True
+    assert await wait_for_chunk(stream, 1, within=30.0) is True  # seen already
+
+    ended = asyncio.create_task(wait_for_chunk(stream, 9, within=30.0))
+    await asyncio.sleep(0)
+    stream.on_link_lost("the room closed")
+    assert await ended is True
+    assert await wait_for_chunk(_stream(), 0, within=0.01) is False  # nothing ever comes: bounded
