@@ -190,6 +190,9 @@ def test_the_page_streams_steers_and_stops_through_livekit(
     assert page.evaluate("window.lingstream.state") == "closed"
     assert "client_stop" in page.inner_text("#message")
     _until(lambda: details["room"] not in stack.standin.state()["rooms"], "the room is deleted")
+    # The stand-in drops the room from its state as the close begins and sends `room_finished` after everyone has
+    # been removed (awaited), so the webhook may follow the room's disappearance by a moment.
+    _until(lambda: "room_finished" in stack.standin.state()["webhooks"], "the room_finished webhook")
     state = stack.standin.state()
     assert state["counters"]["twirp_DeleteRoom"] >= 1
     assert {"room_started", "participant_joined", "participant_left", "room_finished"} <= set(state["webhooks"])
