@@ -94,7 +94,6 @@ from pipeline.lingbot.reference_model import (
     KEY_SLOT,
     ReferenceDiT,
     ReferenceModelFactory,
-    ReferenceStageStatistics,
     ReferenceVAEDecoder,
     ReferenceVAEEncoder,
     ReferenceWorldModel,
@@ -103,6 +102,7 @@ from pipeline.lingbot.reference_model import (
 )
 from pipeline.lingbot.service import LingBotService
 from pipeline.lingbot.session import LOOKAHEAD, ChunkLease, LingBotSession
+from pipeline.lingbot.stage_sessions import SessionTable, StageStatistics
 from pipeline.lingbot.stages import (
     DENOISE_DECODE_STAGE,
     ConditionArtifact,
@@ -186,13 +186,14 @@ __all__ = [
     "ReferenceDiT",
     "ReferenceEncoder",
     "ReferenceModelFactory",
-    "ReferenceStageStatistics",
     "ReferenceVAEDecoder",
     "ReferenceVAEEncoder",
     "ReferenceWorldModel",
     "SessionConfigError",
+    "SessionTable",
     "SharedDevice",
     "StagePlacement",
+    "StageStatistics",
     "WorkerGroupPlan",
     "WorldModel",
     "WorldModelFactory",

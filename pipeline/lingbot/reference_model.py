@@ -47,7 +47,6 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -68,13 +67,13 @@ from pipeline.lingbot.model import (
     validate_latent_chunk,
 )
 from pipeline.lingbot.prompts import PromptCache, PromptCacheStatistics
+from pipeline.lingbot.stage_sessions import SessionTable, StageStatistics
 
 __all__ = [
     "DENOISING_STEPS",
     "KEY_SLOT",
     "ReferenceDiT",
     "ReferenceModelFactory",
-    "ReferenceStageStatistics",
     "ReferenceVAEDecoder",
     "ReferenceVAEEncoder",
     "ReferenceWorldModel",
@@ -99,55 +98,6 @@ _WORK_WIDTH = 64
 _WORK_UNITS_PER_SCALE = 3
 _SCENE_CACHE_SIZE = 4
 _HALF_FOV = math.pi / 4  # the 90 degree field of view every stage assumes (tan = 1)
-
-
-@dataclass(frozen=True, slots=True)
-class ReferenceStageStatistics:
-    """A snapshot of one reference stage object."""
-
-    open_sessions: int
-    calls: int
-    busy_s: float
-
-
-_S = TypeVar("_S")
-
-
-class _SessionTable(Generic[_S]):
-    """Per-session state of one stage, with the stage's call statistics; safe to use from several threads."""
-
-    def __init__(self, stage: str) -> None:
-        self._stage = stage
-        self._lock = threading.Lock()
-        self._sessions: dict[str, _S] = {}
-        self._calls = 0
-        self._busy_s = 0.0
-
-    def add(self, session_id: str, state: _S) -> None:
-        with self._lock:
-            if session_id in self._sessions:
-                raise ModelSessionError(f"{self._stage}: session {session_id!r} already has a cache")
-            self._sessions[session_id] = state
-
-    def get(self, session_id: str) -> _S:
-        with self._lock:
-            state = self._sessions.get(session_id)
-        if state is None:
-            raise ModelSessionError(f"{self._stage}: no cache for session {session_id!r} (create_cache first)")
-        return state
-
-    def remove(self, session_id: str) -> None:
-        with self._lock:
-            self._sessions.pop(session_id, None)
-
-    def record(self, seconds: float) -> None:
-        with self._lock:
-            self._calls += 1
-            self._busy_s += seconds
-
-    def statistics(self) -> ReferenceStageStatistics:
-        with self._lock:
-            return ReferenceStageStatistics(len(self._sessions), self._calls, self._busy_s)
 
 
 # --- colour and latent packing ---------------------------------------------------------------------------------------
@@ -254,7 +204,7 @@ class ReferenceVAEEncoder:
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self._device = torch.device(device)
-        self._sessions: _SessionTable[_EncoderSession] = _SessionTable("encode")
+        self._sessions: SessionTable[_EncoderSession] = SessionTable("encode")
         self._scenes: dict[tuple[int, int], torch.Tensor] = {}  # default scene per size; bounded, oldest dropped
         self._scenes_lock = threading.Lock()
 
@@ -264,7 +214,7 @@ class ReferenceVAEEncoder:
     def release_cache(self, session_id: str) -> None:
         self._sessions.remove(session_id)
 
-    def statistics(self) -> ReferenceStageStatistics:
+    def statistics(self) -> StageStatistics:
         return self._sessions.statistics()
 
     def encode_reference(self, session_id: str, image: torch.Tensor | None) -> torch.Tensor:
@@ -462,7 +412,7 @@ class ReferenceDiT:
         self._rank = rank
         self._world_size = world_size
         self._device = torch.device(device)
-        self._sessions: _SessionTable[_DenoiserSession] = _SessionTable("denoise")
+        self._sessions: SessionTable[_DenoiserSession] = SessionTable("denoise")
         weights = torch.Generator().manual_seed(0x5EED)
         self._work_in = torch.randn(LATENT_CHANNELS, _WORK_WIDTH, generator=weights).to(self._device) / 4
         self._work = torch.randn(_WORK_WIDTH, _WORK_WIDTH, generator=weights).to(self._device) / _WORK_WIDTH**0.5
@@ -500,7 +450,7 @@ class ReferenceDiT:
     def release_cache(self, session_id: str) -> None:
         self._sessions.remove(session_id)
 
-    def statistics(self) -> ReferenceStageStatistics:
+    def statistics(self) -> StageStatistics:
         return self._sessions.statistics()
 
     def prompt_statistics(self) -> PromptCacheStatistics:
@@ -635,7 +585,7 @@ class ReferenceVAEDecoder:
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self._device = torch.device(device)
-        self._sessions: _SessionTable[_DecoderSession] = _SessionTable("decode")
+        self._sessions: SessionTable[_DecoderSession] = SessionTable("decode")
 
     def create_cache(self, session_id: str, config: LingBotSessionConfig) -> None:
         xs = (torch.arange(config.width, dtype=torch.float32, device=self._device) + 0.5) / config.width * 2 - 1
@@ -647,7 +597,7 @@ class ReferenceVAEDecoder:
     def release_cache(self, session_id: str) -> None:
         self._sessions.remove(session_id)
 
-    def statistics(self) -> ReferenceStageStatistics:
+    def statistics(self) -> StageStatistics:
         return self._sessions.statistics()
 
     def decode_chunk(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> torch.Tensor:

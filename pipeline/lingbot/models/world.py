@@ -22,10 +22,8 @@ no state of its own between calls (the caches are per session), so the encode an
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 import torch
 
@@ -58,10 +56,10 @@ from pipeline.lingbot.models.sampler import denoise_chunk
 from pipeline.lingbot.models.text import UMT5TextEncoder, load_text_encoder
 from pipeline.lingbot.models.vae import StreamingVAE, load_vae
 from pipeline.lingbot.reference_model import default_scene
+from pipeline.lingbot.stage_sessions import SessionTable, StageStatistics
 
 __all__ = [
     "MASK_CHANNELS",
-    "FastStageStatistics",
     "LingBotFastDecoder",
     "LingBotFastDenoiser",
     "LingBotFastEncoder",
@@ -72,53 +70,6 @@ __all__ = [
 
 MASK_CHANNELS = 4
 """The first-frame mask's channels: the 4 video frames a latent frame folds."""
-
-
-@dataclass(frozen=True, slots=True)
-class FastStageStatistics:
-    open_sessions: int
-    calls: int
-    busy_s: float
-
-
-_S = TypeVar("_S")
-
-
-class _Sessions(Generic[_S]):
-    """One stage's per-session states and call counts (thread-safe)."""
-
-    def __init__(self, stage: str) -> None:
-        self._stage = stage
-        self._lock = threading.Lock()
-        self._states: dict[str, _S] = {}
-        self._calls = 0
-        self._busy_s = 0.0
-
-    def add(self, session_id: str, state: _S) -> None:
-        with self._lock:
-            if session_id in self._states:
-                raise ModelSessionError(f"{self._stage}: session {session_id!r} already has a cache")
-            self._states[session_id] = state
-
-    def get(self, session_id: str) -> _S:
-        with self._lock:
-            state = self._states.get(session_id)
-        if state is None:
-            raise ModelSessionError(f"{self._stage}: no cache for session {session_id!r} (create_cache first)")
-        return state
-
-    def remove(self, session_id: str) -> _S | None:
-        with self._lock:
-            return self._states.pop(session_id, None)
-
-    def record(self, seconds: float) -> None:
-        with self._lock:
-            self._calls += 1
-            self._busy_s += seconds
-
-    def statistics(self) -> FastStageStatistics:
-        with self._lock:
-            return FastStageStatistics(len(self._states), self._calls, self._busy_s)
 
 
 def _check_order(stage: str, plan: ChunkPlan, chunk_index: int, chunk_size: int, expected: int) -> None:
@@ -139,7 +90,7 @@ class LingBotFastEncoder:
     def __init__(self, vae: StreamingVAE, *, max_prefix_frames: int) -> None:
         self._vae = vae
         self._max_prefix_frames = max_prefix_frames
-        self._sessions: _Sessions[LingBotSessionConfig] = _Sessions("encode")
+        self._sessions: SessionTable[LingBotSessionConfig] = SessionTable("encode")
 
     def create_cache(self, session_id: str, config: LingBotSessionConfig) -> None:
         self._sessions.add(session_id, config)
@@ -147,7 +98,7 @@ class LingBotFastEncoder:
     def release_cache(self, session_id: str) -> None:
         self._sessions.remove(session_id)
 
-    def statistics(self) -> FastStageStatistics:
+    def statistics(self) -> StageStatistics:
         return self._sessions.statistics()
 
     def encode_reference(self, session_id: str, image: torch.Tensor | None) -> torch.Tensor:
@@ -192,13 +143,13 @@ class LingBotFastDenoiser:
         self._dit = dit
         self._text_encoder = text_encoder
         self._options = options
-        self._sessions: _Sessions[_DenoiseSession] = _Sessions("denoise")
+        self._sessions: SessionTable[_DenoiseSession] = SessionTable("denoise")
 
     @property
     def dit(self) -> LingBotFastDiT:
         return self._dit
 
-    def statistics(self) -> FastStageStatistics:
+    def statistics(self) -> StageStatistics:
         return self._sessions.statistics()
 
     def cache_statistics(self, session_id: str) -> CacheStatistics:
@@ -269,7 +220,7 @@ class LingBotFastDecoder:
 
     def __init__(self, vae: StreamingVAE) -> None:
         self._vae = vae
-        self._sessions: _Sessions[_DecodeSession] = _Sessions("decode")
+        self._sessions: SessionTable[_DecodeSession] = SessionTable("decode")
 
     def create_cache(self, session_id: str, config: LingBotSessionConfig) -> None:
         self._sessions.add(session_id, _DecodeSession(config, config.chunk_plan))
@@ -283,7 +234,7 @@ class LingBotFastDecoder:
         self._sessions.remove(session_id)
         self._vae.release(session_id)
 
-    def statistics(self) -> FastStageStatistics:
+    def statistics(self) -> StageStatistics:
         return self._sessions.statistics()
 
     def decode_chunk(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> torch.Tensor:
