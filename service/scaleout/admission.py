@@ -426,13 +426,14 @@ class RedisAdmission:
         `finished_ttl_s`), from any replica. Not a heartbeat. Unknown ids raise `UnknownTicketError`."""
         return self._ok(ticket_id, await self._call("get", ticket_id))
 
-    async def heartbeat(self, ticket_id: str) -> SharedTicketView:
+    async def heartbeat(self, ticket_id: str, *, owner: str | None = None) -> SharedTicketView:
         """The waiting client is still there (a GET or an open SSE stream, on any replica): push its heartbeat
-        deadline out. A no-op for tickets that are not queued."""
+        deadline out, and return the snapshot as `get` does (one script call). A no-op for tickets that are not
+        queued, and, with `owner`, for tickets of another owner (whose snapshot still comes back: the caller
+        compares owners, in constant time)."""
         timeout = self._config.queue_heartbeat_timeout
-        return self._ok(
-            ticket_id, await self._call("heartbeat", ticket_id, 0 if timeout is None else round(timeout * 1000))
-        )
+        hb_ms = 0 if timeout is None else round(timeout * 1000)
+        return self._ok(ticket_id, await self._call("heartbeat", ticket_id, hb_ms, owner or ""))
 
     async def cancel(self, ticket_id: str) -> SharedTicketView:
         """Withdraw a queued ticket (CANCELLED, CLIENT_CANCELLED), from any replica; idempotent on finished tickets;

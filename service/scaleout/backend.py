@@ -322,11 +322,10 @@ class RedisAdmissionBackend:
     # ---------------------------------------------------------------------------------------------- registry
 
     async def lookup(self, owner: str, session_id: str) -> SessionSnapshot:
-        view = await self._visible_view(owner, session_id)
-        if view.state is TicketState.QUEUED:
-            with contextlib.suppress(AdmissionUnavailableError, UnknownTicketError):
-                view = await self._admission.heartbeat(session_id)  # the same record, with its position now
-        return remote_snapshot(view)
+        """One script call whatever the state: the record with its live position, read at one instant, and the
+        heartbeat of a queued session, pushed only when it is the caller's (another key's session is a 404 here,
+        as an unknown id, and keeps its deadline)."""
+        return remote_snapshot(await self._visible_view(owner, session_id, heartbeat=True))
 
     async def lookup_here(self, owner: str, session_id: str) -> SessionSnapshot:
         view = await self._visible_view(owner, session_id)
@@ -661,12 +660,16 @@ class RedisAdmissionBackend:
             raise AdmissionClosedError("the shared admission backend has not been started")
         return self._host
 
-    async def _visible_view(self, owner: str, session_id: str) -> SharedTicketView:
-        """The registry record of a session of `owner` (404 for unknown ids and other owners alike)."""
+    async def _visible_view(self, owner: str, session_id: str, *, heartbeat: bool = False) -> SharedTicketView:
+        """The registry record of a session of `owner` (404 for unknown ids and other owners alike); with
+        `heartbeat`, in the same call, a queued one of `owner` keeps its place."""
         if not self._admission.available:
             raise AdmissionUnavailableError(_UNAVAILABLE_MESSAGE)
         try:
-            view = await self._admission.get(session_id)
+            if heartbeat:
+                view = await self._admission.heartbeat(session_id, owner=owner)
+            else:
+                view = await self._admission.get(session_id)
         except UnknownTicketError:
             raise SessionNotFoundError(session_id) from None
         if not secrets.compare_digest(view.owner.encode(), owner.encode()):

@@ -391,14 +391,17 @@ if redis.call('EXISTS', tkey(ARGV[7])) == 0 then return reply('unknown', {}) end
 return reply('ok', snapshot(ARGV[7]))
 """
 
-# heartbeat: ARGV[7] id, [8] heartbeat timeout ms (0: off). A queued ticket's heartbeat deadline moves to now +
-# timeout; a no-op for any other state. Codes: ok, unknown.
+# heartbeat: ARGV[7] id, [8] heartbeat timeout ms (0: off), [9] owner ('': any). A queued ticket's heartbeat
+# deadline moves to now + timeout (only if its owner is [9], when given); a no-op for any other state. The snapshot
+# comes back whoever owns the ticket (the caller checks the owner: a GET on any replica is this one call, the record
+# and its position read at one instant). Codes: ok, unknown.
 _HEARTBEAT = r"""
 expire_due()
 local id = ARGV[7]
-local state, hb = redis.call('HGET', tkey(id), 'state'), tonumber(ARGV[8])
+local f, hb = redis.call('HMGET', tkey(id), 'state', 'owner'), tonumber(ARGV[8])
+local state = f[1]
 if not state then return reply('unknown', {}) end
-if state == 'queued' and hb > 0 then
+if state == 'queued' and hb > 0 and (ARGV[9] == '' or f[2] == ARGV[9]) then
   redis.call('HSET', tkey(id), 'hbdl', NOW + hb)
   redis.call('ZADD', HBDL, NOW + hb, id)
 end

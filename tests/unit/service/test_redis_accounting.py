@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,8 @@ from admission import (
     UnknownTicketError,
     UnknownWorkerError,
 )
+from service.errors import SessionNotFoundError
+from service.runtime.sessions import SessionSnapshot, SessionState
 from service.scaleout.admission import (
     CloseRequest,
     NotTicketOwnerError,
@@ -29,6 +31,8 @@ from service.scaleout.admission import (
     SharedAdmissionEvent,
     SharedEventKind,
 )
+from service.scaleout.backend import RedisAdmissionBackend
+from service.settings import SharedAdmissionConfig
 from tests.fakes.redis_server import REDIS_SERVER, RedisServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -357,3 +361,84 @@ async def test_the_overview_counts_every_session_on_a_worker(redis_server: Redis
         assert me.retained == (2,)
     finally:
         await admission.aclose()
+
+
+async def test_a_get_of_a_session_queued_elsewhere_is_one_round_trip(redis_server: RedisServer) -> None:
+    """GET of a session in the shared queue on a replica with no record of it: the record, its live position and
+    its heartbeat come back in one script call, the only command the replica sends (issue #17). Another key's GET
+    is a 404 that leaves the heartbeat deadline where it was."""
+    config = AdmissionConfig(num_workers=1, queue_size=8, queue_heartbeat_timeout=30.0)
+    # A long TTL: no maintenance pass within the test.
+    creator = RedisAdmission(redis_server.url, "a", config, prefix="get:", replica_ttl_s=60.0)
+    backend = RedisAdmissionBackend(redis_server.url, SharedAdmissionConfig("b", 60.0), config, prefix="get:")
+    raw = Redis.from_url(redis_server.url)
+    watcher = Redis.from_url(redis_server.url)
+
+    async def server_ms() -> int:
+        seconds, micros = await raw.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def deadline() -> int:
+        return int(await raw.hget("get:t:wait", "hbdl") or 0)
+
+    async def commands_sent(call: Awaitable[object]) -> tuple[object, list[str]]:
+        """`call`'s outcome and the commands clients other than Lua sent while it ran (MONITOR, up to a marker)."""
+        async with watcher.monitor() as monitor:
+            await raw.echo("start")
+            while "start" not in (await monitor.next_command())["command"]:
+                pass
+            try:
+                outcome: object = await call
+            except SessionNotFoundError as exc:
+                outcome = exc
+            await raw.echo("end")
+            sent: list[str] = []
+            while "end" not in (line := await monitor.next_command())["command"]:
+                if line["client_type"] != "lua":
+                    sent.append(str(line["command"]).split(" ", 1)[0].upper())
+        return outcome, sent
+
+    try:
+        await creator.start()
+        await backend.admission.start()
+        await backend.admission.create("k", ticket_id="run-b")  # b's slot, so nothing queued goes to b
+        await creator.create("k", ticket_id="run")
+        await creator.create("k", ticket_id="ahead")
+        created = await creator.create("k", ticket_id="wait")
+        assert created.heartbeat_deadline is not None
+        # Until Redis's clock is past the create, so that a heartbeat now would move the deadline.
+        while await server_ms() <= round(created.heartbeat_deadline * 1000) - 30_000:  # noqa: ASYNC110 - a clock
+            await asyncio.sleep(0.001)
+        before = await deadline()
+
+        foreign, sent = await commands_sent(backend.lookup("other-key", "wait"))
+        assert isinstance(foreign, SessionNotFoundError)
+        assert sent == ["EVALSHA"]
+        assert await deadline() == before  # another key's GET is no heartbeat
+
+        unknown, sent = await commands_sent(backend.lookup("k", "nobody"))
+        assert isinstance(unknown, SessionNotFoundError)
+        assert sent == ["EVALSHA"]
+
+        pushed_from = await server_ms()
+        answer, sent = await commands_sent(backend.lookup("k", "wait"))
+        assert sent == ["EVALSHA"]  # one round trip: record, position (ZRANK) and heartbeat in one script
+        assert isinstance(answer, SessionSnapshot)
+        assert (answer.id, answer.state, answer.queue_position) == ("wait", SessionState.QUEUED, 2)
+        assert await deadline() >= pushed_from + 30_000 > before  # the GET was the session's heartbeat
+
+        await creator.cancel("ahead")
+        answer, sent = await commands_sent(backend.lookup("k", "wait"))
+        assert sent == ["EVALSHA"]
+        assert isinstance(answer, SessionSnapshot)
+        assert answer.queue_position == 1  # live: the departure ahead of it is already counted
+        await creator.release("run")  # admits "wait" onto a's freed slot
+        answer, sent = await commands_sent(backend.lookup("k", "wait"))
+        assert sent == ["EVALSHA"]
+        assert isinstance(answer, SessionSnapshot)
+        assert (answer.state, answer.queue_position) == (SessionState.ADMITTED, None)
+    finally:
+        await backend.admission.aclose()
+        await creator.aclose()
+        await raw.aclose()
+        await watcher.aclose()
