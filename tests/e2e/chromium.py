@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["CHROMIUM", "CHROMIUM_ARGS"]
+if TYPE_CHECKING:  # playwright is a dev extra; the tests that use it skip without it
+    from playwright.sync_api import Browser
+
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "launch_chromium"]
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -19,3 +25,17 @@ CHROMIUM_ARGS = [
     # Host candidates with real addresses instead of mDNS names, so ICE can pair with the service on loopback.
     "--disable-features=WebRtcHideLocalIpsWithMdns",
 ]
+
+
+@contextlib.contextmanager
+def launch_chromium() -> Iterator[Browser]:
+    """Chromium through Playwright's sync API, closed at the end. Playwright gives every launch a fresh temporary
+    user data dir. Launch it in the network namespace the test runs in (after entering it)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import numpy as np
 from PIL import Image
 
@@ -21,6 +22,7 @@ __all__ = [
     "GRAB_JS",
     "SETTLED_JS",
     "best_shift",
+    "cancel_over_http",
     "grab",
     "hold_until_applied",
     "page_opener",
@@ -137,6 +139,17 @@ def hold_until_applied(page: Page, key: str) -> int:
         arg=[key, seq],
     )
     return seq
+
+
+def cancel_over_http(base_url: str) -> Callable[[list[str]], None]:
+    """A `page_opener` canceller that ends the sessions with `DELETE ...?mode=cancel` on the service at `base_url`."""
+
+    def cancel(sessions: list[str]) -> None:
+        with httpx.Client(base_url=base_url, timeout=10.0) as client:
+            for session in sessions:
+                client.delete(f"/v1/sessions/{session}", params={"mode": "cancel"})
+
+    return cancel
 
 
 @contextlib.contextmanager

@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 
 from service.http.docs import swagger_ui_dir
-from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.chromium import CHROMIUM, launch_chromium
 from tests.e2e.pages import FRAMES_IN_WINDOW_JS as _FRAMES_IN_WINDOW_JS
 from tests.e2e.pages import SETTLED_JS as _SETTLED_JS
 from tests.e2e.pages import best_shift as _best_shift
+from tests.e2e.pages import cancel_over_http, hold_until_applied, page_opener, reference_texture, start_session
 from tests.e2e.pages import grab as _grab
-from tests.e2e.pages import hold_until_applied, page_opener, reference_texture, start_session
 from tests.e2e.pages import wait_frames as _wait_frames
 from tests.serving import ROOT, free_port, lingstream
 
@@ -113,26 +113,15 @@ def _wait_ready(service: Service) -> None:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    assert sync_playwright is not None
-    with sync_playwright() as playwright:
-        # Playwright gives every launch a fresh temporary user data dir.
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with launch_chromium() as chromium:
+        yield chromium
 
 
 @pytest.fixture
 def open_page(browser: Browser, service: Service) -> Iterator[Callable[..., Page]]:
     """Opens the page in a fresh browser context; at the end, ends what the pages started and checks for JS errors."""
 
-    def cancel(sessions: list[str]) -> None:
-        with httpx.Client(base_url=service.url, timeout=10.0) as client:
-            for session in sessions:
-                client.delete(f"/v1/sessions/{session}", params={"mode": "cancel"})
-
-    with page_opener(browser, service.url, cancel, timeout_ms=WAIT_MS) as opener:
+    with page_opener(browser, service.url, cancel_over_http(service.url), timeout_ms=WAIT_MS) as opener:
         yield opener
 
 

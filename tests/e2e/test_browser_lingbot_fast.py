@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
-from tests.e2e.pages import SETTLED_JS, page_opener, start_session
+from tests.e2e.chromium import CHROMIUM, launch_chromium
+from tests.e2e.pages import SETTLED_JS, cancel_over_http, page_opener, start_session
 from tests.e2e.tiny_model import wait_ready, write_tiny_checkpoint
 from tests.serving import Served, serve
 
@@ -79,23 +79,13 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    assert sync_playwright is not None
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with launch_chromium() as chromium:
+        yield chromium
 
 
 @pytest.fixture
 def open_page(browser: Browser, service: Served) -> Iterator[Callable[..., Page]]:
-    def cancel(sessions: list[str]) -> None:
-        with httpx.Client(base_url=service.url, timeout=10.0) as client:
-            for session in sessions:
-                client.delete(f"/v1/sessions/{session}", params={"mode": "cancel"})
-
-    with page_opener(browser, service.url, cancel, timeout_ms=WAIT_MS) as opener:
+    with page_opener(browser, service.url, cancel_over_http(service.url), timeout_ms=WAIT_MS) as opener:
         yield opener
 
 

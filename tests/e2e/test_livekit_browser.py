@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.chromium import CHROMIUM, launch_chromium
 from tests.e2e.livekit_stack import LiveKitStack, livekit_stack, metric
 from tests.e2e.pages import (
     SETTLED_JS,
@@ -70,13 +70,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveKitStack]:
 @pytest.fixture(scope="module")
 def browser(stack: LiveKitStack) -> Iterator[Browser]:
     """Chromium, started inside the namespace (after the stack, which entered it)."""
-    assert sync_playwright is not None
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with launch_chromium() as chromium:
+        yield chromium
 
 
 @pytest.fixture
