@@ -32,10 +32,11 @@ pytestmark = [
 
 PLAY_S = 180.0
 CONFIG = '{"width": 128, "height": 96}'
+# Every change holds a key: the reference model rests while nothing is held, and each change must reach a frame.
 TRACE = """\
 {"chunk": 0, "keys": ["w"]}
 {"chunk": 2, "keys": ["w", "l"]}
-{"chunk": 4, "keys": []}
+{"chunk": 4, "keys": ["j"]}
 """
 
 
