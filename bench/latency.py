@@ -27,9 +27,19 @@ waiting for a late chunk (the `underrun` timing of each chunk, in frame slots). 
 (`?jitter_ms=0`, RTCRtpReceiver `jitterBufferTarget`); `receiver_target_ms` is what the receiver reported
 (-1: none set, the browser's own choice), so the comparison shows whether the hint was taken.
 
-`--quick` runs 1 trial of each at both sizes with the default schedule (a smoke run, about 30 s); the full run 12,
-both schedules. The last line printed is one JSON object with every figure. Skipped, with a note and an empty report,
-without Chromium or Playwright.
+`first_press_after_idle_*` (at the defaults, just in time): after the trials above, presses from a long rest
+(`IDLE_REST_S`, 5 s; while no key is held the reference model generates nothing and the service sends no frames), each
+released again before the next rest; `press_*` rests under a second.
+
+`livekit_` repeats the defaults (press, change while held, release, first press after idle) through LiveKit: the
+service's participant (the real `livekit` SDK) and the page's livekit-client meet through the LiveKit-signalling
+stand-in of the tests (`tests/livekit_server/`, media relayed by aiortc) in a private network namespace
+(`tests/e2e/livekit_stack.py`), as bench/transport_frames.py does. Skipped, with a note, where the namespace cannot be
+made (it needs root).
+
+`--quick` runs 1 trial of each at both sizes with the default schedule and 1 press after a 1.5 s rest (a smoke run,
+about a minute with LiveKit); the full run 12 and 5 presses after idle, both schedules. The last line printed is one
+JSON object with every figure. Skipped, with a note and an empty report, without Chromium or Playwright.
 """
 
 from __future__ import annotations
@@ -55,6 +65,7 @@ _CHROMIUM_PRESENT = Path(CHROMIUM).exists()
 WIDTH, HEIGHT, FPS = 416, 240, 16
 _LIT = (255, 196, 40)
 _RESULT_TIMEOUT_MS = 15_000
+IDLE_REST_S = 5.0  # the rest before a `first_press_after_idle` trial (--quick: 1.5 s)
 
 # The watcher: every presented frame, the HUD region is drawn on a canvas and each key's box classified lit/dark.
 _WATCH_JS = """
@@ -145,7 +156,15 @@ async def _underrun_pct(page: Any, chunk_size: int) -> float:
 
 
 async def _session(
-    browser: Any, url: str, config: dict[str, Any], trials: int, rng: random.Random, query: str = ""
+    browser: Any,
+    url: str,
+    config: dict[str, Any],
+    trials: int,
+    rng: random.Random,
+    query: str = "",
+    *,
+    idle_trials: int = 0,
+    idle_rest_s: float = IDLE_REST_S,
 ) -> dict[str, list[float]]:
     chunk_size = int(config["chunk_size"])
     page = await browser.new_page()
@@ -162,6 +181,7 @@ async def _session(
 
     await page.route("**/v1/sessions", with_config)
     await page.goto(f"{url}/{query}")
+    await page.wait_for_function("window.lingstream !== undefined")
     await page.fill("#width", str(WIDTH))
     await page.fill("#height", str(HEIGHT))
     await page.fill("#fps", str(FPS))
@@ -191,12 +211,20 @@ async def _session(
 
         figures["release"].append(await _timed(page, "w", False, release))
         await page.evaluate(_COLLECT_CHUNKS_JS)
+    if idle_trials:
+        figures["first_press_after_idle"] = []
+    for _ in range(idle_trials):
+        await asyncio.sleep(idle_rest_s)  # from the release's presented frame: no key held, no frames sent
+        figures["first_press_after_idle"].append(await _timed(page, "w", True, lambda: page.keyboard.down("w")))
+        await asyncio.sleep(rng.uniform(0.1, 0.1 + chunk_s))
+        await _timed(page, "w", False, lambda: page.keyboard.up("w"))
+        await page.evaluate(_COLLECT_CHUNKS_JS)
     figures["hud_photon"] = await page.evaluate("window.lingstream.photonsMs")
     figures["underrun_pct"] = [await _underrun_pct(page, chunk_size)]
     target = await page.evaluate("window.lingstream.jitterBufferTarget")
     figures["receiver_target_ms"] = [-1.0 if target is None else float(target)]
     await page.click("#stop")
-    await page.wait_for_function("window.lingstream.state === 'closed'")
+    await page.wait_for_function("window.lingstream.state === 'closed' || window.lingstream.ended")
     await page.close()
     return figures
 
@@ -211,6 +239,36 @@ def _summary(prefix: str, figures: dict[str, list[float]]) -> dict[str, float]:
         out[f"{prefix}{name}_p90_ms"] = percentile(values, 90) or 0.0
     out[f"{prefix}trials"] = float(len(figures["press"]))
     return out
+
+
+async def _livekit(quick: bool, trials: int, rng: random.Random) -> dict[str, float]:
+    """The defaults through LiveKit, `livekit_` keys; empty, with a note, where the private network cannot be made."""
+    from tests.e2e.livekit_stack import LiveKitStack, livekit_stack
+
+    reason = LiveKitStack.skip_reason()
+    if reason is not None:
+        print(f"latency: LiveKit part skipped ({reason})", file=sys.stderr)
+        return {}
+    from playwright.async_api import async_playwright
+
+    # The loop's thread enters the namespace: the stand-in, the service and Chromium are all started from it.
+    settings = {"LINGSTREAM_LOG_LEVEL": "WARNING", "LINGSTREAM_MAX_SESSIONS_PER_WORKER": "1"}
+    with tempfile.TemporaryDirectory() as folder, livekit_stack(Path(folder), **settings) as stack:
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                figures = await _session(
+                    browser,
+                    stack.url,
+                    {"chunk_size": 3},
+                    trials,
+                    rng,
+                    idle_trials=1 if quick else 5,
+                    idle_rest_s=1.5 if quick else IDLE_REST_S,
+                )
+            finally:
+                await browser.close()
+    return _summary("livekit_", figures)
 
 
 async def main(quick: bool) -> dict[str, float]:
@@ -236,7 +294,17 @@ async def main(quick: bool) -> dict[str, float]:
                 for schedule, prefix in schedules[:1] if quick else schedules:
                     for chunk_size, size_prefix in ((3, ""), (1, "chunk1_")):
                         config = {"chunk_size": chunk_size, "schedule": schedule}
-                        figures = await _session(browser, server.url, config, trials, rng)
+                        # At the defaults, just in time, also presses after a long rest.
+                        idle = (1 if quick else 5) if (prefix, size_prefix) == ("", "") else 0
+                        figures = await _session(
+                            browser,
+                            server.url,
+                            config,
+                            trials,
+                            rng,
+                            idle_trials=idle,
+                            idle_rest_s=1.5 if quick else IDLE_REST_S,
+                        )
                         results |= _summary(prefix + size_prefix, figures)
                 # The receiver asked to keep no jitter buffer beyond what it needs (`?jitter_ms=0`), at the defaults.
                 figures = await _session(browser, server.url, {"chunk_size": 3}, trials, rng, "?jitter_ms=0")
@@ -244,13 +312,14 @@ async def main(quick: bool) -> dict[str, float]:
             finally:
                 await browser.close()
         await asyncio.to_thread(server.stop, 30.0)
+    results |= await _livekit(quick, trials, rng)
     return results
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
-        "--quick", action="store_true", help="a smoke run: 1 trial of each, the default schedule only (about 30 s)"
+        "--quick", action="store_true", help="a smoke run: 1 trial of each, the default schedule only (about a minute)"
     )
     args = parser.parse_args()
     started = time.perf_counter()

@@ -116,6 +116,7 @@ FIGURES: dict[str, frozenset[str]] = {
         }
         | {f"{prefix}{key}" for prefix in ("", "chunk1_", "jitter0_") for key in ("trials", "underrun_pct")}
         | {"receiver_target_ms", "chunk1_receiver_target_ms", "jitter0_receiver_target_ms", "bench_seconds"}
+        | {"first_press_after_idle_p50_ms", "first_press_after_idle_p90_ms"}
     ),
     # Also every key scripts/reliability.sh reads from the quick run.
     "load": frozenset(
@@ -161,6 +162,18 @@ FIGURES: dict[str, frozenset[str]] = {
 # Present only when the script could drive a real Chromium; the LiveKit ones also need a private network namespace.
 CHROMIUM_FIGURES = frozenset({"webrtc_fps_received", "webrtc_chromium_frames_dropped"})
 LIVEKIT_FIGURES = frozenset({"livekit_fps_received", "livekit_join_s"})
+LATENCY_LIVEKIT_FIGURES = frozenset(
+    f"livekit_{key}"
+    for key in (
+        "press_p50_ms",
+        "change_while_held_p50_ms",
+        "change_while_held_p90_ms",
+        "release_p50_ms",
+        "first_press_after_idle_p50_ms",
+        "first_press_after_idle_p90_ms",
+        "trials",
+    )
+)
 
 _MARKS: dict[str, list[pytest.MarkDecorator]] = {
     "scaleout": [
@@ -233,6 +246,8 @@ def test_quick_run_exits_0_and_reports_its_figures(name: str) -> None:
         expected |= CHROMIUM_FIGURES
         if private_network_support() is None:
             expected |= LIVEKIT_FIGURES
+    if name == "latency" and private_network_support() is None:
+        expected |= LATENCY_LIVEKIT_FIGURES
     assert expected <= figures.keys(), f"missing figures: {sorted(expected - figures.keys())}"
     if name == "latency":  # the page's `?jitter_ms=0` reached Chromium's receiver; without it the browser chooses
         assert figures["jitter0_receiver_target_ms"] == 0
