@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -39,6 +39,23 @@ def environment(**extra: str) -> dict[str, str]:
     return env
 
 
+def wait_until_ready(
+    url: str, process: subprocess.Popen[bytes], output: Callable[[], str], *, within_s: float = STARTUP_DEADLINE_S
+) -> None:
+    """Poll `url`/readyz until 200 (blocking); fails the test with the service's output if it exits first or is not
+    ready within `within_s`."""
+    deadline = time.monotonic() + within_s
+    with httpx.Client(timeout=5.0) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                pytest.fail(f"lingstream serve exited with {process.returncode}:\n{output()[-4000:]}")
+            with contextlib.suppress(httpx.TransportError):
+                if client.get(f"{url}/readyz").status_code == 200:
+                    return
+            time.sleep(0.05)  # polling another process against a deadline
+    pytest.fail(f"lingstream serve was not ready in {within_s} s:\n{output()[-4000:]}")
+
+
 class Served:
     """A running `lingstream serve`; `output()` is everything it wrote (logs go to stderr)."""
 
@@ -50,6 +67,9 @@ class Served:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def wait_until_ready(self) -> None:
+        wait_until_ready(self.url, self.process, self.output)
 
     async def wait_ready(self, client: httpx.AsyncClient) -> None:
         deadline = time.monotonic() + STARTUP_DEADLINE_S

@@ -13,7 +13,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from tests.e2e.pages import best_shift as _best_shift
 from tests.e2e.pages import cancel_over_http, hold_until_applied, page_opener, reference_texture, start_session
 from tests.e2e.pages import grab as _grab
 from tests.e2e.pages import wait_frames as _wait_frames
-from tests.serving import ROOT, free_port, lingstream
+from tests.serving import ROOT, free_port, lingstream, wait_until_ready
 
 try:
     from playwright.sync_api import Browser, Page, sync_playwright
@@ -85,7 +84,7 @@ def _serve(log: Path, **extra: str) -> Iterator[Service]:
         )
     running = Service(f"http://127.0.0.1:{port}", process, log)
     try:
-        _wait_ready(running)
+        wait_until_ready(running.url, running.process, running.output, within_s=STARTUP_S)
         yield running
     finally:
         if process.poll() is None:
@@ -96,19 +95,6 @@ def _serve(log: Path, **extra: str) -> Iterator[Service]:
                 process.kill()
                 process.wait(timeout=10)
     assert "Traceback" not in running.output(), running.output()[-4000:]
-
-
-def _wait_ready(service: Service) -> None:
-    deadline = time.monotonic() + STARTUP_S
-    with httpx.Client(timeout=5.0) as client:
-        while time.monotonic() < deadline:
-            if service.process.poll() is not None:
-                pytest.fail(f"lingstream serve exited with {service.process.returncode}:\n{service.output()}")
-            with contextlib.suppress(httpx.TransportError):
-                if client.get(f"{service.url}/readyz").status_code == 200:
-                    return
-            time.sleep(0.05)  # polling a subprocess against a deadline
-    pytest.fail(f"lingstream serve was not ready in {STARTUP_S} s:\n{service.output()}")
 
 
 @pytest.fixture(scope="module")

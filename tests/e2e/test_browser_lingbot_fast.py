@@ -20,7 +20,7 @@ import pytest
 
 from tests.e2e.chromium import CHROMIUM, launch_chromium
 from tests.e2e.pages import SETTLED_JS, cancel_over_http, page_opener, start_session
-from tests.e2e.tiny_model import wait_ready, write_tiny_checkpoint
+from tests.e2e.tiny_model import write_tiny_checkpoint
 from tests.serving import Served, serve
 
 try:
@@ -72,7 +72,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         LINGSTREAM_MAX_SESSIONS_PER_WORKER="1",
         LINGSTREAM_DRAIN_TIMEOUT="5",
     ) as served:
-        wait_ready(served)
+        served.wait_until_ready()
         yield served
     assert "Traceback" not in served.output(), served.output()[-4000:]
 

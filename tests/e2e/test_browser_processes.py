@@ -10,17 +10,15 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
 from tests.e2e.pages import hold_until_applied
 from tests.reliability.test_process_shutdown import descendants
-from tests.serving import ROOT, environment, free_port, lingstream
+from tests.serving import ROOT, environment, free_port, lingstream, wait_until_ready
 
 try:
     from playwright.sync_api import sync_playwright
@@ -62,15 +60,7 @@ def _serve(log: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + STARTUP_S
-        with httpx.Client(timeout=5.0) as client:
-            while True:
-                assert process.poll() is None, log.read_text(errors="replace")[-4000:]
-                with contextlib.suppress(httpx.TransportError):
-                    if client.get(f"{url}/readyz").status_code == 200:
-                        break
-                assert time.monotonic() < deadline, f"not ready in {STARTUP_S} s"
-                time.sleep(0.05)  # polling a subprocess against a deadline
+        wait_until_ready(url, process, lambda: log.read_text(errors="replace"), within_s=STARTUP_S)
         yield url, process
     finally:
         if process.poll() is None:

@@ -12,7 +12,6 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.serving import ROOT, STARTUP_DEADLINE_S, Served, environment, lingstream, serve
+from tests.serving import ROOT, Served, environment, lingstream, serve
 from transport.client import (
     InvalidInputError,
     ServiceClient,
@@ -49,15 +48,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         LINGSTREAM_API_KEYS=f"{KEY},{OTHER_KEY}",
         LINGSTREAM_HOST="127.0.0.1",
     ) as served:
-        deadline = time.monotonic() + STARTUP_DEADLINE_S
-        with httpx.Client(timeout=5.0) as client:
-            while True:
-                assert served.process.poll() is None, served.output()
-                with contextlib.suppress(httpx.TransportError):
-                    if client.get(f"{served.url}/readyz").status_code == 200:
-                        break
-                assert time.monotonic() < deadline, served.output()
-                time.sleep(0.05)  # polling another process against a deadline
+        served.wait_until_ready()
         yield served
     assert "Traceback" not in served.output(), served.output()[-4000:]
 

@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.errors import SessionConfigError
-from tests.e2e.tiny_model import wait_ready, write_tiny_checkpoint
+from tests.e2e.tiny_model import write_tiny_checkpoint
 from tests.serving import ROOT, STARTUP_DEADLINE_S, Served, environment, lingstream, serve
 from transport.client import ServiceClient, connect
 
@@ -66,7 +66,7 @@ def service(
         LINGSTREAM_TORCH_THREADS="1",
         LINGSTREAM_STAGE_PLACEMENT=request.param,
     ) as served:
-        wait_ready(served)
+        served.wait_until_ready()
         yield served
     assert "Traceback" not in served.output(), served.output()[-4000:]
 
