@@ -25,7 +25,9 @@ idle model workers through the test-only `--worker-factory` hook, 4 workers x 2 
   create_cpu_growth is the largest queue's figure ÷ the smallest's (a design that reads the queue per create
   grows with it); redis_ops_per_create the commands Redis processed per cycle (every replica's calls and the
   commands their scripts ran: create, cancel, stream reads, position reads), redis_scripts_per_create the script
-  calls among them;
+  calls among them; redis_round_trips_per_get_queued, at each queue length, the commands a replica sends Redis
+  per GET of a queued session that another replica created (`--cost-cycles` GETs of the tail's session, counted
+  with MONITOR, less what the replicas send by themselves over as long a time without GETs; one is the design);
 - replica_exit_codes_nonzero: replicas that did not exit 0 on SIGTERM.
 
 `--quick` is a smoke run of a few seconds over the same path (100 cycles at concurrency 10, 6 queued, queues of 10
@@ -42,6 +44,7 @@ import os
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from pathlib import Path
 
 import httpx
@@ -196,9 +199,10 @@ def cpu_seconds(pids: list[int]) -> float:
 
 async def create_cost(
     client: httpx.AsyncClient, raw: Redis, urls: list[str], pids: list[int], queues: tuple[int, ...], cycles: int
-) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+) -> tuple[dict[str, float], dict[str, float], dict[str, float], dict[str, float]]:
     """Per create-at-the-tail + DELETE cycle, at each queue length: CPU (replicas + Redis), Redis commands (those
-    the scripts run included) and script calls; every slot is taken first, so every create queues."""
+    the scripts run included) and script calls; every slot is taken first, so every create queues. Then Redis round
+    trips per GET of the tail's queued session on a replica that did not create it."""
 
     async def create(url: str, status: int) -> str:
         created = await client.post(f"{url}/v1/sessions", json={})
@@ -215,6 +219,34 @@ async def create_cost(
         stats = await raw.info("commandstats")
         return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))
 
+    async def sent_during(action: Awaitable[None]) -> int:
+        """Commands clients sent to Redis while `action` ran (MONITOR; not those the scripts ran, nor the marks)."""
+        async with raw.monitor() as monitor:
+            await raw.echo("bench:start")
+            while "bench:start" not in (await monitor.next_command())["command"]:
+                pass
+            await action
+            await raw.echo("bench:end")
+            sent = 0
+            while "bench:end" not in (line := await monitor.next_command())["command"]:
+                sent += line["client_type"] != "lua"
+        return sent
+
+    async def get_round_trips(session: str, url: str) -> float:
+        """Per GET of a session queued by another replica (so `url` answers from the registry), less what the
+        replicas send by themselves (heartbeats, stream reads, refreshes) over as long a time without GETs."""
+
+        async def gets() -> None:
+            for _ in range(cycles):
+                got = await client.get(f"{url}/v1/sessions/{session}")
+                if got.status_code != 200 or got.json()["status"] != "queued":
+                    raise RuntimeError(f"get: {got.status_code} {got.text}")
+
+        started = time.perf_counter()
+        busy = await sent_during(gets())
+        idle = await sent_during(asyncio.sleep(time.perf_counter() - started))
+        return (busy - idle) / cycles
+
     async def settle() -> None:
         """Until Redis sees no command for a while beyond the replicas' heartbeats: their follow-up work is done."""
         before = await commands()
@@ -230,6 +262,7 @@ async def create_cost(
     cpu_ms: dict[str, float] = {}
     ops: dict[str, float] = {}
     calls: dict[str, float] = {}
+    get_trips: dict[str, float] = {}
     limit = asyncio.Semaphore(8)
 
     async def queue_one(index: int) -> str:
@@ -249,9 +282,11 @@ async def create_cost(
         cpu_ms[str(target)] = (cpu_seconds(pids) - cpu_before) * 1000 / cycles
         ops[str(target)] = (await commands() - ops_before - 3) / cycles  # less this function's own INFOs
         calls[str(target)] = (await scripts() - calls_before) / cycles
+        # The tail's session, created on the replica queued[-1] went to; GET on the next one.
+        get_trips[str(target)] = await get_round_trips(queued[-1], urls[len(queued) % len(urls)])
     for index, session in enumerate([*queued, *running]):
         await client.delete(f"{urls[index % len(urls)]}/v1/sessions/{session}?mode=cancel")
-    return cpu_ms, ops, calls
+    return cpu_ms, ops, calls, get_trips
 
 
 async def leaked(client: httpx.AsyncClient, raw: Redis, urls: list[str]) -> float:
@@ -303,11 +338,14 @@ async def main(
                     figures["fifo_queued"] = queued
                     figures["fifo_violations"] = await fifo_violations(client, raw, urls, queued)
                     await leaked(client, raw, urls)  # waits until the sessions above are gone: every slot is free
-                    cpu_ms, ops, calls = await create_cost(client, raw, urls, pids, cost_queues, cost_cycles)
+                    cpu_ms, ops, calls, get_trips = await create_cost(client, raw, urls, pids, cost_queues, cost_cycles)
                     figures["create_cpu_ms_by_queue"] = {key: round(value, 3) for key, value in cpu_ms.items()}
                     figures["create_cpu_growth"] = cpu_ms[str(cost_queues[-1])] / cpu_ms[str(cost_queues[0])]
                     figures["redis_ops_per_create"] = {key: round(value, 2) for key, value in ops.items()}
                     figures["redis_scripts_per_create"] = {key: round(value, 2) for key, value in calls.items()}
+                    figures["redis_round_trips_per_get_queued"] = {
+                        key: round(value, 2) for key, value in get_trips.items()
+                    }
                     figures["slots_leaked"] = await leaked(client, raw, urls)
             finally:
                 codes = await asyncio.gather(*(asyncio.to_thread(server.stop) for server in replicas))

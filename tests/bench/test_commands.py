@@ -91,6 +91,7 @@ FIGURES: dict[str, frozenset[str]] = {
         | {"slots_leaked_1", "fifo_violations", "slots_leaked", "replica_exit_codes_nonzero", "bench_seconds"}
         | {"cycles_per_s_1", "cycles_per_s_3", "cycles_per_s_3_over_1", "cpu_cores_busy_1", "cpu_cores_busy_3"}
         | {"create_cpu_ms_by_queue", "create_cpu_growth", "redis_ops_per_create", "redis_scripts_per_create"}
+        | {"redis_round_trips_per_get_queued"}
     ),
     "transport_frames": frozenset(
         {
