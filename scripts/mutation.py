@@ -95,8 +95,6 @@ GROUPS = (
             "tests/unit/service/test_redis_quotas.py",
             "tests/unit/service/test_redis_usage.py",
             "tests/unit/service/test_retry_after_redis.py",
-            "tests/unit/service/test_redis_quotas.py",
-            "tests/unit/service/test_redis_usage.py",
         ),
     ),
 )
