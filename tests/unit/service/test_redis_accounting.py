@@ -27,6 +27,7 @@ from service.runtime.sessions import SessionSnapshot, SessionState
 from service.scaleout.admission import (
     CloseRequest,
     NotTicketOwnerError,
+    PauseRequest,
     RedisAdmission,
     SharedAdmissionEvent,
     SharedEventKind,
@@ -442,3 +443,34 @@ async def test_a_get_of_a_session_queued_elsewhere_is_one_round_trip(redis_serve
         await creator.aclose()
         await raw.aclose()
         await watcher.aclose()
+
+
+async def test_pause_and_resume_requests_reach_the_owner_from_another_replica(
+    replica: RedisAdmission, redis_server: RedisServer
+) -> None:
+    other = await _second(redis_server)
+    try:
+        requests: list[PauseRequest] = []
+        replica.on_pause_requested(requests.append)
+        await replica.create("k", ticket_id="run-0")
+        await replica.create("k", ticket_id="run-1")
+        await other.create("k", ticket_id="run-2")
+        await other.create("k", ticket_id="run-3")
+        await replica.create("k", ticket_id="wait")  # every slot is taken: it waits
+        code, view = await other.request_pause("run-0", True)
+        assert (code, view.ticket_id, view.state) == ("requested", "run-0", TicketState.ADMITTED)
+        await other.request_pause("run-0", False)
+        await asyncio.wait_for(_until(lambda: len(requests) == 2), timeout=5)
+        assert requests == [PauseRequest("run-0", True, "b"), PauseRequest("run-0", False, "b")]
+        assert (await other.request_pause("wait", True))[0] == "queued"  # nothing to pause yet
+        await replica.release("run-1")
+        assert (await other.request_pause("run-1", True))[0] == "ok"  # finished: a no-op
+    finally:
+        await other.aclose()
+
+
+async def test_the_overview_carries_each_workers_health(replica: RedisAdmission) -> None:
+    replica.set_worker_healthy(1, False)
+    await replica.tick()  # the maintenance pass tells Redis
+    (me,) = (await replica.shared_statistics()).replicas
+    assert me.healthy == (True, False)
