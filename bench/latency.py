@@ -28,8 +28,8 @@ waiting for a late chunk (the `underrun` timing of each chunk, in frame slots). 
 (-1: none set, the browser's own choice), so the comparison shows whether the hint was taken.
 
 `first_press_after_idle_*` (at the defaults, just in time): after the trials above, presses from a long rest
-(`IDLE_REST_S`, 5 s; while no key is held the reference model generates nothing and the service sends no frames), each
-released again before the next rest; `press_*` rests under a second.
+(`IDLE_REST_S`, 10 s as issue #16 asks; while no key is held the reference model generates nothing and the service
+sends no frames), each released again before the next rest; `press_*` rests under a second.
 
 `livekit_` repeats the defaults (press, change while held, release, first press after idle) through LiveKit: the
 service's participant (the real `livekit` SDK) and the page's livekit-client meet through the LiveKit-signalling
@@ -65,7 +65,7 @@ _CHROMIUM_PRESENT = Path(CHROMIUM).exists()
 WIDTH, HEIGHT, FPS = 416, 240, 16
 _LIT = (255, 196, 40)
 _RESULT_TIMEOUT_MS = 15_000
-IDLE_REST_S = 5.0  # the rest before a `first_press_after_idle` trial (--quick: 1.5 s)
+IDLE_REST_S = 10.0  # the rest before a `first_press_after_idle` trial (--quick: 1.5 s)
 
 # The watcher: every presented frame, the HUD region is drawn on a canvas and each key's box classified lit/dark.
 _WATCH_JS = """
