@@ -509,18 +509,28 @@ async def test_a_recording_stays_on_the_replica_that_ran_the_session(tmp_path: P
         assert (elsewhere.status_code, elsewhere.json()["error"]["code"]) == (409, "session_on_other_replica")
         assert elsewhere.headers["Lingstream-Replica"] == "r1"
 
+        async def recorded_frames(session: str) -> bool:
+            body = (await cluster.client.get(cluster.url("r1", f"/v1/sessions/{session}"))).json()
+            return bool(body.get("recording") and body["recording"]["frames"] > 0)
+
+        # A session closed before its first chunk has nothing to record (recording_failed): let frames in first.
+        await _poll(lambda: recorded_frames(recorded), f"frames in the recording of {recorded}", within=60.0)
         # r1's slot frees: the queued recorded session starts there from its stored request, and is recorded there.
         assert (await cluster.delete("r3", recorded)).json()["status"] == "closed"
         await cluster.wait_status("r1", waiting, "running")
-        await asyncio.sleep(0.3)  # a few chunks of the fake world (every 50 ms) into the recording
+        await _poll(lambda: recorded_frames(waiting), f"frames in the recording of {waiting}", within=60.0)
         assert (await cluster.delete("r3", waiting)).json()["status"] == "closed"
         for session in (recorded, waiting):
 
             async def ready(session: str = session) -> bool:
                 answer = await cluster.client.get(cluster.url("r1", f"/v1/sessions/{session}/recording"))
+                if answer.status_code == 404:  # stopped (failed or overrun): say why now, not after the deadline
+                    body = (await cluster.client.get(cluster.url("r1", f"/v1/sessions/{session}"))).json()
+                    pytest.fail(f"the recording of {session} stopped: {answer.json()}, {body.get('recording')}")
                 return answer.status_code == 200 and answer.headers["content-type"] == "video/mp4"
 
-            await _poll(ready, f"the recording of {session} on r1")
+            # Finishing encodes what is still queued: on a loaded machine that takes a while, hence the minute.
+            await _poll(ready, f"the recording of {session} on r1", within=60.0)
             gone = await cluster.client.get(cluster.url("r2", f"/v1/sessions/{session}/recording"))
             assert (gone.status_code, gone.json()["error"]["code"]) == (404, "recording_not_found")
             assert "replica that ran the session" in gone.json()["error"]["message"]
