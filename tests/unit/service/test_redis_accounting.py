@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from redis.asyncio import Redis
@@ -34,17 +33,9 @@ from service.scaleout.admission import (
 )
 from service.scaleout.backend import RedisAdmissionBackend
 from service.settings import SharedAdmissionConfig
-from tests.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.fakes.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not on PATH")
-    with RedisServer(tmp_path) as server:
-        yield server
 
 
 @pytest.fixture

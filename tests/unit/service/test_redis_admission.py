@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,7 +30,7 @@ from service.scaleout.admission import (
     SharedTicketView,
 )
 from service.scaleout.lua.mirror import ReplicaMirror
-from tests.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.fakes.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,14 +38,6 @@ pytestmark = pytest.mark.timeout(60)
 PREFIX = "test:adm:"
 TTL = 1.0
 INTERVAL = 0.2
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not on PATH")
-    with RedisServer(tmp_path) as server:
-        yield server
 
 
 class EventLog:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ from service.errors import AdmissionUnavailableError
 from service.scaleout.admission import CloseRequest, RedisAdmission, SharedEventKind
 from service.scaleout.lua import SCRIPTS
 from tests.fakes.clock import FakeClock
-from tests.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.fakes.redis_server import RedisServer
 from tests.fakes.tcp_proxy import TcpProxy
 from tests.unit.service.test_redis_admission import PREFIX, CloseLog, EventLog, Snapshot, read_snapshot
 
@@ -31,14 +30,6 @@ BACKOFF = (0.02, 0.16)
 # A long TTL: the maintenance pass runs every 20 s, so within a test it runs only when something wakes it (an
 # outage, a cancelled call), which is what these tests are about.
 TTL = 60.0
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not on PATH")
-    with RedisServer(tmp_path) as server:
-        yield server
 
 
 @dataclass

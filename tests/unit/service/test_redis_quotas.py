@@ -7,28 +7,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 
 from admission import AdmissionConfig, IllegalTransitionError, KeyQuota, TicketReason, TicketState
 from service.scaleout.admission import SharedTicketView
-from tests.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.fakes.redis_server import RedisServer
 from tests.unit.service.test_redis_admission import Cluster
 
 pytestmark = pytest.mark.timeout(60)
 
 GREEDY = KeyQuota(max_running=3, max_queued=1)
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not on PATH")
-    with RedisServer(tmp_path) as server:
-        yield server
 
 
 @pytest.fixture

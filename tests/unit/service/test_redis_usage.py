@@ -6,8 +6,7 @@ twice; chunks and frames as the replicas flush them."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -15,18 +14,10 @@ from redis.asyncio import Redis
 
 from admission import AdmissionConfig, TicketState
 from service.scaleout.admission import SharedEventKind
-from tests.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.fakes.redis_server import RedisServer
 from tests.unit.service.test_redis_admission import PREFIX, Cluster
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not on PATH")
-    with RedisServer(tmp_path) as server:
-        yield server
 
 
 @pytest.fixture

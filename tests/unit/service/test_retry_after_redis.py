@@ -3,26 +3,17 @@ and in the 429's `Retry-After` header and error body of a service on the redis b
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 
 from admission import AdmissionConfig, TicketReason, TicketState
 from service.scaleout.admission import RedisAdmission
-from tests.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.fakes.redis_server import RedisServer
 from tests.unit.service.helpers import running_service
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not on PATH")
-    with RedisServer(tmp_path) as server:
-        yield server
 
 
 @pytest.fixture
