@@ -126,6 +126,15 @@ class ReplicaMirror:
         whose rank is enough), or None when none may have."""
         return self._positions.request()
 
+    def create_started(self, ticket_id: str) -> None:
+        """A create is in flight here: the follower leaves the ticket for the create's reply (see `create_ended`)."""
+        self._positions.hold(ticket_id)
+
+    def create_ended(self, ticket_id: str) -> None:
+        """The create is over; if the ticket still needs a read (a departure was heard meanwhile), wake the follower."""
+        if self._positions.settled(ticket_id):
+            self._wake_positions()
+
     def position_current(self, ticket_id: str) -> None:
         """The position of a ticket just created here is current (no departure was heard while the create was in
         flight): no need to read it again."""

@@ -42,6 +42,7 @@ class FollowedPositions:
         self._stale: set[str] = set()
         self._stale_from: int | None = None
         self._all_stale = False
+        self._in_flight: set[str] = set()  # creates under way here: their reply carries the position
 
     def __contains__(self, ticket_id: object) -> bool:
         return ticket_id in self._position
@@ -70,6 +71,17 @@ class FollowedPositions:
             self._by_seq[seq] = tid
         if first:
             self._stale.add(tid)
+
+    def hold(self, ticket_id: str) -> None:
+        """A create of this ticket is in flight here: its reply will carry the position, so a request leaves the
+        ticket out (still stale) until `settled`. Without it, the stream's copy of the create's own event can reach
+        the follower first and cost a read the reply makes useless."""
+        self._in_flight.add(ticket_id)
+
+    def settled(self, ticket_id: str) -> bool:
+        """The create is over (answered, failed or cancelled); True if the ticket is still to be read."""
+        self._in_flight.discard(ticket_id)
+        return ticket_id in self._stale or self._all_stale
 
     def current(self, ticket_id: str) -> None:
         """The position last seen is known to be current (no departure was heard since it was computed): the
@@ -112,6 +124,10 @@ class FollowedPositions:
         self._stale.clear()
         self._stale_from = None
         self._all_stale = False
+        if self._in_flight:
+            held = self._in_flight.intersection(stale)
+            self._stale.update(held)
+            stale = [tid for tid in stale if tid not in held]
         whole = [tid for tid in stale if tid in self._position and tid not in self._views]
         ranked = [tid for tid in stale if tid in self._views]
         return (whole, ranked) if whole or ranked else None

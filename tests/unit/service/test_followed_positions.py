@@ -135,3 +135,25 @@ def test_a_first_sighting_known_to_be_current_is_not_read_again() -> None:
     assert positions.request() is None
     positions.seen_queued(_view("theirs", 4), seq=40)  # seen without knowing what happened meanwhile
     assert _ids(positions) == ([], ["theirs"])
+
+
+def test_a_create_in_flight_keeps_its_ticket_from_the_reader_until_its_reply_settles_it() -> None:
+    """The stream's copy of a create's own event can reach the follower before the create's reply: the ticket waits
+    for the reply (which carries the position) instead of costing a read."""
+    positions = FollowedPositions()
+    positions.hold("mine")
+    positions.seen_queued(_view("mine", 3), seq=30)  # from the event stream, the reply still on its way
+    positions.seen_queued(_view("theirs", 4), seq=40)
+    assert _ids(positions) == ([], ["theirs"])  # not "mine" while its create is in flight
+    positions.current("mine")  # the reply came and nothing left the queue meanwhile
+    assert positions.settled("mine") is False
+    assert positions.request() is None
+
+
+def test_a_create_that_settles_without_a_current_position_leaves_its_ticket_to_be_read() -> None:
+    positions = FollowedPositions()
+    positions.hold("mine")
+    positions.seen_queued(_view("mine", 3), seq=30)
+    assert positions.request() is None  # held back, still stale
+    assert positions.settled("mine") is True  # a departure was heard meanwhile (or the create failed)
+    assert _ids(positions) == ([], ["mine"])
