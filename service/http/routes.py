@@ -24,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -39,6 +41,7 @@ from service.errors import (
     ForbiddenError,
     InvalidRequestError,
     PromptTooLargeError,
+    RecordingNotFoundError,
     SessionNotStreamingError,
     UnsupportedMediaTypeError,
     error_body,
@@ -273,27 +276,53 @@ async def resume_session(session_id: str, owner: Owner, runtime: Runtime) -> Ses
 @v1_router.get(
     "/sessions/{session_id}/recording",
     summary="The session's recording, H.264 in MP4 (owner only; once the session has ended)",
-    response_class=FileResponse,
+    response_class=StreamingResponse,
     responses={200: {"content": {"video/mp4": {}}, "description": "The MP4."}, **_errors(401, 404, 409)},
 )
-async def get_recording(session_id: str, owner: Owner, runtime: Runtime) -> FileResponse:
+async def get_recording(session_id: str, owner: Owner, runtime: Runtime) -> StreamingResponse:
     bind_session_id(session_id)
     outcome = await runtime.recording(owner, session_id)
     assert outcome.video is not None  # READY outcomes carry their files
-    return FileResponse(outcome.video, media_type="video/mp4", filename=f"{session_id}.mp4")
+    return _recording_file(outcome.video, "video/mp4", session_id, f"{session_id}.mp4")
 
 
 @v1_router.get(
     "/sessions/{session_id}/recording/controls",
     summary="The recording's control trace (JSON Lines, the format `lingstream generate --controls` replays)",
-    response_class=FileResponse,
+    response_class=StreamingResponse,
     responses={200: {"content": {"application/x-ndjson": {}}, "description": "The trace."}, **_errors(401, 404, 409)},
 )
-async def get_recording_controls(session_id: str, owner: Owner, runtime: Runtime) -> FileResponse:
+async def get_recording_controls(session_id: str, owner: Owner, runtime: Runtime) -> StreamingResponse:
     bind_session_id(session_id)
     outcome = await runtime.recording(owner, session_id)
     assert outcome.trace is not None
-    return FileResponse(outcome.trace, media_type="application/x-ndjson", filename=f"{session_id}.controls.jsonl")
+    return _recording_file(outcome.trace, "application/x-ndjson", session_id, f"{session_id}.controls.jsonl")
+
+
+_FILE_BLOCK = 256 * 1024
+
+
+def _recording_file(path: Path, media_type: str, session_id: str, filename: str) -> StreamingResponse:
+    """A recording's file, served from a handle opened now: retention may remove the file at any moment (a GET that
+    found it READY can lose the race), and an open handle still reads it whole, where opening the path later would
+    fail with a 500. Gone already: 404 recording_not_found."""
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError as exc:
+        raise RecordingNotFoundError(
+            f"the recording of session {session_id!r} was removed to keep the recordings' retention (oldest first)"
+        ) from exc
+    size = os.fstat(handle.fileno()).st_size
+
+    async def blocks() -> AsyncIterator[bytes]:
+        try:
+            while block := await asyncio.to_thread(handle.read, _FILE_BLOCK):
+                yield block
+        finally:
+            handle.close()
+
+    headers = {"Content-Length": str(size), "Content-Disposition": f'attachment; filename="{filename}"'}
+    return StreamingResponse(blocks(), media_type=media_type, headers=headers)
 
 
 @v1_router.get(

@@ -238,6 +238,9 @@ async def test_a_recording_removed_by_retention_answers_404(tmp_path: Path) -> N
         assert (await svc.client.get(f"/v1/sessions/{first}/recording")).status_code == 200
         await svc.client.delete(f"/v1/sessions/{second}")
         await wait_for(lambda: _state(svc, second) is RecordingState.READY, within=_WAIT)
+        # Retention runs once the second is ready (off the loop): wait for it to have removed the first. A GET racing
+        # it is served whole from the handle it opened, or answers 404 (routes._recording_file), never a 500.
+        await wait_for(lambda: _state(svc, first) is RecordingState.REMOVED, within=_WAIT)
         removed = await svc.client.get(f"/v1/sessions/{first}/recording")
         assert _error(removed) == (404, "recording_not_found")
         assert "oldest first" in removed.json()["error"]["message"]
