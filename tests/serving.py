@@ -25,6 +25,19 @@ def lingstream() -> list[str]:
     return [script] if script else [sys.executable, "-m", "service.cli"]
 
 
+def run_lingstream(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`lingstream ARGS...` to completion from the repository root, its output captured as text (not checked)."""
+    return subprocess.run(
+        [*lingstream(), *args],
+        cwd=ROOT,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))

@@ -4,25 +4,16 @@ browser's (test_browser_lingbot_fast.py)."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
-from tests.serving import ROOT, environment, lingstream
+from tests.serving import run_lingstream
 
 __all__ = ["write_tiny_checkpoint"]
 
 
 def write_tiny_checkpoint(directory: Path) -> Path:
     """`lingstream tiny-checkpoint DIRECTORY`, checked: it succeeds and writes the four parts of the layout."""
-    done = subprocess.run(
-        [*lingstream(), "tiny-checkpoint", str(directory)],
-        cwd=ROOT,
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_lingstream("tiny-checkpoint", str(directory), timeout=120)
     assert done.returncode == 0, done.stderr
     assert "wrote a tiny random LingBot-World-Fast model" in done.stdout
     assert sorted(path.name for path in directory.iterdir()) == ["dit", "text_encoder", "tokenizer", "vae"]
