@@ -392,38 +392,42 @@ class RedisAdmission:
             *((1, body) if body is not None else (0, "")),
             *_bounds(config.quota_of(owner)),
         ]
-        departures = self._mirror.departures
         self._mirror.create_started(ticket_id)  # the reply carries the position: the follower waits for it
         try:
-            try:
-                reply = await self._run("create", *args)
-            except _UNAVAILABLE as exc:
-                self._mirror.deferred[ticket_id] = "abort"  # it may exist: take it back once Redis answers
-                self._lost_contact(exc)
-                raise AdmissionUnavailableError(_UNAVAILABLE_MESSAGE) from exc
-            except asyncio.CancelledError:
-                self._mirror.deferred[ticket_id] = "abort"
-                self._kick.set()
-                raise
-            except ResponseError as exc:
-                raise AdmissionInvariantError(f"admission script 'create' failed: {exc}") from exc
-            if reply.code == "exists":
-                raise TicketExistsError(ticket_id)
-            if reply.code == "unregistered":
-                self._registration_lapsed()
-                raise AdmissionUnavailableError(_UNAVAILABLE_MESSAGE)
-            if reply.code == "rejected":
-                reason, retry_after, now_ms = reply.result
-                refusal = TicketReason(decode_text(reason))
-                if refusal is not TicketReason.QUEUE_FULL:  # draining, or the owner's quota
-                    return self._reject(ticket_id, owner, refusal, None, int(now_ms) / 1000)
-                return self._reject(ticket_id, owner, TicketReason.QUEUE_FULL, int(retry_after), int(now_ms) / 1000)
-            view = decode_view(decode_fields(reply.result))
-            if view.state is TicketState.QUEUED and self._mirror.departures == departures:
-                self._mirror.position_current(ticket_id)  # nothing left the queue meanwhile: its position is exact
-            return view
+            return await self._create_once(ticket_id, owner, args)
         finally:
             self._mirror.create_ended(ticket_id)
+
+    async def _create_once(self, ticket_id: str, owner: str, args: list[str | int | bytes]) -> SharedTicketView:
+        """The create script and what its reply means (`create`'s answers and errors)."""
+        departures = self._mirror.departures
+        try:
+            reply = await self._run("create", *args)
+        except _UNAVAILABLE as exc:
+            self._mirror.deferred[ticket_id] = "abort"  # it may exist: take it back once Redis answers
+            self._lost_contact(exc)
+            raise AdmissionUnavailableError(_UNAVAILABLE_MESSAGE) from exc
+        except asyncio.CancelledError:
+            self._mirror.deferred[ticket_id] = "abort"
+            self._kick.set()
+            raise
+        except ResponseError as exc:
+            raise AdmissionInvariantError(f"admission script 'create' failed: {exc}") from exc
+        if reply.code == "exists":
+            raise TicketExistsError(ticket_id)
+        if reply.code == "unregistered":
+            self._registration_lapsed()
+            raise AdmissionUnavailableError(_UNAVAILABLE_MESSAGE)
+        if reply.code == "rejected":
+            reason, retry_after, now_ms = reply.result
+            refusal = TicketReason(decode_text(reason))
+            if refusal is not TicketReason.QUEUE_FULL:  # draining, or the owner's quota
+                return self._reject(ticket_id, owner, refusal, None, int(now_ms) / 1000)
+            return self._reject(ticket_id, owner, TicketReason.QUEUE_FULL, int(retry_after), int(now_ms) / 1000)
+        view = decode_view(decode_fields(reply.result))
+        if view.state is TicketState.QUEUED and self._mirror.departures == departures:
+            self._mirror.position_current(ticket_id)  # nothing left the queue meanwhile: its position is exact
+        return view
 
     async def get(self, ticket_id: str) -> SharedTicketView:
         """The ticket's current snapshot with its live global position (live, or finished and remembered for
