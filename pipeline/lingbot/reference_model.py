@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from pipeline.lingbot.camera import PinholeIntrinsics, recover_cameras
 from pipeline.lingbot.chunks import TEMPORAL_COMPRESSION, ChunkPlan
 from pipeline.lingbot.config import LingBotSessionConfig
-from pipeline.lingbot.errors import ChunkContractError, ModelInputError, ModelSessionError
+from pipeline.lingbot.errors import ModelInputError
 from pipeline.lingbot.looks import PromptLook, look_of
 from pipeline.lingbot.model import (
     LATENT_CHANNELS,
@@ -67,7 +67,7 @@ from pipeline.lingbot.model import (
     validate_latent_chunk,
 )
 from pipeline.lingbot.prompts import PromptCache, PromptCacheStatistics
-from pipeline.lingbot.stage_sessions import SessionTable, StageStatistics
+from pipeline.lingbot.stage_sessions import SessionTable, StageStatistics, check_chunk_order
 
 __all__ = [
     "DENOISING_STEPS",
@@ -463,7 +463,7 @@ class ReferenceDiT:
         """Control `[24, cs, h, w]` and the chunk's prompt -> latent chunk `[16, cs, h, w]` float32 on this stage's
         device."""
         state = self._sessions.get(session_id)
-        _check_chunk(state.plan, chunk_index, chunk_size, state.next_chunk, "denoise")
+        check_chunk_order("denoise", state.plan, chunk_index, chunk_size, state.next_chunk)
         validate_control(control, state.config, chunk_size)
         look = self._looks.get(prompt, lambda: look_of(prompt))
         started = time.perf_counter()
@@ -560,15 +560,6 @@ def _chunk_seed(seed: int, chunk_index: int) -> int:
     return (seed * 0x9E3779B97F4A7C15 + chunk_index * 0xBF58476D1CE4E5B9 + 1) % (2**63)
 
 
-def _check_chunk(plan: ChunkPlan, chunk_index: int, chunk_size: int, expected: int, stage: str) -> None:
-    if chunk_size != plan.chunk_size:
-        raise ChunkContractError(f"{stage}: chunk_size {chunk_size} does not match the session's {plan.chunk_size}")
-    if not 0 <= chunk_index < plan.num_chunks:
-        raise ChunkContractError(f"{stage}: chunk index {chunk_index} outside the session's 0..{plan.num_chunks - 1}")
-    if chunk_index != expected:
-        raise ModelSessionError(f"{stage}: chunk {chunk_index} arrived out of order, expected chunk {expected}")
-
-
 # --- decode ----------------------------------------------------------------------------------------------------------
 
 
@@ -604,7 +595,7 @@ class ReferenceVAEDecoder:
         """Latent `[16, cs, h, w]` -> uint8 RGB frames `[T, H, W, 3]` on the CPU (T from the chunk contract)."""
         state = self._sessions.get(session_id)
         validate_latent_chunk(latent, state.config, state.plan.chunk_size)
-        _check_chunk(state.plan, chunk_index, state.plan.chunk_size, state.next_chunk, "decode")
+        check_chunk_order("decode", state.plan, chunk_index, state.plan.chunk_size, state.next_chunk)
         started = time.perf_counter()
         config = state.config
         with torch.inference_mode():

@@ -1,4 +1,5 @@
-"""One model stage's per-session states and call statistics, shared by the reference model and LingBot-World-Fast.
+"""One model stage's per-session states and call statistics, and the chunk-order check every stage makes, shared by
+the reference model and LingBot-World-Fast.
 
 Each stage object of a `WorldModel` (encode, denoise, decode) keeps a state per open session between its
 `create_cache` and `release_cache`, and counts its calls and the time they took. The table is safe to use from
@@ -11,9 +12,10 @@ import threading
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from pipeline.lingbot.errors import ModelSessionError
+from pipeline.lingbot.chunks import ChunkPlan
+from pipeline.lingbot.errors import ChunkContractError, ModelSessionError
 
-__all__ = ["SessionTable", "StageStatistics"]
+__all__ = ["SessionTable", "StageStatistics", "check_chunk_order"]
 
 _S = TypeVar("_S")
 
@@ -63,3 +65,14 @@ class SessionTable(Generic[_S]):
     def statistics(self) -> StageStatistics:
         with self._lock:
             return StageStatistics(len(self._sessions), self._calls, self._busy_s)
+
+
+def check_chunk_order(stage: str, plan: ChunkPlan, chunk_index: int, chunk_size: int, expected: int) -> None:
+    """A chunk call must match the session's plan (`ChunkContractError`) and come in order (`ModelSessionError`:
+    chunk `expected` is the next one)."""
+    if chunk_size != plan.chunk_size:
+        raise ChunkContractError(f"{stage}: chunk_size {chunk_size} does not match the session's {plan.chunk_size}")
+    if not 0 <= chunk_index < plan.num_chunks:
+        raise ChunkContractError(f"{stage}: chunk index {chunk_index} outside the session's 0..{plan.num_chunks - 1}")
+    if chunk_index != expected:
+        raise ModelSessionError(f"{stage}: chunk {chunk_index} arrived out of order, expected chunk {expected}")

@@ -29,7 +29,7 @@ import torch
 
 from pipeline.lingbot.chunks import ChunkPlan
 from pipeline.lingbot.config import LingBotSessionConfig
-from pipeline.lingbot.errors import ChunkContractError, ModelInputError, ModelSessionError
+from pipeline.lingbot.errors import ModelInputError, ModelSessionError
 from pipeline.lingbot.model import (
     ModelShard,
     first_frame_mask,
@@ -56,7 +56,7 @@ from pipeline.lingbot.models.sampler import denoise_chunk
 from pipeline.lingbot.models.text import UMT5TextEncoder, load_text_encoder
 from pipeline.lingbot.models.vae import StreamingVAE, load_vae
 from pipeline.lingbot.reference_model import default_scene
-from pipeline.lingbot.stage_sessions import SessionTable, StageStatistics
+from pipeline.lingbot.stage_sessions import SessionTable, StageStatistics, check_chunk_order
 
 __all__ = [
     "MASK_CHANNELS",
@@ -70,15 +70,6 @@ __all__ = [
 
 MASK_CHANNELS = 4
 """The first-frame mask's channels: the 4 video frames a latent frame folds."""
-
-
-def _check_order(stage: str, plan: ChunkPlan, chunk_index: int, chunk_size: int, expected: int) -> None:
-    if chunk_size != plan.chunk_size:
-        raise ChunkContractError(f"{stage}: chunk_size {chunk_size} does not match the session's {plan.chunk_size}")
-    if not 0 <= chunk_index < plan.num_chunks:
-        raise ChunkContractError(f"{stage}: chunk index {chunk_index} outside the session's 0..{plan.num_chunks - 1}")
-    if chunk_index != expected:
-        raise ModelSessionError(f"{stage}: chunk {chunk_index} arrived out of order, expected chunk {expected}")
 
 
 # --- encode ----------------------------------------------------------------------------------------------------------
@@ -179,7 +170,7 @@ class LingBotFastDenoiser:
         self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
     ) -> torch.Tensor:
         state = self._sessions.get(session_id)
-        _check_order("denoise", state.plan, chunk_index, chunk_size, state.next_chunk)
+        check_chunk_order("denoise", state.plan, chunk_index, chunk_size, state.next_chunk)
         validate_control(control, state.config, chunk_size)
         started = time.perf_counter()
         device = self._dit.device
@@ -240,7 +231,7 @@ class LingBotFastDecoder:
     def decode_chunk(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> torch.Tensor:
         state = self._sessions.get(session_id)
         validate_latent_chunk(latent, state.config, state.plan.chunk_size)
-        _check_order("decode", state.plan, chunk_index, state.plan.chunk_size, state.next_chunk)
+        check_chunk_order("decode", state.plan, chunk_index, state.plan.chunk_size, state.next_chunk)
         started = time.perf_counter()
         video = self._vae.decode_chunk(session_id, latent)  # [3, T, H, W] in [-1, 1]
         with torch.inference_mode():
