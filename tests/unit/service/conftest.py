@@ -1,15 +1,19 @@
 """Every service test starts from an environment without LINGSTREAM_* / LIVEKIT_* variables; `redis_server` is a
-real redis-server of the test's own (the scale-out tests), skipped where none is installed."""
+real redis-server of the test's own (the scale-out tests), skipped where none is installed, and `cluster` the
+replicas harness on it (redis_cluster.py: one worker with one slot, a queue of 8)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from redis.asyncio import Redis
 
+from admission import AdmissionConfig
 from tests.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.unit.service.redis_cluster import Cluster
 
 
 @pytest.fixture(autouse=True)
@@ -25,3 +29,18 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         pytest.skip("redis-server is not on PATH")
     with RedisServer(tmp_path) as server:
         yield server
+
+
+@pytest.fixture
+async def cluster(redis_server: RedisServer) -> AsyncIterator[Cluster]:
+    raw = Redis.from_url(redis_server.url)
+    config = AdmissionConfig(
+        num_workers=1, max_sessions_per_worker=1, queue_size=8, queue_timeout=30.0, queue_heartbeat_timeout=None
+    )
+    cluster = Cluster(redis_server, raw, config)
+    try:
+        yield cluster
+    finally:
+        for replica in cluster.replicas.values():
+            await replica.aclose()
+        await raw.aclose()

@@ -22,7 +22,7 @@ from service.scaleout.lua import SCRIPTS
 from tests.fakes.clock import FakeClock
 from tests.fakes.redis_server import RedisServer
 from tests.fakes.tcp_proxy import TcpProxy
-from tests.unit.service.test_redis_admission import PREFIX, CloseLog, EventLog, Snapshot, read_snapshot
+from tests.unit.service.redis_cluster import PREFIX, CloseLog, EventLog, Snapshot, read_snapshot
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from admission import AdmissionConfig, IllegalTransitionError, KeyQuota, TicketReason, TicketState
 from service.scaleout.admission import SharedTicketView
 from tests.fakes.redis_server import RedisServer
-from tests.unit.service.test_redis_admission import Cluster
+from tests.unit.service.redis_cluster import Cluster
 
 pytestmark = pytest.mark.timeout(60)
 

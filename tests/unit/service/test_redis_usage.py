@@ -6,33 +6,16 @@ twice; chunks and frames as the replicas flush them."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
-from admission import AdmissionConfig, TicketState
+from admission import TicketState
 from service.scaleout.admission import SharedEventKind
-from tests.fakes.redis_server import RedisServer
-from tests.unit.service.test_redis_admission import PREFIX, Cluster
+from tests.unit.service.redis_cluster import PREFIX, Cluster
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-async def cluster(redis_server: RedisServer) -> AsyncIterator[Cluster]:
-    raw = Redis.from_url(redis_server.url)
-    config = AdmissionConfig(
-        num_workers=1, max_sessions_per_worker=1, queue_size=8, queue_timeout=30.0, queue_heartbeat_timeout=None
-    )
-    cluster = Cluster(redis_server, raw, config)
-    try:
-        yield cluster
-    finally:
-        for replica in cluster.replicas.values():
-            await replica.aclose()
-        await raw.aclose()
 
 
 async def _ms(raw: Redis, ticket_id: str, *names: str) -> list[int]:
