@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import io
 import resource
 import subprocess
@@ -15,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import av
 import httpx
@@ -26,7 +26,7 @@ from aiortc import RTCSessionDescription
 from pipeline.bidirectional import ControlState, ResetPose, SetPrompt, Stop
 from tests.e2e.pages import reference_texture
 from tests.fakes.webrtc_client import BrowserPeer
-from tests.serving import ROOT, environment, free_port, lingstream, serve
+from tests.serving import ROOT, environment, free_port, lingstream, serve, wait_until_ready
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus
 
 WIDTH, HEIGHT, FPS, SEED, CHUNK_SIZE = 96, 64, 16, 7, 1
@@ -40,6 +40,15 @@ def _frames(data: bytes | Path) -> npt.NDArray[np.uint8]:
         stream = container.streams.video[0]
         assert stream.average_rate == FPS
         return np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(stream)])
+
+
+async def _join(client: httpx.AsyncClient, session: dict[str, Any], peer: BrowserPeer) -> None:
+    """Offer `peer` to the session's embedded transport and wait for its control channel to open."""
+    offer = {"sdp": await peer.offer(), "type": "offer"}
+    answer = (await client.post(session["transport"]["offer_url"], json=offer)).json()
+    await peer.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+    async with asyncio.timeout(_WAIT):
+        await peer.opened.wait()
 
 
 async def _until_applied(peer: BrowserPeer, seq: int) -> ChunkStatus:
@@ -71,14 +80,7 @@ async def test_a_recording_replays_with_lingstream_generate_to_the_same_frames(t
             sid = session["id"]
             peer = BrowserPeer()
             try:
-                answer = (
-                    await client.post(
-                        session["transport"]["offer_url"], json={"sdp": await peer.offer(), "type": "offer"}
-                    )
-                ).json()
-                await peer.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
-                async with asyncio.timeout(_WAIT):
-                    await peer.opened.wait()
+                await _join(client, session, peer)
                 # Walk, turn while walking under a new prompt, go back to the start pose, look up; a few chunks of
                 # each. The created prompt holds until the live one.
                 for seq, keys in enumerate((["w"], ["w", "l"], ["i"]), start=1):
@@ -178,26 +180,13 @@ async def test_a_full_disk_stops_the_recording_with_a_status_and_the_session_goe
     url = f"http://127.0.0.1:{port}"
     try:
         async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
-            deadline = time.monotonic() + _WAIT
-            while True:
-                with contextlib.suppress(httpx.TransportError):
-                    if (await client.get("/readyz")).status_code == 200:
-                        break
-                assert process.poll() is None, "".join(lines)
-                assert time.monotonic() < deadline, "".join(lines)
-                await asyncio.sleep(0.05)  # polling another process against a deadline
+            await asyncio.to_thread(wait_until_ready, url, process, lambda: "".join(lines), within_s=_WAIT)
             session = (await client.post("/v1/sessions", json={"record": True})).json()
             sid = session["id"]
             peer = BrowserPeer()
             try:
-                answer = (
-                    await client.post(
-                        session["transport"]["offer_url"], json={"sdp": await peer.offer(), "type": "offer"}
-                    )
-                ).json()
-                await peer.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+                await _join(client, session, peer)
                 async with asyncio.timeout(_WAIT):
-                    await peer.opened.wait()
                     status = await peer.next_status()
                     while not isinstance(status, ErrorStatus):
                         status = await peer.next_status()
