@@ -803,6 +803,48 @@ def test_dashboard_has_the_operator_panels() -> None:
     assert all("session_id=" not in expr for expr in exprs)
 
 
+def test_dashboard_panels_tile_the_grid_without_overlapping() -> None:
+    # Grafana lays panels out by gridPos alone: a non-integer height (a panel once had its threshold steps there)
+    # or two panels on the same cells make the dashboard render wrongly or not at all.
+    dashboard = json.loads(DASHBOARD.read_text())
+    taken: dict[tuple[int, int], str] = {}
+    for panel in dashboard["panels"]:
+        position = panel["gridPos"]
+        assert set(position) == {"h", "w", "x", "y"}, panel["title"]
+        assert all(type(position[key]) is int for key in position), panel["title"]
+        assert min(position["h"], position["w"]) >= 1, panel["title"]
+        assert min(position["x"], position["y"]) >= 0, panel["title"]
+        for row in range(position["y"], position["y"] + position["h"]):
+            for column in range(position["x"], position["x"] + position["w"]):
+                assert (row, column) not in taken, f"{panel['title']} overlaps {taken[(row, column)]}"
+                taken[(row, column)] = panel["title"]
+
+
+@pytest.mark.parametrize(
+    "family",
+    [
+        "lingstream_chunk_playout_lead_seconds",
+        "lingstream_playout_underruns_total",
+        "lingstream_sessions_ended_limit_total",
+        "lingstream_viewers",
+        "lingstream_viewers_frames_dropped_total",
+        "lingstream_recordings_active",
+        "lingstream_recordings_stopped_total",
+        "lingstream_recordings_kept_size_bytes",
+        "lingstream_usage_running_seconds_total",
+        "lingstream_usage_queued_seconds_total",
+        "lingstream_usage_frames_total",
+    ],
+)
+def test_dashboard_shows_playout_limits_viewers_recordings_and_usage(family: str) -> None:
+    used = {
+        name
+        for expr in dashboard_exprs(json.loads(DASHBOARD.read_text()))
+        for name in re.findall(r"\b(lingstream_[a-z0-9_]+?)(?:_bucket)?\b", expr)
+    }
+    assert family in used
+
+
 def test_dashboard_queries_only_series_the_service_documents() -> None:
     documented = set(re.findall(r"^\| `((?:lingstream|http)_[a-z0-9_]+)` \|", METRICS_DOC.read_text(), re.MULTILINE))
     assert "lingstream_admission_queue_depth" in documented
