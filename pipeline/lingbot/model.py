@@ -16,6 +16,10 @@ Data flow of one session (every tensor float32 unless said otherwise; `h, w = H/
         conditioning (below).
     ChunkDecoder.decode_chunk(session, chunk_index, latent [16, cs, h, w])           -> frames uint8 [T, H, W, 3]
         `T = 4*(cs-1)+1` for chunk 0 and `4*cs` after (`ChunkPlan.frames_in_chunk`), on the CPU, RGB.
+    ProgressiveDecoder.decode_parts(session, chunk_index, latent [16, cs, h, w])  -> iterator of frames uint8
+        the same chunk's frames one latent frame at a time (1 frame for latent frame 0 of chunk 0, 4 for every other),
+        so the first can be played while the rest decode; their concatenation equals `decode_chunk`'s frames bit
+        for bit. Optional: a decoder without it is decoded whole (`stages.DecodeStage`).
 
 Text conditioning (the prompt). Every `denoise_chunk` call names the prompt its chunk is generated from, as a plain
 `str` keyword argument: "" means no prompt (the model's unconditioned / default text), anything else is at most
@@ -75,6 +79,7 @@ device, its rank and the world size of its group). What a checkpoint implements 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -91,6 +96,7 @@ __all__ = [
     "ChunkDecoder",
     "ChunkDenoiser",
     "ModelShard",
+    "ProgressiveDecoder",
     "ReferenceEncoder",
     "WorldModel",
     "WorldModelFactory",
@@ -168,6 +174,20 @@ class ChunkDecoder(Protocol):
         ...
 
     def release_cache(self, session_id: str) -> None: ...
+
+
+@runtime_checkable
+class ProgressiveDecoder(ChunkDecoder, Protocol):
+    """A `ChunkDecoder` that can also hand a chunk's frames over as they are decoded (progressive decode)."""
+
+    def decode_parts(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> Iterator[torch.Tensor]:
+        """`latent` `[16, cs, h, w]`; yields uint8 RGB frames `[T_i, H, W, 3]` on the CPU, one part per latent frame
+        (`T_0 = 1` for chunk 0, 4 otherwise), whose concatenation equals `decode_chunk`'s frames bit for bit.
+
+        The chunk counts as decoded (the next chunk may come) once the iterator is exhausted; a failure while
+        iterating fails the chunk as a `decode_chunk` failure would, and a chunk left unfinished leaves the session's
+        decode state unusable (its session fails and is released)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ import itertools
 import math
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -593,22 +594,46 @@ class ReferenceVAEDecoder:
 
     def decode_chunk(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> torch.Tensor:
         """Latent `[16, cs, h, w]` -> uint8 RGB frames `[T, H, W, 3]` on the CPU (T from the chunk contract)."""
+        state = self._begin(session_id, chunk_index, latent)
+        started = time.perf_counter()
+        out = self._decode(state, latent, reference_first=chunk_index == 0)
+        state.next_chunk += 1
+        self._sessions.record(time.perf_counter() - started)
+        return out
+
+    def decode_parts(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> Iterator[torch.Tensor]:
+        """`decode_chunk` one latent frame at a time (`ProgressiveDecoder`): the same frames, bit for bit."""
+        state = self._begin(session_id, chunk_index, latent)
+        busy = 0.0
+        for index in range(latent.shape[1]):
+            started = time.perf_counter()
+            part = self._decode(state, latent[:, index : index + 1], reference_first=chunk_index == 0 and index == 0)
+            busy += time.perf_counter() - started
+            yield part
+        state.next_chunk += 1
+        self._sessions.record(busy)
+
+    def _begin(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> _DecoderSession:
         state = self._sessions.get(session_id)
         validate_latent_chunk(latent, state.config, state.plan.chunk_size)
         check_chunk_order("decode", state.plan, chunk_index, state.plan.chunk_size, state.next_chunk)
-        started = time.perf_counter()
+        return state
+
+    def _decode(self, state: _DecoderSession, latent: torch.Tensor, *, reference_first: bool) -> torch.Tensor:
+        """Latent frames `[16, n, h, w]` -> their video frames, each latent frame on its own (so any split of a
+        chunk decodes to the same frames); `reference_first`: the first is the session's single reference frame."""
         config = state.config
         with torch.inference_mode():
-            frames = latent.to(self._device, torch.float32).permute(1, 0, 2, 3)  # [cs, 16, h, w]
+            frames = latent.to(self._device, torch.float32).permute(1, 0, 2, 3)  # [n, 16, h, w]
             size = (config.height, config.width)
             luma = F.interpolate(_unpack_luma(frames[:, _LUMA]), size=size, mode="bicubic", align_corners=False)
             chroma = F.interpolate(frames[:, _CHROMA] / 2, size=size, mode="bilinear", align_corners=False)
-            keys = _ycbcr_to_rgb((luma + 1) / 2, chroma)  # [cs, 3, H, W]
+            keys = _ycbcr_to_rgb((luma + 1) / 2, chroma)  # [n, 3, H, W]
             flow = F.interpolate(frames[:, _FLOW], size=size, mode="bilinear", align_corners=False)
             # Slot k of a latent frame shows the key frame displaced by flow * (KEY_SLOT - k) / KEY_SLOT.
             slots = torch.arange(TEMPORAL_COMPRESSION, dtype=torch.float32, device=self._device)
             scale = (KEY_SLOT - slots) / KEY_SLOT  # [4]
-            displacement = flow[:, None] * scale[None, :, None, None, None]  # [cs, 4, 2, H, W]
+            displacement = flow[:, None] * scale[None, :, None, None, None]  # [n, 4, 2, H, W]
             grid = state.base_grid + displacement.reshape(-1, 2, *size).permute(0, 2, 3, 1)
             video = F.grid_sample(
                 keys.repeat_interleave(TEMPORAL_COMPRESSION, dim=0),
@@ -616,13 +641,10 @@ class ReferenceVAEDecoder:
                 mode="bilinear",
                 padding_mode="border",
                 align_corners=False,
-            )  # [cs*4, 3, H, W]
-            if chunk_index == 0:  # the first latent frame is the single reference frame
+            )  # [n*4, 3, H, W]
+            if reference_first:  # the first latent frame is the single reference frame
                 video = torch.cat([keys[:1], video[TEMPORAL_COMPRESSION:]])
-            out = (video.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().cpu()
-        state.next_chunk += 1
-        self._sessions.record(time.perf_counter() - started)
-        return out
+            return (video.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().cpu()
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ no state of its own between calls (the caches are per session), so the encode an
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -229,16 +230,38 @@ class LingBotFastDecoder:
         return self._sessions.statistics()
 
     def decode_chunk(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> torch.Tensor:
+        state = self._begin(session_id, chunk_index, latent)
+        started = time.perf_counter()
+        frames = _to_frames(self._vae.decode_chunk(session_id, latent))
+        state.next_chunk += 1
+        self._sessions.record(time.perf_counter() - started)
+        return frames
+
+    def decode_parts(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> Iterator[torch.Tensor]:
+        """`decode_chunk` one latent frame at a time (`ProgressiveDecoder`): the streamed VAE decodes one latent frame
+        per decoder call either way, with the session's feature cache, so the frames are the same bit for bit."""
+        state = self._begin(session_id, chunk_index, latent)
+        busy = 0.0
+        for index in range(latent.shape[1]):
+            started = time.perf_counter()
+            part = _to_frames(self._vae.decode_chunk(session_id, latent[:, index : index + 1]))
+            busy += time.perf_counter() - started
+            yield part
+        state.next_chunk += 1
+        self._sessions.record(busy)
+
+    def _begin(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> _DecodeSession:
         state = self._sessions.get(session_id)
         validate_latent_chunk(latent, state.config, state.plan.chunk_size)
         check_chunk_order("decode", state.plan, chunk_index, state.plan.chunk_size, state.next_chunk)
-        started = time.perf_counter()
-        video = self._vae.decode_chunk(session_id, latent)  # [3, T, H, W] in [-1, 1]
-        with torch.inference_mode():
-            frames = ((video + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 3, 0).contiguous()
-        state.next_chunk += 1
-        self._sessions.record(time.perf_counter() - started)
-        return frames.cpu()
+        return state
+
+
+def _to_frames(video: torch.Tensor) -> torch.Tensor:
+    """Video `[3, T, H, W]` in [-1, 1] -> uint8 RGB frames `[T, H, W, 3]` on the CPU."""
+    with torch.inference_mode():
+        frames = ((video + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 3, 0).contiguous()
+    return frames.cpu()
 
 
 # --- assembly --------------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from pipeline.lingbot import (
     ControlSnapshot,
     ModelInputError,
     ModelSessionError,
+    ProgressiveDecoder,
     ReferenceWorldModel,
     chunk_plucker,
     default_scene,
@@ -250,3 +251,35 @@ def test_default_scene_is_a_textured_landscape_with_a_horizon() -> None:
     assert ground[1].mean() > ground[0].mean()
     assert ground[1].mean() > ground[2].mean()
     assert ground[1].std() > 0.05  # and textured, so motion is visible
+
+
+def test_decoding_per_latent_frame_gives_the_whole_chunks_frames_bit_for_bit() -> None:
+    config = small_config()
+    model = ReferenceWorldModel()
+    whole_model = ReferenceWorldModel()
+    camera = open_session(model, "s", config)
+    open_session(whole_model, "s", config)
+    assert isinstance(model.decoder, ProgressiveDecoder)
+    for index, keys in enumerate((["w", "l"], ["a", "i"], [])):
+        control = camera.chunk_control(ControlSnapshot.from_keys(index, keys), index, 3)
+        latent = model.denoiser.denoise_chunk("s", index, 3, control.plucker, prompt="")
+        parts = list(model.decoder.decode_parts("s", index, latent))
+        whole = whole_model.decoder.decode_chunk("s", index, latent)
+        assert [part.shape[0] for part in parts] == ([1, 4, 4] if index == 0 else [4, 4, 4])
+        assert torch.equal(torch.cat(parts), whole)
+        assert len(torch.unique(whole.reshape(len(whole), -1), dim=0)) > 1  # the parts differ: a real comparison
+    assert model.decoder.statistics().calls == 3
+
+
+def test_a_chunk_decoded_in_parts_counts_only_once_it_is_finished() -> None:
+    config = small_config()
+    model = ReferenceWorldModel()
+    camera = open_session(model, "s", config)
+    control = camera.chunk_control(ControlSnapshot.from_keys(0, []), 0, 3)
+    latent = model.denoiser.denoise_chunk("s", 0, 3, control.plucker, prompt="")
+    parts = model.decoder.decode_parts("s", 0, latent)
+    next(parts)
+    with pytest.raises(ModelSessionError, match="out of order, expected chunk 0"):
+        model.decoder.decode_chunk("s", 1, latent)
+    assert sum(part.shape[0] for part in parts) == 8
+    assert model.decoder.decode_chunk("s", 1, latent).shape[0] == 12

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.lingbot import CameraController, ControlSnapshot, LingBotSessionConfig, ModelShard
+from pipeline.lingbot import CameraController, ControlSnapshot, LingBotSessionConfig, ModelShard, ProgressiveDecoder
 from pipeline.lingbot.errors import ModelSessionError
 from pipeline.lingbot.models import TINY_DIT, CheckpointError, LingBotFastDiT, ModelConfigError, denoise_chunk
 from pipeline.lingbot.models.bundle import LingBotFastOptions, check_model_dir, write_tiny_model
@@ -263,3 +263,22 @@ def test_the_tiny_model_runs_in_bfloat16_on_cuda(model_dir: Path, world: LingBot
     stats = cuda.denoiser.cache_statistics("gpu")
     assert stats.nbytes == 2 * TINY_DIT.num_layers * 18 * 8 * TINY_DIT.dim * 2  # K and V, window 18, 8 tokens, bf16
     close_session(cuda, "gpu")
+
+
+def test_decoding_per_latent_frame_gives_the_whole_chunks_frames_bit_for_bit(world: LingBotFastWorldModel) -> None:
+    """The decode seam's parts (one latent frame each, the session's VAE feature cache carried between them) are the
+    whole chunk's frames: a second session decodes the same latents whole."""
+    camera = open_session(world, "parts", CONFIG)
+    world.decoder.create_cache("whole", CONFIG)
+    assert isinstance(world.decoder, ProgressiveDecoder)
+    try:
+        for index in range(3):
+            control = camera.chunk_control(ControlSnapshot.from_keys(index, ["w", "l"]), index, 3).plucker
+            latent = world.denoiser.denoise_chunk("parts", index, 3, control, prompt="")
+            parts = list(world.decoder.decode_parts("parts", index, latent))
+            whole = world.decoder.decode_chunk("whole", index, latent)
+            assert [part.shape[0] for part in parts] == ([1, 4, 4] if index == 0 else [4, 4, 4])
+            assert torch.equal(torch.cat(parts), whole)
+    finally:
+        world.decoder.release_cache("whole")
+        close_session(world, "parts")
