@@ -6,14 +6,20 @@ artifact), chunk period, per-invocation stage timings, idle intervals with their
 real-time factor. Samples live in fixed-size windows (`SampleWindow`), so memory per session does not grow with
 the session's length; lifetime counts and maxima are kept as plain numbers. `percentile` is the project's one
 helper (`admission.summary`, stdlib only), re-exported here.
+
+Every window is a ring of plain doubles (`array('d')`), filled once and then overwritten in place: recording a sample
+allocates no object, so a session's windows add nothing for the garbage collector to track or scan however many
+sessions are open, and the memory a record touches is a few contiguous bytes. Records (`StageTiming`,
+`IdleInterval`) are built only when read.
 """
 
 from __future__ import annotations
 
 import enum
-from collections import deque
-from collections.abc import Mapping
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from admission.summary import percentile
 
@@ -24,6 +30,7 @@ __all__ = [
     "SessionDiagnostics",
     "SessionMetricsSnapshot",
     "StageTiming",
+    "StageTimings",
     "StreamingSessionMetrics",
     "Summary",
     "percentile",
@@ -97,28 +104,70 @@ class Summary:
     max: float | None
 
 
+class _Ring:
+    """The last `size` rows of `width` doubles each, oldest first, in one preallocation-free `array('d')`.
+
+    Grows by appending until it holds `size` rows, then overwrites the oldest row in place: adding a row allocates no
+    Python object (the collector never sees it) and reading row i copies `width` doubles out.
+    """
+
+    __slots__ = ("_data", "_head", "_size", "_width")
+
+    def __init__(self, size: int, width: int) -> None:
+        if size < 1:
+            raise ValueError(f"window size {size} < 1")
+        self._data = array("d")
+        self._size = size
+        self._width = width
+        self._head = 0  # once full: the row that is oldest (and overwritten next)
+
+    def add(self, *values: float) -> None:
+        data = self._data
+        if len(data) < self._size * self._width:
+            data.extend(values)
+            return
+        at = self._head * self._width
+        data[at : at + self._width] = array("d", values)
+        self._head = (self._head + 1) % self._size
+
+    def __len__(self) -> int:
+        return len(self._data) // self._width
+
+    def row(self, index: int) -> tuple[float, ...]:
+        """Row `index` counted from the oldest (negative: from the newest)."""
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("window index out of range")
+        at = ((self._head + index) % n) * self._width
+        return tuple(self._data[at : at + self._width])
+
+    def values(self) -> list[float]:
+        """Every value of a one-wide ring, in no particular order."""
+        return self._data.tolist()
+
+
 class SampleWindow:
     """The last `size` samples of one signal plus lifetime count and max. O(1) memory in the signal's length."""
 
     __slots__ = ("_max", "_samples", "count")
 
     def __init__(self, size: int = DEFAULT_WINDOW) -> None:
-        if size < 1:
-            raise ValueError(f"window size {size} < 1")
-        self._samples: deque[float] = deque(maxlen=size)
+        self._samples = _Ring(size, 1)
         self._max: float | None = None
         self.count = 0
 
     def add(self, value: float) -> None:
-        self._samples.append(value)
+        self._samples.add(value)
         self.count += 1
         if self._max is None or value > self._max:
             self._max = value
 
     def summary(self) -> Summary:
-        if not self._samples:
+        if not len(self._samples):
             return Summary(self.count, None, None, None, self._max)
-        samples = list(self._samples)
+        samples = self._samples.values()
         return Summary(
             count=self.count,
             mean=sum(samples) / len(samples),
@@ -126,6 +175,65 @@ class SampleWindow:
             p95=percentile(samples, 95),
             max=self._max,
         )
+
+
+class StageTimings(Sequence[StageTiming]):
+    """A session's last `window` stage invocations, oldest first; each `StageTiming` is built when read.
+
+    Indexing from the end (`timings[-1]`, the newest) costs O(1), which is what a per-result listener reads.
+    """
+
+    __slots__ = ("_names", "_ring")
+
+    def __init__(self, window: int, names: _Names) -> None:
+        self._ring = _Ring(window, 6)
+        self._names = names
+
+    def add(
+        self, stage_id: str, sequence_id: int, inputs_ready: float, admitted: float, started: float, completed: float
+    ) -> None:
+        self._ring.add(self._names.index(stage_id), sequence_id, inputs_ready, admitted, started, completed)
+
+    def __len__(self) -> int:
+        return len(self._ring)
+
+    @overload
+    def __getitem__(self, index: int) -> StageTiming: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[StageTiming]: ...
+
+    def __getitem__(self, index: int | slice) -> StageTiming | Sequence[StageTiming]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        stage, sequence_id, inputs_ready, admitted, started, completed = self._ring.row(index)
+        return StageTiming(self._names.name(stage), int(sequence_id), inputs_ready, admitted, started, completed)
+
+    def __iter__(self) -> Iterator[StageTiming]:
+        return (self[i] for i in range(len(self)))
+
+
+class _Names:
+    """Strings (stage ids, idle details) as small numbers, so a ring of doubles can hold them; -1 is None."""
+
+    __slots__ = ("_index", "_names")
+
+    def __init__(self) -> None:
+        self._index: dict[str, int] = {}
+        self._names: list[str] = []
+
+    def index(self, name: str) -> int:
+        index = self._index.get(name)
+        if index is None:
+            index = self._index[name] = len(self._names)
+            self._names.append(name)
+        return index
+
+    def name(self, index: float) -> str:
+        return self._names[int(index)]
+
+    def optional(self, index: float) -> str | None:
+        return None if index < 0 else self._names[int(index)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,11 +281,11 @@ class StreamingSessionMetrics:
         self._chunk_period = SampleWindow(window)
         self._stage_durations: dict[str, SampleWindow] = {}
         self._stage_queued: dict[str, SampleWindow] = {}
-        self.stage_timings: deque[StageTiming] = deque(maxlen=window)
-        # (stage_id, start, end, reason index, detail): an `IdleInterval` is built only when read (`idle_intervals`),
-        # since a busy stage records one for most dispatches and hardly anybody reads them; a tuple of plain values
-        # is also one the garbage collector stops scanning after its first pass.
-        self._idle: deque[tuple[str, float, float, int, str | None]] = deque(maxlen=window)
+        self._names = _Names()
+        self.stage_timings = StageTimings(window, self._names)
+        # (stage, start, end, reason, detail) as numbers: an `IdleInterval` is built only when read
+        # (`idle_intervals`), since a busy stage records one for most dispatches and hardly anybody reads them.
+        self._idle = _Ring(window, 5)
         self._idle_totals: dict[IdleReason, float] = {}
         self.outputs = 0
         self.stale_results = 0
@@ -211,16 +319,26 @@ class StreamingSessionMetrics:
         if anchored is not None:
             self._control_to_output.add(now - anchored)
 
-    def on_stage(self, timing: StageTiming) -> None:
-        self.stage_timings.append(timing)
-        self._stage_durations.setdefault(timing.stage_id, SampleWindow(self._window)).add(timing.duration)
-        self._stage_queued.setdefault(timing.stage_id, SampleWindow(self._window)).add(timing.queued)
+    def on_stage(
+        self, stage_id: str, sequence_id: int, inputs_ready: float, admitted: float, started: float, completed: float
+    ) -> None:
+        """One invocation of `stage_id` (the fields of `StageTiming`; the record is built only when read)."""
+        self.stage_timings.add(stage_id, sequence_id, inputs_ready, admitted, started, completed)
+        durations = self._stage_durations.get(stage_id)
+        if durations is None:
+            durations = self._stage_durations[stage_id] = SampleWindow(self._window)
+            self._stage_queued[stage_id] = SampleWindow(self._window)
+        durations.add(completed - started)
+        self._stage_queued[stage_id].add(admitted - inputs_ready)
 
     def on_idle(self, stage_id: str, start: float, end: float, reason: IdleReason, detail: str | None) -> None:
         """The stage did not run for the session from `start` to `end`, because of `reason` (see `IdleInterval`)."""
         if end <= start:
             return
-        self._idle.append((stage_id, start, end, _REASON_INDEX[reason], detail))
+        names = self._names
+        self._idle.add(
+            names.index(stage_id), start, end, _REASON_INDEX[reason], -1 if detail is None else names.index(detail)
+        )
         self._idle_totals[reason] = self._idle_totals.get(reason, 0.0) + (end - start)
 
     def forget_anchors(self) -> None:
@@ -232,9 +350,11 @@ class StreamingSessionMetrics:
     @property
     def idle_intervals(self) -> tuple[IdleInterval, ...]:
         """The last `window` idle intervals, oldest first."""
+        names = self._names
+        rows = (self._idle.row(i) for i in range(len(self._idle)))
         return tuple(
-            IdleInterval(stage, start, end, _REASONS[reason], detail)
-            for stage, start, end, reason, detail in self._idle
+            IdleInterval(names.name(stage), start, end, _REASONS[int(reason)], names.optional(detail))
+            for stage, start, end, reason, detail in rows
         )
 
     @property

@@ -89,7 +89,7 @@ from pipeline.errors import (
     UnknownArtifactError,
     UnknownSessionError,
 )
-from pipeline.metrics import IdleReason, StageTiming, StreamingSessionMetrics
+from pipeline.metrics import IdleReason, StreamingSessionMetrics
 from pipeline.spec import PipelineGraph, StageOrdering
 
 __all__ = ["SchedulerCore"]
@@ -314,9 +314,7 @@ class SchedulerCore:
             )
             return ResultKind.REJECTED
         now = self._clock.now()
-        session.metrics.on_stage(
-            StageTiming(stage.stage_id, inv.sequence_id, inv.inputs_ready, inv.admitted, started, now)
-        )
+        session.metrics.on_stage(stage.stage_id, inv.sequence_id, inv.inputs_ready, inv.admitted, started, now)
         for artifact in stage.produces:
             payload = outputs[artifact]
             for e in self._graph.out_edges[inv.stage].get(artifact, ()):
