@@ -21,7 +21,9 @@ send, since which chunk applies a control is up to the service:
 Entries are played in file order, each after the one before.
 
 Figures (`PlayReport`): `frames`, `fps` (frames received over the span between the first and the last),
-`chunks`, `frames_dropped` (by the client's bounded frame buffer), and **control-to-photon latency**: for every
+`chunks`, `frames_dropped` (by the client's bounded frame buffer), `frames_repeated` (keep-warm repeats the service
+sent while it had nothing new, told apart on the embedded transport and neither counted in `frames` nor written),
+and **control-to-photon latency**: for every
 snapshot that changed the held keys, the time from sending it to receiving the first frame generated from it or a
 newer snapshot, i.e. the first frame of a chunk whose status says `applied_seq >= seq` (the chunk status tells which
 control a chunk applied; on the embedded transport a frame is matched to its chunk by its RTP timestamp, on LiveKit
@@ -95,6 +97,7 @@ class PlayReport:
     frames: int
     frames_written: int
     frames_dropped: int
+    frames_repeated: int
     width: int
     height: int
     seconds: float
@@ -130,6 +133,7 @@ class _Recorder:
         self.meter = meter
         self.writer: Mp4Writer | None = None
         self.frames = 0
+        self.repeats = 0
         self.first_at: float | None = None
         self.last_at: float | None = None
         self.size: tuple[int, int] = (0, 0)
@@ -137,6 +141,9 @@ class _Recorder:
 
     async def run(self) -> None:
         async for frame in self.stream.frames():
+            if frame.repeat:  # a keep-warm repeat of the frame before: nothing new to count or write
+                self.repeats += 1
+                continue
             self.meter.frame(frame)
             self.frames += 1
             self.first_at = frame.received_at if self.first_at is None else self.first_at
@@ -296,6 +303,7 @@ async def play(
         frames=recorder.frames,
         frames_written=written,
         frames_dropped=stats.frames_dropped,
+        frames_repeated=recorder.repeats,
         width=recorder.size[0],
         height=recorder.size[1],
         seconds=round(seconds, 3),

@@ -33,7 +33,7 @@ from transport.outbox import (
     flush_status,
     relay_status,
 )
-from transport.pacing import VIDEO_CLOCK_RATE, FramePacer, PacedFrame, PacerStatistics, PacingConfig
+from transport.pacing import FramePacer, PacedFrame, PacerStatistics, PacingConfig, frame_pts
 from transport.timers import GraceTimer, Timers
 
 __all__ = [
@@ -128,6 +128,9 @@ class BindingSettings(Protocol):
     def reanchor_after(self) -> float: ...
 
     @property
+    def idle_frame_interval(self) -> float: ...
+
+    @property
     def status_max_bytes(self) -> int: ...
 
     @property
@@ -148,7 +151,8 @@ EncodeStatus = Callable[[StatusMessage], Outbound]
 @dataclass(frozen=True, slots=True)
 class BindingCoreStatistics:
     """`frames_delivered`: frames a connection took; `frames_unsent`: frames the pacer released with no connection
-    to take them. `tasks`: background tasks running now."""
+    to take them (generated frames only: keep-warm repeats are the pacer's `idle_frames_sent`). `tasks`:
+    background tasks running now."""
 
     state: BindingState
     tasks: int
@@ -242,6 +246,7 @@ class BindingCore:
                 height=port.height,
                 ring_frames=settings.ring_frames,
                 reanchor_after=settings.reanchor_after,
+                idle_frame_interval=settings.idle_frame_interval,
             ),
             clock=clock,
         )
@@ -336,12 +341,17 @@ class BindingCore:
             self._fed_through = max(self._fed_through, chunk.index)
 
     def _sink(self, frame: PacedFrame) -> None:
+        if frame.repeat:
+            # Keep-warm: the last frame again, to whoever is connected. No generated frame: not counted as one
+            # (the pacer counts repeats), and no chunk status goes out with it.
+            self._deliver(frame)
+            return
         if self._deliver(frame):
             self._frames_delivered += 1
         else:
             self._frames_unsent += 1
         # A held chunk status goes out with its first frame, stamped with that frame's presentation timestamp.
-        pts = round(frame.media_index * VIDEO_CLOCK_RATE / self._port.fps)
+        pts = frame_pts(frame, self._port.fps)
         if frame.chunk_index not in self._paced_first:
             self._paced_first[frame.chunk_index] = pts
             while len(self._paced_first) > _PACED_REMEMBERED:

@@ -15,17 +15,24 @@ from transport.rooms import RoomConfig
 from transport.tokens import DEFAULT_JOIN_TTL
 from transport.viewers import DEFAULT_MAX_VIEWERS
 
-__all__ = ["CONTROL_TOPIC", "STATUS_TOPIC", "EmbeddedConfig", "LiveKitConfig"]
+__all__ = ["CONTROL_TOPIC", "DEFAULT_IDLE_FRAME_INTERVAL", "STATUS_TOPIC", "EmbeddedConfig", "LiveKitConfig"]
 
 CONTROL_TOPIC = "lingstream.control"
 """LiveKit data topic of client-to-service control messages."""
 STATUS_TOPIC = "lingstream.status"
 """LiveKit data topic of service-to-client status messages."""
+DEFAULT_IDLE_FRAME_INTERVAL = 0.25
+"""Seconds an idle stream goes without a frame before the last one is sent again (keep-warm; 0 turns it off)."""
 
 
 def _check_max_viewers(value: int) -> None:
     if not 0 <= value <= 1000:
         raise TransportConfigError(f"max_viewers must be in 0..1000, got {value}")
+
+
+def _check_idle_frame_interval(value: float) -> None:
+    if not (math.isfinite(value) and 0 <= value <= 60):
+        raise TransportConfigError(f"idle_frame_interval must be in [0, 60] seconds (0: off), got {value}")
 
 
 def _positive(name: str, value: float) -> None:
@@ -46,7 +53,9 @@ class LiveKitConfig:
     connection (backoff doubles per attempt, capped at 5 s). `lossy_max_bytes`: a chunk status up to this size
     goes as a lossy packet (one MTU); bigger ones, and every discrete message, go reliable.
     `status_flush_timeout`: on detach, seconds to wait for the last status messages (the final `done`) to go out.
-    `max_viewers`: viewers a session's room may have at once (0: none).
+    `max_viewers`: viewers a session's room may have at once (0: none). `idle_frame_interval`: seconds without a
+    frame after which the last one is published again, and how often while the stream stays idle (0: off;
+    `transport.pacing`, keep-warm).
     """
 
     url: str
@@ -71,10 +80,12 @@ class LiveKitConfig:
     status_flush_timeout: float = 0.5
     ring_frames: int = 32
     reanchor_after: float = 0.5
+    idle_frame_interval: float = DEFAULT_IDLE_FRAME_INTERVAL
     max_viewers: int = DEFAULT_MAX_VIEWERS
 
     def __post_init__(self) -> None:
         _check_max_viewers(self.max_viewers)
+        _check_idle_frame_interval(self.idle_frame_interval)
         if not self.url:
             raise TransportConfigError("LiveKit url must be set")
         if not self.api_key or not self.api_secret:
@@ -117,6 +128,8 @@ class EmbeddedConfig:
     client does not consume them, further status messages are dropped and counted instead of piling up (for the
     controller and each viewer alike). `max_viewers`: viewers a session may have at once (0: none);
     `viewer_join_ttl`: seconds a viewer credential admits an offer; `watch_path`: the REST path of a viewer's offer.
+    `idle_frame_interval`: seconds without a frame after which the last one is sent again, and how often while the
+    stream stays idle (0: off; `transport.pacing`, keep-warm).
     """
 
     ice_host_addresses: tuple[str, ...] | None = ("127.0.0.1",)
@@ -132,6 +145,7 @@ class EmbeddedConfig:
     status_buffer_bytes: int = 64 * 1024
     ring_frames: int = 32
     reanchor_after: float = 0.5
+    idle_frame_interval: float = DEFAULT_IDLE_FRAME_INTERVAL
     max_viewers: int = DEFAULT_MAX_VIEWERS
     viewer_join_ttl: float = DEFAULT_JOIN_TTL
     watch_path: str = "/v1/sessions/{session_id}/watch"
@@ -141,6 +155,7 @@ class EmbeddedConfig:
             _positive(name, getattr(self, name))
         _positive("viewer_join_ttl", self.viewer_join_ttl)
         _check_max_viewers(self.max_viewers)
+        _check_idle_frame_interval(self.idle_frame_interval)
         if "{session_id}" not in self.watch_path:
             raise TransportConfigError(f"watch_path must contain {{session_id}}, got {self.watch_path!r}")
         if self.ice_host_addresses is not None and not self.ice_host_addresses:

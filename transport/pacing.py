@@ -6,6 +6,15 @@ frame slots sit on the absolute grid `t0 + n / fps` of a monotonic clock (no dri
 sending), late frames are dropped instead of slowing the stream down, and a stalled stream re-anchors its grid.
 Between generation and sending sits a small ring of pending frames with a latest-wins overflow policy. `FramePacer`
 is the thin asyncio driver that sleeps until each deadline and hands frames to a sink.
+
+Keep-warm: a stream that stops (nothing held, a paused session, generation behind) would send no frames at all, and
+a receiver resynchronises after such a gap (a first press after a rest was seen to take about 1 s over a LiveKit
+SFU). With `PacingConfig.idle_frame_interval` set, once no frame has gone out for that long the pacer sends the last
+frame again (a *repeat*, `PacedFrame.repeat`), every interval, until real frames come again. A repeat takes the
+slot of the wall time it goes out at (timestamps stay monotonic and follow wall time), never waits in the ring (it is
+made when the ring is empty), and a real frame that comes while the stream repeats goes out at once. A repeat's
+presentation timestamp is its slot's plus `REPEAT_PTS_OFFSET`: off the slot grid, so a receiver that knows the
+stream's timestamps tells repeats from generated frames exactly (`frame_pts`, `is_repeat_pts`).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from pipeline.clock import Clock, MonotonicClock
 from transport.errors import TransportConfigError
 
 __all__ = [
+    "REPEAT_PTS_OFFSET",
     "VIDEO_CLOCK_RATE",
     "FramePacer",
     "FrameSink",
@@ -34,6 +44,9 @@ __all__ = [
     "PacingCore",
     "SendFrame",
     "WaitUntil",
+    "frame_pts",
+    "is_repeat_pts",
+    "slot_pts",
 ]
 
 logger = logging.getLogger(__name__)
@@ -41,6 +54,10 @@ logger = logging.getLogger(__name__)
 VIDEO_CLOCK_RATE = 90_000
 """Ticks per second of presentation timestamps (the RTP video clock): slot `media_index` is at
 `round(media_index * VIDEO_CLOCK_RATE / fps)`."""
+
+REPEAT_PTS_OFFSET = 90
+"""Ticks (1 ms) a repeated frame's presentation timestamp lies after its slot's: generated frames sit on the slot
+grid (within a tick of rounding), repeats never do (a slot is at least 375 ticks, at 240 fps)."""
 
 _SINK_ERROR_LOG_EVERY = 100  # a failing sink logs its first error and then every 100th
 
@@ -53,7 +70,9 @@ class PacingConfig:
     viewer sees the newest generated frames, and control-to-output latency stays bounded). It should hold at least
     one chunk; a chunk bigger than the ring keeps its newest frames. `reanchor_after` is how late (in seconds) the
     sender may fall behind its grid, e.g. while the event loop was blocked, before the grid is re-anchored at the
-    current time instead of being caught up.
+    current time instead of being caught up. `idle_frame_interval` (seconds; 0: off) is how long the stream may go
+    without a frame before the last one is sent again, and how often it is repeated while nothing new comes
+    (keep-warm, see the module docstring).
     """
 
     fps: float
@@ -61,6 +80,7 @@ class PacingConfig:
     height: int
     ring_frames: int = 32
     reanchor_after: float = 0.5
+    idle_frame_interval: float = 0.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.fps) and 0 < self.fps <= 240):
@@ -71,6 +91,10 @@ class PacingConfig:
             raise TransportConfigError(f"pacing ring_frames must be at least 1, got {self.ring_frames}")
         if not self.reanchor_after > 0:
             raise TransportConfigError(f"pacing reanchor_after must be positive, got {self.reanchor_after}")
+        if not (math.isfinite(self.idle_frame_interval) and 0 <= self.idle_frame_interval <= 60):
+            raise TransportConfigError(
+                f"pacing idle_frame_interval must be in [0, 60] seconds (0: off), got {self.idle_frame_interval}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +103,9 @@ class PacedFrame:
 
     `image` is uint8 `[H, W, 3]` RGB. `frame_index` is the frame's index in the session's video; `media_index`
     its slot on the output timeline (one slot per 1/fps of wall time since the stream first started, so it only
-    grows, and skips slots the stream missed): use it for presentation timestamps. `deadline` is the slot's time
-    on the pacer's monotonic clock.
+    grows, and skips slots the stream missed): `frame_pts` turns it into the presentation timestamp. `deadline` is
+    the slot's time on the pacer's monotonic clock. `repeat`: the frame is the last one sent again to keep an idle
+    stream warm (its `frame_index` and `chunk_index` are the repeated frame's); it is no generated frame.
     """
 
     image: npt.NDArray[np.uint8]
@@ -88,6 +113,26 @@ class PacedFrame:
     chunk_index: int
     media_index: int
     deadline: float
+    repeat: bool = False
+
+
+def slot_pts(media_index: int, fps: float) -> int:
+    """The presentation timestamp (90 kHz) of slot `media_index` at `fps`."""
+    return round(media_index * VIDEO_CLOCK_RATE / fps)
+
+
+def frame_pts(frame: PacedFrame, fps: float) -> int:
+    """A paced frame's presentation timestamp: its slot's, plus `REPEAT_PTS_OFFSET` for a repeat."""
+    return slot_pts(frame.media_index, fps) + (REPEAT_PTS_OFFSET if frame.repeat else 0)
+
+
+def is_repeat_pts(pts: int, reference_pts: int, fps: float) -> bool:
+    """Whether a frame presented at `pts` is a repeat (off the slot grid), judged against `reference_pts`, the
+    timestamp of any generated frame of the same stream (e.g. a chunk's `first_frame_pts`). Working from a
+    difference keeps it exact for receivers that only know timestamps up to a constant (RTP)."""
+    ticks = VIDEO_CLOCK_RATE / fps
+    delta = pts - reference_pts
+    return abs(delta - round(round(delta / ticks) * ticks)) > 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +157,8 @@ class PacerStatistics:
     of the ring by newer ones. `rejected_size`: frames whose shape or dtype did not match the session. `underruns`:
     times the ring was empty when a slot was due (generation slower than real time). `reanchors`: times the grid
     was moved to the current time (after an underrun or a stall). `max_lateness`: the largest delay, in seconds,
-    of a sent frame behind its deadline.
+    of a sent frame behind its deadline. `idle_frames_sent`: repeats sent to keep an idle stream warm (never in
+    `frames_sent`, which counts generated frames only).
     """
 
     frames_in: int
@@ -124,6 +170,7 @@ class PacerStatistics:
     reanchors: int
     pending: int
     max_lateness: float
+    idle_frames_sent: int = 0
 
 
 @dataclass(slots=True)
@@ -146,6 +193,11 @@ class PacingCore:
     re-anchors the grid at `now`. When the ring was empty at a deadline (an underrun) and the next frame comes a
     whole slot or more after it, the grid re-anchors at the frame's arrival: generation was late, and those frames
     are not dropped.
+
+    Keep-warm (`idle_frame_interval` > 0): with the ring empty, `poll` returns `WaitUntil` the time the last frame
+    is due again, and then `SendFrame` of a repeat of it, on the slot of the current time (the grid keeps its
+    anchor; the repeat takes the slot, so what follows comes later on the timeline). A frame pushed while the
+    stream repeats goes out at the next `poll`, on a grid re-anchored there: repeats never delay generated frames.
     """
 
     def __init__(self, config: PacingConfig) -> None:
@@ -164,6 +216,11 @@ class PacingCore:
         self._underruns = 0
         self._reanchors = 0
         self._max_lateness = 0.0
+        self._idle_interval = config.idle_frame_interval
+        self._last: _Pending | None = None  # the last frame sent: what a repeat shows
+        self._repeat_due: float | None = None  # when the last frame goes out again (None: keep-warm off or idle)
+        self._repeating = False  # repeats went out since the last generated frame
+        self._idle_frames_sent = 0
 
     @property
     def config(self) -> PacingConfig:
@@ -229,12 +286,52 @@ class PacingCore:
         )
         self._slot += 1
         self._frames_sent += 1
+        self._last = item
+        self._repeating = False
+        self._repeat_due = now + self._idle_interval if self._idle_interval > 0 else None
         return SendFrame(frame)
+
+    def _send_repeat(self, now: float, due: float) -> SendFrame:
+        last = self._last
+        assert last is not None
+        # The slot of the current time, or the next free one: the timeline stays monotonic and follows wall time.
+        slot = max(self._slot, math.floor((now - self._t0) * self._config.fps + 1e-9))
+        frame = PacedFrame(
+            image=last.image,
+            frame_index=last.frame_index,
+            chunk_index=last.chunk_index,
+            media_index=self._media_base + slot,
+            deadline=due,
+            repeat=True,
+        )
+        self._slot = slot + 1
+        self._repeating = True
+        self._idle_frames_sent += 1
+        following = due + self._idle_interval
+        self._repeat_due = following if following > now else now + self._idle_interval
+        return SendFrame(frame)
+
+    @property
+    def repeat_due(self) -> float | None:
+        """When the last frame is sent again if nothing new comes (None: keep-warm off, or nothing sent yet)."""
+        return self._repeat_due
 
     def poll(self, now: float) -> SendFrame | WaitUntil:
         if not self._pending:
-            return WaitUntil(None)
+            due = self._repeat_due
+            if due is None:
+                return WaitUntil(None)
+            if now < due:
+                return WaitUntil(due)
+            return self._send_repeat(now, due)
         if not self._anchored:
+            self._anchor(now)
+            return self._send(now)
+        if self._repeating:
+            # The stream was idle and kept warm: a generated frame goes at once, on a grid anchored now (after the
+            # slots the repeats took). Counted as an underrun when it came after its slot, as without repeats.
+            if self._pending[0].pushed_at > self._t0 + self._slot * self._period:
+                self._underruns += 1
             self._anchor(now)
             return self._send(now)
         deadline = self._t0 + self._slot * self._period
@@ -279,6 +376,7 @@ class PacingCore:
             reanchors=self._reanchors,
             pending=len(self._pending),
             max_lateness=self._max_lateness,
+            idle_frames_sent=self._idle_frames_sent,
         )
 
 
@@ -297,7 +395,8 @@ class FramePacer:
             async for chunk in port.chunks():
                 pacer.push_chunk(chunk)
 
-    `run` sleeps until each deadline and calls the sink once per due frame, on the event loop. Backpressure: none
+    `run` sleeps until each deadline and calls the sink once per due frame, on the event loop; while it waits to
+    repeat the last frame (keep-warm) a push wakes it at once. Backpressure: none
     upstream; the ring drops its oldest frame on overflow (latest wins) and late frames are dropped (counted in
     `statistics()`). An exception from the sink is logged (rate-limited) and counted, and the stream goes on.
     Cancellation: cancelling `run` stops it between frames; pending frames stay queued for the next `run` (the
@@ -360,5 +459,21 @@ class FramePacer:
             if decision.deadline is None:
                 await self._wakeup.wait()
                 self._wakeup.clear()
-            else:
+            elif self._core.pending:
                 await self._sleep(max(0.0, decision.deadline - self._clock.now()))
+            else:
+                # Waiting to repeat the last frame: a frame pushed meanwhile must not wait for that.
+                await self._sleep_or_wakeup(max(0.0, decision.deadline - self._clock.now()))
+
+    async def _sleep_or_wakeup(self, delay: float) -> None:
+        self._wakeup.clear()
+        if self._core.pending or self._closed:
+            return
+        sleeper = asyncio.ensure_future(self._sleep(delay))
+        waker = asyncio.ensure_future(self._wakeup.wait())
+        try:
+            await asyncio.wait((sleeper, waker), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sleeper, waker):
+                task.cancel()
+            await asyncio.gather(sleeper, waker, return_exceptions=True)

@@ -21,7 +21,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 from transport.errors import SignalingError
-from transport.pacing import VIDEO_CLOCK_RATE, PacedFrame
+from transport.pacing import VIDEO_CLOCK_RATE, PacedFrame, frame_pts
 
 __all__ = ["TRACK_QUEUE", "PacedVideoTrack", "ice_host_addresses", "install_host_address_hook", "negotiate"]
 
@@ -71,15 +71,17 @@ class PacedVideoTrack(MediaStreamTrack):
 
     The pacer already releases frames on their deadlines, so `recv` only waits for the next one. Between the two
     sits a queue of `TRACK_QUEUE` frames, latest wins (the oldest is dropped, counted). Presentation timestamps
-    are the frame's slot on the output timeline at 90 kHz, so they advance with wall time even when frames are
-    dropped. `stop()` ends a pending `recv` with `MediaStreamError`, which ends aiortc's sender loop.
+    are the frame's slot on the output timeline at 90 kHz (`transport.pacing.frame_pts`: a keep-warm repeat's is
+    off the slot grid), so they advance with wall time even when frames are dropped. A generated frame offered while
+    repeats still wait in the queue replaces them (not counted as dropped): a repeat never goes out ahead of it.
+    `stop()` ends a pending `recv` with `MediaStreamError`, which ends aiortc's sender loop.
     """
 
     kind = "video"
 
     def __init__(self, fps: float) -> None:
         super().__init__()
-        self._ticks_per_frame = VIDEO_CLOCK_RATE / fps
+        self._fps = fps
         self._frames: deque[PacedFrame] = deque()
         self._available = asyncio.Event()
         self.dropped = 0
@@ -89,6 +91,8 @@ class PacedVideoTrack(MediaStreamTrack):
     def offer(self, frame: PacedFrame) -> None:
         if self.readyState != "live":
             return
+        if not frame.repeat and self._frames and self._frames[-1].repeat:
+            self._frames = deque(queued for queued in self._frames if not queued.repeat)
         if len(self._frames) >= TRACK_QUEUE:
             self._frames.popleft()
             self.dropped += 1
@@ -105,7 +109,7 @@ class PacedVideoTrack(MediaStreamTrack):
             raise MediaStreamError
         frame = self._frames.popleft()
         video = av.VideoFrame.from_ndarray(frame.image, format="rgb24")
-        video.pts = round(frame.media_index * self._ticks_per_frame)
+        video.pts = frame_pts(frame, self._fps)
         video.time_base = fractions.Fraction(1, VIDEO_CLOCK_RATE)
         if self.first_pts is None:
             self.first_pts = video.pts

@@ -65,6 +65,7 @@ def livekit_config(settings: Settings) -> LiveKitConfig:
             codec=settings.video_codec,
             max_bitrate=settings.video_bitrate,
             max_viewers=settings.max_viewers,
+            idle_frame_interval=settings.idle_frame_interval_ms / 1000,
         )
     except TransportConfigError as exc:
         raise SettingsError(f"invalid configuration: the LiveKit transport refused its settings: {exc}") from None
@@ -77,6 +78,7 @@ def embedded_config(settings: Settings) -> EmbeddedConfig:
             ice_host_addresses=ice_addresses_for_host(settings.host or "127.0.0.1"),
             reconnect_grace=settings.reconnect_grace,
             max_viewers=settings.max_viewers,
+            idle_frame_interval=settings.idle_frame_interval_ms / 1000,
         )
     except TransportConfigError as exc:
         raise SettingsError(f"invalid configuration: the embedded transport refused its settings: {exc}") from None

@@ -99,6 +99,7 @@ class TransportFigures:
     viewers: int = 0
     viewer_frames_dropped: int | None = None
     viewer_controls_refused: int | None = None
+    idle_frames_sent: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +128,7 @@ class _SessionFigures:
     first_output: bool = False
     ratios: deque[float] = field(default_factory=lambda: deque(maxlen=_RTF_WINDOW))
     sent: int = 0
+    idle_sent: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     reconnects: Counter[str] = field(default_factory=Counter)
     viewers: int = 0
@@ -160,6 +162,7 @@ class ServiceMetrics:
         self._transport = transport
         self._sessions: dict[str, _SessionFigures] = {}
         self._retired_sent = 0
+        self._retired_idle_sent = 0
         self._retired_dropped: Counter[str] = Counter()
         self._retired_reconnects: Counter[str] = Counter()
         self._retired_viewer_dropped: int | None = None
@@ -280,6 +283,7 @@ class ServiceMetrics:
         self._session_duration.record(max(0.0, time.monotonic() - figures.started_at), {"state": state})
         self._read_binding(session_id, figures)
         self._retired_sent += figures.sent
+        self._retired_idle_sent += figures.idle_sent
         self._retired_dropped.update(figures.dropped)
         self._retired_reconnects.update(figures.reconnects)
         self._retired_viewer_dropped = _add(self._retired_viewer_dropped, figures.viewer_dropped)
@@ -475,6 +479,13 @@ class ServiceMetrics:
             description="Video frames the transport's pacers released to the video track.",
         )
         meter.create_observable_counter(
+            "lingstream.transport.idle_frames.sent",
+            [callback(transport, lambda t: [Observation(t.idle_frames_sent)])],
+            unit="{frame}",
+            description="Keep-warm repeats: the last frame sent again while a stream had nothing new (not generated "
+            "frames, not in frames.sent).",
+        )
+        meter.create_observable_counter(
             "lingstream.transport.frames.dropped",
             [callback(transport, lambda t: (Observation(n, {"reason": r}) for r, n in t.frames_dropped.items()))],
             unit="{frame}",
@@ -531,12 +542,14 @@ class ServiceMetrics:
         except Exception:
             logger.exception("metrics: transport statistics failed")
         sent = self._retired_sent
+        idle_sent = self._retired_idle_sent
         dropped = Counter(self._retired_dropped)
         reconnects = Counter(self._retired_reconnects)
         viewers = 0
         viewer_dropped, viewer_refused = self._retired_viewer_dropped, self._retired_viewer_refused
         for figures in self._sessions.values():
             sent += figures.sent
+            idle_sent += figures.idle_sent
             dropped.update(figures.dropped)
             reconnects.update(figures.reconnects)
             viewers += figures.viewers
@@ -551,6 +564,7 @@ class ServiceMetrics:
             viewers=viewers,
             viewer_frames_dropped=viewer_dropped,
             viewer_controls_refused=viewer_refused,
+            idle_frames_sent=idle_sent,
         )
 
     def _read_binding(self, session_id: str, figures: _SessionFigures) -> None:
@@ -564,6 +578,7 @@ class ServiceMetrics:
             return
         pacer = stats.pacer
         figures.sent = pacer.frames_sent
+        figures.idle_sent = pacer.idle_frames_sent
         figures.dropped["late"] = pacer.dropped_late
         figures.dropped["overflow"] = pacer.dropped_overflow
         figures.dropped["rejected"] = pacer.rejected_size

@@ -68,6 +68,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "maxConnections": 2000,
             "mallocArenas": 4,
             "maxViewers": 3,
+            "idleFrameIntervalMs": 0,
             "maxSessionSeconds": 1800,
             "maxPause": 90.5,
         },
@@ -484,6 +485,7 @@ def test_settings_reach_the_pod_through_the_configmap(chart: Any) -> None:
     assert (data["LINGSTREAM_SESSION_HISTORY"], data["LINGSTREAM_MAX_CONNECTIONS"]) == ("256", "2000")
     assert data["LINGSTREAM_MALLOC_ARENAS"] == "4"
     assert data["LINGSTREAM_MAX_VIEWERS"] == "3"
+    assert data["LINGSTREAM_IDLE_FRAME_INTERVAL_MS"] == "0"  # keep-warm off: 0 is a value, not "unset"
     assert (data["LINGSTREAM_MAX_SESSION_SECONDS"], data["LINGSTREAM_MAX_PAUSE"]) == ("1800", "90.5")
     assert data["LINGSTREAM_ADMISSION_BACKEND"] == "memory"
     assert data["LIVEKIT_URL"] == "wss://livekit.example.com"

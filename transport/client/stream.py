@@ -21,6 +21,13 @@ one from when statuses and frames arrive, see its docstring). The LiveKit
 SDK does not expose RTP timestamps, so there a status is given to the next frame that arrives after it (within the
 jitter of two independent paths).
 
+Keep-warm repeats (`ReceivedFrame.repeat`): while a session has nothing new to show (no key held, paused,
+generation behind), the service sends its last frame again every `LINGSTREAM_IDLE_FRAME_INTERVAL_MS` so that the
+receiver stays in step. A repeat is labelled like the frame it repeats (same chunk, never `first_of_chunk`); on the
+embedded transport its presentation timestamp lies off the frame grid (`transport.pacing.REPEAT_PTS_OFFSET`), so
+once the offset came from the service (`stream_base_pts`) `repeat` is exact; on LiveKit (no timestamps) repeats
+cannot be told apart and `repeat` is always False.
+
 Frames wait in a bounded buffer (`frame_buffer`, default 64) whose overflow policy is *drop oldest* (counted in
 `statistics().frames_dropped`): a consumer slower than the video loses old frames, never the newest.
 
@@ -52,6 +59,7 @@ from pipeline.bidirectional import ControlMessage, ControlState, Pause, ResetPos
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
 from transport.client.api import ServiceClient, SessionInfo
 from transport.client.errors import ConnectError
+from transport.pacing import is_repeat_pts
 from transport.protocol import MAX_SEQ, ProtocolError, decode_status, encode_control
 from transport.rtc import ice_host_addresses
 
@@ -84,13 +92,15 @@ class ReceivedFrame:
     """One decoded video frame. `image`: `(height, width, 3)` uint8 RGB. `received_at`: `time.monotonic()` when it
     was decoded. `pts`: its presentation timestamp on the session's 90 kHz clock (embedded only, once the offset
     is known; None otherwise). `chunk`: the `chunk` status of the chunk it belongs to (None before the first);
-    `first_of_chunk`: it is that chunk's first frame received."""
+    `first_of_chunk`: it is that chunk's first frame received. `repeat`: a keep-warm repeat of the frame before it,
+    not a generated frame (see the module docstring: embedded only)."""
 
     image: npt.NDArray[np.uint8]
     received_at: float
     pts: int | None
     chunk: ChunkStatus | None
     first_of_chunk: bool
+    repeat: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +168,18 @@ class ChunkTracker:
     def offset(self) -> int | None:
         """A frame's presentation timestamp minus its RTP timestamp, once fitted."""
         return self._offset
+
+    @property
+    def exact(self) -> bool:
+        """The offset came from the service (`stream_base_pts`), not from a fit."""
+        return self._exact
+
+    def is_repeat(self, pts: int, fps: float) -> bool:
+        """Whether the frame presented at `pts` is a keep-warm repeat: off the grid of the stamped chunk statuses'
+        first frames. Judged only with the service's offset (a fitted one may have been fitted on a repeat)."""
+        if not self._exact or not self._sorted:
+            return False
+        return is_repeat_pts(pts, self._sorted[-1], fps)
 
     def status(self, chunk: ChunkStatus, at: float) -> None:
         pts = chunk.first_frame_pts
@@ -407,7 +429,8 @@ class LiveStream:
             return ReceivedFrame(arrived.image, arrived.at, None, arrived.chunk, arrived.first)
         # Labelled as it is read: statuses that came after the frame, and a better fitted offset, count too.
         chunk, first, pts = self._tracker.label(arrived.rtp)
-        return ReceivedFrame(arrived.image, arrived.at, pts, chunk, first)
+        repeat = pts is not None and self._tracker.is_repeat(pts, self.info.fps)
+        return ReceivedFrame(arrived.image, arrived.at, pts, chunk, first, repeat)
 
     async def frames(self) -> AsyncIterator[ReceivedFrame]:
         """Every frame until the session is done (then the buffered rest)."""

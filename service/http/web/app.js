@@ -150,7 +150,24 @@ function latencyText(latest, recent) {
 // timestamp of that frame is the same plus an offset the sender picked at random. The offset is learnt once per
 // peer connection from the first frame presented after a stamped status arrived (the status leaves the service
 // with that frame), and from then on each chunk's first frame is found exactly by its `rtpTimestamp`.
-const photon = { generation: null, origin: null, pending: [] };
+// Keep-warm repeats (docs/control-protocol.md): while the session has nothing new, the service sends the last frame
+// again every LINGSTREAM_IDLE_FRAME_INTERVAL_MS, 90 ticks off the grid generated frames sit on. Once the offset is
+// known such a frame is told apart (`isRepeat`) and neither counted as a frame nor taken for a chunk's first frame.
+const photon = { generation: null, origin: null, pending: [], reference: null, fps: null };
+
+function stamped(message) {
+  if (typeof message.first_frame_pts !== "number") return;
+  if (photon.reference === null) photon.pending.push({ pts: message.first_frame_pts, sent: null });
+  photon.reference = message.first_frame_pts;
+}
+
+function isRepeat(meta) {
+  if (!meta || typeof meta.rtpTimestamp !== "number" || photon.origin === null || photon.reference === null) return false;
+  if (!(photon.fps > 0)) return false;
+  const ticks = 90000 / photon.fps;
+  const delta = (meta.rtpTimestamp - ((photon.origin + photon.reference) >>> 0)) | 0; // signed, modulo 2^32
+  return Math.abs(delta - Math.round(Math.round(delta / ticks) * ticks)) > 1;
+}
 
 function expectPhoton(message) {
   if (typeof message.first_frame_pts !== "number") return;
@@ -170,6 +187,7 @@ function framePresented(now, meta) {
     const ahead = (meta.rtpTimestamp - ((photon.origin + next.pts) >>> 0)) | 0; // signed, modulo 2^32
     if (ahead < 0) break;
     photon.pending.shift();
+    if (next.sent === null) continue; // only learnt the offset from it
     page.photonMs = now - next.sent;
     page.photonsMs.push(page.photonMs);
     if (page.photonsMs.length > 20) page.photonsMs.shift();
@@ -189,8 +207,13 @@ function countFrames() {
     return;
   }
   const onFrame = (now, meta) => {
-    frameShown(now, 1);
-    framePresented(now, meta);
+    if (window.lingstream.generation !== photon.generation) {
+      Object.assign(photon, { generation: window.lingstream.generation, origin: null, reference: null });
+    }
+    if (!isRepeat(meta)) {
+      frameShown(now, 1);
+      framePresented(now, meta);
+    }
     video.requestVideoFrameCallback(onFrame);
   };
   video.requestVideoFrameCallback(onFrame);
@@ -219,6 +242,7 @@ function onStatus(message) {
       if (!TERMINAL.has(page.state)) page.state = message.state;
       break;
     case "chunk": {
+      stamped(message);
       const previous = page.lastChunk;
       page.lastChunk = message;
       page.chunks.push({ ...message, generation: window.lingstream.generation });
@@ -299,7 +323,7 @@ function resetPage() {
     ended: false, connection: null,
   });
   frameTimes.length = 0;
-  Object.assign(photon, { generation: null, origin: null, pending: [] });
+  Object.assign(photon, { generation: null, origin: null, pending: [], reference: null, fps: null });
 }
 
 async function start(event) {
@@ -340,6 +364,7 @@ function onSession(session) {
   page.sessionId = session.id;
   if (!(TERMINAL.has(page.state) && !TERMINAL.has(session.status))) page.state = session.status;
   page.queuePosition = session.queue_position;
+  if (session.video && typeof session.video.fps === "number") photon.fps = session.video.fps;
   if (session.status === "queued") say("Waiting for a free slot…");
   if (STREAMING.has(session.status) && link === null && !joining) join(session);
   if (TERMINAL.has(session.status)) {

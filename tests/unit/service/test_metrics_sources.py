@@ -130,6 +130,7 @@ def test_every_worker_and_transport_series_reads_the_field_it_is_named_for() -> 
         _key("lingstream_pipeline_actor_failures_total", stage="render", **w): actor.failures,
         _key("lingstream_transport_sessions"): sessions,
         _key("lingstream_transport_frames_sent_total"): pacer.frames_sent,
+        _key("lingstream_transport_idle_frames_sent_total"): pacer.idle_frames_sent,
         _key("lingstream_transport_frames_dropped_total", reason="late"): pacer.dropped_late,
         _key("lingstream_transport_frames_dropped_total", reason="overflow"): pacer.dropped_overflow,
         _key("lingstream_transport_frames_dropped_total", reason="rejected"): pacer.rejected_size,

@@ -9,6 +9,7 @@ import pytest
 
 from service.cli import main
 from service.errors import SettingsError
+from service.runtime.transports import embedded_config, livekit_config
 from service.runtime.workers import worker_options
 from service.settings import ServiceConfig, Settings, load_settings
 
@@ -126,6 +127,8 @@ INVALID = [
     ("LINGSTREAM_SESSION_HISTORY", "0", "LINGSTREAM_SESSION_HISTORY"),
     ("LINGSTREAM_MAX_CONNECTIONS", "0", "LINGSTREAM_MAX_CONNECTIONS"),
     ("LINGSTREAM_MALLOC_ARENAS", "-1", "LINGSTREAM_MALLOC_ARENAS"),
+    ("LINGSTREAM_IDLE_FRAME_INTERVAL_MS", "-1", "LINGSTREAM_IDLE_FRAME_INTERVAL_MS"),
+    ("LINGSTREAM_IDLE_FRAME_INTERVAL_MS", "0.5", "LINGSTREAM_IDLE_FRAME_INTERVAL_MS"),
     ("LINGSTREAM_MODEL", "lingbot-slow", "LINGSTREAM_MODEL"),
     ("LINGSTREAM_MODEL", "lingbot-fast", "LINGSTREAM_MODEL_PATH"),
     ("LINGSTREAM_MODEL_DTYPE", "int8", "LINGSTREAM_MODEL_DTYPE"),
@@ -187,6 +190,20 @@ def test_settings_convert_once_into_the_packages_records(monkeypatch: pytest.Mon
     assert len(config.api_key_digests) == 1
     assert b"k1-0123456789abcdef" not in config.api_key_digests[0]
     assert isinstance(Settings.model_fields["api_keys"].default.get_secret_value(), str)
+
+
+def test_the_idle_frame_interval_reaches_both_transports_in_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    default = load_settings()
+    assert embedded_config(default).idle_frame_interval == 0.25
+    monkeypatch.setenv("LINGSTREAM_IDLE_FRAME_INTERVAL_MS", "400")
+    monkeypatch.setenv("LIVEKIT_URL", "wss://lk.example")
+    monkeypatch.setenv("LIVEKIT_API_KEY", "k")
+    monkeypatch.setenv("LIVEKIT_API_SECRET", "s")
+    settings = load_settings()
+    assert embedded_config(settings).idle_frame_interval == 0.4
+    assert livekit_config(settings).idle_frame_interval == 0.4
+    monkeypatch.setenv("LINGSTREAM_IDLE_FRAME_INTERVAL_MS", "0")  # off
+    assert embedded_config(load_settings()).idle_frame_interval == 0.0
 
 
 def test_a_recordings_directory_that_cannot_be_written_stops_the_start_naming_the_variable(tmp_path: Path) -> None:

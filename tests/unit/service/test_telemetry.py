@@ -70,6 +70,7 @@ class BindingFigures:
     """A binding's counters as a test sets them (read as a `BindingStatistics` like the real bindings')."""
 
     frames_sent: int = 0
+    idle_frames_sent: int = 0
     dropped_late: int = 0
     rejoins: int = 0
     sdk_reconnects: int = 0
@@ -101,6 +102,7 @@ class BindingTransport(RecordingTransport):
             reanchors=0,
             pending=0,
             max_lateness=0.0,
+            idle_frames_sent=figures.idle_frames_sent,
         )
         reconnects = {ReconnectKind.REJOIN: figures.rejoins, ReconnectKind.SDK_RESUME: figures.sdk_reconnects}
         return BindingStatistics(
@@ -284,14 +286,17 @@ async def test_transport_frames_and_reconnects_are_summed_over_live_and_ended_se
         ended = await _run_chunks(svc, 1)
         live = await _run_chunks(svc, 1)
         transport.figures[ended].frames_sent = 7
+        transport.figures[ended].idle_frames_sent = 40
         transport.figures[ended].dropped_late = 2
         transport.figures[ended].rejoins = 1
         await svc.client.delete(f"/v1/sessions/{ended}")
         transport.figures[ended].frames_sent = 1000  # after the end: no longer read
         transport.figures[live].frames_sent = 5
+        transport.figures[live].idle_frames_sent = 2
         transport.figures[live].sdk_reconnects = 3
         text = await svc.scrape()
     assert metric(text, "lingstream_transport_frames_sent_total") == 12
+    assert metric(text, "lingstream_transport_idle_frames_sent_total") == 42  # repeats: never generated frames
     assert metric(text, 'lingstream_transport_frames_dropped_total{reason="late"}') == 2
     assert metric(text, 'lingstream_transport_frames_dropped_total{reason="unsent"}') == 0
     assert metric(text, 'lingstream_transport_reconnects_total{kind="rejoin"}') == 1

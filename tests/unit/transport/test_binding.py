@@ -23,7 +23,7 @@ from transport.binding import (
     TransitionTable,
 )
 from transport.outbox import Outbound, encode_outbound
-from transport.pacing import PacedFrame
+from transport.pacing import PacedFrame, frame_pts, is_repeat_pts
 from transport.protocol import ProtocolError, decode_status
 
 NEW, LIVE, OVER, CLOSED = BindingState.NEW, BindingState.LIVE, BindingState.OVER, BindingState.CLOSED
@@ -40,6 +40,7 @@ TABLE: TransitionTable = {
 class Settings:
     ring_frames: int = 8
     reanchor_after: float = 0.5
+    idle_frame_interval: float = 0.0
     status_max_bytes: int = 4096
     status_flush_timeout: float = 1.0
 
@@ -113,7 +114,7 @@ class Rig:
     expired: list[str]
 
 
-def _rig(port: FakeSessionPort | None = None, *, ready: bool = True) -> Rig:
+def _rig(port: FakeSessionPort | None = None, *, ready: bool = True, settings: Settings | None = None) -> Rig:
     port = port if port is not None else FakeSessionPort("s1", fps=50.0)
     timers = FakeTimers()
     link = FakeLink(ready=ready)
@@ -123,7 +124,7 @@ def _rig(port: FakeSessionPort | None = None, *, ready: bool = True) -> Rig:
         port,
         kind="test",
         task_prefix="t",
-        settings=Settings(),
+        settings=settings if settings is not None else Settings(),
         transitions=TABLE,
         timers=timers,
         clock=MonotonicClock(),
@@ -333,6 +334,36 @@ async def test_due_frames_go_to_deliver_or_count_as_unsent(rig: Rig) -> None:
     assert [frame.frame_index for frame in frames] == [0, 1]
     assert (stats.frames_unsent, stats.frames_delivered) == (1, 1)
     assert stats.pacer.frames_sent == 2
+
+
+async def test_idle_repeats_reach_the_connection_but_count_and_stamp_nothing() -> None:
+    rig = _rig(settings=Settings(idle_frame_interval=0.02))
+    rig.core.move(LIVE)
+    try:
+        rig.core.start_serving()
+        rig.port.emit_chunk(make_chunk(0, first_frame_index=0, count=1, width=32, height=24, fps=50.0))
+        rig.port.emit_status(ChunkStatus(0, 3, ("w",), {}))
+        frames = await rig.frames.wait_frames(3)  # the frame, then repeats of it while nothing new comes
+        assert [(frame.frame_index, frame.repeat) for frame in frames[:3]] == [(0, False), (0, True), (0, True)]
+        stats = rig.core.statistics()
+        assert (stats.frames_delivered, stats.frames_unsent, stats.pacer.frames_sent) == (1, 0, 1)
+        assert stats.pacer.idle_frames_sent >= 2
+        rig.port.emit_status(ChunkStatus(1, 4, ("a",), {}))  # held until chunk 1's first frame goes out
+        rig.port.emit_chunk(make_chunk(1, first_frame_index=1, count=2, width=32, height=24, fps=50.0))
+        statuses = await rig.link.wait_sent(2)
+        first_of_1 = next(frame for frame in rig.frames.frames if frame.frame_index == 1)
+        assert statuses[1] == ChunkStatus(1, 4, ("a",), {}, first_frame_pts=frame_pts(first_of_1, 50.0))
+        first = frame_pts(frames[0], 50.0)
+        assert statuses[0] == ChunkStatus(0, 3, ("w",), {}, first_frame_pts=first)
+        repeats = [frame_pts(frame, 50.0) for frame in rig.frames.frames if frame.repeat]
+        assert all(is_repeat_pts(pts, first, 50.0) for pts in repeats)
+        async with asyncio.timeout(5):
+            while not any(frame.frame_index == 2 for frame in rig.frames.frames):
+                rig.frames.seen.clear()
+                await rig.frames.seen.wait()
+        assert rig.core.statistics().frames_delivered == 3
+    finally:
+        await rig.core.close("test over")
 
 
 async def test_relayed_states_are_remembered_and_replies_go_to_the_controller(rig: Rig) -> None:

@@ -11,6 +11,8 @@ import pytest
 
 from pipeline.bidirectional import SetPrompt
 from service.errors import error_table, http_status_spec
+from tests.fakes.clock import FakeClock
+from tests.fakes.transport_port import make_frames
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus
 from transport.client import (
     ApiError,
@@ -27,6 +29,7 @@ from transport.client import (
     default_ice_addresses,
     error_classes,
 )
+from transport.pacing import PacedFrame, PacingConfig, PacingCore, SendFrame, frame_pts
 from transport.protocol import decode_control, encode_status
 
 TICKS = 3600  # 90 kHz / 25 fps
@@ -235,3 +238,58 @@ def test_the_services_stream_base_makes_the_offset_exact_whatever_the_arrival_ti
     last = replace(_chunk(FIRST + 20), stream_base_pts=FIRST * TICKS)
     assert tracker.label(_rtp(FIRST + 20)) == (last, True, (FIRST + 20) * TICKS)
     assert tracker.label(_rtp(FIRST + 5) + 1)[:2] == (_chunk(FIRST + 5), True)  # a tick of rounding is the same slot
+
+
+def _paced_with_an_idle_gap() -> list[PacedFrame]:
+    """What a pacer at 20 fps with keep-warm sends: chunk 0 (3 frames), 1.2 s of nothing (repeats), chunk 1 (2)."""
+    clock = FakeClock()
+    core = PacingCore(PacingConfig(fps=20.0, width=8, height=8, idle_frame_interval=0.25))
+    sent: list[PacedFrame] = []
+
+    def run_until(until: float) -> None:
+        while True:
+            decision = core.poll(clock.now())
+            if isinstance(decision, SendFrame):
+                sent.append(decision.frame)
+                continue
+            if decision.deadline is None or decision.deadline > until:
+                clock.advance(max(0.0, until - clock.now()))
+                return
+            clock.advance(max(0.0, decision.deadline - clock.now()))
+
+    core.push_chunk(make_frames(0, 3, 8, 8), first_frame_index=0, chunk_index=0, now=clock.now())
+    run_until(0.1 + 1.2)
+    core.push_chunk(make_frames(3, 2, 8, 8), first_frame_index=3, chunk_index=1, now=clock.now())
+    run_until(clock.now() + 0.1)
+    return sent
+
+
+@pytest.mark.parametrize("joined_at", [0, 3], ids=["from-the-start", "during-the-idle-gap"])
+async def test_frames_around_an_idle_gap_keep_their_labels_and_repeats_are_flagged(joined_at: int) -> None:
+    """The client's labels around keep-warm repeats, on the timestamps a real pacer gives: generated frames keep
+    their chunk and first-of-chunk exactly, repeats are flagged, labelled like the frame they repeat, never first."""
+    paced = _paced_with_an_idle_gap()
+    assert [frame.repeat for frame in paced].count(True) >= 3
+    seen = paced[joined_at:]  # a client that joined late receives from there (its first frame may be a repeat)
+    base = frame_pts(seen[0], 20.0)  # the service's `stream_base_pts`: the first frame the connection got
+    stream = LiveStream(_info())
+    firsts = {frame.chunk_index: frame for frame in reversed(paced) if not frame.repeat}
+    statuses = {
+        index: ChunkStatus(index, -1, (), {}, first_frame_pts=frame_pts(frame, 20.0), stream_base_pts=base)
+        for index, frame in firsts.items()
+    }
+    told: set[int] = set()
+    for frame in seen:
+        if not frame.repeat and firsts[frame.chunk_index] is frame:
+            stream.on_status(encode_status(statuses[frame.chunk_index]))  # it leaves the service with this frame
+            told.add(frame.chunk_index)
+        stream.on_frame(frame.image, frame_pts(frame, 20.0) - base)
+    stream.on_status(encode_status(DoneStatus("closed")))
+    received = [frame async for frame in stream.frames()]
+    assert [frame.repeat for frame in received] == [frame.repeat for frame in seen]
+    for got, sent in zip(received, seen, strict=True):
+        assert got.pts == frame_pts(sent, 20.0)
+        known = sent.chunk_index in told  # a chunk whose status left before the client joined labels nothing
+        assert got.chunk == (statuses[sent.chunk_index] if known else None)
+        assert got.first_of_chunk == (not sent.repeat and firsts[sent.chunk_index] is sent)
+        np.testing.assert_array_equal(got.image, sent.image)
