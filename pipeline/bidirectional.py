@@ -23,7 +23,7 @@ import enum
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +40,9 @@ __all__ = [
     "MAX_PROMPT_BYTES",
     "MAX_SEQ",
     "BidirectionalService",
+    "ChunkItem",
     "ChunkOutput",
+    "ChunkPart",
     "CloseMode",
     "ControlMessage",
     "ControlState",
@@ -170,6 +172,29 @@ class ChunkOutput:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkPart:
+    """Frames of chunk `index` handed over as soon as they are decoded, ahead of the whole chunk (progressive decode).
+
+    `frames` uint8 `[n, H, W, 3]` RGB are the chunk's frames `offset .. offset + n - 1`, frame `first_frame_index`
+    of the session's video onwards. A chunk's parts come in order, before the chunk's `ChunkOutput`, which carries all
+    its frames again (for the chunk's status, a recording, the counters): a consumer that plays the parts plays only
+    the frames of that `ChunkOutput` no part brought. Parts of a chunk that fails are never followed by its
+    `ChunkOutput`; the session's failure follows.
+    """
+
+    session_id: str
+    index: int
+    frames: npt.NDArray[np.uint8]
+    fps: float
+    first_frame_index: int
+    offset: int
+
+
+ChunkItem = ChunkOutput | ChunkPart
+"""What a session's output stream carries when its reader asks for parts (`outputs(session_id, parts=True)`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedSession:
     """A validated session request, ready to create on a model worker.
 
@@ -230,7 +255,9 @@ class BidirectionalService(Protocol):
     - `push_control` never blocks and never raises for stale input: stale snapshots are dropped and counted. It
       raises `KeyError` for an unknown session.
     - `outputs(session_id)` yields chunks in order; it ends after the session closes (or raises the session's
-      failure once the chunks it had produced were read).
+      failure once the chunks it had produced were read). `outputs(session_id, parts=True)` also yields each
+      chunk's `ChunkPart`s before the chunk, where the worker decodes progressively (a worker that does not yields
+      only chunks).
     - `close_session` is idempotent and returns the summary.
     """
 
@@ -247,7 +274,13 @@ class BidirectionalService(Protocol):
 
     def push_control(self, session_id: str, message: ControlMessage) -> None: ...
 
-    def outputs(self, session_id: str) -> AsyncIterator[ChunkOutput]: ...
+    @overload
+    def outputs(self, session_id: str, *, parts: Literal[False] = False) -> AsyncIterator[ChunkOutput]: ...
+
+    @overload
+    def outputs(self, session_id: str, *, parts: bool) -> AsyncIterator[ChunkItem]: ...
+
+    def outputs(self, session_id: str, *, parts: bool = False) -> AsyncIterator[ChunkItem]: ...
 
     async def close_session(self, session_id: str, mode: CloseMode = CloseMode.DRAIN) -> SessionSummary: ...
 

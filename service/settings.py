@@ -185,6 +185,11 @@ class Settings(BaseSettings):
         description="Comma-separated devices of all model workers: cpu, or cuda:N,... split evenly across "
         "LINGSTREAM_NUM_WORKERS; empty: from LINGSTREAM_DEVICE.",
     )
+    progressive_decode: bool = Field(
+        default=True,
+        description="Hand a chunk's frames to the transport one latent frame at a time as they are decoded, so its "
+        "first frames play before the whole chunk is decoded (threads placement; false: whole chunks).",
+    )
     stage_call_timeout: float = Field(
         default=60.0,
         gt=0,

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pipeline.bidirectional import ChunkOutput, ControlMessage
+from pipeline.bidirectional import ChunkItem, ControlMessage
 from transport.pacing import PacerStatistics
 
 __all__ = [
@@ -146,8 +146,10 @@ class SessionPort(Protocol):
         bindings answer it with an `error` status carrying its code."""
         ...
 
-    def chunks(self) -> AsyncIterator[ChunkOutput]:
-        """The session's generated chunks from now on, bounded, latest wins: a slow consumer skips chunks."""
+    def chunks(self) -> AsyncIterator[ChunkItem]:
+        """The session's generated chunks from now on, bounded, latest wins: a slow consumer skips chunks. Where the
+        model decodes progressively, a chunk's `ChunkPart`s (its first frames, decoded ahead of it) come before it:
+        play the parts at once, then only the frames of the chunk no part brought."""
         ...
 
     def status(self) -> AsyncIterator[StatusMessage]:

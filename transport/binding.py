@@ -21,6 +21,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from pipeline.bidirectional import ChunkItem, ChunkOutput, ChunkPart
 from pipeline.clock import Clock, MonotonicClock
 from transport.base import ChunkStatus, DoneStatus, SessionPort, StateStatus, StatusMessage
 from transport.control import ControlIntake, ControlStatistics
@@ -45,6 +46,7 @@ __all__ = [
     "BindingState",
     "DeliverFrame",
     "EncodeStatus",
+    "PartFeed",
     "TransitionTable",
 ]
 
@@ -146,6 +148,41 @@ _PACED_REMEMBERED = 16  # chunks whose first frame went out before their status 
 
 EncodeStatus = Callable[[StatusMessage], Outbound]
 """Encodes one of the session's status messages for the binding's wire (and picks its reliability)."""
+
+
+class PartFeed:
+    """Which frames of a session's chunk stream still go to the pacer, where chunks come in parts (progressive decode).
+
+    A chunk's `ChunkPart`s come ahead of its `ChunkOutput`, which carries all its frames again. Each part is paced as
+    it comes if it continues the chunk's frames without a gap; the whole chunk then brings only the frames no part
+    brought. A part that does not continue (a slow subscriber lost the one before it) is skipped, and its frames come
+    with the whole chunk; parts of a chunk already paced whole are skipped. `next(item)` returns what to push (None:
+    nothing new)."""
+
+    def __init__(self) -> None:
+        self._chunk = -1
+        self._fed = 0  # frames of chunk `_chunk` pushed so far (offsets below it)
+
+    def next(self, item: ChunkItem) -> ChunkOutput | ChunkPart | None:
+        if isinstance(item, ChunkPart):
+            if item.index != self._chunk:
+                if item.index < self._chunk or item.offset != 0:
+                    return None
+                self._chunk, self._fed = item.index, 0
+            if item.offset != self._fed:
+                return None
+            self._fed += len(item.frames)
+            return item
+        if item.index != self._chunk:
+            self._chunk, self._fed = item.index, len(item.frames)
+            return item
+        done, self._fed = self._fed, max(self._fed, len(item.frames))
+        if done >= len(item.frames):
+            return None
+        if done == 0:
+            return item
+        rest = item.frames[done:]
+        return ChunkPart(item.session_id, item.index, rest, item.fps, item.first_frame_index + done, done)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,9 +373,12 @@ class BindingCore:
         self.spawn(self._outbox.run(self._link), "send")
 
     async def _feed(self) -> None:
-        async for chunk in self._port.chunks():
-            self._pacer.push_chunk(chunk)
-            self._fed_through = max(self._fed_through, chunk.index)
+        parts = PartFeed()
+        async for item in self._port.chunks():
+            frames = parts.next(item)
+            if frames is not None:
+                self._pacer.push_chunk(frames)
+            self._fed_through = max(self._fed_through, item.index)
 
     def _sink(self, frame: PacedFrame) -> None:
         if frame.repeat:
@@ -395,8 +435,15 @@ class BindingCore:
         sent, so that the client learns which presented frame starts the chunk (`first_frame_pts`); `done` lets
         every held status out first. Bounded (`_HELD_STATUSES`, the oldest goes out unstamped). A status that comes
         after its chunk's first frame was paced (the pacer sent it at once: the relay and the feed race) is stamped
-        with that frame's pts, remembered for the last `_PACED_REMEMBERED` chunks."""
-        # A status that overtook its chunk (the feed task has not run yet) is held too, once frames have flowed.
+        with that frame's pts, remembered for the last `_PACED_REMEMBERED` chunks, whether or not later frames of its
+        chunk are still waiting to be paced."""
+        # A status whose chunk's first frame went out already is stamped at once (its later frames may still wait:
+        # progressive decode paces a chunk's first part before the chunk, and so its status, is complete). A status
+        # that overtook its chunk (the feed task has not run yet) is held too, once frames have flowed.
+        if isinstance(message, ChunkStatus) and message.first_frame_pts is None:
+            paced = self._paced_first.get(message.index)
+            if paced is not None:
+                return self._encode(replace(message, first_frame_pts=paced))
         if isinstance(message, ChunkStatus) and (
             0 <= self._fed_through < message.index or self._pacer.holds_chunk(message.index)
         ):
@@ -404,10 +451,6 @@ class BindingCore:
                 self._outbox.put(self._encode(self._held.popleft()))
             self._held.append(message)
             return None
-        if isinstance(message, ChunkStatus) and message.first_frame_pts is None:
-            paced = self._paced_first.get(message.index)
-            if paced is not None:
-                message = replace(message, first_frame_pts=paced)
         if isinstance(message, DoneStatus):
             while self._held:
                 self._outbox.put(self._encode(self._held.popleft()))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.bidirectional import ChunkOutput
+from pipeline.bidirectional import ChunkOutput, ChunkPart
 from pipeline.clock import Clock, MonotonicClock
 from transport.errors import TransportConfigError
 
@@ -426,7 +426,7 @@ class FramePacer:
     def sink_errors(self) -> int:
         return self._sink_errors
 
-    def push_chunk(self, chunk: ChunkOutput) -> int:
+    def push_chunk(self, chunk: ChunkOutput | ChunkPart) -> int:
         accepted = self._core.push_chunk(
             chunk.frames, first_frame_index=chunk.first_frame_index, chunk_index=chunk.index, now=self._clock.now()
         )

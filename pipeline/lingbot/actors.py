@@ -4,7 +4,8 @@
 runs whatever it returns.
 
 Threads (`WorldModel`, the default for the reference model on a laptop): the graph of `stages.py`, each stage on its
-own `LocalStageActor` thread of the service process, tensors passed by reference inside the process.
+own `LocalStageActor` thread of the service process, tensors passed by reference inside the process. Given a
+`PartSink`, the decode stage decodes progressively (`stages.py`) and hands each part to it from its thread.
 
 Processes (`ProcessPlacement`: a `PlacementPlan` from `placement.plan_placement` and a picklable
 `WorldModelFactory`). One `ParallelWorkerStageActor` per worker group of the plan, each the only owner of its
@@ -28,6 +29,10 @@ How tensors cross (the service process only ever holds references and the final 
     service ◄──latent: RemoteLatent(TensorRef)── DiT                   ──► decode
     (co-located: DiT rank 0 decodes the chunk where it is; there is no latent artifact and no latent channel)
     service ◄──frames (uint8, pickled through the reply pipe)── the decoding rank 0
+
+Decode is whole-chunk here: a stage call in a worker process answers once, through its reply pipe, so a chunk's
+frames reach the service process together (progressive decode would need partial replies in the process protocol;
+`build_actors` ignores a `PartSink` for processes).
 
 A `WorkerTensorChannel` moves CPU tensors through shared memory and CUDA tensors as CUDA IPC handles. Keys are
 `session/chunk/what`, so a group stage's `release(session)` discards what a failed or cancelled session left in
@@ -58,6 +63,7 @@ from pipeline.lingbot.stages import (
     DecodeStage,
     DenoiseStage,
     EncodeStage,
+    PartSink,
     lingbot_pipeline_spec,
 )
 from pipeline.local_actor import LocalStageActor
@@ -120,6 +126,8 @@ class LingBotActors:
     workers: Mapping[str, ParallelWorkerStageActor] = field(default_factory=dict)
     """The process actors by stage (empty for threads)."""
     channels: tuple[WorkerTensorChannel, ...] = ()
+    progressive_decode: bool = False
+    """Whether the decode stage hands chunks over in parts (threads, a sink and a `ProgressiveDecoder`)."""
 
     def worker_statistics(self) -> dict[str, WorkerStatistics]:
         """Each process actor's worker snapshot (process ids, incarnation, ...), by stage."""
@@ -131,16 +139,21 @@ class LingBotActors:
             channel.close()
 
 
-def build_actors(model: WorldModel | ProcessPlacement, edge_capacity: int = 2) -> LingBotActors:
-    """Threads for a `WorldModel`, worker processes for a `ProcessPlacement` (module docstring)."""
+def build_actors(
+    model: WorldModel | ProcessPlacement, edge_capacity: int = 2, *, on_part: PartSink | None = None
+) -> LingBotActors:
+    """Threads for a `WorldModel`, worker processes for a `ProcessPlacement` (module docstring); `on_part`: decode
+    progressively into it (threads only)."""
     if isinstance(model, ProcessPlacement):
         return _process_actors(model, edge_capacity)
+    decode = DecodeStage(model.decoder, on_part)
     actors: dict[str, StageActor] = {
         ENCODE_STAGE: LocalStageActor(ENCODE_STAGE, EncodeStage(model.encoder)),
         DENOISE_STAGE: LocalStageActor(DENOISE_STAGE, DenoiseStage(model.denoiser)),
-        DECODE_STAGE: LocalStageActor(DECODE_STAGE, DecodeStage(model.decoder)),
+        DECODE_STAGE: LocalStageActor(DECODE_STAGE, decode),
     }
-    return LingBotActors(lingbot_pipeline_spec(edge_capacity), actors, DENOISE_STAGE)
+    spec = lingbot_pipeline_spec(edge_capacity)
+    return LingBotActors(spec, actors, DENOISE_STAGE, progressive_decode=decode.progressive)
 
 
 def _process_actors(placement: ProcessPlacement, edge_capacity: int) -> LingBotActors:

@@ -10,7 +10,16 @@ clock, when playback of what was generated ends, and dates the next chunk's star
     chunk k+1 starts at   end of chunk k - p95(generation time) - margin,   margin = clamp(f * p95, min, max)
 
 Generation time is measured from `started` (the session wants the chunk; the lease wait counts) to `ready`, over
-the last `window` chunks. Until one is measured the next chunk starts at once. After an idle pause the end lies in
+the last `window` chunks.
+
+Progressive decode (a chunk's frames handed over in parts as they are decoded, `ready(..., parts=...)`). A chunk's
+playback starts when its *first part* is ready (or when the previous chunk ends, if later) and goes on part by part;
+a later part that comes after the frames before it have played is a stall inside the chunk, counted as an under-run
+like a late chunk. The chunk's generation time, the figure the next chunk's start is dated from, is then how long
+after `started` its playback could begin without any stall: `max over parts (ready_i - started - frames before
+part i / fps)`, which is `ready - started` for a chunk in one part. So under-runs stay honest (a stall at the
+chunk's start or in its middle is counted) and the schedule only gains from the first part where the later parts
+keep pace with playback. Until one is measured the next chunk starts at once. After an idle pause the end lies in
 the past and the next chunk starts at once and plays as soon as it is ready: nothing is owed for the pause. An
 under-run is a chunk that was started while the stream was still playing and came ready after it had ended: the
 viewer saw the last frame stand still for `underrun_s` (counted in frames, `underrun_frames`). A chunk started
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from admission.summary import percentile
@@ -89,7 +99,8 @@ class PlayoutScheduler:
     Per chunk, in order: `due()` says when to start it (a time on the caller's clock; at or before `now` means at
     once), `started(now)` when the session begins it (before waiting for the lease), `ready(now, frames)` when its
     frames are out, or `abandon()` when it was not generated after all. `started` twice without `ready` keeps the
-    first time (the chunk is still the same one).
+    first time (the chunk is still the same one). `ready(now, frames, parts=[(ready_at, frames), ...])` for a chunk
+    handed over in parts (progressive decode, the module docstring).
     """
 
     def __init__(self, config: PlayoutConfig) -> None:
@@ -141,23 +152,44 @@ class PlayoutScheduler:
         self._started_at = None
         self._continuing = False
 
-    def ready(self, now: float, frames: int) -> ChunkPlayout:
+    def ready(self, now: float, frames: int, *, parts: Sequence[tuple[float, int]] = ()) -> ChunkPlayout:
+        """The chunk is complete at `now` with `frames` frames; `parts`: when each part of it was ready and how many
+        frames it held, in order (empty: one part, ready `now`). Parts that hold fewer than `frames` are completed by
+        a last part ready `now`."""
         if self._started_at is None:
             raise RuntimeError("ready() without started(): the scheduler did not see this chunk begin")
         if frames < 0:
             raise ValueError(f"frames must not be negative, got {frames}")
-        self._generation.append(max(0.0, now - self._started_at))
+        timeline = [(at, count) for at, count in parts if count > 0]
+        covered = sum(count for _, count in timeline)
+        if covered > frames:
+            raise ValueError(f"the parts hold {covered} frames, more than the chunk's {frames}")
+        if covered < frames or not timeline:
+            timeline.append((now, frames - covered))
+        fps = self._config.fps
+        started_at = self._started_at
+        self._generation.append(max(0.0, max(at - started_at - before / fps for at, before in _offsets(timeline))))
         previous_end = self._end
-        starts_at = now if previous_end is None else max(now, previous_end)
+        first_at = timeline[0][0]
+        starts_at = first_at if previous_end is None else max(first_at, previous_end)
+        stall = 0.0
+        if self._continuing and previous_end is not None and first_at > previous_end:
+            stall += first_at - previous_end
+        cursor = starts_at
+        for at, count in timeline:
+            if at > cursor:  # the part came after the frames before it had played: the stream stood still
+                stall += at - cursor
+                cursor = at
+            cursor += count / fps
         underrun_s = 0.0
         underrun_frames = 0
-        if self._continuing and previous_end is not None and now > previous_end:
-            underrun_s = now - previous_end
-            underrun_frames = math.ceil(underrun_s * self._config.fps - 1e-9)
+        if stall > 0:
+            underrun_s = stall
+            underrun_frames = math.ceil(stall * fps - 1e-9)
             self._underruns += 1
             self._underrun_frames += underrun_frames
-        ends_at = starts_at + frames / self._config.fps
-        lead = starts_at - now
+        ends_at = cursor
+        lead = max(0.0, starts_at - first_at)
         self._end = ends_at
         self._started_at = None
         self._continuing = False
@@ -176,3 +208,13 @@ class PlayoutScheduler:
             generation_p95_s=self.generation_p95(),
             margin_s=self.margin(),
         )
+
+
+def _offsets(timeline: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
+    """Each part's ready time with the frames before it in the chunk."""
+    out: list[tuple[float, int]] = []
+    before = 0
+    for at, count in timeline:
+        out.append((at, before))
+        before += count
+    return out

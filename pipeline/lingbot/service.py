@@ -9,14 +9,19 @@ chunk-loop task per session. Its cross-session policy is the execution lease (`C
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from types import MappingProxyType
+from typing import Literal, overload
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from pipeline.bidirectional import (
+    ChunkItem,
     ChunkOutput,
     CloseMode,
     ControlMessage,
@@ -72,6 +77,11 @@ class LingBotService:
     cache possibly resident); the service retries the failed releases in the background with exponential back-off
     (`release_retry_s` doubling up to 30 s, `_RELEASE_RETRIES` attempts), which clears the poison once one succeeds.
 
+    `progressive_decode` (threads placement, a `ProgressiveDecoder`): the decode stage hands each chunk over one
+    latent frame at a time as it is decoded; `outputs(session_id, parts=True)` yields those `ChunkPart`s ahead of
+    each chunk, so a transport can start playing a chunk before all of it is decoded. Off, or on processes, chunks
+    come whole (`progressive_decode` reports which).
+
     `history` bounds what stays of finished sessions: this many summaries (so a repeated `close_session` answers
     the same) and as many orchestrator close reports; the oldest are forgotten first.
     """
@@ -90,6 +100,7 @@ class LingBotService:
         release_retry_s: float = 0.5,
         history: int = _KEPT_SUMMARIES,
         check_config: Callable[[LingBotSessionConfig], None] | None = None,
+        progressive_decode: bool = True,
     ) -> None:
         if history < 1:
             raise ValueError(f"history must be at least 1, got {history}")
@@ -102,7 +113,8 @@ class LingBotService:
         self._release_retry_s = release_retry_s
         self._check_config = check_config
         self._retries: dict[str, asyncio.Task[None]] = {}
-        self._actors = build_actors(model, edge_capacity)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._actors = build_actors(model, edge_capacity, on_part=self._post_part if progressive_decode else None)
         self._orchestrator = StreamingPipelineOrchestrator(
             self._actors.spec, self._actors.actors, clock=self._clock, kept_reports=history
         )
@@ -128,11 +140,17 @@ class LingBotService:
         """The orchestrator's stages as placed (e.g. `denoise_decode` when decode is co-located with the DiT)."""
         return tuple(self._actors.actors)
 
+    @property
+    def progressive_decode(self) -> bool:
+        """Whether chunks are handed over in parts as they are decoded (the class docstring)."""
+        return self._actors.progressive_decode
+
     def worker_statistics(self) -> Mapping[str, WorkerStatistics]:
         """The worker process groups by stage (process ids, incarnation, restarts); empty on threads."""
         return MappingProxyType(self._actors.worker_statistics())
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         if self._torch_threads is not None:
             torch.set_num_threads(self._torch_threads)
         workers = list(self._actors.workers.values())
@@ -199,8 +217,15 @@ class LingBotService:
     def push_control(self, session_id: str, message: ControlMessage) -> None:
         self._sessions[session_id].push(message)
 
-    def outputs(self, session_id: str) -> AsyncIterator[ChunkOutput]:
-        return self._sessions[session_id].chunks()
+    @overload
+    def outputs(self, session_id: str, *, parts: Literal[False] = False) -> AsyncIterator[ChunkOutput]: ...
+
+    @overload
+    def outputs(self, session_id: str, *, parts: bool) -> AsyncIterator[ChunkItem]: ...
+
+    def outputs(self, session_id: str, *, parts: bool = False) -> AsyncIterator[ChunkItem]:
+        """The session's chunks; with `parts`, each chunk's `ChunkPart`s ahead of it (progressive decode)."""
+        return self._sessions[session_id].chunks(parts=parts)
 
     async def close_session(self, session_id: str, mode: CloseMode = CloseMode.DRAIN) -> SessionSummary:
         summary = self._summaries.get(session_id)
@@ -229,6 +254,19 @@ class LingBotService:
         )
 
     # -- internals -------------------------------------------------------------------------------------------
+
+    def _post_part(self, session_id: str, chunk_index: int, offset: int, frames: npt.NDArray[np.uint8]) -> None:
+        """The decode stage's part sink: from its thread, onto the loop, in order."""
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody reads the session any more
+            loop.call_soon_threadsafe(self._deliver_part, session_id, chunk_index, offset, frames)
+
+    def _deliver_part(self, session_id: str, chunk_index: int, offset: int, frames: npt.NDArray[np.uint8]) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.take_part(chunk_index, offset, frames)
 
     def _on_denoised(self, session_id: str, _sequence_id: int) -> None:
         session = self._sessions.get(session_id)

@@ -20,6 +20,14 @@ the next chunk start, not behind a buffer of video generated ahead; under-runs a
 each chunk carries `playout_lead` (and `underrun` when it came late) in its timings. Cancellation of the loop at any
 await leaves the orchestrator session for `close` to cancel and release.
 
+Progressive decode: where the decode stage hands a chunk over in parts (`stages.DecodeStage`), the service passes
+each part to `take_part` on the loop as it comes; the session queues it for the reader at once (`ChunkPart`, ahead
+of its chunk, never waiting for room: a session has one chunk in flight, so at most one chunk's parts wait) and
+the whole chunk follows as before. The playout schedule sees when each part came (`playout.py`), and the chunk's
+`control_to_first_frame` timing is the control's submission to its first frames (its first part; the whole chunk
+without parts). If the chunk fails after some parts, the session fails as for any failed chunk, and the parts the
+reader had not taken yet are dropped with it.
+
 Pause: a paused session wants no chunk, so it asks for no lease turn (the other sessions of the worker share the model
 without it); a pause that lands while it waits for its turn gives the grant back unused. Controls and prompts that
 arrive while paused are kept (newest wins) and apply from the first chunk after `Resume`.
@@ -32,13 +40,26 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from admission.lease import LeaseStatistics
-from pipeline.bidirectional import ChunkOutput, ControlMessage, ControlState, Pause, ResetPose, Resume, SetPrompt, Stop
+from pipeline.bidirectional import (
+    ChunkItem,
+    ChunkOutput,
+    ChunkPart,
+    ControlMessage,
+    ControlState,
+    Pause,
+    ResetPose,
+    Resume,
+    SetPrompt,
+    Stop,
+)
 from pipeline.clock import Clock
 from pipeline.errors import SessionClosedError, SessionFailedError
 from pipeline.lingbot.config import LingBotSessionConfig
@@ -77,14 +98,18 @@ class _Submitted:
     prompt: str
     prompt_seq: int
     reset_pose: bool
+    parts: list[tuple[float, int]] = field(default_factory=list)
+    """When each part of the chunk came and how many frames it held (progressive decode)."""
 
 
 class _ChunkQueue:
-    """Bounded hand-off of finished chunks to the one reader. Overflow policy: the producer waits."""
+    """Bounded hand-off of finished chunks (and their parts) to the one reader. Overflow policy: the producer of a
+    whole chunk waits; parts go in at once (they belong to the one chunk in flight)."""
 
     def __init__(self, session_id: str, capacity: int) -> None:
         self._session_id = session_id
-        self._items: deque[ChunkOutput] = deque()
+        self._items: deque[ChunkItem] = deque()
+        self._whole = 0
         self._capacity = capacity
         self._changed = asyncio.Event()
         self._ended = False
@@ -96,25 +121,38 @@ class _ChunkQueue:
         self._changed.set()
 
     async def put(self, chunk: ChunkOutput) -> None:
-        while len(self._items) >= self._capacity and not self._ended:
+        while self._whole >= self._capacity and not self._ended:
             self._changed.clear()
             await self._changed.wait()
         if not self._ended:
             self._items.append(chunk)
+            self._whole += 1
+            self._changed.set()
+
+    def put_part(self, part: ChunkPart) -> None:
+        if not self._ended:
+            self._items.append(part)
             self._changed.set()
 
     def end(self, failure: str | None) -> None:
         if not self._ended:
             self._ended = True
             self._failure = failure
+            # Parts at the end belong to a chunk that never came whole (it failed, or a cancel cut it short): the
+            # ones the reader has not taken are dropped, so no half of a chunk is left behind.
+            while self._items and isinstance(self._items[-1], ChunkPart):
+                self._items.pop()
             self._changed.set()
 
-    async def __aiter__(self) -> AsyncIterator[ChunkOutput]:
+    async def items(self, parts: bool) -> AsyncIterator[ChunkItem]:
         while True:
             if self._items:
                 item = self._items.popleft()
+                if isinstance(item, ChunkOutput):
+                    self._whole -= 1
                 self._changed.set()
-                yield item
+                if parts or isinstance(item, ChunkOutput):
+                    yield item
                 continue
             if self._ended:
                 if self._failure is not None:
@@ -198,8 +236,24 @@ class LingBotSession:
     def end_output(self, failure: str | None) -> None:
         self._out.end(failure)
 
-    def chunks(self) -> AsyncIterator[ChunkOutput]:
-        return self._out.__aiter__()
+    def chunks(self, *, parts: bool = False) -> AsyncIterator[ChunkItem]:
+        """The session's chunks in order; with `parts`, each chunk's `ChunkPart`s before it (progressive decode)."""
+        return self._out.items(parts)
+
+    def take_part(self, chunk_index: int, offset: int, frames: npt.NDArray[np.uint8]) -> None:
+        """Frames `offset ..` of chunk `chunk_index`, decoded ahead of the chunk (on the loop; never waits). A part
+        of a chunk that is not in flight (it was emitted, or never submitted) is dropped."""
+        record = self._submitted.get(chunk_index)
+        if record is None or len(frames) == 0:
+            return
+        if offset != sum(count for _, count in record.parts):
+            logger.warning(
+                "session %s: part at %d of chunk %d out of order; dropped", self.session_id, offset, chunk_index
+            )
+            return
+        record.parts.append((self._clock.now(), len(frames)))
+        first = self._plan.first_frame_of_chunk(chunk_index) + offset
+        self._out.put_part(ChunkPart(self.session_id, chunk_index, frames, float(self.config.fps), first, offset))
 
     # -- control ---------------------------------------------------------------------------------------------
 
@@ -374,9 +428,15 @@ class LingBotSession:
         record = self._submitted.pop(payload.chunk_index)
         self._applied_seq = max(self._applied_seq, record.seq)
         self._applied_prompt_seq = max(self._applied_prompt_seq, record.prompt_seq)
-        timings = {**payload.timings, "control_to_output": now - record.submitted_at, "lease_wait": record.lease_wait}
+        first_frames_at = record.parts[0][0] if record.parts else now
+        timings = {
+            **payload.timings,
+            "control_to_output": now - record.submitted_at,
+            "control_to_first_frame": first_frames_at - record.submitted_at,
+            "lease_wait": record.lease_wait,
+        }
         if self._playout is not None:
-            playout = self._playout.ready(now, len(payload.frames))
+            playout = self._playout.ready(now, len(payload.frames), parts=record.parts)
             timings["playout_lead"] = playout.lead_s
             if playout.underrun_s > 0:
                 timings["underrun"] = playout.underrun_s

@@ -16,13 +16,19 @@ denoise side, where it stays resident in the denoiser's session cache. Every lat
 it turns each control snapshot into the chunk's Plücker-ray tensor in chunk order, so pose and pitch persist
 across chunks, and hands the denoiser the chunk's prompt from the same `control` artifact. Each stage releases its
 model part's per-session cache in `release`.
+
+Progressive decode: given a `PartSink` and a decoder that is a `ProgressiveDecoder`, the decode stage decodes a
+chunk one latent frame at a time and hands each part's frames (HUD drawn) to the sink from its thread as soon as it
+is decoded; its `frames` artifact still carries the whole chunk, so the graph, the scheduler and everything after the
+session see whole chunks as before. A part handed over is never taken back: if the chunk fails after it, the
+session fails.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,7 +41,7 @@ from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.controls import ControlSnapshot
 from pipeline.lingbot.errors import ModelSessionError
 from pipeline.lingbot.hud import draw_hud
-from pipeline.lingbot.model import ChunkCondition, ChunkDecoder, ChunkDenoiser, ReferenceEncoder
+from pipeline.lingbot.model import ChunkCondition, ChunkDecoder, ChunkDenoiser, ProgressiveDecoder, ReferenceEncoder
 from pipeline.spec import StreamingEdgeSpec, StreamingPipelineSpec, StreamingStageSpec
 
 __all__ = [
@@ -51,6 +57,7 @@ __all__ = [
     "EncodeStage",
     "FramesArtifact",
     "LatentArtifact",
+    "PartSink",
     "lingbot_pipeline_spec",
 ]
 
@@ -107,6 +114,11 @@ class FramesArtifact:
     timings: Mapping[str, float] = field(default_factory=dict)
     """Seconds the stages measured for this chunk (`denoise`, `decode`, and with decode in its own worker group
     `latent_channel`: moving the latent between the groups), added to the chunk's `timings`."""
+
+
+PartSink = Callable[[str, int, int, npt.NDArray[np.uint8]], None]
+"""`sink(session_id, chunk_index, offset, frames)`: frames `offset ..` of a chunk, decoded ahead of the whole chunk.
+Called on the decode stage's thread, in order; it must not block (it hands the part to the event loop)."""
 
 
 def lingbot_pipeline_spec(
@@ -219,11 +231,18 @@ class DenoiseStage:
 
 
 class DecodeStage:
-    """VAE decode: latent chunk → uint8 RGB frames, with the optional HUD of the applied keys."""
+    """VAE decode: latent chunk → uint8 RGB frames, with the optional HUD of the applied keys; progressive (one part per
+    latent frame to `on_part`, the module docstring) when given a sink and a `ProgressiveDecoder`."""
 
-    def __init__(self, decoder: ChunkDecoder) -> None:
+    def __init__(self, decoder: ChunkDecoder, on_part: PartSink | None = None) -> None:
         self._decoder = decoder
+        self._on_part = on_part if isinstance(decoder, ProgressiveDecoder) else None
         self._hud: dict[str, bool] = {}
+
+    @property
+    def progressive(self) -> bool:
+        """Whether chunks are decoded in parts handed to the sink."""
+        return self._on_part is not None
 
     def process(self, call: StageCall) -> Mapping[str, object]:
         latent = call.inputs["latent"]
@@ -234,13 +253,32 @@ class DecodeStage:
             self._decoder.create_cache(sid, latent.config)
             self._hud[sid] = latent.config.hud
         started = time.perf_counter()
-        frames = self._decoder.decode_chunk(sid, latent.chunk_index, latent.latent)
+        if self._on_part is not None and isinstance(self._decoder, ProgressiveDecoder):
+            array = self._decode_parts(self._decoder, self._on_part, sid, latent)
+        else:
+            array = self._frames(sid, self._decoder.decode_chunk(sid, latent.chunk_index, latent.latent), latent)
         decode_s = time.perf_counter() - started
-        if self._hud.get(sid, False):
-            frames = draw_hud(frames, latent.snapshot)
-        array = np.ascontiguousarray(frames.cpu().numpy(), dtype=np.uint8)
         timings = {"denoise": latent.denoise_s, "decode": decode_s}
         return {FRAMES: FramesArtifact(latent.chunk_index, array, latent.snapshot, timings)}
+
+    def _decode_parts(
+        self, decoder: ProgressiveDecoder, sink: PartSink, sid: str, latent: LatentArtifact
+    ) -> npt.NDArray[np.uint8]:
+        parts: list[npt.NDArray[np.uint8]] = []
+        offset = 0
+        for frames in decoder.decode_parts(sid, latent.chunk_index, latent.latent):
+            part = self._frames(sid, frames, latent)
+            sink(sid, latent.chunk_index, offset, part)
+            parts.append(part)
+            offset += len(part)
+        if not parts:
+            raise ModelSessionError(f"decode: chunk {latent.chunk_index} decoded to no parts")
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _frames(self, sid: str, frames: torch.Tensor, latent: LatentArtifact) -> npt.NDArray[np.uint8]:
+        if self._hud.get(sid, False):
+            frames = draw_hud(frames, latent.snapshot)
+        return np.ascontiguousarray(frames.cpu().numpy(), dtype=np.uint8)
 
     def release(self, session_id: str) -> None:
         self._hud.pop(session_id, None)

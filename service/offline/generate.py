@@ -134,6 +134,7 @@ async def generate(
         realtime=False,
         torch_threads=request.torch_threads,
         check_config=check_config,
+        progressive_decode=False,  # a file is written from whole chunks: nobody plays the parts
     )
     try:
         prepared = await asyncio.to_thread(service.prepare, request.config, request.image)

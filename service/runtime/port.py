@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from pipeline.bidirectional import BidirectionalService, ChunkOutput, CloseMode, ControlMessage, Pause, Resume, Stop
+from pipeline.bidirectional import BidirectionalService, ChunkItem, CloseMode, ControlMessage, Pause, Resume, Stop
 from service.errors import ServiceError, lookup
 from service.runtime.sessions import Session, SessionState
 from transport.base import CallerRoom, StateStatus, StatusMessage
@@ -32,7 +32,7 @@ class LiveSessionPort:
     """Implements `transport.base.SessionPort` for one session on one model worker.
 
     - `chunks()`: from now on, bounded per subscriber, latest wins (a slow consumer skips chunks); ends when the
-      session ends.
+      session ends. With progressive decode each chunk's `ChunkPart`s come ahead of it.
     - `status()`: first the current state (a rebinding transport learns where the session is) and the standing
       `warning` if any (the session ends soon), then state changes, one `ChunkStatus` per chunk, and a final
       `ErrorStatus`/`DoneStatus`; bounded per subscriber (drop oldest); ends after `DoneStatus`.
@@ -98,7 +98,7 @@ class LiveSessionPort:
             # The worker already forgot the session (it is closing): the same as arriving after the end.
             self.dropped_controls += 1
 
-    async def chunks(self) -> AsyncIterator[ChunkOutput]:
+    async def chunks(self) -> AsyncIterator[ChunkItem]:
         with self._session.chunks.subscribe() as subscription:
             async for chunk in subscription:
                 yield chunk

@@ -20,7 +20,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from pipeline.bidirectional import BidirectionalService, ChunkOutput, CloseMode, SessionSummary
+from pipeline.bidirectional import BidirectionalService, ChunkItem, ChunkOutput, ChunkPart, CloseMode, SessionSummary
 from service.runtime.port import LiveSessionPort
 from service.runtime.recordings import RecordingStore, SessionRecording
 from service.runtime.records import RuntimeTuning, SessionObserver
@@ -226,11 +226,15 @@ class SessionRunner:
         self, session: Session, worker: BidirectionalService, recording: SessionRecording | None = None
     ) -> None:
         """The session's single output reader: fans chunks out (the recording gets each one, never waiting); its end
-        or failure closes the session."""
+        or failure closes the session. A chunk's parts (progressive decode) go to the transport only, ahead of the
+        chunk: the chunk itself, whole, is what the status, the recording and the counters see."""
         request_close = self._callbacks.request_close
-        iterator: AsyncIterator[ChunkOutput] = worker.outputs(session.id)
+        iterator: AsyncIterator[ChunkItem] = worker.outputs(session.id, parts=True)
         try:
             async for chunk in iterator:
+                if isinstance(chunk, ChunkPart):
+                    session.publish_part(chunk)
+                    continue
                 session.publish_chunk(chunk)
                 if recording is not None:
                     recording.offer(chunk)

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from pipeline.bidirectional import ChunkOutput, CloseMode, PreparedSession
+from pipeline.bidirectional import ChunkItem, ChunkOutput, ChunkPart, CloseMode, PreparedSession
 from service.errors import SessionTransitionError
 from service.runtime.fanout import Broadcast, Flag
 from service.runtime.recordings import RecordingReport, SessionRecording
@@ -147,7 +147,9 @@ class SessionSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class SessionBuffers:
-    """Per-subscriber buffer sizes (overflow: drop oldest) of a session's three streams."""
+    """Per-subscriber buffer sizes (overflow: drop oldest) of a session's three streams. `chunks` counts items: whole
+    chunks and, with progressive decode, the parts ahead of each (a transport reads each item as it comes; one that
+    lost a part plays the chunk's frames it missed from the whole chunk, `transport.binding.PartFeed`)."""
 
     snapshots: int = 16
     statuses: int = 64
@@ -233,7 +235,7 @@ class Session:
         self.ended = Flag()
         self.snapshots: Broadcast[SessionSnapshot] = Broadcast(buffers.snapshots)
         self.statuses: Broadcast[StatusMessage] = Broadcast(buffers.statuses)
-        self.chunks: Broadcast[ChunkOutput] = Broadcast(buffers.chunks)
+        self.chunks: Broadcast[ChunkItem] = Broadcast(buffers.chunks)
         self._sequence = 0
 
     @property
@@ -323,6 +325,10 @@ class Session:
         if self.state is not SessionState.DRAINING:
             self.move(SessionState.DRAINING, reason=reason, detail=f"closing ({mode.value})")
         return True
+
+    def publish_part(self, part: ChunkPart) -> None:
+        """Frames of a chunk decoded ahead of it (progressive decode): for the transport only, no status."""
+        self.chunks.publish(part)
 
     def publish_chunk(self, chunk: ChunkOutput) -> None:
         self.chunks.publish(chunk)

@@ -79,6 +79,8 @@ class WorkerOptions:
     devices: tuple[str, ...] = ("cpu",)
     """This worker's devices (its share of `LINGSTREAM_DEVICES`)."""
     stage_call_timeout: float = 60.0
+    progressive_decode: bool = True
+    """`LINGSTREAM_PROGRESSIVE_DECODE` (threads placement only)."""
     model: str = "reference"
     """`LINGSTREAM_MODEL`: "reference" or "lingbot-fast"."""
     model_path: str | None = None
@@ -102,6 +104,7 @@ def worker_options(settings: Settings) -> list[WorkerOptions]:
             denoise_ranks=settings.denoise_ranks,
             devices=devices,
             stage_call_timeout=settings.stage_call_timeout,
+            progressive_decode=settings.progressive_decode,
             model=settings.model,
             model_path=str(settings.model_path) if settings.model_path is not None else None,
             model_dtype=settings.model_dtype,
@@ -263,9 +266,9 @@ def build_workers(settings: Settings) -> list[BidirectionalService]:
     imported or a device is missing.
 
     Wiring point: `LingBotService(world model | process_placement(options), lease=ExecutionLease(),
-    max_image_bytes=..., max_image_pixels=..., torch_threads=...)`; the world model is `LINGSTREAM_MODEL`'s: the
-    reference one, or LingBot-World-Fast loaded from `LINGSTREAM_MODEL_PATH` (checked first, so a bad directory
-    fails the start with its problem named).
+    max_image_bytes=..., max_image_pixels=..., torch_threads=..., progressive_decode=...)`; the world model is
+    `LINGSTREAM_MODEL`'s: the reference one, or LingBot-World-Fast loaded from `LINGSTREAM_MODEL_PATH` (checked
+    first, so a bad directory fails the start with its problem named).
     """
     try:
         from pipeline.lingbot import LingBotService
@@ -297,6 +300,7 @@ def build_workers(settings: Settings) -> list[BidirectionalService]:
                 torch_threads=threads,
                 history=options.session_history,
                 check_config=_session_limits(options),
+                progressive_decode=options.progressive_decode,
             )
         )
     return workers

@@ -1,4 +1,5 @@
-"""The chart's stage placement values (config.stagePlacement, denoiseRanks, devices, stageCallTimeout): rendered by
+"""The chart's stage placement values (config.stagePlacement, denoiseRanks, devices, stageCallTimeout,
+progressiveDecode): rendered by
 the real Helm engine into the service's variables, the pod asks for the GPUs they imply, contradictions refuse to
 render, and what the chart renders is what the service accepts."""
 
@@ -86,6 +87,17 @@ def test_cpu_processes_ask_for_no_gpu(chart: Any, monkeypatch: pytest.MonkeyPatc
     assert (data["LINGSTREAM_DEVICE"], data["LINGSTREAM_DENOISE_RANKS"]) == ("cpu", "2")
     assert "LINGSTREAM_DEVICES" not in data
     assert _settings_from(docs, monkeypatch).stage_placement == "processes"
+
+
+def test_progressive_decode_renders_only_when_set_and_the_service_accepts_it(
+    chart: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert "LINGSTREAM_PROGRESSIVE_DECODE" not in only(render(chart, {}), "ConfigMap")["data"]
+    docs = render(chart, {"config": {"progressiveDecode": False}})
+    assert only(docs, "ConfigMap")["data"]["LINGSTREAM_PROGRESSIVE_DECODE"] == "false"
+    assert _settings_from(docs, monkeypatch).progressive_decode is False
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"config": {"progressiveDecode": "sometimes"}})
 
 
 @pytest.mark.parametrize(

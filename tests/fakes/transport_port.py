@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.bidirectional import ChunkOutput, ControlMessage
+from pipeline.bidirectional import ChunkItem, ChunkOutput, ChunkPart, ControlMessage
 from transport.base import CallerRoom, StatusMessage
 from transport.errors import ControlRejectedError
 
@@ -124,7 +124,7 @@ class FakeSessionPort:
         self.gone.append(reason)
         self.gone_event.set()
 
-    def emit_chunk(self, chunk: ChunkOutput) -> None:
+    def emit_chunk(self, chunk: ChunkItem) -> None:
         self._chunks.put_nowait(chunk)
 
     def emit_status(self, message: StatusMessage) -> None:
@@ -134,13 +134,13 @@ class FakeSessionPort:
         self._chunks.put_nowait(_END)
         self._status.put_nowait(_END)
 
-    async def chunks(self) -> AsyncIterator[ChunkOutput]:
+    async def chunks(self) -> AsyncIterator[ChunkItem]:
         self.chunks_opened += 1
         while True:
             item = await self._chunks.get()
             if item is _END:
                 return
-            assert isinstance(item, ChunkOutput)
+            assert isinstance(item, ChunkOutput | ChunkPart)
             yield item
 
     async def status(self) -> AsyncIterator[StatusMessage]:

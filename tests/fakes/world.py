@@ -206,7 +206,7 @@ class FakeWorld:
         elif isinstance(message, Pause | Resume):
             session.paused = isinstance(message, Pause)
 
-    async def outputs(self, session_id: str) -> AsyncIterator[ChunkOutput]:
+    async def outputs(self, session_id: str, *, parts: bool = False) -> AsyncIterator[ChunkOutput]:
         session = self._sessions[session_id]
         while True:
             item = await session.items.get()

@@ -132,7 +132,7 @@ class ProcessWorld:
     def push_control(self, session_id: str, message: ControlMessage) -> None:
         self.controls[session_id].append(message)
 
-    async def outputs(self, session_id: str) -> AsyncIterator[ChunkOutput]:
+    async def outputs(self, session_id: str, *, parts: bool = False) -> AsyncIterator[ChunkOutput]:
         session = self._sessions[session_id]
         stream = self._orchestrator.outputs(session_id)
         index = 0

@@ -18,6 +18,8 @@ def test_threads_on_the_cpu_is_the_default() -> None:
     assert (settings.stage_placement, settings.denoise_ranks, settings.devices) == ("threads", 1, ())
     assert settings.stage_call_timeout == 60.0
     assert settings.worker_devices() == [("cpu",)]
+    assert settings.progressive_decode
+    assert worker_options(settings)[0].progressive_decode
 
 
 def test_the_variables_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -25,7 +27,9 @@ def test_the_variables_are_read_from_the_environment(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("LINGSTREAM_DENOISE_RANKS", "2")
     monkeypatch.setenv("LINGSTREAM_DEVICES", " cuda:0, cuda:1 ,cuda:2")
     monkeypatch.setenv("LINGSTREAM_STAGE_CALL_TIMEOUT", "12.5")
+    monkeypatch.setenv("LINGSTREAM_PROGRESSIVE_DECODE", "false")
     settings = load_settings()
+    assert not worker_options(settings)[0].progressive_decode
     assert (settings.stage_placement, settings.denoise_ranks) == ("processes", 2)
     assert settings.devices == ("cuda:0", "cuda:1", "cuda:2")
     assert settings.device == "cuda"  # follows LINGSTREAM_DEVICES

@@ -9,8 +9,10 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
+from pipeline.bidirectional import ChunkOutput, ChunkPart
 from pipeline.clock import MonotonicClock
 from tests.fakes.transport_port import FakeSessionPort, make_chunk
 from tests.fakes.transport_timers import FakeTimers
@@ -20,6 +22,7 @@ from transport.binding import (
     BindingCore,
     BindingLifecycle,
     BindingState,
+    PartFeed,
     TransitionTable,
 )
 from transport.outbox import Outbound, encode_outbound
@@ -403,3 +406,49 @@ async def test_a_chunk_status_that_comes_after_its_first_frame_was_paced_is_stil
     rig.port.emit_status(ChunkStatus(0, 3, ("w",), {}))
     (status,) = await rig.link.wait_sent(1)
     assert status == ChunkStatus(0, 3, ("w",), {}, first_frame_pts=round(frame.media_index * 90000 / 50.0))
+
+
+# -- progressive decode: a chunk's parts ahead of it ------------------------------------------------------------------
+
+
+def _part(chunk: ChunkOutput, offset: int, count: int) -> ChunkPart:
+    frames = chunk.frames[offset : offset + count]
+    return ChunkPart(chunk.session_id, chunk.index, frames, chunk.fps, chunk.first_frame_index + offset, offset)
+
+
+def test_the_part_feed_paces_each_frame_once_whatever_part_was_lost() -> None:
+    chunk = make_chunk(1, first_frame_index=9, count=12, width=8, height=8)
+    feed = PartFeed()
+    first = feed.next(_part(chunk, 0, 4))
+    assert first is not None
+    assert first.first_frame_index == 9
+    assert feed.next(_part(chunk, 0, 4)) is None  # the same part again
+    assert feed.next(_part(chunk, 8, 4)) is None  # the part at 4 was lost: this one does not continue the chunk
+    rest = feed.next(chunk)
+    assert isinstance(rest, ChunkPart)
+    assert (rest.offset, rest.first_frame_index, len(rest.frames)) == (4, 13, 8)
+    assert np.array_equal(rest.frames, chunk.frames[4:])
+    assert feed.next(_part(chunk, 4, 4)) is None  # late: the whole chunk brought it
+    complete = make_chunk(2, first_frame_index=21, count=12, width=8, height=8)
+    for offset in (0, 4, 8):
+        assert feed.next(_part(complete, offset, 4)) is not None
+    assert feed.next(complete) is None  # every frame came in parts
+    whole = make_chunk(3, first_frame_index=33, count=12, width=8, height=8)
+    assert feed.next(whole) is whole  # no parts: the whole chunk
+    assert feed.next(_part(make_chunk(4, first_frame_index=45, count=12, width=8, height=8), 4, 4)) is None
+
+
+async def test_a_chunks_first_part_is_paced_before_the_chunk_comes_and_its_status_is_stamped_with_it(rig: Rig) -> None:
+    rig.core.start_serving()
+    chunk = make_chunk(0, first_frame_index=0, count=6, width=32, height=24, fps=50.0)
+    rig.port.emit_chunk(_part(chunk, 0, 2))
+    frames = await rig.frames.wait_frames(2)  # paced while the rest of the chunk is still being decoded
+    assert [frame.frame_index for frame in frames] == [0, 1]
+    rig.port.emit_chunk(_part(chunk, 2, 2))
+    rig.port.emit_chunk(chunk)
+    rig.port.emit_status(ChunkStatus(0, 3, ("w",), {}))
+    frames = await rig.frames.wait_frames(6)
+    assert [frame.frame_index for frame in frames] == [0, 1, 2, 3, 4, 5]  # each once, in order
+    assert rig.core.statistics().pacer.frames_in == 6
+    (status,) = await rig.link.wait_sent(1)
+    assert status == ChunkStatus(0, 3, ("w",), {}, first_frame_pts=round(frames[0].media_index * 90000 / 50.0))

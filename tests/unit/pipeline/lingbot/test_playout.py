@@ -162,3 +162,40 @@ def test_the_session_config_selects_the_schedule_by_name() -> None:
     assert LingBotSessionConfig.from_mapping({"schedule": "media_clock"}).schedule == "media_clock"
     with pytest.raises(SessionConfigError, match="schedule must be one of"):
         LingBotSessionConfig.from_mapping({"schedule": "asap"})
+
+
+def test_a_chunk_in_parts_plays_from_its_first_part_and_is_timed_by_when_it_could_start_without_a_stall() -> None:
+    scheduler = PlayoutScheduler(PlayoutConfig(fps=FPS))
+    scheduler.started(0.0)
+    # Parts of 4 frames (0.25 s each) at 0.1, 0.3 and 0.5 s: each comes before the frames before it have played.
+    playout = scheduler.ready(0.5, 12, parts=[(0.1, 4), (0.3, 4), (0.5, 4)])
+    assert playout.starts_at == 0.1
+    assert playout.ends_at == pytest.approx(0.1 + 12 / FPS)
+    assert playout.underrun_frames == 0
+    # It could have started as late as 0.1 s after it began (the first part), not 0.5 s (the whole chunk).
+    assert scheduler.generation_p95() == pytest.approx(0.1)
+
+
+def test_a_part_that_comes_after_the_frames_before_it_played_is_an_underrun() -> None:
+    scheduler = PlayoutScheduler(PlayoutConfig(fps=FPS))
+    scheduler.started(0.0)
+    playout = scheduler.ready(1.0, 8, parts=[(0.1, 4), (1.0, 4)])  # the first 4 frames end at 0.35 s
+    assert playout.underrun_s == pytest.approx(0.65)
+    assert playout.underrun_frames == math.ceil(0.65 * FPS)
+    assert playout.ends_at == pytest.approx(1.0 + 4 / FPS)
+    assert scheduler.generation_p95() == pytest.approx(1.0 - 4 / FPS)  # start it 0.75 s in and nothing stalls
+    assert scheduler.statistics().underruns == 1
+
+
+def test_a_continuing_chunk_whose_first_part_comes_late_stalls_only_until_that_part() -> None:
+    scheduler = PlayoutScheduler(PlayoutConfig(fps=FPS))
+    scheduler.started(0.0)
+    scheduler.ready(0.1, 4)  # plays 0.1 .. 0.35
+    scheduler.started(0.2)
+    playout = scheduler.ready(0.6, 8, parts=[(0.4, 4), (0.6, 4)])
+    assert playout.starts_at == 0.4
+    assert playout.underrun_s == pytest.approx(0.05)
+    assert playout.ends_at == pytest.approx(0.4 + 8 / FPS)
+    scheduler.started(0.7)
+    with pytest.raises(ValueError, match="more than the chunk"):
+        scheduler.ready(0.8, 4, parts=[(0.7, 8)])
