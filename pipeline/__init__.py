@@ -6,7 +6,7 @@ Importing it loads no torch: the process machinery (`ParallelWorker`, its actor,
 
 from __future__ import annotations
 
-from pipeline.actor import ActorStatistics, DeathListener, Stage, StageActor, StageCall
+from pipeline.actor import ActorStatistics, CallbackStageActor, CallDone, DeathListener, Stage, StageActor, StageCall
 from pipeline.bidirectional import (
     CANONICAL_KEYS,
     KEY_ALIASES,
@@ -82,6 +82,8 @@ __all__ = [
     "ActorStatistics",
     "ActorUnavailableError",
     "BidirectionalService",
+    "CallDone",
+    "CallbackStageActor",
     "ChannelError",
     "ChunkItem",
     "ChunkOutput",

@@ -8,11 +8,12 @@ processes. The orchestrator only ever talks to actors through `StageActor`, so t
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["ActorStatistics", "DeathListener", "Stage", "StageActor", "StageCall"]
+__all__ = ["ActorStatistics", "CallDone", "CallbackStageActor", "DeathListener", "Stage", "StageActor", "StageCall"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,3 +95,22 @@ class StageActor(Protocol):
     async def stop(self) -> None: ...
 
     def statistics(self) -> ActorStatistics: ...
+
+
+CallDone = Callable[[Mapping[str, object] | None, BaseException | None], None]
+"""Called as `done(outputs, None)` or `done(None, error)` on the event loop, exactly once per started call, with
+what `invoke` would have returned or raised (the same errors)."""
+
+
+@runtime_checkable
+class CallbackStageActor(StageActor, Protocol):
+    """A `StageActor` that can also start a call and report its outcome by callback, with no task or future per call.
+
+    The orchestrator uses `start_call` where an actor offers it (a stage thread: the hop is most of the cost of a
+    short call) and `invoke` otherwise. `start_call` returns at once and never raises; `done` runs later on the
+    event loop, in `context`, and the stage runs in `context` too (the caller passes a copy it owns). Every started
+    call gets its outcome before `stop` returns. The other guarantees are `invoke`'s (ordering, failures, a call in
+    flight is never interrupted).
+    """
+
+    def start_call(self, call: StageCall, done: CallDone, context: contextvars.Context) -> None: ...

@@ -1,15 +1,17 @@
 """`LocalStageActor`: runs one stateful stage serially on its own thread of this process.
 
 A call hops twice: the event loop hands it to the stage's thread through a `queue.SimpleQueue` (one wake-up of that
-thread), and the thread hands the result back through the loop's completion inbox (`_LoopInbox`), which every
+thread), and the thread hands the outcome back through the loop's completion inbox (`_LoopInbox`), which every
 local actor on the loop shares: results that finish while the loop is busy are delivered together, with one
-wake-up of the loop per batch instead of one per call.
+wake-up of the loop per batch instead of one per call. The orchestrator starts calls with `start_call` and is
+called back from the inbox with the outcome (no future, no task per call); `invoke` is the same hop awaited.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import queue
 import threading
@@ -18,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeline.actor import ActorStatistics, DeathListener, Stage, StageCall
+from pipeline.actor import ActorStatistics, CallDone, DeathListener, Stage, StageCall
 from pipeline.errors import ActorUnavailableError, StageFailedError
 
 __all__ = ["FunctionStage", "LocalStageActor"]
@@ -26,46 +28,59 @@ __all__ = ["FunctionStage", "LocalStageActor"]
 logger = logging.getLogger(__name__)
 
 
+# Called on the loop with a call's outcome: (result, None) or (None, error).
+_Outcome = Callable[[Any, BaseException | None], None]
+
+
 class _LoopInbox:
-    """Results from stage threads to one event loop: any thread `post`s, the loop delivers them in batches.
+    """Outcomes from stage threads to one event loop: any thread `post`s, the loop delivers them in batches.
 
     Problem: `loop.call_soon_threadsafe` per result writes the loop's self-pipe and wakes it once per call; three
-    stage threads finishing while the loop is busy would wake it three times. Here a thread appends its result to
-    a deque and schedules a delivery only if none is pending, so one wake-up delivers every result posted meanwhile.
-    Ordering: results are delivered in the order they were posted. No lock: under the GIL `deque.append` and
-    `popleft` are atomic and the flag's writes are seen in order, and `pending` is cleared before the deque is
-    emptied, so a result posted during a delivery is either taken by it or schedules the next one (at worst a
-    delivery finds nothing). A future cancelled meanwhile (its caller went away) gets nothing: the result is dropped.
+    stage threads finishing while the loop is busy would wake it three times. Here a thread appends its outcome to
+    a deque and schedules a delivery only if none is pending, so one wake-up delivers every outcome posted meanwhile.
+    Ordering: outcomes are delivered in the order they were posted, each by calling its callback in the call's
+    context. No lock: under the GIL `deque.append` and `popleft` are atomic and the flag's writes are seen in order,
+    and `pending` is cleared before the deque is emptied, so an outcome posted during a delivery is either taken by
+    it or schedules the next one (at worst a delivery finds nothing). A callback that raises is logged and the
+    delivery goes on with the next outcome.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)  # weak: the registry of inboxes is keyed by the loop
-        self._results: deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = deque()
+        self._outcomes: deque[tuple[_Outcome, Any, BaseException | None, contextvars.Context]] = deque()
         self._pending = False
 
-    def post(self, future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-        """From any thread: deliver `result` (or `error`) to `future` on the loop."""
-        self._results.append((future, result, error))
+    def post(self, done: _Outcome, result: Any, error: BaseException | None, context: contextvars.Context) -> None:
+        """From any thread: call `done(result, error)` in `context` on the loop."""
+        self._outcomes.append((done, result, error, context))
         if not self._pending:
             self._pending = True
             loop = self._loop()
             try:
                 if loop is not None:
                     loop.call_soon_threadsafe(self._deliver)
-            except RuntimeError:  # the loop is closed: nobody waits for the result any more
+            except RuntimeError:  # the loop is closed: nobody waits for the outcome any more
                 self._pending = False
 
     def _deliver(self) -> None:
         self._pending = False
-        results = self._results
-        while results:
-            future, result, error = results.popleft()
-            if future.done():
-                continue
-            if error is None:
-                future.set_result(result)
-            else:
-                future.set_exception(error)
+        outcomes = self._outcomes
+        while outcomes:
+            done, result, error, context = outcomes.popleft()
+            try:
+                context.run(done, result, error)
+            except Exception:
+                logger.exception("delivering a stage outcome failed")
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    """An outcome for a future; a future cancelled meanwhile (its caller went away) gets nothing."""
+    if future.done():
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
 
 
 _INBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopInbox] = weakref.WeakKeyDictionary()
@@ -78,12 +93,13 @@ def _inbox(loop: asyncio.AbstractEventLoop) -> _LoopInbox:
     return inbox
 
 
-# A unit of work for the stage thread: the function and its argument, the future, the caller's context; None stops.
-_Work = tuple[Callable[[Any], Any], Any, asyncio.Future[Any], contextvars.Context] | None
+# A unit of work for the stage thread: the function and its argument, where its outcome goes, the context it runs
+# in (and its outcome is delivered in); None stops.
+_Work = tuple[Callable[[Any], Any], Any, _Outcome, contextvars.Context] | None
 
 
 class _StageThread:
-    """One thread that runs work items from a FIFO queue, each in its caller's context, and posts the outcomes."""
+    """One thread that runs work items from a FIFO queue, each in its own context, and posts the outcomes."""
 
     def __init__(self, name: str, inbox: _LoopInbox) -> None:
         self._inbox = inbox
@@ -93,8 +109,8 @@ class _StageThread:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[[Any], Any], arg: Any, future: asyncio.Future[Any]) -> None:
-        self._work.put((fn, arg, future, contextvars.copy_context()))
+    def submit(self, fn: Callable[[Any], Any], arg: Any, done: _Outcome, context: contextvars.Context) -> None:
+        self._work.put((fn, arg, done, context))
 
     def stop(self, done: asyncio.Future[None]) -> None:
         """Finish the work already queued, then post None to `done` and end."""
@@ -105,19 +121,21 @@ class _StageThread:
         self._thread.join()
 
     def _loop(self) -> None:
+        post = self._inbox.post
+        get = self._work.get
         while True:
-            work = self._work.get()
+            work = get()
             if work is None:
                 if self._done is not None:
-                    self._inbox.post(self._done, None, None)
+                    post(functools.partial(_settle, self._done), None, None, contextvars.Context())
                 return
-            fn, arg, future, context = work
+            fn, arg, done, context = work
             try:
                 result = context.run(fn, arg)
             except BaseException as exc:
-                self._inbox.post(future, None, exc)
+                post(done, None, exc, context)
             else:
-                self._inbox.post(future, result, None)
+                post(done, result, None, context)
 
 
 class FunctionStage:
@@ -146,11 +164,12 @@ class LocalStageActor:
         await actor.stop()
 
     Ordering: calls and releases run in the order they were made (one thread, FIFO). Each runs in a copy of its
-    caller's context, so its log lines carry the caller's session. Backpressure: the actor's capacity is 1; the
-    orchestrator never has more than one call in flight on it (more would queue on the thread). Cancellation:
-    cancelling `invoke` does not interrupt the stage; the call in flight finishes on the thread and its result is
-    dropped. `stop` waits for the call in flight (and anything queued) to finish. A thread cannot die on its own,
-    so the actor stays healthy from `start` to `stop` and its incarnation is always 1. Results reach the loop
+    caller's context (`start_call`: in the context it is given), so its log lines carry the caller's session.
+    Backpressure: the actor's capacity is 1; the orchestrator never has more than one call in flight on it (more
+    would queue on the thread). Cancellation: cancelling `invoke` does not interrupt the stage; the call in flight
+    finishes on the thread and its result is dropped. `stop` waits for the call in flight (and anything queued) to
+    finish, so every `start_call` has had its outcome delivered when `stop` returns. A thread cannot die on its
+    own, so the actor stays healthy from `start` to `stop` and its incarnation is always 1. Outcomes reach the loop
     through its shared inbox (see the module docstring): one wake-up per batch of results.
     """
 
@@ -189,18 +208,25 @@ class LocalStageActor:
     async def invoke(self, call: StageCall) -> Mapping[str, object]:
         thread = self._require_started()
         future: asyncio.Future[Mapping[str, object]] = asyncio.get_running_loop().create_future()
-        self._in_flight += 1
-        self._calls += 1
-        try:
-            thread.submit(self._run, call, future)
-            return await future
-        finally:
-            self._in_flight -= 1
+        self._start(thread, call, functools.partial(_settle, future), contextvars.copy_context())
+        return await future
+
+    def start_call(self, call: StageCall, done: CallDone, context: contextvars.Context) -> None:
+        """Run `call` on the stage's thread in `context`; `done` gets its outcome on the loop (see `CallDone`).
+
+        Not started (or stopped): `done(None, ActorUnavailableError)` is called soon, on the loop.
+        """
+        thread = self._thread
+        if thread is None:
+            error = ActorUnavailableError(f"actor {self._name!r} is not started")
+            asyncio.get_running_loop().call_soon(done, None, error, context=context)
+            return
+        self._start(thread, call, done, context)
 
     async def release_session(self, session_id: str) -> None:
         thread = self._require_started()
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        thread.submit(self._stage.release, session_id, future)
+        thread.submit(self._stage.release, session_id, functools.partial(_settle, future), contextvars.copy_context())
         await future
 
     async def stop(self) -> None:
@@ -221,6 +247,15 @@ class LocalStageActor:
             failures=self._failures,
             restarts=0,
         )
+
+    def _start(self, thread: _StageThread, call: StageCall, done: _Outcome, context: contextvars.Context) -> None:
+        self._in_flight += 1
+        self._calls += 1
+        thread.submit(self._run, call, functools.partial(self._finished, done), context)
+
+    def _finished(self, done: _Outcome, result: Any, error: BaseException | None) -> None:
+        self._in_flight -= 1
+        done(result, error)
 
     def _require_started(self) -> _StageThread:
         if self._thread is None:

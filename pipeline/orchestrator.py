@@ -1,8 +1,9 @@
 """`StreamingPipelineOrchestrator`: the asyncio shell around the pure `SchedulerCore`.
 
-The core decides; this module does: it starts a task per dispatched stage call, feeds results and failures back,
-wakes submitters, readers and closers when the core reports a change, and runs the close/release sequence through
-the owning actors. Everything runs on one event loop; actors hop to their own threads or processes.
+The core decides; this module does: it starts each dispatched stage call (through the actor's `start_call` callback
+where it has one, else a task awaiting `invoke`), feeds results and failures back, wakes submitters, readers and
+closers when the core reports a change, and runs the close/release sequence through the owning actors. Everything
+runs on one event loop; actors hop to their own threads or processes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 
-from pipeline.actor import ActorStatistics, DeathListener, StageActor
+from pipeline.actor import ActorStatistics, CallbackStageActor, DeathListener, StageActor
 from pipeline.clock import Clock, MonotonicClock
 from pipeline.core import (
     CloseMode,
@@ -55,7 +56,8 @@ class OrchestratorStatistics:
     ready: bool
     core: CoreStatistics
     actors: Mapping[str, ActorStatistics]
-    tasks: int
+    tasks: int  # tasks awaiting an actor's `invoke`
+    calls_running: int  # stage calls started and not yet settled: those tasks and the `start_call`s still out
 
 
 class _ActorsView:
@@ -169,10 +171,13 @@ class StreamingPipelineOrchestrator:
             extra = sorted(set(actors) - stage_ids)
             raise PipelineSpecError(f"actors do not match the stages: missing {missing}, unknown {extra}")
         self._actors = dict(actors)
+        # The actors that report outcomes by callback: their calls need no task (see `CallbackStageActor`).
+        self._callback_actors = {s: a for s, a in self._actors.items() if isinstance(a, CallbackStageActor)}
         self._clock = clock or MonotonicClock()
         self._core = SchedulerCore(self._graph, _ActorsView(self._actors), self._clock, metrics_window=metrics_window)
         self._cancel_timeout = cancel_timeout
         self._tasks: set[asyncio.Task[None]] = set()
+        self._callbacks_out = 0  # `start_call`s whose outcome has not come back
         self._waiters: dict[tuple[NoticeKind, str], list[asyncio.Future[None]]] = {}
         self._streams: dict[str, OutputStream] = {}
         self._closing: dict[str, asyncio.Task[CloseReport]] = {}
@@ -317,6 +322,7 @@ class StreamingPipelineOrchestrator:
             core=self._core.statistics(),
             actors={name: actor.statistics() for name, actor in self._actors.items()},
             tasks=len(self._tasks),
+            calls_running=len(self._tasks) + self._callbacks_out,
         )
 
     # -- internals -------------------------------------------------------------------------------------------
@@ -399,7 +405,16 @@ class StreamingPipelineOrchestrator:
         """Start what the core dispatches and deliver its notices. Never recurses: it only schedules."""
         loop = asyncio.get_running_loop()
         for dispatch in self._core.pump():
-            task = loop.create_task(self._run(dispatch), context=self._context_of(dispatch.call.session_id))
+            call = dispatch.call
+            context = self._context_of(call.session_id)
+            actor = self._callback_actors.get(call.stage_id)
+            if actor is not None:
+                self._callbacks_out += 1
+                actor.start_call(
+                    call, _Outcome(self, dispatch, self._clock.now()), context or contextvars.copy_context()
+                )
+                continue
+            task = loop.create_task(self._run(dispatch), context=context)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         for notice in self._core.take_notices():
@@ -410,23 +425,25 @@ class StreamingPipelineOrchestrator:
                     future.set_result(None)
 
     async def _run(self, dispatch: Dispatch) -> None:
-        call = dispatch.call
-        actor = self._actors[call.stage_id]
         started = self._clock.now()
         try:
-            outputs = await actor.invoke(call)
-        except StageFailedError as exc:
-            self._core.fail(dispatch.invocation_id, str(exc))
-        except (ActorDiedError, ActorUnavailableError) as exc:
-            self._core.fail(dispatch.invocation_id, f"stage {call.stage_id!r}: {type(exc).__name__}: {exc}")
+            outputs = await self._actors[dispatch.call.stage_id].invoke(dispatch.call)
         except asyncio.CancelledError:
             self._core.fail(dispatch.invocation_id, "the orchestrator stopped")
             self._advance()
             raise
         except Exception as exc:
-            logger.exception("actor %s raised outside its contract", call.stage_id)
-            self._core.fail(dispatch.invocation_id, f"stage {call.stage_id!r}: {type(exc).__name__}: {exc}")
+            self._settle(dispatch, started, None, exc)
         else:
+            self._settle(dispatch, started, outputs, None)
+
+    def _settle(
+        self, dispatch: Dispatch, started: float, outputs: Mapping[str, object] | None, error: BaseException | None
+    ) -> None:
+        """Feed a call's outcome to the core, tell the stage's listeners of a delivered result, and advance."""
+        call = dispatch.call
+        if error is None:
+            assert outputs is not None
             kind = self._core.complete(dispatch.invocation_id, outputs, started)
             if kind is ResultKind.DELIVERED:
                 for listener in self._stage_listeners.get(call.stage_id, ()):
@@ -434,6 +451,13 @@ class StreamingPipelineOrchestrator:
                         listener(call.session_id, call.sequence_id)
                     except Exception:
                         logger.exception("stage listener for %s failed", call.stage_id)
+        elif isinstance(error, StageFailedError):
+            self._core.fail(dispatch.invocation_id, str(error))
+        elif isinstance(error, ActorDiedError | ActorUnavailableError):
+            self._core.fail(dispatch.invocation_id, f"stage {call.stage_id!r}: {type(error).__name__}: {error}")
+        else:
+            logger.error("actor %s raised outside its contract", call.stage_id, exc_info=error)
+            self._core.fail(dispatch.invocation_id, f"stage {call.stage_id!r}: {type(error).__name__}: {error}")
         self._advance()
 
     def _death_listener(self, stage_id: str) -> DeathListener:
@@ -444,3 +468,18 @@ class StreamingPipelineOrchestrator:
             self._advance()
 
         return on_death
+
+
+class _Outcome:
+    """Where a `start_call` reports: the orchestrator settles the dispatch with the outcome (a `CallDone`)."""
+
+    __slots__ = ("_dispatch", "_orchestrator", "_started")
+
+    def __init__(self, orchestrator: StreamingPipelineOrchestrator, dispatch: Dispatch, started: float) -> None:
+        self._orchestrator = orchestrator
+        self._dispatch = dispatch
+        self._started = started
+
+    def __call__(self, outputs: Mapping[str, object] | None, error: BaseException | None) -> None:
+        self._orchestrator._callbacks_out -= 1
+        self._orchestrator._settle(self._dispatch, self._started, outputs, error)

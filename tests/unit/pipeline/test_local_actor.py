@@ -153,3 +153,59 @@ async def test_a_stage_exception_is_a_stage_failure_and_a_release_exception_prop
         assert actor.statistics().failures == 1
     finally:
         await actor.stop()
+
+
+async def test_start_call_reports_each_outcome_on_the_loop_in_the_context_it_was_given() -> None:
+    def maybe_broken(call: StageCall) -> Mapping[str, object]:
+        if call.sequence_id == 1:
+            raise ValueError("bad input")
+        return {"out": (call.sequence_id, WHO.get())}
+
+    loop_thread = threading.get_ident()
+    outcomes: list[tuple[object, str, str]] = []
+    both = asyncio.Event()
+
+    def done(outputs: Mapping[str, object] | None, error: BaseException | None) -> None:
+        outcomes.append((outputs if error is None else type(error).__name__, WHO.get(), str(error or "")))
+        assert threading.get_ident() == loop_thread
+        if len(outcomes) == 2:
+            both.set()
+
+    actor = LocalStageActor("only", FunctionStage(maybe_broken))
+    await actor.start()
+    try:
+        for seq, who in ((0, "first"), (1, "second")):
+            context = contextvars.copy_context()
+            context.run(WHO.set, who)
+            actor.start_call(_call(seq), done, context)
+        assert actor.statistics().in_flight == 2
+        await asyncio.wait_for(both.wait(), 10)
+    finally:
+        await actor.stop()
+    assert [(o[0], o[1]) for o in outcomes] == [({"out": (0, "first")}, "first"), ("StageFailedError", "second")]
+    assert "ValueError: bad input" in outcomes[1][2]
+    assert (actor.statistics().calls, actor.statistics().in_flight, actor.statistics().failures) == (2, 0, 1)
+
+
+async def test_start_call_on_a_stopped_actor_reports_it_unavailable_and_stop_delivers_every_outcome_first() -> None:
+    stage = _Recording()
+    stage.gate = threading.Event()
+    actor = LocalStageActor("only", stage)
+    outcomes: list[object] = []
+
+    def done(outputs: Mapping[str, object] | None, error: BaseException | None) -> None:
+        outcomes.append(outputs if error is None else error)
+
+    await actor.start()
+    for seq in range(3):
+        actor.start_call(_call(seq), done, contextvars.copy_context())
+    stopping = asyncio.create_task(actor.stop())
+    await asyncio.to_thread(stage.started.wait, 10)
+    assert not stopping.done()
+    stage.gate.set()
+    await stopping
+    assert outcomes == [{"out": 0}, {"out": 1}, {"out": 2}]  # in order, all before stop returned
+
+    unavailable = asyncio.get_running_loop().create_future()
+    actor.start_call(_call(3), lambda _outputs, error: unavailable.set_result(error), contextvars.copy_context())
+    assert isinstance(await unavailable, ActorUnavailableError)

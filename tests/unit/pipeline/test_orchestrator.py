@@ -46,7 +46,7 @@ async def until(predicate: Callable[[], bool], within: float = 5.0) -> None:
 async def settled(orch: StreamingPipelineOrchestrator, predicate: Callable[[], bool]) -> None:
     """Wait until `predicate` holds and no stage call is running: from then on nothing changes unless the test
     acts, so a negative assertion made after it cannot be a race with work still under way."""
-    await until(lambda: predicate() and orch.statistics().tasks == 0)
+    await until(lambda: predicate() and orch.statistics().calls_running == 0)
 
 
 async def test_actor_set_must_match_the_stages() -> None:
@@ -396,3 +396,31 @@ async def test_stage_listeners_hear_each_delivered_result_and_may_submit() -> No
         await orch.submit("s", {"input": (0, "first")})
         assert [i.payload for i in await take(stream, 2)] == ["first", "refill"]
         assert heard == [("s", 0), ("s", 1)]
+
+
+async def test_thread_actor_calls_run_without_a_task_and_a_stage_error_fails_only_its_session() -> None:
+    gate = threading.Event()
+    started = threading.Event()
+
+    def stage(call: StageCall) -> Mapping[str, object]:
+        started.set()
+        assert gate.wait(10)
+        if call.session_id == "bad":
+            raise ValueError("bad input")
+        return {"out": call.inputs["input"]}
+
+    actors = {"only": LocalStageActor("only", FunctionStage(stage))}
+    async with StreamingPipelineOrchestrator(linear_spec("only"), actors) as orch:
+        good, bad = orch.open_session("good"), orch.open_session("bad")
+        await orch.submit("bad", {"input": (0, 0)})
+        await orch.submit("good", {"input": (0, 0)})
+        await asyncio.to_thread(started.wait, 10)
+        running = orch.statistics()
+        assert (running.tasks, running.calls_running) == (0, 1)  # the hop is a callback, not a task
+        gate.set()
+        with pytest.raises(SessionFailedError, match="ValueError: bad input"):
+            await anext(bad)
+        assert (await anext(good)).payload == 0
+        await settled(orch, lambda: True)
+        assert orch.statistics().actors["only"].in_flight == 0
+        await orch.close_session("good")
