@@ -143,31 +143,36 @@ class _Ring:
         at = ((self._head + index) % n) * self._width
         return tuple(self._data[at : at + self._width])
 
-    def values(self) -> list[float]:
-        """Every value of a one-wide ring, in no particular order."""
-        return self._data.tolist()
-
 
 class SampleWindow:
     """The last `size` samples of one signal plus lifetime count and max. O(1) memory in the signal's length."""
 
-    __slots__ = ("_max", "_samples", "count")
+    __slots__ = ("_head", "_max", "_samples", "_size", "count")
 
     def __init__(self, size: int = DEFAULT_WINDOW) -> None:
-        self._samples = _Ring(size, 1)
+        if size < 1:
+            raise ValueError(f"window size {size} < 1")
+        self._samples = array("d")  # a ring once full: `_head` is the slot overwritten next
+        self._size = size
+        self._head = 0
         self._max: float | None = None
         self.count = 0
 
     def add(self, value: float) -> None:
-        self._samples.add(value)
+        samples = self._samples
+        if len(samples) < self._size:
+            samples.append(value)
+        else:
+            samples[self._head] = value
+            self._head = (self._head + 1) % self._size
         self.count += 1
         if self._max is None or value > self._max:
             self._max = value
 
     def summary(self) -> Summary:
-        if not len(self._samples):
+        if not self._samples:
             return Summary(self.count, None, None, None, self._max)
-        samples = self._samples.values()
+        samples = self._samples.tolist()  # in no particular order: the mean and percentiles do not need one
         return Summary(
             count=self.count,
             mean=sum(samples) / len(samples),
@@ -192,7 +197,7 @@ class StageTimings(Sequence[StageTiming]):
     def add(
         self, stage_id: str, sequence_id: int, inputs_ready: float, admitted: float, started: float, completed: float
     ) -> None:
-        self._ring.add(self._names.index(stage_id), sequence_id, inputs_ready, admitted, started, completed)
+        self._ring.add(self._names[stage_id], sequence_id, inputs_ready, admitted, started, completed)
 
     def __len__(self) -> int:
         return len(self._ring)
@@ -213,20 +218,21 @@ class StageTimings(Sequence[StageTiming]):
         return (self[i] for i in range(len(self)))
 
 
-class _Names:
-    """Strings (stage ids, idle details) as small numbers, so a ring of doubles can hold them; -1 is None."""
+class _Names(dict[str, int]):
+    """Strings (stage ids, idle details) as small numbers, so a ring of doubles can hold them; -1 stands for None.
 
-    __slots__ = ("_index", "_names")
+    `names[name]` is the name's number (a new name gets the next one): a plain dict lookup once the name is known.
+    """
+
+    __slots__ = ("_names",)
 
     def __init__(self) -> None:
-        self._index: dict[str, int] = {}
+        super().__init__()
         self._names: list[str] = []
 
-    def index(self, name: str) -> int:
-        index = self._index.get(name)
-        if index is None:
-            index = self._index[name] = len(self._names)
-            self._names.append(name)
+    def __missing__(self, name: str) -> int:
+        index = self[name] = len(self._names)
+        self._names.append(name)
         return index
 
     def name(self, index: float) -> str:
@@ -336,9 +342,7 @@ class StreamingSessionMetrics:
         if end <= start:
             return
         names = self._names
-        self._idle.add(
-            names.index(stage_id), start, end, _REASON_INDEX[reason], -1 if detail is None else names.index(detail)
-        )
+        self._idle.add(names[stage_id], start, end, _REASON_INDEX[reason], -1 if detail is None else names[detail])
         self._idle_totals[reason] = self._idle_totals.get(reason, 0.0) + (end - start)
 
     def forget_anchors(self) -> None:

@@ -65,6 +65,9 @@ class NoticeKind(enum.Enum):
     QUIESCENT = "quiescent"  # a closing or failed session has nothing left running: its release may start
     FAILED = "failed"  # the session failed: the driver starts its release
 
+    # Identity hash, as for `SessionState`: the driver keys its waiters by (kind, session) on every notice.
+    __hash__ = object.__hash__
+
 
 @dataclass(frozen=True, slots=True)
 class Notice:

@@ -113,6 +113,11 @@ class SchedulerCore:
         self._clock = clock
         self._metrics_window = metrics_window
         stages = graph.stages
+        # the graph's properties as plain attributes: the scheduling path reads them several times per event
+        self._stages = stages
+        self._edges = graph.edges
+        self._in_count = [len(graph.in_edges[s]) for s in range(len(stages))]
+        self._produces = [frozenset(s.produces) for s in stages]
         self._stage_ids = tuple(s.stage_id for s in stages)
         self._ready: list[list[_ReadyEntry]] = [[] for _ in stages]
         self._ready_count = [0] * len(stages)
@@ -157,7 +162,7 @@ class SchedulerCore:
             raise SessionExistsError(f"session {session_id!r} is already open")
         now = self._clock.now()
         n_stages = len(self._stage_ids)
-        n_edges = len(self._graph.edges)
+        n_edges = len(self._edges)
         outputs = self._graph.spec.outputs
         session = CoreSession(
             session_id=session_id,
@@ -239,7 +244,7 @@ class SchedulerCore:
                     f"session {session_id!r}, artifact {artifact!r}: sequence {sequence_id} is {kind}; "
                     f"the next accepted sequence is {expected}"
                 )
-        edges = self._graph.edges
+        edges = self._edges
         for artifact in items:
             for e in self._graph.ingress_edges[artifact]:
                 if len(session.edge_items[e]) >= edges[e].capacity:
@@ -257,7 +262,7 @@ class SchedulerCore:
 
     def has_room(self, session_id: str, artifacts: Iterable[str]) -> bool:
         session = self._get(session_id)
-        edges = self._graph.edges
+        edges = self._edges
         return all(
             len(session.edge_items[e]) < edges[e].capacity
             for artifact in artifacts
@@ -299,12 +304,13 @@ class SchedulerCore:
 
     def complete(self, invocation_id: int, outputs: Mapping[str, object], started: float) -> ResultKind:
         """Take a stage result. Late results are classified and dropped; their reserved room is returned."""
-        settled = self._settle(invocation_id)
+        now = self._clock.now()
+        settled = self._settle(invocation_id, now)
         if isinstance(settled, ResultKind):
             return settled
         inv, session = settled
-        stage = self._graph.stages[inv.stage]
-        if set(outputs) != set(stage.produces):
+        stage = self._stages[inv.stage]
+        if outputs.keys() != self._produces[inv.stage]:
             self._unreserve(session, inv)
             self._counters["rejected"] += 1
             self._fail(
@@ -313,7 +319,6 @@ class SchedulerCore:
                 f"it declares {sorted(stage.produces)}",
             )
             return ResultKind.REJECTED
-        now = self._clock.now()
         session.metrics.on_stage(stage.stage_id, inv.sequence_id, inv.inputs_ready, inv.admitted, started, now)
         for artifact in stage.produces:
             payload = outputs[artifact]
@@ -331,7 +336,7 @@ class SchedulerCore:
 
     def fail(self, invocation_id: int, reason: str) -> ResultKind:
         """A call raised (stage error, actor died or unavailable): fail its session unless it was discarded."""
-        settled = self._settle(invocation_id)
+        settled = self._settle(invocation_id, self._clock.now())
         if isinstance(settled, ResultKind):
             return settled
         inv, session = settled
@@ -339,13 +344,13 @@ class SchedulerCore:
         self._fail(session, reason)
         return ResultKind.DELIVERED
 
-    def _settle(self, invocation_id: int) -> tuple[Invocation, CoreSession] | ResultKind:
+    def _settle(self, invocation_id: int, now: float) -> tuple[Invocation, CoreSession] | ResultKind:
         """Finish a call's bookkeeping; classify it as duplicate, orphaned or stale, or return it to be used."""
         inv = self._invocations.pop(invocation_id, None)
         if inv is None:
             return self._unknown_result(invocation_id)
         self._remember(invocation_id)
-        session = self._finish_invocation(inv)
+        session = self._finish_invocation(inv, now)
         if session is None:
             self._counters["orphaned"] += 1
             return ResultKind.ORPHANED
@@ -553,22 +558,22 @@ class SchedulerCore:
         if join is None:
             join = session.joins[s][sequence_id] = Join()
         join.count += 1
-        join.last_artifact = self._graph.edges[edge].artifact
-        if join.count == len(self._graph.in_edges[s]):
+        join.last_artifact = self._edges[edge].artifact
+        if join.count == self._in_count[s]:
             join.ready_at = now
-            if self._graph.stages[s].ordering is StageOrdering.NONE:
+            if self._stages[s].ordering is StageOrdering.NONE:
                 heapq.heappush(session.none_ready[s], sequence_id)
             self._refresh_eligible(session, s, now)
 
     def _eligible(self, session: CoreSession, s: int) -> bool:
         if session.state not in ACCEPTS_RESULTS:
             return False
-        spec = self._graph.stages[s]
+        spec = self._stages[s]
         if spec.ordering is StageOrdering.PER_SESSION_STRICT:
             if session.stage_in_flight[s]:
                 return False
             join = session.joins[s].get(session.stage_next[s])
-            return join is not None and join.count == len(self._graph.in_edges[s])
+            return join is not None and join.count == self._in_count[s]
         return bool(session.none_ready[s]) and session.stage_in_flight[s] < spec.max_in_flight_per_session
 
     def _refresh_eligible(self, session: CoreSession, s: int, now: float) -> None:
@@ -644,13 +649,13 @@ class SchedulerCore:
         return None
 
     def _downstream_blocked(self, session: CoreSession, s: int) -> tuple[IdleReason, str | None] | None:
-        edges = self._graph.edges
+        edges = self._edges
         for artifact, out in self._graph.out_edges[s].items():
             for e in out:
                 if len(session.edge_items[e]) + session.edge_reserved[e] >= edges[e].capacity:
                     return (IdleReason.EDGE_FULL, artifact)
         capacity = self._graph.spec.output_capacity
-        for artifact in self._graph.stages[s].produces:
+        for artifact in self._stages[s].produces:
             if artifact in self._graph.output_set and self._output_occupancy(session, artifact) >= capacity:
                 return (IdleReason.OUTPUT_FULL, artifact)
         return None
@@ -662,7 +667,7 @@ class SchedulerCore:
         )
 
     def _dispatch(self, session: CoreSession, s: int) -> Dispatch | None:
-        spec = self._graph.stages[s]
+        spec = self._stages[s]
         stage_id = spec.stage_id
         incarnation = self._actors.incarnation(stage_id)
         touched = session.touched[s]
@@ -683,7 +688,7 @@ class SchedulerCore:
         join = session.joins[s].pop(sequence_id)
         inputs: dict[str, object] = {}
         for e in self._graph.in_edges[s]:
-            inputs[self._graph.edges[e].artifact] = session.edge_items[e].pop(sequence_id)
+            inputs[self._edges[e].artifact] = session.edge_items[e].pop(sequence_id)
             source = self._edge_source[e]
             if source is None:
                 self._notify(NoticeKind.ROOM, session)
@@ -718,17 +723,21 @@ class SchedulerCore:
         if since is None:
             return
         stage_id = self._stage_ids[s]
-        eligible_at = max(session.eligible_at[s], since)
-        if join.ready_at > since:
-            end = join.ready_at if join.ready_at < now else now
-            session.metrics.on_idle(stage_id, since, end, IdleReason.MISSING_INPUT, join.last_artifact)
+        eligible_at = session.eligible_at[s]
+        if eligible_at < since:
+            eligible_at = since
+        ready_at = join.ready_at
+        if ready_at > since:
+            session.metrics.on_idle(
+                stage_id, since, ready_at if ready_at < now else now, IdleReason.MISSING_INPUT, join.last_artifact
+            )
         blocker = session.blocker[s] or session.block_note[s].reason
-        start = max(eligible_at, join.ready_at)
+        start = ready_at if ready_at > eligible_at else eligible_at
         if blocker is not None and now > start:
             session.metrics.on_idle(stage_id, start, now, blocker[0], blocker[1])
         session.blocker[s] = None
 
-    def _finish_invocation(self, inv: Invocation) -> CoreSession | None:
+    def _finish_invocation(self, inv: Invocation, now: float) -> CoreSession | None:
         """Return the stage slot and the resource permit of a finished call; the session if it still exists."""
         self._in_flight[inv.stage] -= 1
         group = self._group_of[inv.stage]
@@ -739,7 +748,6 @@ class SchedulerCore:
             return None
         session.invocations.discard(inv.invocation_id)
         session.stage_in_flight[inv.stage] -= 1
-        now = self._clock.now()
         if session.stage_in_flight[inv.stage] == 0:
             session.idle_since[inv.stage] = now
         if session.state in ACCEPTS_RESULTS:
@@ -750,7 +758,7 @@ class SchedulerCore:
         for out in self._graph.out_edges[inv.stage].values():
             for e in out:
                 session.edge_reserved[e] -= 1
-        for artifact in self._graph.stages[inv.stage].produces:
+        for artifact in self._stages[inv.stage].produces:
             if artifact in self._graph.output_set:
                 session.output_reserved[artifact] -= 1
         self._unpark(session, inv.stage)
