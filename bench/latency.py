@@ -23,6 +23,11 @@ share of the frames of a session's chunks (the chunk statuses the page received)
 waiting for a late chunk (the `underrun` timing of each chunk, in frame slots). Percentiles are
 `pipeline.metrics.percentile`. `trials` is how many of each.
 
+`wholechunk_` (and `wholechunk_chunk1_`) repeat the just-in-time sessions on a second server, started beside the first,
+that decodes whole chunks (`LINGSTREAM_PROGRESSIVE_DECODE=false`), each right after the same session on the first
+(which decodes progressively, the default: a chunk's first frames are sent as soon as its first latent frame is
+decoded). Both servers run from the start, and only one has a session at a time.
+
 `jitter0_` repeats the defaults with the page asking its receiver for a jitter buffer target of 0 ms
 (`?jitter_ms=0`, RTCRtpReceiver `jitterBufferTarget`); `receiver_target_ms` is what the receiver reported
 (-1: none set, the browser's own choice), so the comparison shows whether the hint was taken.
@@ -37,8 +42,9 @@ stand-in of the tests (`tests/livekit_server/`, media relayed by aiortc) in a pr
 (`tests/e2e/livekit_stack.py`), as bench/transport_frames.py does. Skipped, with a note, where the namespace cannot be
 made (it needs root).
 
-`--quick` runs 1 trial of each at both sizes with the default schedule and 1 press after a 1.5 s rest (a smoke run,
-about a minute with LiveKit); the full run 12 and 5 presses after idle, both schedules. The last line printed is one
+`--quick` runs 1 trial of each at both sizes with the default schedule, whole chunks at the defaults only, and 1 press
+after a 1.5 s rest (a smoke run, about a minute and a half with LiveKit); the full run 12 and 5 presses after idle,
+both schedules, whole chunks at both sizes. The last line printed is one
 JSON object with every figure. Skipped, with a note and an empty report, without Chromium or Playwright.
 """
 
@@ -284,12 +290,18 @@ async def main(quick: bool) -> dict[str, float]:
     rng = random.Random(16)
     settings = {"LINGSTREAM_TORCH_THREADS": "1", "LINGSTREAM_LOG_LEVEL": "WARNING"}
     results: dict[str, float] = {}
-    with tempfile.TemporaryDirectory() as folder, Server(Path(folder) / "serve.log", settings) as server:
+    whole_settings = {**settings, "LINGSTREAM_PROGRESSIVE_DECODE": "false"}
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        Server(Path(folder) / "serve.log", settings) as server,
+        Server(Path(folder) / "serve-whole.log", whole_settings) as whole,
+    ):
         async with async_playwright() as playwright:
             browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 async with httpx.AsyncClient(timeout=5.0) as client:
                     await server.wait_ready(client)
+                    await whole.wait_ready(client)
                 schedules = (("just_in_time", ""), ("media_clock", "media_clock_"))
                 for schedule, prefix in schedules[:1] if quick else schedules:
                     for chunk_size, size_prefix in ((3, ""), (1, "chunk1_")):
@@ -306,12 +318,17 @@ async def main(quick: bool) -> dict[str, float]:
                             idle_rest_s=1.5 if quick else IDLE_REST_S,
                         )
                         results |= _summary(prefix + size_prefix, figures)
+                        if prefix or (quick and size_prefix):
+                            continue
+                        # The same session on the server that decodes whole chunks, right after it.
+                        figures = await _session(browser, whole.url, config, trials, rng)
+                        results |= _summary("wholechunk_" + size_prefix, figures)
                 # The receiver asked to keep no jitter buffer beyond what it needs (`?jitter_ms=0`), at the defaults.
                 figures = await _session(browser, server.url, {"chunk_size": 3}, trials, rng, "?jitter_ms=0")
                 results |= _summary("jitter0_", figures)
             finally:
                 await browser.close()
-        await asyncio.to_thread(server.stop, 30.0)
+        await asyncio.gather(asyncio.to_thread(server.stop, 30.0), asyncio.to_thread(whole.stop, 30.0))
     results |= await _livekit(quick, trials, rng)
     return results
 
@@ -319,7 +336,9 @@ async def main(quick: bool) -> dict[str, float]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
-        "--quick", action="store_true", help="a smoke run: 1 trial of each, the default schedule only (about a minute)"
+        "--quick",
+        action="store_true",
+        help="a smoke run: 1 trial of each, the default schedule only (about a minute and a half)",
     )
     args = parser.parse_args()
     started = time.perf_counter()

@@ -53,6 +53,20 @@ chunks after the first):
 - flashdreams_h100_fps, flashdreams_h100_ms_per_chunk: NVIDIA FlashDreams' published figures for the real model on
   one H100 (5.56 fps, 2 157 ms per chunk), printed beside ours for comparison; they are not measured here.
 
+First frames, progressive against whole-chunk decode (issue #16), for the reference model at 416x240 and for the
+LingBot-World-Fast model at `--fast-resolution` (its VAE decode is most of a chunk on a CPU): one session with keys
+held, `realtime=False`, on a service that decodes progressively (the default: the decode stage hands each latent
+frame's video frames on as soon as it has decoded them), then the same on one that decodes whole chunks
+(`progressive_decode=False`), alternating, `FIRST_FRAME_ROUNDS` rounds of each; per chunk after the first, the
+chunk's `control_to_first_frame` timing: from its control's submission (the chunk's start under its lease turn) to
+its first frames out of the model (its first part; the whole chunk without progressive decode). That is what a
+press from rest waits for before the first frame can be sent.
+
+- first_frame_ms_p50, wholechunk_first_frame_ms_p50, first_frame_saving_ms: the reference model's two medians and
+  their difference;
+- lingbot_fast_first_frame_ms_p50, lingbot_fast_wholechunk_first_frame_ms_p50, lingbot_fast_first_frame_saving_ms:
+  the same for LingBot-World-Fast.
+
 `--model reference` or `--model lingbot-fast` runs only that half (scripts/gpu-check.sh runs both).
 
 `--quick` is a smoke run over the same paths (4 chunks per session; the LingBot-World-Fast half 4 chunks at 64x32);
@@ -81,7 +95,7 @@ from pipeline.bidirectional import CloseMode, ControlState
 from pipeline.lingbot import ModelRuntimeConfig, ProcessPlacement, ReferenceModelFactory, plan_placement
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.group_stages import LATENT_CHANNEL_TIMING
-from pipeline.lingbot.model import ChunkDecoder, ChunkDenoiser, WorldModelParts
+from pipeline.lingbot.model import ChunkDecoder, ChunkDenoiser, WorldModel, WorldModelParts
 from pipeline.lingbot.reference_model import ReferenceWorldModel
 from pipeline.lingbot.service import LingBotService
 from pipeline.metrics import percentile
@@ -94,6 +108,7 @@ CONFIG = {"width": 416, "height": 240, "fps": 16, "chunk_size": 3}
 MEDIA_S = 4 * CONFIG["chunk_size"] / CONFIG["fps"]
 NAN = float("nan")
 ROUNDS = 3
+FIRST_FRAME_ROUNDS = 3
 FLASHDREAMS_H100_FPS = 5.56
 FLASHDREAMS_H100_MS_PER_CHUNK = 2157.0
 
@@ -307,6 +322,47 @@ class TimedDecoder:
         self._inner.release_cache(session_id)
 
 
+async def first_frame_session(
+    model: WorldModel, progressive: bool, width: int, height: int, chunks: int
+) -> list[float]:
+    """One session of `chunks` chunks, keys held, at full speed; each later chunk's `control_to_first_frame` (s)."""
+    service = LingBotService(model, lease=ExecutionLease(), realtime=False, progressive_decode=progressive)
+    await service.start()
+    try:
+        assert service.progressive_decode == progressive
+        prepared = service.prepare({"width": width, "height": height, "fps": 16, "chunk_size": 3}, None)
+        await service.create_session("first", prepared)
+        outputs = service.outputs("first")
+        firsts: list[float] = []
+        for seq in range(chunks):
+            service.push_control("first", ControlState(seq, frozenset({"w", "l"})))
+            chunk = await anext(outputs)
+            if seq > 0:
+                firsts.append(chunk.timings["control_to_first_frame"])
+        await service.close_session("first", CloseMode.CANCEL)
+    finally:
+        await service.stop()
+    return firsts
+
+
+async def first_frame(
+    model: WorldModel, width: int, height: int, chunks: int, rounds: int, prefix: str = ""
+) -> dict[str, float]:
+    """First frames, progressive against whole-chunk decode, alternating sessions (the module docstring)."""
+    progressive: list[float] = []
+    whole: list[float] = []
+    for _ in range(rounds):
+        progressive += await first_frame_session(model, True, width, height, chunks)
+        whole += await first_frame_session(model, False, width, height, chunks)
+    fast = statistics.median(progressive) * 1000
+    slow = statistics.median(whole) * 1000
+    return {
+        f"{prefix}first_frame_ms_p50": fast,
+        f"{prefix}wholechunk_first_frame_ms_p50": slow,
+        f"{prefix}first_frame_saving_ms": slow - fast,
+    }
+
+
 def critical_model_time(spans: Spans, chunk: int, since: float, until: float) -> float:
     """Model time on the path that made chunk `chunk` arrive at `until`, inside `(since, until]` (the module
     docstring): from its decode back through whichever input finished later, until `since`."""
@@ -363,7 +419,9 @@ async def fast_session(
     }
 
 
-def lingbot_fast(model_path: Path | None, device: str, dtype: str, resolution: str, chunks: int) -> dict[str, float]:
+def lingbot_fast(
+    model_path: Path | None, device: str, dtype: str, resolution: str, chunks: int, first_frame_rounds: int
+) -> dict[str, float]:
     """The LingBot-World-Fast figures: the model in `model_path`, or a tiny random one written now."""
     from pipeline.lingbot.models import LingBotFastOptions, LingBotFastWorldModel, write_tiny_model
 
@@ -373,17 +431,23 @@ def lingbot_fast(model_path: Path | None, device: str, dtype: str, resolution: s
         path = model_path or write_tiny_model(Path(scratch) / "tiny")
         model = LingBotFastWorldModel.load(LingBotFastOptions(str(path), dtype=dtype), device)
         asyncio.run(fast_session(model, spans, width, height, 2))  # warm-up: first-call costs stay out
-        return asyncio.run(fast_session(model, spans, width, height, max(2, chunks)))
+        results = asyncio.run(fast_session(model, spans, width, height, max(2, chunks)))
+        first = first_frame(model, width, height, max(2, chunks // 2), first_frame_rounds, "lingbot_fast_")
+        return results | asyncio.run(first)
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
     torch.set_num_threads(args.threads)
     devices = tuple(name.strip() for name in args.devices.split(",") if name.strip()) or ("cpu",)
     results: dict[str, float] = {"load_average_1m": os.getloadavg()[0]}
+    rounds = 1 if args.quick else FIRST_FRAME_ROUNDS
     if args.model in ("both", "reference"):
         results.update(asyncio.run(reference(args.chunks, args.threads, devices)))
+        width, height = CONFIG["width"], CONFIG["height"]
+        first = first_frame(ReferenceWorldModel(devices[0]), width, height, max(2, args.chunks // 3), rounds)
+        results.update(asyncio.run(first))
     if args.model in ("both", "lingbot-fast"):
-        fast = lingbot_fast(args.model_path, devices[0], args.dtype, args.fast_resolution, args.fast_chunks)
+        fast = lingbot_fast(args.model_path, devices[0], args.dtype, args.fast_resolution, args.fast_chunks, rounds)
         results.update(fast)
     return results
 

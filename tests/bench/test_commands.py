@@ -69,7 +69,12 @@ FIGURES: dict[str, frozenset[str]] = {
         "bench_seconds",
     }
     | {f"lingbot_fast_{key}" for key in ("chunk_ms_p50", "dit_ms_p50", "vae_ms_p50", "rest_ms_p50", "overhead_share")}
-    | {"lingbot_fast_fps", "lingbot_fast_first_chunk_s", "flashdreams_h100_fps", "flashdreams_h100_ms_per_chunk"},
+    | {"lingbot_fast_fps", "lingbot_fast_first_chunk_s", "flashdreams_h100_fps", "flashdreams_h100_ms_per_chunk"}
+    | {
+        f"{prefix}{key}"
+        for prefix in ("", "lingbot_fast_")
+        for key in ("first_frame_ms_p50", "wholechunk_first_frame_ms_p50", "first_frame_saving_ms")
+    },
     "admission_latency": frozenset(
         {
             "create_p50_ms",
@@ -112,11 +117,15 @@ FIGURES: dict[str, frozenset[str]] = {
     "latency": frozenset(
         {
             f"{prefix}{key}"
-            for prefix in ("", "chunk1_", "jitter0_")
+            for prefix in ("", "chunk1_", "jitter0_", "wholechunk_")
             for key in ("press_p50_ms", "change_while_held_p50_ms", "change_while_held_p90_ms", "release_p50_ms")
         }
-        | {f"{prefix}{key}" for prefix in ("", "chunk1_", "jitter0_") for key in ("trials", "underrun_pct")}
-        | {"receiver_target_ms", "chunk1_receiver_target_ms", "jitter0_receiver_target_ms", "bench_seconds"}
+        | {
+            f"{prefix}{key}"
+            for prefix in ("", "chunk1_", "jitter0_", "wholechunk_")
+            for key in ("trials", "underrun_pct", "receiver_target_ms")
+        }
+        | {"bench_seconds"}
         | {"first_press_after_idle_p50_ms", "first_press_after_idle_p90_ms"}
     ),
     # Also every key scripts/reliability.sh reads from the quick run.
