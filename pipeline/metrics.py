@@ -276,7 +276,8 @@ class StreamingSessionMetrics:
     - real-time factor: p95 chunk period / media duration of one chunk.
     """
 
-    def __init__(self, session_id: str, *, window: int = DEFAULT_WINDOW) -> None:
+    def __init__(self, session_id: str, *, window: int = DEFAULT_WINDOW, stage_ids: tuple[str, ...] = ()) -> None:
+        """`stage_ids`: the stages known up front, whose windows are made now rather than at their first record."""
         self.session_id = session_id
         self._window = window
         self.first_ingress_at: float | None = None
@@ -285,8 +286,8 @@ class StreamingSessionMetrics:
         self._anchors: dict[int, float] = {}
         self._control_to_output = SampleWindow(window)
         self._chunk_period = SampleWindow(window)
-        self._stage_durations: dict[str, SampleWindow] = {}
-        self._stage_queued: dict[str, SampleWindow] = {}
+        self._stage_durations = {stage_id: SampleWindow(window) for stage_id in stage_ids}
+        self._stage_queued = {stage_id: SampleWindow(window) for stage_id in stage_ids}
         self._names = _Names()
         self.stage_timings = StageTimings(window, self._names)
         # (stage, start, end, reason, detail) as numbers: an `IdleInterval` is built only when read
@@ -399,8 +400,8 @@ class StreamingSessionMetrics:
             first_output_latency=self.first_output_latency,
             control_to_output=self.control_to_output,
             chunk_period=self.chunk_period,
-            stage_durations={k: w.summary() for k, w in self._stage_durations.items()},
-            stage_queued={k: w.summary() for k, w in self._stage_queued.items()},
+            stage_durations={k: w.summary() for k, w in self._stage_durations.items() if w.count},
+            stage_queued={k: w.summary() for k, w in self._stage_queued.items() if w.count},
             idle_by_reason={reason.value: total for reason, total in self._idle_totals.items()},
             outputs=self.outputs,
             diagnostics=self.diagnostics(),

@@ -167,7 +167,7 @@ class SchedulerCore:
         session = CoreSession(
             session_id=session_id,
             state=SessionState.OPEN,
-            metrics=StreamingSessionMetrics(session_id, window=self._metrics_window),
+            metrics=StreamingSessionMetrics(session_id, window=self._metrics_window, stage_ids=self._stage_ids),
             edge_items=[{} for _ in range(n_edges)],
             edge_reserved=[0] * n_edges,
             joins=[{} for _ in range(n_stages)],

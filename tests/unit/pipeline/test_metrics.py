@@ -61,8 +61,8 @@ def test_a_sample_window_summarises_its_last_samples_and_the_lifetime_count_and_
     assert (summary.count, summary.max, summary.mean, summary.p50) == (6, 100.0, 3.5, 3.5)
 
 
-def test_stage_durations_and_queued_times_are_summarised_per_stage() -> None:
-    metrics = StreamingSessionMetrics("s", window=8)
+def test_stage_durations_and_queued_times_are_summarised_per_stage_that_ran() -> None:
+    metrics = StreamingSessionMetrics("s", window=8, stage_ids=("encode", "denoise", "decode"))
     metrics.on_stage("encode", 0, 0.0, 0.5, 1.0, 3.0)
     metrics.on_stage("encode", 1, 1.0, 1.25, 3.0, 4.0)
     metrics.on_stage("decode", 0, 3.0, 3.0, 3.5, 3.75)
@@ -70,14 +70,14 @@ def test_stage_durations_and_queued_times_are_summarised_per_stage() -> None:
     assert (snapshot.stage_durations["encode"].count, snapshot.stage_durations["encode"].mean) == (2, 1.5)
     assert snapshot.stage_queued["encode"].max == 0.5
     assert snapshot.stage_durations["decode"].max == 0.25
+    assert set(snapshot.stage_durations) == set(snapshot.stage_queued) == {"encode", "decode"}  # denoise never ran
 
 
 def test_filling_the_windows_adds_no_object_for_the_collector() -> None:
-    metrics = StreamingSessionMetrics("s", window=256)
-    metrics.on_stage("encode", 0, 0.0, 0.0, 0.0, 1.0)  # the per-stage windows exist from the first record on
+    metrics = StreamingSessionMetrics("s", window=256, stage_ids=("encode",))
     gc.collect()
     tracked = len(gc.get_objects())
-    for sequence_id in range(1, 200):
+    for sequence_id in range(200):
         metrics.on_stage("encode", sequence_id, 0.0, 0.0, 0.0, 1.0)
         metrics.on_idle("encode", 0.0, 1.0, IdleReason.EDGE_FULL, "a")
         metrics.on_output(sequence_id, float(sequence_id))
