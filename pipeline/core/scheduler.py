@@ -330,7 +330,7 @@ class SchedulerCore:
                 session.output_reorder[artifact][inv.sequence_id] = payload
                 self._flush_outputs(session, artifact, now)
         self._counters["delivered"] += 1
-        self._refresh_eligible(session, inv.stage, now)
+        # No refresh of the stage itself: `_settle` did it, and delivering downstream cannot change it (a DAG).
         self._check_quiescent(session)
         return ResultKind.DELIVERED
 
