@@ -28,6 +28,14 @@ threads placement. Then, side by side in the same run (every process group is st
   where the work does not already scale with threads; what every rank still does whole — camera recovery, the
   seeded noise — and the all-gather cost it). denoise_ms_p50_1_rank and denoise_ms_p50_2_ranks are the two times.
 
+Then the camera contract both models read (`camera.CameraChunk`, docs/lingbot-fast.md "The camera contract"), per
+chunk of 3 latent frames, medians over `--chunks` chunks with keys held, on one torch thread whatever `--threads`:
+
+- camera_ms_p50: the reference model's camera step: the chunk's `CameraChunk` built from a control snapshot plus the
+  two video-frame cameras per latent frame the reference renders from (`video_frame_cameras`), at 416x240;
+- plucker_map_ms_p50_416x240, plucker_map_ms_p50_832x480: LingBot-World-Fast's camera input, `plucker_map` (the
+  384-channel map) from a `CameraChunk` with the session's precomputed rays, on the first of `--devices`.
+
 Then the LingBot-World-Fast backend (`LINGSTREAM_MODEL=lingbot-fast`) on the service's real path: the model in
 `--model-path` (real weights where a GPU has them), or by default a tiny random checkpoint written by `lingstream
 tiny-checkpoint`'s function into a temporary directory (on a CPU that measures the plumbing around a
@@ -93,7 +101,9 @@ from _common import report
 from admission import ExecutionLease
 from pipeline.bidirectional import CloseMode, ControlState
 from pipeline.lingbot import ModelRuntimeConfig, ProcessPlacement, ReferenceModelFactory, plan_placement
+from pipeline.lingbot.camera import CameraChunk, CameraController, map_rays, plucker_map
 from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.controls import ControlSnapshot
 from pipeline.lingbot.group_stages import LATENT_CHANNEL_TIMING
 from pipeline.lingbot.model import ChunkDecoder, ChunkDenoiser, WorldModel, WorldModelParts
 from pipeline.lingbot.reference_model import ReferenceWorldModel
@@ -290,7 +300,7 @@ class TimedDenoiser:
         self._inner.create_cache(session_id, config, base_latent)
 
     def denoise_chunk(
-        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+        self, session_id: str, chunk_index: int, chunk_size: int, control: CameraChunk, *, prompt: str
     ) -> torch.Tensor:
         start = time.perf_counter()
         latent = self._inner.denoise_chunk(session_id, chunk_index, chunk_size, control, prompt=prompt)
@@ -436,6 +446,39 @@ def lingbot_fast(
         return results | asyncio.run(first)
 
 
+def camera(chunks: int, device: str) -> dict[str, float]:
+    """The camera contract's per-chunk costs (module docstring), one torch thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    keys = (["w", "l"], ["i", "a"], ["s", "j"], ["d", "k"])
+    try:
+        config = LingBotSessionConfig.from_mapping(CONFIG)
+        controller = CameraController(config.pose_steps(), config.camera_intrinsics())
+        step: list[float] = []
+        for index in range(chunks):
+            started = time.perf_counter()
+            chunk = controller.chunk_control(ControlSnapshot.from_keys(index, keys[index % 4]), index, 3).camera
+            chunk.video_frame_cameras((0, 2))
+            step.append(time.perf_counter() - started)
+        results = {"camera_ms_p50": round(statistics.median(step) * 1000, 3)}
+        for width, height in ((416, 240), (832, 480)):
+            sized = LingBotSessionConfig(width=width, height=height)
+            controller = CameraController(sized.pose_steps(), sized.camera_intrinsics())
+            rays = map_rays(sized.camera_intrinsics(), device)
+            built: list[float] = []
+            for index in range(chunks):
+                chunk = controller.chunk_control(ControlSnapshot.from_keys(index, keys[index % 4]), index, 3).camera
+                started = time.perf_counter()
+                plucker_map(chunk, rays)
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize(device)
+                built.append(time.perf_counter() - started)
+            results[f"plucker_map_ms_p50_{width}x{height}"] = round(statistics.median(built[1:]) * 1000, 3)
+        return results
+    finally:
+        torch.set_num_threads(threads)
+
+
 def main(args: argparse.Namespace) -> dict[str, float]:
     torch.set_num_threads(args.threads)
     devices = tuple(name.strip() for name in args.devices.split(",") if name.strip()) or ("cpu",)
@@ -446,6 +489,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         width, height = CONFIG["width"], CONFIG["height"]
         first = first_frame(ReferenceWorldModel(devices[0]), width, height, max(2, args.chunks // 3), rounds)
         results.update(asyncio.run(first))
+        results.update(camera(args.chunks, devices[0]))
     if args.model in ("both", "lingbot-fast"):
         fast = lingbot_fast(args.model_path, devices[0], args.dtype, args.fast_resolution, args.fast_chunks, rounds)
         results.update(fast)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pipeline.lingbot.errors import ChunkContractError
 
 __all__ = [
+    "SPATIAL_COMPRESSION",
     "TEMPORAL_COMPRESSION",
     "ChunkPlan",
     "frame_num_for_duration",
@@ -30,6 +31,8 @@ __all__ = [
 
 TEMPORAL_COMPRESSION = 4
 """Video frames per latent frame (after the first latent frame, which covers one video frame)."""
+SPATIAL_COMPRESSION = 8
+"""Video pixels per latent pixel along each axis."""
 
 _MAX_CHUNK_SIZE = 1024
 

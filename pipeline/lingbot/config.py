@@ -30,7 +30,7 @@ import torch
 
 from pipeline.bidirectional import check_prompt
 from pipeline.lingbot.camera import DEFAULT_HFOV_DEG, PinholeIntrinsics, PoseSteps
-from pipeline.lingbot.chunks import ChunkPlan, frame_num_for_duration
+from pipeline.lingbot.chunks import SPATIAL_COMPRESSION, ChunkPlan, frame_num_for_duration
 from pipeline.lingbot.errors import ChunkContractError, ImageInputError, SessionConfigError
 
 if TYPE_CHECKING:
@@ -48,8 +48,6 @@ __all__ = [
     "probe_image_header",
 ]
 
-SPATIAL_COMPRESSION = 8
-"""Video pixels per latent pixel along each axis."""
 DEFAULT_MAX_DURATION_S = 600.0
 DEFAULT_MAX_IMAGE_BYTES = 10 * 1024 * 1024
 DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
@@ -190,9 +188,10 @@ class LingBotSessionConfig:
             pitch_limit=math.radians(self.pitch_limit_deg),
         )
 
-    def latent_intrinsics(self) -> PinholeIntrinsics:
-        """Pinhole intrinsics of the latent grid (H/8 x W/8) with the model's 90 degree horizontal field of view."""
-        return PinholeIntrinsics.from_fov(self.latent_width, self.latent_height, DEFAULT_HFOV_DEG)
+    def camera_intrinsics(self) -> PinholeIntrinsics:
+        """Pinhole intrinsics of the frame (W x H pixels) with the model's 90 degree horizontal field of view: the
+        camera contract's (`camera.CameraChunk`)."""
+        return PinholeIntrinsics.from_fov(self.width, self.height, DEFAULT_HFOV_DEG)
 
 
 def _check_int(name: str, value: object, low: int, high: int, *, optional: bool) -> None:

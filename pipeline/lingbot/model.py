@@ -7,12 +7,12 @@ Data flow of one session (every tensor float32 unless said otherwise; `h, w = H/
         reference prefix; the reference model returns T = 1).
     ChunkDenoiser.create_cache(session, config, base_latent)
         the base latent is handed over ONCE and stays resident on the denoise side (with any KV cache).
-    ChunkDenoiser.denoise_chunk(session, chunk_index, cs, control [24, cs, h, w], prompt=text)
+    ChunkDenoiser.denoise_chunk(session, chunk_index, cs, control: CameraChunk, prompt=text)
                                                                                      -> latent chunk [16, cs, h, w]
         the `condition` artifact carries only `ChunkCondition(chunk_index, chunk_size)`: the denoiser slices the
         resident base latent itself (`slice_condition`, repeating its tail when the prefix is shorter than the
         session) and builds the first-frame mask itself (`first_frame_mask`: only latent frame 0 of chunk 0 is the
-        given reference frame). `control` is the Plücker tensor of `camera.py`. `prompt` is the chunk's text
+        given reference frame). `control` is the chunk's camera (below). `prompt` is the chunk's text
         conditioning (below).
     ChunkDecoder.decode_chunk(session, chunk_index, latent [16, cs, h, w])           -> frames uint8 [T, H, W, 3]
         `T = 4*(cs-1)+1` for chunk 0 and `4*cs` after (`ChunkPlan.frames_in_chunk`), on the CPU, RGB.
@@ -20,6 +20,16 @@ Data flow of one session (every tensor float32 unless said otherwise; `h, w = H/
         the same chunk's frames one latent frame at a time (1 frame for latent frame 0 of chunk 0, 4 for every other),
         so the first can be played while the rest decode; their concatenation equals `decode_chunk`'s frames bit
         for bit. Optional: a decoder without it is decoded whole (`stages.DecodeStage`).
+
+The camera (`control`). One contract for every model: `camera.CameraChunk`, LingBot-World-Fast's camera contract in
+its defining data. Per latent frame of the chunk its pose relative to the previous latent frame's (`inverse(P[k-1]) @
+P[k]`, float64 `[cs, 4, 4]`, translation divided by `translation_scale`, 4 x move_step), the pose the chunk moved from
+(`start`, float64 `[4, 4]`, world = the session's reference camera) and the pinhole intrinsics at pixel resolution
+(90 degree horizontal field of view). The denoise stage builds it from the control snapshot (`CameraController`,
+`stages.py`), inside the DiT's process, so only the snapshot crosses a process boundary and every rank of a sharded
+DiT builds the same one. LingBot-World-Fast turns it into its `[1, 384, cs, h, w]` Plücker map with
+`camera.plucker_map`; the reference model renders from the world cameras it chains back (`video_frame_cameras`).
+Why not the dense map itself: docs/lingbot-fast.md, "The camera contract".
 
 Text conditioning (the prompt). Every `denoise_chunk` call names the prompt its chunk is generated from, as a plain
 `str` keyword argument: "" means no prompt (the model's unconditioned / default text), anything else is at most
@@ -50,9 +60,9 @@ At the reference 832x480, 16 fps, a latent frame is 16 x 60 x 104.
   (the 4 video frames folded per latent frame) and the sliced `y` (16 channels), 36 channels in all. The camera
   enters as a Plücker embedding: the official model builds a 6-channel ray map per latent frame at pixel resolution,
   folds each 8x8 patch onto channels (6*64 = 384 channels at latent resolution), patch-embeds it like the video
-  tokens and injects it in every transformer block as a scale/shift modulation after self-attention. The adapter
-  (`models/plucker.py`) recovers the poses from our `[24, cs, h, w]` tensor (`camera.recover_cameras`) and re-embeds
-  them in the checkpoint's own convention (framewise relative poses, normalised translation). The causal, distilled
+  tokens and injects it in every transformer block as a scale/shift modulation after self-attention. That map is
+  `camera.plucker_map(control)`: the seam's `CameraChunk` is already in the checkpoint's own convention (framewise
+  relative poses, normalised translation). The causal, distilled
   variant keeps a per-session KV cache of past chunks on the denoise side: that is `create_cache`'s state, sized by
   the session, and what admission counts.
 - Decode: the Wan VAE decoder is causal in time and keeps a per-session feature cache between chunks, so decode has
@@ -85,12 +95,11 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from pipeline.lingbot.chunks import TEMPORAL_COMPRESSION
+from pipeline.lingbot.camera import CameraChunk
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.errors import ChunkContractError, ModelInputError
 
 __all__ = [
-    "CONTROL_CHANNELS",
     "LATENT_CHANNELS",
     "ChunkCondition",
     "ChunkDecoder",
@@ -109,8 +118,6 @@ __all__ = [
 ]
 
 LATENT_CHANNELS = 16
-CONTROL_CHANNELS = TEMPORAL_COMPRESSION * 6
-"""Plücker channels per latent frame: 4 video frames x (direction, moment)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +161,11 @@ class ChunkDenoiser(Protocol):
     def create_cache(self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor) -> None: ...
 
     def denoise_chunk(
-        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+        self, session_id: str, chunk_index: int, chunk_size: int, control: CameraChunk, *, prompt: str
     ) -> torch.Tensor:
-        """`control` float32 `[24, chunk_size, h, w]`; `prompt` the chunk's text conditioning ("" for none, else at
-        most 512 UTF-8 bytes; see the module docstring); returns the latent chunk `[16, chunk_size, h, w]` float32."""
+        """`control` the chunk's camera (`chunk_size` latent frames; see the module docstring); `prompt` the chunk's
+        text conditioning ("" for none, else at most 512 UTF-8 bytes); returns the latent chunk `[16, chunk_size, h,
+        w]` float32."""
         ...
 
     def release_cache(self, session_id: str) -> None: ...
@@ -276,11 +284,16 @@ def validate_base_latent(base_latent: torch.Tensor, config: LingBotSessionConfig
     _check_float_finite("base latent", base_latent)
 
 
-def validate_control(control: torch.Tensor, config: LingBotSessionConfig, chunk_size: int) -> None:
-    expected = (CONTROL_CHANNELS, chunk_size, config.latent_height, config.latent_width)
-    if tuple(control.shape) != expected:
-        raise ModelInputError(f"control must be {list(expected)}, got {list(control.shape)}")
-    _check_float_finite("control", control)
+def validate_control(control: CameraChunk, config: LingBotSessionConfig, chunk_size: int) -> None:
+    """A `CameraChunk` of `chunk_size` latent frames for this session's frame size (re-checked: tensors are mutable)."""
+    if not isinstance(control, CameraChunk):
+        raise ModelInputError(f"control must be a CameraChunk, got {type(control).__name__}")
+    control.check()
+    if control.chunk_size != chunk_size:
+        raise ModelInputError(f"control must have {chunk_size} latent frames, got {control.chunk_size}")
+    expected = config.camera_intrinsics()
+    if control.intrinsics != expected:
+        raise ModelInputError(f"control intrinsics must be the session's {expected}, got {control.intrinsics}")
 
 
 def validate_latent_chunk(latent: torch.Tensor, config: LingBotSessionConfig, chunk_size: int) -> None:

@@ -21,8 +21,10 @@ Latent layout (`[16, T, h, w]` float32, `h, w = H/8, W/8`), one latent frame per
                      as a displacement in normalised image units (x, y); the decoder interpolates it linearly
                      over the 4 video frames (a video codec's motion vectors, in place of a learned temporal decoder)
 
-Stages. Encode: colour transform and area downsampling (plus the procedural scene for `None`). Denoise: reads each video
-frame's camera back out of the Plücker control (`camera.recover_cameras`), renders the world into the key frame of every
+Stages. Encode: colour transform and area downsampling (plus the procedural scene for `None`). Denoise: reads the
+cameras of each latent frame's first and key video frames out of the chunk's `CameraChunk` (the camera contract it
+shares with LingBot-World-Fast: per-latent-frame relative poses chained from the chunk's start pose, the video frames
+in between interpolated, `CameraChunk.video_frame_cameras`), renders the world into the key frame of every
 latent frame, then runs 4 flow-matching Euler steps from seeded noise towards that render; the first-frame mask pins
 frame 0 of chunk 0 to the resident reference latent. The chunk's text prompt grades the render before sampling
 (`looks.py`: time of day, weather or palette from its words; "" changes nothing), each distinct prompt read once
@@ -53,7 +55,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipeline.lingbot.camera import PinholeIntrinsics, recover_cameras
+from pipeline.lingbot.camera import CameraChunk
 from pipeline.lingbot.chunks import TEMPORAL_COMPRESSION, ChunkPlan
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.errors import ModelInputError
@@ -85,6 +87,8 @@ __all__ = [
 DENOISING_STEPS = 4
 KEY_SLOT = 2
 """The video frame (0..3) of each latent frame that the denoiser renders; the others are warped from it."""
+_RENDERED_SLOTS = (0, KEY_SLOT)
+"""The video frames whose cameras the denoiser reads: the first (the start of the motion channels) and the key."""
 
 _LUMA_ROWS, _LUMA_COLS = 3, 4
 _LUMA = slice(0, _LUMA_ROWS * _LUMA_COLS)
@@ -258,7 +262,6 @@ class ReferenceVAEEncoder:
 class _DenoiserSession:
     config: LingBotSessionConfig
     plan: ChunkPlan
-    intrinsics: PinholeIntrinsics
     base_latent: torch.Tensor
     rows: tuple[int, int]  # this rank's band of latent rows [start, stop)
     luma_texture: torch.Tensor  # [1, 1, 3h, 4w]
@@ -435,7 +438,6 @@ class ReferenceDiT:
         state = _DenoiserSession(
             config=config,
             plan=config.chunk_plan,
-            intrinsics=config.latent_intrinsics(),
             base_latent=base,
             rows=(start, stop),
             luma_texture=luma,
@@ -459,10 +461,9 @@ class ReferenceDiT:
         return self._looks.statistics()
 
     def denoise_chunk(
-        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+        self, session_id: str, chunk_index: int, chunk_size: int, control: CameraChunk, *, prompt: str
     ) -> torch.Tensor:
-        """Control `[24, cs, h, w]` and the chunk's prompt -> latent chunk `[16, cs, h, w]` float32 on this stage's
-        device."""
+        """The chunk's camera and prompt -> latent chunk `[16, cs, h, w]` float32 on this stage's device."""
         state = self._sessions.get(session_id)
         check_chunk_order("denoise", state.plan, chunk_index, chunk_size, state.next_chunk)
         validate_control(control, state.config, chunk_size)
@@ -470,10 +471,12 @@ class ReferenceDiT:
         started = time.perf_counter()
         start, stop = state.rows
         with torch.inference_mode():
-            rotations, centres = recover_cameras(control.to(self._device), state.intrinsics)
+            rotations, centres = control.video_frame_cameras(_RENDERED_SLOTS)
             condition = slice_condition(state.base_latent, chunk_index, chunk_size)[:, :, start:stop]
             if stop > start:
-                target = self._render_chunk(state, rotations.to(torch.float32), centres.to(torch.float32))
+                target = self._render_chunk(
+                    state, rotations.to(self._device, torch.float32), centres.to(self._device, torch.float32)
+                )
             else:  # more ranks than rows: this rank has no band, but still joins the gather
                 target = torch.zeros_like(condition)
             target = look.apply(target)
@@ -487,12 +490,14 @@ class ReferenceDiT:
         return latent
 
     def _render_chunk(self, state: _DenoiserSession, rotations: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
-        """The clean latent of each latent frame: its key frame rendered, plus motion from slot 0 to the key."""
+        """The clean latent of each latent frame: its key frame rendered, plus motion from slot 0 to the key.
+
+        `rotations [cs, 2, 3, 3]`, `centres [cs, 2, 3]`: the cameras of `_RENDERED_SLOTS` (slot 0, the key)."""
         config = state.config
         aspect = config.height / config.width
         h, w = state.rows[1] - state.rows[0], config.latent_width
         cs = rotations.shape[0]
-        key_r, key_o = rotations[:, KEY_SLOT], centres[:, KEY_SLOT]
+        key_r, key_o = rotations[:, 1], centres[:, 1]
 
         fine = _look_up(_rotate(key_r, state.fine_rays), key_o, aspect)
         luma = _render(state.luma_texture, state.luma_sky, fine)

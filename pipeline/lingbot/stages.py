@@ -13,8 +13,9 @@ prefetched condition never starts the control-to-output clock. The reference-ima
 encode stage's call for chunk 0; that call's `condition` carries the base latent (and the session config) to the
 denoise side, where it stays resident in the denoiser's session cache. Every later `condition` carries only the
 `ChunkCondition` (chunk_index, chunk_size). The denoise stage owns the session's camera (`CameraController`):
-it turns each control snapshot into the chunk's Plücker-ray tensor in chunk order, so pose and pitch persist
-across chunks, and hands the denoiser the chunk's prompt from the same `control` artifact. Each stage releases its
+it turns each control snapshot into the chunk's `CameraChunk` (the camera contract both models read, `camera.py`)
+in chunk order, so pose and pitch persist across chunks, and hands the denoiser the chunk's prompt from the same
+`control` artifact. Each stage releases its
 model part's per-session cache in `release`.
 
 Progressive decode: given a `PartSink` and a decoder that is a `ProgressiveDecoder`, the decode stage decodes a
@@ -206,7 +207,7 @@ class DenoiseStage:
             self._denoiser.create_cache(sid, config, condition.base_latent)
             with self._lock:
                 self._configs[sid] = config
-                self._cameras[sid] = CameraController(config.pose_steps(), config.latent_intrinsics())
+                self._cameras[sid] = CameraController(config.pose_steps(), config.camera_intrinsics())
         with self._lock:
             camera = self._cameras.get(sid)
             config_or_none = self._configs.get(sid)
@@ -217,7 +218,7 @@ class DenoiseStage:
         chunk = camera.chunk_control(control.snapshot, index, condition.condition.chunk_size)
         started = time.perf_counter()
         latent = self._denoiser.denoise_chunk(
-            sid, index, condition.condition.chunk_size, chunk.plucker, prompt=control.prompt
+            sid, index, condition.condition.chunk_size, chunk.camera, prompt=control.prompt
         )
         denoise_s = time.perf_counter() - started
         first_config = condition.config if index == 0 else None

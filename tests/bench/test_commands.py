@@ -67,6 +67,9 @@ FIGURES: dict[str, frozenset[str]] = {
         "two_ranks_speedup",
         "load_average_1m",
         "bench_seconds",
+        "camera_ms_p50",
+        "plucker_map_ms_p50_416x240",
+        "plucker_map_ms_p50_832x480",
     }
     | {f"lingbot_fast_{key}" for key in ("chunk_ms_p50", "dit_ms_p50", "vae_ms_p50", "rest_ms_p50", "overhead_share")}
     | {"lingbot_fast_fps", "lingbot_fast_first_chunk_s", "flashdreams_h100_fps", "flashdreams_h100_ms_per_chunk"}

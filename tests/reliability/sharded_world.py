@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from pipeline.lingbot import (
+    CameraChunk,
     ChunkDecoder,
     ChunkDenoiser,
     LingBotSessionConfig,
@@ -43,7 +44,7 @@ class FaultyShardedDiT:
         self._inner.create_cache(session_id, config, base_latent)
 
     def denoise_chunk(
-        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+        self, session_id: str, chunk_index: int, chunk_size: int, control: CameraChunk, *, prompt: str
     ) -> torch.Tensor:
         seed = self._seeds.get(session_id)
         if self._rank == 1 and chunk_index == FAULT_CHUNK and seed in (KILL_SEED, STUCK_SEED):

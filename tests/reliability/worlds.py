@@ -13,6 +13,7 @@ import torch
 
 from admission import ExecutionLease
 from pipeline.lingbot import LingBotService, ReferenceWorldModel
+from pipeline.lingbot.camera import CameraChunk
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.model import ChunkDecoder, ChunkDenoiser, WorldModelParts
 from service.settings import Settings
@@ -39,7 +40,7 @@ class FaultyDenoiser:
         self._inner.create_cache(session_id, config, base_latent)
 
     def denoise_chunk(
-        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+        self, session_id: str, chunk_index: int, chunk_size: int, control: CameraChunk, *, prompt: str
     ) -> torch.Tensor:
         if session_id in self._doomed and chunk_index == FAIL_AT_CHUNK:
             self.raised.append((session_id, chunk_index))

@@ -64,7 +64,6 @@ from pipeline.lingbot.models.memory import (
     estimate_memory,
     session_limits,
 )
-from pipeline.lingbot.models.plucker import PluckerAdapter, relative_poses
 from pipeline.lingbot.models.sampler import FAST_SCHEDULE, FastSchedule, denoise_chunk, fast_schedule, sample_chunk
 from pipeline.lingbot.models.text import (
     DEFAULT_PROMPT,
@@ -133,7 +132,6 @@ __all__ = [
     "ModelConfigError",
     "ModelContextExhaustedError",
     "ModelDirSummary",
-    "PluckerAdapter",
     "PrefixEncoding",
     "StreamingVAE",
     "TensorSpec",
@@ -155,7 +153,6 @@ __all__ = [
     "locate_checkpoint",
     "read_dit_config",
     "read_specs",
-    "relative_poses",
     "sample_chunk",
     "session_limits",
     "tiny_vae",

@@ -2,12 +2,13 @@
 and the rolling KV cache, as the three stages the session graph places (`pipeline/lingbot/model.py`).
 
     encode   LingBotFastEncoder   the reference (or the built-in scene) and its zero frames -> normalised latent y
-    denoise  LingBotFastDenoiser  per chunk: condition = first-frame mask + y's frames, control -> 384-channel
-                                  Plücker map, the prompt's text K/V, 4 Fast steps + the clean cache pass
+    denoise  LingBotFastDenoiser  per chunk: condition = first-frame mask + y's frames, the camera -> 384-channel
+                                  Plücker map (`camera.plucker_map`), the prompt's text K/V, 4 Fast steps + the clean
+                                  cache pass
     decode   LingBotFastDecoder   latents -> uint8 frames, the session's VAE feature cache carried between chunks
 
 Per session the denoiser keeps the base latent, its `KVCache` (window + sink, re-based past the RoPE table so a
-session never ends for lack of positions), the camera adapter's previous pose, the current prompt's `TextKV` and a
+session never ends for lack of positions), its camera rays for the Plücker map, the current prompt's `TextKV` and a
 generator seeded from the session's seed (the chunk noise and the sampler's re-noising, drawn in order, so a seed
 and a control trace give the same video). The umt5 states are cached per distinct prompt per worker (`text.py`).
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.lingbot.camera import CameraChunk, map_rays, plucker_map
 from pipeline.lingbot.chunks import ChunkPlan
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.errors import ModelInputError, ModelSessionError
@@ -52,7 +54,6 @@ from pipeline.lingbot.models.cache import CacheStatistics, KVCache, TextKV
 from pipeline.lingbot.models.checkpoint import load_dit
 from pipeline.lingbot.models.dit import LingBotFastDiT
 from pipeline.lingbot.models.errors import ModelConfigError
-from pipeline.lingbot.models.plucker import PluckerAdapter
 from pipeline.lingbot.models.sampler import denoise_chunk
 from pipeline.lingbot.models.text import UMT5TextEncoder, load_text_encoder
 from pipeline.lingbot.models.vae import StreamingVAE, load_vae
@@ -117,7 +118,7 @@ class _DenoiseSession:
     plan: ChunkPlan
     base_latent: torch.Tensor
     cache: KVCache
-    adapter: PluckerAdapter
+    rays: torch.Tensor  # the camera rays pixel-unshuffled (`camera.map_rays`), on the DiT's device
     generator: torch.Generator
     prompt: str | None = None
     text: TextKV | None = None
@@ -159,7 +160,7 @@ class LingBotFastDenoiser:
             plan=config.chunk_plan,
             base_latent=base_latent.detach().to(device, torch.float32).clone(),
             cache=cache,
-            adapter=PluckerAdapter(config),
+            rays=map_rays(config.camera_intrinsics(), device),
             generator=generator,
         )
         self._sessions.add(session_id, state)
@@ -168,7 +169,7 @@ class LingBotFastDenoiser:
         self._sessions.remove(session_id)
 
     def denoise_chunk(
-        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+        self, session_id: str, chunk_index: int, chunk_size: int, control: CameraChunk, *, prompt: str
     ) -> torch.Tensor:
         state = self._sessions.get(session_id)
         check_chunk_order("denoise", state.plan, chunk_index, chunk_size, state.next_chunk)
@@ -183,7 +184,7 @@ class LingBotFastDenoiser:
             mask = first_frame_mask(chunk_index, chunk_size, device).to(torch.float32)
             mask = mask[None, :, None, None].expand(MASK_CHANNELS, -1, *latent_image.shape[2:])
             condition = torch.cat([mask, latent_image], dim=0)[None]
-            camera = state.adapter(control.to(device))
+            camera = plucker_map(control, state.rays)
             h, w = state.config.latent_height, state.config.latent_width
             noise = torch.randn(
                 (1, self._dit.config.out_dim, chunk_size, h, w),

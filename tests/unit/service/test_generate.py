@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.lingbot.camera import CameraChunk
 from pipeline.lingbot.chunks import ChunkPlan, frame_num_for_duration
 from pipeline.lingbot.model import WorldModelParts
 from pipeline.lingbot.reference_model import ReferenceDiT, ReferenceVAEDecoder, ReferenceVAEEncoder
@@ -399,7 +400,7 @@ class _DenoiserFailingAt(ReferenceDiT):
         self._failing_chunk = failing_chunk
 
     def denoise_chunk(
-        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+        self, session_id: str, chunk_index: int, chunk_size: int, control: CameraChunk, *, prompt: str
     ) -> torch.Tensor:
         if chunk_index == self._failing_chunk:
             raise RuntimeError("the GPU caught fire")

@@ -32,7 +32,7 @@ def open_session(
     base = model.encoder.encode_reference(session_id, image)
     model.denoiser.create_cache(session_id, config, base)
     model.decoder.create_cache(session_id, config)
-    return CameraController(config.pose_steps(), config.latent_intrinsics())
+    return CameraController(config.pose_steps(), config.camera_intrinsics())
 
 
 def close_session(model: ReferenceWorldModel, session_id: str) -> None:
@@ -51,7 +51,7 @@ def generate_chunk(
     prompt: str = "",
 ) -> torch.Tensor:
     control = camera.chunk_control(ControlSnapshot.from_keys(chunk_index, keys), chunk_index, chunk_size)
-    latent = model.denoiser.denoise_chunk(session_id, chunk_index, chunk_size, control.plucker, prompt=prompt)
+    latent = model.denoiser.denoise_chunk(session_id, chunk_index, chunk_size, control.camera, prompt=prompt)
     return model.decoder.decode_chunk(session_id, chunk_index, latent)
 
 

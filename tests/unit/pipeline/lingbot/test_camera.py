@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import math
+import pickle
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -8,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.lingbot import (
+    PLUCKER_MAP_CHANNELS,
+    CameraChunk,
     CameraController,
     CameraPose,
     ChunkContractError,
@@ -17,14 +21,16 @@ from pipeline.lingbot import (
     PinholeIntrinsics,
     PoseIntegrator,
     PoseSteps,
-    chunk_plucker,
-    plucker_rays,
-    recover_cameras,
+    camera_chunk,
+    map_rays,
+    plucker_map,
+    pose_matrix,
+    relative_poses,
     rotation_matrix,
 )
 
 STEPS = PoseSteps(move=0.1, yaw=math.radians(2), pitch=math.radians(1.5), pitch_limit=math.radians(85))
-INTRINSICS = PinholeIntrinsics.from_fov(16, 8)
+INTRINSICS = PinholeIntrinsics.from_fov(32, 16)
 
 
 def keys(*held: str, seq: int = 0) -> ControlSnapshot:
@@ -107,78 +113,156 @@ def test_pose_steps_reject_a_pitch_limit_that_flips_the_camera() -> None:
         PoseSteps(move=0.1, yaw=0.1, pitch=0.1, pitch_limit=math.pi / 2)
 
 
-def test_plucker_directions_are_unit_and_moments_orthogonal() -> None:
-    poses = [CameraPose(x=1.0, y=-0.5, z=3.0, yaw=0.4, pitch=-0.3), CameraPose(x=-7.0, z=2.0, yaw=-2.0, pitch=0.8)]
-    maps = plucker_rays(poses, INTRINSICS).to(torch.float64)
-    assert maps.shape == (2, 6, 8, 16)
-    directions, moments = maps[:, :3], maps[:, 3:]
-    assert torch.allclose(torch.linalg.vector_norm(directions, dim=1), torch.ones(2, 8, 16, dtype=torch.float64))
-    assert (directions * moments).sum(dim=1).abs().max().item() < 1e-5
-    centre = torch.tensor(poses[0].position, dtype=torch.float64)[:, None, None].expand(3, 8, 16)
-    expected = torch.linalg.cross(centre, directions[0], dim=0)
-    assert torch.allclose(moments[0], expected, atol=1e-5)
-
-
-def test_yaw_rotates_rays_about_the_up_axis_to_the_right() -> None:
-    still = plucker_rays([CameraPose()], INTRINSICS)[0, :3].to(torch.float64)
-    turned = plucker_rays([CameraPose(yaw=0.5)], INTRINSICS)[0, :3].to(torch.float64)
-    assert torch.allclose(turned[1], still[1], atol=1e-6)  # the up/down component is untouched
-    # In the ground plane every ray turned by +0.5 rad towards +x (right), i.e. clockwise seen from above.
-    still_angle = torch.atan2(still[0], still[2])
-    turned_angle = torch.atan2(turned[0], turned[2])
-    assert torch.allclose(turned_angle - still_angle, torch.full_like(still_angle, 0.5), atol=1e-5)
-
-
 def test_pinhole_rays_span_the_field_of_view() -> None:
     rays = INTRINSICS.camera_rays()
-    # 90 degrees across 16 pixels: the outermost pixel centres sit at +-(7.5/8) of tan(45 degrees).
-    assert (rays[0, 0, -1] / rays[2, 0, -1]).item() == pytest.approx(7.5 / 8)
-    assert (rays[1, 0, 0] / rays[2, 0, 0]).item() == pytest.approx(-3.5 / 8)
+    # 90 degrees across 32 pixels: the outermost pixel centres sit at +-(15.5/16) of tan(45 degrees).
+    assert (rays[0, 0, -1] / rays[2, 0, -1]).item() == pytest.approx(15.5 / 16)
+    assert (rays[1, 0, 0] / rays[2, 0, 0]).item() == pytest.approx(-7.5 / 16)
 
 
-def test_chunk_plucker_layout_stacks_four_video_frames_per_latent_frame() -> None:
-    integrator = PoseIntegrator(STEPS)
-    poses = integrator.chunk_poses(keys("w", "l", "i"), first_chunk=True, latent_frames=3)
-    control = chunk_plucker(poses, INTRINSICS)
-    assert control.shape == (24, 3, 8, 16)
-    assert control.dtype == torch.float32
-    maps = plucker_rays(poses, INTRINSICS)
+def chunks(keys: list[str], count: int, controller: CameraController | None = None) -> list[CameraChunk]:
+    controller = controller or CameraController(STEPS, INTRINSICS)
+    return [controller.chunk_control(ControlSnapshot.from_keys(i, keys), i, 3).camera for i in range(count)]
+
+
+def test_the_contract_holds_one_relative_pose_per_latent_frame_chained_from_the_start() -> None:
+    controller = CameraController(STEPS, INTRINSICS)
+    for index in range(3):
+        before = controller.pose
+        control = controller.chunk_control(keys("w", "l", "i", seq=index), index, 3)
+        camera = control.camera
+        assert camera.chunk_size == 3
+        assert camera.relative.dtype == camera.start.dtype == torch.float64
+        assert torch.equal(camera.start, pose_matrix(before))  # the pose the chunk moved from
+        ends = [pose_matrix(control.poses[4 * latent + 3]) for latent in range(3)]  # each latent frame's last frame
+        assert torch.allclose(camera.world_poses(), torch.stack(ends), atol=1e-12)
+        unscaled = camera.relative.clone()
+        unscaled[:, :3, 3] *= camera.translation_scale
+        assert torch.allclose(unscaled, relative_poses(camera.start, torch.stack(ends)), atol=1e-12)
+
+
+def test_the_sessions_first_latent_frame_is_the_identity_and_the_next_chunk_carries_the_step() -> None:
+    first, second = chunks(["w"], 2)
+    assert torch.equal(first.relative[0], torch.eye(4, dtype=torch.float64))
+    assert torch.equal(first.start, torch.eye(4, dtype=torch.float64))
+    assert torch.allclose(second.start, first.world_poses()[-1], atol=1e-15)
+    # walking at full speed is a unit step forward per latent frame, across the chunk boundary too
+    for camera, frames in ((first, (1, 2)), (second, (0, 1, 2))):
+        for frame in frames:
+            assert torch.allclose(camera.relative[frame, :3, 3], torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64))
+            assert torch.allclose(camera.relative[frame, :3, :3], torch.eye(3, dtype=torch.float64))
+
+
+def test_a_reset_is_an_ordinary_step_from_the_start_pose_not_a_jump() -> None:
+    controller = CameraController(STEPS, INTRINSICS)
+    chunks(["w", "l"], 2, controller)
+    controller.reset_pose()
+    after = controller.chunk_control(keys("w"), 2, 3).camera
+    assert torch.equal(after.start, torch.eye(4, dtype=torch.float64))
+    assert torch.allclose(after.relative[0, :3, 3], torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64))
+    assert torch.allclose(after.world_poses()[-1, :3, 3], torch.tensor([0.0, 0.0, 1.2], dtype=torch.float64))
+
+
+def test_a_session_that_cannot_move_has_unit_scale_and_zero_translations() -> None:
+    still = PoseSteps(move=0.0, yaw=STEPS.yaw, pitch=STEPS.pitch, pitch_limit=STEPS.pitch_limit)
+    camera = CameraController(still, INTRINSICS).chunk_control(keys("w", "l"), 0, 3).camera
+    assert camera.translation_scale == 1.0
+    assert float(camera.relative[:, :3, 3].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("held", [("w",), ("s",), ("a",), ("d",), ("j",), ("l",), ("i",), ("k",)])
+def test_video_frame_cameras_are_the_integrators_poses_for_a_turn_or_a_walk(held: tuple[str, ...]) -> None:
+    controller = CameraController(STEPS, INTRINSICS)
+    for index in range(2):
+        control = controller.chunk_control(keys(*held, seq=index), index, 3)
+        rotations, centres = control.camera.video_frame_cameras((0, 1, 2, 3))
+        for latent in range(3):
+            for slot in range(4):
+                pose = control.poses[4 * latent + slot]
+                assert torch.allclose(rotations[latent, slot], rotation_matrix(pose.yaw, pose.pitch), atol=1e-12)
+                assert torch.allclose(centres[latent, slot], torch.tensor(pose.position, dtype=torch.float64))
+
+
+def test_video_frame_cameras_follow_the_chord_of_a_walking_turn_and_end_on_the_pose() -> None:
+    control = CameraController(STEPS, INTRINSICS).chunk_control(keys("w", "l"), 0, 3)
+    rotations, centres = control.camera.video_frame_cameras((0, 3))
     for latent in range(3):
-        for slot in range(4):
-            channels = control[6 * slot : 6 * slot + 6, latent]
-            assert torch.equal(channels, maps[4 * latent + slot])
-    assert torch.equal(control[0:6, 0], control[18:24, 0])  # chunk 0's first latent frame is one frame, repeated
+        first, last = control.poses[4 * latent], control.poses[4 * latent + 3]
+        assert torch.allclose(centres[latent, 1], torch.tensor(last.position, dtype=torch.float64), atol=1e-12)
+        assert torch.allclose(rotations[latent, 1], rotation_matrix(last.yaw, last.pitch), atol=1e-12)
+        # the first slot's heading is exact (one axis), its centre on the chord: within a tenth of a step of the arc
+        assert torch.allclose(rotations[latent, 0], rotation_matrix(first.yaw, first.pitch), atol=1e-12)
+        assert torch.allclose(
+            centres[latent, 0], torch.tensor(first.position, dtype=torch.float64), atol=0.1 * STEPS.move
+        )
 
 
-def test_chunk_plucker_needs_four_poses_per_latent_frame() -> None:
-    with pytest.raises(ChunkContractError):
-        chunk_plucker([CameraPose()] * 3, INTRINSICS)
-
-
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
-    x=st.floats(-500, 500),
-    z=st.floats(-500, 500),
     yaw=st.floats(-math.pi, math.pi),
-    pitch=st.floats(-1.48, 1.48),
+    pitch=st.floats(-1.55, 1.55),
+    x=st.floats(-3, 3),
+    fraction=st.sampled_from([0, 1, 2, 3]),
 )
-def test_cameras_are_recovered_from_the_control_tensor(x: float, z: float, yaw: float, pitch: float) -> None:
-    pose = CameraPose(x=x, y=0.0, z=z, yaw=yaw, pitch=pitch)
-    control = chunk_plucker([pose] * 4, INTRINSICS)
-    rotations, centres = recover_cameras(control, INTRINSICS)
-    assert torch.allclose(rotations[0, 0], rotation_matrix(yaw, pitch), atol=1e-5)
-    tolerance = 1e-6 * max(1.0, abs(x), abs(z)) * 100
-    assert torch.allclose(centres[0, 0], torch.tensor([x, 0.0, z], dtype=torch.float64), atol=tolerance)
+def test_video_frame_cameras_interpolate_any_rotation_on_its_geodesic(
+    yaw: float, pitch: float, x: float, fraction: int
+) -> None:
+    """Slot s is the relative rotation to the power (s + 1) / 4: four steps of slot 0 make the whole rotation, two of
+    slot 1, and the angle grows linearly; robust up to half a turn."""
+    relative = pose_matrix(CameraPose(x=x, yaw=yaw, pitch=pitch))[None]
+    camera = CameraChunk(torch.eye(4, dtype=torch.float64), relative, 1.0, INTRINSICS)
+    rotations, centres = camera.video_frame_cameras((0, 1, fraction))
+    whole = relative[0, :3, :3]
+    assert torch.allclose(torch.linalg.matrix_power(rotations[0, 0], 4), whole, atol=1e-9)
+    assert torch.allclose(torch.linalg.matrix_power(rotations[0, 1], 2), whole, atol=1e-9)
+    angle = math.acos(max(-1.0, min(1.0, (float(torch.trace(whole)) - 1) / 2)))
+    partial = math.acos(max(-1.0, min(1.0, (float(torch.trace(rotations[0, 2])) - 1) / 2)))
+    assert partial == pytest.approx(angle * (fraction + 1) / 4, abs=1e-6)
+    assert float(centres[0, 2, 0]) == pytest.approx(x * (fraction + 1) / 4)
 
 
-def test_recover_rejects_non_unit_directions_and_bad_shapes() -> None:
-    control = chunk_plucker([CameraPose()] * 4, INTRINSICS)
-    with pytest.raises(ModelInputError, match="unit"):
-        recover_cameras(control * 2, INTRINSICS)
-    with pytest.raises(ModelInputError, match=r"\[24, L, 8, 16\]"):
-        recover_cameras(control[:, :, :4], INTRINSICS)
+def test_the_contract_rejects_what_is_not_a_chunks_camera() -> None:
+    good = chunks(["w"], 1)[0]
+    eye = torch.eye(4, dtype=torch.float64)
+    bad: list[tuple[Callable[[], CameraChunk], str]] = [
+        (lambda: CameraChunk(eye, good.relative.float(), 1.0, INTRINSICS), "float64"),
+        (lambda: CameraChunk(eye, good.relative * float("nan"), 1.0, INTRINSICS), "non-finite"),
+        (lambda: CameraChunk(eye, good.relative * 2, 1.0, INTRINSICS), "rigid"),
+        (lambda: CameraChunk(eye, good.relative[:, :3], 1.0, INTRINSICS), r"\[cs, 4, 4\]"),
+        (lambda: CameraChunk(eye, good.relative[:0], 1.0, INTRINSICS), "at least one"),
+        (lambda: CameraChunk(eye, good.relative, 0.0, INTRINSICS), "translation_scale"),
+    ]
+    for build, message in bad:
+        with pytest.raises(ModelInputError, match=message):
+            build()
+    good.relative[1, 0, 0] = float("inf")  # tensors are mutable: check() sees it
     with pytest.raises(ModelInputError, match="non-finite"):
-        recover_cameras(control * float("nan"), INTRINSICS)
+        good.check()
+    with pytest.raises(ModelInputError, match="slots"):
+        chunks([], 1)[0].video_frame_cameras((4,))
+    with pytest.raises(ChunkContractError):
+        camera_chunk(CameraPose(), [], INTRINSICS, 1.0)
+
+
+def test_the_plucker_map_is_the_pixel_map_of_origins_and_directions_unshuffled() -> None:
+    """Per latent frame: the relative translation at every pixel, then the relative rotation of every camera ray,
+    at pixel resolution, folded 8x8 onto 384 channels in `F.pixel_unshuffle`'s order."""
+    camera = chunks(["w", "l", "i"], 2)[1]
+    out = plucker_map(camera)
+    assert out.shape == (1, PLUCKER_MAP_CHANNELS, 3, 2, 4)
+    assert out.dtype == torch.float32
+    rays = INTRINSICS.camera_rays(torch.float64).reshape(3, -1)
+    for frame in range(3):
+        relative = camera.relative[frame]
+        directions = (relative[:3, :3] @ rays).reshape(3, 16, 32)
+        origins = relative[:3, 3, None, None].expand(3, 16, 32)
+        pixel = torch.cat([origins, directions]).float()
+        assert torch.allclose(out[0, :, frame], torch.nn.functional.pixel_unshuffle(pixel[None], 8)[0], atol=1e-6)
+    assert torch.equal(plucker_map(camera, map_rays(INTRINSICS)), out)
+    with pytest.raises(ModelInputError, match="rays must be"):
+        plucker_map(camera, map_rays(PinholeIntrinsics.from_fov(16, 16)))
+    with pytest.raises(ModelInputError, match="divisible by 8"):
+        map_rays(PinholeIntrinsics.from_fov(20, 16))
 
 
 def test_camera_controller_builds_chunks_in_order_and_reports_the_snapshot() -> None:
@@ -186,7 +270,8 @@ def test_camera_controller_builds_chunks_in_order_and_reports_the_snapshot() -> 
     snapshot = keys("l", seq=7)
     control = controller.chunk_control(snapshot, 0, 3)
     assert control.snapshot is snapshot
-    assert control.plucker.shape == (24, 3, 8, 16)
+    assert control.camera.chunk_size == 3
+    assert control.camera.intrinsics == INTRINSICS
     assert controller.next_chunk_index == 1
     with pytest.raises(ChunkContractError, match="expected 1"):
         controller.chunk_control(snapshot, 2, 3)
@@ -194,3 +279,12 @@ def test_camera_controller_builds_chunks_in_order_and_reports_the_snapshot() -> 
     assert controller.pose == CameraPose()
     after_reset = controller.chunk_control(keys(), 1, 3)
     assert all(pose == CameraPose() for pose in after_reset.poses)
+    assert torch.equal(after_reset.camera.world_poses(), torch.eye(4, dtype=torch.float64).expand(3, 4, 4))
+
+
+def test_the_contract_pickles_for_a_process_boundary() -> None:
+    camera = chunks(["w", "l"], 2)[1]
+    copy = pickle.loads(pickle.dumps(camera))
+    assert torch.equal(copy.start, camera.start)
+    assert torch.equal(copy.relative, camera.relative)
+    assert (copy.translation_scale, copy.intrinsics) == (camera.translation_scale, camera.intrinsics)

@@ -89,9 +89,9 @@ def test_pose_steps_and_intrinsics_come_from_the_config() -> None:
     steps = config.pose_steps()
     assert steps.yaw == pytest.approx(math.radians(3.0))
     assert steps.pitch_limit == pytest.approx(math.radians(80.0))
-    intrinsics = config.latent_intrinsics()
-    assert (intrinsics.width, intrinsics.height) == (52, 30)
-    assert intrinsics.fx == pytest.approx(26.0)
+    intrinsics = config.camera_intrinsics()  # the frame's pixels, 90 degrees across
+    assert (intrinsics.width, intrinsics.height) == (416, 240)
+    assert intrinsics.fx == pytest.approx(208.0)
 
 
 # --- reference images ---------------------------------------------------------------------------------------------

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from pipeline.lingbot import (
+    CameraController,
     ChunkCondition,
     ChunkContractError,
     ChunkDecoder,
     ChunkDenoiser,
+    ControlSnapshot,
     LingBotSessionConfig,
     ModelInputError,
     ReferenceEncoder,
@@ -64,8 +68,15 @@ def test_base_latent_and_control_shapes_are_validated() -> None:
         validate_base_latent(torch.zeros(16, 1, 8, 4), config)
     with pytest.raises(ModelInputError, match="floating-point"):
         validate_base_latent(torch.zeros(16, 1, 4, 8, dtype=torch.int64), config)
-    with pytest.raises(ModelInputError, match=r"\[24, 3, 4, 8\]"):
-        validate_control(torch.zeros(24, 2, 4, 8), config, 3)
+    camera = CameraController(config.pose_steps(), config.camera_intrinsics())
+    control = camera.chunk_control(ControlSnapshot.from_keys(0, ["w"]), 0, 3).camera
+    validate_control(control, config, 3)
+    with pytest.raises(ModelInputError, match="3 latent frames, got 2"):
+        validate_control(dataclasses.replace(control, relative=control.relative[:2]), config, 3)
+    with pytest.raises(ModelInputError, match="the session's"):
+        validate_control(control, LingBotSessionConfig(width=32, height=32, frame_num=45), 3)
+    with pytest.raises(ModelInputError, match="CameraChunk"):
+        validate_control(torch.zeros(24, 3, 4, 8), config, 3)  # type: ignore[arg-type]
 
 
 def test_reference_stages_satisfy_the_protocols() -> None:

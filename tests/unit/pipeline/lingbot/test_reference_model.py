@@ -1,20 +1,26 @@
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 import pytest
 import torch
 
 from pipeline.lingbot import (
+    CameraChunk,
     CameraController,
     CameraPose,
     ChunkContractError,
     ControlSnapshot,
     ModelInputError,
     ModelSessionError,
+    PinholeIntrinsics,
     ProgressiveDecoder,
     ReferenceWorldModel,
-    chunk_plucker,
+    camera_chunk,
     default_scene,
+    pose_matrix,
 )
 
 from .helpers import close_session, content_shift, digest, generate_chunk, gray, open_session, run_session, small_config
@@ -51,7 +57,7 @@ def test_latent_has_lingbot_shapes() -> None:
     model = ReferenceWorldModel()
     camera = open_session(model, "s", config)
     control = camera.chunk_control(ControlSnapshot.from_keys(0, []), 0, 3)
-    latent = model.denoiser.denoise_chunk("s", 0, 3, control.plucker, prompt="")
+    latent = model.denoiser.denoise_chunk("s", 0, 3, control.camera, prompt="")
     assert latent.shape == (16, 3, 8, 16)
     assert latent.dtype == torch.float32
 
@@ -140,12 +146,32 @@ def test_the_control_tensor_drives_the_camera() -> None:
     model = ReferenceWorldModel()
     camera = open_session(model, "s", config)
     generate_chunk(model, "s", camera, 0, [], 3)
-    turned = chunk_plucker([CameraPose(yaw=0.3)] * 12, config.latent_intrinsics())
+    turned = camera_chunk(CameraPose(yaw=0.3), [CameraPose(yaw=0.3)] * 3, config.camera_intrinsics(), 1.0)
     frames = model.decoder.decode_chunk("s", 1, model.denoiser.denoise_chunk("s", 1, 3, turned, prompt=""))
     reference = gray(run_session(config, [[]])[0][0])
     # A fixed 0.3 rad turn at f = 64 px moves the picture by 64 * tan(0.3) = 19.8 px to the left.
     _, dx = content_shift(reference, gray(frames[6]), slice(16, 48), slice(30, 98), 24, 4)
     assert -22 <= dx <= -18
+
+
+def test_the_relative_poses_drive_the_camera_from_the_chunks_start() -> None:
+    """The reference model reads the contract's relative poses, not only its start: a chunk that turns 0.1 rad right
+    per latent frame from the reference pose shows its key frames turned 0.1 k + 0.075 rad (slot 2 is three quarters
+    of the way), so the sky moves left by f tan of that."""
+    config = small_config()
+    model = ReferenceWorldModel()
+    camera = open_session(model, "s", config)
+    generate_chunk(model, "s", camera, 0, [], 3)
+    step = pose_matrix(CameraPose(yaw=0.1))
+    turning = CameraChunk(
+        torch.eye(4, dtype=torch.float64), step.expand(3, 4, 4).clone(), 1.0, config.camera_intrinsics()
+    )
+    frames = model.decoder.decode_chunk("s", 1, model.denoiser.denoise_chunk("s", 1, 3, turning, prompt=""))
+    reference = gray(run_session(config, [[]])[0][0])
+    for latent in range(3):
+        expected = -64 * math.tan(0.1 * latent + 0.075)
+        _, dx = content_shift(reference, gray(frames[4 * latent + 2]), slice(16, 48), slice(30, 98), 24, 4)
+        assert abs(dx - expected) <= 2, (latent, dx, expected)
 
 
 def test_custom_reference_image_also_follows_the_camera() -> None:
@@ -186,7 +212,7 @@ def test_release_frees_the_session_and_is_idempotent() -> None:
     assert model.encoder.statistics().open_sessions == 1
     control = camera.chunk_control(ControlSnapshot.from_keys(1, []), 1, 3)
     with pytest.raises(ModelSessionError, match="no cache for session 's'"):
-        model.denoiser.denoise_chunk("s", 1, 3, control.plucker, prompt="")
+        model.denoiser.denoise_chunk("s", 1, 3, control.camera, prompt="")
     with pytest.raises(ModelSessionError):
         model.encoder.encode_reference("s", None)
 
@@ -207,11 +233,11 @@ def test_chunks_out_of_order_are_rejected() -> None:
     config = small_config()
     model = ReferenceWorldModel()
     open_session(model, "s", config)
-    camera = CameraController(config.pose_steps(), config.latent_intrinsics())
+    camera = CameraController(config.pose_steps(), config.camera_intrinsics())
     control = camera.chunk_control(ControlSnapshot.from_keys(0, []), 0, 3)
     with pytest.raises(ModelSessionError, match="out of order, expected chunk 0"):
-        model.denoiser.denoise_chunk("s", 1, 3, control.plucker, prompt="")
-    latent = model.denoiser.denoise_chunk("s", 0, 3, control.plucker, prompt="")
+        model.denoiser.denoise_chunk("s", 1, 3, control.camera, prompt="")
+    latent = model.denoiser.denoise_chunk("s", 0, 3, control.camera, prompt="")
     with pytest.raises(ModelSessionError, match="out of order"):
         model.decoder.decode_chunk("s", 2, latent)
 
@@ -221,10 +247,11 @@ def test_chunk_size_and_index_must_match_the_session_plan() -> None:
     model = ReferenceWorldModel()
     camera = open_session(model, "s", config)
     control = camera.chunk_control(ControlSnapshot.from_keys(0, []), 0, 3)
+    two = dataclasses.replace(control.camera, relative=control.camera.relative[:2])
     with pytest.raises(ChunkContractError, match="chunk_size 2"):
-        model.denoiser.denoise_chunk("s", 0, 2, control.plucker[:, :2], prompt="")
+        model.denoiser.denoise_chunk("s", 0, 2, two, prompt="")
     with pytest.raises(ChunkContractError, match="outside the session"):
-        model.denoiser.denoise_chunk("s", 8, 3, control.plucker, prompt="")
+        model.denoiser.denoise_chunk("s", 8, 3, control.camera, prompt="")
 
 
 def test_bad_tensors_are_rejected() -> None:
@@ -232,10 +259,19 @@ def test_bad_tensors_are_rejected() -> None:
     model = ReferenceWorldModel()
     camera = open_session(model, "s", config)
     control = camera.chunk_control(ControlSnapshot.from_keys(0, []), 0, 3)
-    with pytest.raises(ModelInputError, match="control must be"):
-        model.denoiser.denoise_chunk("s", 0, 3, control.plucker[:, :, :4], prompt="")
+    contract = control.camera
+    with pytest.raises(ModelInputError, match="control must have 3 latent frames"):
+        model.denoiser.denoise_chunk(
+            "s", 0, 3, dataclasses.replace(contract, relative=contract.relative[:2]), prompt=""
+        )
+    other = dataclasses.replace(contract, intrinsics=PinholeIntrinsics.from_fov(64, 64))
+    with pytest.raises(ModelInputError, match="control intrinsics must be the session's"):
+        model.denoiser.denoise_chunk("s", 0, 3, other, prompt="")
+    with pytest.raises(ModelInputError, match="control must be a CameraChunk"):
+        model.denoiser.denoise_chunk("s", 0, 3, torch.zeros(24, 3, 8, 16), prompt="")  # type: ignore[arg-type]
+    contract.relative[2, 0, 3] = float("inf")  # a tensor changed after the contract was built
     with pytest.raises(ModelInputError, match="non-finite"):
-        model.denoiser.denoise_chunk("s", 0, 3, control.plucker * float("inf"), prompt="")
+        model.denoiser.denoise_chunk("s", 0, 3, contract, prompt="")
     with pytest.raises(ModelInputError, match="latent chunk must be"):
         model.decoder.decode_chunk("s", 0, torch.zeros(16, 3, 4, 4))
     model.encoder.create_cache("img", config)
@@ -262,7 +298,7 @@ def test_decoding_per_latent_frame_gives_the_whole_chunks_frames_bit_for_bit() -
     assert isinstance(model.decoder, ProgressiveDecoder)
     for index, keys in enumerate((["w", "l"], ["a", "i"], [])):
         control = camera.chunk_control(ControlSnapshot.from_keys(index, keys), index, 3)
-        latent = model.denoiser.denoise_chunk("s", index, 3, control.plucker, prompt="")
+        latent = model.denoiser.denoise_chunk("s", index, 3, control.camera, prompt="")
         parts = list(model.decoder.decode_parts("s", index, latent))
         whole = whole_model.decoder.decode_chunk("s", index, latent)
         assert [part.shape[0] for part in parts] == ([1, 4, 4] if index == 0 else [4, 4, 4])
@@ -276,7 +312,7 @@ def test_a_chunk_decoded_in_parts_counts_only_once_it_is_finished() -> None:
     model = ReferenceWorldModel()
     camera = open_session(model, "s", config)
     control = camera.chunk_control(ControlSnapshot.from_keys(0, []), 0, 3)
-    latent = model.denoiser.denoise_chunk("s", 0, 3, control.plucker, prompt="")
+    latent = model.denoiser.denoise_chunk("s", 0, 3, control.camera, prompt="")
     parts = model.decoder.decode_parts("s", 0, latent)
     next(parts)
     with pytest.raises(ModelSessionError, match="out of order, expected chunk 0"):

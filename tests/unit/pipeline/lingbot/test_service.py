@@ -13,7 +13,7 @@ from admission import ExecutionLease
 from pipeline.bidirectional import CloseMode, ControlState, ResetPose, Stop
 from pipeline.core import OutputItem
 from pipeline.errors import SessionFailedError
-from pipeline.lingbot import LingBotSessionConfig
+from pipeline.lingbot import CameraChunk, LingBotSessionConfig
 from pipeline.lingbot.reference_model import ReferenceDiT, ReferenceWorldModel
 from pipeline.lingbot.service import LingBotService
 from pipeline.lingbot.session import LOOKAHEAD, LingBotSession
@@ -152,7 +152,7 @@ class FailingDenoiser:
         return getattr(self._inner, name)
 
     def denoise_chunk(
-        self, session_id: str, chunk_index: int, chunk_size: int, control: torch.Tensor, *, prompt: str
+        self, session_id: str, chunk_index: int, chunk_size: int, control: CameraChunk, *, prompt: str
     ) -> torch.Tensor:
         if chunk_index == self._fail_at:
             raise RuntimeError("cuda error: illegal memory access")

@@ -13,11 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.lingbot import CameraController, ControlSnapshot, LingBotSessionConfig, ModelShard, ProgressiveDecoder
+from pipeline.lingbot import (
+    CameraController,
+    ControlSnapshot,
+    LingBotSessionConfig,
+    ModelShard,
+    ProgressiveDecoder,
+    plucker_map,
+)
 from pipeline.lingbot.errors import ModelSessionError
 from pipeline.lingbot.models import TINY_DIT, CheckpointError, LingBotFastDiT, ModelConfigError, denoise_chunk
 from pipeline.lingbot.models.bundle import LingBotFastOptions, check_model_dir, write_tiny_model
-from pipeline.lingbot.models.plucker import PluckerAdapter
 from pipeline.lingbot.models.world import LingBotFastFactory, LingBotFastWorldModel
 
 pytest.importorskip("diffusers", reason="the lingbot extra (diffusers) is not installed")
@@ -43,7 +49,7 @@ def open_session(world: LingBotFastWorldModel, session: str, config: LingBotSess
     base = world.encoder.encode_reference(session, None)
     world.denoiser.create_cache(session, config, base)
     world.decoder.create_cache(session, config)
-    return CameraController(config.pose_steps(), config.latent_intrinsics())
+    return CameraController(config.pose_steps(), config.camera_intrinsics())
 
 
 def close_session(world: LingBotFastWorldModel, session: str) -> None:
@@ -55,7 +61,7 @@ def close_session(world: LingBotFastWorldModel, session: str) -> None:
 def step(
     world: LingBotFastWorldModel, session: str, camera: CameraController, index: int, keys: list[str], prompt: str = ""
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    control = camera.chunk_control(ControlSnapshot.from_keys(index, keys), index, 3).plucker
+    control = camera.chunk_control(ControlSnapshot.from_keys(index, keys), index, 3).camera
     latent = world.denoiser.denoise_chunk(session, index, 3, control, prompt=prompt)
     return latent, world.decoder.decode_chunk(session, index, latent)
 
@@ -84,9 +90,8 @@ def test_the_denoiser_wires_mask_image_latent_noise_and_camera_as_the_model_expe
     cache = dit.new_cache(LingBotFastOptions(".").cache_config(3), CONFIG.latent_height, CONFIG.latent_width)
     text = dit.encode_text(_text_states(world, ""))
     generator = torch.Generator().manual_seed(CONFIG.seed)
-    adapter = PluckerAdapter(CONFIG)
     for index in range(2):
-        control = camera.chunk_control(ControlSnapshot.from_keys(index, ["w"]), index, 3).plucker
+        control = camera.chunk_control(ControlSnapshot.from_keys(index, ["w"]), index, 3).camera
         got = world.denoiser.denoise_chunk("wired", index, 3, control, prompt="")
         mask = torch.zeros(4, 3, CONFIG.latent_height, CONFIG.latent_width)
         if index == 0:
@@ -94,7 +99,7 @@ def test_the_denoiser_wires_mask_image_latent_noise_and_camera_as_the_model_expe
         image_latent = base[:, min(3 * index, base.shape[1] - 1) : 3 * index + 3]
         condition = torch.cat([mask, image_latent], dim=0)[None]
         noise = torch.randn(1, 16, 3, CONFIG.latent_height, CONFIG.latent_width, generator=generator)
-        expected = denoise_chunk(dit, cache, text, condition, noise, generator, adapter(control))[0]
+        expected = denoise_chunk(dit, cache, text, condition, noise, generator, plucker_map(control))[0]
         assert torch.equal(got, expected), index
     close_session(world, "wired")
 
@@ -142,7 +147,7 @@ def test_a_new_prompt_changes_the_chunk_and_each_prompt_is_encoded_once(world: L
 
 def test_chunks_out_of_order_are_refused_and_release_is_idempotent(world: LingBotFastWorldModel) -> None:
     camera = open_session(world, "o", CONFIG)
-    control = camera.chunk_control(ControlSnapshot.from_keys(0, []), 0, 3).plucker
+    control = camera.chunk_control(ControlSnapshot.from_keys(0, []), 0, 3).camera
     with pytest.raises(ModelSessionError, match="out of order"):
         world.denoiser.denoise_chunk("o", 1, 3, control, prompt="")
     close_session(world, "o")
@@ -273,7 +278,7 @@ def test_decoding_per_latent_frame_gives_the_whole_chunks_frames_bit_for_bit(wor
     assert isinstance(world.decoder, ProgressiveDecoder)
     try:
         for index in range(3):
-            control = camera.chunk_control(ControlSnapshot.from_keys(index, ["w", "l"]), index, 3).plucker
+            control = camera.chunk_control(ControlSnapshot.from_keys(index, ["w", "l"]), index, 3).camera
             latent = world.denoiser.denoise_chunk("parts", index, 3, control, prompt="")
             parts = list(world.decoder.decode_parts("parts", index, latent))
             whole = world.decoder.decode_chunk("whole", index, latent)
