@@ -13,18 +13,28 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.actor import StageCall
 from pipeline.lingbot import (
+    CameraChunk,
     CameraController,
+    ChunkDenoiser,
+    ConditionRequest,
+    ControlArtifact,
     ControlSnapshot,
+    DenoiseStage,
+    EncodeStage,
     LingBotSessionConfig,
     ModelShard,
     ProgressiveDecoder,
+    ReferenceEncoder,
+    ReferenceWorldModel,
     plucker_map,
 )
 from pipeline.lingbot.errors import ModelSessionError
 from pipeline.lingbot.models import TINY_DIT, CheckpointError, LingBotFastDiT, ModelConfigError, denoise_chunk
 from pipeline.lingbot.models.bundle import LingBotFastOptions, check_model_dir, write_tiny_model
 from pipeline.lingbot.models.world import LingBotFastFactory, LingBotFastWorldModel
+from pipeline.lingbot.stages import CONDITION_REQUEST, CONTROL
 
 pytest.importorskip("diffusers", reason="the lingbot extra (diffusers) is not installed")
 pytest.importorskip("transformers", reason="the lingbot extra (transformers) is not installed")
@@ -102,6 +112,59 @@ def test_the_denoiser_wires_mask_image_latent_noise_and_camera_as_the_model_expe
         expected = denoise_chunk(dit, cache, text, condition, noise, generator, plucker_map(control))[0]
         assert torch.equal(got, expected), index
     close_session(world, "wired")
+
+
+class _RecordingDenoiser:
+    """A `ChunkDenoiser` around a real one, keeping every `control` the denoise stage hands it."""
+
+    def __init__(self, inner: ChunkDenoiser) -> None:
+        self._inner = inner
+        self.controls: list[CameraChunk] = []
+
+    def create_cache(self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor) -> None:
+        self._inner.create_cache(session_id, config, base_latent)
+
+    def denoise_chunk(
+        self, session_id: str, chunk_index: int, chunk_size: int, control: CameraChunk, *, prompt: str
+    ) -> torch.Tensor:
+        self.controls.append(control)
+        return self._inner.denoise_chunk(session_id, chunk_index, chunk_size, control, prompt=prompt)
+
+    def release_cache(self, session_id: str) -> None:
+        self._inner.release_cache(session_id)
+
+
+def _stage_controls(
+    encoder: ReferenceEncoder, denoiser: ChunkDenoiser, trace: list[tuple[list[str], bool]]
+) -> list[CameraChunk]:
+    """The controls the denoise stage (the one both models run under) hands `denoiser` for `trace`."""
+    recording = _RecordingDenoiser(denoiser)
+    encode, denoise = EncodeStage(encoder), DenoiseStage(recording)
+    for index, (keys, reset) in enumerate(trace):
+        request = ConditionRequest(index, 3, CONFIG if index == 0 else None)
+        condition = encode.process(StageCall("encode", "c", index, {CONDITION_REQUEST: request}))["condition"]
+        control = ControlArtifact(index, ControlSnapshot.from_keys(index, keys), reset_pose=reset)
+        denoise.process(StageCall("denoise", "c", index, {"condition": condition, CONTROL: control}))
+    denoise.release("c")
+    encode.release("c")
+    return recording.controls
+
+
+def test_both_models_receive_the_same_camera_contract_for_the_same_controls(world: LingBotFastWorldModel) -> None:
+    trace = [(["w", "l"], False), (["i", "a"], False), (["s"], True), (["j", "k", "d"], False)]
+    reference = ReferenceWorldModel()
+    seen_by_reference = _stage_controls(reference.encoder, reference.denoiser, trace)
+    seen_by_fast = _stage_controls(world.encoder, world.denoiser, trace)
+    assert len(seen_by_reference) == len(seen_by_fast) == 4
+    for ours, theirs in zip(seen_by_reference, seen_by_fast, strict=True):
+        assert isinstance(ours, CameraChunk)
+        assert isinstance(theirs, CameraChunk)
+        assert torch.equal(ours.start, theirs.start)
+        assert torch.equal(ours.relative, theirs.relative)
+        assert (ours.translation_scale, ours.intrinsics) == (theirs.translation_scale, theirs.intrinsics)
+        assert ours.intrinsics == CONFIG.camera_intrinsics()
+    assert torch.equal(seen_by_fast[2].start, torch.eye(4, dtype=torch.float64))  # the reset chunk
+    assert not torch.equal(seen_by_fast[1].relative, seen_by_fast[3].relative)  # and the keys do reach it
 
 
 def _text_states(world: LingBotFastWorldModel, prompt: str) -> torch.Tensor:
