@@ -32,19 +32,28 @@ decoded). Both servers run from the start, and only one has a session at a time.
 (`?jitter_ms=0`, RTCRtpReceiver `jitterBufferTarget`); `receiver_target_ms` is what the receiver reported
 (-1: none set, the browser's own choice), so the comparison shows whether the hint was taken.
 
-`first_press_after_idle_*` (at the defaults, just in time): after the trials above, presses from a long rest
-(`IDLE_REST_S`, 10 s as issue #16 asks; while no key is held the reference model generates nothing and the service
-sends no frames), each released again before the next rest; `press_*` rests under a second.
+`first_press_after_idle_*` (at the defaults, just in time): presses from a long rest (`IDLE_REST_S`, 10 s as
+issue #16 asks; while no key is held the reference model generates nothing), each released again before the next
+rest; `press_*` rests under a second. Keep-warm side by side: two servers run at once, one at the default
+(`LINGSTREAM_IDLE_FRAME_INTERVAL_MS` 250: the last frame is sent again every 250 ms while nothing new comes) and one
+with keep-warm off (0: no frames at all while idle), a page on each; their presses after idle alternate, and
+`keepwarm_off_first_press_after_idle_*` are the second's. `idle_cpu_pct` / `keepwarm_off_idle_cpu_pct`: the CPU the
+server process (and its children) used while its session was idle, in percent of one core, the median over the
+rests (each from 2 s into the rest, when the release's chunk is long done, to the press).
 
-`livekit_` repeats the defaults (press, change while held, release, first press after idle) through LiveKit: the
-service's participant (the real `livekit` SDK) and the page's livekit-client meet through the LiveKit-signalling
-stand-in of the tests (`tests/livekit_server/`, media relayed by aiortc) in a private network namespace
-(`tests/e2e/livekit_stack.py`), as bench/transport_frames.py does. Skipped, with a note, where the namespace cannot be
-made (it needs root).
+`livekit_` repeats the defaults (press, change while held, release, first press after idle, idle CPU) through
+LiveKit: the service's participant (the real `livekit` SDK) and the page's livekit-client meet through the
+LiveKit-signalling stand-in of the tests (`tests/livekit_server/`, media relayed by aiortc) in a private network
+namespace (`tests/e2e/livekit_stack.py`), as bench/transport_frames.py does; stacks with keep-warm off measure
+`livekit_keepwarm_off_first_press_after_idle_*` and `livekit_keepwarm_off_idle_cpu_pct`. One stack at a time (the
+namespace is the process's), in the order on, off, off, on with 3 presses after idle each (`--quick`: on, off, 1
+each), so that a load that changes during the run weighs on both settings alike. Skipped, with a note, where the
+namespace cannot be made (it needs root).
 
 `--quick` runs 1 trial of each at both sizes with the default schedule, whole chunks at the defaults only, and 1 press
-after a 1.5 s rest (a smoke run, about a minute and a half with LiveKit); the full run 12 and 5 presses after idle,
-both schedules, whole chunks at both sizes. The last line printed is one
+after a 1.5 s rest (a smoke run, about two minutes with LiveKit); the full run 12 and 5 presses after idle, both
+schedules, whole chunks at both sizes. `--idle-only` runs only the presses after idle and the idle CPU (keep-warm on
+and off, both transports). The last line printed is one
 JSON object with every figure. Skipped, with a note and an empty report, without Chromium or Playwright.
 """
 
@@ -53,6 +62,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import tempfile
@@ -72,6 +82,8 @@ WIDTH, HEIGHT, FPS = 416, 240, 16
 _LIT = (255, 196, 40)
 _RESULT_TIMEOUT_MS = 15_000
 IDLE_REST_S = 10.0  # the rest before a `first_press_after_idle` trial (--quick: 1.5 s)
+_IDLE_SETTLE_S = 2.0  # idle CPU is measured from this far into a rest (--quick: 0.5 s)
+KEEPWARM_OFF = {"LINGSTREAM_IDLE_FRAME_INTERVAL_MS": "0"}
 
 # The watcher: every presented frame, the HUD region is drawn on a canvas and each key's box classified lit/dark.
 _WATCH_JS = """
@@ -161,18 +173,30 @@ async def _underrun_pct(page: Any, chunk_size: int) -> float:
     return 100.0 * stalled / frames if frames else 0.0
 
 
-async def _session(
-    browser: Any,
-    url: str,
-    config: dict[str, Any],
-    trials: int,
-    rng: random.Random,
-    query: str = "",
-    *,
-    idle_trials: int = 0,
-    idle_rest_s: float = IDLE_REST_S,
-) -> dict[str, list[float]]:
-    chunk_size = int(config["chunk_size"])
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) the process `pid` and its live descendants used so far (from /proc)."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += times.get(current, 0.0)
+        todo.extend(children.get(current, []))
+    return total
+
+
+async def _open(browser: Any, url: str, config: dict[str, Any], query: str = "") -> Any:
+    """A page on `url` streaming a session with `config`, the watcher armed, a first press and release done."""
     page = await browser.new_page()
     page.set_default_timeout(30_000)
 
@@ -195,11 +219,52 @@ async def _session(
     await page.wait_for_function("window.lingstream.frames > 0")
     await page.evaluate(_WATCH_JS, hud_pixels(("w", "d")))
     await page.focus("#stage")
-    chunk_s = 4 * chunk_size / FPS
-    figures: dict[str, list[float]] = {"press": [], "change_while_held": [], "release": []}
     # A first press and release so that the stream is up and the watcher has seen frames.
     await _timed(page, "w", True, lambda: page.keyboard.down("w"))
     await _timed(page, "w", False, lambda: page.keyboard.up("w"))
+    return page
+
+
+async def _idle_press(
+    page: Any, rest_s: float, settle_s: float, rng: random.Random, chunk_s: float, pids: dict[str, int]
+) -> tuple[float, dict[str, float]]:
+    """Rest `rest_s` (no key held), press `w` and time it, release. Also the CPU (percent of a core) each process of
+    `pids` used from `settle_s` into the rest to its end."""
+    await asyncio.sleep(settle_s)  # from the release's presented frame: the release's chunk is done by then
+    before = {label: _cpu_seconds(pid) for label, pid in pids.items()}
+    started = time.monotonic()
+    await asyncio.sleep(rest_s - settle_s)
+    elapsed = time.monotonic() - started
+    cpu = {label: 100.0 * (_cpu_seconds(pid) - before[label]) / elapsed for label, pid in pids.items()}
+    figure = await _timed(page, "w", True, lambda: page.keyboard.down("w"))
+    await asyncio.sleep(rng.uniform(0.1, 0.1 + chunk_s))
+    await _timed(page, "w", False, lambda: page.keyboard.up("w"))
+    await page.evaluate(_COLLECT_CHUNKS_JS)
+    return figure, cpu
+
+
+async def _close(page: Any) -> None:
+    await page.click("#stop")
+    await page.wait_for_function("window.lingstream.state === 'closed' || window.lingstream.ended")
+    await page.close()
+
+
+async def _session(
+    browser: Any,
+    url: str,
+    config: dict[str, Any],
+    trials: int,
+    rng: random.Random,
+    query: str = "",
+    *,
+    idle_trials: int = 0,
+    idle_rest_s: float = IDLE_REST_S,
+    pid: int | None = None,
+) -> dict[str, list[float]]:
+    chunk_size = int(config["chunk_size"])
+    chunk_s = 4 * chunk_size / FPS
+    page = await _open(browser, url, config, query)
+    figures: dict[str, list[float]] = {"press": [], "change_while_held": [], "release": []}
     for _ in range(trials):
         await asyncio.sleep(rng.uniform(0.3, 0.3 + chunk_s))  # rest: the session goes idle
         figures["press"].append(await _timed(page, "w", True, lambda: page.keyboard.down("w")))
@@ -219,20 +284,61 @@ async def _session(
         await page.evaluate(_COLLECT_CHUNKS_JS)
     if idle_trials:
         figures["first_press_after_idle"] = []
+        if pid is not None:
+            figures["idle_cpu_pct"] = []
     for _ in range(idle_trials):
-        await asyncio.sleep(idle_rest_s)  # from the release's presented frame: no key held, no frames sent
-        figures["first_press_after_idle"].append(await _timed(page, "w", True, lambda: page.keyboard.down("w")))
-        await asyncio.sleep(rng.uniform(0.1, 0.1 + chunk_s))
-        await _timed(page, "w", False, lambda: page.keyboard.up("w"))
-        await page.evaluate(_COLLECT_CHUNKS_JS)
+        settle = min(_IDLE_SETTLE_S, idle_rest_s / 3)
+        figure, cpu = await _idle_press(page, idle_rest_s, settle, rng, chunk_s, {} if pid is None else {"": pid})
+        figures["first_press_after_idle"].append(figure)
+        if pid is not None:
+            figures["idle_cpu_pct"].append(cpu[""])
     figures["hud_photon"] = await page.evaluate("window.lingstream.photonsMs")
     figures["underrun_pct"] = [await _underrun_pct(page, chunk_size)]
     target = await page.evaluate("window.lingstream.jitterBufferTarget")
     figures["receiver_target_ms"] = [-1.0 if target is None else float(target)]
-    await page.click("#stop")
-    await page.wait_for_function("window.lingstream.state === 'closed' || window.lingstream.ended")
-    await page.close()
+    await _close(page)
     return figures
+
+
+async def _keepwarm_side_by_side(
+    playwright: Any, servers: dict[str, Server], trials: int, rest_s: float, rng: random.Random
+) -> dict[str, float]:
+    """Presses after idle on two servers at once, keep-warm on ("") and off ("keepwarm_off_"), alternating which
+    goes first; every rest measures both servers' idle CPU. A browser per server, so that neither page is a
+    background tab (whose video the browser may stop presenting)."""
+    browsers = {
+        prefix: await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS) for prefix in servers
+    }
+    try:
+        return await _alternate(browsers, servers, trials, rest_s, rng)
+    finally:
+        for browser in browsers.values():
+            await browser.close()
+
+
+async def _alternate(
+    browsers: dict[str, Any], servers: dict[str, Server], trials: int, rest_s: float, rng: random.Random
+) -> dict[str, float]:
+    pages = {prefix: await _open(browsers[prefix], server.url, {"chunk_size": 3}) for prefix, server in servers.items()}
+    pids = {prefix: server.process.pid for prefix, server in servers.items()}
+    presses: dict[str, list[float]] = {prefix: [] for prefix in servers}
+    cpu: dict[str, list[float]] = {prefix: [] for prefix in servers}
+    order = list(servers)
+    settle = min(_IDLE_SETTLE_S, rest_s / 3)
+    for trial in range(trials):
+        for prefix in order if trial % 2 == 0 else order[::-1]:
+            figure, used = await _idle_press(pages[prefix], rest_s, settle, rng, 4 * 3 / FPS, pids)
+            presses[prefix].append(figure)
+            for label, value in used.items():
+                cpu[label].append(value)
+    for page in pages.values():
+        await _close(page)
+    out: dict[str, float] = {}
+    for prefix in servers:
+        out[f"{prefix}first_press_after_idle_p50_ms"] = percentile(presses[prefix], 50) or 0.0
+        out[f"{prefix}first_press_after_idle_p90_ms"] = percentile(presses[prefix], 90) or 0.0
+        out[f"{prefix}idle_cpu_pct"] = percentile(cpu[prefix], 50) or 0.0
+    return out
 
 
 def _summary(prefix: str, figures: dict[str, list[float]]) -> dict[str, float]:
@@ -241,6 +347,9 @@ def _summary(prefix: str, figures: dict[str, list[float]]) -> dict[str, float]:
         if name in ("underrun_pct", "receiver_target_ms"):
             out[f"{prefix}{name}"] = values[0]
             continue
+        if name == "idle_cpu_pct":
+            out[f"{prefix}{name}"] = percentile(values, 50) or 0.0
+            continue
         out[f"{prefix}{name}_p50_ms"] = percentile(values, 50) or 0.0
         out[f"{prefix}{name}_p90_ms"] = percentile(values, 90) or 0.0
     out[f"{prefix}trials"] = float(len(figures["press"]))
@@ -248,7 +357,8 @@ def _summary(prefix: str, figures: dict[str, list[float]]) -> dict[str, float]:
 
 
 async def _livekit(quick: bool, trials: int, rng: random.Random) -> dict[str, float]:
-    """The defaults through LiveKit, `livekit_` keys; empty, with a note, where the private network cannot be made."""
+    """The defaults through LiveKit, `livekit_` keys, then presses after idle with keep-warm off
+    (`livekit_keepwarm_off_`); empty, with a note, where the private network cannot be made."""
     from tests.e2e.livekit_stack import LiveKitStack, livekit_stack
 
     reason = LiveKitStack.skip_reason()
@@ -259,25 +369,45 @@ async def _livekit(quick: bool, trials: int, rng: random.Random) -> dict[str, fl
 
     # The loop's thread enters the namespace: the stand-in, the service and Chromium are all started from it.
     settings = {"LINGSTREAM_LOG_LEVEL": "WARNING", "LINGSTREAM_MAX_SESSIONS_PER_WORKER": "1"}
-    with tempfile.TemporaryDirectory() as folder, livekit_stack(Path(folder), **settings) as stack:
-        async with async_playwright() as playwright:
-            browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                figures = await _session(
-                    browser,
-                    stack.url,
-                    {"chunk_size": 3},
-                    trials,
-                    rng,
-                    idle_trials=1 if quick else 5,
-                    idle_rest_s=1.5 if quick else IDLE_REST_S,
-                )
-            finally:
-                await browser.close()
-    return _summary("livekit_", figures)
+    collected: dict[str, dict[str, list[float]]] = {}
+    # One stack at a time; keep-warm on, off, off, on (the full run), so that a load that changes over the run
+    # weighs on both alike. The first round also runs the trials of the defaults.
+    rounds = ["livekit_", "livekit_keepwarm_off_"] + ([] if quick else ["livekit_keepwarm_off_", "livekit_"])
+    idle_trials = 1 if quick else 3
+    for number, prefix in enumerate(rounds):
+        extra = KEEPWARM_OFF if "keepwarm_off" in prefix else {}
+        session_trials = trials if number == 0 else 0
+        with tempfile.TemporaryDirectory() as folder, livekit_stack(Path(folder), **settings, **extra) as stack:
+            async with async_playwright() as playwright:
+                browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                try:
+                    figures = await _session(
+                        browser,
+                        stack.url,
+                        {"chunk_size": 3},
+                        session_trials,
+                        rng,
+                        idle_trials=idle_trials,
+                        idle_rest_s=1.5 if quick else IDLE_REST_S,
+                        pid=stack.process.pid,
+                    )
+                finally:
+                    await browser.close()
+        if prefix not in collected:
+            collected[prefix] = figures
+        else:  # a later round of the same setting: its presses after idle and idle CPU join the first's
+            for name in ("first_press_after_idle", "idle_cpu_pct"):
+                collected[prefix][name] += figures[name]
+    results: dict[str, float] = {}
+    for prefix, figures in collected.items():
+        summary = _summary(prefix, figures)
+        if prefix != "livekit_":  # keep-warm off: only the presses after idle and the idle CPU
+            summary = {key: value for key, value in summary.items() if "idle" in key}
+        results |= summary
+    return results
 
 
-async def main(quick: bool) -> dict[str, float]:
+async def main(quick: bool, idle_only: bool = False) -> dict[str, float]:
     try:
         from playwright.async_api import async_playwright
     except ImportError:
@@ -295,6 +425,7 @@ async def main(quick: bool) -> dict[str, float]:
         tempfile.TemporaryDirectory() as folder,
         Server(Path(folder) / "serve.log", settings) as server,
         Server(Path(folder) / "serve-whole.log", whole_settings) as whole,
+        Server(Path(folder) / "serve-keepwarm-off.log", settings | KEEPWARM_OFF) as server_off,
     ):
         async with async_playwright() as playwright:
             browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -302,34 +433,36 @@ async def main(quick: bool) -> dict[str, float]:
                 async with httpx.AsyncClient(timeout=5.0) as client:
                     await server.wait_ready(client)
                     await whole.wait_ready(client)
+                    await server_off.wait_ready(client)
                 schedules = (("just_in_time", ""), ("media_clock", "media_clock_"))
-                for schedule, prefix in schedules[:1] if quick else schedules:
+                for schedule, prefix in () if idle_only else schedules[:1] if quick else schedules:
                     for chunk_size, size_prefix in ((3, ""), (1, "chunk1_")):
                         config = {"chunk_size": chunk_size, "schedule": schedule}
-                        # At the defaults, just in time, also presses after a long rest.
-                        idle = (1 if quick else 5) if (prefix, size_prefix) == ("", "") else 0
-                        figures = await _session(
-                            browser,
-                            server.url,
-                            config,
-                            trials,
-                            rng,
-                            idle_trials=idle,
-                            idle_rest_s=1.5 if quick else IDLE_REST_S,
-                        )
+                        figures = await _session(browser, server.url, config, trials, rng)
                         results |= _summary(prefix + size_prefix, figures)
                         if prefix or (quick and size_prefix):
                             continue
                         # The same session on the server that decodes whole chunks, right after it.
                         figures = await _session(browser, whole.url, config, trials, rng)
                         results |= _summary("wholechunk_" + size_prefix, figures)
-                # The receiver asked to keep no jitter buffer beyond what it needs (`?jitter_ms=0`), at the defaults.
-                figures = await _session(browser, server.url, {"chunk_size": 3}, trials, rng, "?jitter_ms=0")
-                results |= _summary("jitter0_", figures)
+                if not idle_only:
+                    # The receiver asked to keep no jitter buffer beyond what it needs (`?jitter_ms=0`).
+                    figures = await _session(browser, server.url, {"chunk_size": 3}, trials, rng, "?jitter_ms=0")
+                    results |= _summary("jitter0_", figures)
             finally:
                 await browser.close()
-        await asyncio.gather(asyncio.to_thread(server.stop, 30.0), asyncio.to_thread(whole.stop, 30.0))
-    results |= await _livekit(quick, trials, rng)
+            # Presses after a long rest at the defaults, keep-warm on and off side by side.
+            results |= await _keepwarm_side_by_side(
+                playwright,
+                {"": server, "keepwarm_off_": server_off},
+                1 if quick else 5,
+                1.5 if quick else IDLE_REST_S,
+                rng,
+            )
+        await asyncio.gather(
+            *(asyncio.to_thread(process.stop, 30.0) for process in (server, whole, server_off)),
+        )
+    results |= await _livekit(quick, 0 if idle_only else trials, rng)
     return results
 
 
@@ -338,8 +471,13 @@ if __name__ == "__main__":
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke run: 1 trial of each, the default schedule only (about a minute and a half)",
+        help="a smoke run: 1 trial of each, the default schedule only (about two minutes)",
+    )
+    parser.add_argument(
+        "--idle-only",
+        action="store_true",
+        help="only the presses after idle and the idle CPU, keep-warm on and off (both transports)",
     )
     args = parser.parse_args()
     started = time.perf_counter()
-    report(asyncio.run(main(args.quick)), started)
+    report(asyncio.run(main(args.quick, args.idle_only)), started)

@@ -129,7 +129,11 @@ FIGURES: dict[str, frozenset[str]] = {
             for key in ("trials", "underrun_pct", "receiver_target_ms")
         }
         | {"bench_seconds"}
-        | {"first_press_after_idle_p50_ms", "first_press_after_idle_p90_ms"}
+        | {
+            f"{prefix}{key}"
+            for prefix in ("", "keepwarm_off_")
+            for key in ("first_press_after_idle_p50_ms", "first_press_after_idle_p90_ms", "idle_cpu_pct")
+        }
     ),
     # Also every key scripts/reliability.sh reads from the quick run.
     "load": frozenset(
@@ -184,6 +188,10 @@ LATENCY_LIVEKIT_FIGURES = frozenset(
         "release_p50_ms",
         "first_press_after_idle_p50_ms",
         "first_press_after_idle_p90_ms",
+        "idle_cpu_pct",
+        "keepwarm_off_first_press_after_idle_p50_ms",
+        "keepwarm_off_first_press_after_idle_p90_ms",
+        "keepwarm_off_idle_cpu_pct",
         "trials",
     )
 )

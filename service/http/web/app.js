@@ -162,6 +162,8 @@ function stamped(message) {
 }
 
 function isRepeat(meta) {
+  // LiveKit's sender stamps RTP from its own capture clock: the grid is the service's only on the embedded transport.
+  if (page.transport !== "embedded") return false;
   if (!meta || typeof meta.rtpTimestamp !== "number" || photon.origin === null || photon.reference === null) return false;
   if (!(photon.fps > 0)) return false;
   const ticks = 90000 / photon.fps;
