@@ -66,7 +66,8 @@ At the reference 832x480, 16 fps, a latent frame is 16 x 60 x 104.
   variant keeps a per-session KV cache of past chunks on the denoise side: that is `create_cache`'s state, sized by
   the session, and what admission counts.
 - Decode: the Wan VAE decoder is causal in time and keeps a per-session feature cache between chunks, so decode has
-  its own `create_cache`/`release_cache` and needs chunks in order.
+  its own `create_cache`/`release_cache` and needs chunks in order. It decodes one latent frame per call anyway, so
+  `decode_parts` (progressive decode) costs nothing more and gives the same frames.
 
 Running in worker processes, sharded. With `processes` placement the parts are not handed over as objects: a
 picklable `WorldModelFactory` builds each part inside the worker process that runs it, from a `ModelShard` (its

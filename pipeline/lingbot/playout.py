@@ -19,7 +19,9 @@ like a late chunk. The chunk's generation time, the figure the next chunk's star
 after `started` its playback could begin without any stall: `max over parts (ready_i - started - frames before
 part i / fps)`, which is `ready - started` for a chunk in one part. So under-runs stay honest (a stall at the
 chunk's start or in its middle is counted) and the schedule only gains from the first part where the later parts
-keep pace with playback. Until one is measured the next chunk starts at once. After an idle pause the end lies in
+keep pace with playback. The margin stays that of the whole chunk (`margin_fraction` of the p95 of `ready -
+started`): how much a chunk's generation time varies follows all of its work, not its first part's, and the later
+parts must still keep pace when it runs slow. Until one is measured the next chunk starts at once. After an idle pause the end lies in
 the past and the next chunk starts at once and plays as soon as it is ready: nothing is owed for the pause. An
 under-run is a chunk that was started while the stream was still playing and came ready after it had ended: the
 viewer saw the last frame stand still for `underrun_s` (counted in frames, `underrun_frames`). A chunk started
@@ -106,6 +108,7 @@ class PlayoutScheduler:
     def __init__(self, config: PlayoutConfig) -> None:
         self._config = config
         self._generation: deque[float] = deque(maxlen=config.window)
+        self._complete: deque[float] = deque(maxlen=config.window)
         self._end: float | None = None
         self._started_at: float | None = None
         self._continuing = False
@@ -128,7 +131,7 @@ class PlayoutScheduler:
         return percentile(self._generation, 95)
 
     def margin(self) -> float:
-        p95 = self.generation_p95()
+        p95 = percentile(self._complete, 95)
         config = self._config
         if p95 is None:
             return config.max_margin_s
@@ -169,6 +172,7 @@ class PlayoutScheduler:
         fps = self._config.fps
         started_at = self._started_at
         self._generation.append(max(0.0, max(at - started_at - before / fps for at, before in _offsets(timeline))))
+        self._complete.append(max(0.0, now - started_at))
         previous_end = self._end
         first_at = timeline[0][0]
         starts_at = first_at if previous_end is None else max(first_at, previous_end)

@@ -172,8 +172,11 @@ def test_a_chunk_in_parts_plays_from_its_first_part_and_is_timed_by_when_it_coul
     assert playout.starts_at == 0.1
     assert playout.ends_at == pytest.approx(0.1 + 12 / FPS)
     assert playout.underrun_frames == 0
-    # It could have started as late as 0.1 s after it began (the first part), not 0.5 s (the whole chunk).
+    # It could have started as late as 0.1 s after it began (the first part), not 0.5 s (the whole chunk); the margin
+    # stays half the whole chunk's generation time (0.25 s), not of its first part's (0.05 s).
     assert scheduler.generation_p95() == pytest.approx(0.1)
+    assert scheduler.margin() == pytest.approx(0.25)
+    assert scheduler.due() == pytest.approx(playout.ends_at - 0.1 - 0.25)
 
 
 def test_a_part_that_comes_after_the_frames_before_it_played_is_an_underrun() -> None:
