@@ -10,22 +10,22 @@ clock, when playback of what was generated ends, and dates the next chunk's star
     chunk k+1 starts at   end of chunk k - p95(generation time) - margin,   margin = clamp(f * p95, min, max)
 
 Generation time is measured from `started` (the session wants the chunk; the lease wait counts) to `ready`, over
-the last `window` chunks.
-
-Progressive decode (a chunk's frames handed over in parts as they are decoded, `ready(..., parts=...)`). A chunk's
-playback starts when its *first part* is ready (or when the previous chunk ends, if later) and goes on part by part;
-a later part that comes after the frames before it have played is a stall inside the chunk, counted as an under-run
-like a late chunk. The chunk's generation time, the figure the next chunk's start is dated from, is then how long
-after `started` its playback could begin without any stall: `max over parts (ready_i - started - frames before
-part i / fps)`, which is `ready - started` for a chunk in one part. So under-runs stay honest (a stall at the
-chunk's start or in its middle is counted) and the schedule only gains from the first part where the later parts
-keep pace with playback. The margin stays that of the whole chunk (`margin_fraction` of the p95 of `ready -
-started`): how much a chunk's generation time varies follows all of its work, not its first part's, and the later
-parts must still keep pace when it runs slow. Until one is measured the next chunk starts at once. After an idle pause the end lies in
+the last `window` chunks. Until one is measured the next chunk starts at once. After an idle pause the end lies in
 the past and the next chunk starts at once and plays as soon as it is ready: nothing is owed for the pause. An
 under-run is a chunk that was started while the stream was still playing and came ready after it had ended: the
 viewer saw the last frame stand still for `underrun_s` (counted in frames, `underrun_frames`). A chunk started
 after the stream had ended (the session was idle) is no under-run.
+
+Progressive decode (a chunk's frames handed over in parts as they are decoded, `ready(..., parts=...)`). A chunk's
+playback starts when its *first part* is ready (or when the previous chunk ends, if later) and goes on part by part;
+a later part that comes after the frames before it have played is a stall inside the chunk, counted as an under-run
+like a late chunk (also in a chunk that started after an idle pause). The chunk's generation time, the figure the
+next chunk's start is dated from, is then how long after `started` its playback could begin without any stall:
+`max over parts (ready_i - started - frames before part i / fps)`, which is `ready - started` for a chunk in one
+part. So under-runs stay honest (a stall at the chunk's start or in its middle is counted) and the schedule only
+gains from the first part where the later parts keep pace with playback. The margin stays that of the whole chunk
+(`margin_fraction` of the p95 of `ready - started`): how much a chunk's generation time varies follows all of its
+work, not its first part's, and the later parts must still keep pace when it runs slow.
 
 Pure: no awaits, no threads; every call takes the time, so a test drives it with any clock.
 """
