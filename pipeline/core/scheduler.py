@@ -641,7 +641,8 @@ class SchedulerCore:
         limit = self._spec_limit[s]
         if limit is not None and self._in_flight[s] >= limit:
             return _STAGE_LIMIT
-        if not self._actors.available(stage_id) or self._in_flight[s] >= self._actors.capacity(stage_id):
+        # A busy actor first: with many sessions waiting, that is what a pump finds at every stage it looks at.
+        if self._in_flight[s] >= self._actors.capacity(stage_id) or not self._actors.available(stage_id):
             return _ACTOR_BUSY
         group = self._group_of[s]
         if group is not None and self._group_used[group] >= self._group_limit[group]:
