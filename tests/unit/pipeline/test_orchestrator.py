@@ -424,3 +424,28 @@ async def test_thread_actor_calls_run_without_a_task_and_a_stage_error_fails_onl
         await settled(orch, lambda: True)
         assert orch.statistics().actors["only"].in_flight == 0
         await orch.close_session("good")
+
+
+async def test_a_thread_call_that_outlives_the_cancel_timeout_is_orphaned_when_it_returns() -> None:
+    gate = threading.Event()
+    started = threading.Event()
+
+    def stage(call: StageCall) -> Mapping[str, object]:
+        started.set()
+        assert gate.wait(10)
+        return {"out": 0}
+
+    actors = {"only": LocalStageActor("only", FunctionStage(stage))}
+    async with StreamingPipelineOrchestrator(linear_spec("only"), actors, cancel_timeout=0.05) as orch:
+        orch.open_session("s")
+        await orch.submit("s", {"input": (0, 0)})
+        await asyncio.to_thread(started.wait, 10)
+        closing = asyncio.create_task(orch.close_session("s", CloseMode.CANCEL))
+        # The close abandons the call, then its release waits on the thread behind the call.
+        await until(lambda: orch.session_state("s") is PipelineSessionState.RELEASING)
+        assert orch.statistics().calls_running == 1
+        gate.set()
+        report = await closing
+        assert report.slot_leaks == 2  # the session's in-flight count and its reserved output slot
+        stats = orch.statistics()
+        assert (stats.calls_running, stats.core.orphaned_results, stats.core.in_flight_by_stage) == (0, 1, {"only": 0})
