@@ -105,7 +105,7 @@ class Summary:
 
 
 class _Ring:
-    """The last `size` rows of `width` doubles each, oldest first, in one preallocation-free `array('d')`.
+    """The last `size` rows of `width` doubles each, oldest first, in one `array('d')` that grows as rows come.
 
     Grows by appending until it holds `size` rows, then overwrites the oldest row in place: adding a row allocates no
     Python object (the collector never sees it) and reading row i copies `width` doubles out.
