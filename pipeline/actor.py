@@ -108,9 +108,9 @@ class CallbackStageActor(StageActor, Protocol):
 
     The orchestrator uses `start_call` where an actor offers it (a stage thread: the hop is most of the cost of a
     short call) and `invoke` otherwise. `start_call` returns at once and never raises; `done` runs later on the
-    event loop, in `context`, and the stage runs in `context` too (the caller passes a copy it owns). Every started
-    call gets its outcome before `stop` returns. The other guarantees are `invoke`'s (ordering, failures, a call in
-    flight is never interrupted).
+    event loop in `context` (the caller passes one it owns), and the stage in a copy of it, so what the stage sets
+    in its context does not reach `done`. Every started call gets its outcome before `stop` returns. The other
+    guarantees are `invoke`'s (ordering, failures, a call in flight is never interrupted).
     """
 
     def start_call(self, call: StageCall, done: CallDone, context: contextvars.Context) -> None: ...

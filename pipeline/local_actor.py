@@ -99,7 +99,7 @@ _Work = tuple[Callable[[Any], Any], Any, _Outcome, contextvars.Context] | None
 
 
 class _StageThread:
-    """One thread that runs work items from a FIFO queue, each in its own context, and posts the outcomes."""
+    """One thread that runs work items from a FIFO queue, each in a copy of its context, and posts the outcomes."""
 
     def __init__(self, name: str, inbox: _LoopInbox) -> None:
         self._inbox = inbox
@@ -131,7 +131,8 @@ class _StageThread:
                 return
             fn, arg, done, context = work
             try:
-                result = context.run(fn, arg)
+                # In a copy: what the stage sets in its context stays with the call, not with the outcome's delivery.
+                result = context.copy().run(fn, arg)
             except BaseException as exc:
                 post(done, None, exc, context)
             else:

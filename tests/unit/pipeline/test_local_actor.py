@@ -209,3 +209,21 @@ async def test_start_call_on_a_stopped_actor_reports_it_unavailable_and_stop_del
     unavailable = asyncio.get_running_loop().create_future()
     actor.start_call(_call(3), lambda _outputs, error: unavailable.set_result(error), contextvars.copy_context())
     assert isinstance(await unavailable, ActorUnavailableError)
+
+
+async def test_what_a_stage_sets_in_its_context_does_not_reach_the_outcomes_delivery() -> None:
+    def setting(call: StageCall) -> Mapping[str, object]:
+        WHO.set("stage")
+        return {"out": WHO.get()}
+
+    delivered = asyncio.get_running_loop().create_future()
+    actor = LocalStageActor("only", FunctionStage(setting))
+    await actor.start()
+    try:
+        context = contextvars.copy_context()
+        context.run(WHO.set, "caller")
+        actor.start_call(_call(0), lambda outputs, _error: delivered.set_result((outputs, WHO.get())), context)
+        assert await delivered == ({"out": "stage"}, "caller")
+        assert context[WHO] == "caller"
+    finally:
+        await actor.stop()
