@@ -34,17 +34,18 @@ decoded). Both servers run from the start, and only one has a session at a time.
 
 `first_press_after_idle_*` (at the defaults, just in time): presses from a long rest (`IDLE_REST_S`, 10 s as
 issue #16 asks; while no key is held the reference model generates nothing), each released again before the next
-rest; `press_*` rests under a second. Keep-warm side by side: two servers run at once, one at the default
-(`LINGSTREAM_IDLE_FRAME_INTERVAL_MS` 250: the last frame is sent again every 250 ms while nothing new comes) and one
-with keep-warm off (0: no frames at all while idle), a page on each; their presses after idle alternate, and
-`keepwarm_off_first_press_after_idle_*` are the second's. `idle_cpu_pct` / `keepwarm_off_idle_cpu_pct`: the CPU the
-server process (and its children) used while its session was idle, in percent of one core, the median over the
-rests (each from 2 s into the rest, when the release's chunk is long done, to the press).
+rest; `press_*` rests under a second. Keep-warm side by side: two servers run at once, one at the embedded
+transport's default (keep-warm off: no frames at all while idle) and one with `LINGSTREAM_IDLE_FRAME_INTERVAL_MS`
+250 (the last frame sent again every 250 ms while nothing new comes), a page on each; their presses after idle
+alternate, and `keepwarm_on_first_press_after_idle_*` are the second's. `idle_cpu_pct` / `keepwarm_on_idle_cpu_pct`:
+the CPU the server process (and its children) used while its session was idle, in percent of one core, the median
+over the rests (each from 2 s into the rest, when the release's chunk is long done, to the press).
 
 `livekit_` repeats the defaults (press, change while held, release, first press after idle, idle CPU) through
 LiveKit: the service's participant (the real `livekit` SDK) and the page's livekit-client meet through the
 LiveKit-signalling stand-in of the tests (`tests/livekit_server/`, media relayed by aiortc) in a private network
-namespace (`tests/e2e/livekit_stack.py`), as bench/transport_frames.py does; stacks with keep-warm off measure
+namespace (`tests/e2e/livekit_stack.py`), as bench/transport_frames.py does, at LiveKit's default keep-warm (250 ms);
+stacks with keep-warm off measure
 `livekit_keepwarm_off_first_press_after_idle_*` and `livekit_keepwarm_off_idle_cpu_pct`. One stack at a time (the
 namespace is the process's), in the order on, off, off, on with 3 presses after idle each (`--quick`: on, off, 1
 each), so that a load that changes during the run weighs on both settings alike. Skipped, with a note, where the
@@ -83,7 +84,8 @@ _LIT = (255, 196, 40)
 _RESULT_TIMEOUT_MS = 15_000
 IDLE_REST_S = 10.0  # the rest before a `first_press_after_idle` trial (--quick: 1.5 s)
 _IDLE_SETTLE_S = 2.0  # idle CPU is measured from this far into a rest (--quick: 0.5 s)
-KEEPWARM_OFF = {"LINGSTREAM_IDLE_FRAME_INTERVAL_MS": "0"}
+KEEPWARM_OFF = {"LINGSTREAM_IDLE_FRAME_INTERVAL_MS": "0"}  # LiveKit's default is 250 ms
+KEEPWARM_ON = {"LINGSTREAM_IDLE_FRAME_INTERVAL_MS": "250"}  # the embedded transport's default is off
 
 # The watcher: every presented frame, the HUD region is drawn on a canvas and each key's box classified lit/dark.
 _WATCH_JS = """
@@ -303,9 +305,9 @@ async def _session(
 async def _keepwarm_side_by_side(
     playwright: Any, servers: dict[str, Server], trials: int, rest_s: float, rng: random.Random
 ) -> dict[str, float]:
-    """Presses after idle on two servers at once, keep-warm on ("") and off ("keepwarm_off_"), alternating which
-    goes first; every rest measures both servers' idle CPU. A browser per server, so that neither page is a
-    background tab (whose video the browser may stop presenting)."""
+    """Presses after idle on two servers at once (`servers`: key prefix -> server; here the embedded default, keep-warm
+    off, and keep-warm on), alternating which goes first; every rest measures every server's idle CPU. A browser per
+    server, so that no page is a background tab (whose video the browser may stop presenting)."""
     browsers = {
         prefix: await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS) for prefix in servers
     }
@@ -425,7 +427,7 @@ async def main(quick: bool, idle_only: bool = False) -> dict[str, float]:
         tempfile.TemporaryDirectory() as folder,
         Server(Path(folder) / "serve.log", settings) as server,
         Server(Path(folder) / "serve-whole.log", whole_settings) as whole,
-        Server(Path(folder) / "serve-keepwarm-off.log", settings | KEEPWARM_OFF) as server_off,
+        Server(Path(folder) / "serve-keepwarm-on.log", settings | KEEPWARM_ON) as server_on,
     ):
         async with async_playwright() as playwright:
             browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -433,7 +435,7 @@ async def main(quick: bool, idle_only: bool = False) -> dict[str, float]:
                 async with httpx.AsyncClient(timeout=5.0) as client:
                     await server.wait_ready(client)
                     await whole.wait_ready(client)
-                    await server_off.wait_ready(client)
+                    await server_on.wait_ready(client)
                 schedules = (("just_in_time", ""), ("media_clock", "media_clock_"))
                 for schedule, prefix in () if idle_only else schedules[:1] if quick else schedules:
                     for chunk_size, size_prefix in ((3, ""), (1, "chunk1_")):
@@ -451,16 +453,16 @@ async def main(quick: bool, idle_only: bool = False) -> dict[str, float]:
                     results |= _summary("jitter0_", figures)
             finally:
                 await browser.close()
-            # Presses after a long rest at the defaults, keep-warm on and off side by side.
+            # Presses after a long rest at the defaults (keep-warm off) and with keep-warm on, side by side.
             results |= await _keepwarm_side_by_side(
                 playwright,
-                {"": server, "keepwarm_off_": server_off},
+                {"": server, "keepwarm_on_": server_on},
                 1 if quick else 5,
                 1.5 if quick else IDLE_REST_S,
                 rng,
             )
         await asyncio.gather(
-            *(asyncio.to_thread(process.stop, 30.0) for process in (server, whole, server_off)),
+            *(asyncio.to_thread(process.stop, 30.0) for process in (server, whole, server_on)),
         )
     results |= await _livekit(quick, 0 if idle_only else trials, rng)
     return results

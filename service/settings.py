@@ -256,12 +256,12 @@ class Settings(BaseSettings):
     max_viewers: int = Field(
         default=8, ge=0, le=1000, description="Viewers a session may have at once (both transports); 0: none."
     )
-    idle_frame_interval_ms: int = Field(
-        default=250,
+    idle_frame_interval_ms: int | None = Field(
+        default=None,
         ge=0,
         le=60_000,
         description="Milliseconds a session's stream may go without a frame before the last one is sent again, and "
-        "how often while it stays idle (keep-warm, both transports); 0: off.",
+        "how often while it stays idle (keep-warm); 0: off; unset: 250 on LiveKit, off on the embedded transport.",
     )
     recordings_dir: Path | None = Field(
         default=None, description="Where sessions created with record=true are written; unset: recording is off."

@@ -15,14 +15,16 @@ from transport.rooms import RoomConfig
 from transport.tokens import DEFAULT_JOIN_TTL
 from transport.viewers import DEFAULT_MAX_VIEWERS
 
-__all__ = ["CONTROL_TOPIC", "DEFAULT_IDLE_FRAME_INTERVAL", "STATUS_TOPIC", "EmbeddedConfig", "LiveKitConfig"]
+__all__ = ["CONTROL_TOPIC", "LIVEKIT_IDLE_FRAME_INTERVAL", "STATUS_TOPIC", "EmbeddedConfig", "LiveKitConfig"]
 
 CONTROL_TOPIC = "lingstream.control"
 """LiveKit data topic of client-to-service control messages."""
 STATUS_TOPIC = "lingstream.status"
 """LiveKit data topic of service-to-client status messages."""
-DEFAULT_IDLE_FRAME_INTERVAL = 0.25
-"""Seconds an idle stream goes without a frame before the last one is sent again (keep-warm; 0 turns it off)."""
+LIVEKIT_IDLE_FRAME_INTERVAL = 0.25
+"""LiveKit's default keep-warm: seconds an idle stream goes without a frame before the last one is published again
+(0 turns it off). The embedded transport's default is off: measured with Chromium, its receiver shows the first
+frame after a silent gap at once, and low-rate repeats only delay it (README, Key-to-photon)."""
 
 
 def _check_max_viewers(value: int) -> None:
@@ -55,7 +57,7 @@ class LiveKitConfig:
     `status_flush_timeout`: on detach, seconds to wait for the last status messages (the final `done`) to go out.
     `max_viewers`: viewers a session's room may have at once (0: none). `idle_frame_interval`: seconds without a
     frame after which the last one is published again, and how often while the stream stays idle (0: off;
-    `transport.pacing`, keep-warm).
+    `transport.pacing`, keep-warm; default `LIVEKIT_IDLE_FRAME_INTERVAL`).
     """
 
     url: str
@@ -80,7 +82,7 @@ class LiveKitConfig:
     status_flush_timeout: float = 0.5
     ring_frames: int = 32
     reanchor_after: float = 0.5
-    idle_frame_interval: float = DEFAULT_IDLE_FRAME_INTERVAL
+    idle_frame_interval: float = LIVEKIT_IDLE_FRAME_INTERVAL
     max_viewers: int = DEFAULT_MAX_VIEWERS
 
     def __post_init__(self) -> None:
@@ -129,7 +131,7 @@ class EmbeddedConfig:
     controller and each viewer alike). `max_viewers`: viewers a session may have at once (0: none);
     `viewer_join_ttl`: seconds a viewer credential admits an offer; `watch_path`: the REST path of a viewer's offer.
     `idle_frame_interval`: seconds without a frame after which the last one is sent again, and how often while the
-    stream stays idle (0: off; `transport.pacing`, keep-warm).
+    stream stays idle (0, the default: off; `transport.pacing`, keep-warm).
     """
 
     ice_host_addresses: tuple[str, ...] | None = ("127.0.0.1",)
@@ -145,7 +147,7 @@ class EmbeddedConfig:
     status_buffer_bytes: int = 64 * 1024
     ring_frames: int = 32
     reanchor_after: float = 0.5
-    idle_frame_interval: float = DEFAULT_IDLE_FRAME_INTERVAL
+    idle_frame_interval: float = 0.0
     max_viewers: int = DEFAULT_MAX_VIEWERS
     viewer_join_ttl: float = DEFAULT_JOIN_TTL
     watch_path: str = "/v1/sessions/{session_id}/watch"

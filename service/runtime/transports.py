@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from dataclasses import replace
+from typing import TypeVar
 
 from service.errors import SettingsError
 from service.settings import Settings
@@ -57,7 +59,7 @@ def livekit_config(settings: Settings) -> LiveKitConfig:
         missing = ", ".join(name for name, given in present.items() if not given)
         raise SettingsError(f"invalid configuration: LiveKit needs all three variables; {missing} missing")
     try:
-        return LiveKitConfig(
+        config = LiveKitConfig(
             url=settings.livekit_url or "",
             api_key=settings.livekit_api_key or "",
             api_secret=secret,
@@ -65,8 +67,8 @@ def livekit_config(settings: Settings) -> LiveKitConfig:
             codec=settings.video_codec,
             max_bitrate=settings.video_bitrate,
             max_viewers=settings.max_viewers,
-            idle_frame_interval=settings.idle_frame_interval_ms / 1000,
         )
+        return _with_idle_frame_interval(config, settings)
     except TransportConfigError as exc:
         raise SettingsError(f"invalid configuration: the LiveKit transport refused its settings: {exc}") from None
 
@@ -74,14 +76,25 @@ def livekit_config(settings: Settings) -> LiveKitConfig:
 def embedded_config(settings: Settings) -> EmbeddedConfig:
     """The embedded transport's config: ICE host candidates follow `HOST` (see `ice_addresses_for_host`)."""
     try:
-        return EmbeddedConfig(
+        config = EmbeddedConfig(
             ice_host_addresses=ice_addresses_for_host(settings.host or "127.0.0.1"),
             reconnect_grace=settings.reconnect_grace,
             max_viewers=settings.max_viewers,
-            idle_frame_interval=settings.idle_frame_interval_ms / 1000,
         )
+        return _with_idle_frame_interval(config, settings)
     except TransportConfigError as exc:
         raise SettingsError(f"invalid configuration: the embedded transport refused its settings: {exc}") from None
+
+
+_Config = TypeVar("_Config", LiveKitConfig, EmbeddedConfig)
+
+
+def _with_idle_frame_interval(config: _Config, settings: Settings) -> _Config:
+    """`config` with LINGSTREAM_IDLE_FRAME_INTERVAL_MS when it is set; else the transport keeps its own default
+    (keep-warm on LiveKit, off on the embedded transport)."""
+    if settings.idle_frame_interval_ms is None:
+        return config
+    return replace(config, idle_frame_interval=settings.idle_frame_interval_ms / 1000)
 
 
 def ice_addresses_for_host(host: str) -> tuple[str, ...] | None:

@@ -131,7 +131,7 @@ FIGURES: dict[str, frozenset[str]] = {
         | {"bench_seconds"}
         | {
             f"{prefix}{key}"
-            for prefix in ("", "keepwarm_off_")
+            for prefix in ("", "keepwarm_on_")
             for key in ("first_press_after_idle_p50_ms", "first_press_after_idle_p90_ms", "idle_cpu_pct")
         }
     ),

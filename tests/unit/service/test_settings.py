@@ -193,17 +193,17 @@ def test_settings_convert_once_into_the_packages_records(monkeypatch: pytest.Mon
 
 
 def test_the_idle_frame_interval_reaches_both_transports_in_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
-    default = load_settings()
-    assert embedded_config(default).idle_frame_interval == 0.25
-    monkeypatch.setenv("LINGSTREAM_IDLE_FRAME_INTERVAL_MS", "400")
     monkeypatch.setenv("LIVEKIT_URL", "wss://lk.example")
     monkeypatch.setenv("LIVEKIT_API_KEY", "k")
     monkeypatch.setenv("LIVEKIT_API_SECRET", "s")
+    default = load_settings()  # unset: keep-warm on LiveKit, off on the embedded transport
+    assert (livekit_config(default).idle_frame_interval, embedded_config(default).idle_frame_interval) == (0.25, 0.0)
+    monkeypatch.setenv("LINGSTREAM_IDLE_FRAME_INTERVAL_MS", "400")
     settings = load_settings()
     assert embedded_config(settings).idle_frame_interval == 0.4
     assert livekit_config(settings).idle_frame_interval == 0.4
     monkeypatch.setenv("LINGSTREAM_IDLE_FRAME_INTERVAL_MS", "0")  # off
-    assert embedded_config(load_settings()).idle_frame_interval == 0.0
+    assert livekit_config(load_settings()).idle_frame_interval == 0.0
 
 
 def test_a_recordings_directory_that_cannot_be_written_stops_the_start_naming_the_variable(tmp_path: Path) -> None:
