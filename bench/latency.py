@@ -44,7 +44,7 @@ over the rests (each from 2 s into the rest, when the release's chunk is long do
 `livekit_` repeats the defaults (press, change while held, release, first press after idle, idle CPU) through
 LiveKit: the service's participant (the real `livekit` SDK) and the page's livekit-client meet through the
 LiveKit-signalling stand-in of the tests (`tests/livekit_server/`, media relayed by aiortc) in a private network
-namespace (`tests/e2e/livekit_stack.py`), as bench/transport_frames.py does, at LiveKit's default keep-warm (250 ms);
+namespace (`tests/e2e/livekit_stack.py`), as bench/transport_frames.py does, at LiveKit's default keep-warm (100 ms);
 stacks with keep-warm off measure
 `livekit_keepwarm_off_first_press_after_idle_*` and `livekit_keepwarm_off_idle_cpu_pct`. One stack at a time (the
 namespace is the process's), in the order on, off, off, on with 3 presses after idle each (`--quick`: on, off, 1
@@ -84,7 +84,7 @@ _LIT = (255, 196, 40)
 _RESULT_TIMEOUT_MS = 15_000
 IDLE_REST_S = 10.0  # the rest before a `first_press_after_idle` trial (--quick: 1.5 s)
 _IDLE_SETTLE_S = 2.0  # idle CPU is measured from this far into a rest (--quick: 0.5 s)
-KEEPWARM_OFF = {"LINGSTREAM_IDLE_FRAME_INTERVAL_MS": "0"}  # LiveKit's default is 250 ms
+KEEPWARM_OFF = {"LINGSTREAM_IDLE_FRAME_INTERVAL_MS": "0"}  # LiveKit's default is 100 ms
 KEEPWARM_ON = {"LINGSTREAM_IDLE_FRAME_INTERVAL_MS": "250"}  # the embedded transport's default is off
 
 # The watcher: every presented frame, the HUD region is drawn on a canvas and each key's box classified lit/dark.

@@ -261,7 +261,7 @@ class Settings(BaseSettings):
         ge=0,
         le=60_000,
         description="Milliseconds a session's stream may go without a frame before the last one is sent again, and "
-        "how often while it stays idle (keep-warm); 0: off; unset: 250 on LiveKit, off on the embedded transport.",
+        "how often while it stays idle (keep-warm); 0: off; unset: 100 on LiveKit, off on the embedded transport.",
     )
     recordings_dir: Path | None = Field(
         default=None, description="Where sessions created with record=true are written; unset: recording is off."

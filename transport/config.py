@@ -21,7 +21,7 @@ CONTROL_TOPIC = "lingstream.control"
 """LiveKit data topic of client-to-service control messages."""
 STATUS_TOPIC = "lingstream.status"
 """LiveKit data topic of service-to-client status messages."""
-LIVEKIT_IDLE_FRAME_INTERVAL = 0.25
+LIVEKIT_IDLE_FRAME_INTERVAL = 0.1
 """LiveKit's default keep-warm: seconds an idle stream goes without a frame before the last one is published again
 (0 turns it off). The embedded transport's default is off: measured with Chromium, its receiver shows the first
 frame after a silent gap at once, and low-rate repeats only delay it (README, Key-to-photon)."""

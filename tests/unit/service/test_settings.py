@@ -197,7 +197,7 @@ def test_the_idle_frame_interval_reaches_both_transports_in_seconds(monkeypatch:
     monkeypatch.setenv("LIVEKIT_API_KEY", "k")
     monkeypatch.setenv("LIVEKIT_API_SECRET", "s")
     default = load_settings()  # unset: keep-warm on LiveKit, off on the embedded transport
-    assert (livekit_config(default).idle_frame_interval, embedded_config(default).idle_frame_interval) == (0.25, 0.0)
+    assert (livekit_config(default).idle_frame_interval, embedded_config(default).idle_frame_interval) == (0.1, 0.0)
     monkeypatch.setenv("LINGSTREAM_IDLE_FRAME_INTERVAL_MS", "400")
     settings = load_settings()
     assert embedded_config(settings).idle_frame_interval == 0.4
