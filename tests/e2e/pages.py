@@ -60,12 +60,38 @@ async ({ gap, wait }) => {
 # Resolves once no new frame has been presented for `quiet` ms: the picture the page shows when generation idles.
 SETTLED_JS = """
 (quiet) => new Promise((resolve) => {
-  let last = window.lingstream.frames;
+  // Settled: `quiet` ms without a presented frame that changes the picture. Keep-warm repeats (the last frame sent
+  // again while the session idles; LiveKit's default, where the page cannot tell them apart) keep frames coming
+  // without changing it: each frame is compared with the one before on a 32x18 thumbnail (codec noise stays far
+  // below a mean of 1 level, a generated frame of a moving camera far above).
+  const video = document.getElementById("video");
+  const canvas = document.createElement("canvas");
+  canvas.width = 32;
+  canvas.height = 18;
+  const context = canvas.getContext("2d", { willReadFrequently: true });
+  let previous = null;
   let since = performance.now();
+  let done = false;
+  const onFrame = () => {
+    if (done) return;
+    context.drawImage(video, 0, 0, canvas.width, canvas.height);
+    const data = context.getImageData(0, 0, canvas.width, canvas.height).data;
+    let diff = 0;
+    if (previous !== null) {
+      for (let i = 0; i < data.length; i++) if (i % 4 !== 3) diff += Math.abs(data[i] - previous[i]);
+    }
+    if (previous === null || diff / (canvas.width * canvas.height * 3) > 1.0) since = performance.now();
+    previous = data;
+    video.requestVideoFrameCallback(onFrame);
+  };
+  video.requestVideoFrameCallback(onFrame);
   const check = () => {
-    const now = performance.now();
-    if (window.lingstream.frames !== last) { last = window.lingstream.frames; since = now; }
-    if (now - since >= quiet) resolve(last); else setTimeout(check, 50);
+    if (performance.now() - since >= quiet) {
+      done = true;
+      resolve(window.lingstream.frames);
+    } else {
+      setTimeout(check, 50);
+    }
   };
   check();
 })
