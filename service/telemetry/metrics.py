@@ -254,6 +254,9 @@ class ServiceMetrics:
         control_to_output = _seconds(timings.get("control_to_output"))
         if control_to_output is not None:
             self._control_to_output.record(control_to_output)
+        control_to_first_frame = _seconds(timings.get("control_to_first_frame"))
+        if control_to_first_frame is not None:
+            self._control_to_first_frame.record(control_to_first_frame)
         lease_wait = _seconds(timings.get("lease_wait"))
         if lease_wait is not None:
             self._lease_wait.record(lease_wait)
@@ -325,6 +328,12 @@ class ServiceMetrics:
         self._control_to_output = histogram(
             "lingstream.chunk.control_to_output",
             "Accepted control to the chunk generated from it, as the model worker measured it.",
+            CHUNK_BUCKETS,
+        )
+        self._control_to_first_frame = histogram(
+            "lingstream.chunk.control_to_first_frame",
+            "Accepted control to the first frames of the chunk generated from it (its first part with progressive "
+            "decode; the whole chunk without), as the model worker measured it.",
             CHUNK_BUCKETS,
         )
         self._playout_lead = histogram(

@@ -825,6 +825,7 @@ def test_dashboard_panels_tile_the_grid_without_overlapping() -> None:
 @pytest.mark.parametrize(
     "family",
     [
+        "lingstream_chunk_control_to_first_frame_seconds",
         "lingstream_chunk_playout_lead_seconds",
         "lingstream_playout_underruns_total",
         "lingstream_sessions_ended_limit_total",

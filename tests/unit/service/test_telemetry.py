@@ -47,6 +47,7 @@ METRICS_DOC = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 PERIOD_S = 0.05  # what TimedWorld reports between chunks; one chunk is 1 frame at 10 fps = 0.1 s of media
 LEAD_S = 0.03  # how early TimedWorld's chunks after the first are ready; the third one comes late instead
 UNDERRUN_S = 0.02
+FIRST_FRAME_S = 0.008  # a chunk's first part, ahead of its whole (progressive decode)
 
 
 class TimedWorld(FakeWorld):
@@ -54,7 +55,7 @@ class TimedWorld(FakeWorld):
 
     def _chunk(self, session: Any) -> ChunkOutput:
         chunk = super()._chunk(session)
-        timings = {"control_to_output": 0.02, "lease_wait": 0.004}
+        timings = {"control_to_output": 0.02, "control_to_first_frame": FIRST_FRAME_S, "lease_wait": 0.004}
         if chunk.index > 0:
             timings["chunk_period"] = PERIOD_S
         if chunk.index == 1:
@@ -224,6 +225,8 @@ async def test_metrics_after_a_scripted_session_count_exactly_what_happened() ->
     assert metric(text, "lingstream_chunk_period_seconds_count") == 2  # the first chunk has no period
     assert metric(text, "lingstream_chunk_period_seconds_sum") == pytest.approx(2 * PERIOD_S)
     assert metric(text, "lingstream_chunk_control_to_output_seconds_count") == 3
+    assert metric(text, "lingstream_chunk_control_to_first_frame_seconds_count") == 3
+    assert metric(text, "lingstream_chunk_control_to_first_frame_seconds_sum") == pytest.approx(3 * FIRST_FRAME_S)
     assert metric(text, "lingstream_chunk_playout_lead_seconds_count") == 2  # chunk 0 starts the playout clock
     assert metric(text, "lingstream_chunk_playout_lead_seconds_sum") == pytest.approx(LEAD_S)
     assert metric(text, "lingstream_playout_underruns_total") == 1
