@@ -23,7 +23,7 @@ import pytest
 from livekit import api
 
 from tests.e2e.livekit_stack import LiveKitStack, livekit_stack
-from tests.serving import ROOT, environment, lingstream
+from tests.serving import run_lingstream
 
 pytestmark = [
     pytest.mark.slow,
@@ -52,28 +52,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveKitStack]:
 def _play(stack: LiveKitStack, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     trace = tmp_path / "trace.jsonl"
     trace.write_text(TRACE, encoding="utf-8")
-    return subprocess.run(
-        [
-            *lingstream(),
-            "play",
-            "--url",
-            stack.url,
-            "--controls",
-            str(trace),
-            "--out",
-            str(tmp_path / "received.mp4"),
-            "--config",
-            CONFIG,
-            "--tail",
-            "1",
-            *extra,
-        ],
-        cwd=ROOT,
-        env=environment(),
-        capture_output=True,
-        text=True,
+    return run_lingstream(
+        "play",
+        "--url",
+        stack.url,
+        "--controls",
+        str(trace),
+        "--out",
+        str(tmp_path / "received.mp4"),
+        "--config",
+        CONFIG,
+        "--tail",
+        "1",
+        *extra,
         timeout=PLAY_S,
-        check=False,
     )
 
 

@@ -9,11 +9,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
 
 from admission import AdmissionConfig
 from tests.fakes.redis_server import REDIS_SERVER, RedisServer
-from tests.unit.service.redis_cluster import Cluster
+from tests.unit.service.redis_cluster import Cluster, open_cluster
 
 
 @pytest.fixture(autouse=True)
@@ -33,14 +32,8 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.fixture
 async def cluster(redis_server: RedisServer) -> AsyncIterator[Cluster]:
-    raw = Redis.from_url(redis_server.url)
     config = AdmissionConfig(
         num_workers=1, max_sessions_per_worker=1, queue_size=8, queue_timeout=30.0, queue_heartbeat_timeout=None
     )
-    cluster = Cluster(redis_server, raw, config)
-    try:
+    async with open_cluster(redis_server, config) as cluster:
         yield cluster
-    finally:
-        for replica in cluster.replicas.values():
-            await replica.aclose()
-        await raw.aclose()

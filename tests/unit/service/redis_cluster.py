@@ -5,7 +5,8 @@ The `cluster` fixture (conftest.py) builds a `Cluster` on the test's own redis-s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,3 +223,16 @@ async def read_snapshot(raw: Redis) -> Snapshot:
         replicas=[_text(x) for x in replicas],
         owner_sets={_text(key)[len(PREFIX) :]: {_text(x) for x in members} for key, members in owners},
     )
+
+
+@contextlib.asynccontextmanager
+async def open_cluster(server: RedisServer, config: AdmissionConfig) -> AsyncIterator[Cluster]:
+    """A `Cluster` on `server` with its own Redis client; every replica added to it and the client closed at the end."""
+    raw = Redis.from_url(server.url)
+    cluster = Cluster(server, raw, config)
+    try:
+        yield cluster
+    finally:
+        for replica in cluster.replicas.values():
+            await replica.aclose()
+        await raw.aclose()

@@ -10,12 +10,11 @@ import random
 from collections.abc import AsyncIterator
 
 import pytest
-from redis.asyncio import Redis
 
 from admission import AdmissionConfig, IllegalTransitionError, KeyQuota, TicketReason, TicketState
 from service.scaleout.admission import SharedTicketView
 from tests.fakes.redis_server import RedisServer
-from tests.unit.service.redis_cluster import Cluster
+from tests.unit.service.redis_cluster import Cluster, open_cluster
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,7 +23,6 @@ GREEDY = KeyQuota(max_running=3, max_queued=1)
 
 @pytest.fixture
 async def quota_cluster(redis_server: RedisServer) -> AsyncIterator[Cluster]:
-    raw = Redis.from_url(redis_server.url)
     config = AdmissionConfig(
         num_workers=1,
         max_sessions_per_worker=2,
@@ -33,13 +31,8 @@ async def quota_cluster(redis_server: RedisServer) -> AsyncIterator[Cluster]:
         queue_heartbeat_timeout=None,
         key_quotas=(("greedy", GREEDY),),
     )
-    cluster = Cluster(redis_server, raw, config)
-    try:
+    async with open_cluster(redis_server, config) as cluster:
         yield cluster
-    finally:
-        for replica in cluster.replicas.values():
-            await replica.aclose()
-        await raw.aclose()
 
 
 def _quota_refusal(view: SharedTicketView) -> bool:
