@@ -33,22 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "ROOT", "Server", "free_port", "jain", "metric_sum", "report"]
+# Debian's Chromium and the flags the browser benches launch it with (Playwright drives it by executable_path): the
+# browser tests' own, so that a bench and a test see the page through the same browser.
+from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (needs ROOT on sys.path)
 
-# Debian's Chromium and the flags the browser benches launch it with (Playwright drives it by executable_path).
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    # Host candidates with real addresses instead of mDNS names, so ICE can pair with the service on loopback.
-    "--disable-features=WebRtcHideLocalIpsWithMdns",
-]
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "ROOT", "Server", "free_port", "jain", "metric_sum", "report"]
 
 
 def free_port() -> int:

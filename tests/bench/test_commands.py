@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.chromium import CHROMIUM
 from tests.e2e.netns import private_network_support
 from tests.fakes.redis_server import REDIS_SERVER
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-CHROMIUM = Path("/usr/bin/chromium")
 PLAYWRIGHT = importlib.util.find_spec("playwright") is not None
 RUN_TIMEOUT_S = 180.0
 

@@ -1,4 +1,5 @@
-"""How the browser tests launch Debian's Chromium through Playwright (one place for the path and the flags)."""
+"""How the browser tests launch Debian's Chromium through Playwright: the one place for the path and the flags, which
+the browser benches (bench/_common.py) import too."""
 
 from __future__ import annotations
 
