@@ -9,19 +9,20 @@ The unit tests (tests/unit/transport/test_pacing_keepwarm.py) prove the pacer's 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.chromium import CHROMIUM, launch_chromium
-from tests.e2e.pages import cancel_over_http, hold_until_applied, page_opener, start_session, wait_frames
-from tests.serving import Served, serve
+from tests.e2e.browser_fixtures import embedded_browser_fixtures
+from tests.e2e.chromium import CHROMIUM
+from tests.e2e.pages import hold_until_applied, start_session, wait_frames
+from tests.serving import Served
 from tests.unit.service.helpers import metric
 
 try:
-    from playwright.sync_api import Browser, Page, sync_playwright
+    from playwright.sync_api import Page, sync_playwright
 except ImportError:  # pragma: no cover - the dev extra installs it
     sync_playwright = None  # type: ignore[assignment]
 
@@ -78,33 +79,9 @@ IDLE_WINDOW_JS = """
 """
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with serve(
-        tmp_path_factory.mktemp("serve"),
-        factory=None,
-        LINGSTREAM_HOST="127.0.0.1",
-        LINGSTREAM_IDLE_FRAME_INTERVAL_MS=str(INTERVAL_MS),
-        LINGSTREAM_TORCH_THREADS="1",
-        LINGSTREAM_NUM_WORKERS="1",
-        LINGSTREAM_MAX_SESSIONS_PER_WORKER="1",
-        LINGSTREAM_DRAIN_TIMEOUT="5",
-    ) as served:
-        served.wait_until_ready()
-        yield served
-    assert "Traceback" not in served.output(), served.output()[-4000:]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with launch_chromium() as chromium:
-        yield chromium
-
-
-@pytest.fixture
-def open_page(browser: Browser, service: Served) -> Iterator[Callable[..., Page]]:
-    with page_opener(browser, service.url, cancel_over_http(service.url), timeout_ms=WAIT_MS) as opener:
-        yield opener
+service, browser, open_page = embedded_browser_fixtures(
+    wait_ms=WAIT_MS, settings=lambda _: {"LINGSTREAM_IDLE_FRAME_INTERVAL_MS": str(INTERVAL_MS)}
+)
 
 
 def test_repeats_reach_the_browser_while_idle_and_the_page_does_not_count_them(

@@ -12,19 +12,20 @@ Waits are on conditions; each step waits for its frames, then for the video to f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.chromium import CHROMIUM, launch_chromium
-from tests.e2e.pages import SETTLED_JS, cancel_over_http, page_opener, start_session
+from tests.e2e.browser_fixtures import embedded_browser_fixtures
+from tests.e2e.chromium import CHROMIUM
+from tests.e2e.pages import SETTLED_JS, start_session
 from tests.e2e.tiny_model import write_tiny_checkpoint
-from tests.serving import Served, serve
+from tests.serving import Served
 
 try:
-    from playwright.sync_api import Browser, Page, sync_playwright
+    from playwright.sync_api import Page, sync_playwright
 except ImportError:  # pragma: no cover - the dev extra installs it
     sync_playwright = None  # type: ignore[assignment]
 
@@ -58,35 +59,12 @@ PRESENTED_JS = """
 PRESENTED_COUNT_JS = "() => window.presented.length ? window.presented[window.presented.length - 1].count : 0"
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def _tiny_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     checkpoint = write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "model")
-    with serve(
-        tmp_path_factory.mktemp("serve"),
-        factory=None,
-        LINGSTREAM_HOST="127.0.0.1",
-        LINGSTREAM_MODEL="lingbot-fast",
-        LINGSTREAM_MODEL_PATH=str(checkpoint),
-        LINGSTREAM_TORCH_THREADS="1",
-        LINGSTREAM_NUM_WORKERS="1",
-        LINGSTREAM_MAX_SESSIONS_PER_WORKER="1",
-        LINGSTREAM_DRAIN_TIMEOUT="5",
-    ) as served:
-        served.wait_until_ready()
-        yield served
-    assert "Traceback" not in served.output(), served.output()[-4000:]
+    return {"LINGSTREAM_MODEL": "lingbot-fast", "LINGSTREAM_MODEL_PATH": str(checkpoint)}
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with launch_chromium() as chromium:
-        yield chromium
-
-
-@pytest.fixture
-def open_page(browser: Browser, service: Served) -> Iterator[Callable[..., Page]]:
-    with page_opener(browser, service.url, cancel_over_http(service.url), timeout_ms=WAIT_MS) as opener:
-        yield opener
+service, browser, open_page = embedded_browser_fixtures(wait_ms=WAIT_MS, settings=_tiny_model)
 
 
 def _played_out(page: Page, first: int, later: int) -> tuple[int, int]:
