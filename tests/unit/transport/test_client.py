@@ -4,7 +4,9 @@ session body, where ICE candidates are gathered, and the stream's bookkeeping (t
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +34,7 @@ from transport.client import (
 from transport.pacing import PacedFrame, PacingConfig, PacingCore, SendFrame, frame_pts
 from transport.protocol import decode_control, encode_status
 
+ROOT = Path(__file__).resolve().parents[3]
 TICKS = 3600  # 90 kHz / 25 fps
 FIRST = 2  # the first frame the client received was the session's frame 2: RTP timestamps count from there
 
@@ -104,8 +107,15 @@ def test_without_timestamps_each_status_goes_to_the_next_frame_that_arrives() ->
     assert tracker.frame(None, 0.07) == (_chunk(2), True)
 
 
+def _service_codes() -> set[str]:
+    """Every stable code the service answers with: its exception table's and routing's own (statuses outside the
+    routing table get a made-up `http_<status>`, which no client can be told about in advance)."""
+    routing = {http_status_spec(status).code for status in range(400, 600)}
+    return {spec.code for spec in error_table().values()} | {code for code in routing if not code.startswith("http_")}
+
+
 def test_every_code_the_service_answers_has_a_client_class_or_is_a_plain_api_error() -> None:
-    codes = {spec.code for spec in error_table().values()} | {http_status_spec(s).code for s in (400, 404, 405, 413)}
+    codes = _service_codes()
     classes = error_classes()
     unmapped = sorted(codes - set(classes))
     # The codes without a class of their own are the ones a client cannot act on differently.
@@ -127,6 +137,19 @@ def test_every_code_the_service_answers_has_a_client_class_or_is_a_plain_api_err
     future = api_error(418, "a_code_from_a_newer_service", "hm")
     assert type(future) is ApiError
     assert future.code == "a_code_from_a_newer_service"
+
+
+def test_the_error_table_of_docs_client_md_lists_each_class_with_the_codes_it_maps() -> None:
+    text = (ROOT / "docs" / "client.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(\w+Error)` \| (.*) \|$", text, flags=re.MULTILINE)
+    # The codes of a row are its backquoted words outside parentheses (those explain: "(see `retry_after`)").
+    documented = {
+        name: set(re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", codes))) for name, codes in rows if name != "ApiError"
+    }
+    mapped: dict[str, set[str]] = {}
+    for code, cls in error_classes().items():
+        mapped.setdefault(cls.__name__, set()).add(code)
+    assert documented == mapped, "docs/client.md's table of error classes and codes is not transport/client/errors.py's"
 
 
 def test_a_session_body_is_read_and_a_broken_one_is_an_api_error() -> None:
