@@ -11,6 +11,12 @@ Measures, side by side in one run:
   at once (the same total of chunks spread over them; process CPU time, since all of it runs on the loop's thread;
   the median of rounds that run every count in turn), and overhead_growth_1024_over_1 its ratio: a scheduler whose
   decisions scan the open sessions grows here.
+- hop_round_trip_us_p50 (and _cpu_): one LocalStageActor call at a time, no orchestrator — the loop hands a no-op
+  call to the stage's thread and awaits its outcome, the hop's own price with nothing overlapping it;
+  thread_ping_pong_us_p50: two bare threads passing an item back and forth through `queue.SimpleQueue`s, the floor
+  this machine puts under any hand-over that wakes a sleeping thread (two wake-ups a round). overhead_thread_us_p50
+  ÷ hop_round_trip_us_p50 (`overhead_thread_over_hop`) says what the scheduler adds, and how much the three stage
+  threads overlap their hops: below 1, the pipeline beats one call at a time.
 - jain_fairness: Jain's index of completed chunks across 32 sessions sharing a one-slot stage.
 - sessions_64_throughput_ratio: aggregate chunks/s with 64 sessions ÷ with 1 session on the same 3 thread-actor
   stages (2/5/2 ms), each session with its own awaiting feeder and reader; sessions_64_throughput_ratio_polling the
@@ -29,7 +35,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import queue
 import statistics
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -186,6 +194,49 @@ async def overhead(kind: str, batches: int = 15, chunks: int = 400) -> tuple[flo
     return statistics.median(samples), statistics.median(cpu_samples)
 
 
+async def hop_round_trip(calls: int, batches: int) -> tuple[float, float]:
+    """Median wall and process-CPU microseconds of one awaited `LocalStageActor.invoke` of a no-op stage."""
+    actor = LocalStageActor("hop", sleeping_stage("out", 0.0))
+    await actor.start()
+    samples: list[float] = []
+    cpu_samples: list[float] = []
+    try:
+        for _ in range(batches):
+            start, cpu_start = time.perf_counter(), time.process_time()
+            for i in range(calls):
+                await actor.invoke(StageCall("hop", "s0", i, {}))
+            samples.append((time.perf_counter() - start) / calls * 1e6)
+            cpu_samples.append((time.process_time() - cpu_start) / calls * 1e6)
+    finally:
+        await actor.stop()
+    return statistics.median(samples), statistics.median(cpu_samples)
+
+
+def thread_ping_pong(rounds: int, batches: int) -> float:
+    """Median microseconds per round of two threads handing an item back and forth (two wake-ups a round)."""
+    there: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+    back: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def echo() -> None:
+        while (item := there.get()) is not None:
+            back.put(item)
+
+    thread = threading.Thread(target=echo, name="ping-pong")
+    thread.start()
+    samples: list[float] = []
+    try:
+        for _ in range(batches):
+            start = time.perf_counter()
+            for i in range(rounds):
+                there.put(i)
+                back.get()
+            samples.append((time.perf_counter() - start) / rounds * 1e6)
+    finally:
+        there.put(None)
+        thread.join()
+    return statistics.median(samples)
+
+
 async def overhead_by_sessions(counts: tuple[int, ...], total_chunks: int, rounds: int) -> dict[int, float]:
     """Loop-actor cost per invocation with each count of sessions open, `total_chunks` spread over them, in process
     CPU time (everything runs on the loop's thread, so another process on the machine does not count); every round
@@ -256,9 +307,14 @@ async def main(quick: bool) -> dict[str, object]:
     results: dict[str, object] = {}
     results.update(await overlap_ratio(chunks=20 if quick else 40))
     results["overhead_us_p50"], _ = await overhead("loop", batches=3 if quick else 15, chunks=200 if quick else 400)
-    results["overhead_thread_us_p50"], results["overhead_thread_cpu_us_p50"] = await overhead(
+    thread_us, results["overhead_thread_cpu_us_p50"] = await overhead(
         "thread", batches=3 if quick else 15, chunks=200 if quick else 400
     )
+    hop_batches, hop_calls = (3, 500) if quick else (15, 2000)
+    hop_us, results["hop_round_trip_cpu_us_p50"] = await hop_round_trip(hop_calls, hop_batches)
+    results["overhead_thread_us_p50"], results["hop_round_trip_us_p50"] = thread_us, hop_us
+    results["overhead_thread_over_hop"] = thread_us / hop_us
+    results["thread_ping_pong_us_p50"] = thread_ping_pong(hop_calls, hop_batches)
     by_sessions = await overhead_by_sessions(
         (1, 64, 256, 1024), total_chunks=2048 if quick else 8192, rounds=1 if quick else 5
     )
