@@ -113,7 +113,7 @@ from transport.protocol import (
     encode_status,
     error_status,
 )
-from transport.rooms import RoomAdmin, RoomConfig, RoomInfo, RoomManager
+from transport.rooms import ParticipantEntry, RoomAdmin, RoomConfig, RoomInfo, RoomManager
 from transport.timers import GraceTimer, LoopTimers, TimerHandle, Timers
 from transport.tokens import DEFAULT_JOIN_TTL, IssuedToken, ParticipantRole, TokenIssuer, room_name_for
 from transport.viewers import (
@@ -186,6 +186,7 @@ __all__ = [
     "PacerStatistics",
     "PacingConfig",
     "PacingCore",
+    "ParticipantEntry",
     "ParticipantJoined",
     "ParticipantLeft",
     "ParticipantRole",

@@ -9,7 +9,18 @@ webhook and hands the room event to the session it concerns. `detach` leaves and
 
 A caller's room (`SessionPort.caller_room`, a create's `"livekit": {"room": ...}`): the room must exist
 (`RoomNotFoundError`) and hold no other session of this service (`RoomInUseError`); `check_caller_room` says so
-before admission, `attach` checks again. The service joins it with its own identity and publishes there; control is
+before admission, `attach` checks again.
+
+One session per caller's room across replicas. Each replica knows only its own sessions, so the LiveKit server is
+the arbiter: a room holds a session of this service when a service participant (`svc-…`, any replica's) is in it.
+`check_caller_room` lists the room's participants (one RoomService call besides the existence check). Two replicas
+attaching to one room at once can both pass that check, so after joining, `attach` lists the room again and the
+service participant that joined first — the earliest `joined_at_ms`, ties broken by identity, an order every replica
+reads alike from the server — keeps the room; any other leaves it at once and its session fails with `room_in_use`.
+Whichever way the two joins and listings interleave, the later joiner sees the earlier one (it is listed before the
+later one's join completes), so at most one stays. If the second listing cannot be had (the server cannot say), the
+session keeps the room: the check before joining passed moments ago, and failing a joined session on a listing error
+would be worse than the rare double. The service joins it with its own identity and publishes there; control is
 taken only from the caller-named identity (no token is minted for it: `"token": null`, the caller gives its own
 participant a token) or, when none is named, from a controller identity the service mints a token for, as for its
 own rooms. `detach` leaves the caller's room and never deletes it (`"room_owner": "caller"` in the details).
@@ -148,6 +159,34 @@ class LiveKitTransport:
             raise RoomInUseError(room.name)
         if not await self._room_admin.room_exists(room.name):
             raise RoomNotFoundError(room.name)
+        participants = await self._room_admin.list_participants(room.name)
+        if any(TokenIssuer.has_role(p.identity, ParticipantRole.SERVICE) for p in participants):
+            raise RoomInUseError(room.name)  # a session of another replica is in it
+
+    async def _keeps_caller_room(self, binding: LiveKitSessionBinding) -> bool:
+        """After joining a caller's room: whether this session's participant joined it before every other service
+        participant (module docstring); True when the server cannot say."""
+        try:
+            participants = await self._room_admin.list_participants(binding.room_name)
+        except RoomServiceError:
+            logger.warning(
+                "session %s: could not list room %s after joining it; keeping it",
+                binding.session_id,
+                binding.room_name,
+                exc_info=True,
+            )
+            return True
+        ours = binding.service_identity
+        rivals = [
+            (p.joined_at_ms, p.identity)
+            for p in participants
+            if p.identity != ours and TokenIssuer.has_role(p.identity, ParticipantRole.SERVICE)
+        ]
+        if not rivals:
+            return True
+        mine = next(((p.joined_at_ms, p.identity) for p in participants if p.identity == ours), None)
+        # Not listed yet (the server's view lags our join): we are the later joiner, whoever the rival is.
+        return mine is not None and mine < min(rivals)
 
     async def attach(self, port: SessionPort) -> Mapping[str, object]:
         """Create the room, join the service participant, return the controller's join details.
@@ -195,6 +234,17 @@ class LiveKitTransport:
                 if caller is None:
                     await self._delete_room(room)
                 raise
+            if caller is not None:
+                try:
+                    keeps = await self._keeps_caller_room(binding)
+                except BaseException:  # cancelled while listing: leave the room we joined
+                    self._attach_failures += 1
+                    await binding.close("attaching was cancelled")
+                    raise
+                if not keeps:
+                    self._attach_failures += 1
+                    await binding.close("another session of this service joined the room first")
+                    raise RoomInUseError(room)
             self._bindings[session_id] = binding
             self._by_room[room] = session_id
             if caller is not None:

@@ -24,7 +24,7 @@ from transport.errors import (
     TransportConfigError,
 )
 
-__all__ = ["RoomAdmin", "RoomConfig", "RoomInfo", "RoomManager"]
+__all__ = ["ParticipantEntry", "RoomAdmin", "RoomConfig", "RoomInfo", "RoomManager"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,14 @@ class RoomInfo:
     metadata: str
 
 
+@dataclass(frozen=True, slots=True)
+class ParticipantEntry:
+    """One participant of a room as the server lists it: who, and when it joined (the server's clock, ms)."""
+
+    identity: str
+    joined_at_ms: int
+
+
 class RoomAdmin(Protocol):
     """What the LiveKit transport needs from room management (`RoomManager`, or a fake in tests)."""
 
@@ -82,6 +90,8 @@ class RoomAdmin(Protocol):
     async def delete_room(self, name: str) -> bool: ...
 
     async def room_exists(self, name: str) -> bool: ...
+
+    async def list_participants(self, room: str) -> tuple[ParticipantEntry, ...]: ...
 
 
 def _info(room: api.Room) -> RoomInfo:
@@ -180,12 +190,12 @@ class RoomManager:
         response = await self._call("ListRooms", self._room_service().list_rooms(api.ListRoomsRequest(names=names)))
         return tuple(_info(room) for room in response.rooms)
 
-    async def list_participants(self, room: str) -> tuple[str, ...]:
-        """The identities in the room."""
+    async def list_participants(self, room: str) -> tuple[ParticipantEntry, ...]:
+        """Who is in the room and since when (`joined_at_ms`, or the seconds of a server that gives only those)."""
         response = await self._call(
             "ListParticipants", self._room_service().list_participants(api.ListParticipantsRequest(room=room))
         )
-        return tuple(participant.identity for participant in response.participants)
+        return tuple(ParticipantEntry(p.identity, p.joined_at_ms or p.joined_at * 1000) for p in response.participants)
 
     async def remove_participant(self, room: str, identity: str) -> bool:
         """Remove a participant (it is disconnected with reason PARTICIPANT_REMOVED); False if it was not there."""

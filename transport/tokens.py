@@ -94,6 +94,11 @@ class TokenIssuer:
     def new_identity(role: ParticipantRole, session_id: str) -> str:
         return f"{role.value}-{_id_part(session_id)}-{secrets.token_hex(6)}"
 
+    @staticmethod
+    def has_role(identity: str, role: ParticipantRole) -> bool:
+        """Whether `identity` is one `new_identity` makes for `role` (e.g. a service participant of any replica)."""
+        return identity.startswith(f"{role.value}-")
+
     def issue(self, role: ParticipantRole, session_id: str, room: str, *, identity: str | None = None) -> IssuedToken:
         """A token for `role` in `room`. Pass `identity` to re-issue for a known participant (a rejoin)."""
         identity = identity if identity is not None else self.new_identity(role, session_id)

@@ -79,6 +79,7 @@ from service.runtime.tasks import TaskSet
 from service.settings import ServiceConfig
 from service.usage.ledger import UsageReport
 from transport.base import CallerRoom, Transport
+from transport.errors import RoomInUseError, RoomNotFoundError
 from transport.timers import LoopTimers, Timers
 
 __all__ = [
@@ -387,7 +388,14 @@ class ServiceRuntime:
             async with asyncio.timeout(self._tuning.create_wait_s):
                 await session.settled.wait()
         if session.state is SessionState.FAILED:
-            message = session.failure[1] if session.failure else "it failed"
+            code, message = session.failure if session.failure else ("failed", "it failed")
+            room = session.caller_room
+            # The caller's room went away or was taken between the route's check and the join (another replica's
+            # session got there first): the caller's doing, answered as the route's check would have.
+            if room is not None and code == "room_in_use":
+                raise RoomInUseError(room.name)
+            if room is not None and code == "room_not_found":
+                raise RoomNotFoundError(room.name)
             raise SessionStartError(f"session {session.id} was admitted but could not be started: {message}")
         return session.snapshot(), True
 

@@ -25,7 +25,7 @@ from tests.e2e.netns import HOST_A, PrivateNetwork, private_network_support
 from tests.livekit_server.process import API_KEY, API_SECRET, StandInProcess
 from tests.serving import ROOT, free_port, lingstream
 
-__all__ = ["LiveKitStack", "livekit_stack", "metric"]
+__all__ = ["LiveKitStack", "another_replica", "livekit_stack", "metric"]
 
 _READY_S = 90.0
 
@@ -87,37 +87,47 @@ def livekit_stack(workdir: Path, **settings: str) -> Iterator[LiveKitStack]:
     with PrivateNetwork():
         service_port, standin_port = free_port(), free_port()
         url = f"http://{HOST_A}:{service_port}"
-        with StandInProcess(
-            HOST_A, standin_port, workdir / "standin.log", webhook_url=f"{url}/v1/livekit/webhook"
-        ) as standin:
-            env = {
-                k: v for k, v in os.environ.items() if not k.upper().startswith(("LINGSTREAM_", "LIVEKIT_", "OTEL_"))
-            }
-            env.update(
-                PYTHONPATH=str(ROOT),
-                LINGSTREAM_HOST=HOST_A,
-                LINGSTREAM_TORCH_THREADS="1",
-                LINGSTREAM_NUM_WORKERS="1",
-                LINGSTREAM_DRAIN_TIMEOUT="5",
-                LIVEKIT_URL=standin.url,
-                LIVEKIT_API_KEY=API_KEY,
-                LIVEKIT_API_SECRET=API_SECRET,
-            )
-            env.update(settings)
-            log = workdir / "serve.log"
-            with log.open("wb") as sink:
-                process = subprocess.Popen(
-                    [*lingstream(), "serve", "--port", str(service_port)], cwd=ROOT, env=env, stdout=sink, stderr=sink
-                )
-            stack = LiveKitStack(standin, url, process, log)
+        standin = StandInProcess(HOST_A, standin_port, workdir / "standin.log", webhook_url=f"{url}/v1/livekit/webhook")
+        with standin, _serve(standin, service_port, workdir / "serve.log", settings) as stack:
+            yield stack
+
+
+@contextlib.contextmanager
+def another_replica(stack: LiveKitStack, workdir: Path, **settings: str) -> Iterator[LiveKitStack]:
+    """A second `lingstream serve` on the same stand-in, inside the same namespace (call it from the thread that
+    entered `livekit_stack`): another replica, or another deployment, sharing the LiveKit server; it gets no
+    webhooks (the stand-in sends them to the first). Drained and stopped on exit."""
+    with _serve(stack.standin, free_port(), workdir / "serve-2.log", settings) as replica:
+        yield replica
+
+
+@contextlib.contextmanager
+def _serve(standin: StandInProcess, port: int, log: Path, settings: dict[str, str]) -> Iterator[LiveKitStack]:
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LINGSTREAM_", "LIVEKIT_", "OTEL_"))}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        LINGSTREAM_HOST=HOST_A,
+        LINGSTREAM_TORCH_THREADS="1",
+        LINGSTREAM_NUM_WORKERS="1",
+        LINGSTREAM_DRAIN_TIMEOUT="5",
+        LIVEKIT_URL=standin.url,
+        LIVEKIT_API_KEY=API_KEY,
+        LIVEKIT_API_SECRET=API_SECRET,
+    )
+    env.update(settings)
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [*lingstream(), "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=sink, stderr=sink
+        )
+    stack = LiveKitStack(standin, f"http://{HOST_A}:{port}", process, log)
+    try:
+        _wait_ready(stack)
+        yield stack
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
             try:
-                _wait_ready(stack)
-                yield stack
-            finally:
-                if process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
-                    try:
-                        process.wait(timeout=20)
-                    except subprocess.TimeoutExpired:
-                        process.kill()
-                        process.wait(timeout=10)
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)

@@ -11,6 +11,7 @@ namespace cannot be made (not root, no `unshare`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import json
 import subprocess
@@ -19,10 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from livekit import api
 
-from tests.e2e.livekit_stack import LiveKitStack, livekit_stack
+from tests.e2e.livekit_stack import LiveKitStack, another_replica, livekit_stack
 from tests.serving import run_lingstream
 
 pytestmark = [
@@ -146,3 +148,54 @@ def test_a_room_that_does_not_exist_is_room_not_found_and_takes_no_place(stack: 
     with stack.client() as client:
         assert len(client.get("/v1/sessions").json()["sessions"]) == before
     assert "lobby-404" not in stack.standin.state()["rooms"]  # the service never creates a caller's room
+
+
+def _services_in(stack: LiveKitStack, room: str) -> list[str]:
+    participants: list[str] = stack.standin.state()["rooms"][room]["participants"]
+    return [identity for identity in participants if identity.startswith("svc-")]
+
+
+def test_two_replicas_never_both_publish_into_one_callers_room(stack: LiveKitStack, tmp_path: Path) -> None:
+    """Each replica knows only its own sessions; the LiveKit server's participant list is what they share. A room
+    holding another replica's session is `room_in_use` there, and two creates sent to both at once leave exactly one
+    service participant in the room (the later joiner leaves again, its session `failed` with `room_in_use`)."""
+    with another_replica(stack, tmp_path) as other:
+        assert stack.standin.create_room("lobby-9") == 200
+        with stack.client() as client:
+            first = client.post("/v1/sessions", json={"livekit": {"room": "lobby-9"}})
+        assert first.status_code == 201, first.text
+        assert first.json()["status"] == "running"
+        assert len(_services_in(stack, "lobby-9")) == 1
+        with other.client() as client:
+            refused = client.post("/v1/sessions", json={"livekit": {"room": "lobby-9"}})
+            assert (refused.status_code, refused.json()["error"]["code"]) == (409, "room_in_use"), refused.text
+            assert client.get("/v1/sessions").json()["sessions"] == []  # nothing took a place there
+        _cancel(stack, first.json()["id"])  # one model worker, one place: free it for the race
+        _room_left_by_the_service(stack, "lobby-9")
+
+        # Both at once, into a fresh room: whichever way the checks and joins interleave, one session stays; the
+        # other create is refused by the check, or joined later than the first and left again (409 either way).
+        assert stack.standin.create_room("lobby-10") == 200
+
+        def create(replica: LiveKitStack) -> httpx.Response:
+            with replica.client() as client:
+                return client.post("/v1/sessions", json={"livekit": {"room": "lobby-10"}})
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(create, (stack, other)))
+        codes = sorted(answer.status_code for answer in answers)
+        assert codes == [201, 409], [answer.text for answer in answers]
+        (kept,) = (
+            (replica, answer)
+            for replica, answer in zip((stack, other), answers, strict=True)
+            if answer.status_code == 201
+        )
+        assert kept[1].json()["status"] == "running"
+        assert [a.json()["error"]["code"] for a in answers if a.status_code == 409] == ["room_in_use"]
+        assert len(_services_in(stack, "lobby-10")) == 1, _services_in(stack, "lobby-10")
+        _cancel(kept[0], kept[1].json()["id"])
+
+
+def _cancel(replica: LiveKitStack, session_id: str) -> None:
+    with replica.client() as client:
+        assert client.delete(f"/v1/sessions/{session_id}", params={"mode": "cancel"}).status_code in (200, 202)

@@ -283,14 +283,20 @@ class _Method:
 @dataclass(slots=True)
 class FakeRoomService:
     """The RoomService endpoints livekit-api calls: CreateRoom, DeleteRoom, ListRooms, ListParticipants,
-    RemoveParticipant. `fail_next[method] = (code, message)` makes the next call of that method fail."""
+    RemoveParticipant. `fail_next[method] = (code, message)` makes the next call of that method fail;
+    `participants[room]` are the identities listed (joined at `joined_at_ms[identity]`, 0 when not given, or only in
+    whole seconds at `joined_at_s[identity]`, as a server that gives no milliseconds); `before`,
+    when set, is called with each call (after it is recorded, before it is answered) to change what it finds."""
 
     api_key: str
     api_secret: str
     rooms: dict[str, api.Room] = field(default_factory=dict)
     participants: dict[str, list[str]] = field(default_factory=dict)
+    joined_at_ms: dict[str, int] = field(default_factory=dict)
+    joined_at_s: dict[str, int] = field(default_factory=dict)
     calls: list[TwirpCall] = field(default_factory=list)
     fail_next: dict[str, tuple[str, str]] = field(default_factory=dict)
+    before: Callable[[TwirpCall], None] | None = None
     _runner: web.AppRunner | None = None
     url: str = ""
 
@@ -348,6 +354,8 @@ class FakeRoomService:
             grants = claims.video or api.VideoGrants()
             message = method.request.FromString(await request.read())
             self.calls.append(TwirpCall(name, message, claims.identity, grants))
+            if self.before is not None:
+                self.before(self.calls[-1])
             if not method.authorize(message, grants):
                 raise _TwirpError("permission_denied", f"{name} needs other grants")
             if name in self.fail_next:
@@ -392,7 +400,14 @@ class FakeRoomService:
     def _list_participants(self, request: api.ListParticipantsRequest, _grants: api.VideoGrants) -> Message:
         if request.room not in self.rooms:
             raise _TwirpError("not_found", "requested room does not exist")
-        infos = [api.ParticipantInfo(identity=identity) for identity in self.participants[request.room]]
+        infos = [
+            api.ParticipantInfo(
+                identity=identity,
+                joined_at_ms=self.joined_at_ms.get(identity, 0),
+                joined_at=self.joined_at_s.get(identity, 0),
+            )
+            for identity in self.participants.get(request.room, [])
+        ]
         return api.ListParticipantsResponse(participants=infos)
 
     def _remove_participant(self, request: api.RoomParticipantIdentity, _grants: api.VideoGrants) -> Message:

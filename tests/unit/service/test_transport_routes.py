@@ -20,7 +20,7 @@ from service.errors import SettingsError
 from service.http.page import LIVEKIT_BUNDLE, livekit_vendor_dir
 from service.runtime.transports import build_transport, ice_addresses_for_host
 from service.settings import load_settings
-from tests.fakes.livekit import FakeRoomFactory, FakeRoomService, sign_webhook, webhook_body
+from tests.fakes.livekit import FakeRoomFactory, FakeRoomService, TwirpCall, sign_webhook, webhook_body
 from tests.fakes.transport_timers import FakeTimers
 from tests.fakes.webrtc_client import BrowserPeer
 from tests.unit.service.helpers import Harness, running_service, wait_for, wait_status
@@ -48,9 +48,10 @@ async def embedded_service(**settings: Any) -> AsyncIterator[tuple[Harness, Embe
 
 @contextlib.asynccontextmanager
 async def livekit_service(
-    max_viewers: int = 8, **settings: Any
+    max_viewers: int = 8, room_service: FakeRoomService | None = None, **settings: Any
 ) -> AsyncIterator[tuple[Harness, LiveKitTransport, FakeRoomFactory]]:
-    server = FakeRoomService(KEY, SECRET)
+    """The service on the LiveKit transport, its RoomService the fake `room_service` (a fresh one by default)."""
+    server = room_service if room_service is not None else FakeRoomService(KEY, SECRET)
     url = await server.start()
     factory = FakeRoomFactory(KEY, SECRET)
     config = LiveKitConfig(
@@ -428,6 +429,36 @@ async def test_a_create_may_name_the_callers_livekit_room_with_stable_codes_for_
             assert await rooms.room_exists("lobby-7")  # left, not deleted
         finally:
             await rooms.aclose()
+
+
+@pytest.mark.parametrize("taken_at_listing", [2, 3])
+async def test_a_callers_room_taken_by_another_replica_after_the_check_answers_room_in_use(
+    taken_at_listing: int,
+) -> None:
+    # The route's check lists the room (1), attach lists it before joining (2) and after (3). Another replica's
+    # session appears after the route's check: attach refuses (2), or it joined first and we leave (3). Either way
+    # the create answers what the route's check would have, and the session is failed with that code.
+    server = FakeRoomService(KEY, SECRET)
+    server.rooms["lobby-7"] = api.Room(name="lobby-7", sid="RM_lobby-7")
+    listings = 0
+
+    def before(call: TwirpCall) -> None:
+        nonlocal listings
+        if call.method == "ListParticipants":
+            listings += 1
+            if listings == taken_at_listing:
+                server.participants["lobby-7"] = ["svc-elsewhere-1"]  # joined at 0 ms: before anyone here
+
+    server.before = before
+    async with livekit_service(room_service=server) as (svc, transport, factory):
+        taken = await svc.create({"livekit": {"room": "lobby-7"}})
+        assert _error(taken) == (409, "room_in_use")
+        assert listings == taken_at_listing
+        (session,) = (await svc.client.get("/v1/sessions")).json()["sessions"]
+        assert (session["status"], session["error"]["code"]) == ("failed", "room_in_use")
+        assert transport.statistics().sessions == 0
+        assert [room.disconnects for room in factory.rooms] == ([] if taken_at_listing == 2 else [1])
+        assert (await svc.client.get("/healthz")).status_code == 200
 
 
 async def test_a_callers_room_needs_the_livekit_transport() -> None:

@@ -11,7 +11,7 @@ from livekit import api
 from livekit.api.access_token import Claims
 
 from pipeline.bidirectional import ControlState
-from tests.fakes.livekit import FakeRoomFactory, FakeRoomService, sign_webhook, webhook_body
+from tests.fakes.livekit import FakeRoomFactory, FakeRoomService, TwirpCall, sign_webhook, webhook_body
 from tests.fakes.transport_port import FakeSessionPort
 from tests.fakes.transport_timers import FakeTimers
 from transport.base import CallerRoom, ReconnectKind
@@ -304,6 +304,97 @@ async def test_a_callers_room_that_does_not_exist_or_holds_a_session_is_refused(
         await setup.transport.attach(FakeSessionPort("s2", caller_room=CallerRoom("lobby-7")))
     await setup.transport.detach("s1", "closed")
     await setup.transport.check_caller_room(CallerRoom("lobby-7"))  # free again
+
+
+async def test_a_session_of_another_replica_in_the_callers_room_makes_it_in_use(setup: Setup) -> None:
+    # Each replica knows only its own sessions: the server's participant list says another one is there.
+    await _callers_room(setup)
+    setup.server.participants["lobby-7"] = ["user-42", "ctl-x-1", "view-x-2"]  # people only: free
+    await setup.transport.check_caller_room(CallerRoom("lobby-7"))
+    setup.server.participants["lobby-7"].append("svc-elsewhere-3")
+    with pytest.raises(RoomInUseError):
+        await setup.transport.check_caller_room(CallerRoom("lobby-7"))
+    with pytest.raises(RoomInUseError):
+        await setup.transport.attach(FakeSessionPort("s1", caller_room=CallerRoom("lobby-7")))
+    assert setup.factory.rooms == []  # refused before joining
+    assert setup.transport.statistics().sessions == 0
+
+
+def _rival_joins_with_us(setup: Setup, ours_ms: int, rival: str, rival_ms: int, *, list_ours: bool = True) -> None:
+    """Another replica's service participant joins the caller's room while we join it: the listing before our join
+    shows no one, the one after it shows the rival (and us, unless `list_ours` is False: the server lags)."""
+    listings = 0
+
+    def before(call: TwirpCall) -> None:
+        nonlocal listings
+        if call.method != "ListParticipants":
+            return
+        listings += 1
+        if listings == 2:
+            ours = setup.factory.current.identity
+            setup.server.participants["lobby-7"] = [rival, *([ours] if list_ours else [])]
+            setup.server.joined_at_ms.update({rival: rival_ms, ours: ours_ms})
+
+    setup.server.before = before
+
+
+@pytest.mark.parametrize(
+    ("ours_ms", "rival", "rival_ms", "keeps"),
+    [
+        (2_000, "svc-r1-aa", 1_000, False),  # the rival joined first
+        (1_000, "svc-r1-aa", 2_000, True),  # we did
+        (1_000, "svc-a-aa", 1_000, False),  # the same millisecond: the identities decide ("svc-a" < "svc-s1")
+        (1_000, "svc-z-aa", 1_000, True),
+    ],
+)
+async def test_two_replicas_joining_one_callers_room_at_once_leave_it_to_the_first(
+    setup: Setup, ours_ms: int, rival: str, rival_ms: int, keeps: bool
+) -> None:
+    await _callers_room(setup)
+    _rival_joins_with_us(setup, ours_ms, rival, rival_ms)
+    port = FakeSessionPort("s1", caller_room=CallerRoom("lobby-7"))
+    if keeps:
+        details = await setup.transport.attach(port)
+        assert details["room"] == "lobby-7"
+        assert setup.transport.statistics().sessions == 1
+        assert setup.factory.current.disconnects == 0
+        return
+    with pytest.raises(RoomInUseError):
+        await setup.transport.attach(port)
+    room = setup.factory.current
+    assert room.disconnects == 1  # it joined, saw the earlier one, and left
+    stats = setup.transport.statistics()
+    assert (stats.sessions, stats.attach_failures) == (0, 1)
+    assert "lobby-7" in setup.server.rooms  # the caller's room is never deleted
+    assert setup.server.calls_of("DeleteRoom") == []
+    with pytest.raises(SessionNotAttachedError):
+        setup.transport.join_details("s1")
+
+
+async def test_a_join_the_server_does_not_list_yet_yields_to_a_listed_rival(setup: Setup) -> None:
+    await _callers_room(setup)
+    _rival_joins_with_us(setup, 1_000, "svc-r1-aa", 2_000, list_ours=False)
+    with pytest.raises(RoomInUseError):
+        await setup.transport.attach(FakeSessionPort("s1", caller_room=CallerRoom("lobby-7")))
+    assert setup.factory.current.disconnects == 1
+
+
+async def test_a_listing_that_fails_after_the_join_keeps_the_room(setup: Setup) -> None:
+    await _callers_room(setup)
+    listings = 0
+
+    def before(call: TwirpCall) -> None:
+        nonlocal listings
+        if call.method == "ListParticipants":
+            listings += 1
+            if listings == 2:
+                setup.server.fail_next["ListParticipants"] = ("unavailable", "try later")
+
+    setup.server.before = before
+    details = await setup.transport.attach(FakeSessionPort("s1", caller_room=CallerRoom("lobby-7")))
+    assert details["room"] == "lobby-7"
+    assert listings == 2
+    assert setup.factory.current.disconnects == 0
 
 
 def test_a_caller_room_is_checked_on_construction() -> None:

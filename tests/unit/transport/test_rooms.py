@@ -17,7 +17,7 @@ from transport.errors import (
     WebhookError,
 )
 from transport.events import ParticipantJoined, ParticipantLeft, RoomFinished
-from transport.rooms import RoomConfig, RoomManager
+from transport.rooms import ParticipantEntry, RoomConfig, RoomManager
 from transport.webhooks import WebhookHandler
 
 KEY, SECRET = "devkey", "secret-that-is-long-enough-for-hs256-0123456789"
@@ -71,10 +71,16 @@ async def test_delete_room_is_idempotent(server: FakeRoomService, manager: RoomM
 async def test_list_and_participant_calls_use_room_admin_grants(server: FakeRoomService, manager: RoomManager) -> None:
     await manager.create_room("r1")
     await manager.create_room("r2")
-    server.participants["r1"] = ["ctl-s1-aa", "svc-s1-bb"]
+    server.participants["r1"] = ["ctl-s1-aa", "svc-s1-bb", "svc-s2-cc"]
+    server.joined_at_ms["svc-s1-bb"] = 1_700_000_000_123
+    server.joined_at_s["svc-s2-cc"] = 1_700_000_001  # a server that gives whole seconds only
     assert {room.name for room in await manager.list_rooms()} == {"r1", "r2"}
     assert [room.name for room in await manager.list_rooms(["r2"])] == ["r2"]
-    assert await manager.list_participants("r1") == ("ctl-s1-aa", "svc-s1-bb")
+    assert await manager.list_participants("r1") == (
+        ParticipantEntry("ctl-s1-aa", 0),
+        ParticipantEntry("svc-s1-bb", 1_700_000_000_123),
+        ParticipantEntry("svc-s2-cc", 1_700_000_001_000),
+    )
     assert await manager.remove_participant("r1", "ctl-s1-aa") is True
     assert await manager.remove_participant("r1", "ctl-s1-aa") is False
     (listing,) = server.calls_of("ListParticipants")
