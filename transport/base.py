@@ -22,6 +22,7 @@ from typing import Protocol
 
 from pipeline.bidirectional import ChunkItem, ControlMessage
 from transport.pacing import PacerStatistics
+from transport.tokens import ParticipantRole, TokenIssuer
 
 __all__ = [
     "BindingStatistics",
@@ -118,6 +119,9 @@ class CallerRoom:
         identity = self.controller_identity
         if identity is not None and (not 1 <= len(identity) <= _MAX_IDENTITY or not identity.isprintable()):
             raise ValueError(f"a controller identity is 1 to {_MAX_IDENTITY} printable characters")
+        if identity is not None and TokenIssuer.has_role(identity, ParticipantRole.SERVICE):
+            # The service's own participants are told apart by that prefix (one session per room, across replicas).
+            raise ValueError(f"a controller identity must not start with {ParticipantRole.SERVICE.value}-")
 
 
 class SessionPort(Protocol):

@@ -403,3 +403,6 @@ def test_a_caller_room_is_checked_on_construction() -> None:
             CallerRoom(bad)
     with pytest.raises(ValueError, match="controller identity"):
         CallerRoom("lobby", controller_identity="")
+    with pytest.raises(ValueError, match="must not start with svc-"):
+        CallerRoom("lobby", controller_identity="svc-agent")  # would read as a session of this service
+    assert CallerRoom("lobby", controller_identity="agent-svc-1").controller_identity == "agent-svc-1"
