@@ -289,19 +289,21 @@ async def test_control_comes_only_from_the_identity_the_caller_named_and_no_toke
     assert setup.transport.session_statistics("s1").data_foreign == 1
 
 
+async def _refused(setup: Setup, room: str, error: type[Exception], session_id: str = "s1") -> None:
+    """The route's check and the attach both refuse `room` with `error`."""
+    with pytest.raises(error):
+        await setup.transport.check_caller_room(CallerRoom(room))
+    with pytest.raises(error):
+        await setup.transport.attach(FakeSessionPort(session_id, caller_room=CallerRoom(room)))
+
+
 async def test_a_callers_room_that_does_not_exist_or_holds_a_session_is_refused(setup: Setup) -> None:
-    with pytest.raises(RoomNotFoundError):
-        await setup.transport.check_caller_room(CallerRoom("lobby-404"))
-    with pytest.raises(RoomNotFoundError):
-        await setup.transport.attach(FakeSessionPort("s1", caller_room=CallerRoom("lobby-404")))
+    await _refused(setup, "lobby-404", RoomNotFoundError)
     assert setup.factory.rooms == []  # nobody joined anything
     assert setup.transport.statistics().sessions == 0
     await _callers_room(setup)
     await setup.transport.attach(FakeSessionPort("s1", caller_room=CallerRoom("lobby-7")))
-    with pytest.raises(RoomInUseError):
-        await setup.transport.check_caller_room(CallerRoom("lobby-7"))
-    with pytest.raises(RoomInUseError):
-        await setup.transport.attach(FakeSessionPort("s2", caller_room=CallerRoom("lobby-7")))
+    await _refused(setup, "lobby-7", RoomInUseError, session_id="s2")
     await setup.transport.detach("s1", "closed")
     await setup.transport.check_caller_room(CallerRoom("lobby-7"))  # free again
 
@@ -312,10 +314,7 @@ async def test_a_session_of_another_replica_in_the_callers_room_makes_it_in_use(
     setup.server.participants["lobby-7"] = ["user-42", "ctl-x-1", "view-x-2"]  # people only: free
     await setup.transport.check_caller_room(CallerRoom("lobby-7"))
     setup.server.participants["lobby-7"].append("svc-elsewhere-3")
-    with pytest.raises(RoomInUseError):
-        await setup.transport.check_caller_room(CallerRoom("lobby-7"))
-    with pytest.raises(RoomInUseError):
-        await setup.transport.attach(FakeSessionPort("s1", caller_room=CallerRoom("lobby-7")))
+    await _refused(setup, "lobby-7", RoomInUseError)
     assert setup.factory.rooms == []  # refused before joining
     assert setup.transport.statistics().sessions == 0
 
