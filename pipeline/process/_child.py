@@ -4,7 +4,9 @@
 this module to find it, so it and everything it calls stay module level. A rank ignores SIGINT (the parent stops
 the ranks in order), exits at once if the parent dies, joins the process group when there is more than one rank,
 builds its stage with the `stage_factory`, reports ready, and then serves its request queue in order until a stop
-request, replying on its own pipe. Package-private: `pipeline.process.worker` starts `worker_main`.
+request, replying on its own pipe. While a call runs, `_PartWriter` (the stage's `WorkerContext.parts`) writes the
+call's partial replies to that pipe ahead of its final reply (`pipeline.process._protocol`). Package-private:
+`pipeline.process.worker` starts `worker_main`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import os
 import signal
 import threading
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from multiprocessing.queues import Queue
@@ -28,6 +31,7 @@ from pipeline.process._protocol import (
     CALL,
     DONE,
     FAILED,
+    PART,
     READY,
     RELEASE,
     START_FAILED,
@@ -56,9 +60,15 @@ def worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops the ranks in order
     _exit_with_parent()
 
-    def send(reply: Reply) -> None:
-        replies.send_bytes(bytes(ForkingPickler.dumps(reply)))
+    lock = threading.Lock()  # parts may come from a thread the stage started; a reply is one write
 
+    def send(reply: Reply) -> None:
+        data = bytes(ForkingPickler.dumps(reply))
+        with lock:
+            replies.send_bytes(data)
+
+    parts = _PartWriter(context.rank, send)
+    context = replace(context, parts=parts)
     distributed = False
     try:
         try:
@@ -79,7 +89,7 @@ def worker_main(
             request = requests.get()
             if request.kind == STOP:
                 return
-            send(_serve(stage, request, context.rank))
+            send(_serve(stage, request, context.rank, parts))
     finally:
         if distributed:
             with contextlib.suppress(Exception):
@@ -95,11 +105,42 @@ def _join_process_group(context: WorkerContext, bootstrap: Bootstrap) -> None:
     )
 
 
-def _serve(stage: Stage, request: Request, rank: int) -> Reply:
+class _PartWriter:
+    """The rank's `PartSender`: writes a part of the call in flight to the reply pipe, ahead of its final reply."""
+
+    def __init__(self, rank: int, send: Callable[[Reply], None]) -> None:
+        self._rank = rank
+        self._send = send
+        self._op_id: int | None = None  # the call in flight (`during`)
+
+    @contextlib.contextmanager
+    def during(self, op_id: int) -> Iterator[None]:
+        """Parts sent inside this block belong to call `op_id`."""
+        self._op_id = op_id
+        try:
+            yield
+        finally:
+            self._op_id = None
+
+    def send(self, part: object) -> None:
+        op_id = self._op_id
+        if op_id is None:
+            raise RuntimeError("a part can only be sent while the stage runs a call")
+        if self._rank != 0:
+            return  # only rank 0 answers for the group, parts included
+        try:
+            payload = bytes(ForkingPickler.dumps(part))
+        except Exception as exc:
+            raise TypeError(f"the part is not picklable: {describe_exception(exc)}") from exc
+        self._send(Reply(self._rank, PART, op_id, payload=payload))
+
+
+def _serve(stage: Stage, request: Request, rank: int, parts: _PartWriter) -> Reply:
     try:
         if request.kind == CALL:
             call = ForkingPickler.loads(request.payload)
-            result = stage.process(call)
+            with parts.during(request.op_id):
+                result = stage.process(call)
             if not isinstance(result, Mapping):
                 raise TypeError(f"process() returned {type(result).__name__}, not a mapping of artifacts")
         elif request.kind == RELEASE:

@@ -27,7 +27,7 @@ __all__: list[str] = []
 class Operation:
     """One call or release handed to every rank of one incarnation; owned by the event loop."""
 
-    __slots__ = ("call", "errors", "future", "kind", "op_id", "remaining", "session_id", "value")
+    __slots__ = ("call", "errors", "future", "kind", "op_id", "parts_broken", "remaining", "session_id", "value")
 
     def __init__(
         self, op_id: int, kind: str, session_id: str, call: StageCall | None, future: asyncio.Future[object], ranks: int
@@ -40,6 +40,9 @@ class Operation:
         self.remaining = set(range(ranks))
         self.errors: list[tuple[int, str]] = []
         self.value: object = None
+        self.parts_broken = (
+            False  # a part was lost (unreadable, or a listener raised): the call fails, later parts drop
+        )
 
 
 class Incarnation:

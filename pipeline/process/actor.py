@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from pipeline.actor import ActorStatistics, DeathListener, StageCall
 from pipeline.clock import Clock
 from pipeline.errors import ChannelError, StageFailedError
-from pipeline.process.records import ParallelWorkerConfig, WorkerState, WorkerStatistics
+from pipeline.process.records import ParallelWorkerConfig, PartListener, WorkerState, WorkerStatistics
 from pipeline.process.tensor_channel import TensorRef, TensorRefCarrier, validate_ref
 from pipeline.process.worker import ParallelWorker
 
@@ -57,6 +57,9 @@ class ParallelWorkerStageActor:
     incarnation, reason)`, and the worker restarts with back-off (`incarnation` + 1); meanwhile `invoke` raises
     `ActorUnavailableError`. `release_session` succeeds at once while no incarnation
     runs, since the state it would drop died with the processes.
+
+    Parts: what the stage sends with `WorkerContext.parts` reaches the part listeners on the loop, in order, before
+    the call's result; parts of a cancelled call are dropped, parts already delivered stay when the call then fails.
     """
 
     def __init__(self, config: ParallelWorkerConfig, *, clock: Clock | None = None) -> None:
@@ -84,6 +87,11 @@ class ParallelWorkerStageActor:
 
     def add_death_listener(self, listener: DeathListener) -> None:
         self._worker.add_death_listener(listener)
+
+    def add_part_listener(self, listener: PartListener) -> None:
+        """`listener(call, part)` on the loop for each part the stage sends ahead of a call's result
+        (`WorkerContext.parts`; ordering and dropping in `pipeline.process._protocol`)."""
+        self._worker.add_part_listener(listener)
 
     async def start(self) -> None:
         """Start the worker's first incarnation; a second call (the worker already started) returns at once, so an

@@ -12,12 +12,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from pipeline.actor import Stage
+from pipeline.actor import Stage, StageCall
 from pipeline.errors import PipelineSpecError
 
 __all__ = [
     "ParallelWorkerConfig",
+    "PartListener",
+    "PartSender",
     "StageFactory",
     "WorkerContext",
     "WorkerState",
@@ -25,12 +28,40 @@ __all__ = [
 ]
 
 
+class PartSender(Protocol):
+    """Where a stage in a worker process hands partial results of the call it is running (`WorkerContext.parts`)."""
+
+    def send(self, part: object) -> None:
+        """Hand `part` to the parent's part listeners ahead of the call's result (`pipeline.process._protocol`).
+
+        Only while `process()` runs; pickled at once (a CPU tensor in it moves to shared memory, like artifacts), so
+        the stage may reuse its own buffers afterwards. Raises `RuntimeError` outside a call and `TypeError` if the
+        part cannot be pickled. On ranks other than 0 it does nothing: only rank 0 answers for the group.
+        """
+        ...
+
+
+class _NoParts:
+    """`WorkerContext.parts` outside a worker process (the parent's copy): nothing to send parts to."""
+
+    def send(self, part: object) -> None:
+        raise RuntimeError("parts can only be sent by a stage running in a worker process")
+
+
+_NO_PARTS: PartSender = _NoParts()
+
+PartListener = Callable[[StageCall, object], None]
+"""`listener(call, part)`: a part of `call`, on the event loop, in the order the stage sent them, before the call's
+result; it must not block. A listener that raises fails the call (its later parts are dropped)."""
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerContext:
     """What `stage_factory` receives inside each worker process (it is pickled into the child at spawn time).
 
     `options` is `ParallelWorkerConfig.options` as given: picklable objects the stage needs, e.g. a
-    `WorkerTensorChannel` shared with another worker group.
+    `WorkerTensorChannel` shared with another worker group. `parts` is set in the rank: where the stage hands
+    partial results of the call it is running (`PartSender`).
     """
 
     name: str
@@ -40,6 +71,7 @@ class WorkerContext:
     torch_threads: int
     incarnation: int
     options: Mapping[str, object]
+    parts: PartSender = _NO_PARTS
 
 
 StageFactory = Callable[[WorkerContext], Stage]
@@ -151,7 +183,9 @@ class WorkerStatistics:
     `calls` counts calls handed to the ranks; `failures` those that ended in `StageFailedError`; `lost_calls`
     those that ended because their incarnation died or the worker stopped. `in_flight` includes cancelled calls
     that still run in the children. `stale_results` counts replies nobody waited for any more (cancelled calls, dead
-    incarnations). `deaths` counts incarnations that died while running, `restarts` successful restarts.
+    incarnations). `deaths` counts incarnations that died while running, `restarts` successful restarts. `parts`
+    counts partial results handed to the part listeners, `dropped_parts` those that were not (their call was
+    cancelled or failed, their incarnation is gone, or no listener is registered).
     """
 
     name: str
@@ -170,3 +204,5 @@ class WorkerStatistics:
     deaths: int
     restarts: int
     backoff_s: float
+    parts: int
+    dropped_parts: int

@@ -9,7 +9,9 @@ incarnation multiplexes those pipes with the process sentinels (`multiprocessing
 written before a rank died is always delivered before that death. All bookkeeping happens on the event loop; the
 thread only hands events over with `loop.call_soon_threadsafe`. When a rank dies the whole incarnation is torn
 down, the calls in flight fail with `ActorDiedError`, death listeners are told, and a new incarnation is started
-with exponential back-off.
+with exponential back-off. A stage may also answer a call in parts ahead of its result (`WorkerContext.parts`,
+the protocol in `pipeline.process._protocol`): the watcher delivers them in pipe order and the part listeners
+(`add_part_listener`) see them on the loop before the call resolves.
 
 The records (`ParallelWorkerConfig`, `WorkerContext`, `WorkerState`, `WorkerStatistics`) live in
 `pipeline.process.records`, the picklable wire protocol in `pipeline.process._protocol`, what each rank runs in
@@ -52,6 +54,7 @@ from pipeline.process._incarnation import (
 from pipeline.process._protocol import (
     CALL,
     FAILED,
+    PART,
     READY,
     RELEASE,
     START_FAILED,
@@ -66,6 +69,7 @@ from pipeline.process._protocol import (
 from pipeline.process.records import (
     WORKER_TRANSITIONS,
     ParallelWorkerConfig,
+    PartListener,
     WorkerContext,
     WorkerState,
     WorkerStatistics,
@@ -110,6 +114,10 @@ class ParallelWorker:
     incarnation runs. With `call_timeout_s`, a rank that works on one operation longer than that (stuck: it never
     answers) counts as dead too, so a hung rank costs one timeout, never a wait forever.
 
+    Parts: a stage may send partial results of a call (`WorkerContext.parts.send`); each reaches every part listener
+    (`add_part_listener`) on the loop, in order, before the call's result, or is dropped with its call (cancelled,
+    dead incarnation). Parts already delivered stay delivered when the call then fails or its rank dies.
+
     All methods must be called from the event loop that ran `start()`.
     """
 
@@ -120,6 +128,7 @@ class ParallelWorker:
         self._incarnation = 0
         self._current: Incarnation | None = None
         self._listeners: list[DeathListener] = []
+        self._part_listeners: list[PartListener] = []
         self._ops: dict[int, Operation] = {}
         self._op_ids = itertools.count(1)
         self._calls_in_flight = 0
@@ -134,6 +143,8 @@ class ParallelWorker:
         self._stale = 0
         self._deaths = 0
         self._restarts = 0
+        self._parts = 0
+        self._dropped_parts = 0
 
     # --- read-only view ---
 
@@ -188,11 +199,17 @@ class ParallelWorker:
             deaths=self._deaths,
             restarts=self._restarts,
             backoff_s=self._backoff_s,
+            parts=self._parts,
+            dropped_parts=self._dropped_parts,
         )
 
     def add_death_listener(self, listener: DeathListener) -> None:
         """`listener(name, dead_incarnation, reason)` runs on the event loop when a running incarnation dies."""
         self._listeners.append(listener)
+
+    def add_part_listener(self, listener: PartListener) -> None:
+        """`listener(call, part)` runs on the event loop for each part a stage sends (the class docstring)."""
+        self._part_listeners.append(listener)
 
     # --- lifecycle ---
 
@@ -445,8 +462,12 @@ class ParallelWorker:
                     try:
                         value = ForkingPickler.loads(reply.payload)
                     except Exception as exc:
-                        error = f"the artifacts could not be unpickled in the parent: {describe_exception(exc)}"
-                        reply = replace(reply, kind=FAILED, payload=None, error=error)
+                        if reply.kind == PART:  # the call goes on in the rank; it fails once it finishes
+                            error = f"a part could not be unpickled in the parent: {describe_exception(exc)}"
+                            reply = replace(reply, payload=None, error=error)
+                        else:
+                            error = f"the artifacts could not be unpickled in the parent: {describe_exception(exc)}"
+                            reply = replace(reply, kind=FAILED, payload=None, error=error)
                 _post(loop, self._on_reply, inc, reply, value)
         except (EOFError, OSError):
             return False
@@ -475,6 +496,9 @@ class ParallelWorker:
             if not inc.ready.done():
                 inc.ready.set_result(f"rank {reply.rank}: stage_factory raised {reply.error}")
             return
+        if reply.kind == PART:
+            self._on_part(inc, reply, value)
+            return
         op = self._ops.get(reply.op_id) if inc is self._current else None
         if op is None:
             self._stale += 1
@@ -491,6 +515,29 @@ class ParallelWorker:
             op.value = value
         if not op.remaining:
             self._finish(op)
+
+    def _on_part(self, inc: Incarnation, reply: Reply, value: object) -> None:
+        op = self._ops.get(reply.op_id) if inc is self._current else None
+        call = None if op is None else op.call
+        if op is None or call is None or op.future.done() or op.parts_broken or reply.rank != 0:
+            self._dropped_parts += 1
+            logger.debug("worker %r: dropped a part of request %d nobody waits for", self.name, reply.op_id)
+            return
+        if reply.error or not self._part_listeners:
+            self._dropped_parts += 1
+            if reply.error:
+                op.parts_broken = True
+                op.errors.append((reply.rank, reply.error))
+            return
+        for listener in list(self._part_listeners):
+            try:
+                listener(call, value)
+            except Exception as exc:
+                logger.exception("worker %r: part listener %r failed", self.name, listener)
+                op.parts_broken = True
+                op.errors.append((reply.rank, f"a part listener failed: {describe_exception(exc)}"))
+                return
+        self._parts += 1
 
     def _finish(self, op: Operation) -> None:
         self._retire(op)

@@ -8,6 +8,7 @@ it through spawn-context `multiprocessing.Event`s passed in `ParallelWorkerConfi
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -138,6 +139,59 @@ class ConsumerStage:
 
     def release(self, session_id: str) -> None:
         self._channel.discard(f"{session_id}/")
+
+
+class PartsStage:
+    """Sends `inputs["parts"]` parts ahead of its result: part i is `(rank, i, a [frames, 16, 16, 3] uint8 tensor of
+    i)`; from part `inputs["gate_at"]` on it first sets "started" and waits for the gate, then does `inputs["then"]`:
+    "fail" raises, "exit" ends the process, "unpicklable" sends a part that cannot be pickled; anything else goes on.
+    Op "fds" returns how many file descriptors the process holds (a part left unfetched would keep one)."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
+
+    def process(self, call: StageCall) -> Mapping[str, object]:
+        if call.inputs.get("op") == "fds":
+            return {"fds": len(os.listdir("/proc/self/fd"))}
+        count: Any = call.inputs["parts"]
+        frames: Any = call.inputs.get("frames", 2)
+        gate_at = call.inputs.get("gate_at", -1)
+        for index in range(int(count)):
+            if index == gate_at:
+                self._ctx.options["started"].set()  # type: ignore[attr-defined]
+                self._ctx.options["gate"].wait(GATE_TIMEOUT_S)  # type: ignore[attr-defined]
+                then = call.inputs.get("then")
+                if then == "fail":
+                    raise RuntimeError(f"failed after {index} parts")
+                if then == "exit":
+                    os._exit(3)
+                if then == "unpicklable":
+                    self._ctx.parts.send(lambda: None)
+                if then == "unreadable":
+                    self._ctx.parts.send(UnreadableInParent())
+            part = torch.full((int(frames), 16, 16, 3), index, dtype=torch.uint8)
+            self._ctx.parts.send((self._ctx.rank, index, part))
+        return {"parts": count, "rank": self._ctx.rank}
+
+    def release(self, session_id: str) -> None:
+        return None
+
+
+class UnreadableInParent:
+    """Pickles in a worker process; unpickling it anywhere but in a worker process raises."""
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        return (_read_in_a_worker, ())
+
+
+def _read_in_a_worker() -> UnreadableInParent:
+    if multiprocessing.parent_process() is None:
+        raise ValueError("this object cannot be read in the parent")
+    return UnreadableInParent()
+
+
+def parts_stage(ctx: WorkerContext) -> PartsStage:
+    return PartsStage(ctx)
 
 
 def producer_stage(ctx: WorkerContext) -> ProducerStage:
