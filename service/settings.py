@@ -188,7 +188,7 @@ class Settings(BaseSettings):
     progressive_decode: bool = Field(
         default=True,
         description="Hand a chunk's frames to the transport one latent frame at a time as they are decoded, so its "
-        "first frames play before the whole chunk is decoded (threads placement; false: whole chunks).",
+        "first frames play before the whole chunk is decoded (threads and processes placement; false: whole chunks).",
     )
     stage_call_timeout: float = Field(
         default=60.0,

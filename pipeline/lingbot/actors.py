@@ -5,7 +5,8 @@ runs whatever it returns.
 
 Threads (`WorldModel`, the default for the reference model on a laptop): the graph of `stages.py`, each stage on its
 own `LocalStageActor` thread of the service process, tensors passed by reference inside the process. Given a
-`PartSink`, the decode stage decodes progressively (`stages.py`) and hands each part to it from its thread.
+`PartSink`, the decode stage decodes progressively (`stages.py`) and hands each part to it from its thread (on
+processes, from the event loop: below).
 
 Processes (`ProcessPlacement`: a `PlacementPlan` from `placement.plan_placement` and a picklable
 `WorldModelFactory`). One `ParallelWorkerStageActor` per worker group of the plan, each the only owner of its
@@ -28,11 +29,14 @@ How tensors cross (the service process only ever holds references and the final 
     DiT rank 0 ──latent chunk: `latent` channel (every chunk)──► decode rank 0
     service ◄──latent: RemoteLatent(TensorRef)── DiT                   ──► decode
     (co-located: DiT rank 0 decodes the chunk where it is; there is no latent artifact and no latent channel)
-    service ◄──frames (uint8, pickled through the reply pipe)── the decoding rank 0
+    service ◄──frame parts (uint8, shared memory, partial replies)── the decoding rank 0   (progressive decode)
+    service ◄──frames (uint8, shared memory, the call's reply)── the decoding rank 0
 
-Decode is whole-chunk here: a stage call in a worker process answers once, through its reply pipe, so a chunk's
-frames reach the service process together (progressive decode would need partial replies in the process protocol;
-`build_actors` ignores a `PartSink` for processes).
+Progressive decode: given a `PartSink`, the decoding group decodes progressively too (`group_stages.py`): its rank
+0 sends each part of a chunk as a partial reply of the decode call (`WorkerContext.parts`, the protocol in
+`pipeline.process._protocol`), and the decode actor's part listener hands it to the sink on the event loop, in
+order, before the call's whole-chunk reply. Parts of a call the orchestrator no longer waits for are dropped; a part
+handed over stays handed over if the chunk then fails (the decode raised, or its rank died): the session fails.
 
 A `WorkerTensorChannel` moves CPU tensors through shared memory and CUDA tensors as CUDA IPC handles. Keys are
 `session/chunk/what`, so a group stage's `release(session)` discards what a failed or cancelled session left in
@@ -53,9 +57,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pipeline.actor import StageActor
+from pipeline.actor import StageActor, StageCall
 from pipeline.errors import PipelineSpecError
-from pipeline.lingbot.group_stages import GroupOptions, GroupRole, build_group_stage
+from pipeline.lingbot.errors import ModelSessionError
+from pipeline.lingbot.group_stages import FramesPart, GroupOptions, GroupRole, build_group_stage
 from pipeline.lingbot.model import WorldModel, WorldModelFactory
 from pipeline.lingbot.placement import DECODE_STAGE, DENOISE_STAGE, ENCODE_STAGE, PlacementPlan, WorkerGroupPlan
 from pipeline.lingbot.stages import (
@@ -70,6 +75,7 @@ from pipeline.local_actor import LocalStageActor
 from pipeline.process import (
     ParallelWorkerConfig,
     ParallelWorkerStageActor,
+    PartListener,
     WorkerStatistics,
     WorkerTensorChannel,
 )
@@ -127,7 +133,9 @@ class LingBotActors:
     """The process actors by stage (empty for threads)."""
     channels: tuple[WorkerTensorChannel, ...] = ()
     progressive_decode: bool = False
-    """Whether the decode stage hands chunks over in parts (threads, a sink and a `ProgressiveDecoder`)."""
+    """Whether the decode stage hands chunks over in parts: a sink was given and, on threads, the decoder is a
+    `ProgressiveDecoder` (on processes the decoder lives in the worker: a decoder without `decode_parts` there sends
+    no parts, and its chunks come whole; both built-in models' decoders decode in parts)."""
 
     def worker_statistics(self) -> dict[str, WorkerStatistics]:
         """Each process actor's worker snapshot (process ids, incarnation, ...), by stage."""
@@ -143,9 +151,9 @@ def build_actors(
     model: WorldModel | ProcessPlacement, edge_capacity: int = 2, *, on_part: PartSink | None = None
 ) -> LingBotActors:
     """Threads for a `WorldModel`, worker processes for a `ProcessPlacement` (module docstring); `on_part`: decode
-    progressively into it (threads only)."""
+    progressively into it (called on the decode thread for threads, on the event loop for processes)."""
     if isinstance(model, ProcessPlacement):
-        return _process_actors(model, edge_capacity)
+        return _process_actors(model, edge_capacity, on_part)
     decode = DecodeStage(model.decoder, on_part)
     actors: dict[str, StageActor] = {
         ENCODE_STAGE: LocalStageActor(ENCODE_STAGE, EncodeStage(model.encoder)),
@@ -156,7 +164,7 @@ def build_actors(
     return LingBotActors(spec, actors, DENOISE_STAGE, progressive_decode=decode.progressive)
 
 
-def _process_actors(placement: ProcessPlacement, edge_capacity: int) -> LingBotActors:
+def _process_actors(placement: ProcessPlacement, edge_capacity: int, on_part: PartSink | None) -> LingBotActors:
     plan = placement.plan
     in_flight = edge_capacity * placement.max_sessions + 1
     timeout = placement.channel_timeout_s
@@ -174,6 +182,7 @@ def _process_actors(placement: ProcessPlacement, edge_capacity: int) -> LingBotA
         )
     dit_role = GroupRole.DENOISE_DECODE if plan.decode_colocated else GroupRole.DENOISE
     dit_stage = DENOISE_DECODE_STAGE if plan.decode_colocated else DENOISE_STAGE
+    decode_stage = DENOISE_DECODE_STAGE if plan.decode_colocated else DECODE_STAGE
     roles = [
         (plan.group_of(ENCODE_STAGE), ENCODE_STAGE, GroupRole.ENCODE),
         (plan.group_of(DENOISE_STAGE), dit_stage, dit_role),
@@ -183,11 +192,25 @@ def _process_actors(placement: ProcessPlacement, edge_capacity: int) -> LingBotA
     workers: dict[str, ParallelWorkerStageActor] = {}
     for group, stage, role in roles:
         runtime = plan.stage(group.stages[0]).runtime
-        options = GroupOptions(role, placement.factory, runtime.dtype, base, latent, timeout)
+        progressive = on_part is not None and stage == decode_stage
+        options = GroupOptions(role, placement.factory, runtime.dtype, base, latent, timeout, progressive)
         workers[stage] = ParallelWorkerStageActor(_worker_config(placement, group, runtime.torch_threads, options))
+    if on_part is not None:
+        workers[decode_stage].add_part_listener(_forward_parts(on_part))
     channels = (base,) if latent is None else (base, latent)
     spec = lingbot_pipeline_spec(edge_capacity, decode_in_denoise=plan.decode_colocated)
-    return LingBotActors(spec, dict(workers), dit_stage, workers, channels)
+    return LingBotActors(spec, dict(workers), dit_stage, workers, channels, progressive_decode=on_part is not None)
+
+
+def _forward_parts(sink: PartSink) -> PartListener:
+    """The decode actor's part listener: each `FramesPart` of a call to the sink, on the loop."""
+
+    def listener(call: StageCall, part: object) -> None:
+        if not isinstance(part, FramesPart):
+            raise ModelSessionError(f"the decode group sent a {type(part).__name__}, not a FramesPart")
+        sink(call.session_id, part.chunk_index, part.offset, part.frames)
+
+    return listener
 
 
 def _worker_config(

@@ -11,6 +11,11 @@ leave as `SharedFrames`: pickled as a shared-memory tensor (the reply pipe carri
 arrive in the service process as a plain `FramesArtifact` whose frames are a view of that memory. Every rank of
 a group receives every call (`ParallelWorker`); only rank 0 encodes, decodes, sends and receives, and its artifacts
 are the call's result; in the DiT group every rank runs the (sharded) denoiser.
+
+Progressive decode (`GroupOptions.progressive_decode`, a `ProgressiveDecoder`): the decoding rank hands each part of
+a chunk to the parent as it is decoded, through the worker's partial replies (`WorkerContext.parts`): a
+`SharedPart` pickles its frames as a shared-memory tensor like `SharedFrames` and arrives in the service process as
+a `FramesPart`, ahead of the call's whole-chunk `frames` artifact.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import cast
 
+import numpy as np
+import numpy.typing as npt
 import torch
 import torch.distributed as dist
 
@@ -38,19 +45,22 @@ from pipeline.lingbot.stages import (
     EncodeStage,
     FramesArtifact,
     LatentArtifact,
+    PartSink,
 )
-from pipeline.process import TensorRef, WorkerContext, WorkerTensorChannel
+from pipeline.process import PartSender, TensorRef, WorkerContext, WorkerTensorChannel
 
 __all__ = [
     "LATENT_CHANNEL_TIMING",
     "DecodeGroupStage",
     "DenoiseGroupStage",
     "EncodeGroupStage",
+    "FramesPart",
     "GroupOptions",
     "GroupRole",
     "RemoteCondition",
     "RemoteLatent",
     "SharedFrames",
+    "SharedPart",
     "build_group_stage",
 ]
 
@@ -80,6 +90,8 @@ class GroupOptions:
     latent: WorkerTensorChannel | None
     """DiT -> decode: every latent chunk (None when decode is co-located)."""
     channel_timeout_s: float
+    progressive_decode: bool = False
+    """The decoding rank hands each chunk's parts over as they are decoded (`SharedPart`), if its decoder can."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +141,48 @@ def _unshare_frames(
     chunk_index: int, frames: torch.Tensor, snapshot: ControlSnapshot, timings: dict[str, float]
 ) -> FramesArtifact:
     return FramesArtifact(chunk_index, frames.numpy(), snapshot, timings)
+
+
+@dataclass(frozen=True, slots=True)
+class FramesPart:
+    """Frames `offset ..` of chunk `chunk_index`, decoded ahead of the whole chunk, as the service process gets them
+    (frames a numpy view of the shared memory they crossed in)."""
+
+    chunk_index: int
+    offset: int
+    frames: npt.NDArray[np.uint8]
+
+
+class SharedPart:
+    """A `FramesPart` on its way out of a worker process: its frames pickle as a shared-memory tensor."""
+
+    __slots__ = ("part",)
+
+    def __init__(self, part: FramesPart) -> None:
+        self.part = part
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        part = self.part
+        shared = torch.from_numpy(part.frames).share_memory_()  # type: ignore[no-untyped-call]
+        return (_unshare_part, (part.chunk_index, part.offset, shared))
+
+
+def _unshare_part(chunk_index: int, offset: int, frames: torch.Tensor) -> FramesPart:
+    return FramesPart(chunk_index, offset, frames.numpy())
+
+
+def _part_sink(parts: PartSender) -> PartSink:
+    """The decode stage's sink inside a worker process: each part goes to the parent as a partial reply."""
+
+    def sink(_session_id: str, chunk_index: int, offset: int, frames: npt.NDArray[np.uint8]) -> None:
+        parts.send(SharedPart(FramesPart(chunk_index, offset, frames)))
+
+    return sink
+
+
+def _decode_stage(ctx: WorkerContext, options: GroupOptions, shard: ModelShard) -> DecodeStage:
+    sink = _part_sink(ctx.parts) if options.progressive_decode else None
+    return DecodeStage(options.factory.decoder(shard), sink)
 
 
 def _shared(artifacts: Mapping[str, object]) -> dict[str, object]:
@@ -187,7 +241,7 @@ class DenoiseGroupStage:
         self._denoise = DenoiseStage(options.factory.denoiser(shard))
         self._decode: DecodeStage | None = None
         if options.role is GroupRole.DENOISE_DECODE and ctx.rank == 0:
-            self._decode = DecodeStage(options.factory.decoder(ModelShard(ctx.device, 0, 1, options.dtype)))
+            self._decode = _decode_stage(ctx, options, ModelShard(ctx.device, 0, 1, options.dtype))
         elif options.role is GroupRole.DENOISE and options.latent is None:
             raise ModelSessionError("a DiT group without co-located decode needs the latent channel")
 
@@ -261,7 +315,7 @@ class DecodeGroupStage:
         self._options = options
         self._channel = options.latent
         shard = ModelShard(ctx.device, ctx.rank, ctx.world_size, options.dtype)
-        self._inner = DecodeStage(options.factory.decoder(shard)) if ctx.rank == 0 else None
+        self._inner = _decode_stage(ctx, options, shard) if ctx.rank == 0 else None
 
     def process(self, call: StageCall) -> Mapping[str, object]:
         if self._inner is None:

@@ -77,10 +77,10 @@ class LingBotService:
     cache possibly resident); the service retries the failed releases in the background with exponential back-off
     (`release_retry_s` doubling up to 30 s, `_RELEASE_RETRIES` attempts), which clears the poison once one succeeds.
 
-    `progressive_decode` (threads placement, a `ProgressiveDecoder`): the decode stage hands each chunk over one
-    latent frame at a time as it is decoded; `outputs(session_id, parts=True)` yields those `ChunkPart`s ahead of
-    each chunk, so a transport can start playing a chunk before all of it is decoded. Off, or on processes, chunks
-    come whole (`progressive_decode` reports which).
+    `progressive_decode` (a `ProgressiveDecoder`, on either placement): the decode stage hands each chunk over one
+    latent frame at a time as it is decoded (on processes as partial replies of the decode call, through shared
+    memory); `outputs(session_id, parts=True)` yields those `ChunkPart`s ahead of each chunk, so a transport can
+    start playing a chunk before all of it is decoded. Off, chunks come whole (`progressive_decode` reports which).
 
     `history` bounds what stays of finished sessions: this many summaries (so a repeated `close_session` answers
     the same) and as many orchestrator close reports; the oldest are forgotten first.
@@ -256,9 +256,13 @@ class LingBotService:
     # -- internals -------------------------------------------------------------------------------------------
 
     def _post_part(self, session_id: str, chunk_index: int, offset: int, frames: npt.NDArray[np.uint8]) -> None:
-        """The decode stage's part sink: from its thread, onto the loop, in order."""
+        """The decode stage's part sink: from its thread onto the loop, in order (on the loop already, as the
+        processes placement calls it, the part is taken at once)."""
         loop = self._loop
         if loop is None:
+            return
+        if _running_loop() is loop:
+            self._deliver_part(session_id, chunk_index, offset, frames)
             return
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody reads the session any more
             loop.call_soon_threadsafe(self._deliver_part, session_id, chunk_index, offset, frames)
@@ -345,3 +349,10 @@ class LingBotService:
             logger.error("session %s: giving up releasing stages after %d retries", session_id, _RELEASE_RETRIES)
         finally:
             self._retries.pop(session_id, None)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # a stage thread: no loop runs there
+        return None

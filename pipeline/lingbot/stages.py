@@ -20,7 +20,8 @@ model part's per-session cache in `release`.
 
 Progressive decode: given a `PartSink` and a decoder that is a `ProgressiveDecoder`, the decode stage decodes a
 chunk one latent frame at a time and hands each part's frames (HUD drawn) to the sink from its thread as soon as it
-is decoded; its `frames` artifact still carries the whole chunk, so the graph, the scheduler and everything after the
+is decoded (in a worker process, the sink sends each part to the service process: `group_stages.py`); its `frames`
+artifact still carries the whole chunk, so the graph, the scheduler and everything after the
 session see whole chunks as before. A part handed over is never taken back: if the chunk fails after it, the
 session fails.
 """
@@ -119,7 +120,9 @@ class FramesArtifact:
 
 PartSink = Callable[[str, int, int, npt.NDArray[np.uint8]], None]
 """`sink(session_id, chunk_index, offset, frames)`: frames `offset ..` of a chunk, decoded ahead of the whole chunk.
-Called on the decode stage's thread, in order; it must not block (it hands the part to the event loop)."""
+Called in order, on the decode stage's thread (threads placement) or on the event loop (processes placement, where
+a worker process's decode stage sends the parts as partial replies: `pipeline.lingbot.group_stages`); it must not
+block."""
 
 
 def lingbot_pipeline_spec(

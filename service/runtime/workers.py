@@ -80,7 +80,7 @@ class WorkerOptions:
     """This worker's devices (its share of `LINGSTREAM_DEVICES`)."""
     stage_call_timeout: float = 60.0
     progressive_decode: bool = True
-    """`LINGSTREAM_PROGRESSIVE_DECODE` (threads placement only)."""
+    """`LINGSTREAM_PROGRESSIVE_DECODE` (either placement)."""
     model: str = "reference"
     """`LINGSTREAM_MODEL`: "reference" or "lingbot-fast"."""
     model_path: str | None = None

@@ -1,7 +1,8 @@
 """LingBotService on worker processes: the placement plan becomes process groups, the reference DiT's work is split
 across its ranks and gathered, and the frames equal the threads placement's bit for bit; between groups the service
-process handles only tensor refs. The text prompt crosses into the DiT group with each chunk's control (the
-session's prompt grades every chunk identically on every placement).
+process handles only tensor refs. With progressive decode (the default) the decoding process hands each chunk over
+in parts ahead of it, and the parts are the whole-chunk decode's frames bit for bit. The text prompt crosses into the
+DiT group with each chunk's control (the session's prompt grades every chunk identically on every placement).
 
 One module-scoped pair of services (1 rank with decode co-located, 2 ranks with decode in its own group) serves
 every test: each group spawns interpreters that import torch, which is the expensive part.
@@ -23,7 +24,7 @@ import torch
 
 from admission import ExecutionLease
 from pipeline.actor import StageCall
-from pipeline.bidirectional import CloseMode, ControlState
+from pipeline.bidirectional import ChunkOutput, ChunkPart, CloseMode, ControlState
 from pipeline.lingbot import (
     LingBotService,
     ModelRuntimeConfig,
@@ -132,6 +133,47 @@ async def test_frames_on_one_or_two_ranks_equal_the_threads_frames_bit_for_bit(s
     # Only the 2-rank placement moves latents between groups; the chunk's timings say how long that took.
     assert all(timings[LATENT_CHANNEL_TIMING] > 0 for timings in two.timings)
     assert not any(LATENT_CHANNEL_TIMING in timings for timings in one.timings)
+
+
+async def generate_in_parts(worker: LingBotService, session_id: str) -> tuple[list[ChunkOutput], list[list[ChunkPart]]]:
+    """`generate`'s chunks read with their parts: the chunks, and the parts that came ahead of each."""
+    await worker.create_session(session_id, worker.prepare(CONFIG, None))
+    outputs = worker.outputs(session_id, parts=True)
+    chunks: list[ChunkOutput] = []
+    parts: list[list[ChunkPart]] = []
+    for seq, keys in enumerate(KEYS):
+        worker.push_control(session_id, ControlState(seq, keys))
+        ahead: list[ChunkPart] = []
+        while not isinstance(item := await anext(outputs), ChunkOutput):
+            ahead.append(item)
+        chunks.append(item)
+        parts.append(ahead)
+    summary = await worker.close_session(session_id, CloseMode.CANCEL)
+    assert summary.failure is None
+    return chunks, parts
+
+
+@in_module_loop
+async def test_progressive_decode_in_the_worker_processes_hands_each_chunk_over_in_parts_equal_to_whole_chunk_decode(
+    services: Services,
+) -> None:
+    whole = LingBotService(ReferenceWorldModel("cpu"), lease=ExecutionLease(), realtime=False, progressive_decode=False)
+    await whole.start()
+    try:
+        assert not whole.progressive_decode
+        expected = await generate(whole, "whole")
+    finally:
+        await whole.stop()
+    for worker in (services.one_rank, services.two_ranks):
+        assert worker.progressive_decode
+        chunks, parts = await generate_in_parts(worker, "parts")
+        for index, (chunk, ahead, want) in enumerate(zip(chunks, parts, expected.frames, strict=True)):
+            # One part per latent frame (chunk 0's first is the reference frame alone), ahead of the chunk.
+            assert [len(part.frames) for part in ahead] == ([1, 4, 4] if index == 0 else [4, 4, 4])
+            assert [part.offset for part in ahead] == ([0, 1, 5] if index == 0 else [0, 4, 8])
+            assert all(part.index == chunk.index for part in ahead)
+            assert np.array_equal(np.concatenate([part.frames for part in ahead]), want), f"chunk {index} differs"
+            assert np.array_equal(chunk.frames, want)
 
 
 @in_module_loop
