@@ -9,21 +9,22 @@ webhook and hands the room event to the session it concerns. `detach` leaves and
 
 A caller's room (`SessionPort.caller_room`, a create's `"livekit": {"room": ...}`): the room must exist
 (`RoomNotFoundError`) and hold no other session of this service (`RoomInUseError`); `check_caller_room` says so
-before admission, `attach` checks again.
+before admission, `attach` checks again. The service joins it with its own identity and publishes there; control is
+taken only from the caller-named identity (no token is minted for it: `"token": null`, the caller gives its own
+participant a token) or, when none is named, from a controller identity the service mints a token for, as for its
+own rooms. `detach` leaves the caller's room and never deletes it (`"room_owner": "caller"` in the details).
 
 One session per caller's room across replicas. Each replica knows only its own sessions, so the LiveKit server is
 the arbiter: a room holds a session of this service when a service participant (`svc-…`, any replica's) is in it.
 `check_caller_room` lists the room's participants (one RoomService call besides the existence check). Two replicas
-attaching to one room at once can both pass that check, so after joining, `attach` lists the room again and the
-service participant that joined first — the earliest `joined_at_ms`, ties broken by identity, an order every replica
-reads alike from the server — keeps the room; any other leaves it at once and its session fails with `room_in_use`.
-Whichever way the two joins and listings interleave, the later joiner sees the earlier one (it is listed before the
-later one's join completes), so at most one stays. If the second listing cannot be had (the server cannot say), the
-session keeps the room: the check before joining passed moments ago, and failing a joined session on a listing error
-would be worse than the rare double. The service joins it with its own identity and publishes there; control is
-taken only from the caller-named identity (no token is minted for it: `"token": null`, the caller gives its own
-participant a token) or, when none is named, from a controller identity the service mints a token for, as for its
-own rooms. `detach` leaves the caller's room and never deletes it (`"room_owner": "caller"` in the details).
+attaching to one room at once can both pass that check, so after joining, `attach` lists the room again and keeps
+it only if its own participant is listed and joined strictly before every other service participant there (the
+server's `joined_at_ms`); otherwise it leaves at once and the session fails with `room_in_use`. Whichever way the
+two joins and listings interleave, the later joiner's listing shows the earlier one, so at most one stays. A tie
+(the same millisecond, or the same second on a server without milliseconds) makes the later lister leave too: it
+cannot know whether the other already kept the room, and two publishers would be worse than a refused create. If
+the listing after the join cannot be had (the server cannot say), the session keeps the room: the check before
+joining passed moments ago.
 """
 
 from __future__ import annotations
@@ -178,13 +179,13 @@ class LiveKitTransport:
             return True
         ours = binding.service_identity
         rivals = [
-            (p.joined_at_ms, p.identity)
+            p.joined_at_ms
             for p in participants
             if p.identity != ours and TokenIssuer.has_role(p.identity, ParticipantRole.SERVICE)
         ]
         if not rivals:
             return True
-        mine = next(((p.joined_at_ms, p.identity) for p in participants if p.identity == ours), None)
+        mine = next((p.joined_at_ms for p in participants if p.identity == ours), None)
         # Not listed yet (the server's view lags our join): we are the later joiner, whoever the rival is.
         return mine is not None and mine < min(rivals)
 
