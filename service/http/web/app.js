@@ -151,9 +151,22 @@ function latencyText(latest, recent) {
 // peer connection from the first frame presented after a stamped status arrived (the status leaves the service
 // with that frame), and from then on each chunk's first frame is found exactly by its `rtpTimestamp`.
 // Keep-warm repeats (docs/control-protocol.md): while the session has nothing new, the service sends the last frame
-// again every LINGSTREAM_IDLE_FRAME_INTERVAL_MS, 90 ticks off the grid generated frames sit on. Once the offset is
+// again every LINGSTREAM_IDLE_FRAME_INTERVAL_MS, REPEAT_TICKS off the grid generated frames sit on. Once the offset is
 // known such a frame is told apart (`isRepeat`) and neither counted as a frame nor taken for a chunk's first frame.
-const photon = { generation: null, origin: null, pending: [], reference: null, fps: null };
+//
+// The frame the offset is learnt from may itself be a repeat: a page that (re)connects while the session idles or
+// is paused gets only repeats, and when the next chunk comes, repeats sent just before its first frame may still be
+// presented after its status (the video takes the longer way). Learnt from a repeat, the offset is REPEAT_TICKS too
+// high: generated frames would lie REPEAT_TICKS *before* the grid and be taken for repeats, and repeats would be
+// counted. Nothing lies there when the offset is right (generated frames are on the grid, repeats after it), so the
+// first frame presented there shows it and is the first generated frame since: the offset is learnt again from it
+// (the pacer sends the frame that ends the repeats at once, so it is the first frame of the chunk the status named,
+// unless generation fell behind within that chunk: then it is a later one, as when the offset is learnt from a
+// generated frame), and what was done on the repeats since the first learning is undone (`photon.learnt`): their
+// frame counts and photon samples are taken back and the chunk starts they were taken for wait for their frames.
+const REPEAT_TICKS = 90; // transport.pacing.REPEAT_PTS_OFFSET: 1 ms of the 90 kHz clock
+const GRID_SLACK = 2; // ticks: a phase combines four timestamps (frame, origin's frame and status, reference), each rounded
+const photon = { generation: null, origin: null, pending: [], reference: null, fps: null, learnt: null };
 
 function stamped(message) {
   if (typeof message.first_frame_pts !== "number") return;
@@ -161,14 +174,41 @@ function stamped(message) {
   photon.reference = message.first_frame_pts;
 }
 
-function isRepeat(meta) {
+// How many ticks a frame lies off the grid of generated frames (signed, within half a frame), or null while the grid
+// is unknown.
+function gridPhase(meta) {
   // LiveKit's sender stamps RTP from its own capture clock: the grid is the service's only on the embedded transport.
-  if (page.transport !== "embedded") return false;
-  if (!meta || typeof meta.rtpTimestamp !== "number" || photon.origin === null || photon.reference === null) return false;
-  if (!(photon.fps > 0)) return false;
+  if (page.transport !== "embedded") return null;
+  if (!meta || typeof meta.rtpTimestamp !== "number" || photon.origin === null || photon.reference === null) return null;
+  if (!(photon.fps > 0)) return null;
   const ticks = 90000 / photon.fps;
   const delta = (meta.rtpTimestamp - ((photon.origin + photon.reference) >>> 0)) | 0; // signed, modulo 2^32
-  return Math.abs(delta - Math.round(Math.round(delta / ticks) * ticks)) > 1;
+  return delta - Math.round(Math.round(delta / ticks) * ticks);
+}
+
+function isRepeat(meta) {
+  const phase = gridPhase(meta);
+  return phase !== null && Math.abs(phase) > GRID_SLACK;
+}
+
+// Checks the learnt offset against a frame (see above): a frame REPEAT_TICKS before the grid proves that it was learnt
+// from a repeat, and it is learnt again from this frame; a repeat where repeats lie proves it right.
+function checkOrigin(meta) {
+  const learnt = photon.learnt;
+  const phase = gridPhase(meta);
+  if (learnt === null || phase === null) return;
+  if (Math.abs(phase - REPEAT_TICKS) <= GRID_SLACK) {
+    photon.learnt = null;
+  } else if (Math.abs(phase + REPEAT_TICKS) <= GRID_SLACK) {
+    photon.learnt = null;
+    photon.origin = (meta.rtpTimestamp - learnt.pts) >>> 0;
+    page.frames -= learnt.frames;
+    page.framesThisConnection = Math.max(0, page.framesThisConnection - learnt.frames);
+    frameTimes.splice(Math.max(0, frameTimes.length - learnt.frames));
+    page.photonsMs.splice(Math.max(0, page.photonsMs.length - learnt.samples));
+    page.photonMs = page.photonsMs.length ? page.photonsMs[page.photonsMs.length - 1] : null;
+    photon.pending.unshift(...learnt.consumed);
+  }
 }
 
 function expectPhoton(message) {
@@ -182,17 +222,24 @@ function expectPhoton(message) {
 function framePresented(now, meta) {
   if (!meta || typeof meta.rtpTimestamp !== "number") return;
   const generation = window.lingstream.generation;
-  if (photon.generation !== generation) Object.assign(photon, { generation, origin: null });
+  if (photon.generation !== generation) Object.assign(photon, { generation, origin: null, learnt: null });
+  const learnt = photon.learnt;
+  if (learnt !== null) learnt.frames += 1;
   while (photon.pending.length) {
     const next = photon.pending[0];
-    if (photon.origin === null) photon.origin = (meta.rtpTimestamp - next.pts) >>> 0;
+    if (photon.origin === null) {
+      photon.origin = (meta.rtpTimestamp - next.pts) >>> 0;
+      photon.learnt = { pts: next.pts, frames: 1, samples: 0, consumed: [] }; // what to undo if this was a repeat
+    }
     const ahead = (meta.rtpTimestamp - ((photon.origin + next.pts) >>> 0)) | 0; // signed, modulo 2^32
     if (ahead < 0) break;
     photon.pending.shift();
+    if (photon.learnt !== null && photon.learnt.consumed.length < 16) photon.learnt.consumed.push(next);
     if (next.sent === null) continue; // only learnt the offset from it
     page.photonMs = now - next.sent;
     page.photonsMs.push(page.photonMs);
     if (page.photonsMs.length > 20) page.photonsMs.shift();
+    if (photon.learnt !== null) photon.learnt.samples += 1;
   }
 }
 
@@ -210,8 +257,9 @@ function countFrames() {
   }
   const onFrame = (now, meta) => {
     if (window.lingstream.generation !== photon.generation) {
-      Object.assign(photon, { generation: window.lingstream.generation, origin: null, reference: null });
+      Object.assign(photon, { generation: window.lingstream.generation, origin: null, reference: null, learnt: null });
     }
+    checkOrigin(meta);
     if (!isRepeat(meta)) {
       frameShown(now, 1);
       framePresented(now, meta);
@@ -325,7 +373,7 @@ function resetPage() {
     ended: false, connection: null,
   });
   frameTimes.length = 0;
-  Object.assign(photon, { generation: null, origin: null, pending: [], reference: null, fps: null });
+  Object.assign(photon, { generation: null, origin: null, pending: [], reference: null, fps: null, learnt: null });
 }
 
 async function start(event) {
