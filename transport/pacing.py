@@ -45,6 +45,7 @@ __all__ = [
     "SendFrame",
     "WaitUntil",
     "frame_pts",
+    "grid_offset",
     "is_repeat_pts",
     "slot_pts",
 ]
@@ -126,13 +127,19 @@ def frame_pts(frame: PacedFrame, fps: float) -> int:
     return slot_pts(frame.media_index, fps) + (REPEAT_PTS_OFFSET if frame.repeat else 0)
 
 
-def is_repeat_pts(pts: int, reference_pts: int, fps: float) -> bool:
-    """Whether a frame presented at `pts` is a repeat (off the slot grid), judged against `reference_pts`, the
-    timestamp of any generated frame of the same stream (e.g. a chunk's `first_frame_pts`). Working from a
-    difference keeps it exact for receivers that only know timestamps up to a constant (RTP)."""
+def grid_offset(pts: int, reference_pts: int, fps: float) -> int:
+    """How many ticks `pts` lies off the slot grid through `reference_pts` (the timestamp of any generated frame of
+    the same stream, e.g. a chunk's `first_frame_pts`), signed, within half a slot: 0 (within a tick of rounding)
+    for a generated frame, `REPEAT_PTS_OFFSET` for a repeat. Working from a difference keeps it exact for receivers
+    that only know timestamps up to a constant (RTP)."""
     ticks = VIDEO_CLOCK_RATE / fps
     delta = pts - reference_pts
-    return abs(delta - round(round(delta / ticks) * ticks)) > 1
+    return delta - round(round(delta / ticks) * ticks)
+
+
+def is_repeat_pts(pts: int, reference_pts: int, fps: float) -> bool:
+    """Whether a frame presented at `pts` is a repeat (off the slot grid through `reference_pts`: `grid_offset`)."""
+    return abs(grid_offset(pts, reference_pts, fps)) > 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,7 @@ from pipeline.bidirectional import ControlMessage, ControlState, Pause, ResetPos
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
 from transport.client.api import ServiceClient, SessionInfo
 from transport.client.errors import ConnectError
-from transport.pacing import is_repeat_pts
+from transport.pacing import REPEAT_PTS_OFFSET, grid_offset, is_repeat_pts
 from transport.protocol import MAX_SEQ, ProtocolError, decode_status, encode_control
 from transport.rtc import ice_host_addresses
 
@@ -134,7 +134,11 @@ class ChunkTracker:
     with a frame would have been overtaken by that frame (a chunk's first frame leaves the service with its status
     and takes the longer way: encoding, RTP, decoding); of the rest, the one whose frames follow their statuses most
     closely (smallest median delay) wins. Under a load that delays every frame by more than a frame interval behind
-    its status, a fitted offset can be a frame off.
+    its status, a fitted offset can be a frame off. A keep-warm repeat sent just before a chunk's first frame may
+    arrive after its status and pair with it more closely than the chunk's frame does; with the session's `fps`
+    known, a candidate under which a recent frame lies `REPEAT_PTS_OFFSET` *before* the statuses' grid is refused
+    (nothing lies there: generated frames are on the grid, repeats after it; it is what pairing a status with a
+    repeat makes of the generated frames).
 
     Without RTP timestamps (LiveKit), `frame(None, at)` gives each status, in order, to the next frame that arrives.
     """
@@ -144,6 +148,7 @@ class ChunkTracker:
         "_current",
         "_exact",
         "_fits",
+        "_fps",
         "_fresh",
         "_offset",
         "_pending",
@@ -152,7 +157,8 @@ class ChunkTracker:
         "_sorted",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, fps: float | None = None) -> None:
+        self._fps = fps  # the session's frame rate: lets the fit refuse an offset fitted on a repeat
         self._by_pts: dict[int, ChunkStatus] = {}
         self._sorted: list[int] = []
         self._recent_statuses: deque[tuple[int, float]] = deque(maxlen=_FIT_STATUSES)
@@ -237,7 +243,7 @@ class ChunkTracker:
             for rtp, frame_at in self._recent_frames
             if -_EARLY_S <= frame_at - status_at <= _PAIR_WINDOW_S
         }
-        best: tuple[float, int, int] | None = None  # (median delay, -pairs, offset)
+        ranked: list[tuple[float, int, int]] = []  # (median delay, -pairs, offset)
         for offset in candidates:
             delays = sorted(
                 arrivals[pts - offset] - status_at for pts, status_at in statuses if pts - offset in arrivals
@@ -245,11 +251,20 @@ class ChunkTracker:
             overtaken = sum(1 for delay in delays if delay < -_EARLY_S)
             if not delays or overtaken * 10 > len(delays):
                 continue
-            key = (delays[len(delays) // 2], -len(delays), offset)
-            if best is None or key < best:
-                best = key
-        if best is not None:
-            self._offset = best[2]
+            ranked.append((delays[len(delays) // 2], -len(delays), offset))
+        for _, _, offset in sorted(ranked):
+            if not self._fitted_on_a_repeat(offset, statuses[-1][0]):
+                self._offset = offset
+                return
+
+    def _fitted_on_a_repeat(self, offset: int, reference_pts: int) -> bool:
+        fps = self._fps
+        if fps is None:
+            return False
+        return any(
+            abs(grid_offset(rtp + offset, reference_pts, fps) + REPEAT_PTS_OFFSET) <= 1
+            for rtp, _ in self._recent_frames
+        )
 
 
 class Link(Protocol):
@@ -281,7 +296,7 @@ class LiveStream:
         self._frames: deque[_Arrived] = deque()
         self._frame_buffer = frame_buffer
         self._frame_arrived = asyncio.Event()
-        self._tracker = ChunkTracker()
+        self._tracker = ChunkTracker(info.fps)
         self._seq = time.time_ns() // 1_000_000
         self._prompt_seq = self._seq  # prompts count on their own (the service keeps the newest of each kind)
         self._sent: dict[int, float] = {}

@@ -31,7 +31,7 @@ from transport.client import (
     default_ice_addresses,
     error_classes,
 )
-from transport.pacing import PacedFrame, PacingConfig, PacingCore, SendFrame, frame_pts
+from transport.pacing import REPEAT_PTS_OFFSET, PacedFrame, PacingConfig, PacingCore, SendFrame, frame_pts
 from transport.protocol import decode_control, encode_status
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -75,6 +75,31 @@ def test_frames_are_labelled_exactly_once_the_offset_is_fitted_over_many_statuse
     for index in range(FIRST + 1, FIRST + 26):
         chunk, first, pts = tracker.label(_rtp(index))
         assert (chunk, first, pts) == (_chunk(index), True, index * TICKS)
+
+
+def test_a_fit_refuses_an_offset_that_pairs_statuses_with_the_repeats_sent_before_their_frames() -> None:
+    """One-frame chunks on every other slot of a 25 fps stream, each after an idle slot that keep-warm fills with a
+    repeat (`REPEAT_PTS_OFFSET` after that slot). Each repeat arrives 2 ms after the next chunk's status and the
+    chunk's frame 30 ms after: paired with the repeats, the statuses follow more closely than with their frames."""
+
+    def play(tracker: ChunkTracker) -> None:
+        for k in range(1, 20):
+            at = k * 0.08
+            tracker.status(ChunkStatus(k, -1, (), {}, 2 * k * TICKS), at)
+            tracker.frame((2 * k - 1) * TICKS + REPEAT_PTS_OFFSET - base, at + 0.002)
+            tracker.frame(2 * k * TICKS - base, at + 0.03)
+
+    base = TICKS + REPEAT_PTS_OFFSET  # the first frame received (RTP timestamps count from it): the first repeat
+    blind = ChunkTracker()  # no frame rate: the fit cannot tell a repeat, and pairs the statuses with them
+    play(blind)
+    assert blind.offset is not None
+    assert blind.offset != base
+    tracker = ChunkTracker(fps=25.0)
+    play(tracker)
+    assert tracker.offset == base
+    for k in range(1, 20):
+        assert tracker.label(2 * k * TICKS - base) == (ChunkStatus(k, -1, (), {}, 2 * k * TICKS), True, 2 * k * TICKS)
+        assert tracker.label((2 * k - 1) * TICKS + REPEAT_PTS_OFFSET - base)[1] is False  # a repeat starts nothing
 
 
 def test_a_frame_read_before_its_status_arrived_is_labelled_when_it_is_read_after() -> None:
