@@ -160,7 +160,12 @@ class EmbeddedSessionBinding:
         )
         self._rtc_config = RTCConfiguration(iceServers=[RTCIceServer(urls=url) for url in config.ice_servers])
         self.viewers = EmbeddedViewers(
-            port, config=config, rtc_config=self._rtc_config, spawn=self._core.spawn, wall=wall
+            port,
+            config=config,
+            rtc_config=self._rtc_config,
+            spawn=self._core.spawn,
+            current_state=lambda: self._core.last_state,
+            wall=wall,
         )
         self._peer: _Peer | None = None
         self._generation = 0
@@ -347,6 +352,7 @@ class EmbeddedSessionBinding:
         return True
 
     def _encode_status(self, message: StatusMessage) -> Outbound:
+        self.viewers.relay(message)  # every status the core relays passes here, held and stamped as it goes out
         # "Lossy" in the outbox's sense: dropped while no channel is open (they would be stale by then), sent on the
         # ordered, reliable data channel otherwise. That covers chunk statuses and states (the current state is
         # sent again on every channel that opens); errors and `done` wait for a channel.

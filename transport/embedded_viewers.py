@@ -2,9 +2,12 @@
 
 Each viewer has its own peer connection, video track and data channel. The session's frames are offered to every
 connected viewer's track as the pacer releases them (the same frames the controller gets, at the same instants);
-its status messages reach each viewer through its own subscription to the session's status stream, from the
-moment the viewer's data channel opens (the current state first). Nothing a viewer sends is applied: its first
-message on a channel is answered with an `error` status `viewer_cannot_control`, every message is counted.
+its status messages reach each viewer from the moment the viewer's data channel opens (the current state first),
+as the controller gets them: the binding hands every status it relays to `relay`, after holding a chunk status
+until the chunk's first frame went out and stamping it with that frame's `first_frame_pts` (a page learns the RTP
+offset of its frames from that, and so tells keep-warm repeats from generated frames), and each viewer's copy
+carries its own track's `stream_base_pts`. Nothing a viewer sends is applied: its first message on a channel is
+answered with an `error` status `viewer_cannot_control`, every message is counted.
 
 A slow viewer never slows the controller or the other viewers: offering a frame never waits (a viewer's track keeps
 `TRACK_QUEUE` frames, the oldest is dropped and counted when its sender is behind), and a status message that would
@@ -12,7 +15,7 @@ pile up more than `status_buffer_bytes` unsent in a viewer's data channel is dro
 
 A viewer holds its place (`ViewerSeats`) from its credential until its peer connection fails or closes; an offer
 with the same credential replaces the viewer's peer connection (a rebind, same place). Cancellation: `close()`
-closes every viewer's peer connection; the status relays are tasks of the binding's core, cancelled with it.
+closes every viewer's peer connection.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
 
-from transport.base import DoneStatus, ErrorStatus, SessionPort, StatusMessage
+from transport.base import ChunkStatus, ErrorStatus, SessionPort, StateStatus, StatusMessage
 from transport.config import EmbeddedConfig
 from transport.errors import SessionNotAttachedError, SignalingError
 from transport.outbox import encode_outbound
@@ -50,7 +53,7 @@ class _ViewerPeer:
     pc: RTCPeerConnection
     track: PacedVideoTrack
     channel: RTCDataChannel | None = None
-    relay: asyncio.Task[None] | None = None
+    hears: bool = False  # its channel opened and was told the current state: it gets every status from here on
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +82,11 @@ class EmbeddedViewers:
         config: EmbeddedConfig,
         rtc_config: RTCConfiguration,
         spawn: Spawn,
+        current_state: Callable[[], StateStatus | None],
         wall: Callable[[], float] = time.time,
     ) -> None:
         self._port = port
+        self._current_state = current_state
         self._config = config
         self._rtc_config = rtc_config
         self._spawn = spawn
@@ -162,8 +167,11 @@ class EmbeddedViewers:
                     self._send(channel, ErrorStatus(VIEWER_CANNOT_CONTROL, "a viewer cannot control the session"))
 
             def on_open() -> None:
-                if current() and peer.channel is channel and peer.relay is None:
-                    peer.relay = self._try_spawn(self._relay_status(peer, channel), f"viewer-status-{peer.viewer_id}")
+                if current() and peer.channel is channel and not peer.hears:
+                    peer.hears = True
+                    state = self._current_state()
+                    if state is not None:
+                        self._send(channel, state)
 
             if peer.channel is not None:
                 self._controls_refused += 1  # one status channel per viewer; another is ignored
@@ -191,13 +199,17 @@ class EmbeddedViewers:
         except RuntimeError:
             return None
 
-    async def _relay_status(self, peer: _ViewerPeer, channel: RTCDataChannel) -> None:
-        async for message in self._port.status():
-            if self._peers.get(peer.viewer_id) is not peer or channel.readyState != "open":
-                return
-            self._send(channel, message)
-            if isinstance(message, DoneStatus):
-                return
+    def relay(self, message: StatusMessage) -> None:
+        """A status the binding relays to its controller (held and stamped as for it): to every viewer that hears."""
+        for peer in self._peers.values():
+            channel = peer.channel
+            if not peer.hears or channel is None or channel.readyState != "open":
+                continue
+            base = peer.track.first_pts
+            if isinstance(message, ChunkStatus) and base is not None:
+                self._send(channel, replace(message, stream_base_pts=base))
+            else:
+                self._send(channel, message)
 
     def _send(self, channel: RTCDataChannel, message: StatusMessage) -> None:
         payload = encode_outbound(message, max_bytes=self._config.status_max_bytes).payload
@@ -218,8 +230,6 @@ class EmbeddedViewers:
         peer.track.stop()
         self._frames_dropped += peer.track.dropped
         peer.track.dropped = 0
-        if peer.relay is not None:
-            peer.relay.cancel()
         try:
             # Shielded: aiortc's close ends by resolving a future its other closers wait on; cancelling a waiter
             # (the binding closing meanwhile) would cancel that future under aiortc.

@@ -17,7 +17,7 @@ from tests.fakes.livekit import sign_webhook, webhook_body
 from tests.fakes.webrtc_client import BrowserPeer
 from tests.unit.service.helpers import Harness, metric, running_service, wait_for
 from tests.unit.service.test_transport_routes import ALICE, API_KEYS, BOB, KEY, PACED, SECRET, livekit_service
-from transport.base import ErrorStatus, StateStatus
+from transport.base import ChunkStatus, ErrorStatus, StateStatus
 from transport.config import EmbeddedConfig
 from transport.embedded import EmbeddedTransport
 from transport.embedded_viewers import VIEWER_CANNOT_CONTROL
@@ -105,6 +105,38 @@ async def test_an_embedded_viewer_sees_the_frames_and_status_and_cannot_control(
         # The viewer is not the controller: its peer connection did not take the controller's place.
         assert transport.binding(sid).peer_connection is not None
         assert transport.binding(sid).peer_connection is not viewer.pc
+
+
+async def test_a_viewers_chunk_statuses_are_stamped_like_the_controllers() -> None:
+    # The page and the Python client learn which received frame starts a chunk (and so tell keep-warm repeats from
+    # generated frames) from `first_frame_pts`, and a Python client maps its frames with `stream_base_pts`: a
+    # viewer's statuses carry both, the base being the first frame its own track sent.
+    async with embedded() as (svc, _transport), peers(2) as (controller, viewer):
+        session = (await svc.create()).json()
+        assert (await _offer(svc, controller, session["transport"]["offer_url"], None)).status_code == 200
+        details = (await svc.client.post(f"/v1/sessions/{session['id']}/viewers")).json()
+        assert (await _offer(svc, viewer, details["offer_url"], details["viewer_token"])).status_code == 200
+        assert await viewer.next_status() == StateStatus("running")
+        chunks: list[ChunkStatus] = []
+        while len(chunks) < 3:
+            status = await viewer.next_status()
+            if not isinstance(status, ChunkStatus):
+                continue
+            assert status.first_frame_pts is not None, status
+            # The base is known once the viewer's own track sent a frame (a status just before has none).
+            if status.stream_base_pts is not None:
+                chunks.append(status)
+        received: set[int] = set()
+        for status in chunks:
+            assert status.first_frame_pts is not None
+            assert status.stream_base_pts is not None
+            # The receiver counts pts from the first frame it got: the chunk's first frame is among them.
+            wanted = status.first_frame_pts - status.stream_base_pts
+            async with asyncio.timeout(_WAIT):
+                while wanted not in received:
+                    frame = await viewer.next_frame()
+                    assert frame.pts is not None
+                    received.add(frame.pts)
 
 
 async def test_max_viewers_refuses_with_429_and_a_viewer_that_leaves_frees_its_place() -> None:
