@@ -29,8 +29,9 @@ How tensors cross (the service process only ever holds references and the final 
     DiT rank 0 ──latent chunk: `latent` channel (every chunk)──► decode rank 0
     service ◄──latent: RemoteLatent(TensorRef)── DiT                   ──► decode
     (co-located: DiT rank 0 decodes the chunk where it is; there is no latent artifact and no latent channel)
-    service ◄──frame parts (uint8, shared memory, partial replies)── the decoding rank 0   (progressive decode)
-    service ◄──frames (uint8, shared memory, the call's reply)── the decoding rank 0
+    service ◄──frame parts (uint8, partial replies)── the decoding rank 0          (progressive decode)
+    service ◄──frames (uint8, the call's reply)── the decoding rank 0
+    (both in shared memory: with parts, views of one segment per chunk that the reply sends whole)
 
 Progressive decode: given a `PartSink`, the decoding group decodes progressively too (`group_stages.py`): its rank
 0 sends each part of a chunk as a partial reply of the decode call (`WorkerContext.parts`, the protocol in

@@ -14,8 +14,9 @@ are the call's result; in the DiT group every rank runs the (sharded) denoiser.
 
 Progressive decode (`GroupOptions.progressive_decode`, a `ProgressiveDecoder`): the decoding rank hands each part of
 a chunk to the parent as it is decoded, through the worker's partial replies (`WorkerContext.parts`): a
-`SharedPart` pickles its frames as a shared-memory tensor like `SharedFrames` and arrives in the service process as
-a `FramesPart`, ahead of the call's whole-chunk `frames` artifact.
+`SharedPart` carries its frames as a view of the chunk's one shared-memory buffer (`ChunkParts`) and arrives in the
+service process as a `FramesPart`, ahead of the call's whole-chunk `frames` artifact, which then sends the same
+buffer.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.actor import Stage, StageCall
+from pipeline.lingbot.chunks import TEMPORAL_COMPRESSION, frame_num_for_latent_frames
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.controls import ControlSnapshot
 from pipeline.lingbot.errors import ModelSessionError
@@ -45,12 +47,12 @@ from pipeline.lingbot.stages import (
     EncodeStage,
     FramesArtifact,
     LatentArtifact,
-    PartSink,
 )
 from pipeline.process import PartSender, TensorRef, WorkerContext, WorkerTensorChannel
 
 __all__ = [
     "LATENT_CHANNEL_TIMING",
+    "ChunkParts",
     "DecodeGroupStage",
     "DenoiseGroupStage",
     "EncodeGroupStage",
@@ -124,16 +126,20 @@ class RemoteLatent:
 
 class SharedFrames:
     """A `FramesArtifact` on its way out of a worker process: it pickles its frames as a shared-memory tensor and
-    unpickles as the `FramesArtifact` itself (frames a numpy view of that memory, kept alive by the array)."""
+    unpickles as the `FramesArtifact` itself (frames a numpy view of that memory, kept alive by the array). `shared`:
+    the same frames already in shared memory (the chunk's parts were sent from it), sent as they are."""
 
-    __slots__ = ("artifact",)
+    __slots__ = ("artifact", "shared")
 
-    def __init__(self, artifact: FramesArtifact) -> None:
+    def __init__(self, artifact: FramesArtifact, shared: torch.Tensor | None = None) -> None:
         self.artifact = artifact
+        self.shared = shared
 
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
         artifact = self.artifact
-        shared = torch.from_numpy(artifact.frames).share_memory_()  # type: ignore[no-untyped-call]
+        shared = self.shared
+        if shared is None:
+            shared = torch.from_numpy(artifact.frames).share_memory_()  # type: ignore[no-untyped-call]
         return (_unshare_frames, (artifact.chunk_index, shared, artifact.snapshot, dict(artifact.timings)))
 
 
@@ -154,41 +160,96 @@ class FramesPart:
 
 
 class SharedPart:
-    """A `FramesPart` on its way out of a worker process: its frames pickle as a shared-memory tensor."""
+    """A `FramesPart` on its way out of a worker process: its frames (a shared-memory tensor, usually a view of the
+    chunk's buffer) pickle as that memory's handle and unpickle as a `FramesPart`."""
 
-    __slots__ = ("part",)
+    __slots__ = ("chunk_index", "frames", "offset")
 
-    def __init__(self, part: FramesPart) -> None:
-        self.part = part
+    def __init__(self, chunk_index: int, offset: int, frames: torch.Tensor) -> None:
+        self.chunk_index = chunk_index
+        self.offset = offset
+        self.frames = frames
 
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
-        part = self.part
-        shared = torch.from_numpy(part.frames).share_memory_()  # type: ignore[no-untyped-call]
-        return (_unshare_part, (part.chunk_index, part.offset, shared))
+        return (_unshare_part, (self.chunk_index, self.offset, self.frames))
 
 
 def _unshare_part(chunk_index: int, offset: int, frames: torch.Tensor) -> FramesPart:
     return FramesPart(chunk_index, offset, frames.numpy())
 
 
-def _part_sink(parts: PartSender) -> PartSink:
-    """The decode stage's sink inside a worker process: each part goes to the parent as a partial reply."""
+class ChunkParts:
+    """The decode stage's part sink inside a worker process: the chunk's frames go into one shared-memory buffer as
+    they are decoded, and each part leaves as a partial reply carrying its view of that buffer.
 
-    def sink(_session_id: str, chunk_index: int, offset: int, frames: npt.NDArray[np.uint8]) -> None:
-        parts.send(SharedPart(FramesPart(chunk_index, offset, frames)))
+    One segment per chunk, not one per part: the parent maps it once (torch's receive side recognises a segment it
+    already holds), and the whole chunk's reply then sends the same buffer instead of copying the frames into a new
+    segment. The buffer is sized by the chunk contract (`chunks.py`: 4·cs − 3 frames for chunk 0, 4·cs after); a
+    part that would not fit (a decoder that breaks the contract) is sent from a segment of its own, and the whole
+    chunk then too. Each region of the buffer is written once, before the part that announces it is sent, so the
+    parent never reads memory that is still being written.
+    """
 
-    return sink
+    def __init__(self, parts: PartSender) -> None:
+        self._parts = parts
+        self._buffer: torch.Tensor | None = None
+        self._frames = 0  # the chunk's frames by the contract
+        self._filled = 0  # frames written into the buffer so far, all sent
+
+    def begin(self, chunk_index: int, latent_frames: int) -> None:
+        """Start chunk `chunk_index` of `latent_frames` latent frames (before its first part)."""
+        self._buffer = None
+        self._frames = (
+            frame_num_for_latent_frames(latent_frames) if chunk_index == 0 else TEMPORAL_COMPRESSION * latent_frames
+        )
+        self._filled = 0
+
+    def __call__(self, _session_id: str, chunk_index: int, offset: int, frames: npt.NDArray[np.uint8]) -> None:
+        part = torch.from_numpy(frames)
+        if offset == self._filled and offset + len(frames) <= self._frames:
+            if self._buffer is None:
+                empty = torch.empty((self._frames, *part.shape[1:]), dtype=part.dtype)
+                self._buffer = empty.share_memory_()  # type: ignore[no-untyped-call]
+            if self._buffer.shape[1:] == part.shape[1:]:
+                view = self._buffer[offset : offset + len(frames)]
+                view.copy_(part)
+                self._filled += len(frames)
+                self._parts.send(SharedPart(chunk_index, offset, view))
+                return
+        self._filled = -1  # off the contract: this part and the whole chunk travel in their own segments
+        self._parts.send(SharedPart(chunk_index, offset, part.share_memory_()))  # type: ignore[no-untyped-call]
+
+    def finish(self, artifact: FramesArtifact) -> SharedFrames:
+        """The chunk's reply: the buffer when every part went through it (it then holds the artifact's frames)."""
+        buffer, self._buffer = self._buffer, None
+        whole = buffer is not None and self._filled == self._frames and tuple(buffer.shape) == artifact.frames.shape
+        return SharedFrames(artifact, buffer if whole else None)
 
 
-def _decode_stage(ctx: WorkerContext, options: GroupOptions, shard: ModelShard) -> DecodeStage:
-    sink = _part_sink(ctx.parts) if options.progressive_decode else None
-    return DecodeStage(options.factory.decoder(shard), sink)
+def _decode_stage(
+    ctx: WorkerContext, options: GroupOptions, shard: ModelShard
+) -> tuple[DecodeStage, ChunkParts | None]:
+    parts = ChunkParts(ctx.parts) if options.progressive_decode else None
+    return DecodeStage(options.factory.decoder(shard), parts), parts
 
 
-def _shared(artifacts: Mapping[str, object]) -> dict[str, object]:
-    return {
-        name: SharedFrames(value) if isinstance(value, FramesArtifact) else value for name, value in artifacts.items()
-    }
+def _decode(
+    decode: tuple[DecodeStage, ChunkParts | None],
+    call: StageCall,
+    latent: LatentArtifact,
+    timings: Mapping[str, float] | None = None,
+) -> SharedFrames:
+    """Decode `latent` (in parts where progressive) and return the chunk's frames, with `timings` added, ready to
+    leave the process."""
+    stage, parts = decode
+    if parts is not None:
+        parts.begin(latent.chunk_index, int(latent.latent.shape[1]))
+    frames = stage.process(_with_inputs(call, {"latent": latent}))[FRAMES]
+    if not isinstance(frames, FramesArtifact):
+        raise ModelSessionError(f"decode produced {type(frames).__name__}, not a FramesArtifact")
+    if timings:
+        frames = replace(frames, timings={**frames.timings, **timings})
+    return SharedFrames(frames) if parts is None else parts.finish(frames)
 
 
 def _key(session_id: str, chunk_index: int, what: str) -> str:
@@ -239,7 +300,7 @@ class DenoiseGroupStage:
         self._device = torch.device(ctx.device)
         shard = ModelShard(ctx.device, ctx.rank, ctx.world_size, options.dtype)
         self._denoise = DenoiseStage(options.factory.denoiser(shard))
-        self._decode: DecodeStage | None = None
+        self._decode: tuple[DecodeStage, ChunkParts | None] | None = None
         if options.role is GroupRole.DENOISE_DECODE and ctx.rank == 0:
             self._decode = _decode_stage(ctx, options, ModelShard(ctx.device, 0, 1, options.dtype))
         elif options.role is GroupRole.DENOISE and options.latent is None:
@@ -258,7 +319,7 @@ class DenoiseGroupStage:
         if not isinstance(artifact, LatentArtifact):
             raise ModelSessionError(f"denoise produced {type(artifact).__name__}, not a LatentArtifact")
         if self._decode is not None:
-            return _shared(self._decode.process(_with_inputs(call, {"latent": artifact})))
+            return {FRAMES: _decode(self._decode, call, artifact)}
         channel = cast(WorkerTensorChannel, self._options.latent)
         started = time.perf_counter()
         key = _key(call.session_id, artifact.chunk_index, "latent")
@@ -301,7 +362,7 @@ class DenoiseGroupStage:
     def release(self, session_id: str) -> None:
         self._denoise.release(session_id)
         if self._decode is not None:
-            self._decode.release(session_id)
+            self._decode[0].release(session_id)
         if self._rank == 0:
             self._options.base.discard(_session_prefix(session_id))
 
@@ -327,15 +388,11 @@ class DecodeGroupStage:
         tensor = self._channel.receive(remote.latent, timeout_s=self._options.channel_timeout_s)
         received = time.perf_counter() - started
         latent = LatentArtifact(remote.chunk_index, tensor, remote.snapshot, remote.config, remote.denoise_s)
-        frames = self._inner.process(_with_inputs(call, {"latent": latent}))[FRAMES]
-        if not isinstance(frames, FramesArtifact):
-            raise ModelSessionError(f"decode produced {type(frames).__name__}, not a FramesArtifact")
-        timings = {**frames.timings, LATENT_CHANNEL_TIMING: remote.send_s + received}
-        return {FRAMES: SharedFrames(replace(frames, timings=timings))}
+        return {FRAMES: _decode(self._inner, call, latent, {LATENT_CHANNEL_TIMING: remote.send_s + received})}
 
     def release(self, session_id: str) -> None:
         if self._inner is not None:
-            self._inner.release(session_id)
+            self._inner[0].release(session_id)
             self._channel.discard(_session_prefix(session_id))
 
 

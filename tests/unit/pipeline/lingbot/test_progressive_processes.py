@@ -5,15 +5,18 @@ read, the chunk never comes); a decoding rank that dies mid-chunk fails the sess
 
 One module-scoped service (decode co-located with a one-rank DiT: two worker processes) with a decoder the test
 holds at chunk 1's second part (`gated_world.py`) serves every test; the rank-death test runs last. Bit equality
-of the parts with whole-chunk decode, on one and two DiT ranks, is in `test_processes.py`.
+of the parts with whole-chunk decode, on one and two DiT ranks, is in `test_processes.py`. Without processes: the
+decoding rank's sink sends a chunk's parts and then its reply from one shared-memory buffer.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 import pytest_asyncio
 
@@ -21,12 +24,16 @@ from admission import ExecutionLease
 from pipeline.bidirectional import ChunkItem, ChunkOutput, ChunkPart, ControlState
 from pipeline.errors import SessionFailedError
 from pipeline.lingbot import LingBotService, ModelRuntimeConfig, ProcessPlacement, plan_placement
+from pipeline.lingbot.controls import ControlSnapshot
+from pipeline.lingbot.group_stages import ChunkParts, FramesPart
+from pipeline.lingbot.stages import FramesArtifact
 from tests.unit.pipeline.lingbot.gated_world import GatedReferenceFactory
 from tests.unit.pipeline.worker_stages import Gates, make_gates
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 
 SMALL = {"width": 64, "height": 48, "chunk_size": 3, "hud": True}
+SNAPSHOT = ControlSnapshot.from_keys(0, frozenset())
 
 
 @dataclass
@@ -129,3 +136,53 @@ async def test_a_decoding_rank_killed_mid_chunk_fails_the_session_after_the_part
     assert service.worker_statistics()["denoise_decode"].deaths == deaths + 1
     assert first.frames.shape == (4, 48, 64, 3)  # the part read before the death is still whole and readable
     assert int(first.frames.sum()) > 0
+
+
+class SentParts:
+    """A `PartSender` that keeps what the decode stage's sink sends (pickled, as the worker sends it)."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def send(self, part: object) -> None:
+        self.sent.append(bytes(ForkingPickler.dumps(part)))
+
+    def received(self) -> list[FramesPart]:
+        parts = [ForkingPickler.loads(data) for data in self.sent]
+        assert all(isinstance(part, FramesPart) for part in parts)
+        return parts
+
+
+def frames(count: int, value: int) -> npt.NDArray[np.uint8]:
+    return np.full((count, 8, 8, 3), value, dtype=np.uint8)
+
+
+def test_a_chunks_parts_and_its_reply_travel_in_one_shared_segment() -> None:
+    sender = SentParts()
+    sink = ChunkParts(sender)
+    sink.begin(0, 3)  # chunk 0 of 3 latent frames: 1 + 4 + 4 frames
+    for offset, count in ((0, 1), (1, 4), (5, 4)):
+        sink("s", 0, offset, frames(count, offset + 1))
+    whole = np.concatenate([frames(1, 1), frames(4, 2), frames(4, 6)])
+    reply = ForkingPickler.loads(bytes(ForkingPickler.dumps(sink.finish(FramesArtifact(0, whole, SNAPSHOT)))))
+
+    parts = sender.received()
+    assert [(part.offset, len(part.frames)) for part in parts] == [(0, 1), (1, 4), (5, 4)]
+    assert np.array_equal(np.concatenate([part.frames for part in parts]), whole)
+    assert np.array_equal(reply.frames, whole)
+    assert all(np.shares_memory(part.frames, reply.frames) for part in parts)  # no copy for the reply
+
+
+def test_parts_off_the_chunk_contract_travel_in_segments_of_their_own() -> None:
+    sender = SentParts()
+    sink = ChunkParts(sender)
+    sink.begin(1, 3)  # 12 frames by the contract; this decoder yields 5 + 5 + 5
+    for offset in (0, 5, 10):
+        sink("s", 1, offset, frames(5, offset + 1))
+    whole = np.concatenate([frames(5, 1), frames(5, 6), frames(5, 11)])
+    reply = ForkingPickler.loads(bytes(ForkingPickler.dumps(sink.finish(FramesArtifact(1, whole, SNAPSHOT)))))
+
+    parts = sender.received()
+    assert np.array_equal(np.concatenate([part.frames for part in parts]), whole)
+    assert np.array_equal(reply.frames, whole)
+    assert not np.shares_memory(parts[2].frames, reply.frames)
