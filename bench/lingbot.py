@@ -16,7 +16,8 @@ threads placement. Then, side by side in the same run (every process group is st
   (decode co-located, as `LINGSTREAM_STAGE_PLACEMENT=processes` runs it); processes_over_threads is their ratio
   (goal ≤ 1.15), processes_over_threads_p50 the same for the median chunk period (the p95 of a few dozen chunks
   follows the machine's load more than the placement). The processes figure pays for handing each chunk's frames
-  (3.6 MB) back to the service process through shared memory.
+  (3.6 MB) back to the service process through shared memory, and both pay for decoding in parts (progressive
+  decode, the default).
 - channel_ms_per_chunk: time one chunk's latent spends crossing from the DiT group to the decode group (send in the
   DiT's rank 0 plus receive in the decoder, `ChunkOutput.timings["latent_channel"]`), mean over the chunks of a
   2-rank session; channel_share_of_chunk_period: that ÷ the real-time chunk period (0.75 s; goal ≤ 3 %);
@@ -72,6 +73,9 @@ press from rest waits for before the first frame can be sent.
 
 - first_frame_ms_p50, wholechunk_first_frame_ms_p50, first_frame_saving_ms: the reference model's two medians and
   their difference;
+- processes_first_frame_ms_p50, processes_wholechunk_first_frame_ms_p50, processes_first_frame_saving_ms: the same
+  on the `processes` placement (one DiT rank, decode co-located, a service started per session), where the parts
+  come from the worker process as partial replies of its decode call;
 - lingbot_fast_first_frame_ms_p50, lingbot_fast_wholechunk_first_frame_ms_p50, lingbot_fast_first_frame_saving_ms:
   the same for LingBot-World-Fast.
 
@@ -333,7 +337,7 @@ class TimedDecoder:
 
 
 async def first_frame_session(
-    model: WorldModel, progressive: bool, width: int, height: int, chunks: int
+    model: WorldModel | ProcessPlacement, progressive: bool, width: int, height: int, chunks: int
 ) -> list[float]:
     """One session of `chunks` chunks, keys held, at full speed; each later chunk's `control_to_first_frame` (s)."""
     service = LingBotService(model, lease=ExecutionLease(), realtime=False, progressive_decode=progressive)
@@ -356,7 +360,7 @@ async def first_frame_session(
 
 
 async def first_frame(
-    model: WorldModel, width: int, height: int, chunks: int, rounds: int, prefix: str = ""
+    model: WorldModel | ProcessPlacement, width: int, height: int, chunks: int, rounds: int, prefix: str = ""
 ) -> dict[str, float]:
     """First frames, progressive against whole-chunk decode, alternating sessions (the module docstring)."""
     progressive: list[float] = []
@@ -488,6 +492,10 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         results.update(asyncio.run(reference(args.chunks, args.threads, devices)))
         width, height = CONFIG["width"], CONFIG["height"]
         first = first_frame(ReferenceWorldModel(devices[0]), width, height, max(2, args.chunks // 3), rounds)
+        results.update(asyncio.run(first))
+        one_rank = placement(1, args.threads, devices)
+        assert one_rank is not None
+        first = first_frame(one_rank, width, height, max(2, args.chunks // 3), rounds, "processes_")
         results.update(asyncio.run(first))
         results.update(camera(args.chunks, devices[0]))
     if args.model in ("both", "lingbot-fast"):

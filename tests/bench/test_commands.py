@@ -79,7 +79,7 @@ FIGURES: dict[str, frozenset[str]] = {
     | {"lingbot_fast_fps", "lingbot_fast_first_chunk_s", "flashdreams_h100_fps", "flashdreams_h100_ms_per_chunk"}
     | {
         f"{prefix}{key}"
-        for prefix in ("", "lingbot_fast_")
+        for prefix in ("", "processes_", "lingbot_fast_")
         for key in ("first_frame_ms_p50", "wholechunk_first_frame_ms_p50", "first_frame_saving_ms")
     },
     "admission_latency": frozenset(
