@@ -28,13 +28,12 @@ GATE_PART = 1
 GATE_TIMEOUT_S = 30.0
 
 
-class GatedProcessDecoder:
-    """The reference decoder, held at part `GATE_PART` of chunk `GATE_CHUNK` for the sessions named above."""
+class PartsDecoder:
+    """The reference decoder's caches, and its whole chunk as the concatenation of `decode_parts` (which a test's
+    subclass holds or fails mid-chunk), so the whole chunk goes through the same gate."""
 
-    def __init__(self, inner: ReferenceVAEDecoder, started: Any, gate: Any) -> None:
+    def __init__(self, inner: ReferenceVAEDecoder) -> None:
         self._inner = inner
-        self._started = started
-        self._gate = gate
 
     def create_cache(self, session_id: str, config: LingBotSessionConfig) -> None:
         self._inner.create_cache(session_id, config)
@@ -44,6 +43,18 @@ class GatedProcessDecoder:
 
     def decode_chunk(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> torch.Tensor:
         return torch.cat(list(self.decode_parts(session_id, chunk_index, latent)))
+
+    def decode_parts(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> Iterator[torch.Tensor]:
+        return self._inner.decode_parts(session_id, chunk_index, latent)
+
+
+class GatedProcessDecoder(PartsDecoder):
+    """The reference decoder, held at part `GATE_PART` of chunk `GATE_CHUNK` for the sessions named above."""
+
+    def __init__(self, inner: ReferenceVAEDecoder, started: Any, gate: Any) -> None:
+        super().__init__(inner)
+        self._started = started
+        self._gate = gate
 
     def decode_parts(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> Iterator[torch.Tensor]:
         held = session_id.split("-")[0] in ("gate", "fail", "kill")

@@ -15,33 +15,25 @@ import torch
 
 from pipeline.bidirectional import ChunkItem, ChunkOutput, ChunkPart, ControlState
 from pipeline.errors import SessionFailedError
-from pipeline.lingbot import LingBotSessionConfig, ProgressiveDecoder, WorldModelParts
+from pipeline.lingbot import ProgressiveDecoder, WorldModelParts
 from pipeline.lingbot.reference_model import ReferenceVAEDecoder, ReferenceWorldModel
 from pipeline.lingbot.service import LingBotService
+from tests.unit.pipeline.lingbot.gated_world import PartsDecoder
 
 SMALL = {"width": 64, "height": 48, "chunk_size": 3, "hud": True}
 
 
-class GatedDecoder:
+class GatedDecoder(PartsDecoder):
     """The reference decoder, whose every part after the first of chunk `gate_chunk` waits for `release` (a
     `threading.Event` the test sets), or fails there with `fail_at_part`."""
 
     def __init__(self, inner: ReferenceVAEDecoder, gate_chunk: int, *, fail: bool = False) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._gate_chunk = gate_chunk
         self._fail = fail
         self.release = threading.Event()
         self.waiting = threading.Event()
         self.finished_parts = 0
-
-    def create_cache(self, session_id: str, config: LingBotSessionConfig) -> None:
-        self._inner.create_cache(session_id, config)
-
-    def release_cache(self, session_id: str) -> None:
-        self._inner.release_cache(session_id)
-
-    def decode_chunk(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> torch.Tensor:
-        return torch.cat(list(self.decode_parts(session_id, chunk_index, latent)))
 
     def decode_parts(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> Iterator[torch.Tensor]:
         for number, part in enumerate(self._inner.decode_parts(session_id, chunk_index, latent)):
