@@ -4,14 +4,17 @@ the browser benches (bench/_common.py) import too."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
+
 if TYPE_CHECKING:  # playwright is a dev extra; the tests that use it skip without it
     from playwright.sync_api import Browser
 
-__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "launch_chromium"]
+__all__ = ["BROWSER_SKIPS", "CHROMIUM", "CHROMIUM_ARGS", "launch_chromium"]
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -26,6 +29,15 @@ CHROMIUM_ARGS = [
     # Host candidates with real addresses instead of mDNS names, so ICE can pair with the service on loopback.
     "--disable-features=WebRtcHideLocalIpsWithMdns",
 ]
+
+BROWSER_SKIPS = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("playwright") is None,
+        reason="needs playwright (python): pip install -e '.[dev]'",
+    ),
+    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs Chromium at {CHROMIUM} (scripts/setup.sh --dev)"),
+]
+"""What every browser test module skips for, with the reason: no playwright, or no Chromium where it is looked for."""
 
 
 @contextlib.contextmanager

@@ -20,23 +20,14 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.chromium import CHROMIUM
+from tests.e2e.chromium import BROWSER_SKIPS
 from tests.e2e.netns import unshare_prefix
 from tests.serving import ROOT
-
-try:
-    import playwright.sync_api
-except ImportError:  # pragma: no cover - the dev extra installs it
-    playwright = None  # type: ignore[assignment]
 
 RUN_S = 240
 
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(playwright is None, reason="needs playwright (python): pip install -e '.[dev]'"),
-    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs Chromium at {CHROMIUM} (scripts/setup.sh --dev)"),
-]
+pytestmark = [pytest.mark.browser, *BROWSER_SKIPS]
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from service.http.docs import swagger_ui_dir
-from tests.e2e.chromium import CHROMIUM, launch_chromium
+from tests.e2e.chromium import BROWSER_SKIPS, launch_chromium
 from tests.e2e.pages import FRAMES_IN_WINDOW_JS as _FRAMES_IN_WINDOW_JS
 from tests.e2e.pages import SETTLED_JS as _SETTLED_JS
 from tests.e2e.pages import best_shift as _best_shift
@@ -42,8 +42,7 @@ WAIT_MS = 20_000  # generous: a loaded 2-core CI machine; every wait ends as soo
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(sync_playwright is None, reason="needs playwright (python): pip install -e '.[dev]'"),
-    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs Chromium at {CHROMIUM} (scripts/setup.sh --dev)"),
+    *BROWSER_SKIPS,
 ]
 
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.e2e.browser_fixtures import embedded_browser_fixtures
-from tests.e2e.chromium import CHROMIUM
+from tests.e2e.chromium import BROWSER_SKIPS
 from tests.e2e.pages import hold_until_applied, start_session, wait_frames
 from tests.serving import Served
 from tests.unit.service.helpers import metric
@@ -37,8 +37,7 @@ JITTER_MS = 600  # the page shows its video this late: repeats sent before a chu
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(sync_playwright is None, reason="needs playwright (python): pip install -e '.[dev]'"),
-    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs Chromium at {CHROMIUM} (scripts/setup.sh --dev)"),
+    *BROWSER_SKIPS,
 ]
 
 # Resolves true once the page's own frame count has not moved for `quiet` ms (the session went idle and its last

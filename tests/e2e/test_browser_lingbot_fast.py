@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.e2e.browser_fixtures import embedded_browser_fixtures
-from tests.e2e.chromium import CHROMIUM
+from tests.e2e.chromium import BROWSER_SKIPS
 from tests.e2e.pages import SETTLED_JS, start_session
 from tests.e2e.tiny_model import write_tiny_checkpoint
 from tests.serving import Served
@@ -39,8 +39,7 @@ QUIET_MS = 800  # no frame for this long after a chunk's frames arrived: the chu
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(sync_playwright is None, reason="needs playwright (python): pip install -e '.[dev]'"),
-    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs Chromium at {CHROMIUM} (scripts/setup.sh --dev)"),
+    *BROWSER_SKIPS,
 ]
 
 # Every presented frame's compositor count, size and RTP timestamp, from requestVideoFrameCallback on the page's

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.chromium import BROWSER_SKIPS, CHROMIUM, CHROMIUM_ARGS
 from tests.e2e.pages import hold_until_applied
 from tests.reliability.test_process_shutdown import descendants
 from tests.serving import ROOT, environment, free_port, lingstream, wait_until_ready
@@ -31,8 +31,7 @@ WAIT_MS = 30_000
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(sync_playwright is None, reason="needs playwright (python): pip install -e '.[dev]'"),
-    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs Chromium at {CHROMIUM} (scripts/setup.sh --dev)"),
+    *BROWSER_SKIPS,
 ]
 
 _FRAMES_IN_WINDOW_JS = """

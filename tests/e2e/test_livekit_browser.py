@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.e2e.chromium import CHROMIUM, launch_chromium
+from tests.e2e.chromium import BROWSER_SKIPS, launch_chromium
 from tests.e2e.livekit_stack import LiveKitStack, livekit_stack, metric
 from tests.e2e.pages import (
     SETTLED_JS,
@@ -47,8 +47,7 @@ RECONNECTS = "lingstream_transport_reconnects_total"
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(sync_playwright is None, reason="needs playwright (python): pip install -e '.[dev]'"),
-    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"needs Chromium at {CHROMIUM} (scripts/setup.sh --dev)"),
+    *BROWSER_SKIPS,
     pytest.mark.skipif(LiveKitStack.skip_reason() is not None, reason=str(LiveKitStack.skip_reason())),
 ]
 
