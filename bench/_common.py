@@ -6,7 +6,7 @@ with, so a bench figure and the service's own p95 mean the same thing.
 
 A script run as `python bench/<script>.py` has bench/ first on sys.path, which is how it finds this module; no bench
 file may be named like a package (`tests/bench` checks). Importing this module also puts the repository root on
-sys.path: the benches reuse `tests.fakes` (fake workers, a throwaway redis-server, an aiortc peer), which the
+sys.path: the benches reuse `tests.support.fakes` (fake workers, a throwaway redis-server, an aiortc peer), which the
 editable install does not provide.
 """
 
@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
 
 # Debian's Chromium and the flags the browser benches launch it with (Playwright drives it by executable_path): the
 # browser tests' own, so that a bench and a test see the page through the same browser.
-from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (needs ROOT on sys.path)
+from tests.support.browser.chromium import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (needs ROOT on sys.path)
 
 __all__ = ["CHROMIUM", "CHROMIUM_ARGS", "ROOT", "Server", "free_port", "jain", "metric_sum", "report"]
 
@@ -52,7 +52,8 @@ class Server:
 
     `settings` are `LINGSTREAM_*` variables; the caller's own `LINGSTREAM_*`, `LIVEKIT_*` and `OTEL_*` variables are
     dropped so that a bench measures what it states, not the shell it runs in. `worker_factory` (a
-    `module:function` in `tests.fakes.world`) replaces the model workers through the test-only hook. `stop()` asks
+    `module:function` in `tests.support.fakes.world`) replaces the model workers through the test-only hook. `stop()`
+    asks
     for a drain (SIGTERM) and kills the process if it has not exited after `timeout`; leaving the `with` block
     stops it the same way."""
 

@@ -135,7 +135,9 @@ async def lease_fairness(sessions: int, seconds: float) -> dict[str, float]:
 async def main(cycles: int, concurrency: int, lease_seconds: float) -> dict[str, float]:
     with (
         tempfile.TemporaryDirectory() as folder,
-        Server(Path(folder) / "serve.log", SETTINGS, worker_factory="tests.fakes.world:idle_fake_workers") as server,
+        Server(
+            Path(folder) / "serve.log", SETTINGS, worker_factory="tests.support.fakes.world:idle_fake_workers"
+        ) as server,
     ):
         async with httpx.AsyncClient(timeout=5.0) as client:
             await server.wait_ready(client)

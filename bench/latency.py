@@ -43,8 +43,9 @@ over the rests (each from 2 s into the rest, when the release's chunk is long do
 
 `livekit_` repeats the defaults (press, change while held, release, first press after idle, idle CPU) through
 LiveKit: the service's participant (the real `livekit` SDK) and the page's livekit-client meet through the
-LiveKit-signalling stand-in of the tests (`tests/livekit_server/`, media relayed by aiortc) in a private network
-namespace (`tests/e2e/livekit_stack.py`), as bench/transport_frames.py does, at LiveKit's default keep-warm (100 ms);
+LiveKit-signalling stand-in of the tests (`tests/support/livekit_server/`, media relayed by aiortc) in a private network
+namespace (`tests/support/livekit_stack.py`), as bench/transport_frames.py does, at LiveKit's default keep-warm (100
+ms);
 stacks with keep-warm off measure
 `livekit_keepwarm_off_first_press_after_idle_*` and `livekit_keepwarm_off_idle_cpu_pct`. One stack at a time (the
 namespace is the process's), in the order on, off, off, on with 3 presses after idle each (`--quick`: on, off, 1
@@ -75,7 +76,7 @@ import httpx
 import torch
 from _common import CHROMIUM, CHROMIUM_ARGS, Server, report
 
-from pipeline.lingbot import draw_hud
+from pipeline.lingbot.hud import draw_hud
 from pipeline.metrics import percentile
 
 _CHROMIUM_PRESENT = Path(CHROMIUM).exists()
@@ -361,7 +362,7 @@ def _summary(prefix: str, figures: dict[str, list[float]]) -> dict[str, float]:
 async def _livekit(quick: bool, trials: int, rng: random.Random) -> dict[str, float]:
     """The defaults through LiveKit, `livekit_` keys, then presses after idle with keep-warm off
     (`livekit_keepwarm_off_`); empty, with a note, where the private network cannot be made."""
-    from tests.e2e.livekit_stack import LiveKitStack, livekit_stack
+    from tests.support.livekit_stack import LiveKitStack, livekit_stack
 
     reason = LiveKitStack.skip_reason()
     if reason is not None:

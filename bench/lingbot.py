@@ -104,16 +104,17 @@ from _common import report
 
 from admission import ExecutionLease
 from pipeline.bidirectional import CloseMode, ControlState
-from pipeline.lingbot import ModelRuntimeConfig, ProcessPlacement, ReferenceModelFactory, plan_placement
 from pipeline.lingbot.camera import CameraChunk, CameraController, map_rays, plucker_map
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.controls import ControlSnapshot
-from pipeline.lingbot.group_stages import LATENT_CHANNEL_TIMING
-from pipeline.lingbot.model import ChunkDecoder, ChunkDenoiser, WorldModel, WorldModelParts
-from pipeline.lingbot.reference_model import ReferenceWorldModel
-from pipeline.lingbot.service import LingBotService
+from pipeline.lingbot.graph.actors import ProcessPlacement
+from pipeline.lingbot.graph.group_stages import LATENT_CHANNEL_TIMING
+from pipeline.lingbot.graph.placement import ModelRuntimeConfig, plan_placement
+from pipeline.lingbot.policy.service import LingBotService
+from pipeline.lingbot.reference.model import ReferenceModelFactory, ReferenceWorldModel
+from pipeline.lingbot.seam import ChunkDecoder, ChunkDenoiser, WorldModel, WorldModelParts
 from pipeline.metrics import percentile
-from service.runtime.workers import WORKER_ENVIRONMENT
+from service.workers import WORKER_ENVIRONMENT
 
 if TYPE_CHECKING:  # the lingbot extra (diffusers, transformers): imported where the LingBot-World-Fast half runs
     from pipeline.lingbot.models import LingBotFastWorldModel

@@ -3,7 +3,7 @@
 The service runs in its own process on a free 127.0.0.1 port with the embedded WebRTC transport and, by default,
 the **real reference world model** (`LingBotService`: three stage threads and the execution lease) at a tiny
 resolution (64x48, chunk_size 1, compute_scale 8, one torch thread): one model worker with 4 session slots and a
-queue of 6. `--world fake` uses the test-only fake world (`tests.fakes.world:paced_fake_workers`, through
+queue of 6. `--world fake` uses the test-only fake world (`tests.support.fakes.world:paced_fake_workers`, through
 `LINGSTREAM_TEST_HOOKS=1 --worker-factory`) instead, for pure churn without model work.
 
 Every `--wave-interval` seconds a wave of `--wave-size` clients (default 14: more than slots + queue, so some
@@ -99,7 +99,7 @@ def serve(log: Path, world: str, history: int | None) -> Server:
     }
     if history is not None:
         settings["LINGSTREAM_SESSION_HISTORY"] = str(history)
-    factory = "tests.fakes.world:paced_fake_workers" if world == "fake" else None
+    factory = "tests.support.fakes.world:paced_fake_workers" if world == "fake" else None
     return Server(log, settings, worker_factory=factory)
 
 

@@ -1,6 +1,7 @@
 """Benchmark of scale-out: one vs three `lingstream serve` replicas sharing admission through one Redis (~90 s).
 
-Starts a throwaway `redis-server` (tests/fakes/redis_server.py) and real replicas on loopback (redis backend, fake
+Starts a throwaway `redis-server` (tests/support/fakes/redis_server.py) and real replicas on loopback (redis backend,
+fake
 idle model workers through the test-only `--worker-factory` hook, 4 workers x 2 sessions each, queue 2 048), then:
 
 - create_p50_ms_1 / create_p99_ms_1 / errors_5xx_1: `--cycles` create/get/delete cycles at `--concurrency` against
@@ -52,7 +53,7 @@ from _common import Server, metric_sum, report
 from redis.asyncio import Redis
 
 from pipeline.metrics import percentile
-from tests.fakes.redis_server import RedisServer
+from tests.support.fakes.redis_server import RedisServer
 
 PREFIX = "lingstream:admission:"
 WORKERS, SLOTS = 4, 2
@@ -72,7 +73,7 @@ def replica(name: str, redis_url: str, folder: Path) -> Server:
         "LINGSTREAM_LOG_LEVEL": "WARNING",
         "LINGSTREAM_DRAIN_TIMEOUT": "5",
     }
-    return Server(folder / f"{name}.log", settings, worker_factory="tests.fakes.world:idle_fake_workers")
+    return Server(folder / f"{name}.log", settings, worker_factory="tests.support.fakes.world:idle_fake_workers")
 
 
 async def run_cycles(urls: list[str], cycles: int, concurrency: int) -> dict[str, float]:

@@ -15,7 +15,7 @@ Measures, in one run:
   playwright.
 - livekit_fps_received and livekit_join_s: the same page and session over LiveKit — the service's participant (the
   real `livekit` SDK) and the page's livekit-client meet through the LiveKit-signalling stand-in of the tests
-  (`tests/livekit_server/`, media relayed by aiortc) in a private network namespace: frames per second Chromium
+  (`tests/support/livekit_server/`, media relayed by aiortc) in a private network namespace: frames per second Chromium
   presents (target >= 15 of 16), and the seconds from pressing Start (the create request) to the first frame
   presented. Skipped, with a note, where the namespace cannot be made (it needs root) or without Chromium.
 
@@ -44,17 +44,12 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from pipeline.bidirectional import ChunkOutput, ControlMessage
 from pipeline.metrics import percentile
-from transport import (
-    CallerRoom,
-    EmbeddedConfig,
-    EmbeddedTransport,
-    FramePacer,
-    LiveKitVideo,
-    PacedFrame,
-    PacingConfig,
-    StatusMessage,
-    ice_host_addresses,
-)
+from transport.base import CallerRoom, StatusMessage
+from transport.embedded.config import EmbeddedConfig
+from transport.embedded.rtc import ice_host_addresses
+from transport.embedded.transport import EmbeddedTransport
+from transport.livekit.room import LiveKitVideo
+from transport.session.pacing import FramePacer, PacedFrame, PacingConfig
 
 FPS = 16.0
 CHUNK = 4
@@ -305,7 +300,7 @@ async def bench_livekit(seconds: float, warmup: float = 2.0) -> dict[str, float]
     except ImportError:
         print("livekit_fps_received: skipped (playwright is not installed)", file=sys.stderr)
         return {}
-    from tests.e2e.livekit_stack import LiveKitStack, livekit_stack
+    from tests.support.livekit_stack import LiveKitStack, livekit_stack
 
     reason = LiveKitStack.skip_reason()
     if reason is not None or not _CHROMIUM_PRESENT:

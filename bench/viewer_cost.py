@@ -41,8 +41,8 @@ from _common import Server, metric_sum, report
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from transport import ice_host_addresses
 from transport.client import ServiceClient, connect
+from transport.embedded.rtc import ice_host_addresses
 
 FPS = 16
 WIDTH, HEIGHT = 416, 240

@@ -1,7 +1,7 @@
 """The seam between the service and a model worker: a `BidirectionalService`.
 
 A model worker runs one `BidirectionalService`: create a session from its configuration, push control into it,
-pull its output chunks, close it. The LingBot service (`pipeline.lingbot.service`) is one implementation; its
+pull its output chunks, close it. The LingBot service (`pipeline.lingbot.policy.service`) is one implementation; its
 cross-session policy is the execution lease. The HTTP service, the transports and the offline generator talk to
 model workers only through this protocol, so tests can put a scripted fake behind it.
 

@@ -41,20 +41,20 @@ from service.http.page import install_page
 from service.http.routes import describe_validation_errors, health_router, internal_router, v1_router
 from service.runtime.recordings import WriterFactory
 from service.runtime.runtime import RuntimeTuning, ServiceRuntime
-from service.runtime.workers import build_workers, model_memory
 from service.scaleout.backend import RedisAdmissionBackend
 from service.settings import ServiceConfig, Settings
 from service.telemetry.otel import Telemetry, TelemetryMiddleware
+from service.workers import build_workers, model_memory
 from transport.base import Transport
 from transport.errors import TransportError
-from transport.timers import Timers
+from transport.session.timers import Timers
 
 __all__ = ["WorkerFactory", "create_app", "runtime_of"]
 
 logger = logging.getLogger(__name__)
 
 WorkerFactory = Callable[[Settings], Sequence[BidirectionalService]]
-"""Builds the model workers (one per `NUM_WORKERS`) from the settings; `service.runtime.workers.build_workers` by
+"""Builds the model workers (one per `NUM_WORKERS`) from the settings; `service.workers.build_workers` by
 default."""
 
 

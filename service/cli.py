@@ -17,7 +17,7 @@ model directory with tiny random weights in the real layout (docs/lingbot-fast.m
 without real weights: the plumbing is real, the picture is noise. It refuses a directory that is not empty.
 
 Test-only: `serve --worker-factory MODULE:CALLABLE` builds the model workers with that callable instead of the
-LingBot service (e.g. `tests.fakes.world:paced_fake_workers`). It is hidden from `--help` and refused unless the
+LingBot service (e.g. `tests.support.fakes.world:paced_fake_workers`). It is hidden from `--help` and refused unless the
 environment sets `LINGSTREAM_TEST_HOOKS=1`.
 """
 
@@ -110,7 +110,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Imported here so that `lingstream drain` (a preStop hook) starts fast and needs nothing but the stdlib.
     from service.errors import SettingsError
     from service.settings import load_settings
-    from service.telemetry.memory import limit_malloc_arenas
+    from service.telemetry.heap import limit_malloc_arenas
 
     try:
         settings = load_settings(config_file=args.config, host=args.host, port=args.port)
@@ -121,9 +121,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     from service.app import WorkerFactory, create_app, runtime_of
     from service.logs import configure_logging
-    from service.runtime.transports import build_transport
-    from service.runtime.workers import build_workers, load_factory
     from service.server import DrainingServer
+    from service.transports import build_transport
+    from service.workers import build_workers, load_factory
 
     factory: WorkerFactory = build_workers
     if args.worker_factory:

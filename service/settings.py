@@ -44,8 +44,8 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from admission import AdmissionConfig, AdmissionConfigError, KeyQuota
+from service.api_keys import ANONYMOUS, key_id, owner_fingerprint
 from service.errors import SettingsError
-from service.keys import ANONYMOUS, key_id, owner_fingerprint
 
 __all__ = [
     "CONFIG_FILE_VARIABLE",

@@ -1,13 +1,26 @@
-"""Binding sessions to browsers: LiveKit or embedded WebRTC, control protocol v1, frame pacing, tokens.
+"""Binding sessions to browsers: the seam every transport shares, by role in three folders.
 
-The service builds one transport at start (`LiveKitTransport` when LiveKit is configured, else
-`EmbeddedTransport`) and attaches every admitted session's `SessionPort` to it. Importing this package never loads
-the `livekit.rtc` native library (it is loaded on first use, on the event loop), so it is safe before a fork.
+At the top, the thin seam: `base` (the `Transport` and `SessionPort` protocols, the status messages, the
+statistics both kinds report), `protocol` (control protocol v1's JSON codec), `errors` (the one exception tree) and
+`config` (the topics and checks both transports' configurations share). Below it, by role:
+
+- `transport.session`: what binds one session whichever the transport (the binding core and its lifecycle, control
+  intake, the status outbox, frame pacing, viewer places and credentials, timers);
+- `transport.livekit`: the LiveKit transport (its binding, the room and rooms API, tokens, webhooks, room events, its
+  config);
+- `transport.embedded`: direct WebRTC between the browser and the service (aiortc: the transport, its binding,
+  viewers, the RTC helpers, its config);
+- `transport.client`: the Python client of the service (REST and the embedded stream).
+
+Importing this package, or any module at its top, loads none of LiveKit, aiortc or av (a test holds it); the
+service builds one transport at start (`service.transports`) and the routes ask it for capabilities
+(`transport.base`), never for a class.
 """
 
 from __future__ import annotations
 
 from transport.base import (
+    SERVICE_IDENTITY_PREFIX,
     BindingStatistics,
     CallerRoom,
     ChunkStatus,
@@ -22,29 +35,7 @@ from transport.base import (
     ViewerFigures,
     WarningStatus,
 )
-from transport.binding import (
-    TERMINAL_BINDING_STATES,
-    BindingCore,
-    BindingCoreStatistics,
-    BindingLifecycle,
-    BindingSettings,
-    BindingState,
-    DeliverFrame,
-    EncodeStatus,
-    TransitionTable,
-)
-from transport.config import CONTROL_TOPIC, STATUS_TOPIC, EmbeddedConfig, LiveKitConfig
-from transport.control import ControlIntake, ControlStatistics
-from transport.embedded import (
-    EmbeddedBindingStatistics,
-    EmbeddedSessionBinding,
-    EmbeddedTransport,
-    EmbeddedTransportStatistics,
-    PacedVideoTrack,
-    PeerPresence,
-    ice_host_addresses,
-)
-from transport.embedded_viewers import VIEWER_CANNOT_CONTROL, EmbeddedViewers, EmbeddedViewersStatistics
+from transport.config import CONTROL_TOPIC, DEFAULT_JOIN_TTL, STATUS_TOPIC
 from transport.errors import (
     ControlRejectedError,
     LinkLostError,
@@ -66,36 +57,6 @@ from transport.errors import (
     ViewerTokenInvalidError,
     WebhookError,
 )
-from transport.events import ParticipantJoined, ParticipantLeft, RoomEvent, RoomFinished
-from transport.livekit_binding import (
-    ControllerPresence,
-    LiveKitBindingStatistics,
-    LiveKitSessionBinding,
-)
-from transport.livekit_room import (
-    OVER_DISCONNECT_REASONS,
-    LiveKitRoom,
-    LiveKitVideo,
-    LocalParticipantHandle,
-    LocalVideo,
-    Room,
-    RoomConnectionState,
-    RoomFactory,
-    RoomJoinOptions,
-    VideoPublishOptions,
-)
-from transport.livekit_transport import LiveKitTransport, LiveKitTransportStatistics
-from transport.outbox import Outbound, OutboxStatistics, StatusOutbox
-from transport.pacing import (
-    FramePacer,
-    FrameSink,
-    PacedFrame,
-    PacerStatistics,
-    PacingConfig,
-    PacingCore,
-    SendFrame,
-    WaitUntil,
-)
 from transport.protocol import (
     CANONICAL_KEYS,
     KEY_ALIASES,
@@ -113,139 +74,58 @@ from transport.protocol import (
     encode_status,
     error_status,
 )
-from transport.rooms import ParticipantEntry, RoomAdmin, RoomConfig, RoomInfo, RoomManager
-from transport.timers import GraceTimer, LoopTimers, TimerHandle, Timers
-from transport.tokens import DEFAULT_JOIN_TTL, IssuedToken, ParticipantRole, TokenIssuer, room_name_for
-from transport.viewers import (
-    DEFAULT_MAX_VIEWERS,
-    ViewerCredential,
-    ViewerCredentials,
-    ViewerSeats,
-    ViewerStatistics,
-)
-from transport.webhooks import WebhookHandler
 
 __all__ = [
     "CANONICAL_KEYS",
     "CONTROL_TOPIC",
     "DEFAULT_JOIN_TTL",
-    "DEFAULT_MAX_VIEWERS",
     "KEY_ALIASES",
     "MAX_INBOUND_BYTES",
     "MAX_SEQ",
     "MAX_STATUS_BYTES",
-    "OVER_DISCONNECT_REASONS",
     "PROTOCOL_VERSION",
+    "SERVICE_IDENTITY_PREFIX",
     "STATUS_TOPIC",
-    "TERMINAL_BINDING_STATES",
-    "VIEWER_CANNOT_CONTROL",
-    "BindingCore",
-    "BindingCoreStatistics",
-    "BindingLifecycle",
-    "BindingSettings",
-    "BindingState",
     "BindingStatistics",
     "CallerRoom",
     "ChunkStatus",
     "ControlInbox",
-    "ControlIntake",
     "ControlRejectedError",
-    "ControlStatistics",
-    "ControllerPresence",
-    "DeliverFrame",
     "DoneStatus",
-    "EmbeddedBindingStatistics",
-    "EmbeddedConfig",
-    "EmbeddedSessionBinding",
-    "EmbeddedTransport",
-    "EmbeddedTransportStatistics",
-    "EmbeddedViewers",
-    "EmbeddedViewersStatistics",
-    "EncodeStatus",
     "ErrorStatus",
-    "FramePacer",
-    "FrameSink",
-    "GraceTimer",
     "InboxStatistics",
-    "IssuedToken",
     "LinkLostError",
-    "LiveKitBindingStatistics",
-    "LiveKitConfig",
-    "LiveKitRoom",
-    "LiveKitSessionBinding",
-    "LiveKitTransport",
-    "LiveKitTransportStatistics",
-    "LiveKitVideo",
-    "LocalParticipantHandle",
-    "LocalVideo",
-    "LoopTimers",
-    "Outbound",
-    "OutboxStatistics",
-    "PacedFrame",
-    "PacedVideoTrack",
-    "PacerStatistics",
-    "PacingConfig",
-    "PacingCore",
-    "ParticipantEntry",
-    "ParticipantJoined",
-    "ParticipantLeft",
-    "ParticipantRole",
-    "PeerPresence",
     "ProtocolError",
     "ProtocolErrorCode",
     "ReconnectKind",
-    "Room",
-    "RoomAdmin",
-    "RoomConfig",
-    "RoomConnectionState",
-    "RoomEvent",
-    "RoomFactory",
-    "RoomFinished",
     "RoomInUseError",
-    "RoomInfo",
     "RoomJoinError",
-    "RoomJoinOptions",
-    "RoomManager",
     "RoomNotFoundError",
     "RoomServiceAuthError",
     "RoomServiceError",
     "RoomServiceUnavailableError",
-    "SendFrame",
     "SessionAlreadyAttachedError",
     "SessionNotAttachedError",
     "SessionPort",
     "SignalingError",
     "StateStatus",
     "StatusMessage",
-    "StatusOutbox",
-    "TimerHandle",
-    "Timers",
-    "TokenIssuer",
     "TooManyViewersError",
-    "TransitionTable",
     "Transport",
     "TransportClosedError",
     "TransportConfigError",
     "TransportError",
     "TransportStatistics",
-    "VideoPublishOptions",
-    "ViewerCredential",
-    "ViewerCredentials",
     "ViewerFigures",
-    "ViewerSeats",
-    "ViewerStatistics",
     "ViewerTokenError",
     "ViewerTokenExpiredError",
     "ViewerTokenInvalidError",
-    "WaitUntil",
     "WarningStatus",
     "WebhookError",
-    "WebhookHandler",
+    "annotations",
     "decode_control",
     "decode_status",
     "encode_control",
     "encode_status",
     "error_status",
-    "ice_host_addresses",
-    "room_name_for",
 ]

@@ -3,7 +3,7 @@
 When keys are configured, every `/v1` call needs `Authorization: Bearer <key>`. The presented key is hashed
 (SHA-256) and compared with every configured key's digest in constant time (`hmac.compare_digest`, no early exit),
 so neither timing nor the order of keys tells anything. A session's owner is a fingerprint of the key, derived with
-a domain-separating prefix (`service.keys`); it is stored with the admission ticket and never reversible to the
+a domain-separating prefix (`service.api_keys`); it is stored with the admission ticket and never reversible to the
 key. Without keys, every caller is the same anonymous owner.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from service.api_keys import ANONYMOUS, owner_fingerprint
 from service.errors import UnauthorizedError
-from service.keys import ANONYMOUS, owner_fingerprint
 
 __all__ = ["ANONYMOUS", "ApiKeyAuth", "owner_fingerprint"]
 

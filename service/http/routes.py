@@ -68,9 +68,9 @@ from service.runtime.runtime import ServiceRuntime, SnapshotStream
 from service.runtime.sessions import SessionSnapshot, SessionState
 from service.usage.query import parse_since
 from transport.base import CallerRoom, Transport
-from transport.embedded import EmbeddedTransport
+from transport.embedded.transport import EmbeddedTransport
 from transport.errors import SessionNotAttachedError, ViewerTokenInvalidError
-from transport.livekit_transport import LiveKitTransport
+from transport.livekit.transport import LiveKitTransport
 
 __all__ = ["describe_validation_errors", "health_router", "internal_router", "v1_router"]
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from admission import KeyQuota
-from service.keys import key_id
+from service.api_keys import key_id
 from service.runtime.recordings import RecordingReport
 from service.runtime.records import DrainStatus
 from service.runtime.sessions import SessionSnapshot

@@ -57,9 +57,9 @@ from pipeline.bidirectional import (
 from pipeline.errors import SessionFailedError
 from pipeline.lingbot.config import DEFAULT_MAX_IMAGE_BYTES, LingBotSessionConfig
 from pipeline.lingbot.errors import ImageInputError, SessionConfigError
-from pipeline.lingbot.model import WorldModel
-from pipeline.lingbot.reference_model import ReferenceWorldModel
-from pipeline.lingbot.service import LingBotService
+from pipeline.lingbot.policy.service import LingBotService
+from pipeline.lingbot.reference.model import ReferenceWorldModel
+from pipeline.lingbot.seam import WorldModel
 from pipeline.metrics import SessionMetricsSnapshot, StreamingSessionMetrics
 from service.offline.clip import ChunkRecord, GenerateRequest, GenerateResult, GenerationError, Progress, UsageError
 from service.offline.console import ProgressBar, summary_line

@@ -2,7 +2,7 @@
 
 Problem: the runtime runs the sessions of one instance (its model workers, its transport), while the decisions
 about who may run, and where, belong to admission, which is either this instance's own (in memory,
-`service.runtime.memory.MemoryAdmissionBackend`) or shared by every replica of a deployment (in Redis,
+`service.runtime.memory_backend.MemoryAdmissionBackend`) or shared by every replica of a deployment (in Redis,
 `service.scaleout.backend.RedisAdmissionBackend`). With a shared admission a session may be created on one replica,
 wait in the one global queue, run on another, and be read or deleted from a third. The runtime is written once,
 against this protocol; a backend varies only what admission varies, like httpx's client and its transport::

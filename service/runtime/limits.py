@@ -8,7 +8,8 @@ the session starts running (the queue does not count) and goes on while it is pa
 slot). A limit shorter than the warning lead warns at once.
 
 `SessionDeadlines` only keeps timers and calls back; the runtime decides what a warning and an expiry do. Timers run
-on the `transport.timers.Timers` seam (the event loop in production, `tests.fakes.transport_timers.FakeTimers` in
+on the `transport.session.timers.Timers` seam (the event loop in production,
+`tests.support.fakes.transport_timers.FakeTimers` in
 tests), so "the session ends at its limit" is tested without waiting real seconds. Everything runs on the event loop.
 """
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from service.runtime.sessions import Session
 from transport.base import WarningStatus
-from transport.timers import TimerHandle, Timers
+from transport.session.timers import TimerHandle, Timers
 
 __all__ = ["PAUSED_TOO_LONG", "TIME_LIMIT", "LimitsConfig", "SessionDeadlines"]
 

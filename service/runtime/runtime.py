@@ -40,6 +40,7 @@ from pipeline.bidirectional import (
     CloseMode,
     PreparedSession,
 )
+from service.api_keys import key_id
 from service.errors import (
     AdmissionUnavailableError,
     DrainingError,
@@ -55,14 +56,13 @@ from service.errors import (
     SettingsError,
     lookup,
 )
-from service.keys import key_id
 from service.logs import bind_session_id, session_context
 from service.runtime.backend import AdmissionBackend
 from service.runtime.config_view import config_view
 from service.runtime.fanout import Subscription
 from service.runtime.images import check_image
 from service.runtime.limits import PAUSED_TOO_LONG, TIME_LIMIT, LimitsConfig, SessionDeadlines
-from service.runtime.memory import MemoryAdmissionBackend
+from service.runtime.memory_backend import MemoryAdmissionBackend
 from service.runtime.pausing import set_paused
 from service.runtime.recordings import RecordingConfig, RecordingOutcome, RecordingState, RecordingStore, WriterFactory
 from service.runtime.records import (
@@ -80,7 +80,7 @@ from service.settings import ServiceConfig
 from service.usage.ledger import UsageReport
 from transport.base import CallerRoom, Transport
 from transport.errors import RoomInUseError, RoomNotFoundError
-from transport.timers import LoopTimers, Timers
+from transport.session.timers import LoopTimers, Timers
 
 __all__ = [
     "DrainStatus",

@@ -149,7 +149,7 @@ class SessionSnapshot:
 class SessionBuffers:
     """Per-subscriber buffer sizes (overflow: drop oldest) of a session's three streams. `chunks` counts items: whole
     chunks and, with progressive decode, the parts ahead of each (a transport reads each item as it comes; one that
-    lost a part plays the chunk's frames it missed from the whole chunk, `transport.binding.PartFeed`)."""
+    lost a part plays the chunk's frames it missed from the whole chunk, `transport.session.binding.PartFeed`)."""
 
     snapshots: int = 16
     statuses: int = 64

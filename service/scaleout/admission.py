@@ -2,11 +2,12 @@
 
 `RedisAdmission` is the multi-replica counterpart of `admission.AdmissionController` (issue #10): each replica
 runs one, all of them share one Redis. Every decision (create, admit, expire, release, reap a dead replica) is one
-Lua script in `service.scaleout.lua`, so nothing is double-granted or leaked however replicas race. The ticket hashes
+Lua script in `service.scaleout.redis_side`, so nothing is double-granted or leaked however replicas race. The ticket
+hashes
 double as the session registry every replica can read, and a Redis stream carries every change and the close
 requests for owners. Deadlines use Redis server time. This module is the asyncio shell around those scripts: it
 keeps the replica alive (heartbeat, reaper, anti-entropy), delivers events, follows queue positions, and rides out
-Redis outages. The key schema and every script's contract are in `service.scaleout.lua`; the design in
+Redis outages. The key schema and every script's contract are in `service.scaleout.redis_side`; the design in
 `docs/scale-out.md`.
 """
 
@@ -48,9 +49,9 @@ from admission import (
 )
 from service.errors import AdmissionUnavailableError
 from service.runtime.tasks import TaskSet
-from service.scaleout.lua import SCRIPTS
-from service.scaleout.lua.mirror import ReplicaMirror
-from service.scaleout.lua.records import (
+from service.scaleout.redis_side import SCRIPTS
+from service.scaleout.redis_side.mirror import ReplicaMirror
+from service.scaleout.redis_side.records import (
     CloseRequest,
     NotTicketOwnerError,
     PauseRequest,

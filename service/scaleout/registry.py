@@ -29,7 +29,7 @@ from typing import Any
 from admission import AdmissionClosedError, TicketState, UnknownTicketError
 from service.errors import AdmissionUnavailableError
 from service.runtime.sessions import TERMINAL_STATES, SessionSnapshot, SessionState
-from service.scaleout.lua.records import SharedTicketView
+from service.scaleout.redis_side.records import SharedTicketView
 from transport.base import CallerRoom
 
 __all__ = [

@@ -39,7 +39,7 @@ from pipeline.metrics import StageTiming
 from pipeline.orchestrator import OrchestratorStatistics
 from service.runtime.records import RuntimeStatistics
 from service.telemetry._observing import Observe, callback
-from service.telemetry.memory import GlibcHeap
+from service.telemetry.heap import GlibcHeap
 from service.telemetry.process_series import observe_process
 from service.telemetry.runtime_series import observe_runtime, render_metrics
 from transport.base import Transport

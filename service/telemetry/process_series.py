@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from service.telemetry.memory import GlibcHeap, HeapInfo
+from service.telemetry.heap import GlibcHeap, HeapInfo
 
 __all__ = ["observe_process"]
 
@@ -20,7 +20,7 @@ _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 def observe_process(meter: Meter, heap: GlibcHeap | None = None) -> None:
     """Register the process's memory series on `meter`: resident memory from /proc (Linux) and, under glibc, what
-    the malloc heap holds in use and free and its arena count (`service.telemetry.memory`). Read on the collecting
+    the malloc heap holds in use and free and its arena count (`service.telemetry.heap`). Read on the collecting
     thread."""
 
     def resident(_options: CallbackOptions) -> Iterable[Observation]:

@@ -3,7 +3,7 @@
 `ledger.py` holds the counts in time buckets (`UsageLedger`, pure) and the record they are read as
 (`UsageTotals`); `meter.py` turns one instance's admission events and generated chunks into them (`UsageMeter`,
 pure, for the in-memory admission); `query.py` parses and checks `GET /v1/usage?since=`. With the redis backend the
-counts live in Redis instead, written by the admission scripts (`service.scaleout.lua`); docs/scale-out.md, §12.
+counts live in Redis instead, written by the admission scripts (`service.scaleout.redis_side`); docs/scale-out.md, §12.
 """
 
 from __future__ import annotations

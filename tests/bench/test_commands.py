@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.chromium import CHROMIUM
-from tests.e2e.netns import private_network_support
-from tests.fakes.redis_server import REDIS_SERVER
+from tests.support.browser.chromium import CHROMIUM
+from tests.support.fakes.redis_server import REDIS_SERVER
+from tests.support.netns import private_network_support
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"

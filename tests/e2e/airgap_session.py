@@ -49,9 +49,9 @@ from urllib.parse import urlsplit
 import httpx
 from playwright.sync_api import Page, sync_playwright
 
-from tests.e2e.chromium import CHROMIUM, CHROMIUM_ARGS
-from tests.e2e.netns import links, run
-from tests.serving import ROOT, free_port, lingstream
+from tests.support.browser.chromium import CHROMIUM, CHROMIUM_ARGS
+from tests.support.netns import links, run
+from tests.support.serving import ROOT, free_port, lingstream
 
 TRAP, TRAP_V4, TRAP_V6 = "trap0", "10.213.0.1", "fd00:213::1"
 NAMESERVER = "10.213.0.53"  # behind the trap: a lookup is a packet there

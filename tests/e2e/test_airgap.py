@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.chromium import BROWSER_SKIPS
-from tests.e2e.netns import unshare_prefix
-from tests.serving import ROOT
+from tests.support.browser.chromium import BROWSER_SKIPS
+from tests.support.netns import unshare_prefix
+from tests.support.serving import ROOT
 
 RUN_S = 240
 

@@ -22,14 +22,20 @@ import numpy as np
 import pytest
 
 from service.http.docs import swagger_ui_dir
-from tests.e2e.chromium import BROWSER_SKIPS, launch_chromium
-from tests.e2e.pages import FRAMES_IN_WINDOW_JS as _FRAMES_IN_WINDOW_JS
-from tests.e2e.pages import SETTLED_JS as _SETTLED_JS
-from tests.e2e.pages import best_shift as _best_shift
-from tests.e2e.pages import cancel_over_http, hold_until_applied, page_opener, reference_texture, start_session
-from tests.e2e.pages import grab as _grab
-from tests.e2e.pages import wait_frames as _wait_frames
-from tests.serving import ROOT, free_port, lingstream, wait_until_ready
+from tests.support.browser.chromium import BROWSER_SKIPS, launch_chromium
+from tests.support.browser.pages import FRAMES_IN_WINDOW_JS as _FRAMES_IN_WINDOW_JS
+from tests.support.browser.pages import SETTLED_JS as _SETTLED_JS
+from tests.support.browser.pages import best_shift as _best_shift
+from tests.support.browser.pages import (
+    cancel_over_http,
+    hold_until_applied,
+    page_opener,
+    reference_texture,
+    start_session,
+)
+from tests.support.browser.pages import grab as _grab
+from tests.support.browser.pages import wait_frames as _wait_frames
+from tests.support.serving import ROOT, free_port, lingstream, wait_until_ready
 
 try:
     from playwright.sync_api import Browser, Page, sync_playwright

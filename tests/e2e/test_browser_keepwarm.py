@@ -4,7 +4,8 @@ compositor, and the page's HUD does not count them as frames (they lie off the f
 generated frames, once a key is held, are counted again. A page that reconnects while the session is paused, and so
 may learn the stream's RTP offset from a repeat, still counts exactly the generated frames.
 
-The unit tests (tests/unit/transport/test_pacing_keepwarm.py) prove the pacer's side; this module proves the page's
+The unit tests (tests/unit/transport/session/test_pacing_keepwarm.py) prove the pacer's side; this module proves the
+page's
 `isRepeat` on what Chromium really hands to requestVideoFrameCallback.
 """
 
@@ -16,12 +17,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.browser_fixtures import embedded_browser_fixtures
-from tests.e2e.chromium import BROWSER_SKIPS
-from tests.e2e.pages import hold_until_applied, start_session, wait_frames
-from tests.serving import Served
-from tests.unit.service.helpers import metric
-from transport.pacing import REPEAT_PTS_OFFSET, VIDEO_CLOCK_RATE
+from tests.support.browser.chromium import BROWSER_SKIPS
+from tests.support.browser.fixtures import embedded_browser_fixtures
+from tests.support.browser.pages import hold_until_applied, start_session, wait_frames
+from tests.support.service_harness import metric
+from tests.support.serving import Served
+from transport.session.pacing import REPEAT_PTS_OFFSET, VIDEO_CLOCK_RATE
 
 try:
     from playwright.sync_api import Page, sync_playwright

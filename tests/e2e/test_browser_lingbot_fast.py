@@ -18,11 +18,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.browser_fixtures import embedded_browser_fixtures
-from tests.e2e.chromium import BROWSER_SKIPS
-from tests.e2e.pages import SETTLED_JS, start_session
-from tests.e2e.tiny_model import write_tiny_checkpoint
-from tests.serving import Served
+from tests.support.browser.chromium import BROWSER_SKIPS
+from tests.support.browser.fixtures import embedded_browser_fixtures
+from tests.support.browser.pages import SETTLED_JS, start_session
+from tests.support.serving import Served
+from tests.support.tiny_model import write_tiny_checkpoint
 
 try:
     from playwright.sync_api import Page, sync_playwright

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.chromium import BROWSER_SKIPS, CHROMIUM, CHROMIUM_ARGS
-from tests.e2e.pages import hold_until_applied
 from tests.reliability.test_process_shutdown import descendants
-from tests.serving import ROOT, environment, free_port, lingstream, wait_until_ready
+from tests.support.browser.chromium import BROWSER_SKIPS, CHROMIUM, CHROMIUM_ARGS
+from tests.support.browser.pages import hold_until_applied
+from tests.support.serving import ROOT, environment, free_port, lingstream, wait_until_ready
 
 try:
     from playwright.sync_api import sync_playwright

@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.serving import ROOT, Served, environment, lingstream, serve
+from tests.support.serving import ROOT, Served, environment, lingstream, serve
 from transport.client import (
     InvalidInputError,
     ServiceClient,
@@ -44,7 +44,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     workdir = tmp_path_factory.mktemp("client")
     with serve(
         workdir,
-        factory="tests.fakes.world:stepped_fake_workers",
+        factory="tests.support.fakes.world:stepped_fake_workers",
         LINGSTREAM_API_KEYS=f"{KEY},{OTHER_KEY}",
         LINGSTREAM_HOST="127.0.0.1",
     ) as served:

@@ -16,8 +16,8 @@ import pytest
 
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.errors import SessionConfigError
-from tests.e2e.tiny_model import write_tiny_checkpoint
-from tests.serving import STARTUP_DEADLINE_S, Served, run_lingstream, serve
+from tests.support.serving import STARTUP_DEADLINE_S, Served, run_lingstream, serve
+from tests.support.tiny_model import write_tiny_checkpoint
 from transport.client import ServiceClient, connect
 
 pytest.importorskip("diffusers", reason="the lingbot extra (diffusers) is not installed")

@@ -1,6 +1,6 @@
 """The page over LiveKit, end to end: real headless Chromium running the page's livekit-client and a real `lingstream
 serve` whose service participant is the real `livekit` Python SDK meet through the LiveKit-signalling stand-in
-(`tests/livekit_server/`), all inside a private network namespace with no way out.
+(`tests/support/livekit_server/`), all inside a private network namespace with no way out.
 
 One stand-in and one service (reference model, one worker with two session slots, a 6 s reconnect grace) serve the
 module; every test opens fresh browser contexts and ends its sessions. Connections are broken on purpose through
@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.e2e.chromium import BROWSER_SKIPS, launch_chromium
-from tests.e2e.livekit_stack import LiveKitStack, livekit_stack, metric
-from tests.e2e.pages import (
+from tests.support.browser.chromium import BROWSER_SKIPS, launch_chromium
+from tests.support.browser.pages import (
     SETTLED_JS,
     best_shift,
     grab,
@@ -33,6 +32,7 @@ from tests.e2e.pages import (
     start_session,
     wait_frames,
 )
+from tests.support.livekit_stack import LiveKitStack, livekit_stack, metric
 
 try:
     from playwright.sync_api import Browser, Page, sync_playwright

@@ -24,8 +24,8 @@ import httpx
 import pytest
 from livekit import api
 
-from tests.e2e.livekit_stack import LiveKitStack, another_replica, livekit_stack
-from tests.serving import run_lingstream
+from tests.support.livekit_stack import LiveKitStack, another_replica, livekit_stack
+from tests.support.serving import run_lingstream
 
 pytestmark = [
     pytest.mark.slow,

@@ -1,5 +1,5 @@
 """The LiveKit path with the real Python SDK on both ends and no browser: `lingstream serve` (its service participant)
-and a test participant (`tests/e2e/livekit_client.py`, a process of its own) meet through the LiveKit-signalling
+and a test participant (`tests/support/livekit_client.py`, a process of its own) meet through the LiveKit-signalling
 stand-in inside a private network namespace.
 
 The client steers a session with `control_state` packets and gets `chunk` statuses back; malformed packets get
@@ -23,9 +23,9 @@ import httpx
 import pytest
 from livekit import api
 
-from tests.e2e.livekit_stack import LiveKitStack, livekit_stack
-from tests.serving import ROOT
-from transport.tokens import TokenIssuer
+from tests.support.livekit_stack import LiveKitStack, livekit_stack
+from tests.support.serving import ROOT
+from transport.livekit.tokens import TokenIssuer
 
 CLIENT_S = 60.0
 
@@ -58,7 +58,7 @@ def session(stack: LiveKitStack) -> Iterator[dict[str, Any]]:
 
 def _client(scenario: str, url: str, token: str) -> dict[str, Any]:
     run = subprocess.run(
-        [sys.executable, "-m", "tests.e2e.livekit_client", scenario, url, token],
+        [sys.executable, "-m", "tests.support.livekit_client", scenario, url, token],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -24,9 +24,9 @@ import pytest
 from aiortc import RTCSessionDescription
 
 from pipeline.bidirectional import ControlState, ResetPose, SetPrompt, Stop
-from tests.e2e.pages import reference_texture
-from tests.fakes.webrtc_client import BrowserPeer
-from tests.serving import ROOT, environment, free_port, lingstream, serve, wait_until_ready
+from tests.support.browser.pages import reference_texture
+from tests.support.fakes.webrtc_client import BrowserPeer
+from tests.support.serving import ROOT, environment, free_port, lingstream, serve, wait_until_ready
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus
 
 WIDTH, HEIGHT, FPS, SEED, CHUNK_SIZE = 96, 64, 16, 7, 1
@@ -158,7 +158,7 @@ async def test_a_full_disk_stops_the_recording_with_a_status_and_the_session_goe
     recordings = tmp_path / "recordings"
     port = free_port()
     command = [
-        *lingstream(), "serve", "--port", str(port), "--worker-factory", "tests.fakes.world:noisy_fake_workers",
+        *lingstream(), "serve", "--port", str(port), "--worker-factory", "tests.support.fakes.world:noisy_fake_workers",
     ]  # fmt: skip
     env = environment(LINGSTREAM_RECORDINGS_DIR=str(recordings))
     # The log goes to a pipe (not a file, which the limit would cut short), read by a thread.

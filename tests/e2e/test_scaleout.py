@@ -24,8 +24,8 @@ import pytest
 from redis.asyncio import Redis
 
 from service.settings import load_settings
-from tests.fakes.redis_server import REDIS_SERVER, RedisServer
-from tests.serving import ROOT, environment, free_port, lingstream
+from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.support.serving import ROOT, environment, free_port, lingstream
 
 pytestmark = [
     pytest.mark.slow,
@@ -146,7 +146,14 @@ def _start(tmp_path: Path, name: str, redis_url: str, settings: dict[str, str]) 
         LINGSTREAM_DRAIN_TIMEOUT="2",
         **settings,
     )
-    command = [*lingstream(), "serve", "--port", str(port), "--worker-factory", "tests.fakes.world:paced_fake_workers"]
+    command = [
+        *lingstream(),
+        "serve",
+        "--port",
+        str(port),
+        "--worker-factory",
+        "tests.support.fakes.world:paced_fake_workers",
+    ]
     with log.open("wb") as sink:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink)
     return Replica(name, process, port, log)

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.serving import ROOT, environment, free_port, lingstream, serve
+from tests.support.serving import ROOT, environment, free_port, lingstream, serve
 
 
 async def _events(client: httpx.AsyncClient, url: str, sink: list[dict[str, Any]]) -> None:

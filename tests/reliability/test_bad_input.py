@@ -24,14 +24,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.bidirectional import ControlState
-from service.runtime.workers import build_workers
-from tests.fakes.livekit import FakeRoomFactory, FakeRoomService
-from tests.fakes.transport_timers import FakeTimers
-from tests.fakes.world import FakeWorld
-from tests.reliability.helpers import App, running_app, until
-from tests.serving import serve
-from transport.config import LiveKitConfig
-from transport.livekit_transport import LiveKitTransport
+from service.workers import build_workers
+from tests.support.fakes.livekit import FakeRoomFactory, FakeRoomService
+from tests.support.fakes.transport_timers import FakeTimers
+from tests.support.fakes.world import FakeWorld
+from tests.support.reliability import App, running_app, until
+from tests.support.serving import serve
+from transport.livekit.config import LiveKitConfig
+from transport.livekit.transport import LiveKitTransport
 from transport.protocol import encode_control
 
 LIMITS: dict[str, Any] = {"max_request_bytes": 64 * 1024, "max_image_bytes": 16 * 1024, "max_image_pixels": 1 << 20}

@@ -15,10 +15,10 @@ from typing import Any
 
 import httpx
 
-from tests.fakes.world import FakeWorld
-from tests.reliability.helpers import Events, running_app, samples, until
-from tests.serving import serve
-from tests.unit.service.helpers import metric
+from tests.support.fakes.world import FakeWorld
+from tests.support.reliability import Events, running_app, samples, until
+from tests.support.service_harness import metric
+from tests.support.serving import serve
 
 HEARTBEAT_S = 1.5
 

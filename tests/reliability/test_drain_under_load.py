@@ -17,9 +17,9 @@ import httpx
 from aiortc import RTCSessionDescription
 
 from pipeline.bidirectional import ControlState
-from tests.fakes.webrtc_client import BrowserPeer
-from tests.reliability.helpers import Events
-from tests.serving import serve
+from tests.support.fakes.webrtc_client import BrowserPeer
+from tests.support.reliability import Events
+from tests.support.serving import serve
 from transport.base import DoneStatus, StateStatus
 
 DRAIN_TIMEOUT_S = 3.0

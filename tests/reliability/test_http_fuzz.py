@@ -22,14 +22,15 @@ from hypothesis import strategies as st
 
 from service.app import create_app
 from service.settings import load_settings
-from tests.fakes.livekit import FakeRoomFactory, FakeRoomService, sign_webhook, webhook_body
-from tests.fakes.webrtc_client import BrowserPeer
-from tests.fakes.world import FakeWorld
-from tests.reliability.helpers import running_app
-from tests.unit.service.helpers import FAST
-from transport.config import EmbeddedConfig, LiveKitConfig
-from transport.embedded import EmbeddedTransport
-from transport.livekit_transport import LiveKitTransport
+from tests.support.fakes.livekit import FakeRoomFactory, FakeRoomService, sign_webhook, webhook_body
+from tests.support.fakes.webrtc_client import BrowserPeer
+from tests.support.fakes.world import FakeWorld
+from tests.support.reliability import running_app
+from tests.support.service_harness import FAST
+from transport.embedded.config import EmbeddedConfig
+from transport.embedded.transport import EmbeddedTransport
+from transport.livekit.config import LiveKitConfig
+from transport.livekit.transport import LiveKitTransport
 
 schemathesis = pytest.importorskip("schemathesis", reason="the OpenAPI fuzz run needs schemathesis (dev extra)")
 

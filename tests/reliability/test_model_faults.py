@@ -14,11 +14,11 @@ import pytest
 from pipeline.bidirectional import ControlState
 from pipeline.core import SessionState as PipelineState
 from pipeline.errors import SessionPoisonedError
-from tests.reliability.helpers import App, running_app, samples, total, until, wait_status
-from tests.reliability.process_world import ProcessWorld
-from tests.reliability.worlds import FAIL_AT_CHUNK, FAIL_SEED, POISON_SEED, TINY, faulty_lingbot_workers
-from tests.unit.pipeline.worker_stages import SPAWN
-from tests.unit.service.helpers import RecordingTransport
+from tests.support.process_world import ProcessWorld
+from tests.support.reliability import App, running_app, samples, total, until, wait_status
+from tests.support.service_harness import RecordingTransport
+from tests.support.worker_stages import SPAWN
+from tests.support.worlds import FAIL_AT_CHUNK, FAIL_SEED, POISON_SEED, TINY, faulty_lingbot_workers
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus
 
 HELD = frozenset({"w"})

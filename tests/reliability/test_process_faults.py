@@ -20,13 +20,13 @@ import pytest_asyncio
 
 from admission import ExecutionLease
 from pipeline.bidirectional import ControlState
-from pipeline.lingbot import LingBotService
-from service.runtime.workers import process_placement, worker_options
+from pipeline.lingbot.policy.service import LingBotService
 from service.settings import Settings
-from tests.reliability.helpers import App, running_app, samples, total, until, wait_status
-from tests.reliability.sharded_world import KILL_SEED, STUCK_SEED, FaultyShardedFactory
-from tests.unit.pipeline.worker_stages import SPAWN
-from tests.unit.service.helpers import RecordingTransport
+from service.workers import process_placement, worker_options
+from tests.support.reliability import App, running_app, samples, total, until, wait_status
+from tests.support.service_harness import RecordingTransport
+from tests.support.sharded_world import KILL_SEED, STUCK_SEED, FaultyShardedFactory
+from tests.support.worker_stages import SPAWN
 from transport.base import ChunkStatus, DoneStatus
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.reliability.helpers import samples
-from tests.serving import serve
+from tests.support.reliability import samples
+from tests.support.serving import serve
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process tree from /proc")
 

@@ -14,8 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.bidirectional import ControlMessage, ControlState, ResetPose, Stop
-from tests.fakes.transport_port import FakeSessionPort
-from transport.control import ControlIntake
+from tests.support.fakes.transport_port import FakeSessionPort
 from transport.protocol import (
     CANONICAL_KEYS,
     KEY_ALIASES,
@@ -27,6 +26,7 @@ from transport.protocol import (
     decode_control,
     encode_control,
 )
+from transport.session.control import ControlIntake
 
 FUZZ = settings(max_examples=400, deadline=None, derandomize=True, database=None, suppress_health_check=[])
 BUDGET_S = 0.05  # one decode, generously (the real figure is tens of microseconds)

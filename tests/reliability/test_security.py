@@ -18,10 +18,10 @@ import httpx
 import pytest
 from livekit import api
 
-from tests.fakes.livekit import sign_webhook, webhook_body
-from tests.fakes.webrtc_client import BrowserPeer
-from tests.fakes.world import FakeWorld
-from tests.reliability.helpers import (
+from tests.support.fakes.livekit import sign_webhook, webhook_body
+from tests.support.fakes.webrtc_client import BrowserPeer
+from tests.support.fakes.world import FakeWorld
+from tests.support.reliability import (
     LIVEKIT_KEY,
     LIVEKIT_SECRET,
     App,
@@ -30,9 +30,9 @@ from tests.reliability.helpers import (
     paced_fakes,
     running_app,
 )
-from tests.serving import serve
-from transport.config import EmbeddedConfig
-from transport.embedded import EmbeddedTransport
+from tests.support.serving import serve
+from transport.embedded.config import EmbeddedConfig
+from transport.embedded.transport import EmbeddedTransport
 
 ALICE_KEY = "alice-key-0123456789abcdef0123"
 BOB_KEY = "bob-key-0123456789abcdef01234567"

@@ -13,12 +13,13 @@ from typing import Any
 from aiortc import RTCSessionDescription
 
 from pipeline.bidirectional import ControlState
-from tests.fakes.webrtc_client import BrowserPeer
-from tests.fakes.world import FakeWorld
-from tests.reliability.helpers import App, running_app, samples, total, until, wait_status
+from tests.support.fakes.webrtc_client import BrowserPeer
+from tests.support.fakes.world import FakeWorld
+from tests.support.reliability import App, running_app, samples, total, until, wait_status
 from transport.base import ChunkStatus, StateStatus
-from transport.config import EmbeddedConfig
-from transport.embedded import EmbeddedTransport, PeerPresence
+from transport.embedded.binding import PeerPresence
+from transport.embedded.config import EmbeddedConfig
+from transport.embedded.transport import EmbeddedTransport
 
 GRACE = 1.0
 _WAIT = 10.0

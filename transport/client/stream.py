@@ -24,7 +24,7 @@ jitter of two independent paths).
 Keep-warm repeats (`ReceivedFrame.repeat`): while a session has nothing new to show (no key held, paused,
 generation behind), the service sends its last frame again every `LINGSTREAM_IDLE_FRAME_INTERVAL_MS` so that the
 receiver stays in step. A repeat is labelled like the frame it repeats (same chunk, never `first_of_chunk`); on the
-embedded transport its presentation timestamp lies off the frame grid (`transport.pacing.REPEAT_PTS_OFFSET`), so
+embedded transport its presentation timestamp lies off the frame grid (`transport.session.pacing.REPEAT_PTS_OFFSET`), so
 once the offset came from the service (`stream_base_pts`) `repeat` is exact; on LiveKit (no timestamps) repeats
 cannot be told apart and `repeat` is always False.
 
@@ -59,9 +59,9 @@ from pipeline.bidirectional import ControlMessage, ControlState, Pause, ResetPos
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
 from transport.client.api import ServiceClient, SessionInfo
 from transport.client.errors import ConnectError
-from transport.pacing import REPEAT_PTS_OFFSET, grid_offset, is_repeat_pts
+from transport.embedded.rtc import ice_host_addresses
 from transport.protocol import MAX_SEQ, ProtocolError, decode_status, encode_control
-from transport.rtc import ice_host_addresses
+from transport.session.pacing import REPEAT_PTS_OFFSET, grid_offset, is_repeat_pts
 
 __all__ = [
     "ChunkTracker",

@@ -55,7 +55,7 @@ from pipeline.lingbot.models.errors import (
     ModelConfigError,
     ModelContextExhaustedError,
 )
-from pipeline.lingbot.models.memory import (
+from pipeline.lingbot.models.memory_plan import (
     PLAN_HEIGHT,
     PLAN_WIDTH,
     USABLE_SHARE,

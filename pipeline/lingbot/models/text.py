@@ -32,7 +32,7 @@ import torch
 from pipeline.lingbot.errors import ModelInputError
 from pipeline.lingbot.models.checkpoint import load_strict, locate_checkpoint
 from pipeline.lingbot.models.errors import CheckpointError
-from pipeline.lingbot.prompts import PromptCache, PromptCacheStatistics
+from pipeline.lingbot.policy.prompts import PromptCache, PromptCacheStatistics
 
 __all__ = [
     "DEFAULT_PROMPT",

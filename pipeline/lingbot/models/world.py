@@ -1,5 +1,5 @@
 """LingBot-World-Fast behind the `WorldModel` seam: our DiT, diffusers' Wan VAE, the umt5 encoder, the Fast sampler
-and the rolling KV cache, as the three stages the session graph places (`pipeline/lingbot/model.py`).
+and the rolling KV cache, as the three stages the session graph places (`pipeline/lingbot/seam.py`).
 
     encode   LingBotFastEncoder   the reference (or the built-in scene) and its zero frames -> normalised latent y
     denoise  LingBotFastDenoiser  per chunk: condition = first-frame mask + y's frames, the camera -> 384-channel
@@ -33,14 +33,6 @@ from pipeline.lingbot.camera import CameraChunk, map_rays, plucker_map
 from pipeline.lingbot.chunks import ChunkPlan
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.errors import ModelInputError, ModelSessionError
-from pipeline.lingbot.model import (
-    ModelShard,
-    first_frame_mask,
-    slice_condition,
-    validate_base_latent,
-    validate_control,
-    validate_latent_chunk,
-)
 from pipeline.lingbot.models.bundle import (
     DIT_DIR,
     TEXT_ENCODER_DIR,
@@ -57,7 +49,15 @@ from pipeline.lingbot.models.errors import ModelConfigError
 from pipeline.lingbot.models.sampler import denoise_chunk
 from pipeline.lingbot.models.text import UMT5TextEncoder, load_text_encoder
 from pipeline.lingbot.models.vae import StreamingVAE, load_vae
-from pipeline.lingbot.reference_model import default_scene
+from pipeline.lingbot.reference.model import default_scene
+from pipeline.lingbot.seam import (
+    ModelShard,
+    first_frame_mask,
+    slice_condition,
+    validate_base_latent,
+    validate_control,
+    validate_latent_chunk,
+)
 from pipeline.lingbot.stage_sessions import SessionTable, StageStatistics, check_chunk_order
 
 __all__ = [

@@ -164,7 +164,7 @@ function latencyText(latest, recent) {
 // unless generation fell behind within that chunk: then it is a later one, as when the offset is learnt from a
 // generated frame), and what was done on the repeats since the first learning is undone (`photon.learnt`): their
 // frame counts and photon samples are taken back and the chunk starts they were taken for wait for their frames.
-const REPEAT_TICKS = 90; // transport.pacing.REPEAT_PTS_OFFSET: 1 ms of the 90 kHz clock
+const REPEAT_TICKS = 90; // transport.session.pacing.REPEAT_PTS_OFFSET: 1 ms of the 90 kHz clock
 const GRID_SLACK = 2; // ticks: a phase combines four timestamps (frame, origin's frame and status, reference), each rounded
 const photon = { generation: null, origin: null, pending: [], reference: null, fps: null, learnt: null };
 

@@ -16,7 +16,7 @@ from admission import (
     TicketState,
 )
 from admission.summary import RingBufferSummary, percentile
-from tests.unit.admission.helpers import make_controller
+from tests.support.admission import make_controller
 
 
 def test_generated_ids_count_up_and_skip_ids_in_use() -> None:

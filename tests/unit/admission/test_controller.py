@@ -19,7 +19,7 @@ from admission import (
     UnknownTicketError,
     UnknownWorkerError,
 )
-from tests.unit.admission.helpers import EventLog, assert_invariants, make_controller
+from tests.support.admission import EventLog, assert_invariants, make_controller
 
 
 def test_new_sessions_go_to_the_least_loaded_worker_ties_to_lowest_index() -> None:

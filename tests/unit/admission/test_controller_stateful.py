@@ -18,8 +18,8 @@ from admission import (
     TicketReason,
     TicketState,
 )
-from tests.fakes.clock import FakeClock
-from tests.unit.admission.helpers import assert_invariants
+from tests.support.admission import assert_invariants
+from tests.support.fakes.clock import FakeClock
 
 
 class AdmissionMachine(RuleBasedStateMachine):

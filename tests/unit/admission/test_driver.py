@@ -17,7 +17,7 @@ from admission import (
     TicketReason,
     TicketState,
 )
-from tests.unit.admission.helpers import assert_invariants, make_controller
+from tests.support.admission import assert_invariants, make_controller
 
 pytestmark = pytest.mark.timeout(20)
 

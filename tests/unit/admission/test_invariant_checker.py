@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from admission import AdmissionController, AdmissionInvariantError, TicketState
-from tests.unit.admission.helpers import make_controller
+from tests.support.admission import make_controller
 
 
 def _busy() -> AdmissionController:

@@ -14,7 +14,7 @@ from admission import (
     LeaseCore,
     LeaseSessionRemovedError,
 )
-from tests.fakes.clock import FakeClock
+from tests.support.fakes.clock import FakeClock
 
 pytestmark = pytest.mark.timeout(10)
 

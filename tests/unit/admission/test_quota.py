@@ -14,7 +14,7 @@ from admission import (
     TicketState,
     quota_verdict,
 )
-from tests.unit.admission.helpers import EventLog, assert_invariants, make_controller
+from tests.support.admission import EventLog, assert_invariants, make_controller
 
 RUNNING = TicketReason.RUNNING_QUOTA
 QUEUED = TicketReason.QUEUED_QUOTA

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from admission import TicketReason, TicketState
-from tests.unit.admission.helpers import make_controller
+from tests.support.admission import make_controller
 
 
 def test_retry_after_never_exceeds_its_configured_maximum() -> None:

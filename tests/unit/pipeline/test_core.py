@@ -14,9 +14,9 @@ from pipeline.errors import (
 )
 from pipeline.metrics import IdleReason
 from pipeline.spec import StreamingPipelineSpec, validate_pipeline
-from tests.fakes.actors import StaticActorView
-from tests.fakes.clock import FakeClock
-from tests.unit.pipeline.graphs import grouped_spec, join_spec, linear_spec, unordered_spec
+from tests.support.fakes.actors import StaticActorView
+from tests.support.fakes.clock import FakeClock
+from tests.support.graphs import grouped_spec, join_spec, linear_spec, unordered_spec
 
 
 def make(spec: StreamingPipelineSpec, capacity: int = 1) -> tuple[SchedulerCore, FakeClock, StaticActorView]:

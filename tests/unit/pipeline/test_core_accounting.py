@@ -27,9 +27,9 @@ from pipeline import (
     validate_pipeline,
 )
 from pipeline.core import NoticeKind, ResultKind
-from tests.fakes.actors import FakeActor, StaticActorView
-from tests.fakes.clock import FakeClock
-from tests.unit.pipeline.graphs import linear_spec
+from tests.support.fakes.actors import FakeActor, StaticActorView
+from tests.support.fakes.clock import FakeClock
+from tests.support.graphs import linear_spec
 
 
 def _core(capacity: int = 4) -> SchedulerCore:

@@ -22,8 +22,8 @@ from pipeline import (
     StreamingPipelineOrchestrator,
 )
 from pipeline.errors import PipelineSpecError, UnknownSessionError
-from tests.fakes.actors import FakeActor, passthrough
-from tests.unit.pipeline.graphs import grouped_spec, join_spec, linear_spec
+from tests.support.fakes.actors import FakeActor, passthrough
+from tests.support.graphs import grouped_spec, join_spec, linear_spec
 
 
 def fake_actors(*names: str, gated: bool = False) -> dict[str, FakeActor]:

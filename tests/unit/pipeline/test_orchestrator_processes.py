@@ -17,7 +17,7 @@ from pipeline import (
     StreamingStageSpec,
 )
 from pipeline.process import ParallelWorkerConfig, ParallelWorkerStageActor
-from tests.unit.pipeline.worker_stages import echo_stage, eventually, make_gates
+from tests.support.worker_stages import echo_stage, eventually, make_gates
 
 SPEC = StreamingPipelineSpec(
     stages=(StreamingStageSpec("worker", consumes=("x",), produces=("y",)),),

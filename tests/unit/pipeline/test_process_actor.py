@@ -13,7 +13,7 @@ import pytest_asyncio
 
 from pipeline.errors import ActorDiedError, ActorUnavailableError, StageFailedError
 from pipeline.process import ParallelWorkerConfig, ParallelWorkerStageActor
-from tests.unit.pipeline.worker_stages import Gates, call, counter_stage, eventually, make_gates, pids_gone
+from tests.support.worker_stages import Gates, call, counter_stage, eventually, make_gates, pids_gone
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 

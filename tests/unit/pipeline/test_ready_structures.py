@@ -22,9 +22,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from pipeline import CloseMode, SchedulerCore, StageOrdering, StreamingPipelineSpec, validate_pipeline
 from pipeline.core import Dispatch, SessionState
-from tests.fakes.actors import StaticActorView
-from tests.fakes.clock import FakeClock
-from tests.unit.pipeline.graphs import linear_spec
+from tests.support.fakes.actors import StaticActorView
+from tests.support.fakes.clock import FakeClock
+from tests.support.graphs import linear_spec
 
 CORE = str(Path(__file__).resolve().parents[3] / "pipeline" / "core")
 PRODUCES = {"encode": "a0", "denoise": "a1", "decode": "out"}

@@ -26,9 +26,9 @@ from pipeline import (
     validate_pipeline,
 )
 from pipeline.core import Dispatch
-from tests.fakes.actors import FakeActor, StaticActorView, passthrough
-from tests.fakes.clock import FakeClock
-from tests.unit.pipeline.graphs import linear_spec
+from tests.support.fakes.actors import FakeActor, StaticActorView, passthrough
+from tests.support.fakes.clock import FakeClock
+from tests.support.graphs import linear_spec
 
 
 def _core(spec: StreamingPipelineSpec, capacity: int) -> tuple[SchedulerCore, FakeClock, StaticActorView]:

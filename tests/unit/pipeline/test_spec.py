@@ -13,7 +13,7 @@ from pipeline.spec import (
     StreamingStageSpec,
     validate_pipeline,
 )
-from tests.unit.pipeline.graphs import join_spec, linear_spec
+from tests.support.graphs import join_spec, linear_spec
 
 A = StreamingStageSpec("a", consumes=("x",), produces=("y",))
 B = StreamingStageSpec("b", consumes=("y",), produces=("z",))

@@ -24,7 +24,7 @@ from pipeline.process import (
     WorkerTensorChannel,
     validate_ref,
 )
-from tests.unit.pipeline.worker_stages import consumer_stage, eventually, make_gates, producer_stage
+from tests.support.worker_stages import consumer_stage, eventually, make_gates, producer_stage
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 

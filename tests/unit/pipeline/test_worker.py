@@ -15,7 +15,7 @@ import pytest_asyncio
 from pipeline.actor import StageCall
 from pipeline.errors import ActorDiedError, ActorUnavailableError, PipelineSpecError, StageFailedError
 from pipeline.process import ParallelWorker, ParallelWorkerConfig, WorkerState
-from tests.unit.pipeline.worker_stages import (
+from tests.support.worker_stages import (
     Gates,
     all_reduce_stage,
     call,

@@ -24,7 +24,7 @@ import torch
 from pipeline.actor import StageCall
 from pipeline.errors import ActorDiedError, StageFailedError
 from pipeline.process import ParallelWorker, ParallelWorkerConfig, WorkerContext
-from tests.unit.pipeline.worker_stages import Gates, make_gates, parts_stage
+from tests.support.worker_stages import Gates, make_gates, parts_stage
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 

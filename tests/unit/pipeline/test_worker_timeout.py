@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.errors import ActorDiedError, PipelineSpecError
 from pipeline.process import ParallelWorker, ParallelWorkerConfig
-from tests.unit.pipeline.worker_stages import call, counter_stage, eventually, make_gates, pids_gone
+from tests.support.worker_stages import call, counter_stage, eventually, make_gates, pids_gone
 
 
 async def test_a_rank_stuck_past_the_call_timeout_is_killed_and_its_group_restarts() -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from admission import AdmissionConfig
-from tests.fakes.redis_server import REDIS_SERVER, RedisServer
-from tests.unit.service.redis_cluster import Cluster, open_cluster
+from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.support.redis_cluster import Cluster, open_cluster
 
 
 @pytest.fixture(autouse=True)

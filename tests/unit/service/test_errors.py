@@ -11,7 +11,7 @@ import pytest
 
 import service.errors as service_errors
 from service.errors import error_table, lookup
-from tests.unit.service.helpers import running_service
+from tests.support.service_harness import running_service
 
 ROOT = Path(__file__).resolve().parents[3]
 

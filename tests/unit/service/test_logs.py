@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from service.logs import JsonFormatter, SessionIdFilter, session_context
-from tests.unit.service.helpers import running_service
+from tests.support.service_harness import running_service
 
 
 def _record(message: str) -> logging.LogRecord:

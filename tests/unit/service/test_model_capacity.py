@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from service.errors import SettingsError
-from service.runtime.workers import WorkerOptions, check_model
+from service.workers import WorkerOptions, check_model
 
 pytest.importorskip("diffusers", reason="the lingbot extra (diffusers) is not installed")
 pytest.importorskip("transformers", reason="the lingbot extra (transformers) is not installed")

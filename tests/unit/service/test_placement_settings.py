@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.lingbot import ArtifactTransport
+from pipeline.lingbot.graph.placement import ArtifactTransport
 from service.errors import SettingsError
-from service.runtime.workers import check_devices, process_placement, worker_options
 from service.settings import load_settings
+from service.workers import check_devices, process_placement, worker_options
 
 
 def test_threads_on_the_cpu_is_the_default() -> None:

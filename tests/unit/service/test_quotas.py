@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from admission import KeyQuota
+from service.api_keys import key_id
 from service.errors import SettingsError
-from service.keys import key_id
 from service.settings import ServiceConfig, load_settings
-from tests.unit.service.helpers import metric, running_service
+from tests.support.service_harness import metric, running_service
 
 KEY_A, KEY_B = "alpha-key-0001", "beta-key-0002"
 

@@ -9,9 +9,9 @@ import pytest
 
 from service.cli import main
 from service.errors import SettingsError
-from service.runtime.transports import embedded_config, livekit_config
-from service.runtime.workers import worker_options
 from service.settings import ServiceConfig, Settings, load_settings
+from service.transports import embedded_config, livekit_config
+from service.workers import worker_options
 
 
 def test_defaults_bind_loopback_and_match_the_documented_contract() -> None:
@@ -171,7 +171,7 @@ def test_cli_prints_one_paragraph_and_exits_2_without_a_traceback(
 
 
 def test_cli_refuses_the_worker_factory_hook_without_the_test_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["serve", "--worker-factory", "tests.fakes.world:idle_fake_workers"]) == 2
+    assert main(["serve", "--worker-factory", "tests.support.fakes.world:idle_fake_workers"]) == 2
     assert "LINGSTREAM_TEST_HOOKS=1" in capsys.readouterr().err
 
 

@@ -9,15 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.lingbot import (
+from pipeline.lingbot.camera import (
     PLUCKER_MAP_CHANNELS,
     CameraChunk,
     CameraController,
     CameraPose,
-    ChunkContractError,
-    ControlError,
-    ControlSnapshot,
-    ModelInputError,
     PinholeIntrinsics,
     PoseIntegrator,
     PoseSteps,
@@ -28,6 +24,8 @@ from pipeline.lingbot import (
     relative_poses,
     rotation_matrix,
 )
+from pipeline.lingbot.controls import ControlSnapshot
+from pipeline.lingbot.errors import ChunkContractError, ControlError, ModelInputError
 
 STEPS = PoseSteps(move=0.1, yaw=math.radians(2), pitch=math.radians(1.5), pitch_limit=math.radians(85))
 INTRINSICS = PinholeIntrinsics.from_fov(32, 16)

@@ -4,14 +4,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.lingbot import (
-    ChunkContractError,
+from pipeline.lingbot.chunks import (
     ChunkPlan,
     frame_num_for_duration,
     frame_num_for_latent_frames,
     latent_frames_for,
     validate_frame_num,
 )
+from pipeline.lingbot.errors import ChunkContractError
 
 
 def test_latent_frames_follow_four_n_plus_one() -> None:

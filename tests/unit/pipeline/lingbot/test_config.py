@@ -9,13 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline.lingbot import (
-    ImageInputError,
-    LingBotSessionConfig,
-    SessionConfigError,
-    decode_reference_image,
-    probe_image_header,
-)
+from pipeline.lingbot.config import LingBotSessionConfig, decode_reference_image, probe_image_header
+from pipeline.lingbot.errors import ImageInputError, SessionConfigError
 
 
 def test_empty_config_is_a_complete_session() -> None:

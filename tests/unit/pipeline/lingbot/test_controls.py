@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.lingbot import ControlAxes, ControlError, ControlSnapshot, normalize_keys
+from pipeline.lingbot.controls import ControlAxes, ControlSnapshot, normalize_keys
+from pipeline.lingbot.errors import ControlError
 
 
 def test_aliases_normalise_to_canonical_keys() -> None:

@@ -3,7 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.lingbot import ControlError, ControlSnapshot, ModelInputError, draw_hud
+from pipeline.lingbot.controls import ControlSnapshot
+from pipeline.lingbot.errors import ControlError, ModelInputError
+from pipeline.lingbot.hud import draw_hud
 
 AMBER = torch.tensor([255, 196, 40], dtype=torch.uint8)
 

@@ -17,7 +17,7 @@ from pipeline.lingbot.models import (
     ModelContextExhaustedError,
     bytes_per_session,
 )
-from tests.unit.pipeline.lingbot.models.helpers import LATENT_H, LATENT_W, chunk_inputs, run_session, text_context
+from tests.support.lingbot_models import LATENT_H, LATENT_W, chunk_inputs, run_session, text_context
 
 FRAME_TOKENS = 2
 

@@ -18,7 +18,7 @@ from pipeline.lingbot.models import (
     load_dit,
     write_tiny_checkpoint,
 )
-from tests.unit.pipeline.lingbot.models.helpers import checkpoint_file
+from tests.support.lingbot_models import checkpoint_file
 
 safetensors_torch = pytest.importorskip("safetensors.torch", reason="the lingbot extra (safetensors) is not installed")
 

@@ -7,7 +7,7 @@ import torch
 
 from pipeline.lingbot.errors import ModelInputError
 from pipeline.lingbot.models import TINY_DIT, CacheConfig, LingBotFastDiT, TextKV
-from tests.unit.pipeline.lingbot.models.helpers import LATENT_H, LATENT_W, chunk_inputs, text_context
+from tests.support.lingbot_models import LATENT_H, LATENT_W, chunk_inputs, text_context
 
 
 def call(

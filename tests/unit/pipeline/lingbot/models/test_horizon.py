@@ -19,7 +19,7 @@ from pipeline.lingbot.models import (
     ModelContextExhaustedError,
     load_dit,
 )
-from tests.unit.pipeline.lingbot.models.helpers import chunk_inputs, relative_error, run_session
+from tests.support.lingbot_models import chunk_inputs, relative_error, run_session
 
 SHORT_TABLE = dataclasses.replace(TINY_DIT, rope_frames=15)
 

@@ -27,7 +27,7 @@ from pipeline.lingbot.models import (
     load_dit,
     write_tiny_checkpoint,
 )
-from tests.unit.pipeline.lingbot.models.helpers import (
+from tests.support.lingbot_models import (
     LATENT_H,
     LATENT_W,
     ChunkInputs,

@@ -15,16 +15,16 @@ from types import ModuleType
 import pytest
 import torch
 
-from pipeline.lingbot import (
+from pipeline.lingbot.camera import (
     CameraController,
-    ControlSnapshot,
-    LingBotSessionConfig,
     PinholeIntrinsics,
     map_rays,
     plucker_map,
     relative_poses,
     rotation_matrix,
 )
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.controls import ControlSnapshot
 
 CONFIG = LingBotSessionConfig(width=64, height=32, frame_num=4 * 9 - 3)
 

@@ -16,7 +16,7 @@ from pipeline.lingbot.models import (
     fast_schedule,
     sample_chunk,
 )
-from tests.unit.pipeline.lingbot.models.helpers import LATENT_H, LATENT_W, chunk_inputs, text_context
+from tests.support.lingbot_models import LATENT_H, LATENT_W, chunk_inputs, text_context
 
 
 def test_fast_schedule_has_the_published_timesteps_and_sigmas() -> None:

@@ -14,27 +14,23 @@ import pytest
 import torch
 
 from pipeline.actor import StageCall
-from pipeline.lingbot import (
-    CameraChunk,
-    CameraController,
-    ChunkDenoiser,
+from pipeline.lingbot.camera import CameraChunk, CameraController, plucker_map
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.controls import ControlSnapshot
+from pipeline.lingbot.errors import ModelSessionError
+from pipeline.lingbot.graph.stages import (
+    CONDITION_REQUEST,
+    CONTROL,
     ConditionRequest,
     ControlArtifact,
-    ControlSnapshot,
     DenoiseStage,
     EncodeStage,
-    LingBotSessionConfig,
-    ModelShard,
-    ProgressiveDecoder,
-    ReferenceEncoder,
-    ReferenceWorldModel,
-    plucker_map,
 )
-from pipeline.lingbot.errors import ModelSessionError
 from pipeline.lingbot.models import TINY_DIT, CheckpointError, LingBotFastDiT, ModelConfigError, denoise_chunk
 from pipeline.lingbot.models.bundle import LingBotFastOptions, check_model_dir, write_tiny_model
 from pipeline.lingbot.models.world import LingBotFastFactory, LingBotFastWorldModel
-from pipeline.lingbot.stages import CONDITION_REQUEST, CONTROL
+from pipeline.lingbot.reference.model import ReferenceWorldModel
+from pipeline.lingbot.seam import ChunkDenoiser, ModelShard, ProgressiveDecoder, ReferenceEncoder
 
 pytest.importorskip("diffusers", reason="the lingbot extra (diffusers) is not installed")
 pytest.importorskip("transformers", reason="the lingbot extra (transformers) is not installed")

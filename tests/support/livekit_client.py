@@ -1,0 +1,161 @@
+"""A LiveKit participant in a process of its own, for tests/e2e/test_livekit_sdk.py: the real `livekit` Python SDK
+joins a room with the token it is given and plays one scenario; the last line it prints is a JSON report.
+
+    python -m tests.support.livekit_client SCENARIO URL TOKEN [--topic-control T] [--topic-status S]
+
+Scenarios:
+- `join`: join and leave (`joined`, or the SDK's `error`).
+- `control`: as the session's controller: a `control_state` snapshot (lossy) and the `chunk` that applies it,
+  malformed packets and the `error` statuses they get, a second snapshot (the session still steers), `stop` and the
+  final `done`.
+- `foreign`: as a participant that may publish data but is not the controller: snapshots on the control topic,
+  then which `chunk` statuses came in the next seconds (none may apply them).
+- `publish`: try to publish a video track for 3 s (`published`, or the `error`).
+
+`livekit.rtc` is imported here only, in this process: the test process never loads the FFI (it forks). Every stream
+and the room are closed before the process exits (the FFI may abort at exit otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from livekit import rtc
+
+_WAIT_S = 20.0
+MALFORMED: dict[str, bytes] = {
+    "malformed_json": b"{not json",
+    "unknown_type": b'{"v":1,"type":"warp"}',
+    "unsupported_version": b'{"v":2,"type":"stop"}',
+    # over MAX_INBOUND_BYTES (4096 since prompts travel as control messages): refused before it is parsed
+    "message_too_large": b'{"v":1,"type":"control_state","seq":1,"keys":[' + b'"w",' * 1100 + b'"w"]}',
+    "invalid_seq": b'{"v":1,"type":"control_state","seq":-1,"keys":[]}',
+}
+"""One bad packet per `error` code it must get back."""
+
+
+class _Statuses:
+    """Status messages from the service as they arrive (JSON objects), and a way to wait for one."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.seen: list[dict[str, Any]] = []
+        self._arrived = asyncio.Event()
+
+    def on_data(self, packet: rtc.DataPacket) -> None:
+        if packet.topic != self.topic:
+            return
+        try:
+            self.seen.append(json.loads(bytes(packet.data)))
+        except ValueError:
+            return
+        self._arrived.set()
+
+    async def wait(self, match: dict[str, Any]) -> dict[str, Any]:
+        """The first status message with every field of `match`; `TimeoutError` after `_WAIT_S`."""
+        async with asyncio.timeout(_WAIT_S):
+            while True:
+                for message in self.seen:
+                    if all(message.get(key) == value for key, value in match.items()):
+                        return message
+                self._arrived.clear()
+                await self._arrived.wait()
+
+
+async def _send(room: rtc.Room, topic: str, payload: bytes, *, reliable: bool) -> None:
+    await room.local_participant.publish_data(payload, reliable=reliable, topic=topic)
+
+
+def _snapshot(seq: int, keys: list[str]) -> bytes:
+    return json.dumps({"v": 1, "type": "control_state", "seq": seq, "keys": keys}).encode()
+
+
+async def _control(room: rtc.Room, statuses: _Statuses, control: str) -> dict[str, Any]:
+    report: dict[str, Any] = {"malformed_sent": sorted(MALFORMED)}
+    await _send(room, control, _snapshot(1, ["w"]), reliable=False)
+    chunk = await statuses.wait({"type": "chunk", "applied_seq": 1})
+    report["first_chunk"] = chunk
+    for payload in MALFORMED.values():
+        await _send(room, control, payload, reliable=True)
+    deadline = time.monotonic() + _WAIT_S
+    while time.monotonic() < deadline:
+        codes = {m.get("code") for m in statuses.seen if m.get("type") == "error"}
+        if set(MALFORMED) <= codes:
+            break
+        await asyncio.sleep(0.05)  # waiting on another process's replies, with a deadline
+    report["error_codes"] = sorted(str(m.get("code")) for m in statuses.seen if m.get("type") == "error")
+    await _send(room, control, _snapshot(2, []), reliable=False)
+    report["second_chunk"] = await statuses.wait({"type": "chunk", "applied_seq": 2})
+    await _send(room, control, b'{"v":1,"type":"stop"}', reliable=True)
+    report["done"] = (await statuses.wait({"type": "done"})).get("reason")
+    return report
+
+
+async def _foreign(room: rtc.Room, statuses: _Statuses, control: str) -> dict[str, Any]:
+    seq = 2**52
+    for step in range(5):
+        await _send(room, control, _snapshot(seq + step, ["l"]), reliable=step % 2 == 0)
+        await asyncio.sleep(0.2)  # a held key, as a page resends it
+    await asyncio.sleep(2.0)  # the window in which a chunk applying it would have come
+    chunks = [m for m in statuses.seen if m.get("type") == "chunk"]
+    return {"chunks": chunks, "sent": 5}
+
+
+async def _publish(room: rtc.Room) -> dict[str, Any]:
+    source = rtc.VideoSource(64, 64)
+    track = rtc.LocalVideoTrack.create_video_track("forbidden", source)
+    options = rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_CAMERA, simulcast=False)
+    try:
+        # A real server answers a refused `add_track` with RequestResponse NOT_ALLOWED, which the SDK does not turn
+        # into an error: it waits for a `track_published` that never comes.
+        async with asyncio.timeout(3.0):
+            await room.local_participant.publish_track(track, options)
+        return {"published": True}
+    except Exception as exc:  # the SDK's refusal, whatever its type
+        return {"published": False, "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        await source.aclose()
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    room = rtc.Room()
+    statuses = _Statuses(args.topic_status)
+    room.on("data_received", statuses.on_data)
+    report: dict[str, Any] = {"scenario": args.scenario, "joined": False}
+    try:
+        await room.connect(args.url, args.token, rtc.RoomOptions(auto_subscribe=False, connect_timeout=10.0))
+    except rtc.ConnectError as exc:
+        report["error"] = exc.message
+        return report
+    report["joined"] = True
+    report["identity"] = room.local_participant.identity
+    try:
+        match args.scenario:
+            case "control":
+                report |= await _control(room, statuses, args.topic_control)
+            case "foreign":
+                report |= await _foreign(room, statuses, args.topic_control)
+            case "publish":
+                report |= await _publish(room)
+    except TimeoutError:
+        report["error"] = "timed out"
+    finally:
+        report["statuses"] = statuses.seen[-50:]
+        await room.disconnect()
+    return report
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("scenario", choices=["join", "control", "foreign", "publish"])
+    parser.add_argument("url")
+    parser.add_argument("token")
+    parser.add_argument("--topic-control", default="lingstream.control")
+    parser.add_argument("--topic-status", default="lingstream.status")
+    print(json.dumps(asyncio.run(main(parser.parse_args()))), flush=True)
+    sys.exit(0)

@@ -1,0 +1,70 @@
+"""The reference model on worker processes, with faults injected into rank 1 of its DiT group.
+
+Spawned ranks import this module by name: it stays light (no service, no test harness). A session created with
+`KILL_SEED` makes rank 1 set `started` in the middle of chunk `FAULT_CHUNK` and then sleep, so a test can SIGKILL
+it there; one created with `STUCK_SEED` makes rank 1 never answer that chunk (rank 0 waits for it in the
+all-gather), which only the worker's call timeout can end.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pipeline.lingbot.camera import CameraChunk
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.reference.model import ReferenceModelFactory
+from pipeline.lingbot.seam import ChunkDecoder, ChunkDenoiser, ModelShard, ReferenceEncoder
+
+KILL_SEED = 4242
+STUCK_SEED = 4343
+FAULT_CHUNK = 1
+_HANG_S = 600.0  # far past any test: the rank is killed long before
+
+
+class FaultyShardedDiT:
+    """One rank of the reference DiT; rank 1 hangs in chunk FAULT_CHUNK of KILL_SEED and STUCK_SEED sessions."""
+
+    def __init__(self, inner: ChunkDenoiser, rank: int, started: Any) -> None:
+        self._inner = inner
+        self._rank = rank
+        self._started = started
+        self._seeds: dict[str, int] = {}
+
+    def create_cache(self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor) -> None:
+        self._seeds[session_id] = config.seed
+        self._inner.create_cache(session_id, config, base_latent)
+
+    def denoise_chunk(
+        self, session_id: str, chunk_index: int, chunk_size: int, control: CameraChunk, *, prompt: str
+    ) -> torch.Tensor:
+        seed = self._seeds.get(session_id)
+        if self._rank == 1 and chunk_index == FAULT_CHUNK and seed in (KILL_SEED, STUCK_SEED):
+            if seed == KILL_SEED:
+                self._started.set()
+            time.sleep(_HANG_S)
+        return self._inner.denoise_chunk(session_id, chunk_index, chunk_size, control, prompt=prompt)
+
+    def release_cache(self, session_id: str) -> None:
+        self._seeds.pop(session_id, None)
+        self._inner.release_cache(session_id)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultyShardedFactory:
+    """`ReferenceModelFactory` whose denoisers are `FaultyShardedDiT`s; `started` is a spawn-context Event."""
+
+    started: Any
+    inner: ReferenceModelFactory = field(default_factory=ReferenceModelFactory)
+
+    def encoder(self, shard: ModelShard) -> ReferenceEncoder:
+        return self.inner.encoder(shard)
+
+    def denoiser(self, shard: ModelShard) -> ChunkDenoiser:
+        return FaultyShardedDiT(self.inner.denoiser(shard), shard.rank, self.started)
+
+    def decoder(self, shard: ModelShard) -> ChunkDecoder:
+        return self.inner.decoder(shard)

@@ -1,0 +1,91 @@
+"""The memory estimate: the published model's figures (weights, per-session cache, sessions per GPU) from the
+parameter counts of meta-device models, and the arithmetic of what fits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.errors import SessionConfigError
+from pipeline.lingbot.models import (
+    LINGBOT_FAST_14B,
+    TINY_DIT,
+    LingBotFastOptions,
+    ModelDirSummary,
+    estimate_memory,
+    session_limits,
+)
+from pipeline.lingbot.policy.service import LingBotService
+from pipeline.lingbot.reference.model import ReferenceWorldModel
+
+transformers = pytest.importorskip("transformers", reason="the lingbot extra (transformers) is not installed")
+diffusers = pytest.importorskip("diffusers", reason="the lingbot extra (diffusers) is not installed")
+
+GB = 1e9
+
+
+def parameters(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.fixture(scope="module")
+def full_size() -> ModelDirSummary:
+    """Parameter counts of the published parts, built on the meta device: the DiT, the Wan2.1 VAE (diffusers'
+    defaults) and the umt5-xxl encoder."""
+    from pipeline.lingbot.models import LingBotFastDiT
+
+    umt5_xxl = transformers.UMT5Config(
+        vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+        feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False,
+    )  # fmt: skip
+    with torch.device("meta"):
+        dit = parameters(LingBotFastDiT(LINGBOT_FAST_14B))
+        vae = parameters(diffusers.AutoencoderKLWan())
+        text = parameters(transformers.UMT5EncoderModel(umt5_xxl))
+    return ModelDirSummary(LINGBOT_FAST_14B, dit, vae, text)
+
+
+def test_the_published_model_in_bf16(full_size: ModelDirSummary) -> None:
+    estimate = estimate_memory(full_size, LingBotFastOptions("."), "cuda:0", capacity=80 * 2**30)
+    assert estimate.dtype == "bfloat16"
+    assert full_size.dit_parameters * 2 / GB == pytest.approx(37.08, abs=0.01)
+    assert estimate.model_bytes / GB == pytest.approx(48.7, abs=0.2)  # + the VAE (0.25 GB) and umt5-xxl (11.4 GB)
+    assert estimate.session_bytes / GB == pytest.approx(23.42, abs=0.01)
+    assert estimate.fits_sessions == 1  # an 80 GiB H100
+    h200 = estimate_memory(full_size, LingBotFastOptions("."), "cuda:0", capacity=141 * 10**9)
+    assert h200.fits_sessions == 3
+    shorter = estimate_memory(
+        full_size, LingBotFastOptions(".", window_frames=9, sink_frames=3), "cuda:0", capacity=141 * 10**9
+    )
+    assert shorter.session_bytes < estimate.session_bytes / 1.9
+    assert shorter.fits_sessions == 6
+
+
+def test_on_the_cpu_the_default_is_float32(full_size: ModelDirSummary) -> None:
+    estimate = estimate_memory(full_size, LingBotFastOptions("."), "cpu", capacity=64 * 2**30)
+    assert estimate.dtype == "float32"
+    assert estimate.fits_sessions == 0  # 195 GB of fp32 weights do not fit in 64 GiB
+    assert estimate.to_mapping()["resolution"] == "832x480"
+
+
+def test_what_fits_is_what_is_left_after_the_weights_divided_by_a_session() -> None:
+    summary = ModelDirSummary(TINY_DIT, 1000, 100, 10)
+    estimate = estimate_memory(summary, LingBotFastOptions("."), "cpu", capacity=10**9)
+    assert estimate.model_bytes == 4 * 1110
+    assert estimate.usable_bytes == 9 * 10**8
+    assert estimate.fits_sessions == (estimate.usable_bytes - estimate.model_bytes) // estimate.session_bytes
+    assert estimate.total_bytes(3) == estimate.model_bytes + 3 * estimate.session_bytes
+
+
+def test_sessions_above_the_planned_pixels_or_with_a_chunk_the_window_cannot_hold_are_refused() -> None:
+    check = session_limits(LingBotFastOptions(".", window_frames=9, sink_frames=3))
+    check(LingBotSessionConfig(width=832, height=480, chunk_size=6))  # the planned size and the largest chunk pass
+    with pytest.raises(SessionConfigError, match=r"width x height: 848x480 is more pixels than the 832x480"):
+        check(LingBotSessionConfig(width=848, height=480))
+    with pytest.raises(SessionConfigError, match=r"chunk_size: 7 latent frames .* at most 6"):
+        check(LingBotSessionConfig(chunk_size=7, frame_num=4 * 14 - 3))
+    service = LingBotService(ReferenceWorldModel(), check_config=check)  # the service runs it on every create
+    with pytest.raises(SessionConfigError, match="chunk_size: 7"):
+        service.prepare({"chunk_size": 7, "frame_num": 4 * 14 - 3}, None)
+    assert service.prepare({"chunk_size": 3}, None).width == 416

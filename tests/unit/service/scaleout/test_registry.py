@@ -1,0 +1,205 @@
+"""The redis backend's settings and the registry formats (the replicas themselves: tests/e2e/test_scaleout.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from admission import TicketReason, TicketState
+from service.errors import SettingsError
+from service.runtime.recordings import RecordingReport, RecordingState
+from service.runtime.sessions import SessionSnapshot, SessionState
+from service.scaleout.redis_side.records import SharedTicketView
+from service.scaleout.registry import (
+    CreatePayload,
+    decode_payload,
+    encode_body,
+    encode_payload,
+    failed_body,
+    payload_caller_room,
+    payload_records,
+    remote_snapshot,
+)
+from service.settings import ServiceConfig, load_settings
+from transport.base import CallerRoom
+
+URL = "redis://:secret-password@127.0.0.1:6379/0"
+
+
+def test_the_redis_backend_without_a_url_stops_the_start_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LINGSTREAM_ADMISSION_BACKEND", "redis")
+    with pytest.raises(SettingsError, match="LINGSTREAM_REDIS_URL"):
+        load_settings()
+
+
+def test_a_redis_url_of_another_scheme_is_refused_without_echoing_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LINGSTREAM_ADMISSION_BACKEND", "redis")
+    monkeypatch.setenv("LINGSTREAM_REDIS_URL", "http://user:secret-password@redis:6379")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert "LINGSTREAM_REDIS_URL" in str(caught.value)
+    assert "secret-password" not in str(caught.value)
+
+
+def test_each_process_gets_its_own_replica_id_unless_one_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LINGSTREAM_ADMISSION_BACKEND", "redis")
+    monkeypatch.setenv("LINGSTREAM_REDIS_URL", URL)
+    monkeypatch.setenv("LINGSTREAM_REPLICA_TTL", "4.5")
+    first = ServiceConfig.from_settings(load_settings()).shared_admission
+    second = ServiceConfig.from_settings(load_settings()).shared_admission
+    assert first is not None
+    assert second is not None
+    assert first.replica_id != second.replica_id
+    assert first.replica_ttl_s == 4.5
+    assert "secret-password" not in repr(ServiceConfig.from_settings(load_settings()))
+    monkeypatch.setenv("LINGSTREAM_REPLICA_ID", "pod-a")
+    named = ServiceConfig.from_settings(load_settings()).shared_admission
+    assert named is not None
+    assert named.replica_id == "pod-a"
+
+
+def test_memory_stays_the_default_backend() -> None:
+    assert ServiceConfig.from_settings(load_settings()).shared_admission is None
+
+
+@pytest.mark.parametrize("value", ["has space", "slash/name", "x" * 201])
+def test_an_unusable_replica_id_is_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("LINGSTREAM_REPLICA_ID", value)
+    with pytest.raises(SettingsError, match="LINGSTREAM_REPLICA_ID"):
+        load_settings()
+
+
+def test_the_create_payload_round_trips_config_image_bytes_and_time_limit() -> None:
+    image = b"\x89PNG\r\n\x1a\n\nbinary\n"
+    request = decode_payload(encode_payload({"fps": 12, "note": "two\nlines"}, image, max_seconds=90.0))
+    assert request == CreatePayload({"fps": 12, "note": "two\nlines"}, image, 90.0)
+    assert decode_payload(encode_payload({}, None)) == CreatePayload({}, None, None)
+    with pytest.raises(ValueError, match="payload"):
+        decode_payload(b'{"other": 1}\n')
+    # A recorded session's request says so, so that the replica that admits it records it.
+    recorded = encode_payload({"fps": 12}, image, record=True)
+    assert payload_records(recorded)
+    assert decode_payload(recorded) == CreatePayload({"fps": 12}, image)
+    assert not payload_records(encode_payload({"fps": 12}, image))
+    with pytest.raises(ValueError, match="max_seconds"):
+        decode_payload(b'{"config": {}, "max_seconds": -1}\n')
+
+
+def test_the_create_payload_carries_the_callers_livekit_room_to_the_replica_that_admits_it() -> None:
+    image = b"\x89PNG\r\n"
+    for room in (CallerRoom("lobby-7"), CallerRoom("lobby 7 ✓", controller_identity="user-42")):
+        payload = encode_payload({"fps": 12}, image, room)
+        assert payload_caller_room(payload) == room
+        assert decode_payload(payload) == CreatePayload({"fps": 12}, image)
+    assert payload_caller_room(encode_payload({}, None)) is None
+    with pytest.raises(ValueError, match="payload"):
+        payload_caller_room(b'{"config": {}, "livekit": {"room": 7}}\n')
+
+
+def _snapshot(state: SessionState, **changes: object) -> SessionSnapshot:
+    fields: dict[str, object] = {
+        "id": "s1",
+        "state": state,
+        "reason": None,
+        "queue_position": None,
+        "created_at": 100.0,
+        "updated_at": 101.0,
+        "transport": {"kind": "embedded", "offer_url": "/v1/sessions/s1/webrtc"},
+        "config": {"fps": 12},
+        "width": 416,
+        "height": 240,
+        "fps": 12.0,
+        "error": None,
+        "sequence": 3,
+    }
+    fields.update(changes)
+    return SessionSnapshot(**fields)  # type: ignore[arg-type]
+
+
+def _view(state: TicketState, **changes: object) -> SharedTicketView:
+    fields: dict[str, object] = {
+        "ticket_id": "s1",
+        "owner": "anonymous",
+        "state": state,
+        "reason": None,
+        "position": None,
+        "worker": 0,
+        "retry_after_s": None,
+        "created_at": 99.0,
+        "admitted_at": 99.5,
+        "ended_at": None,
+        "queue_deadline": None,
+        "heartbeat_deadline": None,
+        "replica": "r1",
+        "origin": "r2",
+        "version": 7,
+    }
+    fields.update(changes)
+    return SharedTicketView(**fields)  # type: ignore[arg-type]
+
+
+def test_a_remote_snapshot_is_the_owners_body_with_admissions_state() -> None:
+    body = encode_body(_snapshot(SessionState.RUNNING))
+    snapshot = remote_snapshot(_view(TicketState.ADMITTED, status="running", body=body))
+    assert snapshot.state is SessionState.RUNNING
+    assert (snapshot.width, snapshot.height, snapshot.fps) == (416, 240, 12.0)
+    assert dict(snapshot.config) == {"fps": 12}
+    assert snapshot.transport is not None
+    assert snapshot.transport["offer_url"] == "/v1/sessions/s1/webrtc"
+    assert snapshot.sequence == 7
+    assert (snapshot.record, snapshot.recording) == (False, None)
+
+
+def test_a_remote_snapshot_says_the_session_records_but_not_how_its_recording_stands() -> None:
+    report = RecordingReport(RecordingState.RECORDING, None, frames=12, bytes=3456)
+    body = encode_body(_snapshot(SessionState.RUNNING, record=True, recording=report))
+    snapshot = remote_snapshot(_view(TicketState.ADMITTED, status="running", body=body))
+    # The recording is the owning replica's (served there only); its figures would be stale from the registry.
+    assert (snapshot.record, snapshot.recording) == (True, None)
+
+
+def test_a_queued_ticket_reads_its_live_global_position_and_the_body_from_its_create() -> None:
+    body = encode_body(_snapshot(SessionState.QUEUED, transport=None))
+    snapshot = remote_snapshot(_view(TicketState.QUEUED, position=4, worker=None, replica=None, body=body))
+    assert (snapshot.state, snapshot.queue_position) == (SessionState.QUEUED, 4)
+    assert snapshot.width == 416
+
+
+def test_a_session_of_a_dead_replica_reads_failed_with_the_replica_named() -> None:
+    body = encode_body(_snapshot(SessionState.RUNNING))
+    view = _view(
+        TicketState.RELEASED,
+        reason=TicketReason.SESSION_ENDED,
+        ended_at=120.0,
+        failure="replica_lost: r1",
+        status="failed",
+        status_reason="replica_lost: r1",
+        body=body,
+    )
+    snapshot = remote_snapshot(view)
+    assert snapshot.state is SessionState.FAILED
+    assert snapshot.reason == "replica_lost: r1"
+    assert snapshot.error is not None
+    assert snapshot.error[0] == "replica_lost"
+    assert "r1" in snapshot.error[1]
+
+
+def test_a_record_recreated_bare_after_redis_lost_its_data_still_reads() -> None:
+    snapshot = remote_snapshot(_view(TicketState.ADMITTED, status="admitted"))
+    assert snapshot.state is SessionState.ADMITTED
+    assert (snapshot.width, dict(snapshot.config)) == (0, {})
+
+
+def test_a_released_session_without_a_final_status_reads_closed_and_queue_exits_keep_their_reason() -> None:
+    assert remote_snapshot(_view(TicketState.RELEASED, status="running")).state is SessionState.CLOSED
+    expired = remote_snapshot(_view(TicketState.EXPIRED, reason=TicketReason.HEARTBEAT_LOST, worker=None))
+    assert (expired.state, expired.reason) == (SessionState.EXPIRED, "heartbeat_lost")
+
+
+def test_a_session_not_started_by_its_replica_reads_failed_with_the_message() -> None:
+    body = failed_body(encode_body(_snapshot(SessionState.QUEUED)), SessionState.FAILED, "create_failed", "expired")
+    assert json.loads(body)["config"] == {"fps": 12}
+    snapshot = remote_snapshot(_view(TicketState.RELEASED, status="failed", status_reason="create_failed", body=body))
+    assert snapshot.state is SessionState.FAILED
+    assert snapshot.error == ("create_failed", "expired")

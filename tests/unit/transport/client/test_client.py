@@ -1,0 +1,343 @@
+"""The Python client's pure parts: which chunk a received frame shows, the error classes of the stable codes, the
+session body, where ICE candidates are gathered, and the stream's bookkeeping (through a recording link)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.bidirectional import SetPrompt
+from service.errors import error_table, http_status_spec
+from tests.support.fakes.clock import FakeClock
+from tests.support.fakes.transport_port import make_frames
+from transport.base import ChunkStatus, DoneStatus, ErrorStatus
+from transport.client import (
+    ApiError,
+    ChunkTracker,
+    InvalidInputError,
+    LiveStream,
+    RateLimitedError,
+    RoomInUseError,
+    RoomNotFoundError,
+    SessionInfo,
+    UnauthorizedError,
+    UnavailableError,
+    api_error,
+    default_ice_addresses,
+    error_classes,
+)
+from transport.protocol import decode_control, encode_status
+from transport.session.pacing import REPEAT_PTS_OFFSET, PacedFrame, PacingConfig, PacingCore, SendFrame, frame_pts
+
+ROOT = Path(__file__).resolve().parents[4]
+TICKS = 3600  # 90 kHz / 25 fps
+FIRST = 2  # the first frame the client received was the session's frame 2: RTP timestamps count from there
+
+
+def _chunk(index: int, stamped: bool = True) -> ChunkStatus:
+    """Chunk `index` of a one-frame-per-chunk session: its frame is the session's frame `index`."""
+    return ChunkStatus(index, -1, (), {}, index * TICKS if stamped else None)
+
+
+def _rtp(frame: int) -> int:
+    return (frame - FIRST) * TICKS
+
+
+def _play(tracker: ChunkTracker, delays: list[float], period: float = 0.04, *, lost: int = 0) -> None:
+    """Statuses of chunks FIRST.. leave every `period` s, each chunk's frame arrives `delays[i]` after its status;
+    the statuses of the first `lost` chunks never arrive (sent before the data channel opened)."""
+    events: list[tuple[float, int, str]] = []
+    for i, delay in enumerate(delays):
+        index = FIRST + i
+        if i >= lost:
+            events.append((i * period, index, "status"))
+        events.append((i * period + delay, index, "frame"))
+    for at, index, kind in sorted(events):
+        if kind == "status":
+            tracker.status(_chunk(index), at)
+        else:
+            tracker.frame(_rtp(index), at)
+
+
+def test_frames_are_labelled_exactly_once_the_offset_is_fitted_over_many_statuses() -> None:
+    tracker = ChunkTracker()
+    # The first status is lost and the first frames lag their statuses by more than a frame interval: the first
+    # status to arrive (chunk 3's) is followed by chunk 2's frame, a frame off. Then the video catches up: only the
+    # true offset has no frame overtaking its status.
+    _play(tracker, [0.045] * 6 + [0.015] * 20, lost=1)
+    assert tracker.offset == FIRST * TICKS
+    assert tracker.label(_rtp(FIRST)) == (None, False, FIRST * TICKS)  # its status never came
+    for index in range(FIRST + 1, FIRST + 26):
+        chunk, first, pts = tracker.label(_rtp(index))
+        assert (chunk, first, pts) == (_chunk(index), True, index * TICKS)
+
+
+def test_a_fit_refuses_an_offset_that_pairs_statuses_with_the_repeats_sent_before_their_frames() -> None:
+    """One-frame chunks on every other slot of a 25 fps stream, each after an idle slot that keep-warm fills with a
+    repeat (`REPEAT_PTS_OFFSET` after that slot). Each repeat arrives 2 ms after the next chunk's status and the
+    chunk's frame 30 ms after: paired with the repeats, the statuses follow more closely than with their frames."""
+
+    def play(tracker: ChunkTracker) -> None:
+        for k in range(1, 20):
+            at = k * 0.08
+            tracker.status(ChunkStatus(k, -1, (), {}, 2 * k * TICKS), at)
+            tracker.frame((2 * k - 1) * TICKS + REPEAT_PTS_OFFSET - base, at + 0.002)
+            tracker.frame(2 * k * TICKS - base, at + 0.03)
+
+    base = TICKS + REPEAT_PTS_OFFSET  # the first frame received (RTP timestamps count from it): the first repeat
+    blind = ChunkTracker()  # no frame rate: the fit cannot tell a repeat, and pairs the statuses with them
+    play(blind)
+    assert blind.offset is not None
+    assert blind.offset != base
+    tracker = ChunkTracker(fps=25.0)
+    play(tracker)
+    assert tracker.offset == base
+    for k in range(1, 20):
+        assert tracker.label(2 * k * TICKS - base) == (ChunkStatus(k, -1, (), {}, 2 * k * TICKS), True, 2 * k * TICKS)
+        assert tracker.label((2 * k - 1) * TICKS + REPEAT_PTS_OFFSET - base)[1] is False  # a repeat starts nothing
+
+
+def test_a_frame_read_before_its_status_arrived_is_labelled_when_it_is_read_after() -> None:
+    tracker = ChunkTracker()
+    _play(tracker, [0.01] * 10)
+    assert tracker.label(_rtp(FIRST + 12)) == (_chunk(FIRST + 9), False, (FIRST + 12) * TICKS)  # not announced yet
+    tracker.status(_chunk(FIRST + 12), 1.0)
+    assert tracker.label(_rtp(FIRST + 12)) == (_chunk(FIRST + 12), True, (FIRST + 12) * TICKS)
+
+
+def test_nothing_is_labelled_before_a_stamped_status_and_unstamped_ones_label_nothing() -> None:
+    tracker = ChunkTracker()
+    tracker.frame(_rtp(FIRST), 0.0)
+    assert tracker.label(_rtp(FIRST)) == (None, False, None)
+    tracker.status(_chunk(FIRST, stamped=False), 0.01)
+    tracker.frame(_rtp(FIRST + 1), 0.05)
+    assert tracker.offset is None
+    assert tracker.label(_rtp(FIRST + 1)) == (None, False, None)
+
+
+def test_without_timestamps_each_status_goes_to_the_next_frame_that_arrives() -> None:
+    tracker = ChunkTracker()
+    assert tracker.frame(None, 0.0) == (None, False)
+    tracker.status(_chunk(0), 0.01)
+    assert tracker.frame(None, 0.02) == (_chunk(0), True)
+    assert tracker.frame(None, 0.03) == (_chunk(0), False)
+    tracker.status(_chunk(1), 0.04)
+    tracker.status(_chunk(2), 0.05)
+    assert tracker.frame(None, 0.06) == (_chunk(1), True)
+    assert tracker.frame(None, 0.07) == (_chunk(2), True)
+
+
+def _service_codes() -> set[str]:
+    """Every stable code the service answers with: its exception table's and routing's own (statuses outside the
+    routing table get a made-up `http_<status>`, which no client can be told about in advance)."""
+    routing = {http_status_spec(status).code for status in range(400, 600)}
+    return {spec.code for spec in error_table().values()} | {code for code in routing if not code.startswith("http_")}
+
+
+def test_every_code_the_service_answers_has_a_client_class_or_is_a_plain_api_error() -> None:
+    codes = _service_codes()
+    classes = error_classes()
+    unmapped = sorted(codes - set(classes))
+    # The codes without a class of their own are the ones a client cannot act on differently.
+    expected = {"bad_request", "forbidden", "internal", "method_not_allowed", "model_context_exhausted", "not_found"}
+    assert unmapped == sorted(expected), (
+        f"codes the client does not classify: {sorted(set(unmapped) - expected)}; a new code of the service goes into "
+        "transport/client/errors.py (_BY_CODE, the class tree) and the table of docs/client.md"
+    )
+    for code in unmapped:
+        assert type(api_error(500, code, "x")) is ApiError
+    assert isinstance(api_error(401, "unauthorized", "no"), UnauthorizedError)
+    assert isinstance(api_error(422, "invalid_config", "fps"), InvalidInputError)
+    assert isinstance(api_error(422, "room_not_found", "lobby"), RoomNotFoundError)
+    assert isinstance(api_error(409, "room_in_use", "lobby"), RoomInUseError)
+    assert isinstance(api_error(503, "draining", "later"), UnavailableError)
+    limited = api_error(429, "queue_full", "full", retry_after=12.0)
+    assert isinstance(limited, RateLimitedError)
+    assert (limited.status, limited.code, limited.message, limited.retry_after) == (429, "queue_full", "full", 12.0)
+    future = api_error(418, "a_code_from_a_newer_service", "hm")
+    assert type(future) is ApiError
+    assert future.code == "a_code_from_a_newer_service"
+
+
+def test_the_error_table_of_docs_client_md_lists_each_class_with_the_codes_it_maps() -> None:
+    text = (ROOT / "docs" / "client.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(\w+Error)` \| (.*) \|$", text, flags=re.MULTILINE)
+    # The codes of a row are its backquoted words outside parentheses (those explain: "(see `retry_after`)").
+    documented = {
+        name: set(re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", codes))) for name, codes in rows if name != "ApiError"
+    }
+    mapped: dict[str, set[str]] = {}
+    for code, cls in error_classes().items():
+        mapped.setdefault(cls.__name__, set()).add(code)
+    assert documented == mapped, "docs/client.md's table of error classes and codes is not transport/client/errors.py's"
+
+
+def test_a_session_body_is_read_and_a_broken_one_is_an_api_error() -> None:
+    body = {
+        "id": "s1",
+        "status": "failed",
+        "reason": "model_failure",
+        "queue_position": None,
+        "transport": None,
+        "config": {"fps": 16},
+        "video": {"width": 64, "height": 48, "fps": 16.0},
+        "error": {"code": "model_failure", "message": "boom"},
+    }
+    info = SessionInfo.from_body(body)
+    assert (info.id, info.width, info.height, info.fps, info.terminal, info.streaming) == (
+        "s1",
+        64,
+        48,
+        16.0,
+        True,
+        False,
+    )
+    ended = info.ended_error()
+    assert (ended.status, ended.reason, ended.code, ended.message) == (
+        "failed",
+        "model_failure",
+        "model_failure",
+        "boom",
+    )
+    with pytest.raises(ApiError, match="not a session body"):
+        SessionInfo.from_body({"id": "s1"})
+
+
+@pytest.mark.parametrize(
+    ("url", "addresses"),
+    [
+        ("http://127.0.0.1:8080", ("127.0.0.1",)),
+        ("http://localhost:8080", ("127.0.0.1",)),
+        ("http://[::1]:8080", ("::1",)),
+        ("http://10.0.0.5:8080", None),
+        ("https://worlds.example", None),
+    ],
+)
+def test_a_loopback_service_gets_loopback_candidates_and_others_the_default(
+    url: str, addresses: tuple[str, ...] | None
+) -> None:
+    assert default_ice_addresses(url) == addresses
+
+
+class RecordingLink:
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, bool]] = []
+        self.closed = False
+
+    async def send(self, payload: bytes, *, reliable: bool) -> None:
+        self.sent.append((payload, reliable))
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def _info() -> SessionInfo:
+    return SessionInfo.from_body(
+        {
+            "id": "s1",
+            "status": "running",
+            "transport": {"kind": "embedded"},
+            "video": {"width": 8, "height": 8, "fps": 20},
+        }
+    )
+
+
+async def test_a_stream_numbers_its_snapshots_and_keeps_the_newest_frames_when_its_buffer_is_full() -> None:
+    stream = LiveStream(_info(), frame_buffer=2)
+    link = RecordingLink()
+    stream.attach_link(link)
+    first = await stream.send_keys(["w", "ArrowLeft"])
+    prompt = await stream.send_prompt("dusk")
+    second = await stream.send_keys([])
+    assert second == first + 1  # prompts count on their own
+    assert stream.sent_at(first) is not None
+    decoded = [decode_control(payload) for payload, _ in link.sent]
+    assert decoded[1] == SetPrompt(prompt, "dusk")
+    snapshots = [decoded[0], decoded[2]]
+    assert [(m.seq, sorted(m.keys)) for m in snapshots] == [(first, ["j", "w"]), (second, [])]  # type: ignore[union-attr]
+    for level in range(3):
+        stream.on_frame(np.full((8, 8, 3), level, np.uint8), None)
+    stream.on_status(encode_status(ErrorStatus("invalid_keys", "no")))
+    stream.on_status(encode_status(DoneStatus("closed")))
+    levels = [int(frame.image[0, 0, 0]) async for frame in stream.frames()]
+    assert levels == [1, 2]  # drop oldest
+    stats = stream.statistics()
+    assert (stats.frames_received, stats.frames_dropped, stats.errors, stats.controls_sent) == (3, 1, 1, 3)
+    async with asyncio.timeout(1):
+        assert await stream.stop() == DoneStatus("closed")  # already done: no stop is sent
+    assert len(link.sent) == 3
+    await stream.aclose()
+    assert link.closed
+
+
+def test_the_services_stream_base_makes_the_offset_exact_whatever_the_arrival_times() -> None:
+    tracker = ChunkTracker()
+    _play(tracker, [0.045] * 20)  # every frame a frame interval late: a fit alone would be a frame off
+    fitted = tracker.offset
+    tracker.status(replace(_chunk(FIRST + 20), stream_base_pts=FIRST * TICKS), 2.0)
+    assert tracker.offset == FIRST * TICKS != fitted
+    for index in range(FIRST, FIRST + 20):
+        assert tracker.label(_rtp(index)) == (_chunk(index), True, index * TICKS)
+    last = replace(_chunk(FIRST + 20), stream_base_pts=FIRST * TICKS)
+    assert tracker.label(_rtp(FIRST + 20)) == (last, True, (FIRST + 20) * TICKS)
+    assert tracker.label(_rtp(FIRST + 5) + 1)[:2] == (_chunk(FIRST + 5), True)  # a tick of rounding is the same slot
+
+
+def _paced_with_an_idle_gap() -> list[PacedFrame]:
+    """What a pacer at 20 fps with keep-warm sends: chunk 0 (3 frames), 1.2 s of nothing (repeats), chunk 1 (2)."""
+    clock = FakeClock()
+    core = PacingCore(PacingConfig(fps=20.0, width=8, height=8, idle_frame_interval=0.25))
+    sent: list[PacedFrame] = []
+
+    def run_until(until: float) -> None:
+        while True:
+            decision = core.poll(clock.now())
+            if isinstance(decision, SendFrame):
+                sent.append(decision.frame)
+                continue
+            if decision.deadline is None or decision.deadline > until:
+                clock.advance(max(0.0, until - clock.now()))
+                return
+            clock.advance(max(0.0, decision.deadline - clock.now()))
+
+    core.push_chunk(make_frames(0, 3, 8, 8), first_frame_index=0, chunk_index=0, now=clock.now())
+    run_until(0.1 + 1.2)
+    core.push_chunk(make_frames(3, 2, 8, 8), first_frame_index=3, chunk_index=1, now=clock.now())
+    run_until(clock.now() + 0.1)
+    return sent
+
+
+@pytest.mark.parametrize("joined_at", [0, 3], ids=["from-the-start", "during-the-idle-gap"])
+async def test_frames_around_an_idle_gap_keep_their_labels_and_repeats_are_flagged(joined_at: int) -> None:
+    """The client's labels around keep-warm repeats, on the timestamps a real pacer gives: generated frames keep
+    their chunk and first-of-chunk exactly, repeats are flagged, labelled like the frame they repeat, never first."""
+    paced = _paced_with_an_idle_gap()
+    assert [frame.repeat for frame in paced].count(True) >= 3
+    seen = paced[joined_at:]  # a client that joined late receives from there (its first frame may be a repeat)
+    base = frame_pts(seen[0], 20.0)  # the service's `stream_base_pts`: the first frame the connection got
+    stream = LiveStream(_info())
+    firsts = {frame.chunk_index: frame for frame in reversed(paced) if not frame.repeat}
+    statuses = {
+        index: ChunkStatus(index, -1, (), {}, first_frame_pts=frame_pts(frame, 20.0), stream_base_pts=base)
+        for index, frame in firsts.items()
+    }
+    told: set[int] = set()
+    for frame in seen:
+        if not frame.repeat and firsts[frame.chunk_index] is frame:
+            stream.on_status(encode_status(statuses[frame.chunk_index]))  # it leaves the service with this frame
+            told.add(frame.chunk_index)
+        stream.on_frame(frame.image, frame_pts(frame, 20.0) - base)
+    stream.on_status(encode_status(DoneStatus("closed")))
+    received = [frame async for frame in stream.frames()]
+    assert [frame.repeat for frame in received] == [frame.repeat for frame in seen]
+    for got, sent in zip(received, seen, strict=True):
+        assert got.pts == frame_pts(sent, 20.0)
+        known = sent.chunk_index in told  # a chunk whose status left before the client joined labels nothing
+        assert got.chunk == (statuses[sent.chunk_index] if known else None)
+        assert got.first_of_chunk == (not sent.repeat and firsts[sent.chunk_index] is sent)
+        np.testing.assert_array_equal(got.image, sent.image)

@@ -1,0 +1,60 @@
+"""The LiveKit transport: one room per session (or the caller's room), the service participant that publishes the
+video and takes control packets, tokens, the RoomService client, webhooks and room events, its config. Importing it
+never loads the `livekit.rtc` native library (loaded on first use, on the event loop), so it is safe before a
+fork."""
+
+from __future__ import annotations
+
+from transport.livekit.binding import ControllerPresence, LiveKitBindingStatistics, LiveKitSessionBinding
+from transport.livekit.config import LIVEKIT_IDLE_FRAME_INTERVAL, LiveKitConfig
+from transport.livekit.events import ParticipantJoined, ParticipantLeft, RoomEvent, RoomFinished
+from transport.livekit.room import (
+    OVER_DISCONNECT_REASONS,
+    LiveKitRoom,
+    LiveKitVideo,
+    LocalParticipantHandle,
+    LocalVideo,
+    Room,
+    RoomConnectionState,
+    RoomFactory,
+    RoomJoinOptions,
+    VideoPublishOptions,
+)
+from transport.livekit.rooms import ParticipantEntry, RoomAdmin, RoomConfig, RoomInfo, RoomManager
+from transport.livekit.tokens import IssuedToken, ParticipantRole, TokenIssuer, room_name_for
+from transport.livekit.transport import LiveKitTransport, LiveKitTransportStatistics
+from transport.livekit.webhooks import WebhookHandler
+
+__all__ = [
+    "LIVEKIT_IDLE_FRAME_INTERVAL",
+    "OVER_DISCONNECT_REASONS",
+    "ControllerPresence",
+    "IssuedToken",
+    "LiveKitBindingStatistics",
+    "LiveKitConfig",
+    "LiveKitRoom",
+    "LiveKitSessionBinding",
+    "LiveKitTransport",
+    "LiveKitTransportStatistics",
+    "LiveKitVideo",
+    "LocalParticipantHandle",
+    "LocalVideo",
+    "ParticipantEntry",
+    "ParticipantJoined",
+    "ParticipantLeft",
+    "ParticipantRole",
+    "Room",
+    "RoomAdmin",
+    "RoomConfig",
+    "RoomConnectionState",
+    "RoomEvent",
+    "RoomFactory",
+    "RoomFinished",
+    "RoomInfo",
+    "RoomJoinOptions",
+    "RoomManager",
+    "TokenIssuer",
+    "VideoPublishOptions",
+    "WebhookHandler",
+    "room_name_for",
+]

@@ -1,0 +1,371 @@
+"""The LiveKit transport: one room per session, the service as a participant in it, browsers joining with tokens.
+
+`LiveKitTransport.attach(port)` creates the session's room (RoomService API), mints the identities, joins the
+service participant (`LiveKitSessionBinding`) and returns what the browser needs to join:
+`{"kind": "livekit", "url", "room", "token", "identity", "expires_at", "service_identity", "control_topic",
+"status_topic", "room_owner"}`. `join_details` re-mints the controller's token (same identity) for a browser that
+reconnects after its token expired; `viewer_details` mints a watch-only token. `handle_webhook` verifies a LiveKit
+webhook and hands the room event to the session it concerns. `detach` leaves and deletes the room.
+
+A caller's room (`SessionPort.caller_room`, a create's `"livekit": {"room": ...}`): the room must exist
+(`RoomNotFoundError`) and hold no other session of this service (`RoomInUseError`); `check_caller_room` says so
+before admission, `attach` checks again. The service joins it with its own identity and publishes there; control is
+taken only from the caller-named identity (no token is minted for it: `"token": null`, the caller gives its own
+participant a token) or, when none is named, from a controller identity the service mints a token for, as for its
+own rooms. `detach` leaves the caller's room and never deletes it (`"room_owner": "caller"` in the details).
+
+One session per caller's room across replicas. Each replica knows only its own sessions, so the LiveKit server is
+the arbiter: a room holds a session of this service when a service participant (`svc-…`, any replica's) is in it.
+`check_caller_room` lists the room's participants (one RoomService call besides the existence check). Two replicas
+attaching to one room at once can both pass that check, so after joining, `attach` lists the room again and keeps
+it only if its own participant is listed and joined strictly before every other service participant there (the
+server's `joined_at_ms`); otherwise it leaves at once and the session fails with `room_in_use`. Whichever way the
+two joins and listings interleave, the later joiner's listing shows the earlier one, so at most one stays. A tie
+(the same millisecond, or the same second on a server without milliseconds) makes the later lister leave too: it
+cannot know whether the other already kept the room, and two publishers would be worse than a refused create. If
+the listing after the join cannot be had (the server cannot say), the session keeps the room: the check before
+joining passed moments ago.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pipeline.clock import Clock
+from transport.base import BindingStatistics, CallerRoom, ReconnectKind, SessionPort, ViewerFigures
+from transport.errors import (
+    RoomInUseError,
+    RoomNotFoundError,
+    RoomServiceError,
+    SessionAlreadyAttachedError,
+    SessionNotAttachedError,
+    TransportClosedError,
+)
+from transport.livekit.binding import LiveKitBindingStatistics, LiveKitSessionBinding
+from transport.livekit.config import LiveKitConfig
+from transport.livekit.events import RoomEvent
+from transport.livekit.room import RoomFactory, livekit_room_factory
+from transport.livekit.rooms import RoomAdmin, RoomManager
+from transport.livekit.tokens import IssuedToken, ParticipantRole, TokenIssuer, room_name_for
+from transport.livekit.webhooks import WebhookHandler
+from transport.session.timers import LoopTimers, Timers
+
+__all__ = ["LiveKitTransport", "LiveKitTransportStatistics"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveKitTransportStatistics:
+    sessions: int
+    attached_total: int
+    attach_failures: int
+    room_delete_failures: int
+    webhooks_received: int
+    webhooks_rejected: int
+    webhooks_unmatched: int
+
+
+class LiveKitTransport:
+    """`Transport` over LiveKit. One instance per service; `start()` before `attach`, `stop()` at shutdown.
+
+    `room_admin` (default: a `RoomManager` on `config.url`), `room_factory` (default: the real SDK room) and
+    `timers` are seams for tests.
+    """
+
+    def __init__(
+        self,
+        config: LiveKitConfig,
+        *,
+        room_admin: RoomAdmin | None = None,
+        room_factory: RoomFactory | None = None,
+        timers: Timers | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self._config = config
+        self._tokens = TokenIssuer(config.api_key, config.api_secret, join_ttl=config.join_ttl)
+        self._webhooks = WebhookHandler(config.api_key, config.api_secret)
+        self._owns_admin = room_admin is None
+        self._room_admin: RoomAdmin = (
+            room_admin
+            if room_admin is not None
+            else RoomManager(config.url, config.api_key, config.api_secret, config.room)
+        )
+        self._room_factory = room_factory if room_factory is not None else livekit_room_factory
+        self._timers: Timers = timers if timers is not None else LoopTimers()
+        self._clock = clock
+        self._bindings: dict[str, LiveKitSessionBinding] = {}
+        self._attaching: set[str] = set()
+        self._joining_rooms: set[str] = set()  # callers' rooms a session is being attached to
+        self._by_room: dict[str, str] = {}
+        self._callers: dict[str, CallerRoom] = {}  # session id -> the caller's room it was published into
+        self._running = False
+        self._attached_total = 0
+        self._attach_failures = 0
+        self._room_delete_failures = 0
+        self._webhooks_received = 0
+        self._webhooks_rejected = 0
+        self._webhooks_unmatched = 0
+
+    @property
+    def kind(self) -> str:
+        return "livekit"
+
+    @property
+    def config(self) -> LiveKitConfig:
+        return self._config
+
+    async def start(self) -> None:
+        if self._running:
+            return
+        if isinstance(self._room_admin, RoomManager) and self._owns_admin:
+            await self._room_admin.start()
+        self._running = True
+
+    async def stop(self) -> None:
+        """Detach every session (their rooms are deleted), then close the API client. Idempotent."""
+        self._running = False
+        for session_id in tuple(self._bindings):
+            await self.detach(session_id, "the transport is stopping")
+        if isinstance(self._room_admin, RoomManager) and self._owns_admin:
+            await self._room_admin.aclose()
+
+    def _details(self, binding: LiveKitSessionBinding) -> Mapping[str, object]:
+        """The controller's join details; a fresh token unless the caller named (and tokens) the controller."""
+        caller = self._callers.get(binding.session_id)
+        token: IssuedToken | None = None
+        if caller is None or caller.controller_identity is None:
+            token = self._tokens.controller(binding.session_id, binding.room_name, identity=binding.controller_identity)
+        return {
+            "kind": "livekit",
+            "url": self._config.join_url,
+            "room": binding.room_name,
+            "token": None if token is None else token.token,
+            "identity": binding.controller_identity,
+            "expires_at": None if token is None else token.expires_at,
+            "service_identity": binding.service_identity,
+            "control_topic": self._config.control_topic,
+            "status_topic": self._config.status_topic,
+            "room_owner": "service" if caller is None else "caller",
+        }
+
+    async def check_caller_room(self, room: CallerRoom) -> None:
+        """Raise `RoomNotFoundError` when the caller's room does not exist, `RoomInUseError` when a session of this
+        service is in it (or joining it) already; a `RoomServiceError` when the server cannot say."""
+        if room.name in self._by_room or room.name in self._joining_rooms:
+            raise RoomInUseError(room.name)
+        if not await self._room_admin.room_exists(room.name):
+            raise RoomNotFoundError(room.name)
+        participants = await self._room_admin.list_participants(room.name)
+        if any(TokenIssuer.has_role(p.identity, ParticipantRole.SERVICE) for p in participants):
+            raise RoomInUseError(room.name)  # a session of another replica is in it
+
+    async def _keeps_caller_room(self, binding: LiveKitSessionBinding) -> bool:
+        """After joining a caller's room: whether this session's participant joined it before every other service
+        participant (module docstring); True when the server cannot say."""
+        try:
+            participants = await self._room_admin.list_participants(binding.room_name)
+        except RoomServiceError:
+            logger.warning(
+                "session %s: could not list room %s after joining it; keeping it",
+                binding.session_id,
+                binding.room_name,
+                exc_info=True,
+            )
+            return True
+        ours = binding.service_identity
+        rivals = [
+            p.joined_at_ms
+            for p in participants
+            if p.identity != ours and TokenIssuer.has_role(p.identity, ParticipantRole.SERVICE)
+        ]
+        if not rivals:
+            return True
+        mine = next((p.joined_at_ms for p in participants if p.identity == ours), None)
+        # Not listed yet (the server's view lags our join): we are the later joiner, whoever the rival is.
+        return mine is not None and mine < min(rivals)
+
+    async def attach(self, port: SessionPort) -> Mapping[str, object]:
+        """Create the room, join the service participant, return the controller's join details.
+
+        Raises `RoomServiceError` (the room could not be created) or `RoomJoinError` (the service could not join;
+        the room is deleted again).
+        """
+        if not self._running:
+            raise TransportClosedError("the LiveKit transport is not started")
+        session_id = port.session_id
+        if session_id in self._bindings or session_id in self._attaching:
+            raise SessionAlreadyAttachedError(session_id)
+        caller = port.caller_room
+        if caller is not None:
+            await self.check_caller_room(caller)
+        self._attaching.add(session_id)
+        try:
+            if caller is None:
+                room = room_name_for(session_id, self._config.room_prefix)
+                metadata = json.dumps({"session_id": session_id}, separators=(",", ":"))
+                await self._room_admin.create_room(room, metadata=metadata)
+            else:
+                room = caller.name
+                self._joining_rooms.add(room)
+            controller = (
+                caller.controller_identity
+                if caller is not None and caller.controller_identity is not None
+                else TokenIssuer.new_identity(ParticipantRole.CONTROLLER, session_id)
+            )
+            try:
+                binding = LiveKitSessionBinding(
+                    port,
+                    config=self._config,
+                    room_name=room,
+                    controller_identity=controller,
+                    service_identity=TokenIssuer.new_identity(ParticipantRole.SERVICE, session_id),
+                    tokens=self._tokens,
+                    room_factory=self._room_factory,
+                    timers=self._timers,
+                    clock=self._clock,
+                )
+                await binding.start()
+            except BaseException:
+                self._attach_failures += 1
+                if caller is None:
+                    await self._delete_room(room)
+                raise
+            if caller is not None:
+                try:
+                    keeps = await self._keeps_caller_room(binding)
+                except BaseException:  # cancelled while listing: leave the room we joined
+                    self._attach_failures += 1
+                    await binding.close("attaching was cancelled")
+                    raise
+                if not keeps:
+                    self._attach_failures += 1
+                    await binding.close("another session of this service joined the room first")
+                    raise RoomInUseError(room)
+            self._bindings[session_id] = binding
+            self._by_room[room] = session_id
+            if caller is not None:
+                self._callers[session_id] = caller
+            self._attached_total += 1
+        finally:
+            self._attaching.discard(session_id)
+            if caller is not None:
+                self._joining_rooms.discard(caller.name)
+        return self._details(binding)
+
+    def _binding(self, session_id: str) -> LiveKitSessionBinding:
+        binding = self._bindings.get(session_id)
+        if binding is None:
+            raise SessionNotAttachedError(session_id)
+        return binding
+
+    def join_details(self, session_id: str) -> Mapping[str, object]:
+        """Fresh join details for the session's controller (same identity, new token): for a rejoin after the
+        first token expired."""
+        return self._details(self._binding(session_id))
+
+    def rejoin_details(self, session_id: str, published: Mapping[str, object]) -> Mapping[str, object]:
+        """Fresh join details for a session attached by another service replica (shared admission), from the
+        details that replica published: the same room and controller identity, a new token. Minting needs only the
+        API key, so any replica can do it; raises `SessionNotAttachedError` when `published` names no LiveKit room.
+        """
+        room, identity = published.get("room"), published.get("identity")
+        if published.get("kind") != "livekit" or not isinstance(room, str) or not isinstance(identity, str):
+            raise SessionNotAttachedError(session_id)
+        if published.get("token") is None:
+            return {**published, "url": self._config.join_url}  # the caller tokens its own controller
+        token = self._tokens.controller(session_id, room, identity=identity)
+        return {**published, "url": self._config.join_url, "token": token.token, "expires_at": token.expires_at}
+
+    def viewer_details(self, session_id: str) -> Mapping[str, object]:
+        """Join details for a viewer: a new identity that may subscribe and nothing else. It takes one of the
+        session's `max_viewers` places, held until the viewer leaves the room (or until the token's time to join
+        runs out unused); raises `TooManyViewersError` when every place is taken."""
+        binding = self._binding(session_id)
+        token = self._tokens.viewer(session_id, binding.room_name)
+        binding.viewer_seats.reserve(token.identity, token.expires_at, time.time())
+        return {
+            "kind": "livekit",
+            "url": self._config.join_url,
+            "room": token.room,
+            "token": token.token,
+            "identity": token.identity,
+            "expires_at": token.expires_at,
+            "service_identity": binding.service_identity,
+            "status_topic": self._config.status_topic,
+        }
+
+    def handle_webhook(self, body: bytes | str, authorization: str | None) -> RoomEvent | None:
+        """Verify a LiveKit webhook (raises `WebhookError`: answer 401) and apply it to its session.
+
+        Returns the room event it was mapped to (None for events no session acts on, or for a room no attached
+        session owns, e.g. one deleted a moment ago).
+        """
+        self._webhooks_received += 1
+        try:
+            event = self._webhooks.receive(body, authorization)
+        except Exception:
+            self._webhooks_rejected += 1
+            raise
+        if event is None:
+            return None
+        session_id = self._by_room.get(event.room)
+        binding = self._bindings.get(session_id) if session_id is not None else None
+        if binding is None:
+            self._webhooks_unmatched += 1
+            return event
+        binding.handle_room_event(event)
+        return event
+
+    async def detach(self, session_id: str, reason: str) -> None:
+        """Leave the session's room and delete it, unless it is the caller's (left only). Idempotent; never raises
+        for LiveKit errors (logged, counted: the room's timeouts remove it anyway)."""
+        binding = self._bindings.pop(session_id, None)
+        if binding is None:
+            return
+        self._by_room.pop(binding.room_name, None)
+        caller = self._callers.pop(session_id, None)
+        await binding.close(reason)
+        if caller is None:
+            await self._delete_room(binding.room_name)
+        else:
+            logger.info("session %s: left the caller's LiveKit room %s (not deleted)", session_id, binding.room_name)
+
+    async def _delete_room(self, room: str) -> None:
+        try:
+            await self._room_admin.delete_room(room)
+        except RoomServiceError:
+            self._room_delete_failures += 1
+            logger.warning("deleting LiveKit room %s failed; its timeouts will remove it", room, exc_info=True)
+
+    def session_statistics(self, session_id: str) -> LiveKitBindingStatistics:
+        return self._binding(session_id).statistics()
+
+    def binding_statistics(self, session_id: str) -> BindingStatistics:
+        stats = self.session_statistics(session_id)
+        return BindingStatistics(
+            pacer=stats.pacer,
+            frames_unsent=stats.frames_unsent,
+            track_dropped=None,  # the SDK's video source keeps no queue of its own
+            reconnects={
+                ReconnectKind.SDK_RESUME: stats.sdk_reconnects,
+                ReconnectKind.REJOIN: stats.rejoins,
+                ReconnectKind.CONTROLLER_RETURN: stats.controller_returns,
+            },
+            viewers=ViewerFigures(watching=stats.viewers.watching),
+        )
+
+    def statistics(self) -> LiveKitTransportStatistics:
+        return LiveKitTransportStatistics(
+            sessions=len(self._bindings),
+            attached_total=self._attached_total,
+            attach_failures=self._attach_failures,
+            room_delete_failures=self._room_delete_failures,
+            webhooks_received=self._webhooks_received,
+            webhooks_rejected=self._webhooks_rejected,
+            webhooks_unmatched=self._webhooks_unmatched,
+        )
