@@ -56,9 +56,14 @@ if [ ! -x .venv/bin/python ]; then
     missing=$(.venv/bin/python scripts/missing_packages.py ${DEV:+--dev})
     done_step
 fi
-# torch first and pinned: the CPU wheel. An unpinned resolve may fetch a multi-GB CUDA build.
+# torch first and pinned. Which build comes is the package index's choice: where a CPU-only wheel is offered it is
+# that one; PyPI alone (the polyglot machines) offers its default Linux build, which pulls its CUDA runtime wheels
+# (nvidia-*, triton). It runs on a CPU all the same; the CUDA libraries lie unused there.
 if grep -q '^python torch' <<<"$missing"; then
-    step "installing torch ${TORCH_VERSION}, the CPU build: a ~190 MB wheel, ~870 MB installed (about 45 s here)"
+    step "installing torch ${TORCH_VERSION} as the package index offers it: a CPU-only wheel where one is offered" \
+        "(~190 MB, ~870 MB installed, about 45 s); else PyPI's default Linux build with its CUDA runtime wheels" \
+        "(measured here, 2026-12-02: a 527 MB wheel plus ~2.2 GB of nvidia-* and triton wheels, 4.5 GB installed," \
+        "144 s)"
     pip install "torch==${TORCH_VERSION}"
     done_step
 fi
