@@ -4,10 +4,10 @@ index, and the report every script ends with (a table, then one JSON object as t
 Percentiles come from `pipeline.metrics.percentile` (0..100, linear interpolation), the one the service reports
 with, so a bench figure and the service's own p95 mean the same thing.
 
-A script run as `python bench/<script>.py` has bench/ first on sys.path, which is how it finds this module; no bench
-file may be named like a package (`tests/bench` checks). Importing this module also puts the repository root on
-sys.path: the benches reuse `tests.support.fakes` (fake workers, a throwaway redis-server, an aiortc peer), which the
-editable install does not provide.
+bench/ is a package run from the repository root as `python -m bench.<script>`: `-m` puts the working directory
+first on sys.path, which is how a script finds this module and `tests.support` (fake workers, a throwaway
+redis-server, an aiortc peer, the browser's flags), which the editable install does not provide. No bench module
+edits sys.path (`tests/bench` checks).
 """
 
 from __future__ import annotations
@@ -29,13 +29,11 @@ from typing import Self
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 # Debian's Chromium and the flags the browser benches launch it with (Playwright drives it by executable_path): the
 # browser tests' own, so that a bench and a test see the page through the same browser.
-from tests.support.browser.chromium import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (needs ROOT on sys.path)
+from tests.support.browser.chromium import CHROMIUM, CHROMIUM_ARGS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = ["CHROMIUM", "CHROMIUM_ARGS", "ROOT", "Server", "free_port", "jain", "metric_sum", "report"]
 

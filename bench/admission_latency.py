@@ -25,9 +25,9 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-from _common import Server, jain, metric_sum, report
 
 from admission import ExecutionLease
+from bench._common import Server, jain, metric_sum, report
 from pipeline.metrics import percentile
 
 SETTINGS = {

@@ -74,8 +74,8 @@ from typing import Any
 
 import httpx
 import torch
-from _common import CHROMIUM, CHROMIUM_ARGS, Server, report
 
+from bench._common import CHROMIUM, CHROMIUM_ARGS, Server, report
 from pipeline.lingbot.hud import draw_hud
 from pipeline.metrics import percentile
 

@@ -100,9 +100,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from _common import report
 
 from admission import ExecutionLease
+from bench._common import report
 from pipeline.bidirectional import CloseMode, ControlState
 from pipeline.lingbot.camera import CameraChunk, CameraController, map_rays, plucker_map
 from pipeline.lingbot.config import LingBotSessionConfig

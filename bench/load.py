@@ -41,9 +41,9 @@ on the last line (one JSON object):
   model worker, over every interval with a fixed set of >= 2 such sessions lasting >= 1 s (time-weighted mean;
   lease_fairness_min is the worst interval); per-session chunk counts come from the `chunk` statuses.
 
-    .venv/bin/python bench/load.py --quick      # ~30 s
-    .venv/bin/python bench/load.py              # a 5-minute run (--minutes N to change it)
-    .venv/bin/python bench/load.py --minutes 12 --warmup 420   # the soak: 5 minutes measured after 7 of warm-up
+    .venv/bin/python -m bench.load --quick      # ~30 s
+    .venv/bin/python -m bench.load              # a 5-minute run (--minutes N to change it)
+    .venv/bin/python -m bench.load --minutes 12 --warmup 420   # the soak: 5 minutes measured after 7 of warm-up
 
 Every loop is bounded in count and time and stops by itself; all traffic stays on 127.0.0.1.
 """
@@ -66,8 +66,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import Server, jain, metric_sum, report
 
+from bench._common import Server, jain, metric_sum, report
 from pipeline.metrics import percentile
 from service.settings import Settings
 from transport.base import ChunkStatus, StatusMessage

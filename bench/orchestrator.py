@@ -41,8 +41,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
-from _common import jain, report
-
+from bench._common import jain, report
 from pipeline import (
     ActorStatistics,
     CloseMode,

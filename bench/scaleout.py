@@ -49,9 +49,9 @@ from collections.abc import Awaitable
 from pathlib import Path
 
 import httpx
-from _common import Server, metric_sum, report
 from redis.asyncio import Redis
 
+from bench._common import Server, metric_sum, report
 from pipeline.metrics import percentile
 from tests.support.fakes.redis_server import RedisServer
 

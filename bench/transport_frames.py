@@ -38,10 +38,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import numpy.typing as npt
-from _common import CHROMIUM, CHROMIUM_ARGS, Server, report
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from bench._common import CHROMIUM, CHROMIUM_ARGS, Server, report
 from pipeline.bidirectional import ChunkOutput, ControlMessage
 from pipeline.metrics import percentile
 from transport.base import CallerRoom, StatusMessage

@@ -37,10 +37,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-from _common import Server, metric_sum, report
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from bench._common import Server, metric_sum, report
 from transport.client import ServiceClient, connect
 from transport.embedded.rtc import ice_host_addresses
 

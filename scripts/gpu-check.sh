@@ -29,7 +29,7 @@ fi
 used=$(( gpus < 1 ? 1 : (gpus > 3 ? 3 : gpus) ))
 devices=$(seq -s, -f 'cuda:%g' 0 $(( used - 1 )))
 tests=(timeout 330 "$python" -m pytest -q -p no:cacheprovider -m gpu tests/)
-bench=(timeout 260 "$python" bench/lingbot.py --devices "$devices" --chunks 12 --fast-chunks 12)
+bench=(timeout 260 "$python" -m bench.lingbot --devices "$devices" --chunks 12 --fast-chunks 12)
 if [ -n "${LINGSTREAM_MODEL_PATH:-}" ]; then
   bench+=(--model-path "$LINGSTREAM_MODEL_PATH" --fast-resolution 832x480)
 fi

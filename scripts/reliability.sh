@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates docs/reliability.md (issue #8): runs the reliability tests (tests/reliability, junit XML report) and
-# `bench/load.py --quick`, then writes the report from their results. With --soak it also runs the soak (12 minutes
-# of churn; memory is judged over its last 5, after a 7-minute warm-up: `bench/load.py --minutes 12 --warmup 420`)
+# `python -m bench.load --quick`, then writes the report from their results. With --soak it also runs the soak (12 minutes
+# of churn; memory is judged over its last 5, after a 7-minute warm-up: `python -m bench.load --minutes 12 --warmup 420`)
 # and records its figures; without it, the soak figures already in the report are kept.
 #
 #   bash scripts/reliability.sh            # tests + quick load run (about 2 minutes on 2 cores)
@@ -23,11 +23,11 @@ started=$(date +%s)
 $PY -m pytest tests/reliability -p no:cacheprovider -q --junitxml "$work/junit.xml" || status=$?
 echo $(( $(date +%s) - started )) > "$work/tests_seconds"
 
-echo "== bench/load.py --quick"
-$PY bench/load.py --quick | tee "$work/quick.txt" || status=$?
+echo "== python -m bench.load --quick"
+$PY -m bench.load --quick | tee "$work/quick.txt" || status=$?
 if [ "$SOAK" = 1 ]; then
-  echo "== bench/load.py --minutes 12 --warmup 420"
-  $PY bench/load.py --minutes 12 --warmup 420 | tee "$work/soak.txt" || status=$?
+  echo "== python -m bench.load --minutes 12 --warmup 420"
+  $PY -m bench.load --minutes 12 --warmup 420 | tee "$work/soak.txt" || status=$?
 fi
 
 $PY - "$work" "$SOAK" <<'PYTHON' || status=$?
@@ -61,7 +61,7 @@ NOTES = """
   oldest are forgotten); each holds 2.8 KB of Python objects (tracemalloc, in-process) and 10-20 KB of RSS with the
   allocator pages it keeps from being returned. Other bounded windows (recent session lengths for Retry-After, lease
   wait times, the orchestrator's recent results) fill too, and Python's object arenas and the two malloc arenas
-  settle. In a 12-minute run (`bench/load.py --minutes 12`, 1 103 sessions, 2026-11-30) RSS rose from 359.0 MB
+  settle. In a 12-minute run (`python -m bench.load --minutes 12`, 1 103 sessions, 2026-11-30) RSS rose from 359.0 MB
   after the first 2.4 minutes to 361.8 MB at 6 minutes and then stayed at 361.8-362.0 MB to the end (second-half
   slope 0.016 MB/min, second-half peak 0.1 MB above the first's), with the malloc heap in use falling 2.9 MB. Plain
   5-minute runs (warm-up: their first minute) end inside that rise: second-half slopes of 0.02-0.7 MB/min in four
@@ -95,7 +95,7 @@ def last_json(path: Path) -> dict | None:
 
 quick = last_json(work / "quick.txt")
 soak = last_json(work / "soak.txt") if soak_ran else None
-soak_command = "bash scripts/reliability.sh --soak  (bench/load.py --minutes 12 --warmup 420)"
+soak_command = "bash scripts/reliability.sh --soak  (python -m bench.load --minutes 12 --warmup 420)"
 if soak is None and report.exists():
     kept = re.search(re.escape(MARK) + r"(\{.*\}) -->", report.read_text())
     if kept:
@@ -209,7 +209,7 @@ w = out.append
 w("# Reliability report (issue #8)")
 w("")
 w(f"Generated {now} by `bash scripts/reliability.sh` (do not edit by hand: the script rewrites this file). It runs")
-w("the reliability tests in `tests/reliability/` with a junit report and `bench/load.py --quick`; `--soak` adds the")
+w("the reliability tests in `tests/reliability/` with a junit report and `python -m bench.load --quick`; `--soak` adds the")
 w("soak (12 minutes of churn, memory judged over the last 5). Everything runs on this machine (2 cores), on")
 w("127.0.0.1 only.")
 w("")
@@ -257,7 +257,7 @@ for key, label, bound in FIGURES:
     w(f"| {label} (`{key}`) | {bound or ''} | {show(quick, key)} | {show(soak, key)} |")
 w("")
 if quick is not None:
-    w("Quick run, last line of `.venv/bin/python bench/load.py --quick`:")
+    w("Quick run, last line of `.venv/bin/python -m bench.load --quick`:")
     w("")
     w("```json")
     w(json.dumps(quick))

@@ -1,15 +1,17 @@
 """Every bench script runs as documented and reports the figures it documents (issue #18).
 
-Each script under bench/ is run as a subprocess exactly as the README shows it (`.venv/bin/python bench/NAME.py`,
-from the repository root, with the same interpreter and without PYTHONPATH, so the script's own folder comes first
-on sys.path as it does for a reader), plus `--quick`; it must exit 0 and its last stdout line must be one JSON
-object holding every figure in `FIGURES`. A script added to bench/ without an entry there fails
-`test_every_bench_script_has_an_entry`, and every `bench/NAME.py --option` written in the README, docs/ or scripts/
-must name a script and options that exist.
+Each script under bench/ is run as a subprocess exactly as the README shows it (`.venv/bin/python -m bench.NAME`,
+from the repository root, with the same interpreter and without PYTHONPATH: `-m` puts the working directory first on
+sys.path, which is how a bench finds `bench._common` and `tests.support`), plus `--quick`; it must exit 0 and its last
+stdout line must be one JSON object holding every figure in `FIGURES`. A script added to bench/ without an entry there
+fails `test_every_bench_script_has_an_entry`, every `python -m bench.NAME --option` written in the README, docs/ or
+scripts/ must name a script and options that exist, and no document runs a bench by its path (`python bench/NAME.py`
+no longer finds `tests.support`).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -207,8 +209,11 @@ _MARKS: dict[str, list[pytest.MarkDecorator]] = {
     "transport_frames": [pytest.mark.browser],
     "latency": [pytest.mark.browser],
 }
-# `bench/NAME.py` and the options written after it, up to the end of the command.
-_DOCUMENTED = re.compile(r"bench/(\w+)\.py((?:[ \t]+--[a-z][\w-]*(?:[ \t=][^\s`'\"|)(-][^\s`'\"|)(]*)?)*)")
+# `-m bench.NAME` and the options written after it, up to the end of the command.
+_DOCUMENTED = re.compile(r"-m bench\.(\w+)((?:[ \t]+--[a-z][\w-]*(?:[ \t=][^\s`'\"|)(-][^\s`'\"|)(]*)?)*)")
+# A bench run by its path (`python bench/NAME.py`, `bench/NAME.py --quick`): bench/ would come first on sys.path
+# and the script would not find `bench._common` or `tests.support`.
+_RUN_BY_PATH = re.compile(r"(?:python3?\"?|\$PY)[ \t]+bench/\w+\.py|bench/\w+\.py[ \t]+--[a-z]")
 
 
 def _scripts() -> set[str]:
@@ -230,11 +235,17 @@ def test_every_bench_script_has_an_entry() -> None:
     assert set(COMMANDS) <= set(FIGURES)
 
 
-def test_no_bench_module_shadows_an_importable_module() -> None:
-    # Run as `python bench/NAME.py`, bench/ comes first on sys.path: a bench module named like a package would
-    # hide it from every bench script.
-    shadowing = {path.stem for path in BENCH.glob("*.py") if importlib.util.find_spec(path.stem) is not None}
-    assert not shadowing
+def test_benches_are_one_package_that_edits_no_sys_path() -> None:
+    # Run as `python -m bench.NAME`, a bench imports `bench._common` and `tests.support` from the working directory;
+    # a script that put a folder on sys.path itself would hide a broken command from this test.
+    assert (BENCH / "__init__.py").is_file(), "bench/ is a package: the benches run as `python -m bench.NAME`"
+    edits = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in sorted(BENCH.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute) and node.attr == "path" and ast.unparse(node.value) == "sys"
+    ]
+    assert edits == [], "run the bench as a module (`python -m bench.NAME`) instead of editing sys.path: " + str(edits)
 
 
 def test_documented_bench_commands_name_real_scripts_and_options() -> None:
@@ -244,12 +255,14 @@ def test_documented_bench_commands_name_real_scripts_and_options() -> None:
         for match in _DOCUMENTED.finditer(document.read_text(encoding="utf-8")):
             name, options = match.group(1), re.findall(r"--[a-z][\w-]*", match.group(2))
             script = BENCH / f"{name}.py"
-            assert script.is_file(), f"{document.relative_to(ROOT)} names bench/{name}.py, which does not exist"
+            assert script.is_file(), f"{document.relative_to(ROOT)} runs bench.{name}, which does not exist"
             source = script.read_text(encoding="utf-8")
             for option in options:
                 assert f'"{option}"' in source, f"{document.relative_to(ROOT)}: bench/{name}.py has no {option}"
             if document in documents:
                 documented.add(name)
+        by_path = _RUN_BY_PATH.findall(document.read_text(encoding="utf-8"))
+        assert by_path == [], f"{document.relative_to(ROOT)}: write `python -m bench.NAME`, not {by_path}"
     assert _scripts() <= documented, "every bench script has its command in the README, docs/ or scripts/"
 
 
@@ -257,7 +270,7 @@ def test_documented_bench_commands_name_real_scripts_and_options() -> None:
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 @pytest.mark.parametrize("name", [pytest.param(name, marks=_MARKS.get(name, [])) for name in sorted(FIGURES)])
 def test_quick_run_exits_0_and_reports_its_figures(name: str) -> None:
-    command = [sys.executable, f"bench/{name}.py", *COMMANDS.get(name, ()), "--quick"]
+    command = [sys.executable, "-m", f"bench.{name}", *COMMANDS.get(name, ()), "--quick"]
     run = subprocess.run(
         command, cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
     )

@@ -42,7 +42,7 @@ def test_the_dry_run_names_the_gpu_tests_and_the_processes_bench() -> None:
     tests, bench = result.stdout.strip().splitlines()
     assert tests.endswith("-m pytest -q -p no:cacheprovider -m gpu tests/")
     # Both models: the reference on the placements, LingBot-World-Fast (the tiny model without weights) on cuda:0.
-    assert bench.endswith("bench/lingbot.py --devices cuda:0 --chunks 12 --fast-chunks 12")
+    assert bench.endswith("-m bench.lingbot --devices cuda:0 --chunks 12 --fast-chunks 12")
     budget = [int(line.split()[1]) for line in (tests, bench)]  # each under `timeout`
     assert sum(budget) < 600, budget
 
