@@ -1,0 +1,150 @@
+"""The workload counter as a regression gate: one steady-state forward of the full-size DiT on `meta` (832x480,
+window 18 / sink 6 full, camera on) is pinned — kernels, host syncs, bytes moved and FLOPs — and so is the
+window's slide. Speed work moves these numbers on purpose: a change that moves them fails here with the new values
+to paste, so the commit that moves them says so. The estimate table built on them is checked for its shape and its
+labels, not its values (it is an estimate)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.lingbot.models import LINGBOT_FAST_14B, TINY_DIT, LingBotFastDiT
+from pipeline.lingbot.models.workload import (
+    FLASHDREAMS_MS_PER_CHUNK,
+    Workload,
+    WorkloadCounter,
+    all_to_all_bytes,
+    calibration_forward,
+    chunk_workload,
+    count_eviction,
+    count_forward,
+    effective_flops,
+    estimate_table,
+)
+
+FORWARD_PINS = {
+    "kernels": 3655,
+    "syncs": 3,
+    "bytes": 523199716836,
+    "gemm_bytes": 86039738752,
+    "attention_bytes": 31090278400,
+    "other_bytes": 406069699684,
+    "gemm_flops": 151720620195840,
+    "attention_flops": 109617610752000,
+    "scalar_reads": 0,
+    "device_to_host": 0,
+    "host_to_device": 3,
+}
+"""One steady-state forward. The 3 syncs are the RoPE inverse frequencies, kept on the CPU and copied per forward
+(`rope.py`): a sync-free forward would pin 0 here."""
+EVICTION_PINS = {
+    "kernels": 160,
+    "syncs": 0,
+    "bytes": 46006272000,
+    "gemm_bytes": 0,
+    "attention_bytes": 0,
+    "other_bytes": 46006272000,
+    "gemm_flops": 0,
+    "attention_flops": 0,
+    "scalar_reads": 0,
+    "device_to_host": 0,
+    "host_to_device": 0,
+}
+"""The window's slide at the start of a steady-state chunk: a clone and a copy of every layer's K and V."""
+
+
+def _moved(name: str, actual: Workload, pinned: dict[str, int]) -> str:
+    return (
+        f"the {name} workload moved: {actual.to_mapping()} against the pins {pinned}. If your change meant to move "
+        f"it, replace {name.upper()}_PINS in tests/unit/pipeline/lingbot/models/test_workload.py with the values "
+        "above and say in the commit message what moved and why (README's estimate table reads them too)."
+    )
+
+
+@pytest.fixture(scope="module")
+def meta_dit() -> LingBotFastDiT:
+    with torch.device("meta"):
+        return LingBotFastDiT(LINGBOT_FAST_14B).to(torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def forward(meta_dit: LingBotFastDiT) -> Workload:
+    return count_forward(dit=meta_dit)
+
+
+@pytest.fixture(scope="module")
+def eviction(meta_dit: LingBotFastDiT) -> Workload:
+    return count_eviction(dit=meta_dit)
+
+
+@pytest.mark.timeout(240)
+def test_a_full_size_steady_state_forward_on_meta_is_pinned(forward: Workload) -> None:
+    assert forward.to_mapping() == FORWARD_PINS, _moved("forward", forward, FORWARD_PINS)
+
+
+@pytest.mark.timeout(240)
+def test_the_window_slide_of_a_steady_state_chunk_is_pinned(eviction: Workload) -> None:
+    assert eviction.to_mapping() == EVICTION_PINS, _moved("eviction", eviction, EVICTION_PINS)
+
+
+def test_the_counter_sees_kernels_views_flops_and_syncs_as_a_gpu_would() -> None:
+    a = torch.ones(4, 8)
+    b = torch.ones(8, 3)
+    with WorkloadCounter() as counter:
+        product = a @ b  # one GEMM: 2 * 4 * 3 * 8 FLOPs, reading a and b, writing the product
+        product.t().reshape(-1)  # a view, then a copy (the transpose is not contiguous)
+        meta = torch.ones(2, device="meta")
+        meta + torch.arange(2.0).to("meta")  # a host->device copy of a CPU tensor, then an add
+        product.sum().item()  # a reduction, then a scalar read
+    workload = counter.workload()
+    assert workload.gemm_flops == 2 * 4 * 3 * 8
+    assert workload.gemm_bytes == (32 + 24 + 12) * 4
+    assert workload.host_to_device == 1
+    assert workload.scalar_reads == 1
+    assert workload.syncs == 2
+    kernels = dict(workload.kernels_by_op)
+    assert kernels.pop("mm") == 1
+    assert not {"t", "view", "_local_scalar_dense"} & kernels.keys()
+    assert workload.kernels == 1 + sum(kernels.values())
+
+
+def test_a_tiny_model_counts_the_same_ops_on_meta_as_on_the_cpu() -> None:
+    # meta stands in for CUDA: the op stream (hence kernels) does not depend on the device the shapes live on ...
+    torch.manual_seed(0)
+    cpu_model = LingBotFastDiT(TINY_DIT)
+    with torch.device("meta"):
+        meta_model = LingBotFastDiT(TINY_DIT)
+    on_cpu = count_forward(TINY_DIT, width=128, height=64, dit=cpu_model)
+    on_meta = count_forward(TINY_DIT, width=128, height=64, dit=meta_model)
+    # ... except the RoPE tables kept on the host: a copy to the device on meta (as on CUDA), none on the CPU.
+    assert on_cpu.host_to_device == 0
+    assert on_meta.kernels == on_cpu.kernels + on_meta.host_to_device
+    assert on_cpu.flops == on_meta.flops
+    assert on_cpu.gemm_bytes == on_meta.gemm_bytes
+
+
+@pytest.mark.timeout(240)
+def test_the_estimate_table_is_labelled_calibrated_and_shrinks_with_ranks(
+    meta_dit: LingBotFastDiT, forward: Workload, eviction: Workload
+) -> None:
+    calibration = calibration_forward(dit=meta_dit)
+    rate = effective_flops(calibration)
+    assert 500e12 < rate < 600e12  # FlashDreams CP1 on their configuration: ~55% of an H100's dense bf16 peak
+    table = estimate_table(forward, eviction, calibration)
+    assert [row.ranks for row in table] == [1, 2, 4, 8]
+    times = [row.ms_per_chunk for row in table]
+    assert times == sorted(times, reverse=True)
+    assert table[0].all_to_all_bytes_per_forward == 0
+    assert table[1].all_to_all_bytes_per_forward == all_to_all_bytes(LINGBOT_FAST_14B, 4680, 2) > 0
+    for row in table:
+        mapping = row.to_mapping()
+        assert {key for key in mapping if "ms" in key or "fps" in key} == {
+            "estimated_ms_per_chunk",
+            "estimated_fps",
+            "estimated_forward_ms",
+            "flashdreams_ms_per_chunk",
+        }
+        assert mapping["flashdreams_ms_per_chunk"] == FLASHDREAMS_MS_PER_CHUNK.get(row.ranks)
+    chunk = chunk_workload(forward, eviction)
+    assert chunk.kernels == 5 * forward.kernels + eviction.kernels
