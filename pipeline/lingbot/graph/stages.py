@@ -29,7 +29,6 @@ session fails.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -44,6 +43,7 @@ from pipeline.lingbot.controls import ControlSnapshot
 from pipeline.lingbot.errors import ModelSessionError
 from pipeline.lingbot.hud import draw_hud
 from pipeline.lingbot.seam import ChunkCondition, ChunkDecoder, ChunkDenoiser, ProgressiveDecoder, ReferenceEncoder
+from pipeline.lingbot.stage_timer import StageTimer, timer_for
 from pipeline.spec import StreamingEdgeSpec, StreamingPipelineSpec, StreamingStageSpec
 
 __all__ = [
@@ -186,10 +186,12 @@ class EncodeStage:
 
 
 class DenoiseStage:
-    """DiT denoise: keeps the base latent resident (in the denoiser) and the session's camera (here)."""
+    """DiT denoise: keeps the base latent resident (in the denoiser) and the session's camera (here). Its `denoise`
+    timing is `timer`'s (default: CUDA events when the denoiser names a CUDA device, `stage_timer.py`)."""
 
-    def __init__(self, denoiser: ChunkDenoiser) -> None:
+    def __init__(self, denoiser: ChunkDenoiser, timer: StageTimer | None = None) -> None:
         self._denoiser = denoiser
+        self._timer = timer if timer is not None else timer_for(denoiser)
         self._cameras: dict[str, CameraController] = {}
         self._configs: dict[str, LingBotSessionConfig] = {}
         self._lock = threading.Lock()  # process() and release() run on one thread; statistics may read
@@ -219,11 +221,11 @@ class DenoiseStage:
         if control.reset_pose:
             camera.reset_pose()
         chunk = camera.chunk_control(control.snapshot, index, condition.condition.chunk_size)
-        started = time.perf_counter()
+        span = self._timer.start()
         latent = self._denoiser.denoise_chunk(
             sid, index, condition.condition.chunk_size, chunk.camera, prompt=control.prompt
         )
-        denoise_s = time.perf_counter() - started
+        denoise_s = span.stop()
         first_config = condition.config if index == 0 else None
         return {"latent": LatentArtifact(index, latent, control.snapshot, first_config, denoise_s)}
 
@@ -236,10 +238,12 @@ class DenoiseStage:
 
 class DecodeStage:
     """VAE decode: latent chunk → uint8 RGB frames, with the optional HUD of the applied keys; progressive (one part per
-    latent frame to `on_part`, the module docstring) when given a sink and a `ProgressiveDecoder`."""
+    latent frame to `on_part`, the module docstring) when given a sink and a `ProgressiveDecoder`. Its `decode` timing
+    is `timer`'s (default: CUDA events when the decoder names a CUDA device, `stage_timer.py`)."""
 
-    def __init__(self, decoder: ChunkDecoder, on_part: PartSink | None = None) -> None:
+    def __init__(self, decoder: ChunkDecoder, on_part: PartSink | None = None, timer: StageTimer | None = None) -> None:
         self._decoder = decoder
+        self._timer = timer if timer is not None else timer_for(decoder)
         self._on_part = on_part if isinstance(decoder, ProgressiveDecoder) else None
         self._hud: dict[str, bool] = {}
 
@@ -256,12 +260,12 @@ class DecodeStage:
         if latent.config is not None:
             self._decoder.create_cache(sid, latent.config)
             self._hud[sid] = latent.config.hud
-        started = time.perf_counter()
+        span = self._timer.start()
         if self._on_part is not None and isinstance(self._decoder, ProgressiveDecoder):
             array = self._decode_parts(self._decoder, self._on_part, sid, latent)
         else:
             array = self._frames(sid, self._decoder.decode_chunk(sid, latent.chunk_index, latent.latent), latent)
-        decode_s = time.perf_counter() - started
+        decode_s = span.stop()
         timings = {"denoise": latent.denoise_s, "decode": decode_s}
         return {FRAMES: FramesArtifact(latent.chunk_index, array, latent.snapshot, timings)}
 

@@ -59,6 +59,7 @@ from pipeline.lingbot.seam import (
     validate_latent_chunk,
 )
 from pipeline.lingbot.stage_sessions import SessionTable, StageStatistics, check_chunk_order
+from pipeline.lingbot.stage_timer import stage_timer
 
 __all__ = [
     "MASK_CHANNELS",
@@ -137,10 +138,15 @@ class LingBotFastDenoiser:
         self._text_encoder = text_encoder
         self._options = options
         self._sessions: SessionTable[_DenoiseSession] = SessionTable("denoise")
+        self._timer = stage_timer(dit.device)  # CUDA events on a GPU: the call's time is its kernels' time
 
     @property
     def dit(self) -> LingBotFastDiT:
         return self._dit
+
+    @property
+    def device(self) -> torch.device:
+        return self._dit.device
 
     def statistics(self) -> StageStatistics:
         return self._sessions.statistics()
@@ -174,7 +180,7 @@ class LingBotFastDenoiser:
         state = self._sessions.get(session_id)
         check_chunk_order("denoise", state.plan, chunk_index, chunk_size, state.next_chunk)
         validate_control(control, state.config, chunk_size)
-        started = time.perf_counter()
+        span = self._timer.start()
         device = self._dit.device
         if state.text is None or prompt != state.prompt:
             state.text = self._dit.encode_text(self._text_encoder.encode(prompt))
@@ -193,9 +199,10 @@ class LingBotFastDenoiser:
                 dtype=torch.float32,
             )
         x0 = denoise_chunk(self._dit, state.cache, state.text, condition, noise, state.generator, camera)
+        result = x0[0].contiguous()
         state.next_chunk += 1
-        self._sessions.record(time.perf_counter() - started)
-        return x0[0].contiguous()
+        self._sessions.record(span.stop())
+        return result
 
 
 # --- decode ----------------------------------------------------------------------------------------------------------
@@ -214,6 +221,11 @@ class LingBotFastDecoder:
     def __init__(self, vae: StreamingVAE) -> None:
         self._vae = vae
         self._sessions: SessionTable[_DecodeSession] = SessionTable("decode")
+        self._timer = stage_timer(vae.device)
+
+    @property
+    def device(self) -> torch.device:
+        return self._vae.device
 
     def create_cache(self, session_id: str, config: LingBotSessionConfig) -> None:
         self._sessions.add(session_id, _DecodeSession(config, config.chunk_plan))
@@ -232,10 +244,10 @@ class LingBotFastDecoder:
 
     def decode_chunk(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> torch.Tensor:
         state = self._begin(session_id, chunk_index, latent)
-        started = time.perf_counter()
+        span = self._timer.start()
         frames = _to_frames(self._vae.decode_chunk(session_id, latent))
         state.next_chunk += 1
-        self._sessions.record(time.perf_counter() - started)
+        self._sessions.record(span.stop())
         return frames
 
     def decode_parts(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> Iterator[torch.Tensor]:
@@ -244,9 +256,9 @@ class LingBotFastDecoder:
         state = self._begin(session_id, chunk_index, latent)
         busy = 0.0
         for index in range(latent.shape[1]):
-            started = time.perf_counter()
+            span = self._timer.start()
             part = _to_frames(self._vae.decode_chunk(session_id, latent[:, index : index + 1]))
-            busy += time.perf_counter() - started
+            busy += span.stop()
             yield part
         state.next_chunk += 1
         self._sessions.record(busy)

@@ -422,6 +422,10 @@ class ReferenceDiT:
         self._work = torch.randn(_WORK_WIDTH, _WORK_WIDTH, generator=weights).to(self._device) / _WORK_WIDTH**0.5
         self._looks: PromptCache[PromptLook] = PromptCache()
 
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
     def create_cache(self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor) -> None:
         """Keep `base_latent` `[16, T, h, w]` resident for the session and prepare its world textures."""
         validate_base_latent(base_latent, config)
@@ -583,6 +587,10 @@ class ReferenceVAEDecoder:
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self._device = torch.device(device)
         self._sessions: SessionTable[_DecoderSession] = SessionTable("decode")
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
 
     def create_cache(self, session_id: str, config: LingBotSessionConfig) -> None:
         xs = (torch.arange(config.width, dtype=torch.float32, device=self._device) + 0.5) / config.width * 2 - 1
