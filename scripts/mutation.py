@@ -89,6 +89,9 @@ GROUPS = (
         "redis",
         (
             "service/scaleout/admission.py",
+            "service/scaleout/link.py",
+            "service/scaleout/maintenance.py",
+            "service/scaleout/tickets.py",
             "service/scaleout/redis_side/mirror.py",
             "service/scaleout/redis_side/records.py",
         ),

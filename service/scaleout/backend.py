@@ -34,7 +34,8 @@ session the runtime keeps no record of:
 
 Background work (publishers, adoptions, heartbeats, the statistics refresh, the drain call) is owned by one
 `TaskSet`, closed in `aclose`, which the runtime calls after its sessions' runners ended, so that final statuses and
-releases still reach Redis at shutdown.
+releases still reach Redis at shutdown. This module is the facade (life, events, registry reads, usage);
+`service.scaleout.ownership` holds the sessions owned here: adoption, the status writers, the releases.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ import contextlib
 import logging
 import secrets
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
@@ -52,7 +52,6 @@ from redis.asyncio import Redis
 from admission import (
     AdmissionClosedError,
     AdmissionConfig,
-    AdmissionError,
     AdmissionEvent,
     AdmissionEventKind,
     Clock,
@@ -64,7 +63,6 @@ from pipeline.bidirectional import CloseMode
 from service.errors import (
     AdmissionUnavailableError,
     DrainingError,
-    NotTicketOwnerError,
     QueueFullError,
     QuotaExceededError,
     ServiceError,
@@ -75,7 +73,6 @@ from service.errors import (
 )
 from service.logs import session_context
 from service.runtime.backend import AdmissionHost
-from service.runtime.fanout import Subscription
 from service.runtime.records import AdmissionReport, SharedAdmissionStatistics, SnapshotStream
 from service.runtime.sessions import Session, SessionSnapshot, SessionState
 from service.runtime.tasks import TaskSet
@@ -87,14 +84,11 @@ from service.scaleout.admission import (
     SharedEventKind,
     SharedTicketView,
 )
+from service.scaleout.ownership import CALL_ERRORS, Ownership, spawn_unless_closed
 from service.scaleout.registry import (
     RegistryStream,
-    decode_payload,
     encode_body,
     encode_payload,
-    failed_body,
-    payload_caller_room,
-    payload_records,
     remote_snapshot,
 )
 from service.settings import SharedAdmissionConfig
@@ -108,8 +102,6 @@ T = TypeVar("T")
 
 DEFAULT_PREFIX = "lingstream:admission:"
 _UNAVAILABLE_MESSAGE = "the shared admission backend is unavailable; retry shortly"
-# What a call to Redis may fail with once started: an outage, a refusal by the owner check, a closed backend.
-_CALL_ERRORS = (AdmissionUnavailableError, NotTicketOwnerError, AdmissionError)
 # Kinds that change a session waiting here exactly as the in-memory admission's events do.
 _LOCAL_KINDS = frozenset(
     {
@@ -120,17 +112,6 @@ _LOCAL_KINDS = frozenset(
         SharedEventKind.CANCELLED,
     }
 )
-
-
-@dataclass(slots=True)
-class _Owned:
-    """A session this replica runs, from admission until its slot went back: the one writer of its registry
-    status (`lock` orders the writes; `published` is the last sequence written)."""
-
-    session: Session
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    published: int = -1
-    writer: asyncio.Task[None] | None = None
 
 
 class RedisAdmissionBackend:
@@ -159,9 +140,7 @@ class RedisAdmissionBackend:
         self._host: AdmissionHost | None = None
         self._unsubscribe: list[Callable[[], None]] = []
         self._tasks = TaskSet("shared-admission")
-        self._owned: dict[str, _Owned] = {}
-        self._adopting: set[str] = set()
-        self._pending_closes: dict[str, CloseMode] = {}
+        self._ownership = Ownership(self._admission, self._tasks)
         self._followers: dict[str, set[asyncio.Event]] = {}
         self._beating: set[str] = set()
         self._stopped_admitting = False
@@ -206,13 +185,13 @@ class RedisAdmissionBackend:
     async def aclose(self) -> None:
         """Every runner has ended: let the writers publish the final statuses and give the slots back (bounded),
         then stop the background work and leave the registry."""
-        writers = [owned.writer for owned in self._owned.values() if owned.writer is not None]
+        writers = self._ownership.writers()
         if writers:
             _, pending = await asyncio.wait(writers, timeout=self._started_host().tuning.shutdown_close_s)
             if pending:
                 logger.error("shutdown: %d session status writer(s) did not finish in time", len(pending))
         if self._generated:
-            with contextlib.suppress(TimeoutError, *_CALL_ERRORS):
+            with contextlib.suppress(TimeoutError, *CALL_ERRORS):
                 async with asyncio.timeout(self._started_host().tuning.shutdown_close_s):
                     await self._flush_usage()
             if self._generated:
@@ -236,8 +215,7 @@ class RedisAdmissionBackend:
         """This replica's slots and counters (`queue_depth` is the global queue's, as of this replica's last reply
         from Redis); the slots still counted for sessions being adopted or ended but not yet given back; the
         deployment as of the last background refresh."""
-        in_flight = len(self._adopting) + sum(1 for owned in self._owned.values() if owned.session.terminal)
-        return AdmissionReport(self._admission.statistics(), in_flight, self._shared_statistics)
+        return AdmissionReport(self._admission.statistics(), self._ownership.in_flight(), self._shared_statistics)
 
     def set_worker_healthy(self, index: int, healthy: bool) -> None:
         self._admission.set_worker_healthy(index, healthy)
@@ -275,10 +253,7 @@ class RedisAdmissionBackend:
         self._spawn(self._cancel(session.id), name=f"cancel-{session.id}")
 
     def release(self, session: Session) -> None:
-        owned = self._owned.get(session.id)
-        if owned is None or owned.writer is None or owned.writer.done():
-            self._spawn(self._release(session.id), name=f"release-{session.id}")
-        # else: its writer publishes the final status, then releases (in that order: see `_write_statuses`)
+        self._ownership.release(session)
 
     # ---------------------------------------------------------------------------------------------- usage
 
@@ -314,7 +289,7 @@ class RedisAdmissionBackend:
                 await self._admission.wait_available()
             try:
                 await self._flush_usage()
-            except _CALL_ERRORS as exc:
+            except CALL_ERRORS as exc:
                 logger.debug("flushing usage failed (kept for the next flush): %r", exc)
                 self._flush.set()
                 await asyncio.sleep(self._refresh_s)
@@ -431,10 +406,8 @@ class RedisAdmissionBackend:
                     self._hand_over(host, session, f"admitted on replica {view.replica}")
                 return
             if session is None:
-                if tid not in self._adopting and tid not in self._owned:
-                    self._adopting.add(tid)
-                    if self._spawn(self._adopt(host, view), name=f"adopt-{tid}") is None:
-                        self._adopting.discard(tid)
+                if not self._ownership.knows(tid):
+                    self._ownership.adopt(host, view)
                 return
             if session.state is not SessionState.QUEUED:
                 return  # already running here (a repeated delivery after a lost reply)
@@ -445,7 +418,7 @@ class RedisAdmissionBackend:
                 self._on_lost(host, session, view)
             elif kind in _LOCAL_KINDS:
                 if kind is SharedEventKind.ADMITTED:
-                    self._own(session)
+                    self._ownership.own(session)
                 host.admission_event(session, AdmissionEvent(AdmissionEventKind(kind.value), view.as_ticket_view()))
 
     def _on_close_request(self, request: CloseRequest) -> None:
@@ -457,8 +430,7 @@ class RedisAdmissionBackend:
         host = self._started_host()
         session = host.session(request.ticket_id)
         if session is None:
-            if request.ticket_id in self._adopting:
-                self._pending_closes[request.ticket_id] = mode
+            self._ownership.close_when_adopted(request.ticket_id, mode)
             return
         with session_context(session.id):
             logger.info("session %s: close (%s) requested on replica %s", session.id, mode.value, request.requested_by)
@@ -507,103 +479,6 @@ class RedisAdmissionBackend:
 
         return stop
 
-    # ---------------------------------------------------------------------------------------------- owning
-
-    def _own(self, session: Session) -> None:
-        """The session is admitted here: start its registry writer (before its ADMITTED move, so it is written)."""
-        owned = self._owned[session.id] = _Owned(session)
-        subscription = session.snapshots.subscribe()
-        owned.writer = self._spawn(self._write_statuses(owned, subscription), name=f"status-{session.id}")
-        if owned.writer is None:
-            subscription.close()
-
-    async def _write_statuses(self, owned: _Owned, subscription: Subscription[SessionSnapshot]) -> None:
-        """The one writer of a session's registry status: on every change it writes the newest snapshot; after
-        the terminal one, it gives the slot back (so that any replica reading at the release sees the end)."""
-        session = owned.session
-        try:
-            with subscription:
-                async for _ in subscription:
-                    await self._publish_latest(owned)
-            await self._publish_latest(owned)
-        finally:
-            if session.terminal:
-                await self._release(session.id)
-
-    async def _publish_latest(self, owned: _Owned) -> None:
-        async with owned.lock:
-            snapshot = owned.session.snapshot()
-            if snapshot.sequence == owned.published or not self._admission.available:
-                return  # unchanged, or Redis is away (everything is written again once it is back)
-            try:
-                await self._admission.publish_status(
-                    snapshot.id, snapshot.state.value, reason=snapshot.reason, body=encode_body(snapshot)
-                )
-            except NotTicketOwnerError as exc:
-                logger.warning("session %s: its status cannot be published: %s", snapshot.id, exc)
-            except (AdmissionUnavailableError, AdmissionError) as exc:
-                logger.debug("session %s: publishing its status failed: %r", snapshot.id, exc)
-                return
-            owned.published = snapshot.sequence
-
-    async def _release(self, session_id: str) -> None:
-        try:
-            await self._admission.release(session_id)
-        except _CALL_ERRORS as exc:
-            logger.warning("session %s: giving its admission slot back failed: %r", session_id, exc)
-        finally:
-            self._owned.pop(session_id, None)
-
-    async def _adopt(self, host: AdmissionHost, view: SharedTicketView) -> None:
-        """A session created on another replica was admitted here: rebuild it from its payload, then run it as if
-        it had been created here. If that fails, it is failed in the registry and its slot goes back."""
-        tid = view.ticket_id
-        try:
-            try:
-                if host.closing:
-                    raise _NotAdopted("shutdown", "the replica that admitted it was shutting down")
-                payload = await self._admission.take_payload(tid)
-                if payload is None:
-                    raise _NotAdopted("create_failed", "its request expired before a replica could start it")
-                request = decode_payload(payload)
-                caller_room = payload_caller_room(payload)
-                record = payload_records(payload)
-                prepared = await host.prepare(request.config, request.image)
-                if host.closing:
-                    raise _NotAdopted("shutdown", "the replica that admitted it was shutting down")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                code, message = exc.args if isinstance(exc, _NotAdopted) else ("create_failed", str(exc))
-                logger.warning("session %s admitted here could not be started: %s", tid, message)
-                self._pending_closes.pop(tid, None)
-                await self._give_back(tid, code, message)
-                return
-            session = host.register(
-                tid, view.owner, prepared, view.created_at, record=record, max_seconds=request.max_seconds
-            )
-            session.caller_room = caller_room
-        finally:
-            self._adopting.discard(tid)
-        pending = self._pending_closes.pop(tid, None)
-        with session_context(tid):
-            logger.info("session %s (created on replica %s) adopted", tid, view.origin)
-            self._own(session)
-            host.admission_event(session, AdmissionEvent(AdmissionEventKind.ADMITTED, view.as_ticket_view()))
-            if pending is not None:
-                host.request_close(session, pending, "client_deleted")
-
-    async def _give_back(self, session_id: str, code: str, message: str) -> None:
-        """An admitted ticket this replica will not run: recorded as failed (closed at shutdown), slot back."""
-        state = SessionState.CLOSED if code == "shutdown" else SessionState.FAILED
-        try:
-            current = await self._admission.get(session_id)
-            body = failed_body(current.body, state, code, message)
-            await self._admission.publish_status(session_id, state.value, reason=code, body=body)
-        except _CALL_ERRORS as exc:
-            logger.debug("session %s: recording that it was not started failed: %r", session_id, exc)
-        await self._release(session_id)
-
     # ---------------------------------------------------------------------------------------------- background
 
     async def _refresh_forever(self) -> None:
@@ -619,14 +494,12 @@ class RedisAdmissionBackend:
                 try:
                     self._shared_statistics = await self._admission.shared_statistics()
                     self._usage_totals = await self._admission.usage_totals()
-                except _CALL_ERRORS as exc:
+                except CALL_ERRORS as exc:
                     logger.debug("reading the shared admission statistics failed: %r", exc)
             await asyncio.sleep(self._refresh_s)
 
     def _after_reconnect(self) -> None:
-        for owned in list(self._owned.values()):
-            owned.published = -1
-            self._spawn(self._publish_latest(owned), name=f"republish-{owned.session.id}")
+        self._ownership.republish()
         for wakes in self._followers.values():
             for wake in wakes:
                 wake.set()
@@ -634,7 +507,7 @@ class RedisAdmissionBackend:
     async def _beat(self, session_id: str) -> None:
         try:
             await self._admission.heartbeat(session_id)
-        except _CALL_ERRORS as exc:
+        except CALL_ERRORS as exc:
             logger.debug("session %s: heartbeat failed: %r", session_id, exc)
         finally:
             self._beating.discard(session_id)
@@ -642,15 +515,11 @@ class RedisAdmissionBackend:
     async def _cancel(self, session_id: str) -> None:
         try:
             await self._admission.request_close(session_id, CloseMode.CANCEL.value)
-        except _CALL_ERRORS as exc:
+        except CALL_ERRORS as exc:
             logger.warning("session %s: cancelling it in the queue failed: %r", session_id, exc)
 
     def _spawn(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T] | None:
-        try:
-            return self._tasks.spawn(coro, name=name)
-        except RuntimeError:  # closed: the runtime has stopped (Redis reclaims what is left on deregistration)
-            logger.warning("shared admission: %s skipped after shutdown", name)
-            return None
+        return spawn_unless_closed(self._tasks, coro, name=name)
 
     # ---------------------------------------------------------------------------------------------- reading
 
@@ -675,7 +544,3 @@ class RedisAdmissionBackend:
         if not secrets.compare_digest(view.owner.encode(), owner.encode()):
             raise SessionNotFoundError(session_id)
         return view
-
-
-class _NotAdopted(Exception):
-    """Why an admitted session was not started here: `(code, message)`."""

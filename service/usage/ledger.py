@@ -4,7 +4,7 @@ Counts are kept per owner and per bucket of `USAGE_BUCKET_S` (one hour) of wall-
 `USAGE_RETENTION_S` (35 days, a billing month with room); a span of session-seconds that crosses a bucket edge is
 split at it, so a query `since` a bucket's start counts exactly the seconds after it. Alongside, all-time totals per
 owner (never pruned, so they only grow: what `/metrics` exports as counters). Pure and synchronous: time comes in as
-arguments. The Redis scripts keep the same buckets (`service.scaleout.redis_side.scripts`, with these constants).
+arguments. The Redis scripts keep the same buckets (`service.scaleout.redis_side.prelude`, with these constants).
 """
 
 from __future__ import annotations

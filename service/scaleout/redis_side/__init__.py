@@ -1,8 +1,10 @@
-"""The Redis side of shared admission (`service.scaleout.admission.RedisAdmission` is its only user).
+"""The Redis side of shared admission (`service.scaleout.admission.RedisAdmission` and its parts are its only users).
 
-- `scripts.py`: the Lua scripts that make every decision atomically, each with its contract. They are Python
-  string constants (not `.lua` files), so they ship with the `service` package without package-data settings.
-  `SCRIPTS` maps a script's name to its full source (the shared prelude, then the script's body).
+- `scripts.py`: `SCRIPTS`, the one table of the Lua scripts that make every decision atomically: a script's name
+  to its full source (`prelude.py`, the shared prelude, then the body: `ticket_scripts.py` for the ticket calls,
+  `maintenance_scripts.py` for the maintenance pass, drain, overview and usage), each body with its contract.
+  They are Python string constants (not `.lua` files), so they ship with the `service` package without
+  package-data settings.
 - `records.py`: the records the backend hands out (`SharedTicketView`, `SharedAdmissionEvent`, `CloseRequest`,
   `PauseRequest`,
   statistics) and the decoding of what the scripts and the event stream return.
