@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from admission import AdmissionError, Clock
 from pipeline.bidirectional import BidirectionalService
 from pipeline.errors import PipelineError
+from service.config_records import ServiceConfig
 from service.errors import (
     ErrorSpec,
     QueueFullError,
@@ -42,7 +43,7 @@ from service.http.routes import describe_validation_errors, health_router, inter
 from service.runtime.recordings import WriterFactory
 from service.runtime.runtime import RuntimeTuning, ServiceRuntime
 from service.scaleout.backend import RedisAdmissionBackend
-from service.settings import ServiceConfig, Settings
+from service.settings import Settings
 from service.telemetry.otel import Telemetry, TelemetryMiddleware
 from service.workers import build_workers, model_memory
 from transport.base import Transport

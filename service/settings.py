@@ -1,11 +1,14 @@
 """The service's settings: environment variables (`LINGSTREAM_*`), an optional config file, and their validation.
 
-`load_settings()` is the only reader of the environment in the whole product. It merges, highest priority first,
-explicit overrides (the CLI's `--host`/`--port`), the environment, and the file named by `LINGSTREAM_CONFIG_FILE`
-(or `--config`; YAML or JSON, keys are the setting names without the prefix, in any case). An invalid value raises
-`SettingsError` with one paragraph naming the variable; the CLI prints it and exits 2. `ServiceConfig.from_settings`
-converts the validated settings, once, into the frozen records the rest of the service and the packages use
-(`AdmissionConfig` and friends); nothing downstream reads `Settings` again.
+This module is the flat environment contract: `Settings`, one field per variable, with its checks. `load_settings()`
+reads the service's settings: it merges, highest priority first, explicit overrides (the CLI's `--host`/`--port`),
+the environment, and the file named by `LINGSTREAM_CONFIG_FILE` (or `--config`; YAML or JSON, keys are the setting
+names without the prefix, in any case; read by `service.config_file`). An invalid value raises `SettingsError` with
+one paragraph naming the variable; the CLI prints it and exits 2. `service.config_records` converts the validated
+settings, once, into the frozen records the rest of the service and the packages use (`ServiceConfig`,
+`AdmissionConfig` and friends); nothing downstream reads `Settings` again. (A few process-level knobs are read
+where they act, not here: the CLI's test hooks, telemetry's `OTEL_*`, the allocator's `MALLOC_ARENA_MAX`, and
+`lingstream generate`'s model defaults.)
 
 The three LiveKit variables keep their standard names without the prefix (`LIVEKIT_URL`, `LIVEKIT_API_KEY`,
 `LIVEKIT_API_SECRET`). Secrets (`API_KEYS`, `REDIS_URL`, `LIVEKIT_API_SECRET`) are `SecretStr`: they never appear
@@ -14,20 +17,14 @@ in a repr, a log line or an error message.
 
 from __future__ import annotations
 
-import contextvars
 import hashlib
-import importlib
 import ipaddress
 import json
 import logging
 import os
 import re
-import secrets
-import socket
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -40,11 +37,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from admission import AdmissionConfig, AdmissionConfigError, KeyQuota
 from service.api_keys import ANONYMOUS, key_id, owner_fingerprint
+from service.config_file import CONFIG_FILE_VARIABLE, FileSource, file_values, read_config_file
 from service.errors import SettingsError
 
 __all__ = [
@@ -52,19 +48,15 @@ __all__ = [
     "ENV_PREFIX",
     "MAX_SESSION_SECONDS_BOUND",
     "QuotaOverride",
-    "RequestLimits",
-    "ServiceConfig",
     "Settings",
-    "SharedAdmissionConfig",
-    "default_replica_id",
     "env_name",
     "load_settings",
+    "owners_of",
 ]
 
 logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "LINGSTREAM_"
-CONFIG_FILE_VARIABLE = "LINGSTREAM_CONFIG_FILE"
 
 _MIB = 1024 * 1024
 _LOOPBACK = "127.0.0.1"
@@ -78,20 +70,6 @@ _LIVEKIT_ALIASES = {
 _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+$")
 _REPLICA_ID = re.compile(r"[A-Za-z0-9._:\-]{1,200}")
 _DEVICE = re.compile(r"cpu|cuda:\d{1,3}")
-
-# The values read from the config file, handed to `_FileSource` while `load_settings` builds `Settings`.
-_FILE_VALUES: contextvars.ContextVar[Mapping[str, object]] = contextvars.ContextVar("lingstream_file_settings")
-
-
-class _FileSource(PydanticBaseSettingsSource):
-    """The config file, below the environment: returns what `load_settings` read and checked."""
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        values = _FILE_VALUES.get({})
-        return values.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(_FILE_VALUES.get({}))
 
 
 class QuotaOverride(BaseModel):
@@ -293,7 +271,7 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Overrides beat the environment, the environment beats the file; no dotenv, no secrets directory.
-        return init_settings, env_settings, _FileSource(settings_cls)
+        return init_settings, env_settings, FileSource(settings_cls)
 
     @field_validator(
         "log_format",
@@ -462,28 +440,7 @@ class Settings(BaseSettings):
         """The key id of every configured key (`anonymous` without keys); ids are not secret."""
         if not self.api_key_list:
             return frozenset({ANONYMOUS})
-        return frozenset(key_id(owner) for owner in _owners(self.api_key_list))
-
-    def quotas(self) -> tuple[KeyQuota, tuple[tuple[str, KeyQuota], ...]]:
-        """The default quota and each overridden owner's quota (by owner fingerprint), as admission takes them."""
-        default = KeyQuota(max_running=self.key_max_running, max_queued=self.key_max_queued)
-        owners = _owners(self.api_key_list) if self.api_key_list else (ANONYMOUS,)
-        overrides: list[tuple[str, KeyQuota]] = []
-        for owner in dict.fromkeys(owners):
-            entry = self.key_quotas.get(key_id(owner))
-            if entry is None:
-                continue
-            given = entry.model_fields_set
-            overrides.append(
-                (
-                    owner,
-                    KeyQuota(
-                        max_running=entry.max_running if "max_running" in given else default.max_running,
-                        max_queued=entry.max_queued if "max_queued" in given else default.max_queued,
-                    ),
-                )
-            )
-        return default, tuple(overrides)
+        return frozenset(key_id(owner) for owner in owners_of(self.api_key_list))
 
     def _check_model(self) -> None:
         if self.model != "lingbot-fast":
@@ -568,7 +525,8 @@ class Settings(BaseSettings):
         return bool(self.livekit_url)
 
 
-def _owners(keys: tuple[str, ...]) -> tuple[str, ...]:
+def owners_of(keys: tuple[str, ...]) -> tuple[str, ...]:
+    """The owner fingerprint of each API key (what admission and usage count by)."""
     return tuple(owner_fingerprint(hashlib.sha256(key.encode()).digest()) for key in keys)
 
 
@@ -595,61 +553,14 @@ def load_settings(*, config_file: Path | None = None, **overrides: object) -> Se
     named = os.environ.get(CONFIG_FILE_VARIABLE, "").strip()
     if path is None and named:
         path = Path(named)
-    file_values = _read_config_file(path) if path is not None else {}
+    known = Settings.model_fields
+    read = read_config_file(path, known, prefix=ENV_PREFIX, aliases=_LIVEKIT_ALIASES) if path is not None else {}
     given = {name: value for name, value in overrides.items() if value is not None}
-    token = _FILE_VALUES.set(file_values)
     try:
-        return Settings(**given)  # type: ignore[arg-type]
+        with file_values(read):
+            return Settings(**given)  # type: ignore[arg-type]
     except ValidationError as exc:
         raise SettingsError(_explain(exc, path)) from None
-    finally:
-        _FILE_VALUES.reset(token)
-
-
-def _read_config_file(path: Path) -> dict[str, object]:
-    """Read a YAML or JSON mapping of setting names; unknown names are an error (a typo must not pass silently)."""
-    where = f"{CONFIG_FILE_VARIABLE}={path}"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SettingsError(f"invalid configuration: cannot read the config file ({where}): {exc.strerror}") from None
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".json":
-            data: object = json.loads(text)
-        elif suffix in (".yaml", ".yml"):
-            try:
-                yaml = importlib.import_module("yaml")
-            except ImportError:
-                raise SettingsError(
-                    f"invalid configuration: {where} is YAML but PyYAML is not installed; use JSON or install pyyaml"
-                ) from None
-            data = yaml.safe_load(text)
-        else:
-            raise SettingsError(
-                f"invalid configuration: {where} must end in .json, .yaml or .yml (got {suffix or 'no suffix'!r})"
-            )
-    except (ValueError, ImportError) as exc:
-        raise SettingsError(f"invalid configuration: {where} is not valid {suffix[1:].upper()}: {exc}") from None
-    except Exception as exc:  # yaml.YAMLError has no common base we can name without importing yaml
-        raise SettingsError(f"invalid configuration: {where} is not valid YAML: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise SettingsError(f"invalid configuration: {where} must hold a mapping of setting names to values")
-    known = set(Settings.model_fields)
-    values: dict[str, object] = {}
-    for raw_key, value in data.items():
-        key = str(raw_key).strip().lower().removeprefix(ENV_PREFIX.lower())
-        if key not in known:
-            raise SettingsError(
-                f"invalid configuration: {where} has an unknown setting {raw_key!r}; known settings are "
-                f"{', '.join(sorted(known))}"
-            )
-        if isinstance(value, list):  # a YAML list for a comma-separated setting
-            value = ",".join(str(item) for item in value)
-        values[_LIVEKIT_ALIASES.get(key, key)] = value
-    return values
 
 
 def _explain(exc: ValidationError, path: Path | None) -> str:
@@ -681,123 +592,3 @@ def _field_of(location: str) -> str | None:
         if location == alias:
             return field
     return None
-
-
-@dataclass(frozen=True, slots=True)
-class RequestLimits:
-    """Bounds on what clients may send: request body bytes, reference image bytes and pixels."""
-
-    max_request_bytes: int
-    max_image_bytes: int
-    max_image_pixels: int
-
-
-@dataclass(frozen=True, slots=True)
-class SharedAdmissionConfig:
-    """The redis backend's identity for this process: `replica_id` (unique per process) and how long its slots
-    outlive its silence (`replica_ttl_s`; it heartbeats every third of it)."""
-
-    replica_id: str
-    replica_ttl_s: float
-
-
-def default_replica_id() -> str:
-    """The host name (the pod name on Kubernetes) plus a random suffix: a restarted container in the same pod is
-    a new replica, so it never re-asserts the slots of the process that died before it."""
-    host = re.sub(r"[^A-Za-z0-9._\-]", "-", socket.gethostname())[:180] or "lingstream"
-    return f"{host}-{secrets.token_hex(3)}"
-
-
-def _writable_directory(path: Path, variable: str) -> Path:
-    """`path`, created if missing; a `SettingsError` naming `variable` when it cannot be created or written."""
-    if path.exists() and not path.is_dir():
-        raise SettingsError(f"invalid configuration: {variable}={path} is not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SettingsError(
-            f"invalid configuration: {variable}={path} cannot be created: {exc.strerror or exc}"
-        ) from None
-    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-        raise SettingsError(f"invalid configuration: {variable}={path} is not a directory this process can write to")
-    return path
-
-
-@dataclass(frozen=True, slots=True)
-class RecordingLimits:
-    """Where recordings go and how much of them is kept (`RECORDINGS_DIR`, `RECORDINGS_MAX_BYTES`, `_MAX_COUNT`)."""
-
-    directory: Path
-    max_bytes: int
-    max_count: int
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceConfig:
-    """What the running service needs, converted once from `Settings` (no secrets beyond key digests).
-
-    `api_key_digests` are SHA-256 digests of the bearer keys: authentication compares digests, so the keys
-    themselves are not kept past start. `shared_admission` is set with the redis backend (its URL, a secret, is
-    not part of it: `service.app` hands it to the runtime directly). `session_history` finished sessions stay
-    readable by GET (the oldest are forgotten first; the admission tickets and worker records behind them too).
-    `recordings` is set when `RECORDINGS_DIR` is (sessions may then be created with `"record": true`).
-    `max_session_seconds` caps every session's running time (None: no cap); `max_pause` is the longest pause.
-    """
-
-    admission: AdmissionConfig
-    limits: RequestLimits
-    api_key_digests: tuple[bytes, ...]
-    cors_origins: tuple[str, ...]
-    drain_timeout: float
-    log_format: str
-    log_level: str
-    shared_admission: SharedAdmissionConfig | None = None
-    session_history: int = 256
-    recordings: RecordingLimits | None = None
-    max_session_seconds: float | None = None
-    max_pause: float = 300.0
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ServiceConfig:
-        default_quota, key_quotas = settings.quotas()
-        try:
-            admission = AdmissionConfig(
-                num_workers=settings.num_workers,
-                max_sessions_per_worker=settings.max_sessions_per_worker,
-                queue_size=settings.queue_size,
-                queue_timeout=settings.queue_timeout,
-                queue_heartbeat_timeout=settings.queue_heartbeat_timeout,
-                finished_history=settings.session_history,
-                default_quota=default_quota,
-                key_quotas=key_quotas,
-            )
-        except AdmissionConfigError as exc:
-            raise SettingsError(f"invalid configuration: {exc}") from None
-        return cls(
-            admission=admission,
-            limits=RequestLimits(
-                max_request_bytes=settings.max_request_bytes,
-                max_image_bytes=settings.max_image_bytes,
-                max_image_pixels=settings.max_image_pixels,
-            ),
-            api_key_digests=tuple(hashlib.sha256(key.encode()).digest() for key in settings.api_key_list),
-            cors_origins=settings.cors_origins,
-            drain_timeout=settings.drain_timeout,
-            log_format=settings.log_format,
-            log_level=settings.log_level,
-            shared_admission=None
-            if settings.admission_backend != "redis"
-            else SharedAdmissionConfig(
-                replica_id=settings.replica_id or default_replica_id(), replica_ttl_s=settings.replica_ttl
-            ),
-            session_history=settings.session_history,
-            recordings=None
-            if settings.recordings_dir is None
-            else RecordingLimits(
-                directory=_writable_directory(settings.recordings_dir, env_name("recordings_dir")),
-                max_bytes=settings.recordings_max_bytes,
-                max_count=settings.recordings_max_count,
-            ),
-            max_session_seconds=settings.max_session_seconds,
-            max_pause=settings.max_pause,
-        )

@@ -14,8 +14,8 @@ import io
 
 from PIL import Image, UnidentifiedImageError
 
+from service.config_records import RequestLimits
 from service.errors import ImageTooLargeError, InvalidRequestError, UnsupportedMediaTypeError
-from service.settings import RequestLimits
 
 __all__ = ["check_image", "decode_image"]
 

@@ -41,6 +41,7 @@ from pipeline.bidirectional import (
     PreparedSession,
 )
 from service.api_keys import key_id
+from service.config_records import ServiceConfig
 from service.errors import (
     AdmissionUnavailableError,
     DrainingError,
@@ -76,7 +77,6 @@ from service.runtime.records import (
 from service.runtime.runner import RunnerCallbacks, SessionRunner
 from service.runtime.sessions import LIVE_STATES, Session, SessionSnapshot, SessionState
 from service.runtime.tasks import TaskSet
-from service.settings import ServiceConfig
 from service.usage.ledger import UsageReport
 from transport.base import CallerRoom, Transport
 from transport.errors import RoomInUseError, RoomNotFoundError

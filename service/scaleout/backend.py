@@ -60,6 +60,7 @@ from admission import (
     UnknownTicketError,
 )
 from pipeline.bidirectional import CloseMode
+from service.config_records import SharedAdmissionConfig
 from service.errors import (
     AdmissionUnavailableError,
     DrainingError,
@@ -91,7 +92,6 @@ from service.scaleout.registry import (
     encode_payload,
     remote_snapshot,
 )
-from service.settings import SharedAdmissionConfig
 from service.usage.ledger import UsageReport, UsageTotals
 
 __all__ = ["DEFAULT_PREFIX", "RedisAdmissionBackend"]

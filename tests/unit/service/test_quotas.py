@@ -12,8 +12,9 @@ import pytest
 
 from admission import KeyQuota
 from service.api_keys import key_id
+from service.config_records import ServiceConfig
 from service.errors import SettingsError
-from service.settings import ServiceConfig, load_settings
+from service.settings import load_settings
 from tests.support.service_harness import metric, running_service
 
 KEY_A, KEY_B = "alpha-key-0001", "beta-key-0002"

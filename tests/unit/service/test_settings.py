@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from service.cli import main
+from service.config_records import ServiceConfig
 from service.errors import SettingsError
-from service.settings import ServiceConfig, Settings, load_settings
+from service.settings import Settings, load_settings
 from service.transports import embedded_config, livekit_config
 from service.workers import worker_options
 

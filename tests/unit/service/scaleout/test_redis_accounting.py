@@ -21,6 +21,7 @@ from admission import (
     UnknownTicketError,
     UnknownWorkerError,
 )
+from service.config_records import SharedAdmissionConfig
 from service.errors import SessionNotFoundError
 from service.runtime.sessions import SessionSnapshot, SessionState
 from service.scaleout.admission import (
@@ -32,7 +33,6 @@ from service.scaleout.admission import (
     SharedEventKind,
 )
 from service.scaleout.backend import RedisAdmissionBackend
-from service.settings import SharedAdmissionConfig
 from tests.support.fakes.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(60)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from admission import TicketReason, TicketState
+from service.config_records import ServiceConfig
 from service.errors import SettingsError
 from service.runtime.recordings import RecordingReport, RecordingState
 from service.runtime.sessions import SessionSnapshot, SessionState
@@ -21,7 +22,7 @@ from service.scaleout.registry import (
     payload_records,
     remote_snapshot,
 )
-from service.settings import ServiceConfig, load_settings
+from service.settings import load_settings
 from transport.base import CallerRoom
 
 URL = "redis://:secret-password@127.0.0.1:6379/0"
