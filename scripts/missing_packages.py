@@ -3,15 +3,18 @@
 Run with the environment's own interpreter (`.venv/bin/python scripts/missing_packages.py [--dev]`). It reads the
 wishes where they are written, so an edit there is seen at once: the `[project]` dependencies (and the `dev` extra
 with `--dev`) in pyproject.toml, followed transitively through the installed distributions' own requirements; this
-checkout installed editable with its console scripts; and each dependency of web/package.json present in
-web/node_modules at its pinned version. Lines start with the installer that provides the package (`python ...`,
-`npm ...`), torch first. It installs nothing and reaches no network; the standard library plus the `packaging` copy
-that pip carries is all it needs, so it works in a fresh virtual environment. Exit status 0 whatever it finds.
+checkout installed editable with its console scripts; each dependency of web/package.json present in
+web/node_modules at its pinned version; and with `--dev` the real LiveKit server the tests run, `livekit-server` in
+the environment's bin at the version `[tool.lingstream.dev-tools]` pins. Lines start with the installer that
+provides the package (`python ...`, `npm ...`, `go livekit-server VERSION`), torch first. It installs nothing and
+reaches no network; the standard library plus the `packaging` copy that pip carries is all it needs, so it works in
+a fresh virtual environment. Exit status 0 whatever it finds.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import tomllib
 from importlib import metadata
@@ -79,6 +82,15 @@ def missing_npm(web: Path) -> list[str]:
     return missing
 
 
+def missing_livekit_server(pinned: str, binary: Path) -> list[str]:
+    """`livekit-server VERSION` when `binary` is absent or does not say it is that version, else nothing."""
+    try:
+        done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except OSError:
+        return [f"livekit-server {pinned}"]
+    return [] if done.stdout.strip().endswith(f"version {pinned}") else [f"livekit-server {pinned}"]
+
+
 def _is_editable_checkout(distribution: metadata.Distribution) -> bool:
     text = distribution.read_text("direct_url.json")
     if not text:
@@ -100,11 +112,15 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"usage: missing_packages.py [--dev] (not {' '.join(unknown)})", file=sys.stderr)
         return 2
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    for line in missing_python(project, ["dev"] if "--dev" in argv else []):
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for line in missing_python(pyproject["project"], ["dev"] if "--dev" in argv else []):
         print(f"python {line}")
     for line in missing_npm(ROOT / "web"):
         print(f"npm {line}")
+    if "--dev" in argv:
+        pinned = str(pyproject["tool"]["lingstream"]["dev-tools"]["livekit-server"])
+        for line in missing_livekit_server(pinned, Path(sys.prefix) / "bin" / "livekit-server"):
+            print(f"go {line}")
     return 0
 
 

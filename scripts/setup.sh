@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything lingstream needs into ./.venv (idempotent: a second run checks, installs nothing and says so).
 #   scripts/setup.sh          runtime dependencies (+ the browser files: livekit-client and Swagger UI, from npm)
-#   scripts/setup.sh --dev    plus the test tools and headless Chromium for the browser tests
+#   scripts/setup.sh --dev    plus the test tools, headless Chromium for the browser tests and the real LiveKit server
+#                             (livekit-server, built with Go) for the LiveKit tests
 #   add --check               only say what would be installed (exit 1 when something would be): every step runs
 #                             its test, and `pip`, npm and apt-get do nothing
 # Each step says what it installs, how big it is and how long it took on the 2-core machine where the figures were
@@ -128,6 +129,27 @@ if [ -n "$DEV" ]; then
         fi
     fi
 fi
+# The real LiveKit server the LiveKit tests run, at the release pyproject.toml pins ([tool.lingstream.dev-tools]),
+# built from its Go module into .venv/bin (go install names it `server`).
+livekit_server=$(grep '^go livekit-server ' <<<"$missing" | sed 's/^go livekit-server //' || true)
+if [ -n "$DEV" ] && [ -n "$livekit_server" ]; then
+    if command -v go >/dev/null; then
+        step "building livekit-server ${livekit_server} with $(go version | cut -d' ' -f3) (go install of" \
+            "github.com/livekit/livekit-server: ~75 MB into .venv/bin; about 3 min here with its modules, 1 min when" \
+            "Go's module and build caches hold them)"
+        if [ -z "$CHECK" ]; then
+            gobin=$(mktemp -d)
+            GOBIN=$gobin go install "github.com/livekit/livekit-server/cmd/server@v${livekit_server}"
+            mv "$gobin/server" .venv/bin/livekit-server
+            rmdir "$gobin"
+        fi
+        done_step
+    else
+        echo "setup: go not found; livekit-server ${livekit_server} cannot be built here and the LiveKit tests" \
+            "will skip (install Go, then run this again)" >&2
+        unmet+=(livekit-server)
+    fi
+fi
 if [ -n "$CHECK" ]; then
     [ "$steps" -gt 0 ] || say "nothing needed installing"
     [ "$steps" -eq 0 ]
@@ -136,16 +158,17 @@ fi
 # Check the result the same way: what pip could not satisfy is an error; what had no installer here was said above.
 left=$missing
 [ "$steps" -eq 0 ] || left=$(.venv/bin/python scripts/missing_packages.py ${DEV:+--dev})
-if grep -q '^python ' <<<"$left"; then
-    echo "setup: still missing after installing:" $(grep '^python ' <<<"$left" | sed 's/^python //') >&2
+if grep -q '^python ' <<<"$left" || { command -v go >/dev/null && grep -q '^go ' <<<"$left"; }; then
+    echo "setup: still missing after installing:" $(grep '^python \|^go ' <<<"$left" | sed 's/^[a-z]* //') >&2
     exit 1
 fi
 if [ -n "$left" ] || [ ${#unmet[@]} -gt 0 ]; then
-    say "installed what could be installed here; still missing:" $(sed 's/^npm //' <<<"$left") "${unmet[@]}"
+    say "installed what could be installed here; still missing:" $(grep -v '^go ' <<<"$left" | sed 's/^npm //') \
+        "${unmet[@]}"
 elif [ "$steps" -eq 0 ]; then
     checked=$((SECONDS - started))
     say "nothing needed installing: .venv, its Python packages${DEV:+ (with the test tools)} and the browser files" \
-        "are in place${DEV:+, and so are chromium and redis-server} (checked in $([ "$checked" -gt 0 ] && echo "$checked s" || echo "under a second"))"
+        "are in place${DEV:+, and so are chromium, redis-server and livekit-server} (checked in $([ "$checked" -gt 0 ] && echo "$checked s" || echo "under a second"))"
 else
     echo
     say "installed in $((SECONDS - started)) s ($steps steps); a second run installs nothing"

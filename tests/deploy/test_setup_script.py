@@ -97,3 +97,26 @@ def test_npm_packages_are_checked_at_their_pinned_version(tmp_path: Path) -> Non
         (tmp_path / "node_modules" / name).mkdir(parents=True)
         (tmp_path / "node_modules" / name / "package.json").write_text(json.dumps({"version": version}))
     assert module.missing_npm(tmp_path) == ["b@2.0.0", "c@3.0.0"]
+
+
+def test_livekit_server_is_reported_until_the_pinned_version_is_in_the_environment(tmp_path: Path) -> None:
+    module = _missing_packages()
+    binary = tmp_path / "livekit-server"
+    assert module.missing_livekit_server("1.13.5", binary) == ["livekit-server 1.13.5"]  # absent
+    binary.write_text("#!/bin/sh\necho 'livekit-server version 1.13.4'\n")
+    binary.chmod(0o755)
+    assert module.missing_livekit_server("1.13.5", binary) == ["livekit-server 1.13.5"]  # another release
+    binary.write_text("#!/bin/sh\necho 'livekit-server version 1.13.5'\n")
+    assert module.missing_livekit_server("1.13.5", binary) == []
+
+
+def test_setup_builds_the_livekit_server_release_the_tests_expect() -> None:
+    """setup.sh builds the release missing_packages.py reports, which is the one pyproject.toml pins and the tests'
+    fixture checks for; --check names the step when it is missing (go install of that module version)."""
+    from tests.support.livekit_server_real import LIVEKIT_SERVER_VERSION
+
+    text = SETUP.read_text()
+    assert "github.com/livekit/livekit-server/cmd/server@v${livekit_server}" in text
+    assert "^go livekit-server " in text
+    pinned = _missing_packages().tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["lingstream"]
+    assert pinned["dev-tools"]["livekit-server"] == LIVEKIT_SERVER_VERSION

@@ -1,12 +1,12 @@
 """The LiveKit path with the real Python SDK on both ends and no browser: `lingstream serve` (its service participant)
-and a test participant (`tests/support/livekit_client.py`, a process of its own) meet through the LiveKit-signalling
-stand-in inside a private network namespace.
+and a test participant (`tests/support/livekit_client.py`, a process of its own) meet through a real `livekit-server`
+inside a private network namespace.
 
 The client steers a session with `control_state` packets and gets `chunk` statuses back; malformed packets get
 `error` statuses and change nothing; a participant allowed to send data but not the controller is ignored. The
-stand-in checks tokens with livekit-api's verifier as the real server does: ours are accepted; a forged, an
-expired, a join-less token or one for a room that does not exist is refused; the controller's token may not
-publish media. Skipped, with the reason, where the namespace cannot be made (not root, no `unshare`).
+server checks tokens: ours are accepted; a forged, an expired or a join-less token is refused; the controller's
+token may not publish media. Skipped, with the reason, where the namespace cannot be made (not root, no `unshare`)
+or livekit-server is not installed (scripts/setup.sh --dev builds it).
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveKitStack]:
-    """One stand-in and one `lingstream serve` (reference model, two session slots) for the module."""
+    """One livekit-server and one `lingstream serve` (reference model, two session slots) for the module."""
     workdir = tmp_path_factory.mktemp("livekit-sdk")
     with livekit_stack(workdir, LINGSTREAM_MAX_SESSIONS_PER_WORKER="2") as running:
         yield running
     assert "Traceback" not in running.output(), running.output()[-4000:]
-    assert "Traceback" not in running.standin.output(), running.standin.output()[-4000:]
+    assert "panic" not in running.server.output(), running.server.output()[-4000:]
 
 
 @pytest.fixture
@@ -97,9 +97,10 @@ def test_a_python_controller_steers_and_malformed_packets_get_error_statuses(
     assert report["second_chunk"]["index"] > report["first_chunk"]["index"]  # still steering after the garbage
     assert report["done"] == "closed"  # the final status; the session's reason says why
     assert _wait_status(stack, session["id"], {"closed"})["reason"] == "client_stop"
-    counters = stack.standin.counters()
-    assert counters.get("webhooks_sent", 0) > 0
-    assert counters.get("webhooks_failed", 0) == 0  # the service verified every signed webhook (else 401)
+    webhooks = stack.real.webhooks()
+    assert webhooks
+    # The service verified every signed webhook (else 401, and the server logs the send as failed).
+    assert all(hook["sent"] and hook["statusCode"] == 200 for hook in webhooks), webhooks
 
 
 def test_data_from_a_participant_that_is_not_the_controller_is_ignored(
@@ -108,19 +109,18 @@ def test_data_from_a_participant_that_is_not_the_controller_is_ignored(
     room = session["transport"]["room"]
     # A participant of the room with data rights but another identity: the stand-in delivers its packets (as a real
     # server would), and the service must not apply them.
-    intruder = TokenIssuer(stack.standin.api_key, stack.standin.api_secret).controller(session["id"], room)
+    intruder = TokenIssuer(stack.real.api_key, stack.real.api_secret).controller(session["id"], room)
     report = _client("foreign", session["transport"]["url"], intruder.token)
     assert report["joined"], report
     assert report["sent"] == 5
     assert not [chunk for chunk in report["chunks"] if "l" in chunk["keys"]], report["chunks"]
     with stack.client() as client:
         assert client.get(f"/v1/sessions/{session['id']}").json()["status"] == "running"
-    assert stack.standin.counters().get("data_forwarded", 0) > 0
 
 
 def _validate(stack: LiveKitStack, token: str) -> httpx.Response:
     with httpx.Client(timeout=10.0) as client:
-        return client.get(f"{stack.standin.http}/rtc/validate", params={"access_token": token})
+        return client.get(f"{stack.real.http}/rtc/validate", params={"access_token": token})
 
 
 def test_our_tokens_are_accepted_and_bad_ones_refused_as_a_real_server_would(
@@ -133,23 +133,23 @@ def test_our_tokens_are_accepted_and_bad_ones_refused_as_a_real_server_would(
     assert _validate(stack, details["token"]).status_code == 200
     assert _validate(stack, viewer["token"]).status_code == 200
 
-    forged = TokenIssuer(stack.standin.api_key, "another-secret-long-enough-for-hs256-000000").controller(
+    forged = TokenIssuer(stack.real.api_key, "another-secret-long-enough-for-hs256-000000").controller(
         session["id"], room
     )
     expired = (
-        api.AccessToken(stack.standin.api_key, stack.standin.api_secret)
+        api.AccessToken(stack.real.api_key, stack.real.api_secret)
         .with_identity("ctl-expired")
         .with_grants(api.VideoGrants(room_join=True, room=room))
         .with_ttl(datetime.timedelta(minutes=-5))
         .to_jwt()
     )
     no_join = (
-        api.AccessToken(stack.standin.api_key, stack.standin.api_secret)
+        api.AccessToken(stack.real.api_key, stack.real.api_secret)
         .with_identity("ctl-nojoin")
         .with_grants(api.VideoGrants(room_join=False, room=room, can_subscribe=True))
         .to_jwt()
     )
-    elsewhere = TokenIssuer(stack.standin.api_key, stack.standin.api_secret).controller("s", "lingstream-no-such-room")
+    elsewhere = TokenIssuer(stack.real.api_key, stack.real.api_secret).controller("s", "lingstream-no-such-room")
     refused = {
         "forged": _validate(stack, forged.token),
         "expired": _validate(stack, expired),
@@ -171,4 +171,3 @@ def test_our_tokens_are_accepted_and_bad_ones_refused_as_a_real_server_would(
     publishing = _client("publish", details["url"], details["token"])  # the controller may send data, not media
     assert publishing["joined"], publishing
     assert not publishing["published"], publishing
-    assert stack.standin.counters().get("tracks_refused", 0) >= 1

@@ -5,9 +5,9 @@ joins a room with the token it is given and plays one scenario; the last line it
 
 Scenarios:
 - `join`: join and leave (`joined`, or the SDK's `error`).
-- `control`: as the session's controller: a `control_state` snapshot (lossy) and the `chunk` that applies it,
-  malformed packets and the `error` statuses they get, a second snapshot (the session still steers), `stop` and the
-  final `done`.
+- `control`: as the session's controller: a `control_state` snapshot (lossy, resent until applied) and the `chunk`
+  that applies it, malformed packets and the `error` statuses they get, a second snapshot (the session still
+  steers), `stop` and the final `done`.
 - `foreign`: as a participant that may publish data but is not the controller: snapshots on the control topic,
   then which `chunk` statuses came in the next seconds (none may apply them).
 - `publish`: try to publish a video track for 3 s (`published`, or the `error`).
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -75,11 +76,27 @@ def _snapshot(seq: int, keys: list[str]) -> bytes:
     return json.dumps({"v": 1, "type": "control_state", "seq": seq, "keys": keys}).encode()
 
 
+async def _steer(room: rtc.Room, statuses: _Statuses, control: str, seq: int, keys: list[str]) -> dict[str, Any]:
+    """Send a snapshot on the lossy channel until the chunk that applies it arrives, as a page resends the keys it
+    holds: a lossy packet may be lost (a real server drops what arrives before the service's data channel is open)."""
+
+    async def resend() -> None:
+        while True:
+            await _send(room, control, _snapshot(seq, keys), reliable=False)
+            await asyncio.sleep(0.25)  # a page's resend period, roughly
+
+    sender = asyncio.create_task(resend())
+    try:
+        return await statuses.wait({"type": "chunk", "applied_seq": seq})
+    finally:
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sender
+
+
 async def _control(room: rtc.Room, statuses: _Statuses, control: str) -> dict[str, Any]:
     report: dict[str, Any] = {"malformed_sent": sorted(MALFORMED)}
-    await _send(room, control, _snapshot(1, ["w"]), reliable=False)
-    chunk = await statuses.wait({"type": "chunk", "applied_seq": 1})
-    report["first_chunk"] = chunk
+    report["first_chunk"] = await _steer(room, statuses, control, 1, ["w"])
     for payload in MALFORMED.values():
         await _send(room, control, payload, reliable=True)
     deadline = time.monotonic() + _WAIT_S
@@ -89,8 +106,7 @@ async def _control(room: rtc.Room, statuses: _Statuses, control: str) -> dict[st
             break
         await asyncio.sleep(0.05)  # waiting on another process's replies, with a deadline
     report["error_codes"] = sorted(str(m.get("code")) for m in statuses.seen if m.get("type") == "error")
-    await _send(room, control, _snapshot(2, []), reliable=False)
-    report["second_chunk"] = await statuses.wait({"type": "chunk", "applied_seq": 2})
+    report["second_chunk"] = await _steer(room, statuses, control, 2, [])
     await _send(room, control, b'{"v":1,"type":"stop"}', reliable=True)
     report["done"] = (await statuses.wait({"type": "done"})).get("reason")
     return report

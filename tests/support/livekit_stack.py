@@ -1,11 +1,12 @@
-"""The LiveKit end-to-end stack, shared by the LiveKit tests and the transport bench: a private network namespace
-(`tests.support.netns.PrivateNetwork`), the LiveKit-signalling stand-in (`tests.support.livekit_server`) on its veth
-address,
-and a real `lingstream serve` whose `LIVEKIT_URL` points at the stand-in and whose webhooks the stand-in sends.
+"""The LiveKit end-to-end stack, shared by the LiveKit tests and the benches: a private network namespace
+(`tests.support.netns.PrivateNetwork`), a LiveKit server on its veth address — the real `livekit-server`
+(`tests.support.livekit_server_real`, the release scripts/setup.sh --dev installs) by default, or the
+LiveKit-signalling stand-in (`tests.support.livekit_server`) for the tests that need a fault only it can inject —
+and a real `lingstream serve` whose `LIVEKIT_URL` points at that server and whose webhooks that server sends.
 
 Everything is started from the calling thread, inside the namespace; so are the clients the caller makes there
 (`client()`, Playwright's Chromium). `LiveKitStack.skip_reason()` says why the stack cannot run here (no root, no
-namespaces) for a skip.
+namespaces, no livekit-server) for a skip.
 """
 
 from __future__ import annotations
@@ -22,25 +23,39 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.livekit_server.process import API_KEY, API_SECRET, StandInProcess
+from tests.support.livekit_server.process import StandInProcess
+from tests.support.livekit_server_real import LiveKitServerProcess, livekit_server_support
 from tests.support.netns import HOST_A, PrivateNetwork, private_network_support
 from tests.support.serving import ROOT, free_port, lingstream
 
-__all__ = ["LiveKitStack", "another_replica", "livekit_stack", "metric"]
+__all__ = ["LiveKitStack", "another_replica", "livekit_stack", "metric", "standin_stack"]
 
 _READY_S = 90.0
 
 
 @dataclass
 class LiveKitStack:
-    standin: StandInProcess
+    server: LiveKitServerProcess | StandInProcess
     url: str  # the service, http://HOST_A:port
     process: subprocess.Popen[bytes]
     log: Path
 
     @staticmethod
-    def skip_reason() -> str | None:
-        return private_network_support()
+    def skip_reason(*, standin: bool = False) -> str | None:
+        """Why the stack cannot run here (the real server's stack; `standin`: the stand-in's), or None."""
+        return private_network_support() or (None if standin else livekit_server_support())
+
+    @property
+    def real(self) -> LiveKitServerProcess:
+        """The real `livekit-server` (`livekit_stack`)."""
+        assert isinstance(self.server, LiveKitServerProcess), "this stack runs the stand-in"
+        return self.server
+
+    @property
+    def standin(self) -> StandInProcess:
+        """The stand-in, with its test controls (`standin_stack`)."""
+        assert isinstance(self.server, StandInProcess), "this stack runs the real livekit-server"
+        return self.server
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -82,28 +97,50 @@ def _wait_ready(stack: LiveKitStack) -> None:
 
 @contextlib.contextmanager
 def livekit_stack(workdir: Path, **settings: str) -> Iterator[LiveKitStack]:
-    """The network, the stand-in and `lingstream serve` (the reference model; `settings` are `LINGSTREAM_*`
-    variables on top of one model worker, one torch thread and a 5 s drain). Torn down in reverse order: the
-    service drains (SIGTERM), the stand-in closes its rooms, the thread leaves the namespace."""
+    """The network, the real `livekit-server` and `lingstream serve` (the reference model; `settings` are
+    `LINGSTREAM_*` variables on top of one model worker, one torch thread and a 5 s drain). Torn down in reverse
+    order: the service drains (SIGTERM), the server closes its rooms, the thread leaves the namespace."""
+    with _stack(workdir, settings, standin=False) as stack:
+        yield stack
+
+
+@contextlib.contextmanager
+def standin_stack(workdir: Path, **settings: str) -> Iterator[LiveKitStack]:
+    """`livekit_stack` on the LiveKit-signalling stand-in, for a test that needs a fault only the stand-in can
+    inject (its test controls: `stack.standin`); the test says which fault and why."""
+    with _stack(workdir, settings, standin=True) as stack:
+        yield stack
+
+
+@contextlib.contextmanager
+def _stack(workdir: Path, settings: dict[str, str], *, standin: bool) -> Iterator[LiveKitStack]:
     with PrivateNetwork():
-        service_port, standin_port = free_port(), free_port()
-        url = f"http://{HOST_A}:{service_port}"
-        standin = StandInProcess(HOST_A, standin_port, workdir / "standin.log", webhook_url=f"{url}/v1/livekit/webhook")
-        with standin, _serve(standin, service_port, workdir / "serve.log", settings) as stack:
+        service_port, server_port = free_port(), free_port()
+        webhook_url = f"http://{HOST_A}:{service_port}/v1/livekit/webhook"
+        server: LiveKitServerProcess | StandInProcess
+        if standin:
+            server = StandInProcess(HOST_A, server_port, workdir / "standin.log", webhook_url=webhook_url)
+        else:
+            server = LiveKitServerProcess(
+                HOST_A, server_port, free_port(), workdir / "livekit-server.log", webhook_url=webhook_url
+            )
+        with server, _serve(server, service_port, workdir / "serve.log", settings) as stack:
             yield stack
 
 
 @contextlib.contextmanager
 def another_replica(stack: LiveKitStack, workdir: Path, **settings: str) -> Iterator[LiveKitStack]:
-    """A second `lingstream serve` on the same stand-in, inside the same namespace (call it from the thread that
-    entered `livekit_stack`): another replica, or another deployment, sharing the LiveKit server; it gets no
-    webhooks (the stand-in sends them to the first). Drained and stopped on exit."""
-    with _serve(stack.standin, free_port(), workdir / "serve-2.log", settings) as replica:
+    """A second `lingstream serve` on the same LiveKit server, inside the same namespace (call it from the thread
+    that entered `livekit_stack`): another replica, or another deployment, sharing the server; it gets no webhooks
+    (the server sends them to the first). Drained and stopped on exit."""
+    with _serve(stack.server, free_port(), workdir / "serve-2.log", settings) as replica:
         yield replica
 
 
 @contextlib.contextmanager
-def _serve(standin: StandInProcess, port: int, log: Path, settings: dict[str, str]) -> Iterator[LiveKitStack]:
+def _serve(
+    server: LiveKitServerProcess | StandInProcess, port: int, log: Path, settings: dict[str, str]
+) -> Iterator[LiveKitStack]:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LINGSTREAM_", "LIVEKIT_", "OTEL_"))}
     env.update(
         PYTHONPATH=str(ROOT),
@@ -111,16 +148,16 @@ def _serve(standin: StandInProcess, port: int, log: Path, settings: dict[str, st
         LINGSTREAM_TORCH_THREADS="1",
         LINGSTREAM_NUM_WORKERS="1",
         LINGSTREAM_DRAIN_TIMEOUT="5",
-        LIVEKIT_URL=standin.url,
-        LIVEKIT_API_KEY=API_KEY,
-        LIVEKIT_API_SECRET=API_SECRET,
+        LIVEKIT_URL=server.url,
+        LIVEKIT_API_KEY=server.api_key,
+        LIVEKIT_API_SECRET=server.api_secret,
     )
     env.update(settings)
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [*lingstream(), "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=sink, stderr=sink
         )
-    stack = LiveKitStack(standin, f"http://{HOST_A}:{port}", process, log)
+    stack = LiveKitStack(server, f"http://{HOST_A}:{port}", process, log)
     try:
         _wait_ready(stack)
         yield stack
