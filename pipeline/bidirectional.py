@@ -19,7 +19,6 @@ prompt's bound (`MAX_PROMPT_BYTES`, `check_prompt`).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -29,8 +28,9 @@ import numpy as np
 import numpy.typing as npt
 
 from admission.lease import LeaseStatistics
+from pipeline.core.records import CloseMode
 
-if TYPE_CHECKING:  # pipeline.orchestrator imports this module (through pipeline.core)
+if TYPE_CHECKING:  # only the annotation: a worker's statistics carry the orchestrator's when it runs one
     from pipeline.orchestrator import OrchestratorStatistics
 
 __all__ = [
@@ -209,14 +209,6 @@ class PreparedSession:
     fps: float
     frame_limit: int | None
     image: object | None = None
-
-
-class CloseMode(enum.Enum):
-    """How a close treats a session's work: the one close mode of a model worker's session, of the orchestrator's
-    session and of the scheduling core's (`pipeline.core` re-exports it)."""
-
-    DRAIN = "drain"  # deliver what was accepted (the chunk in progress, every accepted sequence), then close
-    CANCEL = "cancel"  # discard queued work, wait for the calls in flight (their results dropped), then close
 
 
 @dataclass(frozen=True, slots=True)

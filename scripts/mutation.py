@@ -52,7 +52,13 @@ class Group:
 GROUPS = (
     Group(
         "scheduler",
-        ("pipeline/core/scheduler.py", "pipeline/orchestrator.py"),
+        (
+            "pipeline/core/scheduler.py",
+            "pipeline/core/_ready.py",
+            "pipeline/core/_close.py",
+            "pipeline/core/_session.py",
+            "pipeline/orchestrator.py",
+        ),
         (
             "tests/unit/pipeline/test_core.py",
             "tests/unit/pipeline/test_core_accounting.py",

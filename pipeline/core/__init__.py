@@ -1,5 +1,6 @@
 """The orchestrator's pure scheduling core: `SchedulerCore` (`scheduler.py`) and the records it exchanges with its
-asyncio driver (`records.py`); the per-session bookkeeping (`_session.py`) is private to the core."""
+asyncio driver (`records.py`, `CloseMode` among them); the per-session bookkeeping (`_session.py`), the ready queues
+(`_ready.py`) and the close path (`_close.py`) are private to the core."""
 
 from __future__ import annotations
 

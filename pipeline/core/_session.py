@@ -4,14 +4,16 @@
 tracking, where it stands in each stage's ready structure (`Slot`), and its output buffers; the scheduler moves it
 between `SessionState`s only along the transition table. `Join` counts the inputs of one sequence that have reached
 a stage, `Invocation` is one dispatched stage call until its result is settled, and `BlockNote` records the first
-stage-level blocker seen by the sessions that became ready since the previous one. Package-private: only
-`pipeline.core.scheduler` uses these (the invariants are in its docstring).
+stage-level blocker seen by the sessions that became ready since the previous one. Package-private: only the
+scheduler (`pipeline.core.scheduler`) and its ready queues and close path (`_ready.py`, `_close.py`) use these (the
+invariants are in the scheduler's docstring).
 """
 
 from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from pipeline.core.records import SESSION_TRANSITIONS, OutputItem, SessionState
@@ -85,6 +87,44 @@ class CoreSession:
     failure: str | None = None
     release_failures: dict[str, str] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
+
+    @classmethod
+    def opened(
+        cls,
+        session_id: str,
+        metrics: StreamingSessionMetrics,
+        external: Iterable[str],
+        outputs: Sequence[str],
+        block_notes: Sequence[BlockNote],
+        n_edges: int,
+        now: float,
+    ) -> CoreSession:
+        """A new OPEN session: empty edges and joins, IDLE at every stage since `now`, holding each stage's
+        current block note."""
+        n_stages = len(block_notes)
+        return cls(
+            session_id=session_id,
+            state=SessionState.OPEN,
+            metrics=metrics,
+            edge_items=[{} for _ in range(n_edges)],
+            edge_reserved=[0] * n_edges,
+            joins=[{} for _ in range(n_stages)],
+            stage_next=[0] * n_stages,
+            stage_in_flight=[0] * n_stages,
+            none_ready=[[] for _ in range(n_stages)],
+            idle_since=[now] * n_stages,
+            eligible_at=[now] * n_stages,
+            blocker=[None] * n_stages,
+            touched=[None] * n_stages,
+            slot=[Slot.IDLE] * n_stages,
+            stamp=[0] * n_stages,
+            block_note=list(block_notes),
+            external_next=dict.fromkeys(external, 0),
+            output_next=dict.fromkeys(outputs, 0),
+            output_reorder={a: {} for a in outputs},
+            output_reserved=dict.fromkeys(outputs, 0),
+            output_unread=dict.fromkeys(outputs, 0),
+        )
 
     def move(self, to: SessionState) -> SessionState:
         """Move along the transition table; returns the state left."""

@@ -1,11 +1,12 @@
 """The vocabulary of the scheduling core: the session lifecycle and the records `SchedulerCore` trades with its driver.
 
 `SessionState` is a session's lifecycle with its transition table (the diagram is in `pipeline.core.scheduler`'s
-docstring); `CloseMode` says how a close treats queued work (it is defined with the model-worker seam in
-`pipeline.bidirectional`, whose closes mean the same). The core answers the driver's events with `Dispatch` records
-to start and `Notice` records of what changed, classifies every stage result with a `ResultKind`, hands readable
-outputs over as `OutputItem`s, and reports a finished release as a `CloseReport`; `CoreStatistics` is its frozen
-snapshot, and `ActorView` the seam through which it reads the actors. `pipeline` and `pipeline.core` re-export them.
+docstring); `CloseMode` says how a close treats queued work (the model-worker seam, `pipeline.bidirectional`,
+re-exports it: its closes mean the same; defined here, it keeps `pipeline.core` free of imports back up the
+package). The core answers the driver's events with `Dispatch` records to start and `Notice` records of what
+changed, classifies every stage result with a `ResultKind`, hands readable outputs over as `OutputItem`s, and
+reports a finished release as a `CloseReport`; `CoreStatistics` is its frozen snapshot, and `ActorView` the seam
+through which it reads the actors. `pipeline` and `pipeline.core` re-export them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pipeline.actor import StageCall
-from pipeline.bidirectional import CloseMode
 
 __all__ = [
     "ActorView",
@@ -30,6 +30,14 @@ __all__ = [
     "ResultKind",
     "SessionState",
 ]
+
+
+class CloseMode(enum.Enum):
+    """How a close treats a session's work: the one close mode of the scheduling core's session, of the
+    orchestrator's and of a model worker's (`pipeline.core` and `pipeline.bidirectional` re-export it)."""
+
+    DRAIN = "drain"  # deliver what was accepted (the chunk in progress, every accepted sequence), then close
+    CANCEL = "cancel"  # discard queued work, wait for the calls in flight (their results dropped), then close
 
 
 class SessionState(enum.Enum):

@@ -19,11 +19,12 @@ tail after each dispatch). Dispatching reserves one slot on every downstream edg
 outputs) of every produced artifact and takes the inputs off their edges, so in-flight work always owns the room it
 will need. `pump` loops until nothing more can be dispatched; nothing in the scheduling path recurses.
 
-Ready structures (cost per event independent of how many sessions are open, and of how long they ran). Per stage s:
+Ready structures (cost per event independent of how many sessions are open, and of how long they ran), kept by
+`ReadyQueues` (`pipeline.core._ready`). Per stage s:
 
-- `_ready[s]`, a binary heap of `(stamp, session)`: the sessions whose `slot[s]` is READY, ordered by `stamp[s]`,
+- `heaps[s]`, a binary heap of `(stamp, session)`: the sessions whose `slot[s]` is READY, ordered by `stamp[s]`,
   a global counter taken when the session became eligible at s. Entries are removed lazily: an entry is live iff
-  its session's `slot[s]` is READY and its `stamp[s]` equals the entry's; `_ready_count[s]` counts the live ones,
+  its session's `slot[s]` is READY and its `stamp[s]` equals the entry's; `ready_count[s]` counts the live ones,
   and the heap is rebuilt from them once it holds more than twice as many entries plus a constant, so it stays
   O(live) in size and every removal is O(1) amortised.
 - A session's `slot[s]` is IDLE (not eligible), READY (one live heap entry) or PARKED (eligible, no entry).
@@ -31,8 +32,8 @@ Ready structures (cost per event independent of how many sessions are open, and 
   reservations at capacity, or its output buffer full) it is PARKED with that reason as its `blocker[s]`, else it
   is dispatched. Room on s's downstream frees only when a consumer's dispatch takes an item off an out edge of s,
   a reader frees an output slot, or a reservation is returned; each of these moves the session at s from PARKED
-  back to READY with its old stamp (`_unpark`), so it keeps its place among the eligible.
-- `_block_note[s]`: the `BlockNote` that the sessions becoming READY at s take; when `pump` finds the stage itself
+  back to READY with its old stamp (`unpark`), so it keeps its place among the eligible.
+- `block_note[s]`: the `BlockNote` that the sessions becoming READY at s take; when `pump` finds the stage itself
   blocked (stage limit, actor busy or down, resource group) with sessions waiting, it fills the note once and
   sessions ready later take a fresh one. So the idle interval of a dispatched session names the first stage-level
   blocker seen since it became eligible (its own downstream blocker, when it had one, wins) without visiting the
@@ -42,8 +43,8 @@ Invariants, after every public call:
 
 1. `slot[s]` is not IDLE iff the session accepts results and is eligible at s (`_refresh_eligible` runs after
    every change of a join, an in-flight count or the state; a discard sets every slot IDLE).
-2. Each READY session has exactly one live entry in `_ready[s]`; PARKED and IDLE have none; `_ready_count[s]` and
-   `_parked_count[s]` count them. Stamps are unique, so a heap comparison never reaches the session.
+2. Each READY session has exactly one live entry in `heaps[s]`; PARKED and IDLE have none; `ready_count[s]` and
+   `parked_count[s]` count them. Stamps are unique, so a heap comparison never reaches the session.
 3. A PARKED session's downstream of s is full (room freeing unparks it). Hence the oldest READY session whose
    downstream has room is the oldest eligible session with room (what a scan of every eligible one would pick).
 4. Per event (a submit, a result, a read, a close), the scheduler does O(stages + edges of the stages involved)
@@ -54,7 +55,8 @@ Invariants, after every public call:
 
 The records it exchanges with the driver (`SessionState`, `Dispatch`, `Notice`, `CloseReport`, ...) live in
 `pipeline.core.records` and the per-session bookkeeping in `pipeline.core._session`; this module holds
-`SchedulerCore`; `pipeline.core` exports both.
+`SchedulerCore` and its scheduling path, the ready queues are `pipeline.core._ready` and the close path (close,
+fail, discard, quiescence, release) `pipeline.core._close`; `pipeline.core` exports the records and the core.
 """
 
 from __future__ import annotations
@@ -65,10 +67,11 @@ from collections.abc import Iterable, Mapping
 
 from pipeline.actor import StageCall
 from pipeline.clock import Clock
-from pipeline.core._session import BlockNote, CoreSession, Invocation, Join, Slot
+from pipeline.core._close import ClosePath
+from pipeline.core._ready import ReadyQueues
+from pipeline.core._session import CoreSession, Invocation, Join
 from pipeline.core.records import (
     ACCEPTS_RESULTS,
-    DISCARDED,
     ActorView,
     CloseMode,
     CloseReport,
@@ -96,10 +99,6 @@ __all__ = ["SchedulerCore"]
 
 # Completed invocation ids remembered to tell a duplicate result from an orphaned one (bounded).
 _RECENT_RESULTS = 1024
-# A ready heap is rebuilt from its live entries once it holds more than twice as many plus this many.
-_HEAP_SLACK = 64
-
-_ReadyEntry = tuple[int, CoreSession]
 _STAGE_LIMIT: tuple[IdleReason, str | None] = (IdleReason.STAGE_LIMIT, None)
 _ACTOR_BUSY: tuple[IdleReason, str | None] = (IdleReason.ACTOR_BUSY, None)
 
@@ -119,11 +118,7 @@ class SchedulerCore:
         self._in_count = [len(graph.in_edges[s]) for s in range(len(stages))]
         self._produces = [frozenset(s.produces) for s in stages]
         self._stage_ids = tuple(s.stage_id for s in stages)
-        self._ready: list[list[_ReadyEntry]] = [[] for _ in stages]
-        self._ready_count = [0] * len(stages)
-        self._parked_count = [0] * len(stages)
-        self._block_note = [BlockNote() for _ in stages]
-        self._stamp = 0
+        self._ready = ReadyQueues(len(stages))
         # per stage: the sessions that have run there (what a death of its actor may concern)
         self._ran_on: list[dict[str, CoreSession]] = [{} for _ in stages]
         self._state_counts: Counter[SessionState] = Counter()
@@ -142,13 +137,24 @@ class SchedulerCore:
         self._counters = dict.fromkeys(
             (
                 *("dispatched", "delivered", "stale", "orphaned", "duplicate", "rejected", "cleanup_failures"),
-                *("leaks", "examined"),
+                "leaks",
             ),
             0,
         )
         # the stage each edge feeds and the stage that produces into it (None: external), by edge index
         self._edge_target = [graph.stage_index[e.target] for e in graph.edges]
         self._edge_source = [None if e.source is None else graph.stage_index[e.source] for e in graph.edges]
+        self._close = ClosePath(
+            graph,
+            self._ready,
+            sessions=self._sessions,
+            poisoned=self._poisoned,
+            invocations=self._invocations,
+            ran_on=self._ran_on,
+            counters=self._counters,
+            notices=self._notices,
+            state_counts=self._state_counts,
+        )
 
     # -- sessions --------------------------------------------------------------------------------------------
 
@@ -160,42 +166,23 @@ class SchedulerCore:
             )
         if session_id in self._sessions:
             raise SessionExistsError(f"session {session_id!r} is already open")
-        now = self._clock.now()
-        n_stages = len(self._stage_ids)
-        n_edges = len(self._edges)
-        outputs = self._graph.spec.outputs
-        session = CoreSession(
-            session_id=session_id,
-            state=SessionState.OPEN,
-            metrics=StreamingSessionMetrics(session_id, window=self._metrics_window, stage_ids=self._stage_ids),
-            edge_items=[{} for _ in range(n_edges)],
-            edge_reserved=[0] * n_edges,
-            joins=[{} for _ in range(n_stages)],
-            stage_next=[0] * n_stages,
-            stage_in_flight=[0] * n_stages,
-            none_ready=[[] for _ in range(n_stages)],
-            idle_since=[now] * n_stages,
-            eligible_at=[now] * n_stages,
-            blocker=[None] * n_stages,
-            touched=[None] * n_stages,
-            slot=[Slot.IDLE] * n_stages,
-            stamp=[0] * n_stages,
-            block_note=[self._block_note[s] for s in range(n_stages)],
-            external_next=dict.fromkeys(self._graph.external_artifacts, 0),
-            output_next=dict.fromkeys(outputs, 0),
-            output_reorder={a: {} for a in outputs},
-            output_reserved=dict.fromkeys(outputs, 0),
-            output_unread=dict.fromkeys(outputs, 0),
+        metrics = StreamingSessionMetrics(session_id, window=self._metrics_window, stage_ids=self._stage_ids)
+        graph = self._graph
+        session = CoreSession.opened(
+            session_id,
+            metrics,
+            graph.external_artifacts,
+            graph.spec.outputs,
+            self._ready.block_note,
+            len(self._edges),
+            self._clock.now(),
         )
         self._sessions[session_id] = session
         self._state_counts[SessionState.OPEN] += 1
         return session.metrics
 
     def state(self, session_id: str) -> SessionState:
-        session = self._sessions.get(session_id) or self._poisoned.get(session_id)
-        if session is None:
-            raise UnknownSessionError(f"no session {session_id!r}")
-        return session.state
+        return self._any(session_id).state
 
     def has_session(self, session_id: str) -> bool:
         return session_id in self._sessions
@@ -274,28 +261,25 @@ class SchedulerCore:
     def pump(self) -> list[Dispatch]:
         """Dispatch everything that can run now, oldest eligible session first per stage. Iterative."""
         dispatches: list[Dispatch] = []
+        ready = self._ready
         # A stage found blocked stays blocked until this call returns: dispatching only takes slots and permits.
         blocked_stages: set[int] = set()
         progress = True
         while progress:
             progress = False
             for s in self._graph.topo_order:
-                while self._ready_count[s] and s not in blocked_stages:
+                while ready.ready_count[s] and s not in blocked_stages:
                     blocked = self._stage_blocked(s)
                     if blocked is not None:
                         blocked_stages.add(s)
-                        note = self._block_note[s]
-                        if note.reason is None:
-                            note.reason = blocked
+                        ready.note_blocked(s, blocked)
                         break
-                    session = self._pop_ready(s)
+                    session = ready.pop(s)
                     reason = self._downstream_blocked(session, s)
                     if reason is not None:
-                        session.blocker[s] = reason
-                        session.slot[s] = Slot.PARKED
-                        self._parked_count[s] += 1
+                        ready.park(session, s, reason)
                         continue
-                    session.slot[s] = Slot.IDLE
+                    ready.take(session, s)
                     dispatch = self._dispatch(session, s)
                     if dispatch is not None:
                         dispatches.append(dispatch)
@@ -313,7 +297,7 @@ class SchedulerCore:
         if outputs.keys() != self._produces[inv.stage]:
             self._unreserve(session, inv)
             self._counters["rejected"] += 1
-            self._fail(
+            self._close.fail(
                 session,
                 f"stage {stage.stage_id!r} returned artifacts {sorted(outputs)} for sequence {inv.sequence_id}; "
                 f"it declares {sorted(stage.produces)}",
@@ -331,7 +315,7 @@ class SchedulerCore:
                 self._flush_outputs(session, artifact, now)
         self._counters["delivered"] += 1
         # No refresh of the stage itself: `_settle` did it, and delivering downstream cannot change it (a DAG).
-        self._check_quiescent(session)
+        self._close.check_quiescent(session)
         return ResultKind.DELIVERED
 
     def fail(self, invocation_id: int, reason: str) -> ResultKind:
@@ -341,7 +325,7 @@ class SchedulerCore:
             return settled
         inv, session = settled
         self._unreserve(session, inv)
-        self._fail(session, reason)
+        self._close.fail(session, reason)
         return ResultKind.DELIVERED
 
     def _settle(self, invocation_id: int, now: float) -> tuple[Invocation, CoreSession] | ResultKind:
@@ -358,7 +342,7 @@ class SchedulerCore:
             self._unreserve(session, inv)
             session.metrics.stale_results += 1
             self._counters["stale"] += 1
-            self._check_quiescent(session)
+            self._close.check_quiescent(session)
             return ResultKind.STALE
         return inv, session
 
@@ -368,7 +352,7 @@ class SchedulerCore:
         failed: list[str] = []
         for session in list(self._ran_on[s].values()):
             if session.touched[s] == incarnation and session.state in ACCEPTS_RESULTS:
-                self._fail(session, f"actor {stage_id!r} died (incarnation {incarnation}): {reason}")
+                self._close.fail(session, f"actor {stage_id!r} died (incarnation {incarnation}): {reason}")
                 failed.append(session.session_id)
         return failed
 
@@ -377,22 +361,13 @@ class SchedulerCore:
         session = self._sessions.get(session_id)
         if session is not None and session.output_unread[artifact] > 0:
             session.output_unread[artifact] -= 1
-            self._unpark(session, self._graph.producer[artifact])
+            self._ready.unpark(session, self._graph.producer[artifact])
 
     # -- closing ---------------------------------------------------------------------------------------------
 
     def begin_close(self, session_id: str, mode: CloseMode) -> None:
         """Stop input; with CANCEL also discard queued work. Idempotent; a later CANCEL upgrades a DRAIN."""
-        session = self._get(session_id)
-        if mode is CloseMode.DRAIN and session.state is SessionState.OPEN:
-            self._move(session, SessionState.DRAINING)
-            self._notify(NoticeKind.ROOM, session)
-        elif mode is CloseMode.CANCEL and session.state in ACCEPTS_RESULTS:
-            self._move(session, SessionState.CANCELLING)
-            self._discard(session)
-            self._notify(NoticeKind.ROOM, session)
-            self._notify(NoticeKind.OUTPUT, session)
-        self._check_quiescent(session)
+        self._close.begin_close(self._get(session_id), mode)
 
     def abandon_in_flight(self, session_id: str) -> int:
         """Stop waiting for the session's in-flight calls (a close timed out); returns how many were abandoned.
@@ -401,77 +376,27 @@ class SchedulerCore:
         no longer waits: the room they hold is reclaimed and counted as slot leaks when the session is released,
         and their results are dropped as orphaned.
         """
-        session = self._get(session_id)
-        for invocation_id in session.invocations:
-            inv = self._invocations[invocation_id]
-            inv.cancelled = True
-            inv.abandoned = True
-        count = len(session.invocations)
-        session.invocations.clear()
-        self._check_quiescent(session)
-        return count
+        return self._close.abandon_in_flight(self._get(session_id))
 
     def is_quiescent(self, session_id: str) -> bool:
-        return self._quiescent(self._get(session_id))
+        return self._close.quiescent(self._get(session_id))
 
     def begin_release(self, session_id: str) -> tuple[str, ...]:
         """Enter RELEASING; return the stages whose per-session state must be released, in reverse topo order.
 
         For a poisoned session only the stages whose release failed are returned (the retry).
         """
-        session = self._sessions.get(session_id) or self._poisoned.get(session_id)
-        if session is None:
-            raise UnknownSessionError(f"no session {session_id!r}")
-        if session.state is SessionState.POISONED:
-            stages = tuple(s for s in self._graph.release_order() if s in session.release_failures)
-        else:
-            if not self._quiescent(session):
-                raise SessionError(f"session {session_id!r} still has work running; it cannot be released yet")
-            stages = self._graph.release_order()
-        self._move(session, SessionState.RELEASING)
-        self._notify(NoticeKind.OUTPUT, session)
-        return stages
+        return self._close.begin_release(self._any(session_id))
 
     def finish_release(self, session_id: str, released: Iterable[str], failures: Mapping[str, str]) -> CloseReport:
         """Record the release outcome, verify no capacity slot is left, and close or poison the session."""
-        session = self._sessions.get(session_id) or self._poisoned.get(session_id)
-        if session is None:
-            raise UnknownSessionError(f"no session {session_id!r}")
-        if session.state is not SessionState.RELEASING:
-            raise SessionError(f"session {session_id!r} is {session.state.value}, not releasing")
-        self._discard(session)
-        leaks = self._reclaim_leaks(session)
-        session.released.extend(released)
-        session.release_failures = dict(failures)
-        session.metrics.cleanup_failures += len(failures)
-        self._counters["cleanup_failures"] += len(failures)
-        if failures:
-            self._move(session, SessionState.POISONED)
-            self._sessions.pop(session_id, None)
-            self._poisoned[session_id] = session
-        else:
-            self._move(session, SessionState.CLOSED)
-            self._sessions.pop(session_id, None)
-            self._poisoned.pop(session_id, None)
-            for ran_on in self._ran_on:
-                ran_on.pop(session_id, None)
-        self._notices.append(Notice(NoticeKind.OUTPUT, session_id))
-        self._notices.append(Notice(NoticeKind.ROOM, session_id))
-        return CloseReport(
-            session_id=session_id,
-            state=session.state,
-            failure=session.failure,
-            released_stages=tuple(session.released),
-            failed_stages=dict(failures),
-            slot_leaks=leaks,
-            discarded_items=session.metrics.discarded_items,
-            outputs_emitted=session.metrics.outputs,
-        )
+        return self._close.finish_release(self._any(session_id), released, failures)
 
     # -- reading ---------------------------------------------------------------------------------------------
 
     def take_notices(self) -> list[Notice]:
-        notices, self._notices = self._notices, []
+        notices = self._notices.copy()  # the close path appends to the same list
+        self._notices.clear()
         return notices
 
     def session_ids(self) -> tuple[str, ...]:
@@ -488,7 +413,7 @@ class SchedulerCore:
             poisoned_sessions=tuple(self._poisoned),
             in_flight_by_stage=dict(zip(self._stage_ids, self._in_flight, strict=True)),
             eligible_by_stage={
-                sid: self._ready_count[s] + self._parked_count[s] for s, sid in enumerate(self._stage_ids)
+                sid: self._ready.ready_count[s] + self._ready.parked_count[s] for s, sid in enumerate(self._stage_ids)
             },
             dispatched=c["dispatched"],
             delivered=c["delivered"],
@@ -498,7 +423,7 @@ class SchedulerCore:
             rejected_results=c["rejected"],
             cleanup_failures=c["cleanup_failures"],
             slot_leaks=c["leaks"],
-            sessions_examined=c["examined"],
+            sessions_examined=self._ready.examined,
         )
 
     def invariant_violations(self) -> list[str]:
@@ -507,35 +432,18 @@ class SchedulerCore:
         For tests and debugging: it visits every session and heap entry (O(sessions x stages)), so the scheduling
         path never calls it.
         """
-        found: list[str] = []
-        live: list[set[str]] = [set() for _ in self._stage_ids]
-        for s, heap in enumerate(self._ready):
-            for stamp, session in heap:
-                if self._live(stamp, session, s):
-                    if session.session_id in live[s]:
-                        found.append(f"{session.session_id} has two live entries at {self._stage_ids[s]}")
-                    live[s].add(session.session_id)
-        for s, stage_id in enumerate(self._stage_ids):
-            ready = parked = 0
-            for session in self._sessions.values():
-                slot = session.slot[s]
-                eligible = session.state in ACCEPTS_RESULTS and self._eligible(session, s)
-                if eligible == (slot is Slot.IDLE):
-                    found.append(f"{session.session_id} is {slot.value} at {stage_id} but eligible={eligible}")
-                if (slot is Slot.READY) != (session.session_id in live[s]):
-                    found.append(f"{session.session_id} is {slot.value} at {stage_id} with a live entry mismatch")
-                if slot is Slot.PARKED and self._downstream_blocked(session, s) is None:
-                    found.append(f"{session.session_id} is parked at {stage_id} although its downstream has room")
-                ready += slot is Slot.READY
-                parked += slot is Slot.PARKED
-            if (ready, parked) != (self._ready_count[s], self._parked_count[s]):
-                found.append(
-                    f"{stage_id}: counted {self._ready_count[s]} ready / {self._parked_count[s]} parked, "
-                    f"found {ready} / {parked}"
-                )
-        return found
+        return self._ready.violations(
+            self._sessions.values(), self._stage_ids, self._eligible, self._downstream_blocked
+        )
 
     # -- internals -------------------------------------------------------------------------------------------
+
+    def _any(self, session_id: str) -> CoreSession:
+        """An open or a poisoned session."""
+        session = self._sessions.get(session_id) or self._poisoned.get(session_id)
+        if session is None:
+            raise UnknownSessionError(f"no session {session_id!r}")
+        return session
 
     def _get(self, session_id: str) -> CoreSession:
         session = self._sessions.get(session_id)
@@ -578,63 +486,9 @@ class SchedulerCore:
 
     def _refresh_eligible(self, session: CoreSession, s: int, now: float) -> None:
         if self._eligible(session, s):
-            if session.slot[s] is Slot.IDLE:
-                self._stamp += 1
-                session.stamp[s] = self._stamp
-                session.eligible_at[s] = now
-                session.blocker[s] = None
-                note = self._block_note[s]
-                if note.reason is not None:  # filled for the sessions before: this one waits for the next blocker
-                    note = self._block_note[s] = BlockNote()
-                session.block_note[s] = note
-                self._push_ready(session, s)
+            self._ready.enter(session, s, now)
         else:
-            self._make_idle(session, s)
-
-    def _push_ready(self, session: CoreSession, s: int) -> None:
-        session.slot[s] = Slot.READY
-        self._ready_count[s] += 1
-        heap = self._ready[s]
-        heapq.heappush(heap, (session.stamp[s], session))
-        if len(heap) > 2 * self._ready_count[s] + _HEAP_SLACK:
-            live = [(stamp, other) for stamp, other in heap if self._live(stamp, other, s)]
-            heapq.heapify(live)
-            self._ready[s] = live
-
-    @staticmethod
-    def _live(stamp: int, session: CoreSession, s: int) -> bool:
-        return session.slot[s] is Slot.READY and session.stamp[s] == stamp
-
-    def _pop_ready(self, s: int) -> CoreSession:
-        """The oldest READY session at s, taken off the heap (its slot is still READY; the caller moves it)."""
-        heap = self._ready[s]
-        while True:
-            stamp, session = heapq.heappop(heap)
-            self._counters["examined"] += 1
-            if self._live(stamp, session, s):
-                self._ready_count[s] -= 1
-                return session
-
-    def _make_idle(self, session: CoreSession, s: int) -> None:
-        """No longer eligible at s: a READY entry goes stale in the heap (skipped when it surfaces)."""
-        slot = session.slot[s]
-        if slot is Slot.READY:
-            self._ready_count[s] -= 1
-        elif slot is Slot.PARKED:
-            self._parked_count[s] -= 1
-        session.slot[s] = Slot.IDLE
-
-    def _unpark(self, session: CoreSession, s: int | None) -> None:
-        """Room freed on the session's downstream of s: a PARKED session is ready again, with its old stamp."""
-        if s is not None and session.slot[s] is Slot.PARKED:
-            self._parked_count[s] -= 1
-            self._push_ready(session, s)
-
-    def _move(self, session: CoreSession, to: SessionState) -> None:
-        left = session.move(to)
-        self._state_counts[left] -= 1
-        if to is not SessionState.CLOSED:
-            self._state_counts[to] += 1
+            self._ready.make_idle(session, s)
 
     def _stage_blocked(self, s: int) -> tuple[IdleReason, str | None] | None:
         stage_id = self._stage_ids[s]
@@ -673,7 +527,7 @@ class SchedulerCore:
         incarnation = self._actors.incarnation(stage_id)
         touched = session.touched[s]
         if touched is not None and touched != incarnation:
-            self._fail(
+            self._close.fail(
                 session,
                 f"actor {stage_id!r} restarted (incarnation {touched} -> {incarnation}); the session's state is lost",
             )
@@ -694,7 +548,7 @@ class SchedulerCore:
             if source is None:
                 self._notify(NoticeKind.ROOM, session)
             else:
-                self._unpark(session, source)
+                self._ready.unpark(session, source)
         for out in self._graph.out_edges[s].values():
             for e in out:
                 session.edge_reserved[e] += 1
@@ -762,7 +616,7 @@ class SchedulerCore:
         for artifact in self._stages[inv.stage].produces:
             if artifact in self._graph.output_set:
                 session.output_reserved[artifact] -= 1
-        self._unpark(session, inv.stage)
+        self._ready.unpark(session, inv.stage)
 
     def _flush_outputs(self, session: CoreSession, artifact: str, now: float) -> None:
         reorder = session.output_reorder[artifact]
@@ -779,64 +633,6 @@ class SchedulerCore:
             emitted = True
         if emitted:
             self._notify(NoticeKind.OUTPUT, session)
-
-    def _fail(self, session: CoreSession, reason: str) -> None:
-        if session.state not in ACCEPTS_RESULTS:
-            return
-        session.failure = reason
-        self._move(session, SessionState.FAILED)
-        self._discard(session)
-        self._notify(NoticeKind.FAILED, session)
-        self._notify(NoticeKind.ROOM, session)
-        self._notify(NoticeKind.OUTPUT, session)
-        self._check_quiescent(session)
-
-    def _discard(self, session: CoreSession) -> int:
-        """Drop queued work (edge items, joins, unordered outputs); mark in-flight calls cancelled."""
-        discarded = 0
-        for items in session.edge_items:
-            discarded += len(items)
-            items.clear()
-        for s, joins in enumerate(session.joins):
-            joins.clear()
-            session.none_ready[s].clear()
-            self._make_idle(session, s)
-        for reorder in session.output_reorder.values():
-            discarded += len(reorder)
-            reorder.clear()
-        for invocation_id in session.invocations:
-            self._invocations[invocation_id].cancelled = True
-        session.metrics.forget_anchors()
-        session.metrics.discarded_items += discarded
-        return discarded
-
-    def _quiescent(self, session: CoreSession) -> bool:
-        if session.invocations:
-            return False
-        if session.state in DISCARDED or session.state is SessionState.POISONED:
-            return True
-        if session.state is SessionState.DRAINING:
-            return all(slot is Slot.IDLE for slot in session.slot)
-        return False
-
-    def _check_quiescent(self, session: CoreSession) -> None:
-        if session.state in (SessionState.DRAINING, *DISCARDED) and self._quiescent(session):
-            self._notify(NoticeKind.QUIESCENT, session)
-
-    def _reclaim_leaks(self, session: CoreSession) -> int:
-        """Count and zero any capacity the session still holds after its work is gone (should be none)."""
-        leaks = sum(session.edge_reserved) + sum(session.stage_in_flight) + sum(session.output_reserved.values())
-        leaks += sum(len(items) for items in session.edge_items)
-        for i in range(len(session.edge_reserved)):
-            session.edge_reserved[i] = 0
-        # The stage's global slot stays with an abandoned call until it really returns (`_finish_invocation`).
-        for s in range(len(session.stage_in_flight)):
-            session.stage_in_flight[s] = 0
-        for artifact in session.output_reserved:
-            session.output_reserved[artifact] = 0
-        session.metrics.slot_leaks += leaks
-        self._counters["leaks"] += leaks
-        return leaks
 
     def _unknown_result(self, invocation_id: int) -> ResultKind:
         if invocation_id in self._recent_set:
