@@ -450,11 +450,6 @@ class Settings(BaseSettings):
                 "LINGSTREAM_MODEL=lingbot-fast needs LINGSTREAM_MODEL_PATH, the model directory (dit/, vae/, "
                 "text_encoder/, tokenizer/; `lingstream tiny-checkpoint DIR` writes a random one to try)"
             )
-        if self.denoise_ranks > 1:
-            raise ValueError(
-                f"LINGSTREAM_MODEL=lingbot-fast runs its DiT on one rank (sequence parallelism is not built): "
-                f"LINGSTREAM_DENOISE_RANKS={self.denoise_ranks} must be 1"
-            )
         if self.model_sink_frames + 3 > self.model_window_frames:
             raise ValueError(
                 f"LINGSTREAM_MODEL_SINK_FRAMES ({self.model_sink_frames}) + a chunk of 3 latent frames must fit in "

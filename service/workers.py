@@ -163,6 +163,7 @@ def lingbot_fast_options(options: WorkerOptions) -> LingBotFastOptions:
         dtype=options.model_dtype,
         window_frames=options.model_window_frames,
         sink_frames=options.model_sink_frames,
+        denoise_ranks=options.denoise_ranks if options.stage_placement == "processes" else 1,
     )
 
 
@@ -180,16 +181,31 @@ def check_model(options: WorkerOptions) -> MemoryEstimate | None:
 def _checked_estimate(options: WorkerOptions) -> MemoryEstimate:
     device = options.devices[0]
     try:
-        from pipeline.lingbot.models import check_model_dir, estimate_memory
+        from pipeline.lingbot.models import (
+            PLAN_HEIGHT,
+            PLAN_WIDTH,
+            ModelConfigError,
+            check_model_dir,
+            check_parallel,
+            estimate_memory,
+        )
 
         fast = lingbot_fast_options(options)
-        estimate = estimate_memory(check_model_dir(fast.root), fast, device)
+        summary = check_model_dir(fast.root)
     except ImportError as exc:
         raise SettingsError(
             f"cannot start: LINGSTREAM_MODEL=lingbot-fast needs the lingbot extra (pip install 'lingstream[lingbot]'): "
             f"{exc}"
         ) from None
     except ValueError as exc:  # CheckpointError, ModelConfigError
+        raise SettingsError(f"cannot start: LINGSTREAM_MODEL_PATH={options.model_path}: {exc}") from None
+    try:  # the DiT group against the heads and the planning resolution's tokens (Ulysses: whole heads, even tokens)
+        check_parallel(summary.dit, fast.denoise_ranks, summary.dit.frame_tokens(PLAN_HEIGHT // 8, PLAN_WIDTH // 8))
+    except ModelConfigError as exc:
+        raise SettingsError(f"cannot start: {exc}") from None
+    try:
+        estimate = estimate_memory(summary, fast, device)
+    except ValueError as exc:  # ModelConfigError
         raise SettingsError(f"cannot start: LINGSTREAM_MODEL_PATH={options.model_path}: {exc}") from None
     wanted = options.max_sessions_per_worker
     if estimate.fits_sessions < wanted:

@@ -64,6 +64,7 @@ from pipeline.lingbot.models.memory_plan import (
     estimate_memory,
     session_limits,
 )
+from pipeline.lingbot.models.parallel import DENOISE_RANKS_VARIABLE, SINGLE_RANK, Ulysses, check_parallel
 from pipeline.lingbot.models.sampler import FAST_SCHEDULE, FastSchedule, denoise_chunk, fast_schedule, sample_chunk
 from pipeline.lingbot.models.text import (
     DEFAULT_PROMPT,
@@ -103,6 +104,7 @@ __all__ = [
     "CONTEXT_EXHAUSTED_REASON",
     "DEFAULT_MAX_PREFIX_FRAMES",
     "DEFAULT_PROMPT",
+    "DENOISE_RANKS_VARIABLE",
     "DIT_DIR",
     "DIT_INDEX",
     "DIT_WEIGHTS",
@@ -112,6 +114,7 @@ __all__ = [
     "PLAN_HEIGHT",
     "PLAN_WIDTH",
     "PUBLISHED_CACHE",
+    "SINGLE_RANK",
     "TEXT_ENCODER_DIR",
     "TEXT_ENCODER_WEIGHTS",
     "TINY_DIT",
@@ -146,11 +149,13 @@ __all__ = [
     "TensorSpec",
     "TextKV",
     "UMT5TextEncoder",
+    "Ulysses",
     "VAEStatistics",
     "Workload",
     "WorkloadCounter",
     "bytes_per_session",
     "check_model_dir",
+    "check_parallel",
     "compare_specs",
     "count_eviction",
     "count_forward",

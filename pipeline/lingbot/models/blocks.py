@@ -22,6 +22,7 @@ from torch import nn
 
 from pipeline.lingbot.models.cache import CacheSlot, LayerKV
 from pipeline.lingbot.models.config import DiTConfig
+from pipeline.lingbot.models.parallel import SINGLE_RANK, Ulysses
 from pipeline.lingbot.models.rope import RopeAngles, rotate
 
 __all__ = ["DiTBlock", "OutputHead", "RMSNorm", "linear_fp32"]
@@ -73,17 +74,21 @@ class _Attention(nn.Module):
 
 
 class SelfAttention(_Attention):
-    """Attention of a chunk's tokens over the session's cache, the chunk itself included."""
+    """Attention of a chunk's tokens over the session's cache, the chunk itself included. Under Ulysses (`parallel`,
+    `parallel.py`) `x` and `angles` are this rank's tokens and `layer` holds this rank's heads: q, k, v go to head
+    shards over all tokens for the cache and SDPA, and the output comes back to this rank's tokens before `o`."""
 
-    def forward(self, x: torch.Tensor, angles: RopeAngles, layer: LayerKV, slot: CacheSlot) -> torch.Tensor:
-        q = rotate(self._heads(self.norm_q(self.q(x))), angles)
-        k = rotate(self._heads(self.norm_k(self.k(x))), angles)
+    def forward(
+        self, x: torch.Tensor, angles: RopeAngles, layer: LayerKV, slot: CacheSlot, parallel: Ulysses = SINGLE_RANK
+    ) -> torch.Tensor:
+        q = parallel.to_heads(rotate(self._heads(self.norm_q(self.q(x))), angles))
+        k = parallel.to_heads(rotate(self._heads(self.norm_k(self.k(x))), angles))
         layer.k[:, slot.start : slot.end] = k
-        layer.v[:, slot.start : slot.end] = self._heads(self.v(x))
+        layer.v[:, slot.start : slot.end] = parallel.to_heads(self._heads(self.v(x)))
         keys = layer.k[:, : slot.end].transpose(1, 2).to(q.dtype)
         values = layer.v[:, : slot.end].transpose(1, 2).to(q.dtype)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values)
-        result: torch.Tensor = self.o(out.transpose(1, 2).flatten(2))
+        result: torch.Tensor = self.o(parallel.to_tokens(out.transpose(1, 2)).flatten(2))
         return result
 
 
@@ -130,13 +135,15 @@ class DiTBlock(nn.Module):
         layer: LayerKV,
         slot: CacheSlot,
         camera: torch.Tensor | None,
+        parallel: Ulysses = SINGLE_RANK,
     ) -> torch.Tensor:
-        """`x` float32 `[B, S, dim]`, `time_mod` float32 `[B, 6, dim]`, `camera` `[B, S, dim]` or None."""
+        """`x` float32 `[B, S, dim]`, `time_mod` float32 `[B, 6, dim]`, `camera` `[B, S, dim]` or None (under
+        Ulysses, S is this rank's tokens)."""
         dtype = self.modulation.dtype
         mod = (self.modulation.float() + time_mod).unsqueeze(2).unbind(1)
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = mod
         attn_in = self._norm(x) * (1 + scale_a) + shift_a
-        x = x + gate_a * self.self_attn(attn_in.to(dtype), angles, layer, slot).float()
+        x = x + gate_a * self.self_attn(attn_in.to(dtype), angles, layer, slot, parallel).float()
         if camera is not None:
             hidden = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(camera))) + camera
             x = (1 + self.cam_scale_layer(hidden).float()) * x + self.cam_shift_layer(hidden).float()

@@ -73,10 +73,15 @@ class LingBotFastOptions:
     sink_frames: int = 6
     text_cache_size: int = 16
     max_prefix_frames: int = DEFAULT_MAX_PREFIX_FRAMES
+    denoise_ranks: int = 1
+    """Ranks of the DiT group (Ulysses context parallelism, `parallel.py`): what the memory plan and the session
+    limits plan for; each rank's denoiser takes its place in the group from its `ModelShard`."""
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ModelConfigError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.denoise_ranks < 1:
+            raise ModelConfigError(f"denoise_ranks must be >= 1, got {self.denoise_ranks}")
         if self.text_cache_size < 1 or self.max_prefix_frames < 1:
             raise ModelConfigError("text_cache_size and max_prefix_frames must be >= 1")
         self.cache_config(3)  # the window and sink must hold at least the published chunk

@@ -177,14 +177,19 @@ class KVCache:
         batch: int = 1,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        heads: int | None = None,
     ) -> None:
+        """`heads`: the heads this cache holds (a Ulysses rank's share, `parallel.py`); default all of them."""
         config.check_model(model)
         if frame_tokens < 1 or batch < 1:
             raise ModelConfigError(f"KVCache: frame_tokens and batch must be >= 1, got {frame_tokens}, {batch}")
         self._config = config
         self._rope = Rope3D(model)
         self._frame_tokens = frame_tokens
-        shape = (batch, config.capacity_frames * frame_tokens, model.num_heads, model.head_dim)
+        heads = model.num_heads if heads is None else heads
+        if not 1 <= heads <= model.num_heads:
+            raise ModelConfigError(f"KVCache: heads must be in 1..{model.num_heads}, got {heads}")
+        shape = (batch, config.capacity_frames * frame_tokens, heads, model.head_dim)
         self._layers = tuple(
             LayerKV(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
             for _ in range(model.num_layers)
@@ -292,13 +297,18 @@ def bytes_per_session(
     cache: CacheConfig = PUBLISHED_CACHE,
     *,
     batch: int = 1,
+    ranks: int = 1,
 ) -> int:
-    """Bytes a session holds on the denoise device for a `width`x`height` video: the self-attention cache
-    (2 x layers x capacity_frames x frame_tokens x dim) plus its prompt's text K/V (2 x layers x text_len x dim),
-    in `dtype`. 832x480, window 18, bf16, full size: 23.0 GB + 0.42 GB. Activations and weights are not included."""
+    """Bytes a session holds on each denoise device for a `width`x`height` video: the self-attention cache
+    (2 x layers x capacity_frames x frame_tokens x dim / ranks: a Ulysses rank caches its heads only) plus its
+    prompt's text K/V (2 x layers x text_len x dim, on every rank), in `dtype`. 832x480, window 18, bf16, full size:
+    23.0 GB + 0.42 GB on one rank, 2.87 GB + 0.42 GB on each of 8. Activations and weights are not included."""
     if height % SPATIAL_COMPRESSION or width % SPATIAL_COMPRESSION:
         raise ModelConfigError(f"{width}x{height} is not a multiple of {SPATIAL_COMPRESSION} pixels")
     tokens = config.frame_tokens(height // SPATIAL_COMPRESSION, width // SPATIAL_COMPRESSION)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    per_layer = 2 * batch * config.dim * itemsize * (cache.capacity_frames * tokens + config.text_len)
+    if ranks < 1 or config.num_heads % ranks:
+        raise ModelConfigError(f"{ranks} ranks do not divide the DiT's {config.num_heads} heads")
+    cached = cache.capacity_frames * tokens * (config.dim // ranks)
+    per_layer = 2 * batch * itemsize * (cached + config.text_len * config.dim)
     return config.num_layers * per_layer

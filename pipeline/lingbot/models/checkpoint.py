@@ -28,6 +28,7 @@ import torch
 from pipeline.lingbot.models.config import TINY_DIT, DiTConfig
 from pipeline.lingbot.models.dit import LingBotFastDiT
 from pipeline.lingbot.models.errors import CheckpointError
+from pipeline.lingbot.models.parallel import SINGLE_RANK, Ulysses
 
 __all__ = [
     "DIT_INDEX",
@@ -228,12 +229,14 @@ def load_dit(
     dtype: torch.dtype | None = None,
     device: torch.device | str = "cpu",
     checkpoint_dtype: torch.dtype | None = None,
+    parallel: Ulysses = SINGLE_RANK,
 ) -> LingBotFastDiT:
     """The DiT with the checkpoint's weights, on `device` in `dtype` (default: the checkpoint's), in eval mode
-    and without gradients. Raises `CheckpointError` before reading weights if anything does not fit."""
+    and without gradients, as rank `parallel.rank` of a Ulysses DiT group (every rank loads every weight). Raises
+    `CheckpointError` before reading weights if anything does not fit."""
     layout = locate_checkpoint(directory)
     with torch.device("meta"):
-        model = LingBotFastDiT(config)
+        model = LingBotFastDiT(config, parallel)
     load_strict(model, layout, _describe(config), dtype=dtype, device=device, checkpoint_dtype=checkpoint_dtype)
     return model
 

@@ -16,6 +16,10 @@ sinusoidal embedding (cos half first) goes through `time_embedding` and `time_pr
 modulation, in float32 whatever the weights' dtype; the umt5 states go through `text_embedding`. The output is
 unpatchified with features ordered patch offsets, then channel.
 
+Context parallelism (`parallel.py`): a DiT built with a `Ulysses` layout of P ranks runs on its rank's share of the
+chunk's tokens after the patch embedding, caches its share of the heads, and all-gathers the velocity, so every
+rank returns the whole chunk; at P = 1 nothing changes.
+
 The parameter names are exactly the checkpoint's, so `load_state_dict(strict=True)` is the loading contract
 (`checkpoint.py`). Construct on the `meta` device to inspect the full size without memory.
 """
@@ -30,6 +34,7 @@ from pipeline.lingbot.errors import ModelInputError
 from pipeline.lingbot.models.blocks import DiTBlock, OutputHead, linear_fp32
 from pipeline.lingbot.models.cache import CacheConfig, CacheSlot, KVCache, TextKV
 from pipeline.lingbot.models.config import DiTConfig
+from pipeline.lingbot.models.parallel import SINGLE_RANK, Ulysses, check_parallel
 from pipeline.lingbot.models.rope import Rope3D
 
 __all__ = ["LingBotFastDiT"]
@@ -38,10 +43,12 @@ __all__ = ["LingBotFastDiT"]
 class LingBotFastDiT(nn.Module):
     """The DiT. Stateless between calls: all session state is in the `KVCache` and `TextKV` passed in."""
 
-    def __init__(self, config: DiTConfig) -> None:
+    def __init__(self, config: DiTConfig, parallel: Ulysses = SINGLE_RANK) -> None:
         super().__init__()
+        check_parallel(config, parallel.world_size)
         dim = config.dim
         self._config = config
+        self._parallel = parallel
         self.patch_embedding = nn.Conv3d(config.in_dim, dim, kernel_size=config.patch_size, stride=config.patch_size)
         self.patch_embedding_wancamctrl = nn.Linear(config.control_patch_dim, dim)
         self.c2ws_hidden_states_layer1 = nn.Linear(dim, dim)
@@ -60,6 +67,11 @@ class LingBotFastDiT(nn.Module):
         return self._config
 
     @property
+    def parallel(self) -> Ulysses:
+        """This rank's place in the DiT group (`SINGLE_RANK` unsharded)."""
+        return self._parallel
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.patch_embedding.weight.dtype
 
@@ -68,14 +80,18 @@ class LingBotFastDiT(nn.Module):
         return self.patch_embedding.weight.device
 
     def new_cache(self, cache: CacheConfig, latent_height: int, latent_width: int, *, batch: int = 1) -> KVCache:
-        """A session's empty KV cache on this model's device and dtype."""
+        """A session's empty KV cache on this model's device and dtype (under Ulysses: this rank's heads, for every
+        token). Raises `ModelConfigError` when the group does not divide a latent frame's tokens."""
+        frame_tokens = self._config.frame_tokens(latent_height, latent_width)
+        check_parallel(self._config, self._parallel.world_size, frame_tokens)
         return KVCache(
             self._config,
             cache,
-            frame_tokens=self._config.frame_tokens(latent_height, latent_width),
+            frame_tokens=frame_tokens,
             batch=batch,
             device=self.device,
             dtype=self.dtype,
+            heads=self._parallel.local_heads(self._config.num_heads),
         )
 
     def encode_text(self, context: torch.Tensor) -> TextKV:
@@ -87,12 +103,13 @@ class LingBotFastDiT(nn.Module):
         return TextKV(tuple(block.cross_attn.text_kv(embedded) for block in self._blocks()))
 
     def embed_control(self, control: torch.Tensor) -> torch.Tensor:
-        """Camera tokens `[B, S, dim]` from the unshuffled Plücker map `[B, control_map_channels, F, h, w]`."""
+        """Camera tokens `[B, S, dim]` from the unshuffled Plücker map `[B, control_map_channels, F, h, w]` (under
+        Ulysses: this rank's tokens)."""
         b, c, f, h, w = control.shape
         pt, ph, pw = self._config.patch_size
         patches = control.to(device=self.device, dtype=self.dtype).reshape(b, c, f // pt, pt, h // ph, ph, w // pw, pw)
         tokens = patches.permute(0, 2, 4, 6, 1, 3, 5, 7).reshape(b, (f // pt) * (h // ph) * (w // pw), -1)
-        embedded: torch.Tensor = self.patch_embedding_wancamctrl(tokens)
+        embedded: torch.Tensor = self.patch_embedding_wancamctrl(self._parallel.shard_tokens(tokens))
         refined: torch.Tensor = self.c2ws_hidden_states_layer2(F.silu(self.c2ws_hidden_states_layer1(embedded)))
         return embedded + refined
 
@@ -125,13 +142,16 @@ class LingBotFastDiT(nn.Module):
         self._check_inputs(latents, timestep, text, cache, slot, control)
         x = self.patch_embedding(latents.to(device=self.device, dtype=self.dtype))
         grid = (x.shape[2], x.shape[3], x.shape[4])
-        x = x.flatten(2).transpose(1, 2).float()
+        parallel = self._parallel
+        x = parallel.shard_tokens(x.flatten(2).transpose(1, 2).float())
         time_emb, time_mod = self.time_embeddings(timestep.to(self.device).reshape(-1).expand(latents.shape[0]))
         camera = self.embed_control(control) if control is not None else None
-        angles = self._rope.angles(slot.position, grid, x.device)
+        cos, sin = self._rope.angles(slot.position, grid, x.device)
+        start, stop = parallel.token_range(cos.shape[0])
+        angles = (cos[start:stop], sin[start:stop])
         for block, layer, text_kv in zip(self._blocks(), cache.layers, text.layers, strict=True):
-            x = block(x, time_mod, text_kv, angles, layer, slot, camera)
-        return self._unpatchify(self.head(x, time_emb).float(), grid)
+            x = block(x, time_mod, text_kv, angles, layer, slot, camera, parallel)
+        return self._unpatchify(parallel.gather_tokens(self.head(x, time_emb).float()), grid)
 
     def _unpatchify(self, x: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         f, h, w = grid

@@ -6,7 +6,10 @@
     fits           = floor((usable - model bytes) / session bytes),  usable = device bytes x `usable_share` (0.9)
 
 Everything is counted on the denoise device (the threads placement puts every part there; with processes the VAE
-may sit elsewhere, so the estimate errs on the safe side). Not counted: activations (one chunk's, transient) and
+may sit elsewhere, so the estimate errs on the safe side). With a DiT group of P ranks (`LINGSTREAM_DENOISE_RANKS`,
+Ulysses context parallelism, `parallel.py`) the figures are per rank: every rank holds the whole DiT (and rank 0 the
+umt5 encoder and the VAE, counted as if on every rank), but a session's self-attention cache divides by P, each rank
+caching its heads; the prompt's text K/V stay whole on every rank. Not counted: activations (one chunk's, transient) and
 the VAE decoder's per-session feature cache (two frames of each causal convolution's input); the 10% held back is
 for them and for the allocator.
 
@@ -24,10 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.config import SPATIAL_COMPRESSION, LingBotSessionConfig
 from pipeline.lingbot.errors import SessionConfigError
 from pipeline.lingbot.models.bundle import LingBotFastOptions, ModelDirSummary
 from pipeline.lingbot.models.cache import bytes_per_session
+from pipeline.lingbot.models.parallel import DENOISE_RANKS_VARIABLE, check_parallel
 
 __all__ = [
     "PLAN_HEIGHT",
@@ -40,6 +44,8 @@ __all__ = [
 ]
 
 PLAN_WIDTH, PLAN_HEIGHT = 832, 480
+PATCH_PIXELS = 16
+"""Video pixels per DiT token along each axis: 8x VAE compression, then 2x2 latent patches."""
 USABLE_SHARE = 0.9
 
 
@@ -55,6 +61,8 @@ class MemoryEstimate:
     """Sessions that fit beside the weights (0: not even one)."""
     width: int
     height: int
+    denoise_ranks: int = 1
+    """P: `session_bytes` is what each of the DiT group's ranks holds per session."""
 
     def total_bytes(self, sessions: int) -> int:
         return self.model_bytes + sessions * self.session_bytes
@@ -69,6 +77,7 @@ class MemoryEstimate:
             "usable_bytes": self.usable_bytes,
             "fits_sessions": self.fits_sessions,
             "resolution": f"{self.width}x{self.height}",
+            "denoise_ranks": self.denoise_ranks,
         }
 
 
@@ -95,7 +104,11 @@ def estimate_memory(
     dtype = options.torch_dtype(device)
     itemsize = torch.empty((), dtype=dtype).element_size()
     model = itemsize * (summary.dit_parameters + summary.vae_parameters + summary.text_encoder_parameters)
-    session = bytes_per_session(summary.dit, height, width, dtype, options.cache_config(3))
+    ranks = options.denoise_ranks
+    check_parallel(
+        summary.dit, ranks, summary.dit.frame_tokens(height // SPATIAL_COMPRESSION, width // SPATIAL_COMPRESSION)
+    )
+    session = bytes_per_session(summary.dit, height, width, dtype, options.cache_config(3), ranks=ranks)
     total = device_bytes(device) if capacity is None else capacity
     usable = int(total * USABLE_SHARE)
     fits = max(0, (usable - model) // session) if session > 0 else 0
@@ -109,14 +122,16 @@ def estimate_memory(
         fits_sessions=int(fits),
         width=width,
         height=height,
+        denoise_ranks=ranks,
     )
 
 
 def session_limits(options: LingBotFastOptions) -> Callable[[LingBotSessionConfig], None]:
     """The check `LingBotService(check_config=...)` runs on every create: a session may not ask for more pixels than
-    the memory estimate planned with (832x480), nor a chunk the cache window cannot hold beside its sink. Raises
-    `SessionConfigError` (422 `invalid_config`) naming the field."""
-    window, sink = options.window_frames, options.sink_frames
+    the memory estimate planned with (832x480), nor a chunk the cache window cannot hold beside its sink, nor a size
+    whose latent frames' tokens the DiT group (P ranks) does not divide. Raises `SessionConfigError` (422
+    `invalid_config`) naming the field."""
+    window, sink, ranks = options.window_frames, options.sink_frames, options.denoise_ranks
 
     def check(config: LingBotSessionConfig) -> None:
         if config.width * config.height > PLAN_WIDTH * PLAN_HEIGHT:
@@ -128,6 +143,13 @@ def session_limits(options: LingBotFastOptions) -> Callable[[LingBotSessionConfi
             raise SessionConfigError(
                 f"chunk_size: {config.chunk_size} latent frames do not fit the model's attention window "
                 f"({window} frames, {sink} of them the sink): at most {window - sink} (the model was trained with 3)"
+            )
+        tokens = (config.height // PATCH_PIXELS) * (config.width // PATCH_PIXELS)
+        if tokens % ranks:
+            raise SessionConfigError(
+                f"width x height: {config.width}x{config.height} makes {tokens} tokens per latent frame, which the "
+                f"DiT's {ranks} ranks ({DENOISE_RANKS_VARIABLE}) cannot split evenly: the tokens per frame, "
+                f"(height / {PATCH_PIXELS}) x (width / {PATCH_PIXELS}), must divide by {ranks}"
             )
 
     return check

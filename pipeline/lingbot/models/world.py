@@ -13,9 +13,12 @@ generator seeded from the session's seed (the chunk noise and the sampler's re-n
 and a control trace give the same video). The umt5 states are cached per distinct prompt per worker (`text.py`).
 
 `LingBotFastWorldModel.load(options, device)` builds all three in one process sharing one VAE (threads placement);
-`LingBotFastFactory(options)` builds each inside the worker process that runs it (processes placement; the DiT is
-not sharded: a DiT group of more than one rank is refused). Start-up checks the directory first
-(`bundle.check_model_dir`), so a bad checkpoint fails at start with its problem named.
+`LingBotFastFactory(options)` builds each inside the worker process that runs it (processes placement). There the
+DiT group may have P ranks (`LINGSTREAM_DENOISE_RANKS`): every rank builds a denoiser whose DiT is rank `shard.rank`
+of a Ulysses layout (`parallel.py`); only rank 0 loads the umt5 encoder and broadcasts a new prompt's states to the
+others; every rank runs the same seeded sampler on the gathered velocity, so every rank's chunk is rank 0's. Start-up
+checks the directory first (`bundle.check_model_dir`), so a bad checkpoint fails at start with its problem named, and
+a group size that does not divide the heads is refused there too (`check_parallel`).
 
 Concurrency: each stage object is driven by one actor thread; sessions' states are independent. The shared VAE has
 no state of its own between calls (the caches are per session), so the encode and decode threads may use it at once.
@@ -46,6 +49,7 @@ from pipeline.lingbot.models.cache import CacheStatistics, KVCache, TextKV
 from pipeline.lingbot.models.checkpoint import load_dit
 from pipeline.lingbot.models.dit import LingBotFastDiT
 from pipeline.lingbot.models.errors import ModelConfigError
+from pipeline.lingbot.models.parallel import SINGLE_RANK, Ulysses, check_parallel
 from pipeline.lingbot.models.sampler import denoise_chunk
 from pipeline.lingbot.models.text import UMT5TextEncoder, load_text_encoder
 from pipeline.lingbot.models.vae import StreamingVAE, load_vae
@@ -127,10 +131,13 @@ class _DenoiseSession:
 
 
 class LingBotFastDenoiser:
-    """`ChunkDenoiser`: one chunk of latent frames per call over the session's KV cache (module docstring)."""
+    """`ChunkDenoiser`: one chunk of latent frames per call over the session's KV cache (module docstring). Under
+    Ulysses (`dit.parallel`), `text_encoder` is rank 0's only (None on the other ranks)."""
 
-    def __init__(self, dit: LingBotFastDiT, text_encoder: UMT5TextEncoder, options: LingBotFastOptions) -> None:
-        if text_encoder.text_dim != dit.config.text_dim:
+    def __init__(self, dit: LingBotFastDiT, text_encoder: UMT5TextEncoder | None, options: LingBotFastOptions) -> None:
+        if (text_encoder is None) != (dit.parallel.rank > 0):
+            raise ModelConfigError("the umt5 encoder runs on rank 0 of the DiT group, and only there")
+        if text_encoder is not None and text_encoder.text_dim != dit.config.text_dim:
             raise ModelConfigError(
                 f"the text encoder's width {text_encoder.text_dim} is not the DiT's text_dim {dit.config.text_dim}"
             )
@@ -183,7 +190,7 @@ class LingBotFastDenoiser:
         span = self._timer.start()
         device = self._dit.device
         if state.text is None or prompt != state.prompt:
-            state.text = self._dit.encode_text(self._text_encoder.encode(prompt))
+            state.text = self._dit.encode_text(self._prompt_states(prompt))
             state.prompt = prompt
         with torch.inference_mode():
             latent_image = slice_condition(state.base_latent, chunk_index, chunk_size)
@@ -203,6 +210,27 @@ class LingBotFastDenoiser:
         state.next_chunk += 1
         self._sessions.record(span.stop())
         return result
+
+    def _prompt_states(self, prompt: str) -> torch.Tensor:
+        """The umt5 states of `prompt`: encoded on rank 0 and broadcast to the DiT group's other ranks (every rank
+        asks for the same prompt in the same call). A failure on rank 0 fails the call on every rank."""
+        parallel = self._dit.parallel
+        if not parallel.parallel:
+            assert self._text_encoder is not None
+            return self._text_encoder.encode(prompt)
+        states: torch.Tensor | None = None
+        failure: Exception | None = None
+        if self._text_encoder is not None:
+            try:
+                states = self._text_encoder.encode(prompt)
+            except Exception as exc:  # re-raised below, after telling the other ranks
+                failure = exc
+        if not parallel.rank0_succeeded(failure is None, self._dit.device):
+            if failure is not None:
+                raise failure
+            raise ModelSessionError("rank 0 of the DiT group could not encode the prompt")
+        config = self._dit.config
+        return parallel.broadcast(states, (1, config.text_len, config.text_dim), self._dit.dtype, self._dit.device)
 
 
 # --- decode ----------------------------------------------------------------------------------------------------------
@@ -285,18 +313,22 @@ def load_streaming_vae(options: LingBotFastOptions, device: str) -> StreamingVAE
     return StreamingVAE(load_vae(options.root / VAE_DIR, device=device, dtype=dtype), device=device, dtype=dtype)
 
 
-def load_denoiser(options: LingBotFastOptions, device: str) -> LingBotFastDenoiser:
+def load_denoiser(options: LingBotFastOptions, device: str, parallel: Ulysses = SINGLE_RANK) -> LingBotFastDenoiser:
+    """The denoiser of rank `parallel.rank` (the umt5 encoder on rank 0 only)."""
     dtype = options.torch_dtype(device)
     config = read_dit_config(options.root / DIT_DIR)
-    dit = load_dit(options.root / DIT_DIR, config, dtype=dtype, device=device)
-    text_encoder = load_text_encoder(
-        options.root / TEXT_ENCODER_DIR,
-        options.root / TOKENIZER_DIR,
-        text_len=config.text_len,
-        device=device,
-        dtype=dtype,
-        cache_size=options.text_cache_size,
-    )
+    check_parallel(config, parallel.world_size)
+    dit = load_dit(options.root / DIT_DIR, config, dtype=dtype, device=device, parallel=parallel)
+    text_encoder = None
+    if parallel.rank == 0:
+        text_encoder = load_text_encoder(
+            options.root / TEXT_ENCODER_DIR,
+            options.root / TOKENIZER_DIR,
+            text_len=config.text_len,
+            device=device,
+            dtype=dtype,
+            cache_size=options.text_cache_size,
+        )
     return LingBotFastDenoiser(dit, text_encoder, options)
 
 
@@ -344,12 +376,10 @@ class LingBotFastFactory:
         return LingBotFastEncoder(vae, max_prefix_frames=self.options.max_prefix_frames)
 
     def denoiser(self, shard: ModelShard) -> LingBotFastDenoiser:
-        if shard.world_size != 1:
-            raise ModelConfigError(
-                f"the LingBot-World-Fast DiT runs on one rank (sequence parallelism is not built), got a DiT group of "
-                f"{shard.world_size}: set LINGSTREAM_DENOISE_RANKS=1"
-            )
-        return load_denoiser(self.options, shard.device)
+        """Rank `shard.rank` of the DiT group (Ulysses over `shard.world_size` ranks; the worker has joined them
+        into torch.distributed's default group). Raises `ModelConfigError` when the group does not divide the
+        heads."""
+        return load_denoiser(self.options, shard.device, Ulysses(shard.rank, shard.world_size))
 
     def decoder(self, shard: ModelShard) -> LingBotFastDecoder:
         return LingBotFastDecoder(load_streaming_vae(self.options, shard.device))

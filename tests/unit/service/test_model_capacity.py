@@ -22,7 +22,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
-def options(path: Path, sessions: int, window: int = 1024) -> WorkerOptions:
+def options(path: Path, sessions: int, window: int = 1024, ranks: int = 1) -> WorkerOptions:
     return WorkerOptions(
         worker_index=0,
         num_workers=1,
@@ -34,6 +34,8 @@ def options(path: Path, sessions: int, window: int = 1024) -> WorkerOptions:
         model="lingbot-fast",
         model_path=str(path),
         model_window_frames=window,
+        stage_placement="processes" if ranks > 1 else "threads",
+        denoise_ranks=ranks,
     )
 
 
@@ -60,3 +62,16 @@ def test_a_broken_directory_is_refused_naming_the_variable(tmp_path: Path) -> No
 def test_the_reference_model_has_no_estimate() -> None:
     reference = WorkerOptions(0, 1, 1, "cpu", None, 1, 1)
     assert check_model(reference) is None
+
+
+def test_a_dit_group_caches_a_session_in_ranks_shares_and_one_that_breaks_the_heads_rule_is_refused(tiny: Path) -> None:
+    """The tiny DiT has 2 heads: 2 ranks halve each session's self-attention cache (the text K/V stay whole on every
+    rank, and /readyz says how many ranks the figures are for); 3 ranks do not divide the heads, a start error."""
+    one, two = check_model(options(tiny, 1)), check_model(options(tiny, 1, ranks=2))
+    assert one is not None
+    assert two is not None
+    assert (one.denoise_ranks, two.denoise_ranks) == (1, 2)
+    assert two.to_mapping()["denoise_ranks"] == 2
+    assert two.session_bytes < one.session_bytes
+    with pytest.raises(SettingsError, match=r"cannot start: LINGSTREAM_DENOISE_RANKS=3 does not divide the DiT's 2"):
+        check_model(options(tiny, 1, ranks=3))

@@ -235,5 +235,4 @@ def test_lingbot_fast_settings_are_read_and_checked_together(monkeypatch: pytest
     monkeypatch.setenv("LINGSTREAM_MODEL_SINK_FRAMES", "6")
     monkeypatch.setenv("LINGSTREAM_STAGE_PLACEMENT", "processes")
     monkeypatch.setenv("LINGSTREAM_DENOISE_RANKS", "2")
-    with pytest.raises(SettingsError, match="LINGSTREAM_DENOISE_RANKS=2 must be 1"):
-        load_settings()
+    assert load_settings().denoise_ranks == 2  # Ulysses context parallelism: the heads rule is checked at start

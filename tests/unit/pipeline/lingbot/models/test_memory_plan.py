@@ -89,3 +89,23 @@ def test_sessions_above_the_planned_pixels_or_with_a_chunk_the_window_cannot_hol
     with pytest.raises(SessionConfigError, match="chunk_size: 7"):
         service.prepare({"chunk_size": 7, "frame_num": 4 * 14 - 3}, None)
     assert service.prepare({"chunk_size": 3}, None).width == 416
+
+
+def test_a_size_whose_frame_tokens_the_dit_group_cannot_split_is_refused_at_create() -> None:
+    """8 ranks: 832x480 (52 x 30 = 1 560 tokens a frame) splits; 784x480 (49 x 30 = 1 470) does not."""
+    check = session_limits(LingBotFastOptions(".", denoise_ranks=8))
+    check(LingBotSessionConfig(width=832, height=480))
+    with pytest.raises(SessionConfigError, match=r"784x480 makes 1470 tokens .* \(LINGSTREAM_DENOISE_RANKS\)"):
+        check(LingBotSessionConfig(width=784, height=480))
+    session_limits(LingBotFastOptions("."))(LingBotSessionConfig(width=784, height=480))  # one rank splits anything
+
+
+def test_each_rank_of_a_dit_group_holds_its_share_of_a_session() -> None:
+    """The self-attention cache divides by P (each rank caches its heads); the prompt's text K/V stay whole."""
+    summary = ModelDirSummary(LINGBOT_FAST_14B, 1000, 100, 10)
+    one = estimate_memory(summary, LingBotFastOptions("."), "cpu", capacity=10**12)
+    eight = estimate_memory(summary, LingBotFastOptions(".", denoise_ranks=8), "cpu", capacity=10**12)
+    text = 2 * LINGBOT_FAST_14B.num_layers * LINGBOT_FAST_14B.text_len * LINGBOT_FAST_14B.dim * 4  # float32
+    assert eight.denoise_ranks == 8
+    assert eight.session_bytes == (one.session_bytes - text) // 8 + text
+    assert eight.fits_sessions > 4 * one.fits_sessions
