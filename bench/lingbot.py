@@ -81,6 +81,16 @@ press from rest waits for before the first frame can be sent.
 
 `--model reference` or `--model lingbot-fast` runs only that half (scripts/gpu-check.sh runs both).
 
+`--random-full-size` runs only the GPU-truth harness instead (`bench/_full_size.py`, docs/lingbot-fast.md "Measuring
+on a GPU without weights"): LingBot-World-Fast at its published size (18.5 B DiT, Wan VAE, umt5-xxl) with random
+bf16 weights built on the first of `--devices`, steady-state chunks at 832x480 — chunk_ms_p50_p1, fps_p1,
+denoise/decode/forward medians, forward_ms_p1 (the first two chunks' forwards), the profiler's GEMM / attention /
+other split (profile_*), max_memory_allocated_gb_p1, sdpa_backend, umt5_encode_ms, and FlashDreams' published
+figures (flashdreams_h100_*); skipped_ranks names every DENOISE_RANKS the machine has that was not measured, and why.
+Without CUDA it runs the tiny model on the CPU (a test of the harness, not a speed). Both add the workload counter's
+full-size forward (meta_forward_kernels, meta_forward_bytes, meta_forward_syncs, ...) and the per-P **estimates**
+derived from it (estimated_h100_ms_per_chunk_pP, estimated_h100_fps_pP, all_to_all_bytes_per_forward_pP).
+
 `--quick` is a smoke run over the same paths (4 chunks per session; the LingBot-World-Fast half 4 chunks at 64x32);
 its figures are not the ones to compare. The last line printed is one JSON object with every figure.
 """
@@ -484,10 +494,14 @@ def camera(chunks: int, device: str) -> dict[str, float]:
         torch.set_num_threads(threads)
 
 
-def main(args: argparse.Namespace) -> dict[str, float]:
+def main(args: argparse.Namespace) -> dict[str, object]:
     torch.set_num_threads(args.threads)
     devices = tuple(name.strip() for name in args.devices.split(",") if name.strip()) or ("cpu",)
-    results: dict[str, float] = {"load_average_1m": os.getloadavg()[0]}
+    if args.random_full_size:
+        from bench._full_size import full_size
+
+        return {"load_average_1m": os.getloadavg()[0], **full_size(devices[0], args.fast_chunks)}
+    results: dict[str, object] = {"load_average_1m": os.getloadavg()[0]}
     rounds = 1 if args.quick else FIRST_FRAME_ROUNDS
     if args.model in ("both", "reference"):
         results.update(asyncio.run(reference(args.chunks, args.threads, devices)))
@@ -529,6 +543,12 @@ if __name__ == "__main__":
     parser.add_argument("--fast-chunks", type=int, default=12, help="LingBot-World-Fast: chunks measured")
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: 4 chunks per session, 64x32 for the real model"
+    )
+    parser.add_argument(
+        "--random-full-size",
+        action="store_true",
+        help="only the GPU-truth harness: the full-size model with random weights on the first device (CUDA), or "
+        "the tiny one on the CPU; --fast-chunks steady-state chunks measured",
     )
     args = parser.parse_args()
     if args.quick:

@@ -36,14 +36,16 @@ def test_without_a_gpu_it_skips_in_one_json_line_and_exits_0() -> None:
     }
 
 
-def test_the_dry_run_names_the_gpu_tests_and_the_processes_bench() -> None:
+def test_the_dry_run_names_the_gpu_tests_the_processes_bench_and_the_full_size_harness() -> None:
     result = _run("--dry-run")
     assert result.returncode == 0, result.stderr
-    tests, bench = result.stdout.strip().splitlines()
+    tests, bench, full_size = result.stdout.strip().splitlines()
     assert tests.endswith("-m pytest -q -p no:cacheprovider -m gpu tests/")
     # Both models: the reference on the placements, LingBot-World-Fast (the tiny model without weights) on cuda:0.
-    assert bench.endswith("-m bench.lingbot --devices cuda:0 --chunks 12 --fast-chunks 12")
-    budget = [int(line.split()[1]) for line in (tests, bench)]  # each under `timeout`
+    assert bench.endswith("-m bench.lingbot --devices cuda:0 --chunks 8 --fast-chunks 8")
+    # The GPU-truth harness: the full-size model with random weights, no download.
+    assert full_size.endswith("-m bench.lingbot --random-full-size --devices cuda:0 --fast-chunks 6")
+    budget = [int(line.split()[1]) for line in (tests, bench, full_size)]  # each under `timeout`
     assert sum(budget) < 600, budget
 
 
@@ -53,8 +55,51 @@ def test_with_real_weights_the_dry_run_benches_them_at_the_published_size(tmp_pa
         ["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
     )
     assert result.returncode == 0, result.stderr
-    bench = result.stdout.strip().splitlines()[-1]
-    assert bench.endswith(f"--chunks 12 --fast-chunks 12 --model-path {tmp_path} --fast-resolution 832x480")
+    bench = result.stdout.strip().splitlines()[1]
+    assert bench.endswith(f"--chunks 8 --fast-chunks 8 --model-path {tmp_path} --fast-resolution 832x480")
+
+
+_FAKE_PYTHON = """#!/usr/bin/env bash
+# A stand-in interpreter for scripts/gpu-check.sh: one GPU, the tests pass, each bench prints a table and its JSON.
+case "$*" in
+  "-c import torch"*) echo 1 ;;
+  "-m pytest"*) exit 0 ;;
+  *--random-full-size*) echo "table"; echo '{"chunk_ms_p50_p1": 3000.0}'; exit "${FULL_SIZE_EXIT:-0}" ;;
+  "-m bench.lingbot"*) echo "table"; echo '{"lingbot_fast_fps": 5.0}' ;;
+  *) exec "$REAL_PYTHON" "$@" ;;
+esac
+"""
+
+
+def _run_on_a_stand_in_gpu(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    fake = tmp_path / "python"
+    fake.write_text(_FAKE_PYTHON, encoding="utf-8")
+    fake.chmod(0o755)
+    environment = {**os.environ, "PYTHON": str(fake), "REAL_PYTHON": sys.executable, **env}
+    return subprocess.run(
+        ["bash", str(SCRIPT)], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_on_a_gpu_the_last_line_holds_both_benches_figures(tmp_path: Path) -> None:
+    result = _run_on_a_stand_in_gpu(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "gpu_check": "ok",
+        "gpus": 1,
+        "bench": {"lingbot_fast_fps": 5.0},
+        "random_full_size": {"chunk_ms_p50_p1": 3000.0},
+    }
+    assert "python -m bench.lingbot --random-full-size --devices cuda:0" in result.stderr  # what ran, on stderr
+
+
+def test_a_failed_harness_is_reported_beside_the_other_figures_and_fails_the_check(tmp_path: Path) -> None:
+    result = _run_on_a_stand_in_gpu(tmp_path, FULL_SIZE_EXIT="3")
+    assert result.returncode == 1
+    last = json.loads(result.stdout.strip().splitlines()[-1])
+    assert last["gpu_check"] == "failed"
+    assert last["bench"] == {"lingbot_fast_fps": 5.0}
+    assert last["random_full_size"] == {"failed": 3}
 
 
 def test_an_unknown_argument_is_refused() -> None:
