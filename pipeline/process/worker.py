@@ -15,41 +15,28 @@ the protocol in `pipeline.process._protocol`): the watcher delivers them in pipe
 
 The records (`ParallelWorkerConfig`, `WorkerContext`, `WorkerState`, `WorkerStatistics`) live in
 `pipeline.process.records`, the picklable wire protocol in `pipeline.process._protocol`, what each rank runs in
-`pipeline.process._child` and the per-incarnation bookkeeping in `pipeline.process._incarnation`; this module holds
-the parent's side and re-exports the public records.
+`pipeline.process._child`, the per-incarnation bookkeeping in `pipeline.process._incarnation`, spawning and ending
+the ranks' processes in `pipeline.process._ranks` and the watcher thread in `pipeline.process._watcher`; this
+module holds the parent's side on the loop (lifecycle, supervision, requests) and re-exports the public records.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
-import multiprocessing.connection as mp_connection
 import queue
-import threading
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
-from datetime import timedelta
-from multiprocessing.connection import Connection
-from multiprocessing.queues import Queue
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, cast
-
-import torch.multiprocessing as torch_mp
+from typing import cast
 
 from pipeline.actor import DeathListener, StageCall
 from pipeline.clock import Clock, MonotonicClock
 from pipeline.errors import ActorDiedError, ActorUnavailableError, StageFailedError
-from pipeline.process._child import worker_main
 from pipeline.process._incarnation import (
     Incarnation,
     Operation,
     describe_operation,
-    drain_requests,
-    kill_process,
-    terminate_process,
 )
 from pipeline.process._protocol import (
     CALL,
@@ -58,19 +45,17 @@ from pipeline.process._protocol import (
     READY,
     RELEASE,
     START_FAILED,
-    STOP,
-    Bootstrap,
     Reply,
     Request,
-    TCPStore,
     describe_exception,
     describe_exit,
 )
+from pipeline.process._ranks import close_ranks, spawn_ranks
+from pipeline.process._watcher import Watcher
 from pipeline.process.records import (
     WORKER_TRANSITIONS,
     ParallelWorkerConfig,
     PartListener,
-    WorkerContext,
     WorkerState,
     WorkerStatistics,
 )
@@ -280,7 +265,15 @@ class ParallelWorker:
         self._transition(WorkerState.STARTING)
         failure: str | None
         try:
-            self._spawn(inc, loop)
+            watcher = Watcher(
+                self.name,
+                loop,
+                self._config.kill_grace_s,
+                on_reply=self._on_reply,
+                on_exit=self._on_exit,
+                on_broken=self._on_broken,
+            )
+            spawn_ranks(self._config, inc, watcher.run)
         except Exception as exc:
             failure = f"could not spawn the ranks: {describe_exception(exc)}"
         else:
@@ -301,44 +294,6 @@ class ParallelWorker:
         self._transition(WorkerState.RUNNING)
         logger.info("worker %r incarnation %d running (pids %s)", self.name, inc.number, inc.pids)
 
-    def _spawn(self, inc: Incarnation, loop: asyncio.AbstractEventLoop) -> None:
-        config = self._config
-        ctx = torch_mp.get_context("spawn")
-        bootstrap: Bootstrap | None = None
-        if config.world_size > 1:
-            timeout = timedelta(seconds=config.start_timeout_s)
-            # Port 0 lets the OS pick a free port while the parent already listens on it: no probe-then-bind race.
-            inc.store = TCPStore("127.0.0.1", 0, None, True, timeout, wait_for_workers=False)
-            backend = "nccl" if config.devices[0].startswith("cuda") else "gloo"
-            bootstrap = Bootstrap(inc.store.port, backend, config.start_timeout_s)
-        # Room for every call and release the parent lets through, plus the stop request.
-        queue_size = config.capacity + config.max_pending_releases + 1
-        for rank, device in enumerate(config.devices):
-            requests: Queue[Request] = ctx.Queue(maxsize=queue_size)
-            reply_r, reply_w = ctx.Pipe(duplex=False)
-            inc.request_queues.append(requests)
-            inc.reply_conns.append(reply_r)
-            context = WorkerContext(
-                config.name, rank, config.world_size, device, config.torch_threads, inc.number, config.options
-            )
-            process = ctx.Process(
-                target=worker_main,
-                args=(context, config.stage_factory, requests, reply_w, bootstrap),
-                name=f"lingstream-{config.name}-{inc.number}-r{rank}",
-                daemon=True,  # the interpreter's exit handler ends forgotten workers instead of waiting for them
-            )
-            try:
-                process.start()
-            finally:
-                reply_w.close()  # the rank now holds the only write end: its death reads as EOF here
-            inc.processes.append(process)
-            inc.exited.append(threading.Event())
-        inc.pids = tuple(p.pid for p in inc.processes if p.pid is not None)
-        inc.watcher = threading.Thread(
-            target=self._watch, args=(inc, loop), name=f"lingstream-worker-{config.name}-{inc.number}", daemon=True
-        )
-        inc.watcher.start()
-
     async def _close_incarnation(self, inc: Incarnation, *, graceful: bool) -> None:
         """End one incarnation's processes and free its resources; concurrent callers share one closer."""
         if inc.closer is None:
@@ -350,138 +305,11 @@ class ParallelWorker:
 
     def _close_logged(self, inc: Incarnation, graceful: bool) -> None:
         try:
-            self._close_sync(inc, graceful)
+            close_ranks(self._config, inc, graceful)
         except Exception:  # stop() must complete; what could not be freed is logged
             logger.exception("worker %r incarnation %d: closing failed", self.name, inc.number)
 
-    def _close_sync(self, inc: Incarnation, graceful: bool) -> None:
-        config = self._config
-        if graceful:
-            for rank, requests in enumerate(inc.request_queues[: len(inc.processes)]):
-                try:
-                    requests.put_nowait(Request(STOP))
-                except (queue.Full, ValueError, OSError) as exc:
-                    logger.warning("worker %r rank %d: could not send the stop request: %s", self.name, rank, exc)
-            self._await_exits(inc, config.stop_timeout_s)
-        for signal_name, send in (("terminate", terminate_process), ("kill", kill_process)):
-            survivors = [r for r in range(len(inc.processes)) if not self._has_exited(inc, r)]
-            if not survivors:
-                break
-            # Expected when tearing down a dead or failed incarnation; worth a warning when a graceful stop timed out.
-            level = logging.WARNING if graceful else logging.INFO
-            for rank in survivors:
-                logger.log(level, "worker %r incarnation %d: %s rank %d", self.name, inc.number, signal_name, rank)
-                send(inc.processes[rank])
-            self._await_exits(inc, config.kill_grace_s)
-        # Every rank is gone, so the watcher can deliver the last replies and end.
-        with contextlib.suppress(OSError):
-            inc.wake_w.send_bytes(b"\0")
-        if inc.watcher is not None:
-            inc.watcher.join()
-        # From here on this thread alone touches the Process objects.
-        for rank, process in enumerate(inc.processes):
-            process.join(config.kill_grace_s)
-            if process.exitcode is None:
-                logger.error("worker %r rank %d (pid %s) did not exit", self.name, rank, process.pid)
-            else:
-                process.close()
-        for conn in (*inc.reply_conns, inc.wake_r, inc.wake_w):
-            conn.close()
-        for requests in inc.request_queues:
-            drain_requests(
-                requests
-            )  # a dead rank may have left requests unread: free the pipe so the feeder can finish
-            requests.close()
-            requests.join_thread()
-        inc.store = None  # the parent's TCP store stops listening when it is freed
-        logger.debug("worker %r incarnation %d closed", self.name, inc.number)
-
-    def _await_exits(self, inc: Incarnation, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        for rank, process in enumerate(inc.processes):
-            remaining = max(0.0, deadline - time.monotonic())
-            if inc.watcher is not None:
-                inc.exited[rank].wait(remaining)
-            else:
-                process.join(remaining)
-
-    @staticmethod
-    def _has_exited(inc: Incarnation, rank: int) -> bool:
-        if inc.watcher is not None:
-            return inc.exited[rank].is_set()
-        return inc.processes[rank].exitcode is not None
-
     # --- the watcher thread ---
-
-    def _watch(self, inc: Incarnation, loop: asyncio.AbstractEventLoop) -> None:
-        """Deliver replies and rank exits of one incarnation to the loop until every rank is gone or it is woken."""
-        conns: dict[Connection, int] = dict(zip(inc.reply_conns, range(len(inc.processes)), strict=True))
-        sentinels: dict[int, int] = {p.sentinel: rank for rank, p in enumerate(inc.processes)}
-        try:
-            while conns or sentinels:
-                ready = mp_connection.wait([*conns, *sentinels, inc.wake_r])
-                for obj in ready:
-                    if isinstance(obj, Connection) and obj in conns and not self._read_replies(inc, loop, obj, conns):
-                        del conns[obj]
-                for obj in ready:
-                    if isinstance(obj, int) and obj in sentinels:
-                        rank = sentinels.pop(obj)
-                        conn = inc.reply_conns[rank]
-                        # Everything the rank wrote before it died is in the pipe: deliver it before the death.
-                        if conn in conns and not self._read_replies(inc, loop, conn, conns):
-                            del conns[conn]
-                        self._reap(inc, loop, rank)
-                if inc.wake_r in ready:
-                    break
-        except Exception:
-            logger.exception("worker %r incarnation %d: watcher failed", self.name, inc.number)
-            _post(loop, self._on_broken, inc, "its watcher thread failed")
-        finally:
-            for conn in list(conns):
-                self._read_replies(inc, loop, conn, conns)
-
-    def _read_replies(
-        self, inc: Incarnation, loop: asyncio.AbstractEventLoop, conn: Connection, conns: dict[Connection, int]
-    ) -> bool:
-        """Deliver every complete reply waiting on `conn`; False once the rank's end is closed."""
-        rank = conns[conn]
-        try:
-            while conn.poll(0):
-                data = conn.recv_bytes()
-                try:
-                    reply = ForkingPickler.loads(data)
-                    if not isinstance(reply, Reply):
-                        raise TypeError(f"expected a reply, got {type(reply).__name__}")
-                except Exception as exc:
-                    _post(
-                        loop, self._on_broken, inc, f"rank {rank} sent an unreadable reply: {describe_exception(exc)}"
-                    )
-                    continue
-                value: object = None
-                if reply.payload is not None:
-                    try:
-                        value = ForkingPickler.loads(reply.payload)
-                    except Exception as exc:
-                        if reply.kind == PART:  # the call goes on in the rank; it fails once it finishes
-                            error = f"a part could not be unpickled in the parent: {describe_exception(exc)}"
-                            reply = replace(reply, payload=None, error=error)
-                        else:
-                            error = f"the artifacts could not be unpickled in the parent: {describe_exception(exc)}"
-                            reply = replace(reply, kind=FAILED, payload=None, error=error)
-                _post(loop, self._on_reply, inc, reply, value)
-        except (EOFError, OSError):
-            return False
-        return True
-
-    def _reap(self, inc: Incarnation, loop: asyncio.AbstractEventLoop, rank: int) -> None:
-        process = inc.processes[rank]
-        deadline = time.monotonic() + self._config.kill_grace_s
-        # The sentinel fired, so the exit status follows at once; another thread's waitpid may race us for it.
-        process.join(self._config.kill_grace_s)
-        while process.exitcode is None and time.monotonic() < deadline:
-            process.join(0.01)
-        inc.exited[rank].set()
-        _post(loop, self._on_exit, inc, rank, process.pid, process.exitcode)
 
     # --- events, on the loop ---
 
@@ -733,10 +561,3 @@ class ParallelWorker:
                 self._on_died(inc, f"the request queue of rank {rank} overflowed")
                 break
         return op
-
-
-def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
-    try:
-        loop.call_soon_threadsafe(callback, *args)
-    except RuntimeError:  # the loop is closed: nobody is waiting any more
-        logger.debug("event loop closed; dropped an event for %r", callback)

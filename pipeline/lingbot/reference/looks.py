@@ -14,7 +14,7 @@ words but none from the vocabulary still gets a look of its own: a tint whose hu
 (stable across processes and runs, unlike Python's `hash`). The empty prompt is the identity look, so a session
 without a prompt renders exactly as before prompts existed.
 
-`PromptLook.apply` works on the reference latent layout (`reference_model.py`): channels 0..11 luma in [-1, 1],
+`PromptLook.apply` works on the reference latent layout (`model.py`): channels 0..11 luma in [-1, 1],
 12..13 chroma (Cb, Cr) times 2; the motion channels are left alone.
 """
 
