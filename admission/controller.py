@@ -3,7 +3,8 @@
 `AdmissionController` owns the slot accounting of one service instance: `num_workers` model workers with
 `max_sessions_per_worker` retained sessions each, a bounded FIFO of waiting tickets with a queue timeout and a
 heartbeat timeout, drain, worker health and statistics. It is a pure, deterministic core: no awaits, no threads,
-time read from an injected `Clock`. `admission.driver.AdmissionDriver` is the thin asyncio shell around it.
+time read from an injected `Clock`. `admission.driver.AdmissionDriver` is the thin asyncio shell around it. Its
+mutable ticket record is `admission._live.LiveTicket` and its event delivery `admission._outbox.EventOutbox`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 
+from admission._live import END_EVENT, LiveTicket, decrement
+from admission._outbox import AdmissionListener, EventOutbox
 from admission.clock import Clock, MonotonicClock
 from admission.config import AdmissionConfig, AdmissionStatistics
 from admission.errors import (
@@ -25,8 +28,6 @@ from admission.errors import (
 from admission.quota import quota_verdict
 from admission.summary import RingBufferSummary
 from admission.ticket import (
-    INITIAL_STATES,
-    AdmissionEvent,
     AdmissionEventKind,
     TicketReason,
     TicketState,
@@ -37,66 +38,6 @@ from admission.ticket import (
 __all__ = ["AdmissionController", "AdmissionListener"]
 
 logger = logging.getLogger(__name__)
-
-AdmissionListener = Callable[[AdmissionEvent], None]
-"""Receives every ticket state change, after the change is complete (see `AdmissionController.subscribe`)."""
-
-_END_EVENT = {
-    TicketState.EXPIRED: AdmissionEventKind.EXPIRED,
-    TicketState.CANCELLED: AdmissionEventKind.CANCELLED,
-}
-
-
-class _Ticket:
-    """The controller's mutable record of one live ticket. Never leaves the controller: callers get `TicketView`."""
-
-    __slots__ = (
-        "admitted_at",
-        "created_at",
-        "ended_at",
-        "heartbeat_deadline",
-        "owner",
-        "position",
-        "queue_deadline",
-        "reason",
-        "retry_after_s",
-        "state",
-        "ticket_id",
-        "worker",
-    )
-
-    def __init__(self, ticket_id: str, owner: str, state: TicketState, created_at: float) -> None:
-        if state not in INITIAL_STATES:
-            raise AdmissionInvariantError(f"a ticket cannot be born {state.value}")
-        self.ticket_id = ticket_id
-        self.owner = owner
-        self.state = state
-        self.created_at = created_at
-        self.reason: TicketReason | None = None
-        self.position: int | None = None
-        self.worker: int | None = None
-        self.retry_after_s: int | None = None
-        self.admitted_at: float | None = None
-        self.ended_at: float | None = None
-        self.queue_deadline: float | None = None
-        self.heartbeat_deadline: float | None = None
-
-    def view(self) -> TicketView:
-        queued = self.state is TicketState.QUEUED
-        return TicketView(
-            ticket_id=self.ticket_id,
-            owner=self.owner,
-            state=self.state,
-            reason=self.reason,
-            position=self.position if queued else None,
-            worker=self.worker,
-            retry_after_s=self.retry_after_s,
-            created_at=self.created_at,
-            admitted_at=self.admitted_at,
-            ended_at=self.ended_at,
-            queue_deadline=self.queue_deadline if queued else None,
-            heartbeat_deadline=self.heartbeat_deadline if queued else None,
-        )
 
 
 class AdmissionController:
@@ -161,17 +102,15 @@ class AdmissionController:
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._retained = [0] * config.num_workers
         self._healthy = [True] * config.num_workers
-        self._live: dict[str, _Ticket] = {}
+        self._live: dict[str, LiveTicket] = {}
         # Queued tickets in FIFO order; their queue deadlines are therefore in ascending order.
-        self._queue: OrderedDict[str, _Ticket] = OrderedDict()
+        self._queue: OrderedDict[str, LiveTicket] = OrderedDict()
         # Queued tickets ordered by last heartbeat, oldest first; heartbeat deadlines ascend in this order.
-        self._silence: OrderedDict[str, _Ticket] = OrderedDict()
+        self._silence: OrderedDict[str, LiveTicket] = OrderedDict()
         self._finished: OrderedDict[str, TicketView] = OrderedDict()
         self._positions_dirty = False
         self._draining = False
-        self._listeners: list[AdmissionListener] = []
-        self._outbox: deque[AdmissionEvent] = deque()
-        self._delivering = False
+        self._outbox = EventOutbox()
         self._ids = itertools.count(1)
         self._session_lengths = RingBufferSummary(config.session_length_window)
         self._waits = RingBufferSummary(config.wait_window)
@@ -204,13 +143,7 @@ class AdmissionController:
 
     def subscribe(self, listener: AdmissionListener) -> Callable[[], None]:
         """Register `listener` for every event from now on; returns a callable that unsubscribes it (idempotent)."""
-        self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return unsubscribe
+        return self._outbox.subscribe(listener)
 
     def get(self, ticket_id: str) -> TicketView:
         """The ticket's current snapshot (live, or finished and still in history). Not a heartbeat."""
@@ -307,7 +240,7 @@ class AdmissionController:
             if refusal is not None:
                 return self._reject(ticket_id, owner, now, refusal, None)
             if worker is not None:
-                ticket = _Ticket(ticket_id, owner, TicketState.ADMITTED, now)
+                ticket = LiveTicket(ticket_id, owner, TicketState.ADMITTED, now)
                 self._live[ticket_id] = ticket
                 self._occupy(ticket, worker, now)
                 return ticket.view()
@@ -460,7 +393,7 @@ class AdmissionController:
     def _end(self, now: float) -> None:
         """End of every public call, also on error: settle again, then deliver the collected events."""
         self._settle(now)
-        self._publish()
+        self._outbox.publish()
 
     def _claim_id(self, ticket_id: str | None) -> str:
         if ticket_id is None:
@@ -490,8 +423,8 @@ class AdmissionController:
                 best = index
         return best
 
-    def _enqueue(self, ticket_id: str, owner: str, now: float) -> _Ticket:
-        ticket = _Ticket(ticket_id, owner, TicketState.QUEUED, now)
+    def _enqueue(self, ticket_id: str, owner: str, now: float) -> LiveTicket:
+        ticket = LiveTicket(ticket_id, owner, TicketState.QUEUED, now)
         ticket.position = len(self._queue) + 1
         ticket.queue_deadline = now + self._config.queue_timeout
         self._live[ticket_id] = ticket
@@ -501,13 +434,13 @@ class AdmissionController:
             self._silence[ticket_id] = ticket
         self._queued_of[owner] += 1
         self._queued_total += 1
-        self._emit(AdmissionEventKind.QUEUED, ticket)
+        self._outbox.emit(AdmissionEventKind.QUEUED, ticket.view())
         return ticket
 
     def _reject(
         self, ticket_id: str, owner: str, now: float, reason: TicketReason, retry_after_s: int | None
     ) -> TicketView:
-        ticket = _Ticket(ticket_id, owner, TicketState.REJECTED, now)
+        ticket = LiveTicket(ticket_id, owner, TicketState.REJECTED, now)
         ticket.reason = reason
         ticket.retry_after_s = retry_after_s
         ticket.ended_at = now
@@ -516,16 +449,16 @@ class AdmissionController:
             self._rejected_draining_total += 1
         elif reason in (TicketReason.RUNNING_QUOTA, TicketReason.QUEUED_QUOTA):
             self._quota_rejected_total += 1
-        self._emit(AdmissionEventKind.REJECTED, ticket)
+        self._outbox.emit(AdmissionEventKind.REJECTED, ticket.view())
         return ticket.view()
 
-    def _admit_from_queue(self, ticket: _Ticket, worker: int, now: float) -> None:
+    def _admit_from_queue(self, ticket: LiveTicket, worker: int, now: float) -> None:
         """QUEUED -> ADMITTED onto `worker`; the caller has already taken the ticket out of the queue."""
         require_transition(ticket.ticket_id, ticket.state, TicketState.ADMITTED)
         ticket.state = TicketState.ADMITTED
         self._occupy(ticket, worker, now)
 
-    def _occupy(self, ticket: _Ticket, worker: int, now: float) -> None:
+    def _occupy(self, ticket: LiveTicket, worker: int, now: float) -> None:
         """Count an ADMITTED ticket's slot on `worker` (born admitted, or just moved out of the queue)."""
         if self._retained[worker] >= self._config.max_sessions_per_worker or not self._healthy[worker]:
             raise AdmissionInvariantError(f"worker {worker} has no room for ticket {ticket.ticket_id!r}")
@@ -537,9 +470,9 @@ class AdmissionController:
         self._admitted_total += 1
         self._waits.record(now - ticket.created_at)
         logger.debug("admission: %s admitted on worker %d", ticket.ticket_id, worker)
-        self._emit(AdmissionEventKind.ADMITTED, ticket)
+        self._outbox.emit(AdmissionEventKind.ADMITTED, ticket.view())
 
-    def _release_slot(self, ticket: _Ticket, now: float) -> None:
+    def _release_slot(self, ticket: LiveTicket, now: float) -> None:
         require_transition(ticket.ticket_id, ticket.state, TicketState.RELEASED)
         worker = ticket.worker
         if worker is None or self._retained[worker] <= 0:
@@ -548,19 +481,19 @@ class AdmissionController:
         ticket.reason = TicketReason.SESSION_ENDED
         ticket.ended_at = now
         self._retained[worker] -= 1
-        _decrement(self._running_of, ticket.owner)
+        decrement(self._running_of, ticket.owner)
         self._released_total += 1
         if ticket.admitted_at is not None:
             self._session_lengths.record(now - ticket.admitted_at)
         self._finish(ticket)
-        self._emit(AdmissionEventKind.RELEASED, ticket)
+        self._outbox.emit(AdmissionEventKind.RELEASED, ticket.view())
 
-    def _leave_queue(self, ticket: _Ticket, state: TicketState, reason: TicketReason, at: float) -> None:
+    def _leave_queue(self, ticket: LiveTicket, state: TicketState, reason: TicketReason, at: float) -> None:
         """QUEUED -> EXPIRED or CANCELLED; everyone behind moves up at the next settle."""
         require_transition(ticket.ticket_id, ticket.state, state)
         del self._queue[ticket.ticket_id]
         self._silence.pop(ticket.ticket_id, None)
-        _decrement(self._queued_of, ticket.owner)
+        decrement(self._queued_of, ticket.owner)
         self._positions_dirty = True
         ticket.state = state
         ticket.reason = reason
@@ -573,9 +506,9 @@ class AdmissionController:
             self._cancelled_total += 1
         logger.debug("admission: %s left the queue: %s (%s)", ticket.ticket_id, state.value, reason.value)
         self._finish(ticket)
-        self._emit(_END_EVENT[state], ticket)
+        self._outbox.emit(END_EVENT[state], ticket.view())
 
-    def _finish(self, ticket: _Ticket) -> None:
+    def _finish(self, ticket: LiveTicket) -> None:
         del self._live[ticket.ticket_id]
         if self._config.finished_history == 0:
             return
@@ -605,7 +538,7 @@ class AdmissionController:
                     break
                 _, ticket = self._queue.popitem(last=False)
                 self._silence.pop(ticket.ticket_id, None)
-                _decrement(self._queued_of, ticket.owner)
+                decrement(self._queued_of, ticket.owner)
                 self._positions_dirty = True
                 self._admit_from_queue(ticket, worker, now)
         if self._positions_dirty:
@@ -613,34 +546,4 @@ class AdmissionController:
             for position, ticket in enumerate(self._queue.values(), start=1):
                 if ticket.position != position:
                     ticket.position = position
-                    self._emit(AdmissionEventKind.POSITION_CHANGED, ticket)
-
-    def _emit(self, kind: AdmissionEventKind, ticket: _Ticket) -> None:
-        self._outbox.append(AdmissionEvent(kind, ticket.view()))
-
-    def _publish(self) -> None:
-        """Deliver queued events in order. Re-entrant calls only append; the outermost delivery drains the outbox."""
-        if self._delivering:
-            return
-        self._delivering = True
-        try:
-            while self._outbox:
-                event = self._outbox.popleft()
-                for listener in tuple(self._listeners):
-                    self._deliver(listener, event)
-        finally:
-            self._delivering = False
-
-    @staticmethod
-    def _deliver(listener: AdmissionListener, event: AdmissionEvent) -> None:
-        try:
-            listener(event)
-        except Exception:
-            logger.exception("admission listener %r failed on %s", listener, event.kind.value)
-
-
-def _decrement(counts: Counter[str], owner: str) -> None:
-    """One live ticket of `owner` fewer; an owner with none left is removed (the counters stay bounded)."""
-    counts[owner] -= 1
-    if counts[owner] <= 0:
-        del counts[owner]
+                    self._outbox.emit(AdmissionEventKind.POSITION_CHANGED, ticket.view())

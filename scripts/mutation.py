@@ -71,6 +71,8 @@ GROUPS = (
         "admission",
         (
             "admission/controller.py",
+            "admission/_live.py",
+            "admission/_outbox.py",
             "admission/lease.py",
             "admission/ticket.py",
             "admission/driver.py",

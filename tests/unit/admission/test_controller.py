@@ -382,7 +382,7 @@ def test_a_failing_listener_is_logged_and_does_not_break_admission(caplog: pytes
 
     controller.subscribe(broken)
     unsubscribe = controller.subscribe(log)
-    with caplog.at_level(logging.ERROR, logger="admission.controller"):
+    with caplog.at_level(logging.ERROR, logger="admission._outbox"):
         assert controller.create("k", ticket_id="a").state is TicketState.ADMITTED
     assert "listener" in caplog.text
     assert [e.kind for e in log.events] == [AdmissionEventKind.ADMITTED]
