@@ -30,6 +30,7 @@
     ├── SessionNotStreamingError     409 session_not_running    the session cannot do that now (not running, ended)
     │   └── SessionQueuedError       409 session_queued         the session still waits in the queue
     ├── SessionTransitionError       500 internal               an illegal session state move (a bug)
+    ├── RuntimeTransitionError       500 internal               an illegal move of the runtime's own lifecycle (a bug)
     └── SettingsError                500 internal               invalid settings (raised at start, never served)
 
 Every error response has one body shape, `{"error": {"code": "...", "message": "..."}}`, whoever raised it:
@@ -70,6 +71,7 @@ __all__ = [
     "RecordingInProgressError",
     "RecordingNotConfiguredError",
     "RecordingNotFoundError",
+    "RuntimeTransitionError",
     "ServiceError",
     "SessionElsewhereError",
     "SessionNotFoundError",
@@ -238,6 +240,11 @@ class SessionTransitionError(ServiceError):
     """A session state move that the lifecycle table forbids; always a bug in the service."""
 
 
+class RuntimeTransitionError(ServiceError):
+    """A move of the runtime's own lifecycle (`service.runtime.state.RuntimeState`) that its table forbids; always a
+    bug in the service."""
+
+
 class SettingsError(ServiceError):
     """Invalid settings; the message is one paragraph naming the variable. Raised at start, never over HTTP."""
 
@@ -286,6 +293,7 @@ _BASE_TABLE: Mapping[type[BaseException], ErrorSpec] = {
     SessionQueuedError: ErrorSpec(409, "session_queued"),
     SessionElsewhereError: ErrorSpec(409, "session_on_other_replica"),
     SessionTransitionError: _INTERNAL,
+    RuntimeTransitionError: _INTERNAL,
     SettingsError: _INTERNAL,
     # admission: only an unknown ticket or a closed driver are expected at runtime; the rest are bugs.
     admission_errors.AdmissionError: _INTERNAL,

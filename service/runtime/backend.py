@@ -43,6 +43,7 @@ from pipeline.bidirectional import CloseMode, PreparedSession
 from service.runtime.records import AdmissionReport, RuntimeTuning, SnapshotStream
 from service.runtime.sessions import Session, SessionSnapshot
 from service.usage.ledger import UsageReport, UsageTotals
+from transport.base import CallerRoom
 
 __all__ = ["AdmissionBackend", "AdmissionHost"]
 
@@ -108,9 +109,11 @@ class AdmissionHost(Protocol):
         *,
         record: bool = False,
         max_seconds: float | None = None,
+        caller_room: CallerRoom | None = None,
     ) -> Session:
         """Record a session created on another replica, still queued: an ADMITTED `admission_event` starts it
-        (`record`: it was created with `"record": true`; `max_seconds`: its running-time limit)."""
+        (`record`: it was created with `"record": true`; `max_seconds`: its running-time limit; `caller_room`: the
+        caller's LiveKit room it publishes into)."""
         ...
 
 

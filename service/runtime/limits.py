@@ -92,7 +92,7 @@ class SessionDeadlines:
         seconds = session.max_seconds
         if seconds is None or session.id in self._limits:
             return
-        session.ends_at = self._wall_clock() + seconds
+        session.time_limit_started(self._wall_clock() + seconds)
         self._limits[session.id] = self._start(
             session, seconds, TIME_LIMIT, f"the session reaches its time limit of {seconds:g} s"
         )

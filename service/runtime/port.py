@@ -1,7 +1,7 @@
 """`SessionPort` for one admitted session: what a transport attaches to.
 
 The port is a thin view over the service's `Session`: chunks and status messages come from the session's bounded
-broadcasts (filled by the session's single output reader, see `service.runtime.runtime`), control goes to the session's
+broadcasts (filled by the session's single output reader, see `service.runtime.runner`), control goes to the session's
 model worker, and "client gone" asks the runtime to close the session. A transport may subscribe to `chunks()` and
 `status()` any number of times (a reconnect rebinds: it subscribes again); nothing about the session changes.
 """

@@ -110,7 +110,7 @@ class SessionRunner:
                 )
                 if self._transport is not None:
                     try:
-                        session.transport_details = dict(await self._transport.attach(port))
+                        session.attached(await self._transport.attach(port))
                         attached = True
                     except (RoomNotFoundError, RoomInUseError) as exc:
                         # The caller's room went away (or was taken) while the session waited: the caller's doing.
@@ -160,8 +160,7 @@ class SessionRunner:
         else:
             state, final = SessionState.CLOSED, reason or session.close_reason or "closed"
         session.move(state, reason=final)
-        if session.holds_slot:
-            session.holds_slot = False
+        if session.slot_released():
             self._callbacks.release_slot(session)
         logger.info("session %s %s (%s)", session.id, state.value, final)
         self._callbacks.ended(session)
@@ -219,8 +218,9 @@ class SessionRunner:
 
         prepared = session.prepared
         size = (prepared.width, prepared.height, round(prepared.fps))
-        session.recording = self._recordings.record(session.id, size, _replay_header(session), on_stop)
-        return session.recording
+        recording = self._recordings.record(session.id, size, _replay_header(session), on_stop)
+        session.recording_started(recording)
+        return recording
 
     async def _read_outputs(
         self, session: Session, worker: BidirectionalService, recording: SessionRecording | None = None

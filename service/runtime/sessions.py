@@ -159,42 +159,45 @@ class SessionBuffers:
 class Session:
     """The service's record of one session, from its first queue decision to its terminal state.
 
-    Mutated only on the event loop, by the runtime (admission events, the session's own runner task, HTTP
-    handlers). Every method is synchronous, so a state change and its publication are atomic on the loop.
+    Mutated only on the event loop, and only through its own methods, each named for what happened (`admitted`,
+    `attached`, `recording_started`, `time_limit_started`, `slot_released`, `mark_service_draining`, `move`,
+    `request_close`, ...): its fields read as properties, so a write from outside is a type error, not a quiet
+    change that skips the publication. Every method is synchronous, so a state change and its publication are atomic
+    on the loop.
     """
 
     # Slots: a finished session stays in the history (LINGSTREAM_SESSION_HISTORY of them); no per-instance dict.
     __slots__ = (
+        "_caller_room",
+        "_close_mode",
+        "_close_reason",
+        "_created_at",
+        "_ends_at",
+        "_failure",
+        "_holds_slot",
+        "_position",
+        "_prepared",
+        "_reason",
+        "_record",
+        "_recording",
         "_sequence",
-        "caller_room",
+        "_service_draining",
+        "_state",
+        "_transport_details",
+        "_updated_at",
+        "_warning",
+        "_worker",
         "chunks",
-        "close_mode",
-        "close_reason",
         "close_requested",
         "config_view",
-        "created_at",
         "ended",
-        "ends_at",
         "escalated",
-        "failure",
-        "holds_slot",
         "id",
         "max_seconds",
         "owner",
-        "position",
-        "prepared",
-        "reason",
-        "record",
-        "recording",
-        "service_draining",
         "settled",
         "snapshots",
-        "state",
         "statuses",
-        "transport_details",
-        "updated_at",
-        "warning",
-        "worker",
     )
 
     def __init__(
@@ -206,29 +209,32 @@ class Session:
         buffers: SessionBuffers,
         *,
         max_seconds: float | None = None,
+        record: bool = False,
+        caller_room: CallerRoom | None = None,
+        created_at: float | None = None,
     ) -> None:
         self.id = session_id
-        self.max_seconds = max_seconds
-        self.ends_at: float | None = None
-        self.warning: WarningStatus | None = None
         self.owner = owner
-        self.prepared = prepared
-        self.record = False  # created with "record": true (set by the runtime before admission)
-        self.recording: SessionRecording | None = None  # its recording, from the session's start (the runner)
+        self.max_seconds = max_seconds
         self.config_view = MappingProxyType(dict(config_view))
-        self.state = SessionState.QUEUED
-        self.reason: str | None = None
-        self.position: int | None = None
-        self.worker: int | None = None
-        self.transport_details: Mapping[str, object] | None = None
-        self.caller_room: CallerRoom | None = None  # the caller's LiveKit room to publish into, if it named one
-        self.created_at = time.time()
-        self.updated_at = self.created_at
-        self.failure: tuple[str, str] | None = None
-        self.close_mode: CloseMode | None = None
-        self.close_reason: str | None = None
-        self.holds_slot = False
-        self.service_draining = False
+        self._prepared = prepared
+        self._record = record  # created with "record": true (and recording configured)
+        self._caller_room = caller_room  # the caller's LiveKit room to publish into, if it named one
+        self._created_at = time.time() if created_at is None else created_at
+        self._updated_at = self._created_at
+        self._ends_at: float | None = None
+        self._warning: WarningStatus | None = None
+        self._recording: SessionRecording | None = None  # its recording, from the session's start (the runner)
+        self._state = SessionState.QUEUED
+        self._reason: str | None = None
+        self._position: int | None = None
+        self._worker: int | None = None
+        self._transport_details: Mapping[str, object] | None = None
+        self._failure: tuple[str, str] | None = None
+        self._close_mode: CloseMode | None = None
+        self._close_reason: str | None = None
+        self._holds_slot = False
+        self._service_draining = False
         self.close_requested = Flag()
         self.escalated = Flag()
         self.settled = Flag()
@@ -238,12 +244,94 @@ class Session:
         self.chunks: Broadcast[ChunkItem] = Broadcast(buffers.chunks)
         self._sequence = 0
 
+    # -- what it holds (read-only: every write is one of the methods below)
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
+
+    @property
+    def reason(self) -> str | None:
+        """Why it is in its state (set by the move that gave one)."""
+        return self._reason
+
+    @property
+    def position(self) -> int | None:
+        """Its queue position while queued (1 = next)."""
+        return self._position
+
+    @property
+    def worker(self) -> int | None:
+        """The model worker admission gave it, once admitted."""
+        return self._worker
+
+    @property
+    def prepared(self) -> PreparedSession:
+        return self._prepared
+
+    @property
+    def record(self) -> bool:
+        return self._record
+
+    @property
+    def recording(self) -> SessionRecording | None:
+        return self._recording
+
+    @property
+    def caller_room(self) -> CallerRoom | None:
+        return self._caller_room
+
+    @property
+    def created_at(self) -> float:
+        return self._created_at
+
+    @property
+    def updated_at(self) -> float:
+        return self._updated_at
+
+    @property
+    def ends_at(self) -> float | None:
+        """The wall-clock second its time limit ends it, once it runs (None: no limit)."""
+        return self._ends_at
+
+    @property
+    def warning(self) -> WarningStatus | None:
+        return self._warning
+
+    @property
+    def transport_details(self) -> Mapping[str, object] | None:
+        """The client's join details, once the transport attached it."""
+        return self._transport_details
+
+    @property
+    def failure(self) -> tuple[str, str] | None:
+        """`(code, message)` of its first failure."""
+        return self._failure
+
+    @property
+    def close_mode(self) -> CloseMode | None:
+        return self._close_mode
+
+    @property
+    def close_reason(self) -> str | None:
+        return self._close_reason
+
+    @property
+    def holds_slot(self) -> bool:
+        """It holds an admission slot that has not been given back yet."""
+        return self._holds_slot
+
+    @property
+    def service_draining(self) -> bool:
+        """The instance drains and told this session so (it ends by the drain's deadline)."""
+        return self._service_draining
+
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 
     @property
-    def admitted(self) -> bool:
+    def past_queue(self) -> bool:
         """Whether the session is past the queue and not yet ended (it holds, or is about to give back, a slot)."""
         return self.state in _SLOT_STATES
 
@@ -271,11 +359,11 @@ class Session:
     def move(self, new: SessionState, *, reason: str | None = None, detail: str | None = None) -> None:
         """Change state (checked against the table) and publish it; a terminal state also ends every stream."""
         require_transition(self.id, self.state, new)
-        self.state = new
+        self._state = new
         if reason is not None:
-            self.reason = reason
+            self._reason = reason
         if new is not SessionState.QUEUED:
-            self.position = None
+            self._position = None
         self._publish_snapshot()
         if new is SessionState.RUNNING:
             self.settled.set()
@@ -288,20 +376,20 @@ class Session:
         """Tell the client the session ends soon (its time limit, or a pause that lasts too long); the warning is
         kept, so a client that (re)connects is told it too (`ends_in_s` as of when it was sent). None: the warning
         no longer holds (the pause ended)."""
-        self.warning = status
+        self._warning = status
         if status is not None and not self.terminal:
             self.statuses.publish(status)
 
     def set_position(self, position: int | None) -> None:
         """A new queue position (from an admission event); published only when it changed."""
         if self.state is SessionState.QUEUED and position != self.position:
-            self.position = position
+            self._position = position
             self._publish_snapshot()
 
     def record_failure(self, code: str, message: str) -> None:
         """Remember why the session failed; the first failure wins (later ones are consequences)."""
         if self.failure is None:
-            self.failure = (code, message)
+            self._failure = (code, message)
 
     def request_close(self, mode: CloseMode, reason: str) -> bool:
         """Ask the session's runner to close it with `mode`; a CANCEL escalates a DRAIN already under way.
@@ -312,19 +400,52 @@ class Session:
         if self.terminal or self.state is SessionState.QUEUED:
             return False
         if self.close_mode is None:
-            self.close_mode = mode
-            self.close_reason = reason
+            self._close_mode = mode
+            self._close_reason = reason
             self.close_requested.set()
             if mode is CloseMode.CANCEL:
                 self.escalated.set()
         elif mode is CloseMode.CANCEL and self.close_mode is CloseMode.DRAIN:
-            self.close_mode = CloseMode.CANCEL
+            self._close_mode = CloseMode.CANCEL
             self.escalated.set()
         else:
             return False
         if self.state is not SessionState.DRAINING:
             self.move(SessionState.DRAINING, reason=reason, detail=f"closing ({mode.value})")
         return True
+
+    def admitted(self, worker: int | None) -> None:
+        """Admission gave the session a slot on model `worker`: it holds the slot and moves to ADMITTED."""
+        require_transition(self.id, self._state, SessionState.ADMITTED)
+        self._worker = worker
+        self._holds_slot = True
+        self.move(SessionState.ADMITTED)
+
+    def attached(self, details: Mapping[str, object]) -> None:
+        """The transport attached the session; `details` are what a client joins with (published with the next
+        change of state)."""
+        self._transport_details = dict(details)
+
+    def recording_started(self, recording: SessionRecording) -> None:
+        """Its recording started (it was created with `"record": true`)."""
+        self._recording = recording
+
+    def time_limit_started(self, ends_at: float) -> None:
+        """It runs with a time limit: it ends by wall-clock second `ends_at`."""
+        self._ends_at = ends_at
+
+    def slot_released(self) -> bool:
+        """It gives its admission slot back: True the one time it held one (the caller then releases it to
+        admission), False after that, so that a slot goes back exactly once."""
+        held, self._holds_slot = self._holds_slot, False
+        return held
+
+    def mark_service_draining(self, detail: str) -> None:
+        """The instance drains: remember it (a session that starts running later is told too), and a running session
+        that no close was asked of moves to DRAINING with `detail` (it ends by the drain's deadline)."""
+        self._service_draining = True
+        if self._state is SessionState.RUNNING and self._close_mode is None:
+            self.move(SessionState.DRAINING, reason="service_draining", detail=detail)
 
     def publish_part(self, part: ChunkPart) -> None:
         """Frames of a chunk decoded ahead of it (progressive decode): for the transport only, no status."""
@@ -345,14 +466,14 @@ class Session:
 
     def _publish_snapshot(self) -> None:
         self._sequence += 1
-        self.updated_at = time.time()
+        self._updated_at = time.time()
         if self.snapshots.has_subscribers:
             self.snapshots.publish(self.snapshot())
 
     def _end(self) -> None:
         # A finished session stays readable for a while: keep its figures, not its reference image.
         if self.prepared.image is not None:
-            self.prepared = dataclasses.replace(self.prepared, image=None)
+            self._prepared = dataclasses.replace(self._prepared, image=None)
         if self.state is SessionState.FAILED:
             code, message = self.failure or ("failed", "the session failed")
             self.statuses.publish(ErrorStatus(code, message))

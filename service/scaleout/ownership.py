@@ -183,9 +183,14 @@ class Ownership:
                 await self._give_back(tid, code, message)
                 return
             session = host.register(
-                tid, view.owner, prepared, view.created_at, record=record, max_seconds=request.max_seconds
+                tid,
+                view.owner,
+                prepared,
+                view.created_at,
+                record=record,
+                max_seconds=request.max_seconds,
+                caller_room=caller_room,
             )
-            session.caller_room = caller_room
         finally:
             self._adopting.discard(tid)
         pending = self._pending_closes.pop(tid, None)

@@ -361,7 +361,7 @@ class _SessionTrace:
 
 
 class SessionTelemetry:
-    """Implements `service.runtime.runtime.SessionObserver`: the session and chunk spans and the event-fed metrics.
+    """Implements `service.runtime.records.SessionObserver`: the session and chunk spans and the event-fed metrics.
 
     Every method runs on the event loop, is cheap and never raises (a failure is logged: telemetry must not end a
     session). State is kept only for sessions between their first admission decision and their final state.

@@ -78,7 +78,7 @@ async def test_an_sse_subscriber_that_never_reads_keeps_a_bounded_buffer_and_is_
         ahead = [(await app.create()).json()["id"] for _ in range(40)]
         tail = (await app.create()).json()
         assert tail["queue_position"] == 41
-        session = app.runtime._sessions[tail["id"]]
+        session = app.runtime._table[tail["id"]]
         blocked = asyncio.Event()
         disconnect = asyncio.Event()
         sent: list[MutableMapping[str, Any]] = []

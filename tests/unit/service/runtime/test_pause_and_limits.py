@@ -32,7 +32,7 @@ def _ended_by(text: str, reason: str) -> float:
 
 
 async def _ended(svc: Harness, session_id: str) -> dict[str, Any]:
-    session = svc.runtime._sessions[session_id]
+    session = svc.runtime._table[session_id]
     await wait_for(lambda: session.terminal)
     return await _status(svc, session_id)
 
@@ -81,7 +81,7 @@ async def test_a_session_paused_past_the_longest_pause_is_warned_then_closed_and
         timers.advance(30.0)
         body = await _ended(svc, sid)
         assert (body["status"], body["reason"]) == ("closed", "paused_too_long")
-        await wait_for(lambda: svc.runtime._sessions[waiting].state is SessionState.RUNNING)
+        await wait_for(lambda: svc.runtime._table[waiting].state is SessionState.RUNNING)
         text = await _scrape(svc)
         assert (_ended_by(text, "paused_too_long"), _ended_by(text, "time_limit")) == (1, 0)
         assert metric(text, 'lingstream_sessions{state="paused"}') == 0
@@ -188,7 +188,7 @@ async def test_a_session_is_warned_30_s_before_its_time_limit_then_closed_and_it
         text = await _scrape(svc)
         assert (_ended_by(text, "time_limit"), _ended_by(text, "paused_too_long")) == (1, 0)
         assert metric(text, 'lingstream_sessions_ended_total{state="closed"}') == 1
-        await wait_for(lambda: svc.runtime._sessions[waiting].state is SessionState.RUNNING)
+        await wait_for(lambda: svc.runtime._table[waiting].state is SessionState.RUNNING)
         await wait_for(lambda: any(isinstance(m, DoneStatus) for m in svc.transport.statuses[sid]))  # type: ignore[union-attr]
 
 

@@ -91,7 +91,7 @@ async def test_a_recorded_session_is_served_as_an_mp4_with_its_control_trace_onc
         assert created.json()["record"] is True
         sid = created.json()["id"]
         await wait_for(lambda: svc.world.live == 1 and svc.world._sessions[sid].index >= 6, within=_WAIT)
-        await wait_for(lambda: svc.runtime._sessions[sid].snapshot().recording is not None, within=_WAIT)
+        await wait_for(lambda: svc.runtime._table[sid].snapshot().recording is not None, within=_WAIT)
         recording = await _recording(svc, sid)
         assert recording is not None
         assert (recording["state"], recording["code"]) == ("recording", None)

@@ -55,9 +55,7 @@ class _Owner:
 def _admitted(world: FakeWorld, session_id: str) -> Session:
     prepared = world.prepare({"fps": 10}, None)
     session = Session(session_id, "owner", prepared, config_view(prepared.config), SessionBuffers())
-    session.worker = 0
-    session.holds_slot = True
-    session.move(SessionState.ADMITTED)
+    session.admitted(0)
     return session
 
 

@@ -143,3 +143,45 @@ def test_a_finished_session_keeps_no_per_instance_dict() -> None:
     session = _session()
     assert not hasattr(session, "__dict__")
     assert isinstance(session.ended, Flag)
+
+
+def test_the_record_is_written_only_through_its_transitions() -> None:
+    session = _session()
+    with pytest.raises(AttributeError):
+        session.state = SessionState.RUNNING  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        session.holds_slot = True  # type: ignore[misc]
+    session.admitted(1)
+    assert (session.state, session.worker, session.holds_slot) == (SessionState.ADMITTED, 1, True)
+    session.attached({"kind": "fake"})
+    session.move(SessionState.RUNNING)
+    assert session.snapshot().transport == {"kind": "fake"}
+    session.time_limit_started(1234.0)
+    assert session.snapshot().ends_at == 1234.0
+    session.mark_service_draining("the service is draining")
+    assert (session.state, session.reason, session.service_draining) == (
+        SessionState.DRAINING,
+        "service_draining",
+        True,
+    )
+    assert session.slot_released()
+    assert not session.slot_released()  # a slot goes back exactly once
+    assert not session.holds_slot
+
+
+def test_admitting_a_session_twice_raises_and_changes_nothing() -> None:
+    session = _session()
+    session.admitted(0)
+    session.move(SessionState.RUNNING)
+    with pytest.raises(SessionTransitionError, match="cannot move from running to admitted"):
+        session.admitted(1)
+    assert (session.state, session.worker) == (SessionState.RUNNING, 0)
+
+
+def test_a_closing_session_is_told_of_the_drain_but_keeps_its_close() -> None:
+    session = _session()
+    session.admitted(0)
+    session.move(SessionState.RUNNING)
+    session.request_close(CloseMode.DRAIN, "client_deleted")
+    session.mark_service_draining("the service is draining")
+    assert (session.service_draining, session.reason) == (True, "client_deleted")

@@ -1,0 +1,94 @@
+"""`Drain`: the runtime's drain, from its start (SIGTERM, `POST /internal/drain`) to the end of the last session.
+
+Problem: an instance that is told to go away should let its running sessions finish, yet still be gone by a
+deadline. Order: the runtime stops admitting and tells its running sessions first (`ServiceRuntime.start_drain`);
+then `run` waits for the sessions to end by themselves until `grace` before the deadline (`grace` is
+`drain_close_grace_s`, at most a quarter of the drain timeout), asks every one left to close with DRAIN, and at the
+deadline cancels what is still open; a session that does not end within `shutdown_close_s` after that is logged and
+left to `aclose()`. Then the drain is complete (`complete`, `wait`), which is when the server exits. `run` is a task
+the runtime owns: cancelling it (at `aclose()`) stops the waits, and `aclose()` marks the drain complete itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from pipeline.bidirectional import CloseMode
+from service.runtime.records import DrainStatus, RuntimeTuning
+from service.runtime.session_table import SessionTable
+from service.runtime.sessions import Session
+
+__all__ = ["Drain"]
+
+logger = logging.getLogger(__name__)
+
+
+class Drain:
+    """One runtime's drain: its deadline (loop time, once begun) and whether every session has ended since."""
+
+    def __init__(
+        self,
+        timeout_s: float,
+        tuning: RuntimeTuning,
+        table: SessionTable,
+        request_close: Callable[[Session, CloseMode, str], None],
+    ) -> None:
+        self._timeout_s = timeout_s
+        self._tuning = tuning
+        self._table = table
+        self._request_close = request_close
+        self._deadline: float | None = None
+        self._complete = asyncio.Event()
+
+    @property
+    def started(self) -> bool:
+        """A drain began (it stays begun, through the runtime's close)."""
+        return self._deadline is not None
+
+    @property
+    def complete(self) -> bool:
+        """A begun drain has ended every session (or the runtime has closed)."""
+        return self._complete.is_set()
+
+    def begin(self) -> None:
+        """The drain begins now: its deadline is `timeout_s` away."""
+        self._deadline = asyncio.get_running_loop().time() + self._timeout_s
+
+    def mark_complete(self) -> None:
+        """Nothing is left to drain (the runtime closed)."""
+        self._complete.set()
+
+    async def wait(self) -> None:
+        await self._complete.wait()
+
+    def status(self) -> DrainStatus:
+        deadline_in = None
+        if self._deadline is not None:
+            deadline_in = max(0.0, self._deadline - asyncio.get_running_loop().time())
+        return DrainStatus(
+            draining=self.started,
+            complete=self.complete,
+            running=len(self._table.admitted()),
+            queued=len(self._table.queued()),
+            deadline_in_s=deadline_in,
+        )
+
+    async def run(self) -> None:
+        """Wait for the sessions to end, closing (drain, then cancel) those still open as the deadline nears."""
+        deadline = self._deadline
+        if deadline is None:  # pragma: no cover - begin() sets it before the runtime spawns this
+            return
+        grace = min(self._tuning.drain_close_grace_s, self._timeout_s / 4)
+        if not await self._table.wait_idle(deadline - grace):
+            for session in self._table.admitted():
+                self._request_close(session, CloseMode.DRAIN, "service_drain")
+            if not await self._table.wait_idle(deadline):
+                for session in self._table.admitted():
+                    self._request_close(session, CloseMode.CANCEL, "drain_deadline")
+                loop = asyncio.get_running_loop()
+                if not await self._table.wait_idle(loop.time() + self._tuning.shutdown_close_s):
+                    logger.error("drain: %d session(s) did not close after cancel", self._table.live_count)
+        logger.warning("drain complete")
+        self._complete.set()
