@@ -11,6 +11,8 @@
     ├── UnauthorizedError            401 unauthorized            no or an unknown bearer key
     ├── ForbiddenError               403 forbidden               an internal endpoint called from off the host
     ├── SessionNotFoundError         404 session_not_found       no such session for this key
+    ├── TransportFeatureError        404 not_found               a transport route whose capability the active
+    │                                                           transport lacks (webhooks without LiveKit, ...)
     ├── QueueFullError               429 queue_full              the admission queue is full (with Retry-After)
     ├── QuotaExceededError           429 quota_exceeded          the API key is at its max_running or max_queued
     ├── InvalidUsageQueryError       422 invalid_since           `GET /v1/usage?since=` is not a time, or is ahead
@@ -80,6 +82,7 @@ __all__ = [
     "SessionStartError",
     "SessionTransitionError",
     "SettingsError",
+    "TransportFeatureError",
     "UnauthorizedError",
     "UnsupportedMediaTypeError",
     "error_body",
@@ -245,6 +248,12 @@ class RuntimeTransitionError(ServiceError):
     bug in the service."""
 
 
+class TransportFeatureError(ServiceError):
+    """A transport route (the WebRTC offer, viewers, LiveKit webhooks) asked the active transport for a capability it
+    does not have, or no transport is enabled: the route does not exist here (404 `not_found`, as routing answers an
+    unknown path). The message names what is missing."""
+
+
 class SettingsError(ServiceError):
     """Invalid settings; the message is one paragraph naming the variable. Raised at start, never over HTTP."""
 
@@ -294,6 +303,7 @@ _BASE_TABLE: Mapping[type[BaseException], ErrorSpec] = {
     SessionElsewhereError: ErrorSpec(409, "session_on_other_replica"),
     SessionTransitionError: _INTERNAL,
     RuntimeTransitionError: _INTERNAL,
+    TransportFeatureError: ErrorSpec(404, "not_found"),
     SettingsError: _INTERNAL,
     # admission: only an unknown ticket or a closed driver are expected at runtime; the rest are bugs.
     admission_errors.AdmissionError: _INTERNAL,

@@ -7,6 +7,11 @@ a new connection to the same port; the session, its caches, pose and sequence nu
 
 Status messages are the service-to-client half of control protocol v1; the transports encode them as JSON.
 
+What a transport can do beyond `Transport` is said by *capabilities*, small runtime-checkable protocols
+(`AnswersOffers`, `AnswersViewerOffers`, `IssuesViewers`, `RenewsJoinDetails`, `ChecksCallerRooms`,
+`ReceivesWebhooks`): the service's routes ask the one active transport for a capability (`isinstance(transport,
+IssuesViewers)`) and never name a transport class; only the composition root (`service.transports`) does.
+
 What a transport reports to the service is typed here too, in terms every kind shares: `BindingStatistics` for one
 session's binding (its pacer, frames nobody took, returns by `ReconnectKind`, its viewers as `ViewerFigures`) and
 `TransportStatistics` for the whole transport. Each kind also has its own, richer records (`session_statistics()`,
@@ -18,7 +23,7 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pipeline.bidirectional import ChunkItem, ControlMessage
 
@@ -27,12 +32,18 @@ if TYPE_CHECKING:  # the seam names the pacer's record; importing transport.sess
 
 __all__ = [
     "SERVICE_IDENTITY_PREFIX",
+    "AnswersOffers",
+    "AnswersViewerOffers",
     "BindingStatistics",
     "CallerRoom",
+    "ChecksCallerRooms",
     "ChunkStatus",
     "DoneStatus",
     "ErrorStatus",
+    "IssuesViewers",
+    "ReceivesWebhooks",
     "ReconnectKind",
+    "RenewsJoinDetails",
     "SessionPort",
     "StateStatus",
     "StatusMessage",
@@ -247,4 +258,72 @@ class Transport(Protocol):
 
     def binding_statistics(self, session_id: str) -> BindingStatistics:
         """An attached session's binding in common terms; raises `SessionNotAttachedError` for any other id."""
+        ...
+
+
+# -- capabilities: what some transports can do beyond `Transport` (the routes ask with isinstance)
+
+
+@runtime_checkable
+class AnswersOffers(Protocol):
+    """Answers the session client's own WebRTC offer (the embedded transport): every offer rebinds the session."""
+
+    async def answer(self, session_id: str, offer_sdp: str, offer_type: str) -> tuple[str, str]:
+        """The SDP answer and its type; `SessionNotAttachedError` when the session is not attached,
+        `SignalingError` for an offer it refuses."""
+        ...
+
+
+@runtime_checkable
+class AnswersViewerOffers(Protocol):
+    """Answers a viewer's WebRTC offer, authenticated by a viewer credential it issued (the embedded transport)."""
+
+    def verify_viewer(self, session_id: str, token: str) -> str:
+        """The viewer id the credential names; `ViewerTokenError` unless it is valid for this session."""
+        ...
+
+    async def answer_viewer(self, session_id: str, token: str, offer_sdp: str, offer_type: str) -> tuple[str, str]:
+        """The SDP answer for the viewer and its type (watch-only)."""
+        ...
+
+
+@runtime_checkable
+class IssuesViewers(Protocol):
+    """Issues watch-only join details for one more viewer of a session (LiveKit and embedded)."""
+
+    def viewer_details(self, session_id: str) -> Mapping[str, object]:
+        """`TooManyViewersError` beyond the transport's bound; `SessionNotAttachedError` when not attached."""
+        ...
+
+
+@runtime_checkable
+class RenewsJoinDetails(Protocol):
+    """Join details that go stale (LiveKit's short-lived tokens), renewed on every read of the session."""
+
+    def join_details(self, session_id: str) -> Mapping[str, object]:
+        """Fresh details for a session attached here (`SessionNotAttachedError` otherwise)."""
+        ...
+
+    def rejoin_details(self, session_id: str, published: Mapping[str, object]) -> Mapping[str, object]:
+        """Fresh details for a session another replica runs, from the details that replica published."""
+        ...
+
+
+@runtime_checkable
+class ChecksCallerRooms(Protocol):
+    """Publishes a session into a room the caller names (LiveKit), checked before the session takes a place."""
+
+    async def check_caller_room(self, room: CallerRoom) -> None:
+        """`RoomNotFoundError` when the room does not exist; `RoomInUseError` when a session of this service
+        (any replica) is in it already."""
+        ...
+
+
+@runtime_checkable
+class ReceivesWebhooks(Protocol):
+    """Receives the media server's signed webhooks (LiveKit)."""
+
+    def handle_webhook(self, body: bytes | str, authorization: str | None) -> object:
+        """Verify and apply one webhook (`WebhookError` when its signature does not hold); returns the event, if
+        it was one the transport reads."""
         ...

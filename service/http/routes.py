@@ -13,10 +13,11 @@ session to a new peer connection), `POST /v1/sessions/{id}/viewers` (one more vi
 token; embedded, a viewer credential and the watch URL; 429 beyond `MAX_VIEWERS`), `POST /v1/sessions/{id}/watch`
 (the embedded transport's viewer offer, authenticated by the viewer credential instead of an API key) and
 `POST /v1/livekit/webhook` (LiveKit's signed webhooks: the signature is the authentication, no API key). Order for
-the session routes: API key → the session (404 for an unknown or another key's session) → the transport kind (404
-when the route's transport is not the active one; 409 for an offer while LiveKit is active) → the session's state
-(409 unless it streams) → the body (415/422) → the transport (422 for an offer it refuses). For the watch route:
-the viewer credential (401) → the body → the transport.
+the session routes: API key → the session (404 for an unknown or another key's session) → the transport's
+capability (`transport.base`: the routes ask the active transport for one, e.g. `IssuesViewers`, and name no transport
+class; 404 `not_found`, `TransportFeatureError`, when it lacks it; 409 for an offer while LiveKit is active) → the
+session's state (409 unless it streams) → the body (415/422) → the transport (422 for an offer it refuses). For the
+watch route: the viewer credential (401) → the body → the transport.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.bidirectional import CloseMode, check_prompt
 from service.errors import (
@@ -43,6 +43,7 @@ from service.errors import (
     PromptTooLargeError,
     RecordingNotFoundError,
     SessionNotStreamingError,
+    TransportFeatureError,
     UnsupportedMediaTypeError,
     error_body,
 )
@@ -67,10 +68,17 @@ from service.runtime.images import decode_image
 from service.runtime.runtime import ServiceRuntime, SnapshotStream
 from service.runtime.sessions import SessionSnapshot, SessionState
 from service.usage.query import parse_since
-from transport.base import CallerRoom, Transport
-from transport.embedded.transport import EmbeddedTransport
+from transport.base import (
+    AnswersOffers,
+    AnswersViewerOffers,
+    CallerRoom,
+    ChecksCallerRooms,
+    IssuesViewers,
+    ReceivesWebhooks,
+    RenewsJoinDetails,
+    Transport,
+)
 from transport.errors import SessionNotAttachedError, ViewerTokenInvalidError
-from transport.livekit.transport import LiveKitTransport
 
 __all__ = ["describe_validation_errors", "health_router", "internal_router", "v1_router"]
 
@@ -91,14 +99,16 @@ async def _owner(
     return auth.owner(request.headers.get("authorization"))
 
 
-def _transport(request: Request) -> Transport | None:
+def _transport(request: Request) -> object:
+    """The active transport (None: none), read only through its capabilities (`transport.base`): a route asks for
+    what it needs, e.g. `isinstance(transport, IssuesViewers)`, never for a kind of transport."""
     transport: Transport | None = getattr(request.app.state, "transport", None)
     return transport
 
 
 Runtime = Annotated[ServiceRuntime, Depends(_runtime)]
 Owner = Annotated[str, Depends(_owner)]
-ActiveTransport = Annotated[Transport | None, Depends(_transport)]
+ActiveTransport = Annotated[object, Depends(_transport)]
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -153,11 +163,11 @@ async def create_session(
     return session_body(snapshot)
 
 
-async def _caller_room(payload: CreateSessionRequest, transport: Transport | None) -> CallerRoom | None:
+async def _caller_room(payload: CreateSessionRequest, transport: object) -> CallerRoom | None:
     """The caller's LiveKit room of a create, checked with the server before the session takes a place."""
     if payload.livekit is None:
         return None
-    if not isinstance(transport, LiveKitTransport):
+    if not isinstance(transport, ChecksCallerRooms):
         raise InvalidRequestError("livekit: this service has no LiveKit transport (LIVEKIT_URL is not set)")
     try:
         room = CallerRoom(payload.livekit.room, payload.livekit.controller_identity)
@@ -220,7 +230,7 @@ async def get_session(session_id: str, owner: Owner, runtime: Runtime, transport
     bind_session_id(session_id)
     snapshot = await runtime.lookup(owner, session_id)
     body = session_body(snapshot)
-    if isinstance(transport, LiveKitTransport) and snapshot.transport is not None and snapshot.state in _STREAMING:
+    if isinstance(transport, RenewsJoinDetails) and snapshot.transport is not None and snapshot.state in _STREAMING:
         # Only LiveKit's details go stale (the join token's TTL is short): mint a fresh token, same identity. The
         # embedded transport's offer URL never changes. Detached a moment ago: the session is ending, keep the old.
         # Run by another replica (shared admission): mint it from the room and identity that replica published.
@@ -380,10 +390,10 @@ async def webrtc_offer(
 ) -> WebrtcAnswer:
     bind_session_id(session_id)
     snapshot = await runtime.lookup_here(owner, session_id)
-    if isinstance(transport, LiveKitTransport):
-        raise _conflict("this service streams through LiveKit: join the room named in the session's transport")
-    if not isinstance(transport, EmbeddedTransport):
-        raise StarletteHTTPException(status_code=404, detail="the embedded WebRTC transport is not enabled here")
+    if not isinstance(transport, AnswersOffers):
+        if transport is not None:  # (LiveKit: its clients join a room instead)
+            raise _conflict("this service streams through LiveKit: join the room named in the session's transport")
+        raise TransportFeatureError("the embedded WebRTC transport is not enabled here")
     _require_streaming(snapshot)
     offer = await _json_body(request, WebrtcOffer)
     try:
@@ -406,8 +416,8 @@ async def webrtc_offer(
 async def create_viewer(session_id: str, owner: Owner, runtime: Runtime, transport: ActiveTransport) -> dict[str, Any]:
     bind_session_id(session_id)
     snapshot = await runtime.lookup_here(owner, session_id)
-    if not isinstance(transport, LiveKitTransport | EmbeddedTransport):
-        raise StarletteHTTPException(status_code=404, detail="viewers need a transport (LiveKit or embedded WebRTC)")
+    if not isinstance(transport, IssuesViewers):
+        raise TransportFeatureError("viewers need a transport (LiveKit or embedded WebRTC)")
     _require_streaming(snapshot)
     try:
         return dict(transport.viewer_details(session_id))  # TooManyViewersError: 429
@@ -436,7 +446,7 @@ async def watch_offer(
 ) -> WebrtcAnswer:
     bind_session_id(session_id)
     token = _viewer_token(request.headers.get("authorization"))
-    if not isinstance(transport, EmbeddedTransport):
+    if not isinstance(transport, AnswersViewerOffers):
         raise ViewerTokenInvalidError(
             "viewer credentials exist only on the embedded transport; with LiveKit, join the room with the viewer token"
         )
@@ -466,8 +476,8 @@ def _viewer_token(authorization: str | None) -> str:
     responses=_errors(401, 404, 413),
 )
 async def livekit_webhook(request: Request, transport: ActiveTransport) -> WebhookAck:
-    if not isinstance(transport, LiveKitTransport):
-        raise StarletteHTTPException(status_code=404, detail="LiveKit webhooks need the LiveKit transport")
+    if not isinstance(transport, ReceivesWebhooks):
+        raise TransportFeatureError("LiveKit webhooks need the LiveKit transport")
     body = await request.body()
     transport.handle_webhook(body, request.headers.get("authorization"))  # WebhookError: 401
     return WebhookAck()
