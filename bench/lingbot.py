@@ -83,16 +83,15 @@ press from rest waits for before the first frame can be sent.
 
 `--random-full-size` runs only the GPU-truth harness instead (`bench/_full_size.py`, docs/lingbot-fast.md "Measuring
 on a GPU without weights"): LingBot-World-Fast at its published size (18.5 B DiT, Wan VAE, umt5-xxl) with random
-bf16 weights built on the first of `--devices`, steady-state chunks at 832x480 — chunk_ms_p50_p1, fps_p1,
-denoise/decode/forward medians, forward_ms_p1 (the first two chunks' forwards), the profiler's GEMM / attention /
-other split (profile_*), max_memory_allocated_gb_p1, sdpa_backend, umt5_encode_ms, and FlashDreams' published
-figures (flashdreams_h100_*); skipped_ranks names every DENOISE_RANKS the machine has that was not measured, and why.
-Without CUDA it runs the tiny model on the CPU (a test of the harness, not a speed). Both add the workload counter's
-full-size forward (meta_forward_kernels, meta_forward_bytes, meta_forward_syncs, ...) and the per-P **estimates**
-derived from it (estimated_h100_ms_per_chunk_pP, estimated_h100_fps_pP, all_to_all_bytes_per_forward_pP).
-
-`--quick` is a smoke run over the same paths (4 chunks per session; the LingBot-World-Fast half 4 chunks at 64x32);
-its figures are not the ones to compare. The last line printed is one JSON object with every figure.
+bf16 weights built on the first of `--devices`, `--fast-chunks` steady-state chunks at 832x480, for DENOISE_RANKS 1
+and every larger context-parallel DiT group the machine's GPUs allow (8, 4, 2, 5) — per P: chunk_ms_p50_pP, fps_pP,
+denoise/decode/forward medians (CUDA events), forward_ms_pP (the first two chunks' forwards),
+max_memory_allocated_gb_pP, cp_equal_pP and cp_max_abs_diff_pP against P = 1; at P = 1 the profiler's GEMM /
+attention / other split (profile_*), sdpa_backend and umt5_encode_ms; FlashDreams' published figures beside
+(flashdreams_h100_*); skipped_ranks names every group not measured, and why. Without CUDA it runs an 8-head tiny model
+on the CPU at P = 1, 2 and 4 over gloo (cp_equal, cp2_over_cp1_chunk_ms: plumbing, not speed). Both add the workload
+counter's full-size forward (meta_forward_kernels, meta_forward_bytes, meta_forward_syncs, ...) and the per-P
+**estimates** derived from it (estimated_h100_ms_per_chunk_pP, estimated_h100_fps_pP, all_to_all_bytes_per_forward_pP).
 """
 
 from __future__ import annotations
