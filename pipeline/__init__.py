@@ -1,8 +1,9 @@
 """The generic streaming scheduler: specs, graph validation, bounded edges, stage actors, lifecycle, metrics.
 
 Importing it loads no torch: the process machinery (`ParallelWorker`, its actor, the tensor channel) is the
-`pipeline.process` subpackage, imported where it is used. The scheduler's session lifecycle (`pipeline.core`'s
-`SessionState`) is exported here as `PipelineSessionState`, so that it is not mistaken for the service's own."""
+`pipeline.process` subpackage, imported where it is used. The lifecycle enums have one name per layer:
+`PipelineSessionState` here (a session in the scheduler), `admission.TicketState`, and the service's
+`service.runtime.sessions.SessionState`."""
 
 from __future__ import annotations
 
@@ -33,8 +34,7 @@ from pipeline.bidirectional import (
 )
 from pipeline.clock import Clock, MonotonicClock
 from pipeline.core import SchedulerCore
-from pipeline.core.records import CloseReport, CoreStatistics, OutputItem, ResultKind
-from pipeline.core.records import SessionState as PipelineSessionState
+from pipeline.core.records import CloseReport, CoreStatistics, OutputItem, PipelineSessionState, ResultKind
 from pipeline.errors import (
     ActorDiedError,
     ActorUnavailableError,

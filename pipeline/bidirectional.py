@@ -245,7 +245,8 @@ class BidirectionalService(Protocol):
     - `create_session` sets up the model-side state (caches, the encoded reference) and starts generation; it
       raises if the id is in use. Model work never runs on the event loop.
     - `push_control` never blocks and never raises for stale input: stale snapshots are dropped and counted. It
-      raises `KeyError` for an unknown session.
+      raises `pipeline.errors.UnknownSessionError` for an unknown session, as `outputs` and `close_session` do
+      (for an id it never had or has forgotten; a closed session's summary is kept a while).
     - `outputs(session_id)` yields chunks in order; it ends after the session closes (or raises the session's
       failure once the chunks it had produced were read). `outputs(session_id, parts=True)` also yields each
       chunk's `ChunkPart`s before the chunk, where the worker decodes progressively (a worker that does not yields

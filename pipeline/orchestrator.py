@@ -25,9 +25,9 @@ from pipeline.core import (
     Dispatch,
     NoticeKind,
     OutputItem,
+    PipelineSessionState,
     ResultKind,
     SchedulerCore,
-    SessionState,
 )
 from pipeline.errors import (
     ActorDiedError,
@@ -208,7 +208,7 @@ class StreamingPipelineOrchestrator:
         if not self._started:
             return
         for session_id in self._core.session_ids():
-            if self._core.state(session_id) in (SessionState.OPEN, SessionState.DRAINING):
+            if self._core.state(session_id) in (PipelineSessionState.OPEN, PipelineSessionState.DRAINING):
                 try:
                     await self.close_session(session_id, CloseMode.CANCEL)
                 except PipelineError as exc:
@@ -282,7 +282,7 @@ class StreamingPipelineOrchestrator:
     def next_sequence(self, session_id: str, artifact: str) -> int:
         return self._core.next_sequence(session_id, artifact)
 
-    def session_state(self, session_id: str) -> SessionState:
+    def session_state(self, session_id: str) -> PipelineSessionState:
         return self._core.state(session_id)
 
     def metrics(self, session_id: str) -> StreamingSessionMetrics:
@@ -312,7 +312,7 @@ class StreamingPipelineOrchestrator:
 
     async def retry_release(self, session_id: str) -> CloseReport:
         """Retry the release of only the stages that failed; success clears the poison."""
-        if self._core.state(session_id) is not SessionState.POISONED:
+        if self._core.state(session_id) is not PipelineSessionState.POISONED:
             raise PipelineError(f"session {session_id!r} is not poisoned")
         return await self._release(session_id)
 

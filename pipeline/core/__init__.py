@@ -13,8 +13,8 @@ from pipeline.core.records import (
     Notice,
     NoticeKind,
     OutputItem,
+    PipelineSessionState,
     ResultKind,
-    SessionState,
 )
 from pipeline.core.scheduler import SchedulerCore
 
@@ -27,7 +27,7 @@ __all__ = [
     "Notice",
     "NoticeKind",
     "OutputItem",
+    "PipelineSessionState",
     "ResultKind",
     "SchedulerCore",
-    "SessionState",
 ]

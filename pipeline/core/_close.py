@@ -21,7 +21,7 @@ from pipeline.core.records import (
     CloseReport,
     Notice,
     NoticeKind,
-    SessionState,
+    PipelineSessionState,
 )
 from pipeline.errors import SessionError
 from pipeline.spec import PipelineGraph
@@ -48,7 +48,7 @@ class ClosePath:
         ran_on: list[dict[str, CoreSession]],
         counters: dict[str, int],
         notices: list[Notice],
-        state_counts: Counter[SessionState],
+        state_counts: Counter[PipelineSessionState],
     ) -> None:
         self._graph = graph
         self._ready = ready
@@ -60,10 +60,10 @@ class ClosePath:
         self._notices = notices
         self._state_counts = state_counts
 
-    def move(self, session: CoreSession, to: SessionState) -> None:
+    def move(self, session: CoreSession, to: PipelineSessionState) -> None:
         left = session.move(to)
         self._state_counts[left] -= 1
-        if to is not SessionState.CLOSED:
+        if to is not PipelineSessionState.CLOSED:
             self._state_counts[to] += 1
 
     def notify(self, kind: NoticeKind, session: CoreSession) -> None:
@@ -71,11 +71,11 @@ class ClosePath:
 
     def begin_close(self, session: CoreSession, mode: CloseMode) -> None:
         """Stop input; with CANCEL also discard queued work. Idempotent; a later CANCEL upgrades a DRAIN."""
-        if mode is CloseMode.DRAIN and session.state is SessionState.OPEN:
-            self.move(session, SessionState.DRAINING)
+        if mode is CloseMode.DRAIN and session.state is PipelineSessionState.OPEN:
+            self.move(session, PipelineSessionState.DRAINING)
             self.notify(NoticeKind.ROOM, session)
         elif mode is CloseMode.CANCEL and session.state in ACCEPTS_RESULTS:
-            self.move(session, SessionState.CANCELLING)
+            self.move(session, PipelineSessionState.CANCELLING)
             self.discard(session)
             self.notify(NoticeKind.ROOM, session)
             self.notify(NoticeKind.OUTPUT, session)
@@ -97,7 +97,7 @@ class ClosePath:
         if session.state not in ACCEPTS_RESULTS:
             return
         session.failure = reason
-        self.move(session, SessionState.FAILED)
+        self.move(session, PipelineSessionState.FAILED)
         self.discard(session)
         self.notify(NoticeKind.FAILED, session)
         self.notify(NoticeKind.ROOM, session)
@@ -127,14 +127,14 @@ class ClosePath:
     def quiescent(session: CoreSession) -> bool:
         if session.invocations:
             return False
-        if session.state in DISCARDED or session.state is SessionState.POISONED:
+        if session.state in DISCARDED or session.state is PipelineSessionState.POISONED:
             return True
-        if session.state is SessionState.DRAINING:
+        if session.state is PipelineSessionState.DRAINING:
             return all(slot is Slot.IDLE for slot in session.slot)
         return False
 
     def check_quiescent(self, session: CoreSession) -> None:
-        if session.state in (SessionState.DRAINING, *DISCARDED) and self.quiescent(session):
+        if session.state in (PipelineSessionState.DRAINING, *DISCARDED) and self.quiescent(session):
             self.notify(NoticeKind.QUIESCENT, session)
 
     def begin_release(self, session: CoreSession) -> tuple[str, ...]:
@@ -142,20 +142,20 @@ class ClosePath:
 
         For a poisoned session only the stages whose release failed are returned (the retry).
         """
-        if session.state is SessionState.POISONED:
+        if session.state is PipelineSessionState.POISONED:
             stages = tuple(s for s in self._graph.release_order() if s in session.release_failures)
         else:
             if not self.quiescent(session):
                 raise SessionError(f"session {session.session_id!r} still has work running; it cannot be released yet")
             stages = self._graph.release_order()
-        self.move(session, SessionState.RELEASING)
+        self.move(session, PipelineSessionState.RELEASING)
         self.notify(NoticeKind.OUTPUT, session)
         return stages
 
     def finish_release(self, session: CoreSession, released: Iterable[str], failures: Mapping[str, str]) -> CloseReport:
         """Record the release outcome, verify no capacity slot is left, and close or poison the session."""
         session_id = session.session_id
-        if session.state is not SessionState.RELEASING:
+        if session.state is not PipelineSessionState.RELEASING:
             raise SessionError(f"session {session_id!r} is {session.state.value}, not releasing")
         self.discard(session)
         leaks = self._reclaim_leaks(session)
@@ -164,11 +164,11 @@ class ClosePath:
         session.metrics.cleanup_failures += len(failures)
         self._counters["cleanup_failures"] += len(failures)
         if failures:
-            self.move(session, SessionState.POISONED)
+            self.move(session, PipelineSessionState.POISONED)
             self._sessions.pop(session_id, None)
             self._poisoned[session_id] = session
         else:
-            self.move(session, SessionState.CLOSED)
+            self.move(session, PipelineSessionState.CLOSED)
             self._sessions.pop(session_id, None)
             self._poisoned.pop(session_id, None)
             for ran_on in self._ran_on:

@@ -2,9 +2,9 @@
 
 `CoreSession` holds one session's lifecycle state, edge buffers and reservations, joins, per-stage ordering and idle
 tracking, where it stands in each stage's ready structure (`Slot`), and its output buffers; the scheduler moves it
-between `SessionState`s only along the transition table. `Join` counts the inputs of one sequence that have reached
-a stage, `Invocation` is one dispatched stage call until its result is settled, and `BlockNote` records the first
-stage-level blocker seen by the sessions that became ready since the previous one. Package-private: only the
+between `PipelineSessionState`s only along the transition table. `Join` counts the inputs of one sequence that have
+reached a stage, `Invocation` is one dispatched stage call until its result is settled, and `BlockNote` records the
+first stage-level blocker seen by the sessions that became ready since the previous one. Package-private: only the
 scheduler (`pipeline.core.scheduler`) and its ready queues and close path (`_ready.py`, `_close.py`) use these (the
 invariants are in the scheduler's docstring).
 """
@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from pipeline.core.records import SESSION_TRANSITIONS, OutputItem, SessionState
+from pipeline.core.records import SESSION_TRANSITIONS, OutputItem, PipelineSessionState
 from pipeline.errors import SessionError
 from pipeline.metrics import IdleReason, StreamingSessionMetrics
 
@@ -62,7 +62,7 @@ class Invocation:
 @dataclass(slots=True)
 class CoreSession:
     session_id: str
-    state: SessionState
+    state: PipelineSessionState
     metrics: StreamingSessionMetrics
     edge_items: list[dict[int, object]]
     edge_reserved: list[int]
@@ -104,7 +104,7 @@ class CoreSession:
         n_stages = len(block_notes)
         return cls(
             session_id=session_id,
-            state=SessionState.OPEN,
+            state=PipelineSessionState.OPEN,
             metrics=metrics,
             edge_items=[{} for _ in range(n_edges)],
             edge_reserved=[0] * n_edges,
@@ -126,7 +126,7 @@ class CoreSession:
             output_unread=dict.fromkeys(outputs, 0),
         )
 
-    def move(self, to: SessionState) -> SessionState:
+    def move(self, to: PipelineSessionState) -> PipelineSessionState:
         """Move along the transition table; returns the state left."""
         if to not in SESSION_TRANSITIONS[self.state]:
             raise SessionError(f"session {self.session_id!r} cannot go from {self.state.value} to {to.value}")

@@ -1,6 +1,6 @@
 """The vocabulary of the scheduling core: the session lifecycle and the records `SchedulerCore` trades with its driver.
 
-`SessionState` is a session's lifecycle with its transition table (the diagram is in `pipeline.core.scheduler`'s
+`PipelineSessionState` is a session's lifecycle with its transition table (the diagram is in `pipeline.core.scheduler`'s
 docstring); `CloseMode` says how a close treats queued work (the model-worker seam, `pipeline.bidirectional`,
 re-exports it: its closes mean the same; defined here, it keeps `pipeline.core` free of imports back up the
 package). The core answers the driver's events with `Dispatch` records to start and `Notice` records of what
@@ -27,8 +27,8 @@ __all__ = [
     "Notice",
     "NoticeKind",
     "OutputItem",
+    "PipelineSessionState",
     "ResultKind",
-    "SessionState",
 ]
 
 
@@ -40,7 +40,7 @@ class CloseMode(enum.Enum):
     CANCEL = "cancel"  # discard queued work, wait for the calls in flight (their results dropped), then close
 
 
-class SessionState(enum.Enum):
+class PipelineSessionState(enum.Enum):
     OPEN = "open"  # accepting input
     DRAINING = "draining"  # no new input; every accepted sequence runs through to the outputs
     CANCELLING = "cancelling"  # no new input; queued work discarded; in-flight calls finish, results dropped
@@ -54,17 +54,21 @@ class SessionState(enum.Enum):
     __hash__ = object.__hash__
 
 
-SESSION_TRANSITIONS: Mapping[SessionState, frozenset[SessionState]] = {
-    SessionState.OPEN: frozenset({SessionState.DRAINING, SessionState.CANCELLING, SessionState.FAILED}),
-    SessionState.DRAINING: frozenset({SessionState.CANCELLING, SessionState.FAILED, SessionState.RELEASING}),
-    SessionState.CANCELLING: frozenset({SessionState.RELEASING}),
-    SessionState.FAILED: frozenset({SessionState.RELEASING}),
-    SessionState.RELEASING: frozenset({SessionState.CLOSED, SessionState.POISONED}),
-    SessionState.POISONED: frozenset({SessionState.RELEASING}),
-    SessionState.CLOSED: frozenset(),
+SESSION_TRANSITIONS: Mapping[PipelineSessionState, frozenset[PipelineSessionState]] = {
+    PipelineSessionState.OPEN: frozenset(
+        {PipelineSessionState.DRAINING, PipelineSessionState.CANCELLING, PipelineSessionState.FAILED}
+    ),
+    PipelineSessionState.DRAINING: frozenset(
+        {PipelineSessionState.CANCELLING, PipelineSessionState.FAILED, PipelineSessionState.RELEASING}
+    ),
+    PipelineSessionState.CANCELLING: frozenset({PipelineSessionState.RELEASING}),
+    PipelineSessionState.FAILED: frozenset({PipelineSessionState.RELEASING}),
+    PipelineSessionState.RELEASING: frozenset({PipelineSessionState.CLOSED, PipelineSessionState.POISONED}),
+    PipelineSessionState.POISONED: frozenset({PipelineSessionState.RELEASING}),
+    PipelineSessionState.CLOSED: frozenset(),
 }
-ACCEPTS_RESULTS = frozenset({SessionState.OPEN, SessionState.DRAINING})
-DISCARDED = frozenset({SessionState.CANCELLING, SessionState.FAILED})
+ACCEPTS_RESULTS = frozenset({PipelineSessionState.OPEN, PipelineSessionState.DRAINING})
+DISCARDED = frozenset({PipelineSessionState.CANCELLING, PipelineSessionState.FAILED})
 
 
 class NoticeKind(enum.Enum):
@@ -73,7 +77,7 @@ class NoticeKind(enum.Enum):
     QUIESCENT = "quiescent"  # a closing or failed session has nothing left running: its release may start
     FAILED = "failed"  # the session failed: the driver starts its release
 
-    # Identity hash, as for `SessionState`: the driver keys its waiters by (kind, session) on every notice.
+    # Identity hash, as for `PipelineSessionState`: the driver keys its waiters by (kind, session) on every notice.
     __hash__ = object.__hash__
 
 
@@ -110,7 +114,7 @@ class ResultKind(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class CloseReport:
     session_id: str
-    state: SessionState
+    state: PipelineSessionState
     failure: str | None
     released_stages: tuple[str, ...]
     failed_stages: Mapping[str, str]

@@ -5,7 +5,7 @@ driver's events (`try_submit`, `complete`, `fail`, `actor_died`, `output_read`, 
 `Dispatch` records to start and `Notice` records of what changed. It has no awaits, no threads and an injected
 clock, so tests drive it step by step. The asyncio driver (`pipeline.orchestrator`) is a thin shell around it.
 
-State machine of a session (see `SessionState`)::
+State machine of a session (see `PipelineSessionState`)::
 
     OPEN ──close(drain)──► DRAINING ──quiescent──► RELEASING ──all released──► CLOSED (id reusable)
       │ └─close(cancel)─► CANCELLING ─quiescent─┘       │
@@ -53,7 +53,7 @@ Invariants, after every public call:
    operation but `actor_died` (which visits only the sessions that ran on the stage, to fail those its dead
    incarnation held) visits other sessions; `statistics()` reads counters kept as the states change.
 
-The records it exchanges with the driver (`SessionState`, `Dispatch`, `Notice`, `CloseReport`, ...) live in
+The records it exchanges with the driver (`PipelineSessionState`, `Dispatch`, `Notice`, `CloseReport`, ...) live in
 `pipeline.core.records` and the per-session bookkeeping in `pipeline.core._session`; this module holds
 `SchedulerCore` and its scheduling path, the ready queues are `pipeline.core._ready` and the close path (close,
 fail, discard, quiescence, release) `pipeline.core._close`; `pipeline.core` exports the records and the core.
@@ -80,8 +80,8 @@ from pipeline.core.records import (
     Notice,
     NoticeKind,
     OutputItem,
+    PipelineSessionState,
     ResultKind,
-    SessionState,
 )
 from pipeline.errors import (
     SequenceError,
@@ -121,7 +121,7 @@ class SchedulerCore:
         self._ready = ReadyQueues(len(stages))
         # per stage: the sessions that have run there (what a death of its actor may concern)
         self._ran_on: list[dict[str, CoreSession]] = [{} for _ in stages]
-        self._state_counts: Counter[SessionState] = Counter()
+        self._state_counts: Counter[PipelineSessionState] = Counter()
         self._in_flight = [0] * len(stages)
         self._spec_limit = [s.max_in_flight for s in stages]
         self._group_of = [s.resource_group for s in stages]
@@ -178,10 +178,10 @@ class SchedulerCore:
             self._clock.now(),
         )
         self._sessions[session_id] = session
-        self._state_counts[SessionState.OPEN] += 1
+        self._state_counts[PipelineSessionState.OPEN] += 1
         return session.metrics
 
-    def state(self, session_id: str) -> SessionState:
+    def state(self, session_id: str) -> PipelineSessionState:
         return self._any(session_id).state
 
     def has_session(self, session_id: str) -> bool:
@@ -219,7 +219,7 @@ class SchedulerCore:
         session = self._get(session_id)
         if not items:
             raise SessionError("try_submit needs at least one artifact")
-        if session.state is not SessionState.OPEN:
+        if session.state is not PipelineSessionState.OPEN:
             raise SessionClosedError(f"session {session_id!r} is {session.state.value} and accepts no input")
         for artifact, (sequence_id, _) in items.items():
             expected = session.external_next.get(artifact)

@@ -14,6 +14,7 @@ closed) refuses, and nothing moves. The caller (`ServiceRuntime`) starts or stop
 from __future__ import annotations
 
 from pipeline.bidirectional import BidirectionalService, Pause, Resume
+from pipeline.errors import UnknownSessionError
 from service.errors import SessionNotStreamingError, SessionQueuedError
 from service.runtime.sessions import Session, SessionState
 
@@ -39,7 +40,7 @@ def set_paused(session: Session, worker: BidirectionalService, paused: bool, *, 
         )
     try:
         worker.push_control(session.id, Pause() if paused else Resume())
-    except KeyError:
+    except UnknownSessionError:
         raise SessionNotStreamingError(f"session {session.id!r} is closing; it cannot be {verb}") from None
     if paused:
         session.move(SessionState.PAUSED, detail=f"paused; it closes unless resumed within {max_pause_s:g} s")

@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from pipeline.bidirectional import BidirectionalService, ChunkItem, CloseMode, ControlMessage, Pause, Resume, Stop
+from pipeline.errors import UnknownSessionError
 from service.errors import ServiceError, lookup
 from service.runtime.sessions import Session, SessionState
 from transport.base import CallerRoom, StateStatus, StatusMessage
@@ -94,7 +95,7 @@ class LiveSessionPort:
             return
         try:
             self._worker.push_control(self._session.id, message)
-        except KeyError:
+        except UnknownSessionError:
             # The worker already forgot the session (it is closing): the same as arriving after the end.
             self.dropped_controls += 1
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pipeline.bidirectional import ControlState
-from pipeline.core import SessionState as PipelineState
+from pipeline.core import PipelineSessionState
 from pipeline.errors import SessionPoisonedError
 from tests.support.process_world import ProcessWorld
 from tests.support.reliability import App, running_app, samples, total, until, wait_status
@@ -89,7 +89,7 @@ async def test_a_failing_cleanup_hook_poisons_the_session_id_until_the_retry_suc
         assert closed["status"] == "closed"
 
         # The decoder's release failed: the id is poisoned and can never be opened again until a retry works.
-        assert orchestrator.session_state(poisoned["id"]) is PipelineState.POISONED
+        assert orchestrator.session_state(poisoned["id"]) is PipelineSessionState.POISONED
         text = await app.metrics()
         assert samples(text, "lingstream_pipeline_sessions_poisoned") == {'{worker="0"}': 1.0}
         assert total(text, "lingstream_pipeline_cleanup_failures_total") == 1

@@ -30,7 +30,7 @@ from pipeline.bidirectional import (
     SessionSummary,
 )
 from pipeline.clock import Clock, MonotonicClock
-from pipeline.errors import PipelineError, SessionExistsError
+from pipeline.errors import PipelineError, SessionExistsError, UnknownSessionError
 from pipeline.lingbot.config import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -214,8 +214,14 @@ class LingBotService:
         self._summaries.pop(session_id, None)
         self._loops[session_id] = asyncio.get_running_loop().create_task(self._drive(session))
 
+    def _session(self, session_id: str) -> LingBotSession:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise UnknownSessionError(f"no session {session_id!r} on this worker")
+        return session
+
     def push_control(self, session_id: str, message: ControlMessage) -> None:
-        self._sessions[session_id].push(message)
+        self._session(session_id).push(message)
 
     @overload
     def outputs(self, session_id: str, *, parts: Literal[False] = False) -> AsyncIterator[ChunkOutput]: ...
@@ -225,15 +231,13 @@ class LingBotService:
 
     def outputs(self, session_id: str, *, parts: bool = False) -> AsyncIterator[ChunkItem]:
         """The session's chunks; with `parts`, each chunk's `ChunkPart`s ahead of it (progressive decode)."""
-        return self._sessions[session_id].chunks(parts=parts)
+        return self._session(session_id).chunks(parts=parts)
 
     async def close_session(self, session_id: str, mode: CloseMode = CloseMode.DRAIN) -> SessionSummary:
         summary = self._summaries.get(session_id)
         if summary is not None and session_id not in self._sessions:
             return summary
-        session = self._sessions.get(session_id)
-        if session is None:
-            raise KeyError(f"no session {session_id!r} on this worker")
+        session = self._session(session_id)
         loop_task = self._loops.get(session_id)
         if loop_task is not None and not loop_task.done():
             if mode is CloseMode.DRAIN:

@@ -31,6 +31,7 @@ from pipeline.bidirectional import (
     SessionSummary,
     SetPrompt,
 )
+from pipeline.errors import UnknownSessionError
 from service.settings import Settings
 
 __all__ = [
@@ -194,8 +195,14 @@ class FakeWorld:
         if self.pace_s is not None:
             session.pacer = asyncio.get_running_loop().create_task(self._pace(session), name=f"fake-pace-{session_id}")
 
+    def _session(self, session_id: str) -> _FakeSession:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise UnknownSessionError(session_id)
+        return session
+
     def push_control(self, session_id: str, message: ControlMessage) -> None:
-        session = self._sessions[session_id]
+        session = self._session(session_id)
         self.controls[session_id].append(message)
         if isinstance(message, ControlState) and message.seq > session.last_seq:
             session.last_seq = message.seq
@@ -207,7 +214,7 @@ class FakeWorld:
             session.paused = isinstance(message, Pause)
 
     async def outputs(self, session_id: str, *, parts: bool = False) -> AsyncIterator[ChunkOutput]:
-        session = self._sessions[session_id]
+        session = self._session(session_id)
         while True:
             item = await session.items.get()
             if item is _END:
@@ -223,7 +230,7 @@ class FakeWorld:
         if session is None:
             summary = self.summaries.get(session_id)
             if summary is None:
-                raise KeyError(session_id)
+                raise UnknownSessionError(session_id)
             return summary
         if mode is CloseMode.CANCEL:
             session.release_close.set()

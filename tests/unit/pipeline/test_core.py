@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.core import CloseMode, Dispatch, NoticeKind, ResultKind, SchedulerCore, SessionState
+from pipeline.core import CloseMode, Dispatch, NoticeKind, PipelineSessionState, ResultKind, SchedulerCore
 from pipeline.errors import (
     SequenceError,
     SessionClosedError,
@@ -232,10 +232,10 @@ def test_wrong_artifacts_from_a_stage_fail_only_that_session() -> None:
         core.try_submit(sid, {"input": (0, None)})
     bad, good = core.pump()
     assert core.complete(bad.invocation_id, {"nope": 1}, 0) is ResultKind.REJECTED
-    assert core.state("bad") is SessionState.FAILED
+    assert core.state("bad") is PipelineSessionState.FAILED
     assert "declares ['out']" in (core.failure("bad") or "")
     assert core.complete(good.invocation_id, {"out": 1}, 0) is ResultKind.DELIVERED
-    assert core.state("good") is SessionState.OPEN
+    assert core.state("good") is PipelineSessionState.OPEN
 
 
 def test_closed_sessions_refuse_input_and_ids_are_unique() -> None:
@@ -264,7 +264,7 @@ def test_drain_runs_accepted_work_and_discards_unjoined_prefetch() -> None:
         assert steps < 20
     assert core.begin_release("s") == ("decode", "denoise", "encode")
     report = core.finish_release("s", ("decode", "denoise", "encode"), {})
-    assert report.state is SessionState.CLOSED
+    assert report.state is PipelineSessionState.CLOSED
     assert report.outputs_emitted == 1
     assert report.discarded_items == 1  # cond 1 waiting for control 1
     assert report.slot_leaks == 0
@@ -276,12 +276,12 @@ def test_release_failure_poisons_the_id_until_a_retry_of_only_the_failed_stages_
     core.begin_close("s", CloseMode.CANCEL)
     stages = core.begin_release("s")
     report = core.finish_release("s", [s for s in stages if s != "denoise"], {"denoise": "RuntimeError: gpu"})
-    assert report.state is SessionState.POISONED
+    assert report.state is PipelineSessionState.POISONED
     with pytest.raises(SessionPoisonedError, match=r"releasing stages \['denoise'\] failed"):
         core.open_session("s")
     assert core.begin_release("s") == ("denoise",)
     report = core.finish_release("s", ["denoise"], {})
-    assert report.state is SessionState.CLOSED
+    assert report.state is PipelineSessionState.CLOSED
     assert report.released_stages == ("decode", "encode", "denoise")
     core.open_session("s")  # the id is usable again
 
@@ -310,7 +310,7 @@ def test_actor_death_fails_only_sessions_whose_state_it_held() -> None:
     (d,) = core.pump()
     core.complete(d.invocation_id, {"out": 1}, 0)
     assert core.actor_died("only", 1, "SIGKILL") == ["touched"]
-    assert core.state("fresh") is SessionState.OPEN
+    assert core.state("fresh") is PipelineSessionState.OPEN
     view.incarnations["only"] = 2
     core.try_submit("fresh", {"input": (0, None)})
     (d2,) = core.pump()

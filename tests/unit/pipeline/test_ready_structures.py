@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from pipeline import CloseMode, SchedulerCore, StageOrdering, StreamingPipelineSpec, validate_pipeline
-from pipeline.core import Dispatch, SessionState
+from pipeline.core import Dispatch, PipelineSessionState
 from tests.support.fakes.actors import StaticActorView
 from tests.support.fakes.clock import FakeClock
 from tests.support.graphs import linear_spec
@@ -204,7 +204,7 @@ class ReadyStructureMachine(RuleBasedStateMachine):
 
     @rule(sid=st.sampled_from(SESSIONS))
     def submit(self, sid: str) -> None:
-        if self.core.state(sid) is not SessionState.OPEN:
+        if self.core.state(sid) is not PipelineSessionState.OPEN:
             return
         if self.core.try_submit(sid, {"input": (self.next[sid], None)}):
             self.next[sid] += 1
@@ -239,7 +239,7 @@ class ReadyStructureMachine(RuleBasedStateMachine):
 
     @rule(sid=st.sampled_from(SESSIONS), cancel=st.booleans())
     def close(self, sid: str, cancel: bool) -> None:
-        if self.core.state(sid) not in (SessionState.OPEN, SessionState.DRAINING):
+        if self.core.state(sid) not in (PipelineSessionState.OPEN, PipelineSessionState.DRAINING):
             return
         self.core.begin_close(sid, CloseMode.CANCEL if cancel else CloseMode.DRAIN)
         self.closing.add(sid)

@@ -12,7 +12,7 @@ import torch
 from admission import ExecutionLease
 from pipeline.bidirectional import CloseMode, ControlState, ResetPose, Stop
 from pipeline.core import OutputItem
-from pipeline.errors import SessionFailedError
+from pipeline.errors import SessionFailedError, UnknownSessionError
 from pipeline.lingbot.camera import CameraChunk
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.graph.stages import CONDITION_REQUEST, CONTROL, FramesArtifact
@@ -136,7 +136,7 @@ async def test_history_bounds_the_summaries_and_close_reports_of_finished_sessio
             summaries[sid] = await service.close_session(sid, CloseMode.CANCEL)
         for sid in ("b", "c"):  # the newest two still answer a repeated close with the same summary
             assert await service.close_session(sid, CloseMode.CANCEL) is summaries[sid]
-        with pytest.raises(KeyError):  # the oldest is forgotten, worker and orchestrator alike
+        with pytest.raises(UnknownSessionError):  # the oldest is forgotten, worker and orchestrator alike
             await service.close_session("a", CloseMode.CANCEL)
     finally:
         await service.stop()
