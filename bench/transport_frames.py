@@ -237,7 +237,7 @@ async def bench_webrtc(seconds: float) -> dict[str, float]:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-        await transport.stop()
+        await transport.aclose()
     span = arrivals[-1] - arrivals[0]
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     return {

@@ -240,7 +240,9 @@ class Transport(Protocol):
 
     async def start(self) -> None: ...
 
-    async def stop(self) -> None: ...
+    async def aclose(self) -> None:
+        """Close every binding and stop what the transport runs (the one shutdown verb); idempotent."""
+        ...
 
     async def attach(self, port: SessionPort) -> Mapping[str, object]:
         """Start serving the session; return the JSON-able join details for the client."""

@@ -245,7 +245,7 @@ class ServiceRuntime:
             await self._recordings.aclose()
         if self._transport is not None:
             try:
-                await self._transport.stop()
+                await self._transport.aclose()
             except Exception:
                 logger.exception("shutdown: the transport failed to stop")
         await self._health.aclose()

@@ -60,7 +60,7 @@ class RecordingTransport:
     async def start(self) -> None:
         self.started = True
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
         self.stopped = True
         for task in self._readers.values():
             task.cancel()

@@ -103,9 +103,9 @@ class EmbeddedBindingStatistics:
 class EmbeddedSessionBinding:
     """One session served over direct WebRTC; successive peer connections rebind to it.
 
-    Cancellation contract: `close()` first lets the last status messages out (the session's final `done`, bounded
+    Cancellation contract: `aclose()` first lets the last status messages out (the session's final `done`, bounded
     by `status_flush_timeout`), then cancels and awaits the binding's tasks (feeding the pacer, pacing, relaying
-    and sending status) and closes the current peer connection. An `answer` in flight when `close` runs fails
+    and sending status) and closes the current peer connection. An `answer` in flight when `aclose` runs fails
     with `SessionNotAttachedError` and its peer connection is closed.
     """
 
@@ -376,15 +376,15 @@ class EmbeddedSessionBinding:
 
     # -- closing --------------------------------------------------------------------------------------------------
 
-    async def close(self, reason: str = "detached") -> None:
+    async def aclose(self, reason: str = "detached") -> None:
         """Stop serving the session and close its peer connection. Idempotent."""
-        if not await self._core.close(reason):
+        if not await self._core.aclose(reason):
             return
         async with self._answer_lock:
             peer, self._peer = self._peer, None
         if peer is not None:
             await self._close_peer(peer)
-        await self.viewers.close()
+        await self.viewers.aclose()
 
     def statistics(self) -> EmbeddedBindingStatistics:
         peer = self._peer

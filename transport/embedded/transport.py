@@ -97,7 +97,7 @@ class EmbeddedTransport:
         install_host_address_hook()
         self._running = True
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
         """Detach every session (closing its peer connection). Idempotent."""
         self._running = False
         for session_id in tuple(self._bindings):
@@ -196,7 +196,7 @@ class EmbeddedTransport:
     async def detach(self, session_id: str, reason: str) -> None:
         binding = self._bindings.pop(session_id, None)
         if binding is not None:
-            await binding.close(reason)
+            await binding.aclose(reason)
 
     def binding(self, session_id: str) -> EmbeddedSessionBinding:
         binding = self._bindings.get(session_id)

@@ -14,7 +14,7 @@ A slow viewer never slows the controller or the other viewers: offering a frame 
 pile up more than `status_buffer_bytes` unsent in a viewer's data channel is dropped and counted instead of sent.
 
 A viewer holds its place (`ViewerSeats`) from its credential until its peer connection fails or closes; an offer
-with the same credential replaces the viewer's peer connection (a rebind, same place). Cancellation: `close()`
+with the same credential replaces the viewer's peer connection (a rebind, same place). Cancellation: `aclose()`
 closes every viewer's peer connection.
 """
 
@@ -237,7 +237,7 @@ class EmbeddedViewers:
         except Exception:
             logger.warning("session %s: closing a viewer's peer connection failed", self.session_id, exc_info=True)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Close every viewer's peer connection (the session is detached). Idempotent."""
         async with self._lock:
             self._closed = True

@@ -113,9 +113,9 @@ class LiveKitBindingStatistics:
 
 class LiveKitSessionBinding:
     """The service participant of one session. `start()` joins and publishes (raises `RoomJoinError`), then
-    serves until `close()`; `handle_room_event` takes the same events from webhooks.
+    serves until `aclose()`; `handle_room_event` takes the same events from webhooks.
 
-    Cancellation contract: `close()` first lets the last status messages out (the session's final `done`, bounded
+    Cancellation contract: `aclose()` first lets the last status messages out (the session's final `done`, bounded
     by `status_flush_timeout`), then cancels and awaits every task the binding started (feeding the pacer,
     pacing, relaying status, sending, rejoining), leaves the room and closes the video source. Frames pending in
     the pacer are dropped.
@@ -442,9 +442,9 @@ class LiveKitSessionBinding:
 
     # -- closing --------------------------------------------------------------------------------------------------
 
-    async def close(self, reason: str = "detached") -> None:
+    async def aclose(self, reason: str = "detached") -> None:
         """Stop serving the session and leave the room. Idempotent."""
-        if await self._core.close(reason):
+        if await self._core.aclose(reason):
             await self._leave_room()
 
     def statistics(self) -> LiveKitBindingStatistics:

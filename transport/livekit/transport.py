@@ -71,7 +71,7 @@ class LiveKitTransportStatistics:
 
 
 class LiveKitTransport:
-    """`Transport` over LiveKit. One instance per service; `start()` before `attach`, `stop()` at shutdown.
+    """`Transport` over LiveKit. One instance per service; `start()` before `attach`, `aclose()` at shutdown.
 
     `room_admin` (default: a `RoomManager` on `config.url`), `room_factory` (default: the real SDK room) and
     `timers` are seams for tests.
@@ -126,7 +126,7 @@ class LiveKitTransport:
             await self._room_admin.start()
         self._running = True
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
         """Detach every session (their rooms are deleted), then close the API client. Idempotent."""
         self._running = False
         for session_id in tuple(self._bindings):
@@ -240,11 +240,11 @@ class LiveKitTransport:
                     keeps = await self._keeps_caller_room(binding)
                 except BaseException:  # cancelled while listing: leave the room we joined
                     self._attach_failures += 1
-                    await binding.close("attaching was cancelled")
+                    await binding.aclose("attaching was cancelled")
                     raise
                 if not keeps:
                     self._attach_failures += 1
-                    await binding.close("another session of this service joined the room first")
+                    await binding.aclose("another session of this service joined the room first")
                     raise RoomInUseError(room)
             self._bindings[session_id] = binding
             self._by_room[room] = session_id
@@ -329,7 +329,7 @@ class LiveKitTransport:
             return
         self._by_room.pop(binding.room_name, None)
         caller = self._callers.pop(session_id, None)
-        await binding.close(reason)
+        await binding.aclose(reason)
         if caller is None:
             await self._delete_room(binding.room_name)
         else:

@@ -224,13 +224,13 @@ class BindingCore:
         self._core.start_timer(config.initial_join_timeout, "the controller never joined")
         self._core.start_serving()
         # close():
-        if await self._core.close(reason):
+        if await self._core.aclose(reason):
             await self._leave_room()     # the connection goes last, after every task stopped
 
     Ordering: `start_serving` starts the loops in this order: feed, pace, relay, send. Status messages reach the
     client in the order the session published them (one relay, one sender); `put_first` (a greeting) is the only
     way ahead of the queue. The grace timer's expiry is passed on only while the binding has not ended (OVER or
-    CLOSED), so a timer that fires after the client came back or after detach changes nothing. `close()` moves to
+    CLOSED), so a timer that fires after the client came back or after detach changes nothing. `aclose()` moves to
     CLOSED before it cancels anything, so SDK callbacks that run during the teardown see CLOSED and stand aside; the
     binding closes its connection only after every task has stopped.
 
@@ -239,12 +239,12 @@ class BindingCore:
     dropped); `deliver` and `reply` never block. Failures are scoped: a task that raises is logged with the session
     id and dropped, the others go on.
 
-    Cancellation: `close()` first lets the last status messages out when the link is ready (the session's final
+    Cancellation: `aclose()` first lets the last status messages out when the link is ready (the session's final
     `done`), bounded by `status_flush_timeout`; then it moves to CLOSED, cancels the grace timer, closes the pacer
     (pending frames are dropped), cancels every task once and awaits them all. It returns True to the one call that
     did this, and the binding then closes its connection; it returns False at once when the binding was already
     closed (a call that was flushing concurrently returns False once the other has moved to CLOSED, possibly before
-    the other's teardown finished). Cancelling `close()` during the flush leaves everything running and `close()`
+    the other's teardown finished). Cancelling `aclose()` during the flush leaves everything running and `aclose()`
     may be called again. Spawning after CLOSED raises: no task is left without an owner.
     """
 
@@ -348,7 +348,7 @@ class BindingCore:
     # -- tasks ----------------------------------------------------------------------------------------------------
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        """Run `coro` as a task the core owns (named `<prefix>-<name>:<session id>`); `close()` cancels it."""
+        """Run `coro` as a task the core owns (named `<prefix>-<name>:<session id>`); `aclose()` cancels it."""
         task_name = f"{self._task_prefix}-{name}:{self.session_id}"
         if self.closed:
             coro.close()
@@ -460,7 +460,7 @@ class BindingCore:
 
     # -- closing --------------------------------------------------------------------------------------------------
 
-    async def close(self, reason: str) -> bool:
+    async def aclose(self, reason: str) -> bool:
         """Flush, then stop everything the core owns (see the class docstring). True for the call that closed."""
         if self.closed:
             return False

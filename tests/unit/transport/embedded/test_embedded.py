@@ -56,7 +56,7 @@ async def setup() -> AsyncIterator[Setup]:
     generator.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await generator
-    await transport.stop()
+    await transport.aclose()
 
 
 @contextlib.asynccontextmanager
@@ -264,7 +264,7 @@ async def test_the_binding_state_follows_start_the_client_leaving_and_detach() -
     assert port.gone == ["the client never connected"]
     assert (binding.state, binding.presence) == (BindingState.OVER, PeerPresence.GONE)
     assert not binding.closed
-    await binding.close("client_gone")
+    await binding.aclose("client_gone")
     stats = binding.statistics()
     assert (stats.state, stats.tasks) == (BindingState.CLOSED, 0)
     assert binding.closed
@@ -272,7 +272,7 @@ async def test_the_binding_state_follows_start_the_client_leaving_and_detach() -
 
 async def test_a_binding_closed_before_start_is_closed() -> None:
     binding = EmbeddedSessionBinding(FakeSessionPort("s1"), config=EmbeddedConfig(), timers=FakeTimers())
-    await binding.close("never started")
+    await binding.aclose("never started")
     assert binding.state is BindingState.CLOSED
     with pytest.raises(SessionNotAttachedError):
         await binding.answer("v=0")
@@ -290,5 +290,5 @@ async def test_attach_rules() -> None:
         with pytest.raises(SessionAlreadyAttachedError):
             await transport.attach(FakeSessionPort("a b"))
     finally:
-        await transport.stop()
+        await transport.aclose()
     assert transport.sessions == 0

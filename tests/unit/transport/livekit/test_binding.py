@@ -104,7 +104,7 @@ async def h() -> AsyncIterator[Harness]:
     harness = _make()
     await harness.binding.start()
     yield harness
-    await harness.binding.close()
+    await harness.binding.aclose()
 
 
 def _expiry(token: str) -> int:
@@ -385,7 +385,7 @@ async def test_rejoin_that_keeps_failing_ends_the_session() -> None:
         assert harness.binding.state is BindingState.OVER
         assert harness.binding.statistics().rejoin_failures == 3
     finally:
-        await harness.binding.close()
+        await harness.binding.aclose()
 
 
 @pytest.mark.parametrize("reason", ["ROOM_DELETED", "ROOM_CLOSED", "PARTICIPANT_REMOVED", "DUPLICATE_IDENTITY"])
@@ -492,7 +492,7 @@ async def test_controller_already_in_the_room_at_join_is_seen() -> None:
         assert harness.binding.presence is ControllerPresence.PRESENT
         assert harness.timers.live == []
     finally:
-        await harness.binding.close()
+        await harness.binding.aclose()
 
 
 async def test_controller_gone_during_a_rejoin_starts_the_grace() -> None:
@@ -507,7 +507,7 @@ async def test_controller_gone_during_a_rejoin_starts_the_grace() -> None:
         harness.timers.advance(GRACE)
         assert harness.port.gone == ["the controller left"]
     finally:
-        await harness.binding.close()
+        await harness.binding.aclose()
 
 
 # -- closing -------------------------------------------------------------------------------------------------------
@@ -516,8 +516,8 @@ async def test_controller_gone_during_a_rejoin_starts_the_grace() -> None:
 async def test_close_leaves_the_room_and_is_idempotent() -> None:
     harness = _make()
     await harness.binding.start()
-    await harness.binding.close("test")
-    await harness.binding.close("again")
+    await harness.binding.aclose("test")
+    await harness.binding.aclose("again")
     assert harness.binding.state is BindingState.CLOSED
     assert harness.room.disconnects == 1
     assert harness.video.closed
@@ -531,7 +531,7 @@ async def test_close_lets_the_final_done_out_first() -> None:
     harness = _make()
     await harness.binding.start()
     harness.port.emit_status(DoneStatus("closed"))  # published by the session just before it detaches
-    await harness.binding.close("closed")
+    await harness.binding.aclose("closed")
     sent = await harness.room.next_data()
     assert json.loads(sent.payload) == {"v": 1, "type": "done", "reason": "closed"}
     assert sent.reliable
@@ -549,7 +549,7 @@ async def test_connection_lost_while_rejoining_is_retried() -> None:
         assert len(harness.factory.rooms) == 3
         assert harness.factory.rooms[1].disconnects == 1  # the half-joined room was left
     finally:
-        await harness.binding.close()
+        await harness.binding.aclose()
 
 
 async def test_a_joining_controller_is_told_the_current_state(h: Harness) -> None:

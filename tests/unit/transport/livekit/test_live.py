@@ -62,7 +62,7 @@ async def _transport() -> AsyncIterator[LiveKitTransport]:
     live = LiveKitTransport(config)
     await live.start()
     yield live
-    await live.stop()
+    await live.aclose()
 
 
 async def scenario() -> None:

@@ -119,7 +119,7 @@ async def test_binding_feeds_generated_frames_through_the_real_video_source() ->
         received = await _read(stream, stats.frames_captured)
     finally:
         await stream.aclose()
-        await binding.close()
+        await binding.aclose()
     # Every frame sent is accounted for exactly once: captured, or dropped late by the pacer.
     assert stats.frames_captured + stats.pacer.dropped_late == sent
     assert stats.pacer.dropped_overflow == 0

@@ -60,7 +60,7 @@ async def setup() -> AsyncIterator[Setup]:
     transport = LiveKitTransport(config, room_factory=factory, timers=timers)
     await transport.start()
     yield Setup(server, factory, timers, transport)
-    await transport.stop()
+    await transport.aclose()
     await server.close()
 
 
@@ -233,7 +233,7 @@ async def test_detach_survives_a_room_already_gone_or_a_failing_server(setup: Se
 
 async def test_stop_detaches_everything_and_refuses_new_sessions(setup: Setup) -> None:
     await setup.transport.attach(FakeSessionPort("s1"))
-    await setup.transport.stop()
+    await setup.transport.aclose()
     assert setup.server.rooms == {}
     with pytest.raises(TransportClosedError):
         await setup.transport.attach(FakeSessionPort("s2"))

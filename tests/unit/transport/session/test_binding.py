@@ -145,7 +145,7 @@ async def rig() -> AsyncIterator[Rig]:
     rig = _rig()
     rig.core.move(LIVE)
     yield rig
-    await rig.core.close("test over")
+    await rig.core.aclose("test over")
 
 
 # -- lifecycle ------------------------------------------------------------------------------------------------------
@@ -243,7 +243,7 @@ async def test_close_cancels_and_awaits_every_task(rig: Rig) -> None:
     rig.core.start_serving()
     await asyncio.sleep(0)
     assert rig.core.statistics().tasks == 5
-    assert await rig.core.close("detached")
+    assert await rig.core.aclose("detached")
     assert cancelled.is_set()
     assert task.cancelled()
     assert rig.core.statistics().tasks == 0
@@ -251,7 +251,7 @@ async def test_close_cancels_and_awaits_every_task(rig: Rig) -> None:
 
 
 async def test_spawning_after_close_raises_and_closes_the_coroutine(rig: Rig) -> None:
-    await rig.core.close("detached")
+    await rig.core.aclose("detached")
 
     async def late() -> None:
         await asyncio.sleep(0)
@@ -266,10 +266,10 @@ async def test_concurrent_closes_close_once() -> None:
     rig = _rig()
     rig.core.move(LIVE)
     rig.core.start_serving()
-    results = await asyncio.gather(rig.core.close("one"), rig.core.close("two"))
+    results = await asyncio.gather(rig.core.aclose("one"), rig.core.aclose("two"))
     assert sorted(results) == [False, True]
     assert rig.core.state is CLOSED
-    assert await rig.core.close("three") is False
+    assert await rig.core.aclose("three") is False
 
 
 # -- grace timer and the end of the client ---------------------------------------------------------------------------
@@ -299,7 +299,7 @@ async def test_a_grace_that_expires_after_the_end_is_ignored(rig: Rig) -> None:
 
 async def test_close_cancels_the_grace(rig: Rig) -> None:
     rig.core.start_timer(5.0, "the client left")
-    await rig.core.close("detached")
+    await rig.core.aclose("detached")
     assert rig.timers.live == []
     rig.timers.advance(60.0)
     assert rig.expired == []
@@ -322,7 +322,7 @@ async def test_a_failing_client_gone_is_logged_and_the_binding_is_still_over(cap
     assert rig.core.state is OVER
     assert rig.port.gone == ["the client left"]
     assert any(r.getMessage() == "session s1: client_gone failed" for r in caplog.records)
-    assert await rig.core.close("detached")
+    assert await rig.core.aclose("detached")
 
 
 # -- frames and status ----------------------------------------------------------------------------------------------
@@ -366,7 +366,7 @@ async def test_idle_repeats_reach_the_connection_but_count_and_stamp_nothing() -
                 await rig.frames.seen.wait()
         assert rig.core.statistics().frames_delivered == 3
     finally:
-        await rig.core.close("test over")
+        await rig.core.aclose("test over")
 
 
 async def test_relayed_states_are_remembered_and_replies_go_to_the_controller(rig: Rig) -> None:
@@ -385,7 +385,7 @@ async def test_relayed_states_are_remembered_and_replies_go_to_the_controller(ri
 async def test_close_lets_the_final_done_out_when_the_link_is_ready(rig: Rig) -> None:
     rig.core.start_serving()
     rig.port.emit_status(DoneStatus("closed"))  # published just before the session detaches
-    assert await rig.core.close("closed")
+    assert await rig.core.aclose("closed")
     assert [decode_status(message.payload) for message in rig.link.sent] == [DoneStatus("closed")]
 
 
@@ -395,7 +395,7 @@ async def test_close_does_not_wait_for_a_link_that_is_down() -> None:
     rig.core.start_serving()
     rig.port.emit_status(DoneStatus("closed"))
     async with asyncio.timeout(Settings().status_flush_timeout / 2):  # no flush: well within the flush timeout
-        assert await rig.core.close("closed")
+        assert await rig.core.aclose("closed")
     assert rig.link.sent == []
 
 

@@ -50,7 +50,7 @@ async def embedded() -> AsyncIterator[tuple[EmbeddedTransport, FakeSessionPort, 
     try:
         yield transport, port, timers
     finally:
-        await transport.stop()
+        await transport.aclose()
 
 
 async def test_embedded_a_returning_peer_cannot_roll_control_back(
@@ -110,7 +110,7 @@ async def livekit() -> AsyncIterator[tuple[LiveKitSessionBinding, FakeRoomFactor
     try:
         yield binding, factory, port
     finally:
-        await binding.close()
+        await binding.aclose()
 
 
 def _wire(seq: int, *keys: str) -> str:
