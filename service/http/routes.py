@@ -48,6 +48,7 @@ from service.errors import (
     error_body,
 )
 from service.http.auth import ApiKeyAuth
+from service.http.events import event_stream_response
 from service.http.schemas import (
     CreateSessionRequest,
     DrainBody,
@@ -65,7 +66,7 @@ from service.http.schemas import (
 )
 from service.logs import bind_session_id
 from service.runtime.images import decode_image
-from service.runtime.runtime import ServiceRuntime, SnapshotStream
+from service.runtime.runtime import ServiceRuntime
 from service.runtime.sessions import SessionSnapshot, SessionState
 from service.usage.query import parse_since
 from transport.base import (
@@ -348,12 +349,7 @@ async def session_events(session_id: str, owner: Owner, runtime: Runtime) -> Str
     keepalive = runtime.tuning.sse_keepalive_s
     if heartbeat is not None:
         keepalive = min(keepalive, heartbeat / 3)
-    return _EventStreamResponse(
-        subscription,
-        _event_stream(runtime, snapshot, subscription, keepalive),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return event_stream_response(runtime, snapshot, subscription, keepalive)
 
 
 _STREAMING = frozenset({SessionState.ADMITTED, SessionState.RUNNING, SessionState.PAUSED, SessionState.DRAINING})
@@ -491,62 +487,6 @@ async def _json_body(request: Request, model: type[_Model]) -> _Model:
         return model.model_validate_json(await request.body())
     except ValidationError as exc:
         raise InvalidRequestError(describe_validation_errors(exc.errors())) from None
-
-
-class _EventStreamResponse(StreamingResponse):
-    """The SSE response; it unsubscribes when it ends, however it ends.
-
-    A client that stops reading and then disconnects is noticed while the stream waits in `send`: Starlette then
-    cancels the stream without closing its body iterator, so the iterator's own `with subscription` would only
-    run when the garbage collector finds the suspended generator, and until then the session kept publishing to it.
-    """
-
-    def __init__(self, subscription: SnapshotStream, content: AsyncIterator[str], **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)
-        self._subscription = subscription
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._subscription.close()
-
-
-async def _event_stream(
-    runtime: ServiceRuntime,
-    first: SessionSnapshot,
-    subscription: SnapshotStream,
-    keepalive: float,
-) -> AsyncIterator[str]:
-    """The SSE body. Ends after the terminal snapshot; closing it (client gone) unsubscribes at once."""
-    with subscription:
-        yield "retry: 3000\n\n"
-        yield _sse_event(first)
-        last = first.sequence
-        if first.terminal:
-            return
-        while True:
-            try:
-                async with asyncio.timeout(keepalive):
-                    snapshot = await anext(subscription)
-            except TimeoutError:
-                runtime.heartbeat(first.id)
-                yield ": keep-alive\n\n"
-                continue
-            except StopAsyncIteration:
-                return
-            runtime.heartbeat(first.id)
-            if snapshot.sequence <= last:
-                continue
-            last = snapshot.sequence
-            yield _sse_event(snapshot)
-            if snapshot.terminal:
-                return
-
-
-def _sse_event(snapshot: SessionSnapshot) -> str:
-    data = session_body(snapshot).model_dump_json()
-    return f"event: session\nid: {snapshot.sequence}\ndata: {data}\n\n"
 
 
 def _is_json(content_type: str) -> bool:
