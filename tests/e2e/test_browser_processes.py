@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.test_process_shutdown import descendants
 from tests.support.browser.chromium import BROWSER_SKIPS, CHROMIUM, CHROMIUM_ARGS
 from tests.support.browser.pages import hold_until_applied
+from tests.support.process_tree import descendants
 from tests.support.serving import ROOT, environment, free_port, lingstream, wait_until_ready
 
 try:

@@ -5,7 +5,6 @@ no shared-memory segment it mapped is left in /dev/shm."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.process_tree import alive, descendants, shm_paths
 from tests.support.reliability import samples
 from tests.support.serving import serve
 
@@ -20,53 +20,6 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="re
 
 DRAIN_TIMEOUT_S = 2.0
 HEAVY = {"width": 256, "height": 160, "fps": 16, "chunk_size": 3, "compute_scale": 16, "hud": False}
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        ppid = int(stat.rpartition(")")[2].split()[1])
-        tree.setdefault(ppid, []).append(int(entry.name))
-    return tree
-
-
-def descendants(pid: int) -> set[int]:
-    tree, found, todo = _children(), set(), [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def shm_paths(pids: set[int]) -> set[str]:
-    """The /dev/shm files these processes map or hold open and that still have a name."""
-    paths: set[str] = set()
-    for pid in pids:
-        try:
-            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
-            links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
-        except OSError:
-            continue
-        for name in [line.split(maxsplit=5)[-1] for line in maps if "/dev/shm/" in line] + links:
-            if name.startswith("/dev/shm/") and not name.endswith("(deleted)"):
-                paths.add(name)
-    return paths
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").exists() and " Z " not in Path(f"/proc/{pid}/stat").read_text()
 
 
 async def test_sigterm_with_a_chunk_in_flight_leaves_no_process_and_no_shared_memory(tmp_path: Path) -> None:

@@ -1,5 +1,7 @@
-"""The house rules on imports that hold across packages: no module imports another module's `_private` names, and
-the light packages (`pipeline`, `transport`'s codec, `admission`) load no torch."""
+"""The house rules on imports that hold across packages: no module imports another module's `_private` names; the
+light packages (`pipeline`, `transport`'s seam and codec, `admission`) load no torch, and the transport seam loads
+none of the foreign SDKs (aiortc, av, livekit) it wraps; and tests and benches share helpers only through
+`tests.support`."""
 
 from __future__ import annotations
 
@@ -38,16 +40,47 @@ def test_no_module_imports_another_modules_private_names() -> None:
     )
 
 
-@pytest.mark.parametrize("module", ["pipeline", "transport", "transport.protocol", "transport.client", "admission"])
-def test_importing_a_light_package_loads_no_torch(module: str) -> None:
-    probe = (
-        f"import sys, {module}; loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'torch'); print(loaded)"
-    )
+def _loaded(module: str, roots: tuple[str, ...]) -> list[str]:
+    """The modules under `roots` that a fresh interpreter holds after `import module`."""
+    probe = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in {roots!r}))"
     result = subprocess.run(
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]", f"import {module} loaded torch"
+    loaded: list[str] = ast.literal_eval(result.stdout.strip())
+    return loaded
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "pipeline",
+        "pipeline.lingbot.errors",
+        "pipeline.lingbot.chunks",
+        "transport",
+        "transport.protocol",
+        "transport.errors",
+        "transport.client",
+        "admission",
+    ],
+)
+def test_importing_a_light_package_loads_no_torch(module: str) -> None:
+    assert _loaded(module, ("torch",)) == [], f"import {module} loaded torch: import it where it is used"
+
+
+@pytest.mark.parametrize(
+    ("module", "sdks"),
+    [
+        ("transport", ("aiortc", "av", "livekit")),
+        ("transport.protocol", ("aiortc", "av", "livekit")),
+        ("transport.errors", ("aiortc", "av", "livekit")),
+        # The client's stream is an aiortc peer (it needs aiortc and av); LiveKit only when a LiveKit session is joined.
+        ("transport.client", ("livekit",)),
+    ],
+)
+def test_the_transport_seam_loads_no_foreign_sdk(module: str, sdks: tuple[str, ...]) -> None:
+    loaded = sorted({name.split(".")[0] for name in _loaded(module, sdks)})
+    assert loaded == [], f"import {module} loaded {loaded}: the SDKs load in transport's role folders, where used"
 
 
 def test_the_python_client_loads_neither_the_service_nor_the_livekit_ffi() -> None:
@@ -63,3 +96,41 @@ def test_the_python_client_loads_neither_the_service_nor_the_livekit_ffi() -> No
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", f"import transport.client loaded {result.stdout.strip()}"
+
+
+def _test_imports(path: Path) -> list[tuple[int, str]]:
+    """Each `tests.<...>` module that `path` imports (relative imports resolved), with its line."""
+    package = path.relative_to(ROOT).parent.parts
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else ()
+            found.append((node.lineno, ".".join([*base, *(node.module or "").split(".")]).strip(".")))
+    return [(line, module) for line, module in found if module.startswith("tests.")]
+
+
+def _cross_folder_test_imports(path: Path) -> list[str]:
+    """The imports of `tests.<x>...` other than `tests.support...` from outside the imported module's own folder."""
+    offenders: list[str] = []
+    for line, module in _test_imports(path):
+        parts = module.split(".")
+        if parts[1] == "support":
+            continue
+        folder = ROOT.joinpath(*parts)
+        if not folder.is_dir():
+            folder = folder.parent
+        if not path.is_relative_to(folder):
+            offenders.append(f"{path.relative_to(ROOT)}:{line}: imports {module}")
+    return offenders
+
+
+def test_tests_and_benches_share_helpers_only_through_tests_support() -> None:
+    sources = sorted(path for folder in ("tests", "bench") for path in (ROOT / folder).rglob("*.py"))
+    assert len(sources) > 100  # the scan saw the tree
+    offenders = [line for path in sources for line in _cross_folder_test_imports(path)]
+    assert offenders == [], (
+        "a helper used outside its own folder belongs in tests/support/ (a test may import one of its own folder):\n"
+        + "\n".join(offenders)
+    )
