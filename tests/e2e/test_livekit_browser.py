@@ -13,7 +13,7 @@ Skipped, with the reason, where the namespace cannot be made (not root, no `unsh
 
 from __future__ import annotations
 
-import time
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from tests.support.browser.pages import (
     wait_frames,
 )
 from tests.support.livekit_stack import LiveKitStack, livekit_stack, metric
+from tests.support.waits import until_sync
 
 try:
     from playwright.sync_api import Browser, Page, sync_playwright
@@ -121,11 +122,7 @@ def _joins(stack: LiveKitStack, identity: str) -> list[dict[str, Any]]:
     return [entry for entry in history if entry["event"] == "join" and entry.get("identity") == identity]
 
 
-def _until(condition: Callable[[], bool], what: str, within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {within} s: {what}"
-        time.sleep(0.1)  # polling other processes against a deadline
+_until = functools.partial(until_sync, within=20.0)  # the stack's processes answer within seconds
 
 
 def _turned_and_settled(page: Page) -> tuple[np.ndarray, int]:

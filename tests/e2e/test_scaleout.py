@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from redis.asyncio import Redis
 from service.settings import load_settings
 from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
 from tests.support.serving import ROOT, environment, free_port, lingstream
+from tests.support.waits import until
 
 pytestmark = [
     pytest.mark.slow,
@@ -121,14 +123,7 @@ def _auth(key: str | None) -> dict[str, str]:
     return {} if key is None else {"Authorization": f"Bearer {key}"}
 
 
-async def _poll(predicate: Callable[[], Awaitable[bool]], what: str, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.TransportError):
-            if await predicate():
-                return
-        await asyncio.sleep(0.05)  # polling processes with a deadline
-    pytest.fail(f"timed out waiting for {what}")
+_poll = functools.partial(until, within=10.0, every=0.05, ignoring=(httpx.TransportError,))  # processes, restarting
 
 
 def _start(tmp_path: Path, name: str, redis_url: str, settings: dict[str, str]) -> Replica:
@@ -276,7 +271,7 @@ async def test_get_list_delete_and_events_work_on_any_replica(tmp_path: Path) ->
             asyncio.create_task(_read_events(cluster, "r3", waiting["id"], events["queued"])),
             asyncio.create_task(_read_events(cluster, "r3", session, events["running"])),
         ]
-        await _poll(lambda: _true(bool(events["queued"]) and bool(events["running"])), "the first events")
+        await _poll(lambda: bool(events["queued"]) and bool(events["running"]), "the first events")
         assert (events["queued"][0]["status"], events["queued"][0]["queue_position"]) == ("queued", 1)
 
         # DELETE on a replica that does not run it reaches the owner; the queue head starts on the freed slot.
@@ -343,10 +338,6 @@ async def _read_events(cluster: Cluster, name: str, session: str, sink: list[dic
         async for line in response.aiter_lines():
             if line.startswith("data: "):
                 sink.append(json.loads(line[len("data: ") :]))
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def test_concurrent_creates_over_replicas_never_exceed_the_slots_and_leak_nothing(tmp_path: Path) -> None:

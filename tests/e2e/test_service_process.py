@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from tests.support.serving import ROOT, environment, free_port, lingstream, serve
+from tests.support.waits import until
 
 
 async def _events(client: httpx.AsyncClient, url: str, sink: list[dict[str, Any]]) -> None:
@@ -27,13 +29,7 @@ async def _events(client: httpx.AsyncClient, url: str, sink: list[dict[str, Any]
                 sink.append(json.loads(line[len("data: ") :]))
 
 
-async def _poll_until(predicate: Any, what: str, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.05)  # polling a subprocess with a deadline
-    pytest.fail(f"timed out waiting for {what}")
+_poll_until = functools.partial(until, within=10.0, every=0.05)  # polling a subprocess
 
 
 @contextlib.asynccontextmanager
@@ -53,7 +49,7 @@ async def test_sigterm_drains_running_sessions_and_exits_zero(tmp_path: Path) ->
             session = created.json()["id"]
             events: list[dict[str, Any]] = []
             reader = asyncio.create_task(_events(client, f"{service.url}/v1/sessions/{session}/events", events))
-            await _poll_until(lambda: _true(bool(events)), "the first event")
+            await _poll_until(lambda: bool(events), "the first event")
 
             signalled = time.monotonic()
             service.process.send_signal(signal.SIGTERM)
@@ -122,7 +118,3 @@ def test_drain_command_exits_one_when_the_service_is_unreachable() -> None:
     )
     assert result.returncode == 1
     assert "unreachable" in result.stderr
-
-
-async def _true(value: bool) -> bool:
-    return value

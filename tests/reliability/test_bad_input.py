@@ -28,8 +28,9 @@ from service.workers import build_workers
 from tests.support.fakes.livekit import FakeRoomFactory, FakeRoomService
 from tests.support.fakes.transport_timers import FakeTimers
 from tests.support.fakes.world import FakeWorld
-from tests.support.reliability import App, running_app, until
+from tests.support.reliability import WAIT_S, App, running_app
 from tests.support.serving import serve
+from tests.support.waits import until
 from transport.livekit.config import LiveKitConfig
 from transport.livekit.transport import LiveKitTransport
 from transport.protocol import encode_control
@@ -376,10 +377,10 @@ async def test_control_from_anyone_but_the_controller_is_ignored_and_counted() -
         assert stats.data_other_topic == 1
         assert stats.control.received == 0  # nothing reached the decoder
         room.receive_data(snapshot, controller)
-        await until(lambda: _is(world.controls[sid] == [ControlState(7, frozenset({"w"}))]), "the controller's control")
+        await until(
+            lambda: world.controls[sid] == [ControlState(7, frozenset({"w"}))],
+            "the controller's control",
+            within=WAIT_S,
+        )
         assert transport.session_statistics(sid).control.forwarded == 1
         assert world.controls[other["id"]] == []
-
-
-async def _is(value: bool) -> bool:
-    return value

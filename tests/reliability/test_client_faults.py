@@ -16,9 +16,10 @@ from typing import Any
 import httpx
 
 from tests.support.fakes.world import FakeWorld
-from tests.support.reliability import Events, running_app, samples, until
+from tests.support.reliability import WAIT_S, Events, running_app, samples
 from tests.support.service_harness import metric
 from tests.support.serving import serve
+from tests.support.waits import until
 
 HEARTBEAT_S = 1.5
 
@@ -208,7 +209,11 @@ async def test_max_connections_caps_open_connections_and_frees_with_them(tmp_pat
             for sock in held:
                 sock.close()
             held.clear()
-            await until(lambda: _healthy_on_new_connection(service.port), "a slot freed by the closed connections")
+            await until(
+                lambda: _healthy_on_new_connection(service.port),
+                "a slot freed by the closed connections",
+                within=WAIT_S,
+            )
         finally:
             for sock in held:
                 with contextlib.suppress(OSError):

@@ -15,8 +15,9 @@ from pipeline.bidirectional import ControlState
 from pipeline.core import PipelineSessionState
 from pipeline.errors import SessionPoisonedError
 from tests.support.process_world import ProcessWorld
-from tests.support.reliability import App, running_app, samples, total, until, wait_status
+from tests.support.reliability import WAIT_S, App, running_app, samples, total, wait_status
 from tests.support.service_harness import RecordingTransport
+from tests.support.waits import until
 from tests.support.worker_stages import SPAWN
 from tests.support.worlds import FAIL_AT_CHUNK, FAIL_SEED, POISON_SEED, TINY, faulty_lingbot_workers
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus
@@ -61,7 +62,9 @@ async def test_a_stage_raising_mid_chunk_fails_only_its_session_and_frees_its_sl
         admitted = await wait_status(app, waiting["id"], "running")
         assert admitted["queue_position"] is None
         before = _chunks(transport, healthy["id"])
-        await until(lambda: _async(_chunks(transport, healthy["id"]) >= before + 3), "the healthy session to go on")
+        await until(
+            lambda: _chunks(transport, healthy["id"]) >= before + 3, "the healthy session to go on", within=WAIT_S
+        )
         assert (await app.get(healthy["id"]))["status"] == "running"
 
         figures = await _slots_consistent(app)
@@ -84,7 +87,7 @@ async def test_a_failing_cleanup_hook_poisons_the_session_id_until_the_retry_suc
         worker = app.workers[0]
         orchestrator = worker.orchestrator
         poisoned = (await app.create({"config": {**TINY, "seed": POISON_SEED}})).json()
-        await until(lambda: _async(_chunks(transport, poisoned["id"]) >= 1), "the first chunk")
+        await until(lambda: _chunks(transport, poisoned["id"]) >= 1, "the first chunk", within=WAIT_S)
         closed = (await app.client.delete(f"/v1/sessions/{poisoned['id']}")).json()
         assert closed["status"] == "closed"
 
@@ -99,12 +102,10 @@ async def test_a_failing_cleanup_hook_poisons_the_session_id_until_the_retry_suc
         # The admission slot came back: the next session runs on the same worker.
         other = (await app.create({"config": {**TINY, "seed": 3}})).json()
         assert other["status"] == "running"
-        await until(lambda: _async(_chunks(transport, other["id"]) >= 1), "the next session's first chunk")
+        await until(lambda: _chunks(transport, other["id"]) >= 1, "the next session's first chunk", within=WAIT_S)
 
         # The service retries the failed release by itself (after RETRY_S); the retry succeeds and clears the poison.
-        await until(
-            lambda: _async(orchestrator.statistics().core.poisoned_sessions == ()), "the release retry", within=10
-        )
+        await until(lambda: orchestrator.statistics().core.poisoned_sessions == (), "the release retry", within=10)
         assert worker.decoder.release_attempts[poisoned["id"]] == 2
         text = await app.metrics()
         assert samples(text, "lingstream_pipeline_sessions_poisoned") == {'{worker="0"}': 0.0}
@@ -141,13 +142,14 @@ async def test_a_worker_process_killed_mid_chunk_fails_its_sessions_and_the_othe
             assert failed["error"]["code"] == "model_failure"
             assert "died" in failed["error"]["message"]
             assert transport.statuses[sid][-1] == DoneStatus("failed")
-        await until(lambda: _async(not app.runtime.readiness().ready), "readiness to turn false", within=5)
+        await until(lambda: not app.runtime.readiness().ready, "readiness to turn false", within=5)
         before = {sid: _chunks(transport, sid) for sid in spared}
         await until(
-            lambda: _async(all(_chunks(transport, sid) >= before[sid] + 3 for sid in spared)),
+            lambda: all(_chunks(transport, sid) >= before[sid] + 3 for sid in spared),
             "the sessions on the other worker to go on",
+            within=WAIT_S,
         )
-        await until(lambda: _async(app.runtime.readiness().ready), "readiness to recover", within=30)
+        await until(lambda: app.runtime.readiness().ready, "readiness to recover", within=30)
         assert (await app.client.get("/readyz")).status_code == 200
         assert app.workers[victim].actor.incarnation == 2
 
@@ -155,14 +157,12 @@ async def test_a_worker_process_killed_mid_chunk_fails_its_sessions_and_the_othe
         assert retained[f'{{worker="{victim}"}}'] == 0
         fresh = (await app.create({})).json()
         assert fresh["status"] == "running"
-        await until(lambda: _async(_chunks(transport, fresh["id"]) >= 2), "a new session on the restarted worker")
+        await until(
+            lambda: _chunks(transport, fresh["id"]) >= 2, "a new session on the restarted worker", within=WAIT_S
+        )
         text = await app.metrics()
         assert samples(text, "lingstream_pipeline_actor_restarts_total")[f'{{stage="render",worker="{victim}"}}'] == 1
         for sid in [*spared, fresh["id"]]:
             assert (await app.client.delete(f"/v1/sessions/{sid}")).json()["status"] == "closed"
         figures = await _slots_consistent(app)
         assert (figures["retained"], figures["mismatch"], figures["live"]) == (0, 0, 0)
-
-
-async def _async(value: bool) -> bool:
-    return value

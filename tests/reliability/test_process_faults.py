@@ -23,9 +23,10 @@ from pipeline.bidirectional import ControlState
 from pipeline.lingbot.policy.service import LingBotService
 from service.settings import Settings
 from service.workers import process_placement, worker_options
-from tests.support.reliability import App, running_app, samples, total, until, wait_status
+from tests.support.reliability import WAIT_S, App, running_app, samples, total, wait_status
 from tests.support.service_harness import RecordingTransport
 from tests.support.sharded_world import KILL_SEED, STUCK_SEED, FaultyShardedFactory
+from tests.support.waits import until
 from tests.support.worker_stages import SPAWN
 from transport.base import ChunkStatus, DoneStatus
 
@@ -86,15 +87,11 @@ async def harness() -> AsyncIterator[Harness]:
         yield Harness(app, transport)
 
 
-async def _check(value: bool) -> bool:
-    return value
-
-
 async def _expect_unready_then_ready(harness: Harness) -> None:
     runtime = harness.app.runtime
-    await until(lambda: _check(not runtime.readiness().ready), "readiness to turn false", within=CALL_TIMEOUT_S + 10)
+    await until(lambda: not runtime.readiness().ready, "readiness to turn false", within=CALL_TIMEOUT_S + 10)
     assert (await harness.app.client.get("/readyz")).status_code == 503
-    await until(lambda: _check(runtime.readiness().ready), "the restarted group to make the worker ready", within=60)
+    await until(lambda: runtime.readiness().ready, "the restarted group to make the worker ready", within=60)
     assert (await harness.app.client.get("/readyz")).status_code == 200
 
 
@@ -103,7 +100,7 @@ async def _slots_free_and_next_session_runs(harness: Harness) -> None:
     assert total(text, "lingstream_admission_slots_retained") == 0
     assert total(text, "lingstream_admission_slot_mismatch") == 0
     fresh = await harness.start_session(seed=7)
-    await until(lambda: _check(harness.chunks(fresh) >= 3), "the next session on the restarted group")
+    await until(lambda: harness.chunks(fresh) >= 3, "the next session on the restarted group", within=WAIT_S)
     assert (await harness.app.client.delete(f"/v1/sessions/{fresh}")).json()["status"] == "closed"
 
 

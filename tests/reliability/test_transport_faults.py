@@ -15,7 +15,8 @@ from aiortc import RTCSessionDescription
 from pipeline.bidirectional import ControlState
 from tests.support.fakes.webrtc_client import BrowserPeer
 from tests.support.fakes.world import FakeWorld
-from tests.support.reliability import App, running_app, samples, total, until, wait_status
+from tests.support.reliability import WAIT_S, App, running_app, samples, total, wait_status
+from tests.support.waits import until
 from transport.base import ChunkStatus, StateStatus
 from transport.embedded.binding import PeerPresence
 from transport.embedded.config import EmbeddedConfig
@@ -70,7 +71,9 @@ async def test_a_peer_that_drops_and_returns_within_the_grace_keeps_its_session(
             while seen.applied_seq != 5:
                 seen = await _next_chunk(first)
         # The browser's peer connection is gone: the service notices and starts the grace.
-        await until(lambda: _is(transport.binding(sid).presence is PeerPresence.AWAY), "the service to see the drop")
+        await until(
+            lambda: transport.binding(sid).presence is PeerPresence.AWAY, "the service to see the drop", within=WAIT_S
+        )
         async with _peer() as second:
             await _join(app, second, session)
             assert await second.next_status() == StateStatus("running")
@@ -78,7 +81,9 @@ async def test_a_peer_that_drops_and_returns_within_the_grace_keeps_its_session(
             assert resumed.index > seen.index  # the same session went on: no new chunk 0
             assert resumed.applied_seq == 5  # and it still holds what the first connection sent
             second.send(ControlState(6, frozenset({"l"})))
-            await until(lambda: _is(ControlState(6, frozenset({"l"})) in app.workers[0].controls[sid]), "control")
+            await until(
+                lambda: ControlState(6, frozenset({"l"})) in app.workers[0].controls[sid], "control", within=WAIT_S
+            )
             await asyncio.sleep(grace * 1.25)  # past the grace: a timer that was not cancelled would have fired
             assert (await app.get(sid))["status"] == "running"
             assert transport.session_statistics(sid).peer_returns == 1
@@ -131,7 +136,9 @@ async def test_a_peer_that_never_consumes_its_data_channel_leaves_the_service_bu
             peer.pc.sctp._receive_data_chunk = swallow  # type: ignore[method-assign,assignment]
             binding = transport.binding(sid)
             before = binding.statistics().outbox.sent
-            await until(lambda: _is(binding.statistics().outbox.sent > before + 300), "300 more status messages")
+            await until(
+                lambda: binding.statistics().outbox.sent > before + 300, "300 more status messages", within=WAIT_S
+            )
             channel = binding._peer.channel if binding._peer is not None else None
             assert channel is not None
             assert withheld > 0
@@ -141,7 +148,9 @@ async def test_a_peer_that_never_consumes_its_data_channel_leaves_the_service_bu
             assert stats.outbox.queued <= 64
             assert stats.presence is PeerPresence.CONNECTED  # the peer is still there: only its reads stopped
             frames_before = stats.pacer.frames_sent
-            await until(lambda: _is(binding.statistics().pacer.frames_sent > frames_before + 10), "video goes on")
+            await until(
+                lambda: binding.statistics().pacer.frames_sent > frames_before + 10, "video goes on", within=WAIT_S
+            )
             server_pc = binding.peer_connection
             assert server_pc is not None
             deleted = await app.client.delete(f"/v1/sessions/{sid}")
@@ -151,7 +160,3 @@ async def test_a_peer_that_never_consumes_its_data_channel_leaves_the_service_bu
     ice = {transceiver.receiver.transport.transport.state for transceiver in server_pc.getTransceivers()}
     assert server_pc.sctp is not None
     assert ice | {server_pc.sctp.transport.transport.state} == {"closed"}
-
-
-async def _is(value: bool) -> bool:
-    return value

@@ -12,13 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import pytest
 from fastapi import FastAPI
 
 from pipeline.bidirectional import BidirectionalService
@@ -30,6 +28,7 @@ from tests.support.fakes.livekit import FakeRoomFactory, FakeRoomService
 from tests.support.fakes.transport_timers import FakeTimers
 from tests.support.fakes.world import FakeWorld
 from tests.support.service_harness import FAST
+from tests.support.waits import until
 from transport.base import Transport
 from transport.livekit.transport import LiveKitTransport
 
@@ -120,16 +119,6 @@ async def livekit_app(**overrides: Any) -> AsyncIterator[LiveKit]:
             yield LiveKit(app, transport, rooms, server)
     finally:
         await server.close()
-
-
-async def until(predicate: Callable[[], Any], what: str, *, within: float = WAIT_S) -> None:
-    """Await an async predicate (it awaits the app, so it yields) until it holds; fail the test at the deadline."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.01)  # the state lives in worker threads/processes: poll with a deadline
-    pytest.fail(f"timed out after {within} s waiting for {what}")
 
 
 async def wait_status(app: App, session_id: str, *statuses: str, within: float = WAIT_S) -> dict[str, Any]:

@@ -179,15 +179,6 @@ async def running_service(
             yield Harness(app, runtime, workers, http, clock, transport)
 
 
-async def wait_for(predicate: Any, *, within: float = 5.0) -> None:
-    """Poll a cheap in-process predicate on every loop turn until it holds (fails the test at the deadline)."""
-    async with asyncio.timeout(within):
-        while True:
-            if predicate():
-                return
-            await asyncio.sleep(0)  # one loop turn: lets the tasks that make the predicate true run
-
-
 class SseStream:
     """Drives a streaming ASGI response directly (httpx's ASGI transport buffers whole bodies)."""
 

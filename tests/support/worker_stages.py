@@ -11,7 +11,7 @@ import asyncio
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -230,13 +230,6 @@ def make_gates() -> Gates:
 
 def call(op: str = "count", session: str = "s", sequence: int = 0) -> StageCall:
     return StageCall(stage_id="counter", session_id=session, sequence_id=sequence, inputs={"op": op})
-
-
-async def eventually(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
-    """Poll state that has no event of its own (process and restart state), with a deadline."""
-    async with asyncio.timeout(timeout_s):
-        while not predicate():  # noqa: ASYNC110 - nothing to await: the state lives in other processes
-            await asyncio.sleep(0.02)
 
 
 def pids_gone(pids: tuple[int, ...]) -> bool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
 
 import pytest
 
@@ -15,17 +14,9 @@ from admission import (
     LeaseSessionRemovedError,
 )
 from tests.support.fakes.clock import FakeClock
+from tests.support.waits import until
 
 pytestmark = pytest.mark.timeout(10)
-
-
-async def until(predicate: Callable[[], bool], *, max_yields: int = 1000) -> None:
-    """Yield to the loop until `predicate()` holds (no timed sleeps)."""
-    for _ in range(max_yields):
-        if predicate():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never became true")
 
 
 def test_core_grants_in_strict_fifo_order() -> None:
@@ -68,7 +59,7 @@ async def test_grants_are_strict_fifo() -> None:
     async with asyncio.TaskGroup() as group, lease.grant("first"):
         for session_id in ("s1", "s2", "s3", "s4", "s5"):
             group.create_task(chunk(session_id))
-            await until(lambda sid=session_id: sid in lease.statistics().waiters)  # type: ignore[misc]
+            await until(lambda sid=session_id: sid in lease.statistics().waiters, f"{session_id} waiting", yields=1000)  # type: ignore[misc]
         assert lease.statistics().waiters == ("s1", "s2", "s3", "s4", "s5")
         # Leaving the first grant lets the queued chunks run, strictly in request order.
     assert order == ["s1", "s2", "s3", "s4", "s5"]
@@ -90,7 +81,7 @@ async def test_three_busy_sessions_take_turns_one_chunk_each() -> None:
     async with asyncio.TaskGroup() as group:
         for session_id in "abc":
             group.create_task(busy_session(session_id))
-        await until(lambda: lease.statistics().waiters == ("b", "c"))
+        await until(lambda: lease.statistics().waiters == ("b", "c"), "b and c waiting", yields=1000)
         everyone_queued.set()
     assert order == list("abc" * 10)
     stats = lease.statistics()
@@ -117,7 +108,7 @@ async def test_a_session_that_reacquires_as_fast_as_it_can_cannot_starve_another
                 await asyncio.sleep(0)
 
     async def polite() -> None:
-        await until(lambda: lease.holder == "greedy")
+        await until(lambda: lease.holder == "greedy", "greedy to hold the lease", yields=1000)
         for _ in range(10):
             async with lease.grant("polite"):
                 order.append("polite")
@@ -141,7 +132,7 @@ async def test_a_second_request_while_waiting_is_rejected() -> None:
     lease = ExecutionLease()
     async with lease.grant("a"):
         waiter = asyncio.create_task(_run_chunk(lease, "b", []))
-        await until(lambda: lease.statistics().waiters == ("b",))
+        await until(lambda: lease.statistics().waiters == ("b",), "b waiting", yields=1000)
         assert lease.has_place("b")
         with pytest.raises(LeaseAlreadyRequestedError, match="already waiting"):
             async with lease.grant("b"):
@@ -164,10 +155,10 @@ async def test_cancelling_a_waiter_removes_it_from_the_queue() -> None:
     order: list[str] = []
     gate = asyncio.Event()
     holder = asyncio.create_task(_run_chunk(lease, "a", order, gate))
-    await until(lambda: lease.holder == "a")
+    await until(lambda: lease.holder == "a", "a to hold the lease", yields=1000)
     b = asyncio.create_task(_run_chunk(lease, "b", order))
     c = asyncio.create_task(_run_chunk(lease, "c", order))
-    await until(lambda: lease.statistics().waiters == ("b", "c"))
+    await until(lambda: lease.statistics().waiters == ("b", "c"), "b and c waiting", yields=1000)
     b.cancel()
     with pytest.raises(asyncio.CancelledError):
         await b
@@ -186,7 +177,7 @@ async def test_a_waiter_cancelled_right_after_its_grant_passes_the_grant_on() ->
     async with lease.grant("a"):
         b = asyncio.create_task(_run_chunk(lease, "b", order))
         c = asyncio.create_task(_run_chunk(lease, "c", order))
-        await until(lambda: lease.statistics().waiters == ("b", "c"))
+        await until(lambda: lease.statistics().waiters == ("b", "c"), "b and c waiting", yields=1000)
     # Leaving the block granted b, but b's task has not resumed yet: cancel it now.
     assert lease.holder == "b"
     b.cancel()
@@ -214,7 +205,7 @@ async def test_removing_a_waiting_session_fails_its_grant_and_forgets_it() -> No
     async with lease.grant("a"):
         b = asyncio.create_task(_run_chunk(lease, "b", order))
         c = asyncio.create_task(_run_chunk(lease, "c", order))
-        await until(lambda: lease.statistics().waiters == ("b", "c"))
+        await until(lambda: lease.statistics().waiters == ("b", "c"), "b and c waiting", yields=1000)
         lease.remove_session("b")
         lease.remove_session("b")
         with pytest.raises(LeaseSessionRemovedError):
@@ -230,7 +221,7 @@ async def test_removing_the_holding_session_keeps_the_grant_until_its_chunk_ends
     order: list[str] = []
     async with lease.grant("a"):
         b = asyncio.create_task(_run_chunk(lease, "b", order))
-        await until(lambda: lease.statistics().waiters == ("b",))
+        await until(lambda: lease.statistics().waiters == ("b",), "b waiting", yields=1000)
         lease.remove_session("a")
         assert lease.holder == "a"  # never two holders: the chunk in flight ends first
         assert not order

@@ -24,6 +24,7 @@ from pipeline import (
 from pipeline.errors import PipelineSpecError, UnknownSessionError
 from tests.support.fakes.actors import FakeActor, passthrough
 from tests.support.graphs import grouped_spec, join_spec, linear_spec
+from tests.support.waits import until
 
 
 def fake_actors(*names: str, gated: bool = False) -> dict[str, FakeActor]:
@@ -35,18 +36,14 @@ async def take(stream: OutputStream, n: int) -> list[OutputItem]:
     return [await anext(stream) for _ in range(n)]
 
 
-async def until(predicate: Callable[[], bool], within: float = 5.0) -> None:
-    """Wait, one loop turn at a time, until `predicate` holds (fails at the deadline). For states the orchestrator
-    announces with no event a test can await (a session's state, its scheduler's statistics)."""
-    async with asyncio.timeout(within):
-        while not predicate():  # noqa: ASYNC110 - no public event marks these states
-            await asyncio.sleep(0)
-
-
 async def settled(orch: StreamingPipelineOrchestrator, predicate: Callable[[], bool]) -> None:
     """Wait until `predicate` holds and no stage call is running: from then on nothing changes unless the test
     acts, so a negative assertion made after it cannot be a race with work still under way."""
-    await until(lambda: predicate() and orch.statistics().calls_running == 0)
+    await until(
+        lambda: predicate() and orch.statistics().calls_running == 0,
+        "the predicate with no stage call running",
+        every=0,
+    )
 
 
 async def test_actor_set_must_match_the_stages() -> None:
@@ -223,7 +220,9 @@ async def test_cancel_discards_queued_work_and_waits_for_the_call_in_flight() ->
             await orch.submit("s", {"input": (i, i)})
         await actors["encode"].call_started.wait()
         closing = asyncio.create_task(orch.close_session("s", CloseMode.CANCEL))
-        await until(lambda: orch.session_state("s") is PipelineSessionState.CANCELLING)
+        await until(
+            lambda: orch.session_state("s") is PipelineSessionState.CANCELLING, "session s to be cancelling", every=0
+        )
         assert not closing.done()  # encode of sequence 0 is still running (gated): the close waits for it
         actors["encode"].finish("s", 0)
         report = await closing
@@ -442,7 +441,9 @@ async def test_a_thread_call_that_outlives_the_cancel_timeout_is_orphaned_when_i
         await asyncio.to_thread(started.wait, 10)
         closing = asyncio.create_task(orch.close_session("s", CloseMode.CANCEL))
         # The close abandons the call, then its release waits on the thread behind the call.
-        await until(lambda: orch.session_state("s") is PipelineSessionState.RELEASING)
+        await until(
+            lambda: orch.session_state("s") is PipelineSessionState.RELEASING, "session s to be releasing", every=0
+        )
         assert orch.statistics().calls_running == 1
         gate.set()
         report = await closing

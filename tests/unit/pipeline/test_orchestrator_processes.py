@@ -17,7 +17,8 @@ from pipeline import (
     StreamingStageSpec,
 )
 from pipeline.process import ParallelWorkerConfig, ParallelWorkerStageActor
-from tests.support.worker_stages import echo_stage, eventually, make_gates
+from tests.support.waits import until
+from tests.support.worker_stages import WAIT_S, echo_stage, make_gates
 
 SPEC = StreamingPipelineSpec(
     stages=(StreamingStageSpec("worker", consumes=("x",), produces=("y",)),),
@@ -54,7 +55,7 @@ async def test_a_killed_worker_fails_its_sessions_restarts_and_serves_new_ones()
         with pytest.raises(SessionFailedError, match="died"):
             await anext(holder)
         assert orch.session_state("bystander") is PipelineSessionState.OPEN
-        await eventually(lambda: orch.ready)
+        await until(lambda: orch.ready, "the orchestrator to be ready", within=WAIT_S)
         assert actor.incarnation == 2
         await orch.submit("bystander", {"x": (0, "b")})
         assert (await anext(bystander)).payload == ("b", 1)

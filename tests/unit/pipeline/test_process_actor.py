@@ -13,7 +13,8 @@ import pytest_asyncio
 
 from pipeline.errors import ActorDiedError, ActorUnavailableError, StageFailedError
 from pipeline.process import ParallelWorkerConfig, ParallelWorkerStageActor
-from tests.support.worker_stages import Gates, call, counter_stage, eventually, make_gates, pids_gone
+from tests.support.waits import until
+from tests.support.worker_stages import WAIT_S, Gates, call, counter_stage, make_gates, pids_gone
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 
@@ -69,7 +70,7 @@ async def test_cancelled_invoke_finishes_in_the_child_and_its_result_is_dropped(
     assert actor.statistics().in_flight == 1  # still running in the child, so it keeps its slot
 
     await gates.open()
-    await eventually(lambda: actor.statistics().in_flight == 0)
+    await until(lambda: actor.statistics().in_flight == 0, "no call in flight", within=WAIT_S)
     assert actor.worker_statistics().stale_results == stale + 1
     assert (await actor.invoke(call(session="cancel", sequence=1)))["count"] == 1
 
@@ -109,7 +110,7 @@ async def test_killed_process_fails_the_call_in_flight_and_restarts_as_the_next_
             await actor.invoke(call(session="kept", sequence=2))
         await actor.release_session("kept")  # its state died with the process: nothing to release
 
-        await eventually(lambda: actor.healthy)
+        await until(lambda: actor.healthy, "the actor to be healthy again", within=WAIT_S)
         assert actor.incarnation == 2
         (new_pid,) = actor.worker_statistics().pids
         assert new_pid != old_pid

@@ -24,7 +24,8 @@ from pipeline.process import (
     WorkerTensorChannel,
     validate_ref,
 )
-from tests.support.worker_stages import consumer_stage, eventually, make_gates, producer_stage
+from tests.support.waits import until
+from tests.support.worker_stages import WAIT_S, consumer_stage, make_gates, producer_stage
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 
@@ -152,7 +153,7 @@ async def test_consumer_killed_while_waiting_leaves_the_channel_usable_after_res
     os.kill(groups.consumer.pids[0], signal.SIGKILL)
     with pytest.raises(ActorDiedError):
         await waiting
-    await eventually(lambda: groups.consumer.healthy)
+    await until(lambda: groups.consumer.healthy, "the consumer group to be healthy", within=WAIT_S)
 
     ref = await groups.produce("after-restart/0/latent", n=4)
     assert (await groups.consume(ref, timeout_s=5.0))["sum"] == 6.0

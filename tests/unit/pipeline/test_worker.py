@@ -15,12 +15,13 @@ import pytest_asyncio
 from pipeline.actor import StageCall
 from pipeline.errors import ActorDiedError, ActorUnavailableError, PipelineSpecError, StageFailedError
 from pipeline.process import ParallelWorker, ParallelWorkerConfig, WorkerState
+from tests.support.waits import until
 from tests.support.worker_stages import (
+    WAIT_S,
     Gates,
     all_reduce_stage,
     call,
     counter_stage,
-    eventually,
     exploding_factory,
     make_gates,
     pids_gone,
@@ -177,7 +178,7 @@ async def test_graceful_stop_finishes_the_call_in_flight_and_leaves_nothing_behi
     await gates.wait_started()
 
     stopping = asyncio.create_task(worker.stop())
-    await eventually(lambda: worker.state is WorkerState.STOPPING)
+    await until(lambda: worker.state is WorkerState.STOPPING, "the worker to be stopping", within=WAIT_S)
     await gates.open()
 
     assert (await blocked)["unblocked"] is True

@@ -9,7 +9,8 @@ import pytest
 
 from pipeline.errors import ActorDiedError, PipelineSpecError
 from pipeline.process import ParallelWorker, ParallelWorkerConfig
-from tests.support.worker_stages import call, counter_stage, eventually, make_gates, pids_gone
+from tests.support.waits import until
+from tests.support.worker_stages import WAIT_S, call, counter_stage, make_gates, pids_gone
 
 
 async def test_a_rank_stuck_past_the_call_timeout_is_killed_and_its_group_restarts() -> None:
@@ -38,7 +39,7 @@ async def test_a_rank_stuck_past_the_call_timeout_is_killed_and_its_group_restar
         assert time.monotonic() - started < 10  # one timeout and a kill, not the 30 s the call would take
         assert [incarnation for incarnation, _ in deaths] == [1]
         assert "(stuck)" in deaths[0][1]
-        await eventually(lambda: worker.healthy)
+        await until(lambda: worker.healthy, "the worker to be healthy again", within=WAIT_S)
         assert worker.incarnation == 2
         assert pids_gone(pids)
         assert (await worker.invoke(call(session="after")))["count"] == 1

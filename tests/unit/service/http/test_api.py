@@ -13,7 +13,8 @@ from PIL import Image
 
 from pipeline.bidirectional import CloseMode, ControlState, ResetPose, Stop
 from tests.support.fakes.clock import FakeClock
-from tests.support.service_harness import RecordingTransport, metric, running_service, wait_for, wait_status
+from tests.support.service_harness import RecordingTransport, metric, running_service, wait_status
+from tests.support.waits import until
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus
 
 
@@ -290,7 +291,7 @@ async def test_the_transport_gets_chunks_status_and_control_through_the_session_
         port.push_control(Stop())
         closed = await wait_status(svc, session, "closed")
         assert closed["reason"] == "client_stop"
-        await wait_for(lambda: transport.detached)
+        await until(lambda: transport.detached, "the transport to detach", every=0)
         assert transport.detached == [(session, "client_stop")]
         statuses = transport.statuses[session]
         assert ChunkStatus(index=0, applied_seq=-1, keys=(), timings={"fake": 0.0}) in statuses
@@ -325,7 +326,9 @@ async def test_a_slow_chunk_subscriber_gets_the_latest_chunks() -> None:
         assert (await asyncio.wait_for(first, 5)).index == 0
         svc.world.emit(session, 6)  # chunks 1..6 while this subscriber is not reading (it holds 2)
         statuses = transport.statuses[session]
-        await wait_for(lambda: any(isinstance(s, ChunkStatus) and s.index == 6 for s in statuses))
+        await until(
+            lambda: any(isinstance(s, ChunkStatus) and s.index == 6 for s in statuses), "the status of chunk 6", every=0
+        )
         assert [(await anext(chunks)).index, (await anext(chunks)).index] == [5, 6]
         await chunks.aclose()
 
@@ -383,7 +386,7 @@ async def test_a_drain_cancels_the_queue_and_ends_running_sessions_by_the_deadli
         await asyncio.wait_for(svc.runtime.wait_drained(), 5)
         body = (await svc.client.get(f"/v1/sessions/{running}")).json()
         assert (body["status"], body["reason"]) == ("closed", "service_drain")
-        await wait_for(lambda: transport.detached)
+        await until(lambda: transport.detached, "the transport to detach", every=0)
         assert transport.statuses[running][-1] == DoneStatus("closed")
         status = (await svc.client.get("/internal/drain")).json()
         assert status["complete"] is True
@@ -442,7 +445,7 @@ async def test_failed_statuses_reach_the_transport_before_done() -> None:
         session = (await svc.create()).json()["id"]
         svc.world.fail(session, "decoder fell over")
         await wait_status(svc, session, "failed")
-        await wait_for(lambda: transport.detached)
+        await until(lambda: transport.detached, "the transport to detach", every=0)
         assert transport.statuses[session][-2:] == [
             ErrorStatus("model_failure", "decoder fell over"),
             DoneStatus("failed"),

@@ -6,7 +6,8 @@ import asyncio
 import dataclasses
 import random
 
-from tests.support.service_harness import FAST, metric, running_service, wait_for
+from tests.support.service_harness import FAST, metric, running_service
+from tests.support.waits import until
 
 
 async def test_two_hundred_concurrent_creates_and_deletes_never_exceed_capacity_or_leak() -> None:
@@ -44,7 +45,11 @@ async def test_two_hundred_concurrent_creates_and_deletes_never_exceed_capacity_
         codes = await asyncio.gather(*(cycle(index) for index in range(200)))
         assert codes.count(201) >= capacity
         assert codes.count(202) > 0
-        await wait_for(lambda: svc.runtime.statistics().sessions == dict.fromkeys(svc.runtime.statistics().sessions, 0))
+        await until(
+            lambda: svc.runtime.statistics().sessions == dict.fromkeys(svc.runtime.statistics().sessions, 0),
+            "no session left in any state",
+            every=0,
+        )
         stats = svc.runtime.statistics()
         assert stats.admission.retained_total == 0
         assert stats.admission.queue_depth == 0

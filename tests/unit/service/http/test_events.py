@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from tests.support.fakes.clock import FakeClock
-from tests.support.service_harness import SseStream, running_service, wait_for
+from tests.support.service_harness import SseStream, running_service
+from tests.support.waits import until
 
 
 async def test_the_stream_shows_position_changes_then_admission_then_the_end() -> None:
@@ -45,7 +46,11 @@ async def test_an_open_stream_keeps_the_place_and_closing_it_stops_the_heartbeat
             for _ in range(4):
                 clock.advance(2)  # 8 s in all, more than twice the heartbeat timeout
                 # The stream's next keep-alive is a heartbeat: the deadline moves to now + timeout.
-                await wait_for(lambda: svc.controller.get(waiting).heartbeat_deadline == clock.now() + 3)
+                await until(
+                    lambda: svc.controller.get(waiting).heartbeat_deadline == clock.now() + 3,
+                    "the heartbeat deadline 3 s ahead",
+                    every=0,
+                )
             assert stream.status == 200
             body = (await svc.client.get("/v1/sessions")).json()["sessions"][1]
             assert body["status"] == "queued"

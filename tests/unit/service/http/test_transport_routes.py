@@ -23,7 +23,8 @@ from service.transports import build_transport, ice_addresses_for_host
 from tests.support.fakes.livekit import FakeRoomFactory, FakeRoomService, TwirpCall, sign_webhook, webhook_body
 from tests.support.fakes.transport_timers import FakeTimers
 from tests.support.fakes.webrtc_client import BrowserPeer
-from tests.support.service_harness import Harness, running_service, wait_for, wait_status
+from tests.support.service_harness import Harness, running_service, wait_status
+from tests.support.waits import until
 from transport.base import StateStatus
 from transport.embedded.binding import PeerPresence
 from transport.embedded.config import EmbeddedConfig
@@ -116,7 +117,12 @@ async def test_an_offer_is_answered_and_the_browser_gets_frames_status_and_sends
             frame = await peer.next_frame()
             assert (frame.width, frame.height) == (32, 32)
             peer.send(ControlState(3, frozenset({"w"})))
-            await wait_for(lambda: ControlState(3, frozenset({"w"})) in svc.world.controls[session], within=_WAIT)
+            await until(
+                lambda: ControlState(3, frozenset({"w"})) in svc.world.controls[session],
+                "the control at sequence 3",
+                within=_WAIT,
+                every=0,
+            )
             assert transport.session_statistics(session).presence is PeerPresence.CONNECTED
             again = (await svc.client.get(f"/v1/sessions/{session}")).json()
             assert again["transport"] == body["transport"]
@@ -136,7 +142,12 @@ async def test_a_new_offer_rebinds_the_same_session_to_the_new_peer() -> None:
                 assert old.connectionState == "closed"
                 await second.next_frame()
                 second.send(ControlState(9, frozenset({"l"})))
-                await wait_for(lambda: ControlState(9, frozenset({"l"})) in svc.world.controls[session], within=_WAIT)
+                await until(
+                    lambda: ControlState(9, frozenset({"l"})) in svc.world.controls[session],
+                    "the control at sequence 9",
+                    within=_WAIT,
+                    every=0,
+                )
         assert transport.session_statistics(session).offers == 2
         assert svc.world.created == [session]  # rebound, never re-created
         assert (await svc.client.get(f"/v1/sessions/{session}")).json()["status"] == "running"

@@ -15,7 +15,8 @@ from aiortc import RTCSessionDescription
 from pipeline.bidirectional import ControlState
 from tests.support.fakes.livekit import sign_webhook, webhook_body
 from tests.support.fakes.webrtc_client import BrowserPeer
-from tests.support.service_harness import Harness, metric, running_service, wait_for
+from tests.support.service_harness import Harness, metric, running_service
+from tests.support.waits import until
 from tests.unit.service.http.test_transport_routes import ALICE, API_KEYS, BOB, KEY, PACED, SECRET, livekit_service
 from transport.base import ChunkStatus, ErrorStatus, StateStatus
 from transport.embedded.config import EmbeddedConfig
@@ -92,7 +93,12 @@ async def test_an_embedded_viewer_sees_the_frames_and_status_and_cannot_control(
             refused = await viewer.next_status()
         assert refused.code == VIEWER_CANNOT_CONTROL
         controller.send(ControlState(6, frozenset({"l"})))
-        await wait_for(lambda: ControlState(6, frozenset({"l"})) in svc.world.controls[sid], within=_WAIT)
+        await until(
+            lambda: ControlState(6, frozenset({"l"})) in svc.world.controls[sid],
+            "the control at sequence 6",
+            within=_WAIT,
+            every=0,
+        )
         assert ControlState(5, frozenset({"w"})) not in svc.world.controls[sid]
         stats = transport.session_statistics(sid).viewers
         assert stats.controls_refused == 1
@@ -154,7 +160,12 @@ async def test_max_viewers_refuses_with_429_and_a_viewer_that_leaves_frees_its_p
         await first.next_frame()
         assert _error(await svc.client.post(url)) == (429, "too_many_viewers")
         await first.close()  # the viewer leaves: its place is free again
-        await wait_for(lambda: transport.session_statistics(sid).viewers.seats.watching == 0, within=_WAIT)
+        await until(
+            lambda: transport.session_statistics(sid).viewers.seats.watching == 0,
+            "no viewer watching",
+            within=_WAIT,
+            every=0,
+        )
         three = await svc.client.post(url)
         assert three.status_code == 201
 

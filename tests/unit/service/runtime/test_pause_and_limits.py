@@ -11,7 +11,8 @@ import pytest
 from pipeline.bidirectional import ControlState, Pause, Resume, SetPrompt
 from service.runtime.sessions import SessionState
 from tests.support.fakes.transport_timers import FakeTimers
-from tests.support.service_harness import Harness, RecordingTransport, metric, running_service, wait_for
+from tests.support.service_harness import Harness, RecordingTransport, metric, running_service
+from tests.support.waits import until
 from transport.base import ChunkStatus, DoneStatus, StateStatus, WarningStatus
 from transport.errors import ControlRejectedError
 
@@ -33,7 +34,7 @@ def _ended_by(text: str, reason: str) -> float:
 
 async def _ended(svc: Harness, session_id: str) -> dict[str, Any]:
     session = svc.runtime._table[session_id]
-    await wait_for(lambda: session.terminal)
+    await until(lambda: session.terminal, "the session to end", every=0)
     return await _status(svc, session_id)
 
 
@@ -59,7 +60,7 @@ async def test_pause_and_resume_over_rest_keep_the_session_and_are_idempotent() 
         assert (resumed.status_code, resumed.json()["status"]) == (200, "running")
         assert (await svc.client.post(f"/v1/sessions/{sid}/resume")).json()["status"] == "running"
         assert svc.world.controls[sid] == [Pause(), Resume()]
-        await wait_for(lambda: len(_statuses(svc, sid, StateStatus)) >= 3)
+        await until(lambda: len(_statuses(svc, sid, StateStatus)) >= 3, "three state statuses", every=0)
         states = [status.state for status in _statuses(svc, sid, StateStatus)]
         assert states[-2:] == ["paused", "running"]
         assert svc.world.session_ids() == [sid]  # the same session throughout: nothing was rebuilt
@@ -75,13 +76,15 @@ async def test_a_session_paused_past_the_longest_pause_is_warned_then_closed_and
         timers.advance(29.0)
         assert _statuses(svc, sid, WarningStatus) == []
         timers.advance(1.0)
-        await wait_for(lambda: len(_statuses(svc, sid, WarningStatus)) == 1)
+        await until(lambda: len(_statuses(svc, sid, WarningStatus)) == 1, "one warning status", every=0)
         warning = _statuses(svc, sid, WarningStatus)[0]
         assert (warning.code, warning.ends_in_s) == ("paused_too_long", 30.0)
         timers.advance(30.0)
         body = await _ended(svc, sid)
         assert (body["status"], body["reason"]) == ("closed", "paused_too_long")
-        await wait_for(lambda: svc.runtime._table[waiting].state is SessionState.RUNNING)
+        await until(
+            lambda: svc.runtime._table[waiting].state is SessionState.RUNNING, "the waiting session to run", every=0
+        )
         text = await _scrape(svc)
         assert (_ended_by(text, "paused_too_long"), _ended_by(text, "time_limit")) == (1, 0)
         assert metric(text, 'lingstream_sessions{state="paused"}') == 0
@@ -178,7 +181,7 @@ async def test_a_session_is_warned_30_s_before_its_time_limit_then_closed_and_it
         timers.advance(59.9)
         assert _statuses(svc, sid, WarningStatus) == []
         timers.advance(0.1)
-        await wait_for(lambda: len(_statuses(svc, sid, WarningStatus)) == 1)
+        await until(lambda: len(_statuses(svc, sid, WarningStatus)) == 1, "one warning status", every=0)
         warning = _statuses(svc, sid, WarningStatus)[0]
         assert (warning.code, warning.ends_in_s) == ("time_limit", 30.0)
         timers.advance(30.0)
@@ -188,15 +191,19 @@ async def test_a_session_is_warned_30_s_before_its_time_limit_then_closed_and_it
         text = await _scrape(svc)
         assert (_ended_by(text, "time_limit"), _ended_by(text, "paused_too_long")) == (1, 0)
         assert metric(text, 'lingstream_sessions_ended_total{state="closed"}') == 1
-        await wait_for(lambda: svc.runtime._table[waiting].state is SessionState.RUNNING)
-        await wait_for(lambda: any(isinstance(m, DoneStatus) for m in svc.transport.statuses[sid]))  # type: ignore[union-attr]
+        await until(
+            lambda: svc.runtime._table[waiting].state is SessionState.RUNNING, "the waiting session to run", every=0
+        )
+        transport = svc.transport
+        assert transport is not None
+        await until(lambda: any(isinstance(m, DoneStatus) for m in transport.statuses[sid]), "the done status", every=0)
 
 
 async def test_a_limit_shorter_than_the_warning_lead_warns_at_once_and_the_limit_runs_on_while_paused() -> None:
     timers = FakeTimers()
     async with running_service(transport=RecordingTransport(), timers=timers, max_pause=300) as svc:
         sid = (await svc.create({"max_seconds": 10})).json()["id"]
-        await wait_for(lambda: len(_statuses(svc, sid, WarningStatus)) == 1)
+        await until(lambda: len(_statuses(svc, sid, WarningStatus)) == 1, "one warning status", every=0)
         assert _statuses(svc, sid, WarningStatus)[0].ends_in_s == 10.0
         await svc.client.post(f"/v1/sessions/{sid}/pause")
         timers.advance(10.0)
@@ -217,7 +224,7 @@ async def test_the_create_prompt_reaches_the_worker_and_each_chunk_status_report
         svc.world.emit(sid)
         transport.ports[sid].push_control(SetPrompt(5, "golden dusk"))
         svc.world.emit(sid)
-        await wait_for(lambda: len(_statuses(svc, sid, ChunkStatus)) == 2)
+        await until(lambda: len(_statuses(svc, sid, ChunkStatus)) == 2, "two chunk statuses", every=0)
         chunks = _statuses(svc, sid, ChunkStatus)
         assert [(c.prompt, c.prompt_seq) for c in chunks] == [("a snowy night", -1), ("golden dusk", 5)]
 

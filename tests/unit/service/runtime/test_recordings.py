@@ -23,7 +23,8 @@ from service.app import runtime_of
 from service.runtime.recordings import RECORDING_FAILED, RECORDING_OVERRUN, RecordingState
 from tests.support.fakes.recording_writers import StalledWriters, failing_writer
 from tests.support.fakes.webrtc_client import BrowserPeer
-from tests.support.service_harness import FAST, Harness, metric, running_service, wait_for, wait_status
+from tests.support.service_harness import FAST, Harness, metric, running_service, wait_status
+from tests.support.waits import until
 from transport.base import ErrorStatus
 from transport.embedded.config import EmbeddedConfig
 from transport.embedded.transport import EmbeddedTransport
@@ -90,8 +91,18 @@ async def test_a_recorded_session_is_served_as_an_mp4_with_its_control_trace_onc
         assert created.status_code == 201
         assert created.json()["record"] is True
         sid = created.json()["id"]
-        await wait_for(lambda: svc.world.live == 1 and svc.world._sessions[sid].index >= 6, within=_WAIT)
-        await wait_for(lambda: svc.runtime._table[sid].snapshot().recording is not None, within=_WAIT)
+        await until(
+            lambda: svc.world.live == 1 and svc.world._sessions[sid].index >= 6,
+            "one live session past its sixth chunk",
+            within=_WAIT,
+            every=0,
+        )
+        await until(
+            lambda: svc.runtime._table[sid].snapshot().recording is not None,
+            "the session's recording to start",
+            within=_WAIT,
+            every=0,
+        )
         recording = await _recording(svc, sid)
         assert recording is not None
         assert (recording["state"], recording["code"]) == ("recording", None)
@@ -101,7 +112,9 @@ async def test_a_recorded_session_is_served_as_an_mp4_with_its_control_trace_onc
         assert "running" in running.json()["error"]["message"]
         assert (await svc.client.delete(f"/v1/sessions/{sid}")).json()["status"] == "closed"
         chunks = svc.world.summaries[sid].chunks
-        await wait_for(lambda: _state(svc, sid) is RecordingState.READY, within=_WAIT)
+        await until(
+            lambda: _state(svc, sid) is RecordingState.READY, "the recording to be ready", within=_WAIT, every=0
+        )
 
         video = await svc.client.get(f"/v1/sessions/{sid}/recording")
         assert video.status_code == 200
@@ -175,7 +188,12 @@ async def test_a_write_error_stops_the_recording_with_a_status_and_the_session_g
             # The session still streams and takes control after the recording stopped.
             await peer.next_frame()
             peer.send(ControlState(4, frozenset({"w"})))
-            await wait_for(lambda: ControlState(4, frozenset({"w"})) in svc.world.controls[sid], within=_WAIT)
+            await until(
+                lambda: ControlState(4, frozenset({"w"})) in svc.world.controls[sid],
+                "the control at sequence 4",
+                within=_WAIT,
+                every=0,
+            )
             assert (await svc.client.get(f"/v1/sessions/{sid}")).json()["status"] == "running"
         await svc.client.delete(f"/v1/sessions/{sid}")
         failed = await svc.client.get(f"/v1/sessions/{sid}/recording")
@@ -210,7 +228,12 @@ async def test_a_recording_that_falls_behind_is_dropped_and_the_stream_is_not(tm
             assert status.code == RECORDING_OVERRUN
             # The stream goes on: frames keep reaching the peer connection after the recording was dropped.
             before = transport.session_statistics(sid).frames_offered
-            await wait_for(lambda: transport.session_statistics(sid).frames_offered >= before + 5, within=_WAIT)
+            await until(
+                lambda: transport.session_statistics(sid).frames_offered >= before + 5,
+                "5 more frames offered",
+                within=_WAIT,
+                every=0,
+            )
             await peer.next_frame()
         assert _state(svc, sid) is RecordingState.FAILED
         await wait_status(svc, sid, "running")
@@ -232,15 +255,32 @@ async def test_a_recording_removed_by_retention_answers_404(tmp_path: Path) -> N
     ) as svc:
         first = (await svc.create({"record": True})).json()["id"]
         second = (await svc.create({"record": True})).json()["id"]
-        await wait_for(lambda: all(svc.world._sessions[s].index >= 2 for s in (first, second)), within=_WAIT)
+        await until(
+            lambda: all(svc.world._sessions[s].index >= 2 for s in (first, second)),
+            "both sessions past their second chunk",
+            within=_WAIT,
+            every=0,
+        )
         await svc.client.delete(f"/v1/sessions/{first}")
-        await wait_for(lambda: _state(svc, first) is RecordingState.READY, within=_WAIT)
+        await until(
+            lambda: _state(svc, first) is RecordingState.READY, "the first recording to be ready", within=_WAIT, every=0
+        )
         assert (await svc.client.get(f"/v1/sessions/{first}/recording")).status_code == 200
         await svc.client.delete(f"/v1/sessions/{second}")
-        await wait_for(lambda: _state(svc, second) is RecordingState.READY, within=_WAIT)
+        await until(
+            lambda: _state(svc, second) is RecordingState.READY,
+            "the second recording to be ready",
+            within=_WAIT,
+            every=0,
+        )
         # Retention runs once the second is ready (off the loop): wait for it to have removed the first. A GET racing
         # it is served whole from the handle it opened, or answers 404 (routes._recording_file), never a 500.
-        await wait_for(lambda: _state(svc, first) is RecordingState.REMOVED, within=_WAIT)
+        await until(
+            lambda: _state(svc, first) is RecordingState.REMOVED,
+            "the first recording to be removed",
+            within=_WAIT,
+            every=0,
+        )
         removed = await svc.client.get(f"/v1/sessions/{first}/recording")
         assert _error(removed) == (404, "recording_not_found")
         assert "oldest first" in removed.json()["error"]["message"]

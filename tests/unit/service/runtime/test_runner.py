@@ -10,7 +10,8 @@ from service.runtime.config_view import config_view
 from service.runtime.runner import RunnerCallbacks, SessionRunner
 from service.runtime.sessions import Session, SessionBuffers, SessionState
 from tests.support.fakes.world import FakeWorld
-from tests.support.service_harness import FAST, RecordingTransport, wait_for
+from tests.support.service_harness import FAST, RecordingTransport
+from tests.support.waits import until
 from transport.base import DoneStatus
 
 
@@ -68,10 +69,10 @@ async def test_a_runner_runs_a_session_through_its_callbacks_and_gives_the_slot_
     runner = SessionRunner(transport, FAST, observer, owner.callbacks())
     session = _admitted(world, "s1")
     task = asyncio.create_task(runner.run(session, world))
-    await wait_for(lambda: session.state is SessionState.RUNNING)
+    await until(lambda: session.state is SessionState.RUNNING, "the session to run", every=0)
     assert session.transport_details == {"kind": "fake", "room": "room-s1"}
     world.emit("s1", 2)
-    await wait_for(lambda: len(observer.chunks) == 2)
+    await until(lambda: len(observer.chunks) == 2, "two chunks observed", every=0)
     transport.ports["s1"].client_gone("test")
     await asyncio.wait_for(task, 5)
     assert session.state is SessionState.CLOSED
@@ -96,7 +97,7 @@ async def test_a_cancelled_runner_finishes_the_session_for_shutdown_and_still_de
     runner = SessionRunner(transport, FAST, _Observer(), owner.callbacks())
     session = _admitted(world, "s2")
     task = asyncio.create_task(runner.run(session, world))
-    await wait_for(lambda: session.state is SessionState.RUNNING)
+    await until(lambda: session.state is SessionState.RUNNING, "the session to run", every=0)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert (session.state, session.reason) == (SessionState.CLOSED, "shutdown")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 from redis.asyncio import Redis
@@ -34,6 +34,7 @@ from service.scaleout.admission import (
 )
 from service.scaleout.backend import RedisAdmissionBackend
 from tests.support.fakes.redis_server import RedisServer
+from tests.support.waits import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -155,17 +156,12 @@ async def test_payloads_statuses_and_close_requests_between_replicas(
         published = await replica.publish_status("run", "running", reason="started")
         assert (published.status, published.status_reason, published.body) == ("running", "started", None)
         await other.request_close("run", "cancel")
-        await asyncio.wait_for(_until(lambda: bool(requests)), timeout=5)
+        await until(lambda: bool(requests), "a close request")
         assert requests == [CloseRequest("run", "cancel", "b")]
         released = await replica.release("run")
         assert (released.state, released.reason) == (TicketState.RELEASED, TicketReason.SESSION_ENDED)
     finally:
         await other.aclose()
-
-
-async def _until(predicate: Callable[[], bool]) -> None:
-    while not predicate():  # noqa: ASYNC110 - the close request arrives on the replica's event reader
-        await asyncio.sleep(0.01)
 
 
 async def test_queued_views_and_refusals_carry_their_fields(replica: RedisAdmission) -> None:
@@ -274,7 +270,7 @@ async def test_a_close_hook_unsubscribed_hears_no_more_requests(
         unsubscribe()  # idempotent
         await replica.create("k", ticket_id="run")
         await other.request_close("run", "drain")
-        await asyncio.wait_for(_until(lambda: bool(kept)), timeout=5)  # the hooks are called in one pass
+        await until(lambda: bool(kept), "the kept hook to be called")  # the hooks are called in one pass
         assert (kept, gone) == ([CloseRequest("run", "drain", "b")], [])
     finally:
         await other.aclose()
@@ -307,7 +303,7 @@ async def test_a_create_nobody_overtook_costs_one_script_call(redis_server: Redi
         await theirs.create("k", ticket_id="theirs-0")
         await theirs.create("k", ticket_id="theirs-1")
         mine.watch("theirs-0")  # the positions script is loaded and the follower idle
-        await asyncio.wait_for(_until(lambda: moved("theirs-0")), timeout=5)
+        await until(lambda: moved("theirs-0"), "theirs-0 to move")
 
         before = await script_calls()
         view = await mine.create("k", ticket_id="mine")
@@ -315,7 +311,7 @@ async def test_a_create_nobody_overtook_costs_one_script_call(redis_server: Redi
         for _ in range(3):
             await asyncio.sleep(0)  # the position follower takes what the create left to read, if anything
         mine.watch("theirs-1")  # the follower's next read, which this test waits for
-        await asyncio.wait_for(_until(lambda: moved("theirs-1")), timeout=5)
+        await until(lambda: moved("theirs-1"), "theirs-1 to move")
         assert await script_calls() - before == 2  # the create, and the read of theirs-1's position
     finally:
         await mine.aclose()
@@ -451,7 +447,7 @@ async def test_pause_and_resume_requests_reach_the_owner_from_another_replica(
         code, view = await other.request_pause("run-0", True)
         assert (code, view.ticket_id, view.state) == ("requested", "run-0", TicketState.ADMITTED)
         await other.request_pause("run-0", False)
-        await asyncio.wait_for(_until(lambda: len(requests) == 2), timeout=5)
+        await until(lambda: len(requests) == 2, "two close requests")
         assert requests == [PauseRequest("run-0", True, "b"), PauseRequest("run-0", False, "b")]
         assert (await other.request_pause("wait", True))[0] == "queued"  # nothing to pause yet
         await replica.release("run-1")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from tests.support.fakes.clock import FakeClock
 from tests.support.fakes.redis_server import RedisServer
 from tests.support.fakes.tcp_proxy import TcpProxy
 from tests.support.redis_cluster import PREFIX, CloseLog, EventLog, Snapshot, read_snapshot
+from tests.support.waits import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,16 +90,6 @@ async def setup(redis_server: RedisServer) -> AsyncIterator[Setup]:
             await raw.aclose()
 
 
-async def _until(predicate: Callable[[], bool | Awaitable[bool]], within: float = 5.0) -> None:
-    """Wait until `predicate` holds (the state lives in Redis, the proxy or another task), at most `within` s."""
-    async with asyncio.timeout(within):
-        while True:
-            met = predicate()
-            if met if isinstance(met, bool) else await met:
-                return
-            await asyncio.sleep(0.01)
-
-
 async def _state(raw: Redis, ticket_id: str) -> str | None:
     state = await raw.hget(f"{PREFIX}t:{ticket_id}", "state")
     return None if state is None else state.decode() if isinstance(state, bytes) else state
@@ -143,7 +134,7 @@ async def test_the_maintenance_retries_at_once_then_with_a_doubling_back_off_up_
     setup.proxy.refuse()  # the event reader's connection is cut: contact is lost, the maintenance retries
     retries = 10
     # Without back-off growth capped at 0.16 s these ten retries take 1.1 s; doubling without the cap, 10 s.
-    await _until(lambda: len(setup.proxy.attempts) >= retries, within=6.0)
+    await until(lambda: len(setup.proxy.attempts) >= retries, f"{retries} connection attempts", within=6.0)
     assert a.available is False
     gaps = [later - earlier for earlier, later in zip(setup.proxy.attempts, setup.proxy.attempts[1:], strict=False)]
     for index, gap in enumerate(gaps[: retries - 1]):
@@ -229,17 +220,17 @@ async def test_a_cancelled_release_is_replayed_as_a_release(setup: Setup) -> Non
     await a.create("k", ticket_id="q")
     setup.proxy.lose_requests()
     release = asyncio.create_task(a.release("x-cancelled"))
-    await _until(lambda: b"x-cancelled" in setup.proxy.lost_requests)
+    await until(lambda: b"x-cancelled" in setup.proxy.lost_requests, "the proxy to lose x-cancelled's request")
     release.cancel()  # e.g. the DELETE's client went away
     with pytest.raises(asyncio.CancelledError):
         await release
     setup.proxy.restore()
-    await _until(lambda: _state_is(setup.raw, "x-cancelled", "released"))
+    await until(lambda: _state_is(setup.raw, "x-cancelled", "released"), "x-cancelled to be released")
     await b.request_close("q", "drain")
     assert await setup.closes["a"].next() == CloseRequest("q", "drain", "b")
     assert setup.closes["a"].requests == [CloseRequest("q", "drain", "b")]  # nobody was asked to close x
     assert (await setup.snapshot()).held["a"] == {"q": 0}
-    await _until(lambda: dict(a.held()) == {"q": 0})
+    await until(lambda: dict(a.held()) == {"q": 0}, "A to hold q with no slot")
 
 
 async def _state_is(raw: Redis, ticket_id: str, state: str) -> bool:
@@ -269,12 +260,12 @@ async def test_a_cancelled_create_is_taken_back_and_no_listener_hears_of_it(setu
     await setup.start("b", via_proxy=False)
     setup.proxy.lose_replies()
     create = asyncio.create_task(a.create("k", ticket_id="cancelled-create"))
-    await _until(lambda: _state_is(setup.raw, "cancelled-create", "admitted"))
+    await until(lambda: _state_is(setup.raw, "cancelled-create", "admitted"), "cancelled-create to be admitted")
     create.cancel()  # the creating request was abandoned: its outcome is unknown here
     with pytest.raises(asyncio.CancelledError):
         await create
     setup.proxy.restore()
-    await _until(lambda: _state_is(setup.raw, "cancelled-create", "released"))
+    await until(lambda: _state_is(setup.raw, "cancelled-create", "released"), "cancelled-create to be released")
     await _fence(setup)
     assert setup.heard("a", "cancelled-create") == []
     assert a.held() == {}
@@ -310,7 +301,7 @@ async def test_slots_re_created_after_redis_lost_its_data_keep_their_creation_an
     admitted = await a.wait_until_admitted("x")
     assert admitted.admitted_at != queued.created_at
     setup.server.restart()  # an empty Redis: A re-creates the records of the slots it holds
-    await _until(lambda: a.reconnections == 1)
+    await until(lambda: a.reconnections == 1, "A to reconnect")
     view = await a.get("x")
     assert (view.state, view.created_at, view.admitted_at) == (
         TicketState.ADMITTED,
@@ -341,7 +332,7 @@ async def test_a_close_request_sent_while_the_first_registration_went_unanswered
     setup.proxy.restore()
     # A's first registration admits q onto its free slot, and its reply is lost; q's client sends a DELETE to B.
     setup.proxy.cut_at_reply_to(hashlib.sha1(SCRIPTS["maintain"].encode()).hexdigest().encode())
-    await _until(lambda: _state_is(setup.raw, "q", "admitted"))
+    await until(lambda: _state_is(setup.raw, "q", "admitted"), "q to be admitted")
     assert a.available is False
     await b.request_close("q", "cancel")
     setup.proxy.restore()
@@ -359,7 +350,7 @@ async def test_an_idle_event_reader_waits_on_redis_instead_of_polling(setup: Set
 
     reads, passes = await calls("xread"), await calls("evalsha")
     # Three maintenance passes (0.1 s apart) measure the time: the reader blocks up to 1 s per read.
-    await _until(lambda: _more(calls("evalsha"), passes + 3))
+    await until(lambda: _more(calls("evalsha"), passes + 3), "three more maintenance passes")
     assert await calls("xread") - reads <= 2
 
 

@@ -39,7 +39,8 @@ from service.telemetry.metrics import render_metrics
 from service.telemetry.otel import OtlpTarget, Telemetry, TelemetryConfig
 from tests.support.fakes.clock import FakeClock
 from tests.support.fakes.world import FakeWorld
-from tests.support.service_harness import FAST, RecordingTransport, metric, wait_for
+from tests.support.service_harness import FAST, RecordingTransport, metric
+from tests.support.waits import until
 from transport.base import BindingStatistics, ChunkStatus, ReconnectKind, ViewerFigures
 from transport.session.pacing import PacerStatistics
 
@@ -174,7 +175,7 @@ async def _run_chunks(svc: Service, count: int, **create: Any) -> str:
     session = str(response.json()["id"])
     svc.workers[0].emit(session, count)
     statuses = svc.transport.statuses[session]
-    await wait_for(lambda: sum(isinstance(s, ChunkStatus) for s in statuses) == count)
+    await until(lambda: sum(isinstance(s, ChunkStatus) for s in statuses) == count, f"{count} chunk statuses", every=0)
     return session
 
 
@@ -272,7 +273,7 @@ async def test_a_queued_session_records_its_wait_and_both_spans_show_the_queue()
         clock.advance(3)
         await svc.client.delete(f"/v1/sessions/{first}")
         second = waiting.json()["id"]
-        await wait_for(lambda: second in svc.workers[0].created)
+        await until(lambda: second in svc.workers[0].created, "the worker to create the second session", every=0)
         text = await svc.scrape()
         await svc.client.delete(f"/v1/sessions/{second}")
     assert metric(text, 'lingstream_admissions_total{result="queued"}') == 1
@@ -353,7 +354,7 @@ async def test_a_real_orchestrator_feeds_stage_histograms_lease_grants_and_chunk
         assert response.status_code == 201
         session = response.json()["id"]
         statuses = svc.transport.statuses[session]
-        await wait_for(lambda: any(isinstance(s, ChunkStatus) for s in statuses), within=20)
+        await until(lambda: any(isinstance(s, ChunkStatus) for s in statuses), "a chunk status", within=20, every=0)
         text = await svc.scrape()
         await svc.client.delete(f"/v1/sessions/{session}")
     for stage in ("encode", "denoise", "decode"):
@@ -500,7 +501,7 @@ async def test_a_failed_session_ends_its_span_with_an_error() -> None:
     async with service() as svc:
         session = await _run_chunks(svc, 1)
         svc.workers[0].fail(session)
-        await wait_for(lambda: bool(svc.finished("session")))
+        await until(lambda: bool(svc.finished("session")), "the session to finish", every=0)
     [root] = svc.finished("session")
     assert attributes(root)["lingstream.session.state"] == "failed"
     assert root.status.status_code is StatusCode.ERROR

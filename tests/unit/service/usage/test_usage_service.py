@@ -10,7 +10,8 @@ import httpx
 
 from service.settings import load_settings
 from tests.support.fakes.clock import FakeClock
-from tests.support.service_harness import metric, running_service, wait_for
+from tests.support.service_harness import metric, running_service
+from tests.support.waits import until
 
 KEY_A, KEY_B = "alpha-key-0001", "beta-key-0002"
 
@@ -41,8 +42,12 @@ async def test_usage_counts_each_keys_sessions_waits_running_time_chunks_and_fra
         queued = await svc.create(headers=_bearer(KEY_B))
         assert queued.status_code == 202
         svc.world.emit(first, 3)
-        await wait_for(lambda: svc.runtime.statistics().usage.get(_id_of(KEY_A), None) is not None)
-        await wait_for(lambda: svc.runtime.statistics().usage[_id_of(KEY_A)].chunks == 3)
+        await until(
+            lambda: svc.runtime.statistics().usage.get(_id_of(KEY_A), None) is not None, "key A's usage record", every=0
+        )
+        await until(
+            lambda: svc.runtime.statistics().usage[_id_of(KEY_A)].chunks == 3, "key A's three chunks counted", every=0
+        )
         clock.advance(12.5)  # A runs, B waits
         body = await _usage(svc.client, KEY_A)
         assert body["key"] == _id_of(KEY_A)
@@ -52,7 +57,7 @@ async def test_usage_counts_each_keys_sessions_waits_running_time_chunks_and_fra
         assert body["quota"] == {"max_running": 3, "max_queued": None}
         deleted = await svc.client.delete(f"/v1/sessions/{first}?mode=cancel", headers=_bearer(KEY_A))
         assert deleted.status_code == 200, deleted.text
-        await wait_for(lambda: svc.runtime.statistics().admission.retained_total == 1)  # B admitted
+        await until(lambda: svc.runtime.statistics().admission.retained_total == 1, "B admitted", every=0)  # B admitted
         b_body = await _usage(svc.client, KEY_B)
         assert (b_body["sessions"], b_body["queued_seconds"], b_body["chunks"]) == (1, 12.5, 0)
         a_body = await _usage(svc.client, KEY_A)
@@ -89,8 +94,14 @@ async def test_without_api_keys_the_anonymous_caller_has_usage() -> None:
     async with running_service() as svc:
         session = (await svc.create()).json()["id"]
         svc.world.emit(session, 2)
-        await wait_for(lambda: svc.runtime.statistics().usage.get("anonymous", None) is not None)
-        await wait_for(lambda: svc.runtime.statistics().usage["anonymous"].chunks == 2)
+        await until(
+            lambda: svc.runtime.statistics().usage.get("anonymous", None) is not None,
+            "the anonymous usage record",
+            every=0,
+        )
+        await until(
+            lambda: svc.runtime.statistics().usage["anonymous"].chunks == 2, "the anonymous two chunks counted", every=0
+        )
         body = (await svc.client.get("/v1/usage")).json()
         assert (body["key"], body["sessions"], body["chunks"]) == ("anonymous", 1, 2)
 
