@@ -8,8 +8,9 @@ the embedded WebRTC transport (aiortc) or LiveKit (the `livekit` SDK). docs/clie
             frame = await stream.next_frame(timeout=10)   # frame.image: (h, w, 3) uint8; frame.chunk: its status
             await stream.stop()
 
-`ServiceClient` (`api.py`) is the REST half, `LiveStream` and `connect` (`stream.py`) the media half; errors are
-typed by the service's stable codes (`errors.py`).
+`ServiceClient` (`api.py`) is the REST half, `LiveStream` and `connect` (`stream.py`) the media half, over a `Link`
+(`links.py`: embedded WebRTC or LiveKit), its frames labelled by `ChunkTracker` (`tracker.py`); errors are typed by
+the service's stable codes (`errors.py`).
 """
 
 from __future__ import annotations
@@ -34,17 +35,9 @@ from transport.client.errors import (
     api_error,
     error_classes,
 )
-from transport.client.stream import (
-    ChunkTracker,
-    EmbeddedLink,
-    Link,
-    LiveKitLink,
-    LiveStream,
-    ReceivedFrame,
-    StreamStatistics,
-    connect,
-    default_ice_addresses,
-)
+from transport.client.links import EmbeddedLink, Link, LiveKitLink, default_ice_addresses
+from transport.client.stream import LiveStream, ReceivedFrame, StreamStatistics, connect
+from transport.client.tracker import ChunkTracker
 
 __all__ = [
     "STREAMING_STATUSES",

@@ -1,0 +1,245 @@
+"""How a `LiveStream` is connected (`Link`): it sends control bytes and is closed; frames and status bytes reach the
+stream through its `on_frame`, `on_status` and `on_link_lost`. Two links, chosen by the session's join details:
+
+- `EmbeddedLink` (`kind: embedded`): an aiortc peer connection with a receive-only video transceiver and the
+  `control` data channel, offered to the session's `offer_url` (candidates included, no trickle);
+- `LiveKitLink` (`kind: livekit`): the `livekit` SDK in the session's room. `livekit.rtc` (a native library) is
+  imported only here, when a link is made, so that importing `transport.client` loads no LiveKit.
+
+Cancellation: `aclose()` closes the peer connection or the room and cancels and awaits the link's reader task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit
+
+import av
+import numpy as np
+from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from transport.client.api import ServiceClient
+from transport.client.errors import ConnectError
+from transport.embedded.rtc import ice_host_addresses
+
+if TYPE_CHECKING:
+    from transport.client.stream import LiveStream
+
+__all__ = ["EmbeddedLink", "Link", "LiveKitLink", "default_ice_addresses"]
+
+
+class Link(Protocol):
+    """How a `LiveStream` is connected: it sends control bytes and is closed; frames and status bytes reach the
+    stream through the callbacks it was opened with."""
+
+    async def send(self, payload: bytes, *, reliable: bool) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+def default_ice_addresses(url: str) -> tuple[str, ...] | None:
+    """Where a client of the service at `url` gathers ICE host candidates: loopback for a loopback service
+    (aioice skips loopback otherwise, and a service bound to 127.0.0.1 offers nothing else), else aioice's
+    default (every interface but loopback)."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return ("127.0.0.1",)
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return (str(address),) if address.is_loopback else None
+
+
+class EmbeddedLink:
+    """The embedded transport's side of a client: one aiortc peer connection. `open` offers it to the session's
+    `offer_url` and waits for the control channel to open (`ConnectError` otherwise)."""
+
+    def __init__(self, stream: LiveStream) -> None:
+        self._stream = stream
+        self._pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self._channel: RTCDataChannel | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        service: ServiceClient,
+        stream: LiveStream,
+        details: Mapping[str, Any],
+        *,
+        host_addresses: Sequence[str] | None,
+        within: float,
+    ) -> EmbeddedLink:
+        link = cls(stream)
+        try:
+            await link._negotiate(service, details, host_addresses, within)
+        except BaseException:
+            await link.aclose()
+            raise
+        return link
+
+    async def _negotiate(
+        self, service: ServiceClient, details: Mapping[str, Any], host_addresses: Sequence[str] | None, within: float
+    ) -> None:
+        pc = self._pc
+        pc.addTransceiver("video", direction="recvonly")
+        channel = pc.createDataChannel(str(details.get("data_channel") or "control"))
+        self._channel = channel
+        opened = asyncio.Event()
+        channel.on("open", opened.set)
+        channel.on("message", self._stream.on_status)
+        channel.on("close", lambda: self._lost("the data channel closed"))
+        pc.on("track", self._on_track)
+        pc.on("connectionstatechange", self._on_state)
+        with ice_host_addresses(host_addresses):
+            await pc.setLocalDescription(await pc.createOffer())
+        local = pc.localDescription
+        answer = await service.request(
+            "POST", str(details["offer_url"]), json={"sdp": local.sdp, "type": local.type}, timeout=within
+        )
+        body = answer.json()
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type=body["type"]))
+        try:
+            async with asyncio.timeout(within):
+                await opened.wait()
+        except TimeoutError:
+            raise ConnectError(f"the control channel did not open within {within:g} s") from None
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "video" and self._reader is None:
+            self._reader = asyncio.get_running_loop().create_task(self._read(track), name="client-video")
+
+    async def _read(self, track: MediaStreamTrack) -> None:
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                frame = await track.recv()
+                if not isinstance(frame, av.VideoFrame):
+                    continue
+                image = np.asarray(frame.to_ndarray(format="rgb24"), dtype=np.uint8)
+                self._stream.on_frame(image, None if frame.pts is None else int(frame.pts))
+
+    def _on_state(self) -> None:
+        if self._pc.connectionState in ("failed", "closed"):
+            self._lost(f"the peer connection {self._pc.connectionState}")
+
+    def _lost(self, why: str) -> None:
+        if not self._closed:
+            self._stream.on_link_lost(why)
+
+    async def send(self, payload: bytes, *, reliable: bool) -> None:
+        channel = self._channel
+        if channel is None or channel.readyState != "open":
+            raise ConnectError("the control channel is not open")
+        channel.send(payload.decode("ascii"))
+
+    async def aclose(self) -> None:
+        self._closed = True
+        reader, self._reader = self._reader, None
+        await self._pc.close()
+        if reader is not None:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+
+class LiveKitLink:
+    """The LiveKit side of a client: the `livekit` SDK in the session's room. `open` joins with `token` (the
+    controller token from the join details unless the caller minted its own), waits for the service identity's
+    video track and reads it as RGB24; `ConnectError` when the room cannot be joined or no track comes in time."""
+
+    def __init__(self, stream: LiveStream, details: Mapping[str, Any]) -> None:
+        from livekit import rtc
+
+        self._rtc = rtc
+        self._stream = stream
+        self._room = rtc.Room()
+        self._service_identity = str(details.get("service_identity") or "")
+        self._control_topic = str(details.get("control_topic") or "lingstream.control")
+        self._status_topic = str(details.get("status_topic") or "lingstream.status")
+        self._video: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._track_ready = asyncio.Event()
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls, stream: LiveStream, details: Mapping[str, Any], *, token: str | None, within: float
+    ) -> LiveKitLink:
+        link = cls(stream, details)
+        try:
+            await link._join(
+                str(details["url"]), token if token is not None else str(details.get("token") or ""), within
+            )
+        except BaseException:
+            await link.aclose()
+            raise
+        return link
+
+    async def _join(self, url: str, token: str, within: float) -> None:
+        rtc = self._rtc
+        room = self._room
+        room.on("data_received", self._on_data)
+        room.on("track_subscribed", self._on_track)
+        room.on("disconnected", lambda reason: self._lost(f"disconnected ({reason})"))
+        if not token:
+            raise ConnectError("no LiveKit token: the session names its own controller identity; pass its token")
+        try:
+            # The SDK bounds each signal attempt but retries a failed ICE connection on its own: bound the whole.
+            async with asyncio.timeout(2 * within):
+                await room.connect(url, token, rtc.RoomOptions(auto_subscribe=True, connect_timeout=within))
+        except rtc.ConnectError as exc:
+            raise ConnectError(f"joining the LiveKit room failed: {exc.message}") from exc
+        except TimeoutError:
+            raise ConnectError(f"joining the LiveKit room took over {2 * within:g} s") from None
+        try:
+            async with asyncio.timeout(within):
+                await self._track_ready.wait()
+        except TimeoutError:
+            raise ConnectError(f"no video track from {self._service_identity} within {within:g} s") from None
+
+    def _on_data(self, packet: Any) -> None:
+        if packet.topic == self._status_topic:
+            participant = packet.participant
+            if participant is None or participant.identity == self._service_identity:
+                self._stream.on_status(bytes(packet.data))
+
+    def _on_track(self, track: Any, _publication: Any, participant: Any) -> None:
+        rtc = self._rtc
+        if participant.identity != self._service_identity or track.kind != rtc.TrackKind.KIND_VIDEO:
+            return
+        if self._reader is not None:
+            return
+        self._video = rtc.VideoStream(track, format=rtc.VideoBufferType.RGB24)
+        self._reader = asyncio.get_running_loop().create_task(self._read(self._video), name="client-livekit-video")
+        self._track_ready.set()
+
+    async def _read(self, video: Any) -> None:
+        async for event in video:
+            frame = event.frame
+            image = np.frombuffer(bytes(frame.data), np.uint8).reshape(frame.height, frame.width, 3)
+            self._stream.on_frame(image, None)
+
+    def _lost(self, why: str) -> None:
+        if not self._closed:
+            self._stream.on_link_lost(why)
+
+    async def send(self, payload: bytes, *, reliable: bool) -> None:
+        await self._room.local_participant.publish_data(payload, reliable=reliable, topic=self._control_topic)
+
+    async def aclose(self) -> None:
+        # Streams first, then the room: the SDK's native side may abort at exit otherwise.
+        self._closed = True
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+        video, self._video = self._video, None
+        if video is not None:
+            await video.aclose()
+        await self._room.disconnect()
