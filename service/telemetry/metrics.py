@@ -5,7 +5,8 @@ them, on a `Meter` that `service.telemetry.otel` provides (and exports at `/metr
 
 - observable gauges and counters read one `StatisticsSnapshot` per collection: the runtime (sessions, admission,
   usage, limits, recordings: `service.telemetry.runtime_series`), the model workers (their orchestrators'
-  diagnostics, their execution leases) and the transport's bindings (frames, reconnects, viewers);
+  diagnostics, their execution leases) and the transport's bindings (frames, reconnects, viewers), the last two
+  in `service.telemetry.snapshot_series`;
 - histograms and counters are fed by events: each chunk a session emits (its `timings`), each stage invocation
   an orchestrator completes, each admission and each session end.
 
@@ -26,22 +27,26 @@ import math
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from opentelemetry.metrics import Histogram, Meter, Observation
+from opentelemetry.metrics import Histogram, Meter
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from admission import LeaseStatistics, percentile
-from pipeline.actor import ActorStatistics
+from admission import percentile
 from pipeline.bidirectional import BidirectionalService, ChunkOutput
 from pipeline.metrics import StageTiming
-from pipeline.orchestrator import OrchestratorStatistics
 from service.runtime.records import RuntimeStatistics
-from service.telemetry._observing import Observe, callback
 from service.telemetry.heap import GlibcHeap
 from service.telemetry.process_series import observe_process
 from service.telemetry.runtime_series import observe_runtime, render_metrics
+from service.telemetry.snapshot_series import (
+    StatisticsSnapshot,
+    TransportFigures,
+    WorkerFigures,
+    observe_sessions,
+    observe_workers,
+)
 from transport.base import Transport
 
 __all__ = [
@@ -71,46 +76,6 @@ SESSION_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600
 _FRESH_S = 1.0  # a snapshot younger than this is reused by the callbacks of one collection
 _LOOP_WAIT_S = 2.0  # how long a collection on another thread waits for the loop to take a snapshot
 _RTF_WINDOW = 64  # chunk periods kept per running session for the real-time factor
-
-
-# --------------------------------------------------------------------------------------------- snapshot records
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerFigures:
-    """One model worker as of a snapshot: what its statistics, orchestrator and lease said (None: not exposed)."""
-
-    index: int
-    stale_controls: int | None
-    orchestrator: OrchestratorStatistics | None
-    lease: LeaseStatistics | None
-
-
-@dataclass(frozen=True, slots=True)
-class TransportFigures:
-    """The transport summed over every session it ever carried (finished bindings' last figures included).
-    `kind`: the transport's; `viewers`: watching now; the viewer counters are None where the kind has none."""
-
-    sessions: int | None
-    frames_sent: int
-    frames_dropped: Mapping[str, int]
-    reconnects: Mapping[str, int]
-    kind: str = "unknown"
-    viewers: int = 0
-    viewer_frames_dropped: int | None = None
-    viewer_controls_refused: int | None = None
-    idle_frames_sent: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class StatisticsSnapshot:
-    """Everything the observable instruments read, taken at once on the event loop (`taken_at`: monotonic)."""
-
-    taken_at: float
-    runtime: RuntimeStatistics | None
-    workers: tuple[WorkerFigures, ...] = ()
-    transport: TransportFigures | None = None
-    realtime_factors: tuple[float, ...] = ()
 
 
 _EMPTY = StatisticsSnapshot(taken_at=-math.inf, runtime=None)
@@ -174,8 +139,8 @@ class ServiceMetrics:
         self._define_histograms(meter)
         observe_runtime(meter, lambda: self.current().runtime)
         observe_process(meter, GlibcHeap.load())
-        self._define_worker_series(meter)
-        self._define_session_series(meter)
+        observe_workers(meter, self.current)
+        observe_sessions(meter, self.current)
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -370,163 +335,6 @@ class ServiceMetrics:
             "lingstream.frames.generated", unit="{frame}", description="Video frames in those chunks."
         )
 
-    def _define_worker_series(self, meter: Meter) -> None:
-        read = self.current
-
-        def gauge(name: str, unit: str, description: str, observe: Observe[StatisticsSnapshot]) -> None:
-            meter.create_observable_gauge(name, [callback(read, observe)], unit=unit, description=description)
-
-        def counter(name: str, unit: str, description: str, observe: Observe[StatisticsSnapshot]) -> None:
-            meter.create_observable_counter(name, [callback(read, observe)], unit=unit, description=description)
-
-        counter(
-            "lingstream.controls.stale",
-            "{message}",
-            "Control snapshots the model workers dropped as stale or duplicate, by model worker.",
-            lambda s: (
-                Observation(w.stale_controls, {"worker": str(w.index)})
-                for w in s.workers
-                if w.stale_controls is not None
-            ),
-        )
-        counter(
-            "lingstream.lease.grants",
-            "{grant}",
-            "Execution lease grants (one per chunk), by model worker.",
-            lambda s: (Observation(w.lease.total_grants, {"worker": str(w.index)}) for w in s.workers if w.lease),
-        )
-        gauge(
-            "lingstream.lease.waiters",
-            "{session}",
-            "Sessions waiting for the execution lease, by model worker.",
-            lambda s: (Observation(len(w.lease.waiters), {"worker": str(w.index)}) for w in s.workers if w.lease),
-        )
-        counter(
-            "lingstream.pipeline.results.discarded",
-            "{result}",
-            "Stage results the orchestrator discarded, by model worker and kind (stale, orphaned, duplicate, "
-            "rejected).",
-            _discarded_results,
-        )
-        counter(
-            "lingstream.pipeline.cleanup.failures",
-            "{failure}",
-            "Stage state releases that failed at session close (the session id stays poisoned), by model worker.",
-            lambda s: (
-                Observation(w.orchestrator.core.cleanup_failures, {"worker": str(w.index)})
-                for w in s.workers
-                if w.orchestrator
-            ),
-        )
-        counter(
-            "lingstream.pipeline.slot.leaks",
-            "{slot}",
-            "Capacity slots found still held after a session closed, by model worker.",
-            lambda s: (
-                Observation(w.orchestrator.core.slot_leaks, {"worker": str(w.index)})
-                for w in s.workers
-                if w.orchestrator
-            ),
-        )
-        gauge(
-            "lingstream.pipeline.sessions.poisoned",
-            "{session}",
-            "Sessions whose stage state could not be released, by model worker.",
-            lambda s: (
-                Observation(len(w.orchestrator.core.poisoned_sessions), {"worker": str(w.index)})
-                for w in s.workers
-                if w.orchestrator
-            ),
-        )
-        gauge(
-            "lingstream.pipeline.stage.in_flight",
-            "{invocation}",
-            "Stage invocations running now, by model worker and stage.",
-            lambda s: (
-                Observation(count, {"worker": str(w.index), "stage": stage})
-                for w in s.workers
-                if w.orchestrator
-                for stage, count in w.orchestrator.core.in_flight_by_stage.items()
-            ),
-        )
-        counter(
-            "lingstream.pipeline.actor.restarts",
-            "{restart}",
-            "Stage actor restarts after their runtime died, by model worker and stage.",
-            lambda s: _actor_figures(s, lambda actor: actor.restarts),
-        )
-        counter(
-            "lingstream.pipeline.actor.failures",
-            "{invocation}",
-            "Stage invocations that raised, by model worker and stage.",
-            lambda s: _actor_figures(s, lambda actor: actor.failures),
-        )
-
-    def _define_session_series(self, meter: Meter) -> None:
-        read = self.current
-        meter.create_observable_gauge(
-            "lingstream.realtime_factor",
-            [callback(read, _realtime_factor)],
-            unit="1",
-            description="p95 chunk period / media seconds per chunk over running sessions (max and mean); "
-            "below 1 generation outruns playback.",
-        )
-
-        def transport() -> TransportFigures | None:
-            return self.current().transport
-
-        meter.create_observable_gauge(
-            "lingstream.transport.sessions",
-            [callback(transport, lambda t: [] if t.sessions is None else [Observation(t.sessions)])],
-            unit="{session}",
-            description="Sessions bound to the transport.",
-        )
-        meter.create_observable_counter(
-            "lingstream.transport.frames.sent",
-            [callback(transport, lambda t: [Observation(t.frames_sent)])],
-            unit="{frame}",
-            description="Video frames the transport's pacers released to the video track.",
-        )
-        meter.create_observable_counter(
-            "lingstream.transport.idle_frames.sent",
-            [callback(transport, lambda t: [Observation(t.idle_frames_sent)])],
-            unit="{frame}",
-            description="Keep-warm repeats: the last frame sent again while a stream had nothing new (not generated "
-            "frames, not in frames.sent).",
-        )
-        meter.create_observable_counter(
-            "lingstream.transport.frames.dropped",
-            [callback(transport, lambda t: (Observation(n, {"reason": r}) for r, n in t.frames_dropped.items()))],
-            unit="{frame}",
-            description="Video frames the transport dropped, by reason (late, overflow, rejected, unsent, track).",
-        )
-        meter.create_observable_counter(
-            "lingstream.transport.reconnects",
-            [callback(transport, lambda t: (Observation(n, {"kind": k}) for k, n in t.reconnects.items()))],
-            unit="{reconnect}",
-            description="Transport reconnects by kind (sdk_resume, rejoin, controller_return, peer_return).",
-        )
-        meter.create_observable_gauge(
-            "lingstream.viewers",
-            [callback(transport, lambda t: _viewer_series(t, lambda f: f.viewers))],
-            unit="{viewer}",
-            description="Viewers watching sessions now (connected, never controlling), by transport.",
-        )
-        meter.create_observable_counter(
-            "lingstream.viewers.frames.dropped",
-            [callback(transport, lambda t: _viewer_series(t, lambda f: f.viewer_frames_dropped))],
-            unit="{frame}",
-            description="Frames dropped to slow viewers (their own track was behind; nobody else waited), by "
-            "transport (embedded: LiveKit's SFU forwards to viewers itself).",
-        )
-        meter.create_observable_counter(
-            "lingstream.viewers.controls.refused",
-            [callback(transport, lambda t: _viewer_series(t, lambda f: f.viewer_controls_refused))],
-            unit="{message}",
-            description="Messages viewers sent, never applied (answered viewer_cannot_control), by transport "
-            "(embedded: a LiveKit viewer's token cannot publish data).",
-        )
-
     # -- sources ------------------------------------------------------------------------------------------------
 
     def _worker_figures(self, index: int, worker: BidirectionalService) -> WorkerFigures:
@@ -601,49 +409,11 @@ class ServiceMetrics:
         figures.viewer_refused = stats.viewers.controls_refused
 
 
-def _discarded_results(snapshot: StatisticsSnapshot) -> Iterable[Observation]:
-    for w in snapshot.workers:
-        if w.orchestrator is None:
-            continue
-        core = w.orchestrator.core
-        kinds = {
-            "stale": core.stale_results,
-            "orphaned": core.orphaned_results,
-            "duplicate": core.duplicate_results,
-            "rejected": core.rejected_results,
-        }
-        for kind, count in kinds.items():
-            yield Observation(count, {"worker": str(w.index), "kind": kind})
-
-
-def _actor_figures(snapshot: StatisticsSnapshot, pick: Callable[[ActorStatistics], int]) -> Iterable[Observation]:
-    for w in snapshot.workers:
-        if w.orchestrator is None:
-            continue
-        for stage, actor in w.orchestrator.actors.items():
-            yield Observation(pick(actor), {"worker": str(w.index), "stage": stage})
-
-
-def _realtime_factor(snapshot: StatisticsSnapshot) -> list[Observation]:
-    factors = snapshot.realtime_factors
-    if not factors:
-        return []
-    return [
-        Observation(max(factors), {"statistic": "max"}),
-        Observation(sum(factors) / len(factors), {"statistic": "mean"}),
-    ]
-
-
 def _add(total: int | None, more: int | None) -> int | None:
     """A sum over bindings where None means "this kind does not count it" (None only while every part is None)."""
     if more is None:
         return total
     return more if total is None else total + more
-
-
-def _viewer_series(transport: TransportFigures, pick: Callable[[TransportFigures], int | None]) -> list[Observation]:
-    value = pick(transport)
-    return [] if value is None else [Observation(value, {"transport": transport.kind})]
 
 
 def _seconds(value: object) -> float | None:
