@@ -4,7 +4,7 @@
 (/readyz), `DrainStatus` (GET /internal/drain) and `RuntimeStatistics` (/metrics) are the frozen answers the runtime
 gives; `AdmissionReport` is what its admission backend contributes to the statistics, and `SharedAdmissionStatistics`
 (with one `ReplicaStatistics` per replica) what a backend shared by several replicas knows of the whole deployment.
-`SessionObserver` is told about every session's life (`service.telemetry.otel` implements it); `SnapshotStream` is
+`SessionObserver` is told about every session's life (`service.telemetry.sessions` implements it); `SnapshotStream` is
 what an event stream reads. They live apart from the runtime so that what only reads them (schemas, metrics) need
 not import it; `service.runtime.runtime` re-exports the runtime's own.
 """
@@ -167,7 +167,7 @@ class RuntimeStatistics:
 
 
 class SessionObserver(Protocol):
-    """Told about every session's life (`service.telemetry.otel` implements it: spans, metric events).
+    """Told about every session's life (`service.telemetry.sessions` implements it: spans, metric events).
 
     Every call is synchronous, on the event loop, made by the runtime at a fixed point; it must be cheap and must
     not raise. `admission_event` comes before the runtime applies the event; `enter_session` runs inside the new
