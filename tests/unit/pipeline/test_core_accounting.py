@@ -30,6 +30,7 @@ from pipeline.core import NoticeKind, ResultKind
 from tests.support.fakes.actors import FakeActor, StaticActorView
 from tests.support.fakes.clock import FakeClock
 from tests.support.graphs import linear_spec
+from tests.support.waits import until
 
 
 def _core(capacity: int = 4) -> SchedulerCore:
@@ -274,17 +275,12 @@ async def test_a_cancel_upgrades_a_drain_in_progress_and_a_drain_timeout_falls_b
         assert report is await draining
         assert report.discarded_items == 1  # sequence 1 was discarded, not drained
         # A drain with a timeout that its in-flight call outlives falls back to cancel.
-        await asyncio.wait_for(_until_called(actor, "late"), timeout=5)
+        await until(lambda: ("late", 0) in actor.pending, "the stage call of late", every=0)  # no per-call event
         timed = asyncio.create_task(orch.close_session("late", CloseMode.DRAIN, drain_timeout=0.05))
         await asyncio.sleep(0.2)  # past the drain timeout: now cancelling, still waiting for the call
         actor.finish("late", 0)
         late = await asyncio.wait_for(timed, timeout=5)
         assert (late.discarded_items, late.outputs_emitted) == (1, 0)
-
-
-async def _until_called(actor: FakeActor, session_id: str) -> None:
-    while (session_id, 0) not in actor.pending:  # noqa: ASYNC110 - the fake has no per-call event
-        await asyncio.sleep(0)
 
 
 async def test_release_failures_are_reported_with_their_error_and_one_report_is_kept() -> None:
