@@ -209,8 +209,8 @@ _MARKS: dict[str, list[pytest.MarkDecorator]] = {
     "transport_frames": [pytest.mark.browser],
     "latency": [pytest.mark.browser],
 }
-# `-m bench.NAME` and the options written after it, up to the end of the command.
-_DOCUMENTED = re.compile(r"-m bench\.(\w+)((?:[ \t]+--[a-z][\w-]*(?:[ \t=][^\s`'\"|)(-][^\s`'\"|)(]*)?)*)")
+# `-m bench.name` and the options written after it, up to the end of the command (`bench.NAME`: a placeholder).
+_DOCUMENTED = re.compile(r"-m bench\.([a-z_][a-z0-9_]*)((?:[ \t]+--[a-z][\w-]*(?:[ \t=][^\s`'\"|)(-][^\s`'\"|)(]*)?)*)")
 # A bench run by its path (`python bench/NAME.py`, `bench/NAME.py --quick`): bench/ would come first on sys.path
 # and the script would not find `bench._common` or `tests.support`.
 _RUN_BY_PATH = re.compile(r"(?:python3?\"?|\$PY)[ \t]+bench/\w+\.py|bench/\w+\.py[ \t]+--[a-z]")
