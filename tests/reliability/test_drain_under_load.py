@@ -82,8 +82,15 @@ async def test_sigterm_under_load_drains_and_every_session_gets_its_final_status
 
                 async def load() -> None:
                     for _ in range(40):  # bounded: 40 creates, 25 ms apart
-                        await create()
-                        ready = await client.get("/readyz")
+                        try:
+                            await create()
+                            ready = await client.get("/readyz")
+                        except httpx.TransportError:
+                            # On a loaded machine the drain can end, and the server close, before the 40 are
+                            # sent: a connection refused or cut after the signal is its exit, not a failure (a
+                            # crash still fails below: the exit status and the log are checked).
+                            assert signalled.is_set()
+                            return
                         if signalled.is_set():
                             readiness.append(ready.status_code)
                         await asyncio.sleep(0.025)
