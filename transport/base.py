@@ -10,7 +10,9 @@ Status messages are the service-to-client half of control protocol v1; the trans
 What a transport can do beyond `Transport` is said by *capabilities*, small runtime-checkable protocols
 (`AnswersOffers`, `AnswersViewerOffers`, `IssuesViewers`, `RenewsJoinDetails`, `ChecksCallerRooms`,
 `ReceivesWebhooks`): the service's routes ask the one active transport for a capability (`isinstance(transport,
-IssuesViewers)`) and never name a transport class; only the composition root (`service.transports`) does.
+IssuesViewers)`) and never name a transport class; only the composition root (`service.transports`) does. (mypy
+does not narrow a value typed as one Protocol by `isinstance` of another: it reads the branch as unreachable. Code
+that only asks for capabilities holds the transport as `object`, as the routes do.)
 
 What a transport reports to the service is typed here too, in terms every kind shares: `BindingStatistics` for one
 session's binding (its pacer, frames nobody took, returns by `ReconnectKind`, its viewers as `ViewerFigures`) and
