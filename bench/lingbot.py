@@ -267,7 +267,7 @@ async def reference(chunks: int, threads: int, devices: tuple[str, ...]) -> dict
         results["channel_share_of_chunk_period"] = moving / MEDIA_S
         results["channel_share_of_generation"] = moving / channel.figures["chunk_period_mean_s"]
     finally:
-        await asyncio.gather(*(service.stop() for service in services))
+        await asyncio.gather(*(service.aclose() for service in services))
     return results
 
 
@@ -365,7 +365,7 @@ async def first_frame_session(
                 firsts.append(chunk.timings["control_to_first_frame"])
         await service.close_session("first", CloseMode.CANCEL)
     finally:
-        await service.stop()
+        await service.aclose()
     return firsts
 
 
@@ -428,7 +428,7 @@ async def fast_session(
         first = service.orchestrator.metrics("fast").first_output_latency or NAN
         await service.close_session("fast", CloseMode.CANCEL)
     finally:
-        await service.stop()
+        await service.aclose()
     period_ms = statistics.median(periods) * 1000
     return {
         "lingbot_fast_chunk_ms_p50": period_ms,

@@ -108,7 +108,7 @@ class LoopActor:
     async def start(self) -> None:
         return None
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
         return None
 
     async def invoke(self, call: StageCall) -> Mapping[str, object]:
@@ -207,7 +207,7 @@ async def hop_round_trip(calls: int, batches: int) -> tuple[float, float]:
             samples.append((time.perf_counter() - start) / calls * 1e6)
             cpu_samples.append((time.process_time() - cpu_start) / calls * 1e6)
     finally:
-        await actor.stop()
+        await actor.aclose()
     return statistics.median(samples), statistics.median(cpu_samples)
 
 

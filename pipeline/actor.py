@@ -92,7 +92,7 @@ class StageActor(Protocol):
 
     async def release_session(self, session_id: str) -> None: ...
 
-    async def stop(self) -> None: ...
+    async def aclose(self) -> None: ...
 
     def statistics(self) -> ActorStatistics: ...
 
@@ -109,7 +109,7 @@ class CallbackStageActor(StageActor, Protocol):
     The orchestrator uses `start_call` where an actor offers it (a stage thread: the hop is most of the cost of a
     short call) and `invoke` otherwise. `start_call` returns at once and never raises; `done` runs later on the
     event loop in `context` (the caller passes one it owns), and the stage in a copy of it, so what the stage sets
-    in its context does not reach `done`. Every started call gets its outcome before `stop` returns. The other
+    in its context does not reach `done`. Every started call gets its outcome before `aclose` returns. The other
     guarantees are `invoke`'s (ordering, failures, a call in flight is never interrupted).
     """
 

@@ -105,7 +105,7 @@ class _StageThread:
         self._inbox = inbox
         self._work: queue.SimpleQueue[_Work] = queue.SimpleQueue()
         self._done: asyncio.Future[None] | None = None
-        # Daemon: a process that exits without `stop()` is not held up by a thread waiting for work.
+        # Daemon: a process that exits without `aclose()` is not held up by a thread waiting for work.
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -162,7 +162,7 @@ class LocalStageActor:
         await actor.start()
         outputs = await actor.invoke(StageCall("decode", "s1", 0, {"latent": z}))
         await actor.release_session("s1")
-        await actor.stop()
+        await actor.aclose()
 
     Ordering: calls and releases run in the order they were made (one thread, FIFO). Each runs in a copy of its
     caller's context (`start_call`: in the context it is given), so its log lines carry the caller's session.
@@ -230,7 +230,7 @@ class LocalStageActor:
         thread.submit(self._stage.release, session_id, functools.partial(_settle, future), contextvars.copy_context())
         await future
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
         thread, self._thread = self._thread, None
         if thread is not None:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()

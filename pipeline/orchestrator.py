@@ -203,7 +203,7 @@ class StreamingPipelineOrchestrator:
             actor.add_death_listener(self._death_listener(stage_id))
         self._started = True
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
         """Cancel-close every session, then stop the actors. Safe to call twice."""
         if not self._started:
             return
@@ -216,7 +216,7 @@ class StreamingPipelineOrchestrator:
         for closing in list(self._closing.values()):
             await asyncio.wait({closing}, timeout=self._cancel_timeout)
         for actor in self._actors.values():
-            await actor.stop()
+            await actor.aclose()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -230,7 +230,7 @@ class StreamingPipelineOrchestrator:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.stop()
+        await self.aclose()
 
     @property
     def ready(self) -> bool:

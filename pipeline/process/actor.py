@@ -40,7 +40,7 @@ class ParallelWorkerStageActor:
         await actor.start()
         artifacts = await actor.invoke(StageCall("denoise", "s1", 0, {"condition": c, "control": u}))
         await actor.release_session("s1")
-        await actor.stop()
+        await actor.aclose()
 
     Ordering: calls and releases reach every rank in the order they were made and run there one at a time.
 
@@ -49,7 +49,7 @@ class ParallelWorkerStageActor:
 
     Cancellation contract: cancelling `invoke` does not interrupt the worker processes. The call finishes there,
     keeps its capacity slot until then, and its result is dropped (counted as a stale result). The same holds for
-    `release_session`. Cancelling a caller of `stop()` does not abort the shutdown.
+    `release_session`. Cancelling a caller of `aclose()` does not abort the shutdown.
 
     Failures: a stage exception → `StageFailedError` for that call, the actor stays healthy; a malformed
     `TensorRef` artifact (bare, or inside a `TensorRefCarrier`) → `StageFailedError` too. A dead process (or a
@@ -120,8 +120,8 @@ class ParallelWorkerStageActor:
     async def release_session(self, session_id: str) -> None:
         await self._worker.release_session(session_id)
 
-    async def stop(self) -> None:
-        await self._worker.stop()
+    async def aclose(self) -> None:
+        await self._worker.aclose()
 
     def statistics(self) -> ActorStatistics:
         stats = self._worker.statistics()

@@ -97,7 +97,7 @@ class ParallelWorkerConfig:
     """How long a new incarnation may take until every rank has built its stage (process group included); with
     more than one rank it is also the process group's timeout for a collective that not every rank reaches."""
     stop_timeout_s: float = 10.0
-    """How long `stop()` waits for the ranks to finish their calls and exit before it terminates them."""
+    """How long `aclose()` waits for the ranks to finish their calls and exit before it terminates them."""
     kill_grace_s: float = 2.0
     """How long a terminated (SIGTERM) rank gets before it is killed (SIGKILL)."""
     restart_backoff_initial_s: float = 0.2
@@ -158,7 +158,7 @@ class WorkerState(enum.Enum):
     STARTING = "starting"  # an incarnation is spawned; waiting until every rank has built its stage
     RUNNING = "running"  # every rank is ready; calls are accepted
     RESTARTING = "restarting"  # an incarnation died: tearing it down, backing off, then STARTING again
-    STOPPING = "stopping"  # stop() is finishing the calls in flight and ending the processes
+    STOPPING = "stopping"  # aclose() is finishing the calls in flight and ending the processes
     STOPPED = "stopped"  # no process left; terminal
 
 

@@ -78,7 +78,7 @@ class ParallelWorker:
         await worker.start()
         artifacts = await worker.invoke(StageCall("decode", "s1", 0, {"latent": ref}))
         await worker.release_session("s1")
-        await worker.stop()
+        await worker.aclose()
 
     Ordering: every rank serves its requests in submission order, one at a time; results resolve in that order.
     Calls and releases share that order, so a release sent after a call runs after it.
@@ -88,8 +88,8 @@ class ParallelWorker:
     `max_pending_releases` slots. Request queues are sized to these bounds, so nothing queues without limit.
 
     Cancellation: cancelling `invoke` or `release_session` does not interrupt the child; the request finishes
-    there, keeps its slot until then, and its result is dropped and counted in `stale_results`. `stop()` is
-    shielded: cancelling a caller of `stop()` does not abort the shutdown, which a later `stop()` awaits.
+    there, keeps its slot until then, and its result is dropped and counted in `stale_results`. `aclose()` is
+    shielded: cancelling a caller of `aclose()` does not abort the shutdown, which a later `aclose()` awaits.
 
     Health: a rank that exits while the worker runs fails every call in flight with `ActorDiedError`, terminates
     the other ranks, tells the death listeners `(name, dead incarnation, reason)`, and restarts the group after a
@@ -212,10 +212,10 @@ class ParallelWorker:
             self._transition(WorkerState.STOPPED)
             raise
         except asyncio.CancelledError:
-            self._begin_stop()  # the caller gave up: leave no process behind (a later stop() awaits it)
+            self._begin_stop()  # the caller gave up: leave no process behind (a later aclose() awaits it)
             raise
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
         """Stop gracefully, then by force; idempotent.
 
         Each rank gets a stop request behind its queued work, so calls in flight finish if they can within
@@ -256,7 +256,7 @@ class ParallelWorker:
         """Spawn a new incarnation and wait until it is ready (STARTING → RUNNING).
 
         Raises `ActorDiedError` when the start fails (the incarnation is closed again) and
-        `ActorUnavailableError` when `stop()` took over meanwhile.
+        `ActorUnavailableError` when `aclose()` took over meanwhile.
         """
         loop = asyncio.get_running_loop()
         self._incarnation += 1
@@ -306,7 +306,7 @@ class ParallelWorker:
     def _close_logged(self, inc: Incarnation, graceful: bool) -> None:
         try:
             close_ranks(self._config, inc, graceful)
-        except Exception:  # stop() must complete; what could not be freed is logged
+        except Exception:  # aclose() must complete; what could not be freed is logged
             logger.exception("worker %r incarnation %d: closing failed", self.name, inc.number)
 
     # --- the watcher thread ---

@@ -218,7 +218,7 @@ class _Run:
                 mode = CloseMode.DRAIN if completed else CloseMode.CANCEL
                 self.summary = await service.close_session(_SESSION_ID, mode)
         finally:
-            await service.stop()
+            await service.aclose()
             self.wall_s = time.perf_counter() - started
 
     async def _chunks(self, writer: Mp4Writer, live: StreamingSessionMetrics, started: float) -> bool:

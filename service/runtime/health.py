@@ -113,6 +113,6 @@ class WorkerHealth:
         """Stop every worker, one after the other; a worker that fails to stop is logged, the others still stop."""
         for index, worker in enumerate(self._workers):
             try:
-                await worker.stop()
+                await worker.aclose()
             except Exception:
                 logger.exception("shutdown: model worker %d failed to stop", index)

@@ -109,8 +109,8 @@ class ProcessWorld:
     async def start(self) -> None:
         await self._orchestrator.start()
 
-    async def stop(self) -> None:
-        await self._orchestrator.stop()
+    async def aclose(self) -> None:
+        await self._orchestrator.aclose()
 
     def prepare(self, config: Mapping[str, object], image: bytes | None) -> PreparedSession:
         unknown = sorted(set(config) - {"block_at"})

@@ -70,7 +70,7 @@ class LingBotService:
     stages run on three `LocalStageActor` threads of this process; given a `ProcessPlacement`, they run in worker
     process groups as its plan says (the DiT sharded over its ranks, decode co-located or in its own group, latents
     between groups through tensor channels; `pipeline.lingbot.graph.actors`). Encode is always its own actor; model work
-    never runs on the event loop. `start()` starts the process groups together; `stop()` stops them and closes the
+    never runs on the event loop. `start()` starts the process groups together; `aclose()` stops them and closes the
     channels, leaving no process behind.
 
     A stage whose per-session release fails leaves the session id poisoned in the orchestrator (and its model-side
@@ -157,12 +157,12 @@ class LingBotService:
         results = await asyncio.gather(*(worker.start() for worker in workers), return_exceptions=True)
         failure = next((result for result in results if isinstance(result, BaseException)), None)
         if failure is not None:
-            await asyncio.gather(*(worker.stop() for worker in workers), return_exceptions=True)
+            await asyncio.gather(*(worker.aclose() for worker in workers), return_exceptions=True)
             self._actors.close()
             raise failure
         await self._orchestrator.start()
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
         for session_id in list(self._sessions):
             await self.close_session(session_id, CloseMode.CANCEL)
         retries = list(self._retries.values())
@@ -171,8 +171,8 @@ class LingBotService:
         await asyncio.gather(*retries, return_exceptions=True)
         # Every session is closed: stop the process groups together (each takes its ranks' exit time), then the
         # orchestrator, whose own stop of those actors is then a no-op.
-        await asyncio.gather(*(worker.stop() for worker in self._actors.workers.values()), return_exceptions=True)
-        await self._orchestrator.stop()
+        await asyncio.gather(*(worker.aclose() for worker in self._actors.workers.values()), return_exceptions=True)
+        await self._orchestrator.aclose()
         self._actors.close()
 
     def prepare(self, config: Mapping[str, object], image: bytes | None) -> PreparedSession:
@@ -331,7 +331,7 @@ class LingBotService:
     async def _retry_release(self, session_id: str) -> None:
         """Retry a poisoned session's failed stage releases with back-off until one succeeds (or give up, logged).
 
-        Cancellation contract: only `stop()` cancels it, just before the orchestrator stops; a release in flight
+        Cancellation contract: only `aclose()` cancels it, just before the orchestrator stops; a release in flight
         is then abandoned with the rest of the orchestrator's work.
         """
         delay = self._release_retry_s

@@ -62,7 +62,7 @@ class FakeActor:
     async def start(self) -> None:
         return None
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
         for future in self.pending.values():
             if not future.done():
                 future.set_exception(ActorUnavailableError(f"{self._name} stopped"))

@@ -148,7 +148,7 @@ class FakeWorld:
     async def start(self) -> None:
         self.started = True
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
         self.stopped = True
         for session in list(self._sessions.values()):
             await self._stop_pacer(session)

@@ -250,7 +250,7 @@ async def test_stop_cancels_open_sessions_instead_of_draining_them() -> None:
     for i in range(3):
         await orch.submit("s", {"input": (i, i)})
     await asyncio.wait_for(actor.call_started.wait(), timeout=5)
-    stopping = asyncio.create_task(orch.stop())
+    stopping = asyncio.create_task(orch.aclose())
     await asyncio.sleep(0)
     actor.finish("s", 0)
     await asyncio.wait_for(stopping, timeout=5)  # a drain would run sequences 1 and 2 on the gated actor: no end

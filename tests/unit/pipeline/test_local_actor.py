@@ -56,7 +56,7 @@ async def test_calls_run_in_order_on_one_thread_of_their_own_in_the_callers_cont
         results = [await actor.invoke(_call(i)) for i in range(3)]
         await actor.release_session("s")
     finally:
-        await actor.stop()
+        await actor.aclose()
     assert results == [{"out": 0}, {"out": 1}, {"out": 2}]
     assert stage.ran == [("s", 0, "caller"), ("s", 1, "caller"), ("s", 2, "caller")]
     assert stage.released == ["s"]
@@ -92,7 +92,7 @@ async def test_results_that_finish_while_the_loop_is_busy_arrive_with_one_wake_u
         await release
     finally:
         loop.call_soon_threadsafe = original  # type: ignore[method-assign]
-        await actor.stop()
+        await actor.aclose()
     assert [r["out"] for r in results] == [0, 1, 2, 3, 4]
     assert wakeups == 1
 
@@ -111,7 +111,7 @@ async def test_a_cancelled_call_finishes_on_the_thread_and_its_result_is_dropped
         stage.gate.set()
         assert await actor.invoke(_call(1)) == {"out": 1}  # the thread went on: FIFO after the cancelled call
     finally:
-        await actor.stop()
+        await actor.aclose()
     assert [seq for _, seq, _ in stage.ran] == [0, 1]
     assert actor.statistics().in_flight == 0
 
@@ -123,7 +123,7 @@ async def test_stop_waits_for_the_call_in_flight_then_the_actor_refuses_calls() 
     await actor.start()
     call = asyncio.create_task(actor.invoke(_call(0)))
     await asyncio.to_thread(stage.started.wait, 10)
-    stopping = asyncio.create_task(actor.stop())
+    stopping = asyncio.create_task(actor.aclose())
     await asyncio.sleep(0)
     assert not stopping.done()
     assert not actor.healthy
@@ -132,7 +132,7 @@ async def test_stop_waits_for_the_call_in_flight_then_the_actor_refuses_calls() 
     assert await call == {"out": 0}
     with pytest.raises(ActorUnavailableError):
         await actor.invoke(_call(1))
-    await actor.stop()  # idempotent
+    await actor.aclose()  # idempotent
 
 
 async def test_a_stage_exception_is_a_stage_failure_and_a_release_exception_propagates() -> None:
@@ -152,7 +152,7 @@ async def test_a_stage_exception_is_a_stage_failure_and_a_release_exception_prop
             await actor.release_session("s")
         assert actor.statistics().failures == 1
     finally:
-        await actor.stop()
+        await actor.aclose()
 
 
 async def test_start_call_reports_each_outcome_on_the_loop_in_the_context_it_was_given() -> None:
@@ -181,7 +181,7 @@ async def test_start_call_reports_each_outcome_on_the_loop_in_the_context_it_was
         assert actor.statistics().in_flight == 2
         await asyncio.wait_for(both.wait(), 10)
     finally:
-        await actor.stop()
+        await actor.aclose()
     assert [(o[0], o[1]) for o in outcomes] == [({"out": (0, "first")}, "first"), ("StageFailedError", "second")]
     assert "ValueError: bad input" in outcomes[1][2]
     assert (actor.statistics().calls, actor.statistics().in_flight, actor.statistics().failures) == (2, 0, 1)
@@ -199,7 +199,7 @@ async def test_start_call_on_a_stopped_actor_reports_it_unavailable_and_stop_del
     await actor.start()
     for seq in range(3):
         actor.start_call(_call(seq), done, contextvars.copy_context())
-    stopping = asyncio.create_task(actor.stop())
+    stopping = asyncio.create_task(actor.aclose())
     await asyncio.to_thread(stage.started.wait, 10)
     assert not stopping.done()
     stage.gate.set()
@@ -226,4 +226,4 @@ async def test_what_a_stage_sets_in_its_context_does_not_reach_the_outcomes_deli
         assert await delivered == ({"out": "stage"}, "caller")
         assert context[WHO] == "caller"
     finally:
-        await actor.stop()
+        await actor.aclose()

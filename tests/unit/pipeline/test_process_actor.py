@@ -32,7 +32,7 @@ async def actor(gates: Gates) -> AsyncIterator[ParallelWorkerStageActor]:
     actor = ParallelWorkerStageActor(config)
     await actor.start()
     yield actor
-    await actor.stop()
+    await actor.aclose()
 
 
 @in_module_loop
@@ -124,7 +124,7 @@ async def test_killed_process_fails_the_call_in_flight_and_restarts_as_the_next_
         stuck = asyncio.create_task(actor.invoke(call("block", session="stuck")))
         await gates.wait_started()
     finally:
-        await actor.stop()
+        await actor.aclose()
 
     with pytest.raises(ActorUnavailableError, match="stopped before stage 'counter' session 'stuck'"):
         await stuck

@@ -43,8 +43,8 @@ class Groups:
     async def start(self) -> None:
         await asyncio.gather(self.producer.start(), self.consumer.start())
 
-    async def stop(self) -> None:
-        await asyncio.gather(self.producer.stop(), self.consumer.stop())
+    async def aclose(self) -> None:
+        await asyncio.gather(self.producer.aclose(), self.consumer.aclose())
         self.channel.close()
 
     async def produce(self, key: str, n: int, scale: float = 1.0) -> TensorRef:
@@ -64,7 +64,7 @@ async def groups() -> AsyncIterator[Groups]:
     groups = Groups("cpu", WorkerTensorChannel("latent", capacity=4, stash_size=2, receive_timeout_s=0.5))
     await groups.start()
     yield groups
-    await groups.stop()
+    await groups.aclose()
 
 
 @in_module_loop
@@ -168,7 +168,7 @@ async def test_cuda_tensor_crosses_worker_groups_through_cuda_ipc() -> None:
         ref = await groups.produce("cuda/0", n=8, scale=0.5)
         result = await groups.consume(ref)
     finally:
-        await groups.stop()
+        await groups.aclose()
 
     assert ref == TensorRef(key="cuda/0", shape=(8,), dtype="float32", nbytes=32, device_type="cuda")
     assert result == {"sum": 14.0, "device_type": "cuda"}

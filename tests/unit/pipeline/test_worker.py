@@ -47,7 +47,7 @@ async def worker(gates: Gates) -> AsyncIterator[ParallelWorker]:
     worker = ParallelWorker(config)
     await worker.start()
     yield worker
-    await worker.stop()
+    await worker.aclose()
 
 
 @in_module_loop
@@ -130,7 +130,7 @@ async def test_invoke_and_release_outside_running_state() -> None:
     with pytest.raises(ActorUnavailableError, match="it is created"):
         await worker.invoke(call())
     await worker.release_session("s")  # nothing runs, so nothing holds state
-    await worker.stop()
+    await worker.aclose()
 
     assert worker.state is WorkerState.STOPPED
     with pytest.raises(ActorUnavailableError, match="cannot start"):
@@ -157,7 +157,7 @@ async def test_two_ranks_form_a_gloo_group_and_both_run_each_call() -> None:
         pids = worker.pids
         result = await worker.invoke(StageCall("allreduce", "s", 0, {}))
     finally:
-        await worker.stop()
+        await worker.aclose()
 
     assert len(set(pids)) == 2
     assert result == {"sum": 3.0, "rank": 0, "world_size": 2}  # 1 + 2: both ranks took part; rank 0 answered
@@ -177,7 +177,7 @@ async def test_graceful_stop_finishes_the_call_in_flight_and_leaves_nothing_behi
     blocked = asyncio.create_task(worker.invoke(call("block", session="stop")))
     await gates.wait_started()
 
-    stopping = asyncio.create_task(worker.stop())
+    stopping = asyncio.create_task(worker.aclose())
     await until(lambda: worker.state is WorkerState.STOPPING, "the worker to be stopping", within=WAIT_S)
     await gates.open()
 

@@ -93,7 +93,7 @@ async def parts() -> AsyncIterator[Fixture]:
     worker.add_part_listener(listener)
     await worker.start()
     yield Fixture(worker, gates, listener)
-    await worker.stop()
+    await worker.aclose()
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ async def test_a_rank_stuck_past_the_call_timeout_is_killed_and_its_group_restar
         assert (await worker.invoke(call(session="after")))["count"] == 1
         assert worker.statistics().lost_calls == 1
     finally:
-        await worker.stop()
+        await worker.aclose()
 
 
 def test_call_timeout_must_be_positive() -> None:

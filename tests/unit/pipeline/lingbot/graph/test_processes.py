@@ -89,7 +89,7 @@ async def services() -> AsyncIterator[Services]:
     pair = Services(service(placement(1)), service(placement(2)))
     await asyncio.gather(pair.one_rank.start(), pair.two_ranks.start())
     yield pair
-    await asyncio.gather(pair.one_rank.stop(), pair.two_ranks.stop())
+    await asyncio.gather(pair.one_rank.aclose(), pair.two_ranks.aclose())
 
 
 @in_module_loop
@@ -116,7 +116,7 @@ async def test_frames_on_one_or_two_ranks_equal_the_threads_frames_bit_for_bit(s
     try:
         expected = await generate(threads, "threads")
     finally:
-        await threads.stop()
+        await threads.aclose()
     one = await generate(services.one_rank, "one-rank")
     two = await generate(services.two_ranks, "two-ranks")
 
@@ -158,7 +158,7 @@ async def test_progressive_decode_in_the_worker_processes_hands_each_chunk_over_
         assert not whole.progressive_decode
         expected = await generate(whole, "whole")
     finally:
-        await whole.stop()
+        await whole.aclose()
     for worker in (services.one_rank, services.two_ranks):
         assert worker.progressive_decode
         chunks, parts = await generate_in_parts(worker, "parts")
@@ -215,7 +215,7 @@ async def test_closing_a_session_mid_stream_releases_it_in_every_group(services:
 @in_module_loop
 async def test_stop_leaves_no_worker_process(services: Services) -> None:
     pids = [pid for stats in services.two_ranks.worker_statistics().values() for pid in stats.pids]
-    await services.two_ranks.stop()
+    await services.two_ranks.aclose()
 
     assert pids_gone(tuple(pids))
     assert services.two_ranks.worker_statistics()["denoise"].pids == ()
@@ -244,7 +244,7 @@ async def test_on_cuda_the_process_groups_compute_the_threads_frames() -> None:
         got = await generate(processes, "processes")
         groups: dict[str, Any] = dict(processes.worker_statistics())
     finally:
-        await asyncio.gather(threads.stop(), processes.stop())
+        await asyncio.gather(threads.aclose(), processes.aclose())
     assert groups["denoise_decode"].world_size == ranks  # same devices for DiT and decode: co-located
     for got_frames, want in zip(got.frames, expected.frames, strict=True):
         assert int(np.abs(got_frames.astype(np.int16) - want.astype(np.int16)).max()) <= 1

@@ -55,7 +55,7 @@ async def held() -> AsyncIterator[Held]:
     await service.start()
     yield Held(service, gates)
     await gates.open()
-    await service.stop()
+    await service.aclose()
 
 
 @pytest.fixture

@@ -83,7 +83,7 @@ async def test_a_paused_session_takes_no_lease_turn_and_the_other_session_gets_i
     finally:
         for reader in readers:
             await reader.aclose()
-        await service.stop()
+        await service.aclose()
 
 
 async def test_resume_without_pause_and_a_second_pause_change_nothing() -> None:
@@ -105,7 +105,7 @@ async def test_resume_without_pause_and_a_second_pause_change_nothing() -> None:
         assert session.wants_chunk()
         assert (await anext(outputs)).prompt == "fog"
     finally:
-        await service.stop()
+        await service.aclose()
 
 
 async def test_a_paused_session_closes_with_drain_at_once() -> None:
@@ -124,4 +124,4 @@ async def test_a_paused_session_closes_with_drain_at_once() -> None:
         await reader.finished()
         assert summary.chunks == len(reader.chunks)
     finally:
-        await service.stop()
+        await service.aclose()

@@ -93,7 +93,7 @@ async def test_a_chunks_first_part_reaches_the_reader_before_its_last_part_is_de
         await service.close_session("s")
     finally:
         decoder.release.set()
-        await service.stop()
+        await service.aclose()
 
 
 async def test_a_reader_without_parts_sees_whole_chunks_only() -> None:
@@ -107,7 +107,7 @@ async def test_a_reader_without_parts_sees_whole_chunks_only() -> None:
         assert [(c.index, len(c.frames)) for c in chunks] == [(0, 9), (1, 12)]
         await service.close_session("s")
     finally:
-        await service.stop()
+        await service.aclose()
 
 
 async def test_a_decode_failure_mid_chunk_fails_the_session_like_a_failed_chunk_and_releases_everything() -> None:
@@ -135,7 +135,7 @@ async def test_a_decode_failure_mid_chunk_fails_the_session_like_a_failed_chunk_
         assert decoder._inner.statistics().open_sessions == 0
     finally:
         decoder.release.set()
-        await service.stop()
+        await service.aclose()
 
 
 async def test_the_whole_chunk_mode_decodes_in_one_call_and_hands_over_no_parts() -> None:
@@ -159,7 +159,7 @@ async def test_the_whole_chunk_mode_decodes_in_one_call_and_hands_over_no_parts(
         assert calls == [0]
         await service.close_session("s")
     finally:
-        await service.stop()
+        await service.aclose()
 
 
 async def test_parts_of_a_failed_chunk_the_reader_had_not_taken_are_dropped_with_it() -> None:
@@ -181,4 +181,4 @@ async def test_parts_of_a_failed_chunk_the_reader_had_not_taken_are_dropped_with
             await anext(outputs)  # not the unread part of chunk 1: the failure at once
     finally:
         decoder.release.set()
-        await service.stop()
+        await service.aclose()

@@ -182,7 +182,7 @@ async def test_each_chunk_reports_the_prompt_it_was_generated_from_and_a_new_pro
         third = await anext(outputs)
         assert (third.prompt, third.prompt_seq, third.applied_seq) == ("night", 4, 0)
     finally:
-        await service.stop()
+        await service.aclose()
 
 
 def gray_of(chunk: ChunkOutput) -> np.ndarray:

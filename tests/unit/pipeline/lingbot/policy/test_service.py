@@ -53,7 +53,7 @@ async def test_an_empty_config_just_works_on_the_default_scene() -> None:
         assert summary.failure is None
         assert summary.slot_leaks == 0
     finally:
-        await service.stop()
+        await service.aclose()
 
 
 async def test_each_chunk_reports_the_exact_snapshot_it_was_generated_from() -> None:
@@ -89,7 +89,7 @@ async def test_each_chunk_reports_the_exact_snapshot_it_was_generated_from() -> 
         assert reset.index == chunk.index + 1
         assert reset.reset_pose  # the chunk says it started from the start pose (a recording replays it)
     finally:
-        await service.stop()
+        await service.aclose()
 
 
 async def test_the_session_ends_after_its_frame_limit_with_the_chunk_contract() -> None:
@@ -108,7 +108,7 @@ async def test_the_session_ends_after_its_frame_limit_with_the_chunk_contract() 
         assert summary.chunks == 3
         assert summary.failure is None
     finally:
-        await service.stop()
+        await service.aclose()
 
 
 async def test_closing_releases_every_stage_cache() -> None:
@@ -123,7 +123,7 @@ async def test_closing_releases_every_stage_cache() -> None:
             assert part.statistics().open_sessions == 0
         assert (await service.close_session("s", CloseMode.CANCEL)).chunks >= 1  # idempotent
     finally:
-        await service.stop()
+        await service.aclose()
 
 
 async def test_history_bounds_the_summaries_and_close_reports_of_finished_sessions() -> None:
@@ -139,7 +139,7 @@ async def test_history_bounds_the_summaries_and_close_reports_of_finished_sessio
         with pytest.raises(UnknownSessionError):  # the oldest is forgotten, worker and orchestrator alike
             await service.close_session("a", CloseMode.CANCEL)
     finally:
-        await service.stop()
+        await service.aclose()
     with pytest.raises(ValueError, match="history"):
         LingBotService(ReferenceWorldModel("cpu"), history=0)
 
@@ -184,7 +184,7 @@ async def test_a_stage_failure_fails_the_session_after_its_chunks_and_releases_t
         assert model.decoder.statistics().open_sessions == 0
         assert model.denoiser._inner.statistics().open_sessions == 0
     finally:
-        await service.stop()
+        await service.aclose()
 
 
 async def test_two_busy_sessions_share_one_lease_round_robin() -> None:
@@ -200,7 +200,7 @@ async def test_two_busy_sessions_share_one_lease_round_robin() -> None:
         for sid in ("a", "b"):
             await service.close_session(sid, CloseMode.CANCEL)
     finally:
-        await service.stop()
+        await service.aclose()
 
 
 async def test_stop_control_drains_the_chunk_in_progress_and_ends_the_stream() -> None:
@@ -215,7 +215,7 @@ async def test_stop_control_drains_the_chunk_in_progress_and_ends_the_stream() -
         assert len(rest) <= 2
         assert (await service.close_session("s")).failure is None
     finally:
-        await service.stop()
+        await service.aclose()
 
 
 # -- the prefetch window, against a scripted orchestrator ------------------------------------------------------
