@@ -44,6 +44,7 @@ from pipeline.bidirectional import (
 from pipeline.errors import SessionFailedError
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.errors import ImageInputError, SessionConfigError
+from pipeline.lingbot.graph.actors import ProcessPlacement
 from pipeline.lingbot.policy.service import LingBotService
 from pipeline.lingbot.reference.model import ReferenceWorldModel
 from pipeline.lingbot.seam import WorldModel
@@ -73,7 +74,7 @@ _CONFIG_OPTIONS = (  # a config error starts with its field's name; tell the use
 async def generate(
     request: GenerateRequest,
     *,
-    model: WorldModel | None = None,
+    model: WorldModel | ProcessPlacement | None = None,
     check_config: Callable[[LingBotSessionConfig], None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     stop: asyncio.Event | None = None,

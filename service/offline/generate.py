@@ -27,8 +27,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pipeline.bidirectional import check_prompt
-from pipeline.lingbot.config import DEFAULT_MAX_IMAGE_BYTES, LingBotSessionConfig
+from pipeline.lingbot.config import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS, LingBotSessionConfig
 from pipeline.lingbot.errors import SessionConfigError
+from pipeline.lingbot.graph.actors import ProcessPlacement
 from pipeline.lingbot.seam import WorldModel
 from service.offline.clip import ChunkRecord, GenerateRequest, GenerateResult, GenerationError, Progress, UsageError
 from service.offline.console import ProgressBar, summary_line
@@ -117,6 +118,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device", default="cpu", metavar="DEV", help="lingbot-fast device: cpu or cuda:N (default cpu)"
     )
+    parser.add_argument(
+        "--placement",
+        choices=("threads", "processes"),
+        default=os.environ.get("LINGSTREAM_STAGE_PLACEMENT", "threads").strip().lower() or "threads",
+        help="where the stages run, as `lingstream serve` places them (default LINGSTREAM_STAGE_PLACEMENT, else "
+        "threads)",
+    )
+    parser.add_argument(
+        "--denoise-ranks",
+        type=int,
+        metavar="P",
+        default=_int_environment("LINGSTREAM_DENOISE_RANKS", 1),
+        help="ranks of the DiT group with --placement processes (default LINGSTREAM_DENOISE_RANKS, else 1; on CUDA "
+        "one GPU each, from --device's on)",
+    )
+
+
+def _int_environment(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value.isdigit() else default
 
 
 def run(args: argparse.Namespace) -> int:
@@ -215,27 +236,50 @@ def _read_image(path: Path) -> bytes:
 
 def _model_from_args(
     args: argparse.Namespace, request: GenerateRequest
-) -> tuple[WorldModel | None, Callable[[LingBotSessionConfig], None] | None]:
-    """None for the reference model (`generate`'s default); LingBot-World-Fast loaded from `--model-path`, with the
-    check `lingstream serve` runs at create (`session_limits`: a session the model cannot hold). The check runs here
-    first, before any weight is read, so a clip the model cannot hold fails at once with the message create gives."""
+) -> tuple[WorldModel | ProcessPlacement | None, Callable[[LingBotSessionConfig], None] | None]:
+    """None for the reference model on threads (`generate`'s default); LingBot-World-Fast loaded from `--model-path`,
+    with the check `lingstream serve` runs at create (`session_limits`: a session the model cannot hold). The check
+    runs here first, before any weight is read, so a clip the model cannot hold fails at once with the message create
+    gives. With `--placement processes` either model runs in worker processes as `lingstream serve` places them (the
+    DiT over `--denoise-ranks` ranks), so an offline render uses every GPU."""
+    ranks = args.denoise_ranks
+    if ranks < 1:
+        raise UsageError(f"--denoise-ranks must be >= 1, got {ranks}")
+    if ranks > 1 and args.placement != "processes":
+        raise UsageError(f"--denoise-ranks {ranks} needs --placement processes (threads run one rank)")
     if args.model != "lingbot-fast":
-        return None, None
+        return (_placement(args, None) if args.placement == "processes" else None), None
     if args.model_path is None:
         raise UsageError("--model lingbot-fast needs --model-path DIR (or LINGSTREAM_MODEL_PATH)")
     try:
-        from pipeline.lingbot.models import LingBotFastOptions, LingBotFastWorldModel, session_limits
+        from pipeline.lingbot.models import (
+            PLAN_HEIGHT,
+            PLAN_WIDTH,
+            LingBotFastOptions,
+            LingBotFastWorldModel,
+            ModelConfigError,
+            check_model_dir,
+            check_parallel,
+            session_limits,
+        )
     except ImportError as exc:
         raise UsageError(
             f"--model lingbot-fast needs the lingbot extra (pip install 'lingstream[lingbot]'): {exc}"
         ) from None
-    options = LingBotFastOptions(str(args.model_path), dtype=args.model_dtype)
+    options = LingBotFastOptions(str(args.model_path), dtype=args.model_dtype, denoise_ranks=ranks)
     check = session_limits(options)
     try:
         check(LingBotSessionConfig.from_mapping(request.config))
     except SessionConfigError as exc:
         raise UsageError(config_message(exc)) from None
     try:
+        if args.placement == "processes":
+            dit = check_model_dir(options.root).dit  # headers only: the group's rule fails here, not in a worker
+            try:
+                check_parallel(dit, ranks, dit.frame_tokens(PLAN_HEIGHT // 8, PLAN_WIDTH // 8))
+            except ModelConfigError as exc:
+                raise UsageError(f"--denoise-ranks {ranks}: {exc}") from None
+            return _placement(args, args.model_path), check
         return LingBotFastWorldModel.load(options, args.device), check
     except ImportError as exc:
         raise UsageError(
@@ -245,10 +289,38 @@ def _model_from_args(
         raise UsageError(f"--model-path {args.model_path}: {exc}") from None
 
 
+def _placement(args: argparse.Namespace, model_path: Path | None) -> ProcessPlacement:
+    """The worker groups `lingstream serve` would place for one model worker with these options (on CUDA the DiT's
+    ranks take `--device`'s GPU and the next ones)."""
+    from service.workers import WorkerOptions, process_placement
+
+    ranks = args.denoise_ranks
+    devices: tuple[str, ...] = ("cpu",)
+    if args.device != "cpu":
+        first = int(args.device.partition(":")[2] or 0)
+        devices = tuple(f"cuda:{first + rank}" for rank in range(ranks))
+    options = WorkerOptions(
+        worker_index=0,
+        num_workers=1,
+        max_sessions_per_worker=1,
+        device="cpu" if args.device == "cpu" else "cuda",
+        torch_threads=args.threads,
+        max_image_bytes=DEFAULT_MAX_IMAGE_BYTES,
+        max_image_pixels=DEFAULT_MAX_IMAGE_PIXELS,
+        stage_placement="processes",
+        denoise_ranks=ranks,
+        devices=devices,
+        model="lingbot-fast" if model_path is not None else "reference",
+        model_path=str(model_path) if model_path is not None else None,
+        model_dtype=args.model_dtype,
+    )
+    return process_placement(options)
+
+
 async def _generate_until_sigint(
     request: GenerateRequest,
     on_progress: Callable[[Progress], None] | None,
-    model: WorldModel | None = None,
+    model: WorldModel | ProcessPlacement | None = None,
     check_config: Callable[[LingBotSessionConfig], None] | None = None,
 ) -> GenerateResult:
     """`generate` with SIGINT setting its stop event; a second SIGINT gets Python's default (KeyboardInterrupt)."""

@@ -16,7 +16,7 @@ import pytest
 
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.errors import SessionConfigError
-from tests.support.serving import STARTUP_DEADLINE_S, Served, run_lingstream, serve
+from tests.support.serving import STARTUP_DEADLINE_S, Served, run_lingstream, serve, wait_until_ready
 from tests.support.tiny_model import write_tiny_checkpoint
 from transport.client import ServiceClient, connect
 
@@ -42,12 +42,18 @@ def test_tiny_checkpoint_refuses_a_directory_that_is_not_empty(checkpoint: Path)
     assert "is not an empty directory" in done.stderr
 
 
-@pytest.fixture(scope="module", params=["threads", "processes"])
+PLACEMENTS = {"threads": ("threads", "1"), "processes": ("processes", "1"), "processes-cp2": ("processes", "2")}
+"""Stage placement and DiT ranks: `processes-cp2` runs the DiT over two gloo ranks (Ulysses context parallelism)."""
+
+
+@pytest.fixture(scope="module", params=sorted(PLACEMENTS))
 def service(
     checkpoint: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[Served]:
-    """The service on the tiny model, its stages on threads or in worker processes (each loading its part)."""
+    """The service on the tiny model, its stages on threads or in worker processes (each loading its part), the
+    DiT on one rank or two."""
     workdir = tmp_path_factory.mktemp("serve")
+    placement, ranks = PLACEMENTS[request.param]
     with serve(
         workdir,
         factory=None,
@@ -55,20 +61,23 @@ def service(
         LINGSTREAM_MODEL="lingbot-fast",
         LINGSTREAM_MODEL_PATH=str(checkpoint),
         LINGSTREAM_TORCH_THREADS="1",
-        LINGSTREAM_STAGE_PLACEMENT=request.param,
+        LINGSTREAM_STAGE_PLACEMENT=placement,
+        LINGSTREAM_DENOISE_RANKS=ranks,
     ) as served:
-        served.wait_until_ready()
+        # Each DiT rank imports the model stack and loads the DiT in its own process: allow more on a loaded machine.
+        wait_until_ready(served.url, served.process, served.output, within_s=STARTUP_DEADLINE_S * int(ranks) * 2)
         yield served
     assert "Traceback" not in served.output(), served.output()[-4000:]
 
 
-def test_readyz_shows_the_memory_estimate_it_started_with(service: Served) -> None:
+def test_readyz_shows_the_memory_estimate_it_started_with(service: Served, request: pytest.FixtureRequest) -> None:
     body = httpx.get(f"{service.url}/readyz", timeout=5.0).json()
     assert body["status"] == "ready"
     memory = body["model_memory"]
     assert (memory["device"], memory["dtype"], memory["resolution"]) == ("cpu", "float32", "832x480")
     assert memory["fits_sessions"] >= 1
     assert memory["model_bytes"] + memory["session_bytes"] <= memory["usable_bytes"] < memory["device_bytes"]
+    assert memory["denoise_ranks"] == int(PLACEMENTS[request.node.callspec.params["service"]][1])
 
 
 # Sessions the tiny model's default cache (window 18, sink 6) and memory plan (832x480) cannot hold, each with the
@@ -159,6 +168,51 @@ def test_generate_writes_the_tiny_models_clip(checkpoint: Path, tmp_path: Path) 
         frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
     assert len(frames) == 21  # chunk 0: 9 frames, chunk 1: 12
     assert frames[0].shape == (HEIGHT, WIDTH, 3)
+
+
+def _generate_frames(checkpoint: Path, out: Path, *placement: str) -> list[object]:
+    done = run_lingstream(
+        "generate", "--model", "lingbot-fast", "--model-path", str(checkpoint), "--out", str(out), "--frames", "21",
+        "--resolution", f"{WIDTH}x{HEIGHT}", "--threads", "1", "--prompt", "a stone bridge", "--seed", "5",
+        *placement, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with av.open(str(out)) as container:
+        return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+
+
+@pytest.mark.timeout(420)  # two renders that each start three worker process groups, on a loaded machine
+def test_generate_renders_the_same_clip_on_one_and_two_dit_ranks_in_worker_processes(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """`--placement processes` (LINGSTREAM_STAGE_PLACEMENT) runs the clip as `lingstream serve` places it: the DiT
+    over `--denoise-ranks` gloo ranks (Ulysses), whose chunks equal one rank's bit for bit, so the files are equal."""
+    one = tmp_path / "one.mp4"
+    two = tmp_path / "two.mp4"
+    first = _generate_frames(checkpoint, one, "--placement", "processes", "--denoise-ranks", "1")
+    second = _generate_frames(checkpoint, two, "--placement", "processes", "--denoise-ranks", "2")
+    assert len(first) == len(second) == 21  # chunk 0: 9 frames, chunk 1 (evaluated over chunk 0's cache): 12
+    assert one.read_bytes() == two.read_bytes()
+    refused = run_lingstream(
+        "generate", "--model", "lingbot-fast", "--model-path", str(checkpoint), "--out", str(tmp_path / "x.mp4"),
+        "--placement", "processes", "--denoise-ranks", "3", timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "--denoise-ranks 3: LINGSTREAM_DENOISE_RANKS=3 does not divide the DiT's 2 attention heads" in refused.stderr
+
+
+def test_serve_refuses_a_dit_group_that_does_not_divide_the_heads(checkpoint: Path, tmp_path: Path) -> None:
+    with serve(
+        tmp_path,
+        factory=None,
+        LINGSTREAM_MODEL="lingbot-fast",
+        LINGSTREAM_MODEL_PATH=str(checkpoint),
+        LINGSTREAM_STAGE_PLACEMENT="processes",
+        LINGSTREAM_DENOISE_RANKS="3",
+    ) as served:
+        served.process.wait(timeout=STARTUP_DEADLINE_S)
+        assert served.process.returncode == 2, served.output()
+        assert "LINGSTREAM_DENOISE_RANKS=3 does not divide the DiT's 2 attention heads" in served.output()
 
 
 def test_serve_refuses_to_start_on_a_broken_model_directory(checkpoint: Path, tmp_path: Path) -> None:

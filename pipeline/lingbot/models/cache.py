@@ -302,7 +302,7 @@ def bytes_per_session(
     """Bytes a session holds on each denoise device for a `width`x`height` video: the self-attention cache
     (2 x layers x capacity_frames x frame_tokens x dim / ranks: a Ulysses rank caches its heads only) plus its
     prompt's text K/V (2 x layers x text_len x dim, on every rank), in `dtype`. 832x480, window 18, bf16, full size:
-    23.0 GB + 0.42 GB on one rank, 2.87 GB + 0.42 GB on each of 8. Activations and weights are not included."""
+    23.0 GB + 0.42 GB on one rank, 2.88 GB + 0.42 GB on each of 8. Activations and weights are not included."""
     if height % SPATIAL_COMPRESSION or width % SPATIAL_COMPRESSION:
         raise ModelConfigError(f"{width}x{height} is not a multiple of {SPATIAL_COMPRESSION} pixels")
     tokens = config.frame_tokens(height // SPATIAL_COMPRESSION, width // SPATIAL_COMPRESSION)
