@@ -83,6 +83,29 @@ def test_the_transport_seam_loads_no_foreign_sdk(module: str, sdks: tuple[str, .
     assert loaded == [], f"import {module} loaded {loaded}: the SDKs load in transport's role folders, where used"
 
 
+def test_the_scheduling_core_imports_nothing_above_it_in_pipeline() -> None:
+    """`pipeline.core` is the bottom of the pipeline's stack: the model-worker seam (`pipeline.bidirectional`), the
+    orchestrator and the LingBot and process layers import it, never the reverse (this was a circle once:
+    `CloseMode` now lives in `pipeline.core.records`, and `pipeline.bidirectional` re-exports it)."""
+    above = ("pipeline.bidirectional", "pipeline.orchestrator", "pipeline.lingbot", "pipeline.process")
+    sources = sorted((ROOT / "pipeline" / "core").glob("*.py"))
+    assert len(sources) >= 5  # the scan saw the package
+    offenders: list[str] = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module is not None:
+                names = [node.module]
+            offenders.extend(
+                f"{path.relative_to(ROOT)}:{node.lineno}: {name}"
+                for name in names
+                if name == "pipeline" or name.startswith(tuple(f"{module}." for module in above)) or name in above
+            )
+    assert offenders == [], "pipeline.core must not import the layers above it (move the shared name down):\n" + (
+        "\n".join(offenders)
+    )
+
+
 def test_the_python_client_loads_neither_the_service_nor_the_livekit_ffi() -> None:
     """`transport.client` is a library for other programs: it imports nothing of `service`, and the LiveKit SDK's
     native library only when a LiveKit session is joined (a process that forks must not have it loaded)."""
