@@ -93,9 +93,12 @@ def test_the_scheduling_core_imports_nothing_above_it_in_pipeline() -> None:
     offenders: list[str] = []
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
-            if isinstance(node, ast.ImportFrom) and node.module is not None:
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module is not None:
                 names = [node.module]
+            else:
+                continue
             offenders.extend(
                 f"{path.relative_to(ROOT)}:{node.lineno}: {name}"
                 for name in names
