@@ -38,7 +38,7 @@ import socket
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -529,10 +529,12 @@ def full_size(
     estimates: bool = True,
     max_ranks: int | None = None,
     budget_s: float | None = None,
+    progress: Callable[[Mapping[str, object]], None] | None = None,
 ) -> dict[str, object]:
     """The harness (module docstring) on `device_name`: P = 1 in this process, every larger DiT group the machine
     has (CUDA: its GPUs; CPU: up to 4 gloo ranks) on spawned ranks while `budget_s` lasts, the rest listed in
-    `skipped_ranks` with the reason; FlashDreams' figures beside."""
+    `skipped_ranks` with the reason; FlashDreams' figures beside. `progress` is given the figures measured so far
+    after each P, so a run stopped from outside (the GPU check's `timeout`) still leaves them behind."""
     started = time.monotonic()
     device = torch.device(device_name)
     budget_s = budget_s if budget_s is not None else GROUP_BUDGET_S if device.type == "cuda" else CPU_BUDGET_S
@@ -550,6 +552,8 @@ def full_size(
     equal: dict[int, bool] = {}
     differences: dict[int, float] = {}
     for p in group_sizes(sizes.dit, frame_tokens, available):
+        if progress is not None:
+            progress({**figures, "ranks_measured": sorted(measured), "skipped_ranks": dict(skipped)})
         left = budget_s - (time.monotonic() - started)
         if left < MIN_GROUP_S:
             skipped[str(p)] = f"time: {left:.0f} s of the harness's {budget_s:.0f} s budget left"

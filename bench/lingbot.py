@@ -99,6 +99,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import os
 import statistics
 import tempfile
@@ -499,7 +500,10 @@ def main(args: argparse.Namespace) -> dict[str, object]:
     if args.random_full_size:
         from bench._full_size import full_size
 
-        return {"load_average_1m": os.getloadavg()[0], **full_size(devices[0], args.fast_chunks)}
+        def progress(figures: Mapping[str, object]) -> None:  # a partial line: scripts/gpu-check.sh keeps it
+            print(json.dumps({"partial": True, **figures}), flush=True)
+
+        return {"load_average_1m": os.getloadavg()[0], **full_size(devices[0], args.fast_chunks, progress=progress)}
     results: dict[str, object] = {"load_average_1m": os.getloadavg()[0]}
     rounds = 1 if args.quick else FIRST_FRAME_ROUNDS
     if args.model in ("both", "reference"):

@@ -6,8 +6,8 @@
 # model); then the GPU-truth harness, `--random-full-size`: the full-size model (18.5 B DiT, Wan VAE, umt5-xxl) with
 # random bf16 weights on cuda:0, no download, steady-state chunks at 832x480 (docs/lingbot-fast.md "Measuring on a
 # GPU without weights"). The last line is one JSON object: {"gpu_check": "ok" | "failed", "gpus": N, "bench": the
-# bench's figures, "random_full_size": the harness's}, a part that failed given as {"failed": its exit status} (and
-# the script then exits 1, after the other part has run).
+# bench's figures, "random_full_size": the harness's}, a part that failed given as {"failed": its exit status,
+# "partial": the figures it had printed so far or null} (and the script then exits 1, after the other part has run).
 # Without a CUDA device it prints one JSON line saying so and exits 0, so CI runs it everywhere
 # (tests/deploy/test_gpu_check.py); --dry-run prints the commands it would run instead of running them.
 #
@@ -54,13 +54,19 @@ if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then  # 5: no test selected is no
   exit "$status"
 fi
 
-# One bench command: its output to stderr, its last line (the JSON figures) or {"failed": status} on stdout.
+# One bench command: its output to stderr, its last line (the JSON figures) on stdout, or {"failed": status,
+# "partial": the last JSON line it printed (the harness prints its figures so far before each DiT group), or null}.
 figures() {
-  local output code=0
+  local output code=0 partial
   echo "== ${*:3}" >&2
   output=$("$@") || code=$?
   echo "$output" >&2
-  if [ "$code" -eq 0 ]; then echo "$output" | tail -n 1; else echo "{\"failed\": $code}"; fi
+  if [ "$code" -eq 0 ]; then
+    echo "$output" | tail -n 1
+  else
+    partial=$(echo "$output" | grep '^{' | tail -n 1 || true)
+    echo "{\"failed\": $code, \"partial\": ${partial:-null}}"
+  fi
 }
 bench_json=$(figures "${bench[@]}")
 full_size_json=$(figures "${full_size[@]}")

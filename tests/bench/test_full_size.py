@@ -82,7 +82,13 @@ def test_the_documented_quick_command_prints_the_workload_figures_and_the_labell
     command = [sys.executable, "-m", "bench.lingbot", "--random-full-size", "--quick"]
     run = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=540, check=False)
     assert run.returncode == 0, run.stderr[-4000:]
-    figures = json.loads(run.stdout.strip().splitlines()[-1])
+    lines = run.stdout.strip().splitlines()
+    figures = json.loads(lines[-1])
+    # Before each larger group, the figures so far (what scripts/gpu-check.sh keeps if `timeout` cuts the run).
+    partial = [json.loads(line) for line in lines if line.startswith('{"partial": true')]
+    assert [line["ranks_measured"] for line in partial] == [[1], [1, 4]]
+    for line in partial:  # the last line's floats are rounded to 4 decimals, the partial lines' are not
+        assert line["chunk_ms_p50_p1"] == pytest.approx(figures["chunk_ms_p50_p1"], abs=1e-4)
     assert figures["meta_forward_kernels"] > 0
     assert figures["meta_forward_bytes"] > 0
     assert figures["meta_forward_syncs"] >= 0
