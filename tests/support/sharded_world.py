@@ -17,7 +17,7 @@ import torch
 from pipeline.lingbot.camera import CameraChunk
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.reference.model import ReferenceModelFactory
-from pipeline.lingbot.seam import ChunkDecoder, ChunkDenoiser, ModelShard, ReferenceEncoder
+from pipeline.lingbot.seam import ChunkDecoder, ChunkDenoiser, ModelShard, ReferenceEncoder, WorldModelFactory
 
 KILL_SEED = 4242
 STUCK_SEED = 4343
@@ -55,10 +55,11 @@ class FaultyShardedDiT:
 
 @dataclass(frozen=True, slots=True)
 class FaultyShardedFactory:
-    """`ReferenceModelFactory` whose denoisers are `FaultyShardedDiT`s; `started` is a spawn-context Event."""
+    """A model factory (`inner`) whose denoisers are `FaultyShardedDiT`s; `started` is a spawn-context Event."""
 
     started: Any
-    inner: ReferenceModelFactory = field(default_factory=ReferenceModelFactory)
+    inner: WorldModelFactory = field(default_factory=ReferenceModelFactory)
+    """The model whose ranks get the fault (the reference model's, or LingBot-World-Fast's)."""
 
     def encoder(self, shard: ModelShard) -> ReferenceEncoder:
         return self.inner.encoder(shard)
