@@ -498,7 +498,8 @@ def workload_figures() -> dict[str, object]:
         dit = LingBotFastDiT(LINGBOT_FAST_14B).to(torch.bfloat16)
     forward = count_forward(dit=dit)
     eviction = count_eviction(dit=dit)
-    table = estimate_table(forward, eviction, calibration_forward(dit=dit))
+    ranks = {p: count_forward(ranks=p) for p in (2, 4, 8)}
+    table = estimate_table(forward, eviction, calibration_forward(dit=dit), rank_forwards=ranks)
     figures: dict[str, object] = {
         "meta_forward_kernels": forward.kernels,
         "meta_forward_bytes": forward.bytes,
@@ -508,6 +509,10 @@ def workload_figures() -> dict[str, object]:
         "meta_forward_other_bytes": forward.other_bytes,
         "meta_forward_tflop": forward.flops / 1e12,
     }
+    for p, rank in ranks.items():  # rank 0's share under Ulysses (what the estimate reads)
+        figures[f"meta_rank_forward_kernels_p{p}"] = rank.kernels
+        figures[f"meta_rank_forward_bytes_p{p}"] = rank.bytes
+        figures[f"meta_rank_forward_collective_bytes_p{p}"] = rank.collective_bytes
     for row in table:
         figures[f"estimated_h100_ms_per_chunk_p{row.ranks}"] = row.ms_per_chunk
         figures[f"estimated_h100_fps_p{row.ranks}"] = row.fps

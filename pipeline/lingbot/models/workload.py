@@ -14,6 +14,9 @@ composite ops are decomposed (SDPA is kept whole: it is one fused kernel on a GP
 - host syncs: scalar reads (`_local_scalar_dense`, what `.item()` becomes), device->host copies, host->device copies
   of CPU tensors made inside the forward (pageable `.to(device)` blocks the host until the stream is done), and
   data-dependent shapes (`nonzero`).
+- collective bytes: what the rank hands to c10d collectives (their send buffers); `count_forward(ranks=P)` counts rank
+  0's share of the forward under the Ulysses layout (`parallel.py`), its collectives dispatched through torch's
+  `fake` process group (nothing moves; meta tensors hold nothing).
 
 `meta` stands in for CUDA because it keeps device rules (mixing a CPU tensor with a meta one raises as on CUDA);
 `FakeTensorMode` on a CPU-only wheel cannot. A test pins these numbers
@@ -24,10 +27,11 @@ context parallelism — **estimates**, not measurements; every figure they feed 
 
 - GEMM and attention FLOPs run at an effective rate calibrated on FlashDreams' CP1 run (2 151 ms for the 4 steps
   and the clean pass of one chunk on one H100, window 15 / sink 3 at 832x464; our counter's FLOPs for that
-  configuration over that time: ~540 TFLOP/s, 55% of the dense bf16 peak), divided over P ranks;
-- every other op's traffic at `memory_bandwidth` x `memory_efficiency` (eager: no fusion), divided over P;
-- the Ulysses all-to-alls (q, k, v to head shards, the attention output back: 4 per layer, each rank keeping 1/P of
-  what it holds) at `link_bandwidth`, not overlapped with compute;
+  configuration over that time: ~540 TFLOP/s, 55% of the dense bf16 peak);
+- every other op's traffic at `memory_bandwidth` x `memory_efficiency` (eager: no fusion);
+- at P > 1 both from rank 0's counted share (`count_forward(ranks=P)`; without one, the 1-rank forward divided by P);
+- the Ulysses collectives (q, k, v to head shards and the attention output back, 4 all-to-alls per layer, each rank
+  keeping 1/P of what it sends; the velocity's all-gather) at `link_bandwidth`, not overlapped with compute;
 - the cache eviction's copies (counted on meta too) divided over P; the Wan VAE decode on one rank, a stated
   constant (`decode_ms`: 40.5 TFLOP of convolutions and 275 GB for 3 latent frames, counted on meta for the research
   note, at 350 TFLOP/s and 2.9 TB/s); kernel launches assumed hidden behind the device work.
@@ -37,11 +41,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -49,6 +55,7 @@ from pipeline.lingbot.config import SPATIAL_COMPRESSION
 from pipeline.lingbot.models.cache import PUBLISHED_CACHE, CacheConfig, KVCache, TextKV
 from pipeline.lingbot.models.config import LINGBOT_FAST_14B, DiTConfig
 from pipeline.lingbot.models.dit import LingBotFastDiT
+from pipeline.lingbot.models.parallel import Ulysses
 
 __all__ = [
     "FLASHDREAMS_CP1_FORWARDS_MS",
@@ -119,10 +126,13 @@ class Workload:
     scalar_reads: int = 0
     device_to_host: int = 0
     host_to_device: int = 0
+    collective_bytes: int = 0
+    """Bytes this rank hands to collectives (its send buffers, its own share included); not in `bytes`."""
     kernels_by_op: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     @property
     def bytes(self) -> int:
+        """Device memory traffic (collectives' link traffic is `collective_bytes`)."""
         return self.gemm_bytes + self.attention_bytes + self.other_bytes
 
     @property
@@ -143,6 +153,7 @@ class Workload:
             scalar_reads=self.scalar_reads + other.scalar_reads,
             device_to_host=self.device_to_host + other.device_to_host,
             host_to_device=self.host_to_device + other.host_to_device,
+            collective_bytes=self.collective_bytes + other.collective_bytes,
             kernels_by_op=dict(ops),
         )
 
@@ -165,6 +176,7 @@ class Workload:
             "scalar_reads": self.scalar_reads,
             "device_to_host": self.device_to_host,
             "host_to_device": self.host_to_device,
+            "collective_bytes": self.collective_bytes,
         }
 
 
@@ -187,6 +199,7 @@ class WorkloadCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._device_to_host = 0
         self._host_to_device = 0
         self._data_dependent = 0
+        self._collective_bytes = 0
 
     def workload(self) -> Workload:
         return Workload(
@@ -200,6 +213,7 @@ class WorkloadCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]
             scalar_reads=self._scalar_reads,
             device_to_host=self._device_to_host,
             host_to_device=self._host_to_device,
+            collective_bytes=self._collective_bytes,
             kernels_by_op=dict(self._ops),
         )
 
@@ -245,7 +259,9 @@ class WorkloadCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if id(tensor) not in seen:
                 seen.add(id(tensor))
                 moved += _touched_bytes(tensor)
-        if func in _ATTENTION:
+        if func.namespace == "c10d":
+            self._collective_bytes += _sent_bytes(func, args)
+        elif func in _ATTENTION:
             self._bytes["attention"] += moved
             self._flops["attention"] += _attention_flops(inputs)
         elif func in _GEMM or func in _CONVOLUTION:
@@ -263,6 +279,14 @@ class WorkloadCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self._host_to_device += 1
         elif source.device.type != "cpu" and target.device.type == "cpu":
             self._device_to_host += 1
+
+
+def _sent_bytes(func: torch._ops.OpOverload, args: Sequence[Any]) -> int:
+    """The send buffers of a c10d collective: the input of an all-to-all or all-gather (`op(outputs, inputs, ...)`),
+    the tensors of a broadcast or reduction (`op(tensors, ...)`)."""
+    position = 1 if func.overloadpacket.__name__.startswith(("alltoall", "allgather")) else 0
+    tensors = [value for value in tree_flatten(args[position])[0] if isinstance(value, torch.Tensor)]
+    return sum(_touched_bytes(tensor) for tensor in tensors)
 
 
 def _is_view(func: torch._ops.OpOverload) -> bool:
@@ -320,9 +344,25 @@ def _steady_state(
     return kv, text, latents, control
 
 
-def _meta_dit(config: DiTConfig, dtype: torch.dtype) -> LingBotFastDiT:
+def _meta_dit(config: DiTConfig, dtype: torch.dtype, ranks: int = 1) -> LingBotFastDiT:
     with torch.device("meta"):
-        return LingBotFastDiT(config).to(dtype)
+        return LingBotFastDiT(config, Ulysses(0, ranks)).to(dtype)
+
+
+@contextmanager
+def _group(world_size: int) -> Iterator[None]:
+    """A process group of `world_size` for rank 0's collectives to dispatch through: torch's `fake` backend (it
+    moves nothing; meta tensors have nothing to move), unless a group is already initialised."""
+    if world_size == 1 or dist.is_initialized():
+        yield
+        return
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def count_forward(
@@ -333,16 +373,19 @@ def count_forward(
     cache: CacheConfig = PUBLISHED_CACHE,
     dtype: torch.dtype = torch.bfloat16,
     dit: LingBotFastDiT | None = None,
+    ranks: int = 1,
 ) -> Workload:
     """One steady-state forward (window full, camera input, t = 999) of the DiT, built on `meta` unless `dit` is
-    given (then on its device), as the module docstring says."""
-    model = dit if dit is not None else _meta_dit(config, dtype)
-    kv, text, latents, control = _steady_state(model, width, height, cache)
-    slot = kv.begin_chunk()
-    timestep = torch.full((1,), 999.0, device=model.device)
-    counter = WorkloadCounter()
-    with torch.inference_mode(), counter:
-        model(latents, timestep, text, kv, slot, control)
+    given (then on its device), as the module docstring says. With `ranks` > 1: rank 0's share of it under the
+    Ulysses layout (`parallel.py`), its collectives dispatched through a fake group."""
+    model = dit if dit is not None else _meta_dit(config, dtype, ranks)
+    with _group(model.parallel.world_size):
+        kv, text, latents, control = _steady_state(model, width, height, cache)
+        slot = kv.begin_chunk()
+        timestep = torch.full((1,), 999.0, device=model.device)
+        counter = WorkloadCounter()
+        with torch.inference_mode(), counter:
+            model(latents, timestep, text, kv, slot, control)
     return counter.workload()
 
 
@@ -442,14 +485,24 @@ def estimate_table(
     tokens: int = 4680,
     ranks: Sequence[int] = (1, 2, 4, 8),
     hardware: Hardware = H100,
+    rank_forwards: Mapping[int, Workload] | None = None,
 ) -> list[ChunkEstimate]:
-    """Per-P **estimates** of a chunk's time (the module docstring's assumptions); `tokens`: one chunk's tokens."""
+    """Per-P **estimates** of a chunk's time (the module docstring's assumptions); `tokens`: one chunk's tokens.
+    Where `rank_forwards` has rank 0's counted forward at P (`count_forward(ranks=P)`), its own FLOPs, traffic and
+    collective bytes are used (what every rank still does whole included); otherwise the 1-rank forward divided by P
+    and the analytic all-to-all bytes."""
     rate = effective_flops(calibration)
     memory = hardware.memory_bandwidth * hardware.memory_efficiency
     table = []
     for p in ranks:
-        exchanged = all_to_all_bytes(config, tokens, p)
-        forward_s = (forward.flops / rate + forward.other_bytes / memory) / p + exchanged / hardware.link_bandwidth
+        counted = (rank_forwards or {}).get(p) if p > 1 else None
+        if counted is not None:
+            exchanged = counted.collective_bytes * (p - 1) // p
+            compute_s = counted.flops / rate + counted.other_bytes / memory
+        else:
+            exchanged = all_to_all_bytes(config, tokens, p)
+            compute_s = (forward.flops / rate + forward.other_bytes / memory) / p
+        forward_s = compute_s + exchanged / hardware.link_bandwidth
         chunk_s = _FORWARDS_PER_CHUNK * forward_s + eviction.bytes / memory / p + hardware.decode_ms / 1000
         table.append(
             ChunkEstimate(

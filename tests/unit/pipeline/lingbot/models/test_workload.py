@@ -35,6 +35,7 @@ FORWARD_PINS = {
     "scalar_reads": 0,
     "device_to_host": 0,
     "host_to_device": 3,
+    "collective_bytes": 0,
 }
 """One steady-state forward. The 3 syncs are the RoPE inverse frequencies, kept on the CPU and copied per forward
 (`rope.py`): a sync-free forward would pin 0 here."""
@@ -50,8 +51,28 @@ EVICTION_PINS = {
     "scalar_reads": 0,
     "device_to_host": 0,
     "host_to_device": 0,
+    "collective_bytes": 0,
 }
 """The window's slide at the start of a steady-state chunk: a clone and a copy of every layer's K and V."""
+
+
+RANK_FORWARD_8_PINS = {
+    "kernels": 3977,
+    "syncs": 3,
+    "bytes": 97961106156,
+    "gemm_bytes": 39816689152,
+    "attention_bytes": 4253286400,
+    "other_bytes": 53891130604,
+    "gemm_flops": 18971439267840,
+    "attention_flops": 13702201344000,
+    "scalar_reads": 0,
+    "device_to_host": 0,
+    "host_to_device": 3,
+    "collective_bytes": 958613760,
+}
+"""Rank 0's share of the same forward under Ulysses with P = 8: 160 all-to-alls (q, k, v and the output per layer)
+and the velocity's all-gather; the GEMM and attention FLOPs are an eighth, the traffic more (what every rank does
+whole: the patch and camera embeddings of the chunk)."""
 
 
 def _moved(name: str, actual: Workload, pinned: dict[str, int]) -> str:
@@ -81,6 +102,18 @@ def eviction(meta_dit: LingBotFastDiT) -> Workload:
 @pytest.mark.timeout(240)
 def test_a_full_size_steady_state_forward_on_meta_is_pinned(forward: Workload) -> None:
     assert forward.to_mapping() == FORWARD_PINS, _moved("forward", forward, FORWARD_PINS)
+
+
+@pytest.mark.timeout(240)
+def test_rank_0s_share_of_a_forward_at_8_ranks_is_pinned() -> None:
+    rank = count_forward(ranks=8)
+    assert rank.to_mapping() == RANK_FORWARD_8_PINS, _moved("rank_forward_8", rank, RANK_FORWARD_8_PINS)
+    assert rank.kernels_by_op["alltoall_base_"] == 4 * LINGBOT_FAST_14B.num_layers
+    assert rank.kernels_by_op["allgather_"] == 1
+    # The counted all-to-all bytes are the analytic ones (what the estimate assumes without a count), plus the
+    # velocity's all-gather.
+    sent = rank.collective_bytes * 7 // 8
+    assert all_to_all_bytes(LINGBOT_FAST_14B, 4680, 8) < sent < all_to_all_bytes(LINGBOT_FAST_14B, 4680, 8) * 1.001
 
 
 @pytest.mark.timeout(240)
