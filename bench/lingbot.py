@@ -90,7 +90,8 @@ max_memory_allocated_gb_pP, cp_equal_pP and cp_max_abs_diff_pP against P = 1; at
 attention / other split (profile_*), sdpa_backend and umt5_encode_ms; FlashDreams' published figures beside
 (flashdreams_h100_*); skipped_ranks names every group not measured, and why. Without CUDA it runs an 8-head tiny model
 on the CPU at P = 1, 2 and 4 over gloo (cp_equal, cp2_over_cp1_chunk_ms: plumbing, not speed). Both add the workload
-counter's full-size forward (meta_forward_kernels, meta_forward_bytes, meta_forward_syncs, ...) and the per-P
+counter's full-size forward (meta_forward_kernels, meta_forward_bytes, meta_forward_syncs, ...; rank 0's share at
+P = 2, 4, 8 as meta_rank_forward_{kernels,bytes,collective_bytes}_pP) and the per-P
 **estimates** derived from it (estimated_h100_ms_per_chunk_pP, estimated_h100_fps_pP, all_to_all_bytes_per_forward_pP).
 """
 
