@@ -24,6 +24,7 @@ from transport.embedded.config import EmbeddedConfig
 from transport.embedded.transport import EmbeddedTransport
 from transport.errors import TransportConfigError
 from transport.livekit.config import LiveKitConfig
+from transport.livekit.rooms import RoomConfig, room_capacity
 from transport.livekit.transport import LiveKitTransport
 
 __all__ = ["build_transport", "embedded_config", "ice_addresses_for_host", "livekit_config"]
@@ -68,6 +69,7 @@ def livekit_config(settings: Settings) -> LiveKitConfig:
             codec=settings.video_codec,
             max_bitrate=settings.video_bitrate,
             max_viewers=settings.max_viewers,
+            room=RoomConfig(max_participants=room_capacity(settings.max_viewers)),
         )
         return _with_idle_frame_interval(config, settings)
     except TransportConfigError as exc:

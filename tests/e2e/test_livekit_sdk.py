@@ -11,6 +11,7 @@ or livekit-server is not installed (scripts/setup.sh --dev builds it).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import subprocess
@@ -28,6 +29,7 @@ from tests.support.serving import ROOT
 from transport.livekit.tokens import TokenIssuer
 
 CLIENT_S = 60.0
+VIEWERS = 2
 
 pytestmark = [
     pytest.mark.slow,
@@ -37,9 +39,10 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveKitStack]:
-    """One livekit-server and one `lingstream serve` (reference model, two session slots) for the module."""
+    """One livekit-server and one `lingstream serve` (reference model, two session slots, two viewer places) for the
+    module."""
     workdir = tmp_path_factory.mktemp("livekit-sdk")
-    with livekit_stack(workdir, LINGSTREAM_MAX_SESSIONS_PER_WORKER="2") as running:
+    with livekit_stack(workdir, LINGSTREAM_MAX_SESSIONS_PER_WORKER="2", LINGSTREAM_MAX_VIEWERS=str(VIEWERS)) as running:
         yield running
     assert "Traceback" not in running.output(), running.output()[-4000:]
     assert "panic" not in running.server.output(), running.server.output()[-4000:]
@@ -171,3 +174,50 @@ def test_our_tokens_are_accepted_and_bad_ones_refused_as_a_real_server_would(
     publishing = _client("publish", details["url"], details["token"])  # the controller may send data, not media
     assert publishing["joined"], publishing
     assert not publishing["published"], publishing
+
+
+@contextlib.contextmanager
+def _held(url: str, token: str) -> Iterator[dict[str, Any]]:
+    """A participant in the room (a client process of its own) until the block ends; its join report."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "tests.support.livekit_client", "hold", url, token],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as holder:
+        assert holder.stdin is not None
+        assert holder.stdout is not None
+        try:
+            report: dict[str, Any] = json.loads(holder.stdout.readline() or "{}")
+            yield report
+        finally:
+            holder.stdin.close()
+            holder.wait(timeout=CLIENT_S)
+
+
+def test_every_viewer_place_fits_the_room_and_the_next_viewer_is_refused_before_a_token(
+    stack: LiveKitStack, session: dict[str, Any]
+) -> None:
+    """The room holds the controller, the service participant and LINGSTREAM_MAX_VIEWERS viewers (a real server
+    refuses a join past `max_participants`: rooms of 6 refused viewers 5 to 8 of the 8 places granted)."""
+    details = session["transport"]
+    room = details["room"]
+    assert stack.real.rooms()[room].max_participants == 2 + VIEWERS
+    with stack.client() as client:
+        viewers = [client.post(f"/v1/sessions/{session['id']}/viewers") for _ in range(VIEWERS)]
+        assert [viewer.status_code for viewer in viewers] == [201] * VIEWERS, [v.text for v in viewers]
+        refused = client.post(f"/v1/sessions/{session['id']}/viewers")
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "too_many_viewers"
+    assert "token" not in refused.text  # refused before any token was minted
+    with contextlib.ExitStack() as holding:
+        joined = [holding.enter_context(_held(details["url"], details["token"]))]
+        joined += [holding.enter_context(_held(v.json()["url"], v.json()["token"])) for v in viewers]
+        assert all(report.get("joined") for report in joined), joined
+        assert len(stack.real.participants(room)) == 2 + VIEWERS  # the controller, the service, every viewer
+        # The room is full: one more participant (a token minted here, past the service's count) is refused.
+        extra = TokenIssuer(stack.real.api_key, stack.real.api_secret).viewer(session["id"], room)
+        over = _client("join", details["url"], extra.token)
+        assert not over["joined"], over

@@ -11,6 +11,8 @@ Scenarios:
 - `foreign`: as a participant that may publish data but is not the controller: snapshots on the control topic,
   then which `chunk` statuses came in the next seconds (none may apply them).
 - `publish`: try to publish a video track for 3 s (`published`, or the `error`).
+- `hold`: join, print `{"joined": true}` (or the report with the SDK's `error`) at once, stay in the room until
+  stdin closes, then leave (for tests that need several participants in a room at the same time).
 
 `livekit.rtc` is imported here only, in this process: the test process never loads the FFI (it forks). Every stream
 and the room are closed before the process exits (the FFI may abort at exit otherwise).
@@ -152,6 +154,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     report["identity"] = room.local_participant.identity
     try:
         match args.scenario:
+            case "hold":
+                print(json.dumps({"joined": True}), flush=True)
+                await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
             case "control":
                 report |= await _control(room, statuses, args.topic_control)
             case "foreign":
@@ -168,7 +173,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("scenario", choices=["join", "control", "foreign", "publish"])
+    parser.add_argument("scenario", choices=["join", "control", "foreign", "publish", "hold"])
     parser.add_argument("url")
     parser.add_argument("token")
     parser.add_argument("--topic-control", default="lingstream.control")

@@ -15,7 +15,7 @@ from transport.config import (
     positive_seconds,
 )
 from transport.errors import TransportConfigError
-from transport.livekit.rooms import RoomConfig
+from transport.livekit.rooms import RoomConfig, room_capacity
 from transport.protocol import MAX_STATUS_BYTES
 from transport.session.viewers import DEFAULT_MAX_VIEWERS
 
@@ -72,6 +72,12 @@ class LiveKitConfig:
 
     def __post_init__(self) -> None:
         check_max_viewers(self.max_viewers)
+        capacity = room_capacity(self.max_viewers)
+        if self.room.max_participants != 0 and self.room.max_participants < capacity:
+            raise TransportConfigError(
+                f"room max_participants {self.room.max_participants} is below what {self.max_viewers} viewers need "
+                f"({capacity}: the controller, the service participant and the viewers)"
+            )
         check_idle_frame_interval(self.idle_frame_interval)
         if not self.url:
             raise TransportConfigError("LiveKit url must be set")

@@ -23,8 +23,9 @@ from transport.errors import (
     TransportClosedError,
     TransportConfigError,
 )
+from transport.session.viewers import DEFAULT_MAX_VIEWERS
 
-__all__ = ["ParticipantEntry", "RoomAdmin", "RoomConfig", "RoomInfo", "RoomManager"]
+__all__ = ["ParticipantEntry", "RoomAdmin", "RoomConfig", "RoomInfo", "RoomManager", "room_capacity"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +41,13 @@ class RoomConfig:
     `empty_timeout`: seconds a room waits for its first participant before the server closes it.
     `departure_timeout`: seconds a room stays open after its last participant left (the service deletes rooms
     itself; both timeouts are the safety net when the service dies without cleaning up).
-    `max_participants`: controller + service participant + viewers (0 means no limit).
+    `max_participants`: controller + service participant + viewers (0 means no limit; `room_capacity`).
     `request_timeout`: seconds for one RoomService call.
     """
 
     empty_timeout: int = 30
     departure_timeout: int = 20
-    max_participants: int = 6
+    max_participants: int = 2 + DEFAULT_MAX_VIEWERS
     request_timeout: float = 10.0
 
     def __post_init__(self) -> None:
@@ -61,6 +62,13 @@ class RoomConfig:
             )
         if not self.request_timeout > 0:
             raise TransportConfigError(f"room request_timeout must be positive, got {self.request_timeout}")
+
+
+def room_capacity(max_viewers: int | None) -> int:
+    """A session room's `max_participants`: the controller, the service participant and `max_viewers` viewers (None:
+    viewers unbounded, so the room is too: 0). A real server refuses the join past it, so a smaller room would
+    refuse viewers the service granted a place."""
+    return 0 if max_viewers is None else 2 + max_viewers
 
 
 @dataclass(frozen=True, slots=True)

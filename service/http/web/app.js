@@ -543,17 +543,32 @@ function finish() {
   render();
 }
 
+// How long a stop sent over the link may go unanswered before the page ends the session over REST instead. A real
+// LiveKit server announces a participant that publishes nothing (this page) to the others in batches, up to 3 s
+// after it joined; until then the service cannot tell whose packet it is and ignores it, so a stop sent in a
+// page's first seconds is lost.
+const STOP_FALLBACK_MS = 2000;
+
 async function stop() {
   if (page.sessionId === null) return;
   say("Stopping…");
+  const id = page.sessionId;
   const sent = link !== null && link.send({ v: 1, type: "stop" }, true);
-  if (!sent) {
-    try {
-      const { body } = await api.deleteSession(page.sessionId);
-      onSession(body);
-    } catch (error) {
-      say(`Could not stop the session: ${error.message}`, true);
-    }
+  if (sent) {
+    setTimeout(() => {
+      if (page.sessionId === id && !TERMINAL.has(page.state)) endOverRest(id);
+    }, STOP_FALLBACK_MS);
+  } else {
+    await endOverRest(id);
+  }
+}
+
+async function endOverRest(id) {
+  try {
+    const { body } = await api.deleteSession(id);
+    onSession(body);
+  } catch (error) {
+    say(`Could not stop the session: ${error.message}`, true);
   }
 }
 

@@ -207,6 +207,17 @@ def test_the_idle_frame_interval_reaches_both_transports_in_seconds(monkeypatch:
     assert livekit_config(load_settings()).idle_frame_interval == 0.0
 
 
+def test_session_rooms_hold_the_controller_the_service_and_every_viewer_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIVEKIT_URL", "wss://lk.example")
+    monkeypatch.setenv("LIVEKIT_API_KEY", "k")
+    monkeypatch.setenv("LIVEKIT_API_SECRET", "s")
+    assert livekit_config(load_settings()).room.max_participants == 2 + 8  # the default LINGSTREAM_MAX_VIEWERS
+    monkeypatch.setenv("LINGSTREAM_MAX_VIEWERS", "30")
+    assert livekit_config(load_settings()).room.max_participants == 32
+    monkeypatch.setenv("LINGSTREAM_MAX_VIEWERS", "0")
+    assert livekit_config(load_settings()).room.max_participants == 2
+
+
 def test_a_recordings_directory_that_cannot_be_written_stops_the_start_naming_the_variable(tmp_path: Path) -> None:
     made = tmp_path / "new" / "recordings"
     config = ServiceConfig.from_settings(load_settings(recordings_dir=made))

@@ -106,8 +106,9 @@ async def _browser_participant_gets_video_and_status_and_sends_control(transport
                 image = np.frombuffer(event.frame.data, np.uint8).reshape(H, W, 3)
                 assert 20 < float(image.mean()) < 240  # a real picture, not a black placeholder
 
-            # Resent until it arrives, as a page resends the keys it holds: the SDK hands a packet over with no
-            # sender (so the binding ignores it) while the service's room does not know the participant yet.
+            # Resent until it arrives, as a page resends the keys it holds: a real server announces a participant
+            # that publishes nothing in batches (every 3 s), and until then the SDK hands its packets over with no
+            # sender, which the binding must ignore (the Rust SDK drops the identity the packet carried too).
             while not port.controls:
                 await browser.local_participant.publish_data(
                     encode_control(ControlState(1, frozenset({"w"}))), reliable=True, topic=CONTROL_TOPIC

@@ -16,9 +16,11 @@ from transport.errors import (
     TransportConfigError,
     WebhookError,
 )
+from transport.livekit.config import LiveKitConfig
 from transport.livekit.events import ParticipantJoined, ParticipantLeft, RoomFinished
-from transport.livekit.rooms import ParticipantEntry, RoomConfig, RoomManager
+from transport.livekit.rooms import ParticipantEntry, RoomConfig, RoomManager, room_capacity
 from transport.livekit.webhooks import WebhookHandler
+from transport.session.viewers import DEFAULT_MAX_VIEWERS
 
 KEY, SECRET = "devkey", "secret-that-is-long-enough-for-hs256-0123456789"
 
@@ -208,3 +210,20 @@ def test_webhook_without_authorization_or_with_garbage_is_rejected() -> None:
         handler.receive(not_json, sign_webhook(not_json, KEY, SECRET))
     with pytest.raises(WebhookError, match="over"):
         WebhookHandler(KEY, SECRET, max_body_bytes=10).receive(body, sign_webhook(body, KEY, SECRET))
+
+
+def test_a_rooms_capacity_is_the_controller_the_service_and_every_viewer_place() -> None:
+    assert room_capacity(8) == 10
+    assert room_capacity(0) == 2  # no viewers: the controller and the service participant
+    assert room_capacity(None) == 0  # viewers unbounded: so is the room
+    assert RoomConfig().max_participants == room_capacity(DEFAULT_MAX_VIEWERS)
+
+
+def test_a_room_smaller_than_the_viewer_places_is_refused_at_start() -> None:
+    """A real server refuses a join past the room's max_participants: a room of 6 with 8 viewer places would give
+    viewers 5 to 8 a 201 and a join the server refuses."""
+    with pytest.raises(TransportConfigError, match="below what 8 viewers need"):
+        LiveKitConfig(url="ws://lk", api_key="k", api_secret="s", max_viewers=8, room=RoomConfig(max_participants=6))
+    assert LiveKitConfig(url="ws://lk", api_key="k", api_secret="s", max_viewers=8).room.max_participants == 10
+    unbounded = RoomConfig(max_participants=0)
+    assert LiveKitConfig(url="ws://lk", api_key="k", api_secret="s", max_viewers=8, room=unbounded).room == unbounded

@@ -55,7 +55,7 @@ async def setup() -> AsyncIterator[Setup]:
         api_key=KEY,
         api_secret=SECRET,
         reconnect_grace=5.0,
-        room=RoomConfig(empty_timeout=40, departure_timeout=25, max_participants=4),
+        room=RoomConfig(empty_timeout=40, departure_timeout=25, max_participants=12),
     )
     transport = LiveKitTransport(config, room_factory=factory, timers=timers)
     await transport.start()
@@ -84,7 +84,7 @@ async def test_attach_creates_the_room_and_returns_controller_join_details(setup
     assert claims.video.can_publish is False
     assert str(details["service_identity"]).startswith("svc-s1-")
     room = setup.server.rooms["lingstream-s1"]
-    assert (room.empty_timeout, room.departure_timeout, room.max_participants) == (40, 25, 4)
+    assert (room.empty_timeout, room.departure_timeout, room.max_participants) == (40, 25, 12)
     # The service participant joined that room with its own token.
     (_, token, _) = setup.factory.current.connects[0]
     assert _claims(token).identity == details["service_identity"]
