@@ -166,9 +166,11 @@ def test_a_viewer_watches_the_same_video_and_its_control_goes_nowhere(
     controller = open_page()
     session = start(controller, WIDTH, HEIGHT)
     controller.focus("#stage")
-    controller.keyboard.down("w")  # an idle session sends no frames: keep it generating while the viewer joins
+    # An idle session sends no new frames: keep it generating while the viewer joins (held until applied: the
+    # server announces a controller that publishes nothing up to 3 s late, and its keys count only from then).
+    hold_until_applied(controller, "w")
     viewer = open_page(f"/?watch={session['id']}")
-    wait_frames(viewer, 5)
+    viewer.wait_for_function("window.lingstream.frames >= 5", polling=100)  # the controller's page is in front
     controller.keyboard.up("w")
     assert viewer.evaluate("window.lingstream.role") == "viewer"
     assert viewer.evaluate("window.lingstream.videoSize") == {"width": WIDTH, "height": HEIGHT}
@@ -179,7 +181,9 @@ def test_a_viewer_watches_the_same_video_and_its_control_goes_nowhere(
 
     controller.wait_for_function("window.lingstream.lastSent.keys.length === 0")
     released = controller.evaluate("window.lingstream.lastSent.seq")
-    controller.wait_for_function("(seq) => window.lingstream.lastChunk.applied_seq >= seq", arg=released)
+    controller.wait_for_function(
+        "(seq) => window.lingstream.lastChunk !== null && window.lingstream.lastChunk.applied_seq >= seq", arg=released
+    )
     last = controller.evaluate("window.lingstream.lastChunk.index")
     for step in range(3):
         sent = viewer.evaluate(

@@ -2,8 +2,9 @@
 
 - `fakes/`: hand-written fakes at the package seams (clock, actors, transport port and timers, LiveKit rooms, a
   WebRTC peer, recording writers, a throwaway redis-server, a TCP proxy that loses traffic, fake model workers).
-- `livekit_server/`: the LiveKit-signalling stand-in; `livekit_stack.py` and `livekit_client.py` run it, the service
-  and an SDK participant in a private network namespace (`netns.py`).
+- `livekit_server_real.py`: the real `livekit-server` (the pinned release setup builds); `livekit_server/`: the
+  LiveKit-signalling stand-in, for the faults only it injects; `livekit_stack.py` and `livekit_client.py` run one of
+  them, the service and an SDK participant in a private network namespace (`netns.py`).
 - `browser/`: Chromium and its flags, the pages and the Playwright fixtures of the browser tests.
 - `serving.py` (a real `lingstream serve`), `service_harness.py` (the app in-process with fake workers),
   `reliability.py` (the fault tests' harnesses), `redis_cluster.py` (replicas against one redis-server).
