@@ -254,6 +254,11 @@ class Settings(BaseSettings):
         default=100, ge=1, le=1_000_000, description="Most finished recordings kept; the oldest are removed first."
     )
     livekit_url: str | None = Field(default=None, validation_alias=AliasChoices("LIVEKIT_URL", "livekit_url"))
+    livekit_client_url: str | None = Field(
+        default=None,
+        description="The LiveKit URL browsers and clients are told to join, when it differs from LIVEKIT_URL (what "
+        "the service dials: e.g. an address only the cluster or the compose network resolves); unset: LIVEKIT_URL.",
+    )
     livekit_api_key: str | None = Field(
         default=None, validation_alias=AliasChoices("LIVEKIT_API_KEY", "livekit_api_key")
     )
@@ -380,7 +385,7 @@ class Settings(BaseSettings):
             raise ValueError("must be 1-200 letters, digits or . _ : - (unique per process, e.g. the pod name)")
         return value.strip()
 
-    @field_validator("livekit_url")
+    @field_validator("livekit_url", "livekit_client_url")
     @classmethod
     def _check_livekit_url(cls, value: str | None) -> str | None:
         if value is None or not value.strip():

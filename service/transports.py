@@ -65,6 +65,7 @@ def livekit_config(settings: Settings) -> LiveKitConfig:
             url=settings.livekit_url or "",
             api_key=settings.livekit_api_key or "",
             api_secret=secret,
+            client_url=settings.livekit_client_url,
             reconnect_grace=settings.reconnect_grace,
             codec=settings.video_codec,
             max_bitrate=settings.video_bitrate,

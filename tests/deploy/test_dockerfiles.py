@@ -345,6 +345,10 @@ def test_compose_wires_the_service_to_livekit(compose: dict[str, Any], service_n
     assert url.hostname == "livekit"
     assert url.hostname in services
     assert f"{url.port}:{url.port}" in services["livekit"]["ports"]
+    # Browsers are told the published port on the host: no /etc/hosts entry for the compose-only name.
+    client = urlsplit(env["LINGSTREAM_LIVEKIT_CLIENT_URL"])
+    assert (client.scheme, client.hostname) == ("ws", "localhost")
+    assert f"{client.port}:{client.port}" in services["livekit"]["ports"]
     # LiveKit's --dev key pair.
     assert (env["LIVEKIT_API_KEY"], env["LIVEKIT_API_SECRET"]) == ("devkey", "secret")
     assert "livekit" in service["depends_on"]

@@ -583,6 +583,17 @@ def test_no_secret_and_no_livekit_credentials_without_livekit(chart: Any) -> Non
     assert "LIVEKIT_URL" not in only(docs, "ConfigMap")["data"]
 
 
+def test_browsers_get_livekit_client_url_when_it_is_set(chart: Any) -> None:
+    livekit = {"url": "ws://livekit.livekit.svc:7880", "apiKey": "k", "apiSecret": "s"}
+    plain = only(render(chart, {"livekit": livekit}), "ConfigMap")["data"]
+    assert plain["LIVEKIT_URL"] == "ws://livekit.livekit.svc:7880"
+    assert "LINGSTREAM_LIVEKIT_CLIENT_URL" not in plain  # browsers get LIVEKIT_URL
+    both = render(chart, {"livekit": {**livekit, "clientUrl": "wss://livekit.example.com"}})
+    assert only(both, "ConfigMap")["data"]["LINGSTREAM_LIVEKIT_CLIENT_URL"] == "wss://livekit.example.com"
+    with pytest.raises(helm.HelmValuesError, match="clientUrl"):  # the schema: a ws:// or wss:// URL
+        render(chart, {"livekit": {**livekit, "clientUrl": "https://livekit.example.com"}})
+
+
 def test_livekit_url_without_credentials_refuses_to_render(chart: Any) -> None:
     with pytest.raises(helm.HelmRenderError, match=r"livekit\.apiKey"):
         render(chart, {"livekit": {"url": "wss://livekit.example.com"}})

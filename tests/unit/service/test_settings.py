@@ -207,6 +207,20 @@ def test_the_idle_frame_interval_reaches_both_transports_in_seconds(monkeypatch:
     assert livekit_config(load_settings()).idle_frame_interval == 0.0
 
 
+def test_browsers_get_the_client_url_and_the_service_dials_livekit_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIVEKIT_URL", "ws://livekit:7880")
+    monkeypatch.setenv("LIVEKIT_API_KEY", "k")
+    monkeypatch.setenv("LIVEKIT_API_SECRET", "s")
+    alone = livekit_config(load_settings())
+    assert (alone.url, alone.join_url) == ("ws://livekit:7880", "ws://livekit:7880")
+    monkeypatch.setenv("LINGSTREAM_LIVEKIT_CLIENT_URL", "ws://localhost:7880")
+    both = livekit_config(load_settings())
+    assert (both.url, both.join_url) == ("ws://livekit:7880", "ws://localhost:7880")
+    monkeypatch.setenv("LINGSTREAM_LIVEKIT_CLIENT_URL", "ftp://localhost")
+    with pytest.raises(SettingsError, match="LINGSTREAM_LIVEKIT_CLIENT_URL"):
+        load_settings()
+
+
 def test_session_rooms_hold_the_controller_the_service_and_every_viewer_place(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LIVEKIT_URL", "wss://lk.example")
     monkeypatch.setenv("LIVEKIT_API_KEY", "k")
