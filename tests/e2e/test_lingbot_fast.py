@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.errors import SessionConfigError
 from tests.support.serving import STARTUP_DEADLINE_S, Served, run_lingstream, serve, wait_until_ready
 from tests.support.tiny_model import write_tiny_checkpoint
-from transport.client import ServiceClient, connect
+from transport.client import ServiceClient, SessionInfo, connect
 
 pytest.importorskip("diffusers", reason="the lingbot extra (diffusers) is not installed")
 pytest.importorskip("transformers", reason="the lingbot extra (transformers) is not installed")
@@ -63,6 +64,7 @@ def service(
         LINGSTREAM_TORCH_THREADS="1",
         LINGSTREAM_STAGE_PLACEMENT=placement,
         LINGSTREAM_DENOISE_RANKS=ranks,
+        LINGSTREAM_RECORDINGS_DIR=str(workdir / "recordings"),
     ) as served:
         # Each DiT rank imports the model stack and loads the DiT in its own process: allow more on a loaded machine.
         wait_until_ready(served.url, served.process, served.output, within_s=STARTUP_DEADLINE_S * int(ranks) * 2)
@@ -143,6 +145,58 @@ async def test_serve_streams_the_tiny_models_frames_to_a_client(service: Served)
         assert stream.errors == []
         complete = sorted(chunks)[-2]
         assert chunks[complete] > 9  # a later chunk decodes to 12 frames (loopback WebRTC may drop one under load)
+
+
+@pytest.mark.timeout(300)
+async def test_what_the_client_was_sent_is_what_one_rank_on_threads_renders(
+    service: Served, checkpoint: Path, tmp_path: Path
+) -> None:
+    """The frames a session streams to the Python client on this placement (recorded before the WebRTC encoder, so
+    bit-exact) equal `lingstream generate` on threads, one DiT rank, from the recording's own control trace: the
+    2-rank (Ulysses) service sends the 1-rank frames, and so do the other placements."""
+    body = {
+        "config": {"width": WIDTH, "height": HEIGHT, "fps": 16, "seed": 9},
+        "prompt": "a stone bridge",
+        "record": True,
+    }
+    async with ServiceClient(service.url) as client:
+        info = SessionInfo.from_body((await client.request("POST", "/v1/sessions", json=body)).json())
+        async with asyncio.timeout(WAIT_S):
+            stream = await connect(client, info)
+            async with stream:
+                assert await stream.next_frame() is not None
+                await stream.send_keys({"w", "l"})
+                chunks: set[int] = set()
+                while len(chunks) < 3:
+                    frame = await stream.next_frame()
+                    assert frame is not None
+                    if frame.chunk is not None:
+                        chunks.add(frame.chunk.index)
+                await stream.stop()
+    async with httpx.AsyncClient(base_url=service.url, timeout=10.0) as http:
+        deadline = time.monotonic() + WAIT_S
+        while (video := await http.get(f"/v1/sessions/{info.id}/recording")).status_code == 409:
+            assert time.monotonic() < deadline, "the recording was not finalised in time"
+            await asyncio.sleep(0.1)  # polling another process while it finalises the file
+        assert video.status_code == 200, video.text
+        trace = await http.get(f"/v1/sessions/{info.id}/recording/controls")
+        assert trace.status_code == 200, trace.text
+    controls = tmp_path / "controls.jsonl"
+    controls.write_text(trace.text)
+    recorded = tmp_path / "recorded.mp4"
+    recorded.write_bytes(video.content)
+    with av.open(str(recorded)) as container:
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    replay = tmp_path / "replay.mp4"
+    done = await asyncio.to_thread(
+        run_lingstream,
+        "generate", "--model", "lingbot-fast", "--model-path", str(checkpoint), "--controls",
+        str(controls), "--out", str(replay), "--frames", str(len(frames)), "--fps", "16", "--resolution",
+        f"{WIDTH}x{HEIGHT}", "--seed", "9", "--threads", "1", "--placement", "threads",
+        "--denoise-ranks", "1", timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert replay.read_bytes() == video.content
 
 
 def test_generate_writes_the_tiny_models_clip(checkpoint: Path, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.browser.chromium import launch_chromium
 from tests.support.browser.pages import cancel_over_http, page_opener
-from tests.support.serving import Served, serve
+from tests.support.serving import STARTUP_DEADLINE_S, Served, serve, wait_until_ready
 
 if TYPE_CHECKING:  # playwright is a dev extra; the tests that use these skip without it
     from _pytest.fixtures import FixtureFunctionDefinition
@@ -44,10 +44,14 @@ class BrowserFixtures(NamedTuple):
 
 
 def embedded_browser_fixtures(
-    *, wait_ms: int, settings: Callable[[pytest.TempPathFactory], Mapping[str, str]]
+    *,
+    wait_ms: int,
+    settings: Callable[[pytest.TempPathFactory], Mapping[str, str]],
+    ready_within_s: float = STARTUP_DEADLINE_S,
 ) -> BrowserFixtures:
     """The three fixtures, the service started with `BASE_SETTINGS` updated by `settings(tmp_path_factory)` (called
-    once, at the service's start: it may write files, e.g. a checkpoint) and the real model (no worker factory);
+    once, at the service's start: it may write files, e.g. a checkpoint) and the real model (no worker factory), ready
+    within `ready_within_s`;
     every page waits up to `wait_ms` for what it is asked to wait for. Leaving the module checks that the service
     logged no traceback."""
 
@@ -55,7 +59,7 @@ def embedded_browser_fixtures(
     def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         merged = {**BASE_SETTINGS, **settings(tmp_path_factory)}
         with serve(tmp_path_factory.mktemp("serve"), factory=None, **merged) as served:
-            served.wait_until_ready()
+            wait_until_ready(served.url, served.process, served.output, within_s=ready_within_s)
             yield served
         assert "Traceback" not in served.output(), served.output()[-4000:]
 
