@@ -66,8 +66,10 @@ def _divisors(n: int) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class Ulysses:
-    """This rank's place in the DiT group and the four collectives of the layout (module docstring). Stateless; the
-    collectives are no-ops at `world_size` 1."""
+    """This rank's place in the DiT group and the layout's collectives (module docstring): the two all-to-alls around
+    self-attention, the velocity's all-gather, and rank 0's flag and broadcast for the prompt's states. Stateless;
+    every collective is a no-op at `world_size` 1. Every rank must call each one in the same order (a rank that
+    skips one leaves the others waiting until the worker's call timeout ends the group)."""
 
     rank: int = 0
     world_size: int = 1
