@@ -39,7 +39,7 @@ from service.http.auth import ApiKeyAuth
 from service.http.docs import install_docs
 from service.http.middleware import BodyLimitMiddleware, StrictCORSMiddleware
 from service.http.page import install_page
-from service.http.routes import describe_validation_errors, health_router, internal_router, v1_router
+from service.http.routes import describe_validation_errors, health_router, internal_router, operation_id, v1_router
 from service.runtime.recordings import WriterFactory
 from service.runtime.runtime import RuntimeTuning, ServiceRuntime
 from service.scaleout.backend import RedisAdmissionBackend
@@ -139,6 +139,7 @@ def create_app(
         docs_url=None,  # service.http.docs serves /docs with Swagger UI from the installed swagger-ui-dist
         redoc_url=None,
         openapi_url="/openapi.json",
+        generate_unique_id_function=operation_id,
     )
     app.state.runtime = runtime
     app.state.model_memory = memory.to_mapping() if memory is not None else None
@@ -149,7 +150,12 @@ def create_app(
     app.include_router(v1_router)
     # `/metrics`: every instrument, through the OpenTelemetry Prometheus exporter on this app's own registry.
     app.add_api_route(
-        "/metrics", telemetry.metrics_endpoint, methods=["GET"], summary="Prometheus text exposition", tags=["health"]
+        "/metrics",
+        telemetry.metrics_endpoint,
+        methods=["GET"],
+        name="metrics",
+        summary="Prometheus text exposition",
+        tags=["health"],
     )
     app.include_router(health_router)
     app.include_router(internal_router)

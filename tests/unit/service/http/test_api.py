@@ -439,6 +439,39 @@ async def test_openapi_documents_the_api() -> None:
         assert (await svc.client.get("/docs")).status_code == 200
 
 
+# Generated clients name their calls after these: a rename is a breaking change to every SDK, so it is pinned here.
+OPERATION_IDS = {
+    ("POST", "/v1/sessions"): "create_session",
+    ("GET", "/v1/sessions"): "list_sessions",
+    ("GET", "/v1/sessions/{session_id}"): "get_session",
+    ("DELETE", "/v1/sessions/{session_id}"): "delete_session",
+    ("POST", "/v1/sessions/{session_id}/pause"): "pause_session",
+    ("POST", "/v1/sessions/{session_id}/resume"): "resume_session",
+    ("GET", "/v1/sessions/{session_id}/events"): "session_events",
+    ("GET", "/v1/sessions/{session_id}/recording"): "get_recording",
+    ("GET", "/v1/sessions/{session_id}/recording/controls"): "get_recording_controls",
+    ("POST", "/v1/sessions/{session_id}/webrtc"): "answer_webrtc_offer",
+    ("POST", "/v1/sessions/{session_id}/viewers"): "add_viewer",
+    ("POST", "/v1/sessions/{session_id}/watch"): "answer_watch_offer",
+    ("POST", "/v1/livekit/webhook"): "livekit_webhook",
+    ("GET", "/v1/usage"): "get_usage",
+    ("GET", "/healthz"): "health",
+    ("GET", "/readyz"): "ready",
+    ("GET", "/metrics"): "metrics",
+}
+
+
+async def test_every_operation_id_is_named_after_its_route() -> None:
+    async with running_service() as svc:
+        schema = (await svc.client.get("/openapi.json")).json()
+    found = {
+        (method.upper(), path): operation["operationId"]
+        for path, operations in schema["paths"].items()
+        for method, operation in operations.items()
+    }
+    assert found == OPERATION_IDS, "a route was added, removed or renamed: pin its operation id in OPERATION_IDS"
+
+
 async def test_failed_statuses_reach_the_transport_before_done() -> None:
     transport = RecordingTransport()
     async with running_service(transport=transport) as svc:
