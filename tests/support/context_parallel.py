@@ -22,10 +22,14 @@ from pipeline.lingbot.models import (
     SINGLE_RANK,
     CacheConfig,
     DiTConfig,
+    KVCache,
+    LingBotFastDiT,
     LingBotFastOptions,
+    TextKV,
     Ulysses,
     denoise_chunk,
     load_dit,
+    sample_chunk,
 )
 
 __all__ = ["DiTSession", "WorldSession", "run_dit_session", "run_group", "run_world_session"]
@@ -47,6 +51,9 @@ class DiTSession:
     latent_w: int
     prompt_change_at: int
     out: Path
+    camera_per_forward: bool = False
+    """Compute the camera modulation in every forward (the forward before the per-chunk camera cache), not once per
+    chunk as `denoise_chunk` does."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,13 +93,36 @@ def run_dit_session(spec: DiTSession, parallel: Ulysses = SINGLE_RANK) -> dict[s
 
         noise, condition = draw(16), draw(spec.config.in_dim - 16)
         control = draw(spec.config.control_map_channels)
-        outputs.append(denoise_chunk(model, cache, text, condition, noise, sampler, control))
+        denoise = _denoise_camera_per_forward if spec.camera_per_forward else denoise_chunk
+        outputs.append(denoise(model, cache, text, condition, noise, sampler, control))
     return {
         "outputs": outputs,
         "k": [layer.k.clone() for layer in cache.layers],
         "v": [layer.v.clone() for layer in cache.layers],
         "statistics": cache.statistics(),
     }
+
+
+def _denoise_camera_per_forward(
+    model: LingBotFastDiT,
+    cache: KVCache,
+    text: TextKV,
+    condition: torch.Tensor,
+    noise: torch.Tensor,
+    generator: torch.Generator,
+    control: torch.Tensor,
+) -> torch.Tensor:
+    """`denoise_chunk` as it was before the camera cache: every forward is given the Plücker map."""
+    with torch.inference_mode():
+        slot = cache.begin_chunk(noise.shape[2])
+
+        def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            velocity: torch.Tensor = model(torch.cat([x, condition], dim=1), t, text, cache, slot, control)
+            return velocity
+
+        x0 = sample_chunk(predict, noise, generator)
+        predict(x0, torch.zeros(noise.shape[0]))
+    return x0
 
 
 def run_world_session(spec: WorldSession, parallel: Ulysses = SINGLE_RANK) -> dict[str, Any]:

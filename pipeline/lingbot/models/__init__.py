@@ -12,6 +12,7 @@ them, when called.
 
 from __future__ import annotations
 
+from pipeline.lingbot.models.blocks import CameraModulation
 from pipeline.lingbot.models.bundle import (
     DIT_DIR,
     DTYPES,
@@ -126,6 +127,7 @@ __all__ = [
     "CacheConfig",
     "CacheSlot",
     "CacheStatistics",
+    "CameraModulation",
     "CheckpointError",
     "CheckpointLayout",
     "ChunkEstimate",

@@ -20,6 +20,10 @@ Context parallelism (`parallel.py`): a DiT built with a `Ulysses` layout of P ra
 chunk's tokens after the patch embedding, caches its share of the heads, and all-gathers the velocity, so every
 rank returns the whole chunk; at P = 1 nothing changes.
 
+The camera's per-block modulation depends on the chunk's camera only, so a chunk's caller makes it once
+(`camera_modulation`) and passes it to each of the chunk's forwards (`camera=`, the sampler does); a forward given
+`control` instead computes it itself, the same values bit for bit.
+
 The parameter names are exactly the checkpoint's, so `load_state_dict(strict=True)` is the loading contract
 (`checkpoint.py`). Construct on the `meta` device to inspect the full size without memory.
 """
@@ -31,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.lingbot.errors import ModelInputError
-from pipeline.lingbot.models.blocks import DiTBlock, OutputHead, linear_fp32
+from pipeline.lingbot.models.blocks import CameraModulation, DiTBlock, OutputHead, linear_fp32
 from pipeline.lingbot.models.cache import CacheConfig, CacheSlot, KVCache, TextKV
 from pipeline.lingbot.models.config import DiTConfig
 from pipeline.lingbot.models.parallel import SINGLE_RANK, Ulysses, check_parallel
@@ -113,6 +117,12 @@ class LingBotFastDiT(nn.Module):
         refined: torch.Tensor = self.c2ws_hidden_states_layer2(F.silu(self.c2ws_hidden_states_layer1(embedded)))
         return embedded + refined
 
+    def camera_modulation(self, control: torch.Tensor) -> CameraModulation:
+        """Every block's camera (scale, shift) for a chunk's unshuffled Plücker map `[B, control_map_channels, F, h,
+        w]`, for that chunk's forwards (`camera=`); under Ulysses, this rank's tokens."""
+        camera = self.embed_control(control)
+        return CameraModulation(tuple(block.camera_modulation(camera) for block in self._blocks()))
+
     def time_embeddings(self, timestep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(embedding `[B, dim]`, block modulation `[B, 6, dim]`), both float32."""
         half = self._config.freq_dim // 2
@@ -136,21 +146,33 @@ class LingBotFastDiT(nn.Module):
         cache: KVCache,
         slot: CacheSlot,
         control: torch.Tensor | None = None,
+        *,
+        camera: CameraModulation | None = None,
     ) -> torch.Tensor:
-        """The chunk's velocity prediction; writes the chunk's K/V into `slot` (see the module docstring)."""
+        """The chunk's velocity prediction; writes the chunk's K/V into `slot` (see the module docstring). The camera
+        is `control` (the Plücker map) or `camera` (its modulation, `camera_modulation(control)`), not both."""
         cache.check_slot(slot)
         self._check_inputs(latents, timestep, text, cache, slot, control)
+        if control is not None and camera is not None:
+            raise ModelInputError("give the camera as control or as its modulation, not both")
         x = self.patch_embedding(latents.to(device=self.device, dtype=self.dtype))
         grid = (x.shape[2], x.shape[3], x.shape[4])
         parallel = self._parallel
         x = parallel.shard_tokens(x.flatten(2).transpose(1, 2).float())
         time_emb, time_mod = self.time_embeddings(timestep.to(self.device).reshape(-1).expand(latents.shape[0]))
-        camera = self.embed_control(control) if control is not None else None
+        if control is not None:
+            camera = self.camera_modulation(control)
+        if camera is not None and (len(camera.layers) != len(self.blocks) or camera.tokens != x.shape[1]):
+            raise ModelInputError(
+                f"the camera modulation has {len(camera.layers)} layers of {camera.tokens} tokens, the chunk "
+                f"{len(self.blocks)} layers of {x.shape[1]} tokens"
+            )
         cos, sin = self._rope.angles(slot.position, grid, x.device)
         start, stop = parallel.token_range(cos.shape[0])
         angles = (cos[start:stop], sin[start:stop])
-        for block, layer, text_kv in zip(self._blocks(), cache.layers, text.layers, strict=True):
-            x = block(x, time_mod, text_kv, angles, layer, slot, camera, parallel)
+        cameras = camera.layers if camera is not None else (None,) * len(cache.layers)
+        for block, layer, text_kv, block_camera in zip(self._blocks(), cache.layers, text.layers, cameras, strict=True):
+            x = block(x, time_mod, text_kv, angles, layer, slot, block_camera, parallel)
         return self._unpatchify(parallel.gather_tokens(self.head(x, time_emb).float()), grid)
 
     def _unpatchify(self, x: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:

@@ -9,9 +9,10 @@ Everything is counted on the denoise device (the threads placement puts every pa
 may sit elsewhere, so the estimate errs on the safe side). With a DiT group of P ranks (`LINGSTREAM_DENOISE_RANKS`,
 Ulysses context parallelism, `parallel.py`) the figures are per rank: every rank holds the whole DiT (and rank 0 the
 umt5 encoder and the VAE, counted as if on every rank), but a session's self-attention cache divides by P, each rank
-caching its heads; the prompt's text K/V stay whole on every rank. Not counted: activations (one chunk's, transient) and
-the VAE decoder's per-session feature cache (two frames of each causal convolution's input); the 10% held back is
-for them and for the allocator.
+caching its heads; the prompt's text K/V stay whole on every rank. Not counted: activations (one chunk's,
+transient; the largest is the chunk's camera modulation, `blocks.CameraModulation`, 3.8 GB at full size in bf16,
+divided by P) and the VAE decoder's per-session feature cache (two frames of each causal convolution's input); the
+10% held back is for them and for the allocator.
 
 The planning resolution is the model's published 832x480 (1 560 tokens per latent frame): full size, window 18,
 bf16 gives 37.1 GB of weights for the DiT alone and 23.4 GB per session, so one H100 (80 GB) holds one session, an

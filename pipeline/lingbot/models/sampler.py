@@ -115,7 +115,8 @@ def denoise_chunk(
 ) -> torch.Tensor:
     """One chunk: reserve its cache slot, sample x0 from `noise` `[B, 16, F, h, w]` given `condition`
     `[B, 20, F, h, w]` (first-frame mask, then image latent), then one clean pass at t = 0 so the cache holds
-    the chunk's final K/V. Returns x0 `[B, 16, F, h, w]` float32."""
+    the chunk's final K/V. The camera's per-block modulation is made once for the chunk's 5 forwards. Returns x0
+    `[B, 16, F, h, w]` float32."""
     if noise.ndim != 5 or condition.shape[0] != noise.shape[0] or condition.shape[2:] != noise.shape[2:]:
         raise ModelInputError(
             f"noise {list(noise.shape)} and condition {list(condition.shape)} must share batch, frames and size"
@@ -123,9 +124,10 @@ def denoise_chunk(
     with torch.inference_mode():
         slot = cache.begin_chunk(noise.shape[2])
         cond = condition.to(noise.device, torch.float32)
+        camera = model.camera_modulation(control) if control is not None else None
 
         def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            velocity: torch.Tensor = model(torch.cat([x, cond], dim=1), t, text, cache, slot, control)
+            velocity: torch.Tensor = model(torch.cat([x, cond], dim=1), t, text, cache, slot, camera=camera)
             return velocity
 
         x0 = sample_chunk(predict, noise, generator, schedule)

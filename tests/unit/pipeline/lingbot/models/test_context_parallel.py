@@ -64,6 +64,29 @@ def test_ranks_equal_one_rank_bit_for_bit_through_eviction_camera_prompt_change_
         assert result["statistics"].nbytes * ranks == statistics.nbytes
 
 
+def test_the_camera_modulation_made_once_per_chunk_equals_the_per_forward_camera_on_one_and_two_ranks(
+    tmp_path: Path,
+) -> None:
+    """The camera cache (`LingBotFastDiT.camera_modulation`, once per chunk) against the forward that computed it in
+    each of the chunk's 5 forwards: the same x0 and cache bit for bit, over 8 chunks whose camera changes every chunk,
+    through eviction and a re-base, on 1 rank and on each of 2 gloo ranks (Ulysses)."""
+    spec = dit_session(tmp_path)
+    per_forward = run_dit_session(dataclasses.replace(spec, camera_per_forward=True))
+    statistics = per_forward["statistics"]
+    assert statistics.evicted_frames > 0, statistics
+    assert statistics.rebases == 1, statistics
+    cached = run_dit_session(spec)
+    assert all(torch.equal(a, b) for a, b in zip(cached["outputs"], per_forward["outputs"], strict=True))
+    for name in ("k", "v"):
+        assert all(torch.equal(a, b) for a, b in zip(cached[name], per_forward[name], strict=True)), name
+    heads = EIGHT_HEADS.num_heads // 2
+    for rank, result in enumerate(run_group(2, spec)):
+        assert all(torch.equal(a, b) for a, b in zip(result["outputs"], per_forward["outputs"], strict=True)), rank
+        for layer in range(EIGHT_HEADS.num_layers):
+            expected = per_forward["k"][layer][:, :, rank * heads : (rank + 1) * heads]
+            assert torch.equal(result["k"][layer], expected), (rank, layer)
+
+
 def test_two_ranks_match_the_oracle_ulysses_primitives_and_dit(tmp_path: Path) -> None:
     """The oracle package (telefuser) ships Ulysses all-to-all primitives, not a Ulysses LingBot DiT: in the same
     gloo group our all-to-alls equal its `ulysses_scatter_heads` / `ulysses_gather_heads` bit for bit, and the

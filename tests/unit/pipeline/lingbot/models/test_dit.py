@@ -68,3 +68,30 @@ def test_text_of_the_wrong_width_or_depth_is_refused(tiny_model: LingBotFastDiT)
     shallow = TextKV(tiny_model.encode_text(text_context(TINY_DIT)).layers[:1])
     with pytest.raises(ModelInputError, match="1 layers, the model 2"):
         call(tiny_model, torch.zeros(1, 36, 3, LATENT_H, LATENT_W), None, shallow)
+
+
+def test_a_forward_given_the_camera_modulation_equals_one_given_the_camera_map(tiny_model: LingBotFastDiT) -> None:
+    chunk = chunk_inputs(TINY_DIT, 1)[0]
+    latents = torch.cat([chunk.noise, chunk.condition], dim=1)
+    text = tiny_model.encode_text(text_context(TINY_DIT))
+    cache = tiny_model.new_cache(CacheConfig(), LATENT_H, LATENT_W)
+    with torch.inference_mode():
+        camera = tiny_model.camera_modulation(chunk.control)
+        cached = tiny_model(latents, torch.tensor([500.0]), text, cache, cache.begin_chunk(), camera=camera)
+    assert camera.nbytes == 2 * TINY_DIT.num_layers * camera.tokens * TINY_DIT.dim * 4
+    assert torch.equal(cached, call(tiny_model, latents, chunk.control, text))
+
+
+def test_a_forward_refuses_a_camera_given_twice_or_for_other_tokens(tiny_model: LingBotFastDiT) -> None:
+    chunk = chunk_inputs(TINY_DIT, 1)[0]
+    latents = torch.cat([chunk.noise, chunk.condition], dim=1)
+    text = tiny_model.encode_text(text_context(TINY_DIT))
+    cache = tiny_model.new_cache(CacheConfig(), LATENT_H, LATENT_W)
+    with torch.inference_mode():
+        camera = tiny_model.camera_modulation(chunk.control)
+        one_frame = tiny_model.camera_modulation(chunk.control[:, :, :1])
+        slot = cache.begin_chunk()
+        with pytest.raises(ModelInputError, match="not both"):
+            tiny_model(latents, torch.tensor([500.0]), text, cache, slot, chunk.control, camera=camera)
+        with pytest.raises(ModelInputError, match="camera modulation has 2 layers of 6 tokens"):
+            tiny_model(latents, torch.tensor([500.0]), text, cache, slot, camera=one_frame)
