@@ -15,7 +15,7 @@ the service's stable codes (`errors.py`).
 
 from __future__ import annotations
 
-from transport.client.api import STREAMING_STATUSES, TERMINAL_STATUSES, ServiceClient, SessionInfo
+from transport.client.api import STREAMING_STATUSES, TERMINAL_STATUSES, ServiceClient, SessionInfo, UsageInfo
 from transport.client.errors import (
     ApiError,
     ClientError,
@@ -66,6 +66,7 @@ __all__ = [
     "UnauthorizedError",
     "UnavailableError",
     "UnreachableError",
+    "UsageInfo",
     "api_error",
     "connect",
     "default_ice_addresses",

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, overload
 
 import httpx
 
 from transport.client.errors import ApiError, SessionEndedError, UnreachableError, api_error
 
-__all__ = ["STREAMING_STATUSES", "TERMINAL_STATUSES", "ServiceClient", "SessionInfo"]
+__all__ = ["STREAMING_STATUSES", "TERMINAL_STATUSES", "ServiceClient", "SessionInfo", "UsageInfo"]
 
 TERMINAL_STATUSES = frozenset({"closed", "expired", "failed", "cancelled"})
 STREAMING_STATUSES = frozenset({"running", "paused", "draining"})
@@ -85,6 +87,44 @@ class SessionInfo:
         return SessionEndedError(self.id, self.status, self.reason, code, message)
 
 
+@dataclass(frozen=True, slots=True)
+class UsageInfo:
+    """`GET /v1/usage`: the key's usage from `since` to `until` (ISO 8601 UTC strings, as the service sent them) and
+    its quota (`None`: no bound); `body` is the whole JSON body as received."""
+
+    key: str
+    since: str
+    until: str
+    running_seconds: float
+    queued_seconds: float
+    sessions: int
+    chunks: int
+    frames: int
+    max_running: int | None
+    max_queued: int | None
+    body: Mapping[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> UsageInfo:
+        try:
+            quota = body["quota"]
+            return cls(
+                key=str(body["key"]),
+                since=str(body["since"]),
+                until=str(body["until"]),
+                running_seconds=float(body["running_seconds"]),
+                queued_seconds=float(body["queued_seconds"]),
+                sessions=int(body["sessions"]),
+                chunks=int(body["chunks"]),
+                frames=int(body["frames"]),
+                max_running=quota.get("max_running"),
+                max_queued=quota.get("max_queued"),
+                body=body,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ApiError(200, "bad_response", f"not a usage body: {exc!r}") from exc
+
+
 class ServiceClient:
     """The REST API of one lingstream service. Use as an async context manager (or call `aclose()`).
 
@@ -142,13 +182,18 @@ class ServiceClient:
         livekit: Mapping[str, Any] | None = None,
         prompt: str | None = None,
         max_seconds: float | None = None,
+        record: bool = False,
     ) -> SessionInfo:
         """`POST /v1/sessions`: admitted (`running`, or `admitted` when it took long) or `queued`.
 
         `image` is the reference image's bytes (PNG, JPEG or WebP); `livekit` the LiveKit options of the create
         (`{"room": ..., "controller_identity": ...}`: publish into an existing room, docs/livekit.md); `prompt` the
-        text the session starts from; `max_seconds` its time limit (at most the server's)."""
+        text the session starts from; `max_seconds` its time limit (at most the server's); `record` records it
+        (`recording(id)` downloads it once it ended; a service without LINGSTREAM_RECORDINGS_DIR answers 422
+        `recording_not_configured`)."""
         body: dict[str, Any] = {"config": dict(config or {})}
+        if record:
+            body["record"] = True
         if prompt is not None:
             body["prompt"] = prompt
         if max_seconds is not None:
@@ -181,6 +226,84 @@ class ServiceClient:
     async def resume(self, session_id: str) -> SessionInfo:
         """`POST /v1/sessions/{id}/resume` (idempotent)."""
         return SessionInfo.from_body((await self.request("POST", f"/v1/sessions/{session_id}/resume")).json())
+
+    # -- recordings, viewers, usage ---------------------------------------------------------------------------
+
+    @overload
+    async def recording(self, session_id: str) -> bytes: ...
+    @overload
+    async def recording(self, session_id: str, path: str | os.PathLike[str]) -> Path: ...
+    async def recording(self, session_id: str, path: str | os.PathLike[str] | None = None) -> bytes | Path:
+        """`GET /v1/sessions/{id}/recording`: the ended session's MP4, as bytes, or streamed to `path` (returned).
+        409 `recording_not_ready` while it is still being finished: retry."""
+        return await self._download(f"/v1/sessions/{session_id}/recording", path)
+
+    @overload
+    async def recording_controls(self, session_id: str) -> bytes: ...
+    @overload
+    async def recording_controls(self, session_id: str, path: str | os.PathLike[str]) -> Path: ...
+    async def recording_controls(self, session_id: str, path: str | os.PathLike[str] | None = None) -> bytes | Path:
+        """`GET /v1/sessions/{id}/recording/controls`: the recording's control trace (JSON Lines, what
+        `lingstream generate --controls` replays), as bytes or streamed to `path` (returned)."""
+        return await self._download(f"/v1/sessions/{session_id}/recording/controls", path)
+
+    async def _download(self, path: str, to: str | os.PathLike[str] | None) -> bytes | Path:
+        if to is None:
+            return (await self.request("GET", path)).content
+        url = self.absolute(path)
+        target = Path(to)
+        partial = target.with_name(target.name + ".part")
+        try:
+            async with self._http.stream("GET", url, headers=self._headers) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise _error_of(response)
+                with partial.open("wb") as handle:
+                    async for block in response.aiter_bytes():
+                        handle.write(block)
+        except httpx.TransportError as exc:
+            partial.unlink(missing_ok=True)
+            raise UnreachableError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        partial.replace(target)  # a reader never sees half a file under the final name
+        return target
+
+    async def add_viewer(self, session_id: str) -> dict[str, Any]:
+        """`POST /v1/sessions/{id}/viewers`: watch-only join details for one more viewer (LiveKit: a subscribe-only
+        token; embedded: `viewer_token` and `watch_url`); 429 `too_many_viewers` beyond the service's bound."""
+        body: dict[str, Any] = (await self.request("POST", f"/v1/sessions/{session_id}/viewers")).json()
+        return body
+
+    async def answer_offer(self, offer_url: str, sdp: str, *, within: float | None = None) -> str:
+        """`POST /v1/sessions/{id}/webrtc` (the embedded transport's `offer_url`): the service's SDP answer to
+        `sdp`, within `within` seconds (default: the client's timeout). `EmbeddedLink` calls it; every offer
+        rebinds the session to the new peer connection."""
+        limit = self._timeout if within is None else within
+        response = await self.request("POST", offer_url, json={"sdp": sdp, "type": "offer"}, timeout=limit)
+        return str(response.json()["sdp"])
+
+    async def answer_watch_offer(self, offer_url: str, viewer_token: str, sdp: str) -> str:
+        """`POST /v1/sessions/{id}/watch` (the `offer_url` of an embedded viewer's details, from `add_viewer`): the
+        SDP answer to a viewer's offer, authenticated by its `viewer_token` instead of the API key."""
+        url = self.absolute(offer_url)
+        headers = {"Authorization": f"Bearer {viewer_token}"}
+        try:
+            response = await self._http.post(url, headers=headers, json={"sdp": sdp, "type": "offer"})
+        except httpx.TransportError as exc:
+            raise UnreachableError(f"POST {url}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            raise _error_of(response)
+        return str(response.json()["sdp"])
+
+    async def usage(self, since: str | float | None = None) -> UsageInfo:
+        """`GET /v1/usage`: this key's usage since `since` (RFC 3339 with an offset, or Unix seconds; counted from
+        the start of its hour; default: the 35 days kept) and its quota."""
+        params = {} if since is None else {"since": str(since)}
+        return UsageInfo.from_body((await self.request("GET", "/v1/usage", params=params)).json())
+
+    # -- the event stream -------------------------------------------------------------------------------------
 
     async def follow(self, session_id: str) -> AsyncIterator[SessionInfo]:
         """The session's server-sent events: the current snapshot, then one per change; ends after the terminal

@@ -101,11 +101,8 @@ class EmbeddedLink:
         with ice_host_addresses(host_addresses):
             await pc.setLocalDescription(await pc.createOffer())
         local = pc.localDescription
-        answer = await service.request(
-            "POST", str(details["offer_url"]), json={"sdp": local.sdp, "type": local.type}, timeout=within
-        )
-        body = answer.json()
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type=body["type"]))
+        answer = await service.answer_offer(str(details["offer_url"]), local.sdp, within=within)
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
         try:
             async with asyncio.timeout(within):
                 await opened.wait()
