@@ -117,6 +117,44 @@ async def test_a_client_follows_the_queue_joins_steers_and_reads_frames_with_the
         await client.delete(admitted.id, "cancel")
 
 
+async def test_a_raising_status_listener_leaves_a_live_session_streaming_and_aclose_bounded(service: Served) -> None:
+    # Measured before listeners were isolated: the exception escaped into aiortc's DTLS task, the data channel
+    # died, `done` read "connection lost" and aclose() hung for over 15 s.
+    raised: list[str] = []
+
+    def broken(message: object) -> None:
+        raised.append(type(message).__name__)
+        dict(message)  # type: ignore[call-overload]  # what a new user tried on a WarningStatus
+
+    async with ServiceClient(service.url, api_key=KEY) as client:
+        created = await client.create(config={"fps": 25})
+        async with asyncio.timeout(WAIT_S):
+            info = await client.wait_streaming(created.id)
+            stream = await connect(client, info, close_timeout=3.0)
+            stream.add_status_listener(broken)
+            seq = await stream.send_keys({"w"})
+            chunks_then = stream.statistics().chunks
+            steered = None
+            while steered is None:
+                frame = await stream.next_frame()
+                assert frame is not None, stream.done
+                if frame.chunk is not None and frame.chunk.applied_seq == seq:
+                    steered = frame
+            # Statuses keep coming over the same data channel after the listener raised on them.
+            while stream.statistics().chunks < chunks_then + 5:
+                assert await stream.next_frame() is not None, stream.done
+            assert stream.statistics().listener_errors >= 5
+            assert "ChunkStatus" in raised
+            assert not stream.ended
+            done = await stream.stop()
+            assert done.reason == "closed"  # the service's done, not a lost connection
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await stream.aclose()
+        assert loop.time() - started < 3.5
+        assert (await client.get(created.id)).reason == "client_stop"
+
+
 async def test_the_services_error_codes_become_typed_exceptions(service: Served) -> None:
     async with ServiceClient(service.url, api_key="not-a-key") as stranger:
         with pytest.raises(UnauthorizedError) as refused:

@@ -31,8 +31,14 @@ cannot be told apart and `repeat` is always False.
 Frames wait in a bounded buffer (`frame_buffer`, default 64) whose overflow policy is *drop oldest* (counted in
 `statistics().frames_dropped`): a consumer slower than the video loses old frames, never the newest.
 
-Cancellation: `aclose()` closes the link (peer connection or room) and cancels and awaits its reader tasks; frames
-still buffered stay readable until drained.
+A user's code cannot break a stream: a status listener that raises is logged (once per listener, with its
+traceback; `statistics().listener_errors` counts every raise) and the stream goes on. Left to propagate, the
+exception would escape into the SDK's task that delivered the message (aiortc's DTLS task), which kills the data
+channel: the session then reads as "connection lost" and closing it hangs.
+
+Cancellation: `aclose()` closes the link (peer connection or room) and cancels and awaits its reader tasks, within
+`close_timeout` seconds whatever state the link is in (a wedged peer connection is abandoned with a warning, not
+waited for); frames still buffered stay readable until drained.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ logger = logging.getLogger(__name__)
 
 _FRAME_BUFFER = 64
 _CONNECT_TIMEOUT_S = 20.0
+_CLOSE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +103,7 @@ class StreamStatistics:
     chunks: int
     errors: int
     controls_sent: int
+    listener_errors: int = 0  # raises of status listeners (each logged once per listener, then ignored)
 
 
 class LiveStream:
@@ -106,10 +114,15 @@ class LiveStream:
     is when (monotonic). `next_frame()` / `frames()` read the video; `last_chunk`, `errors` and `done` hold the
     status messages; `stop()` asks the session to end and waits for `done`."""
 
-    def __init__(self, info: SessionInfo, *, frame_buffer: int = _FRAME_BUFFER) -> None:
+    def __init__(
+        self, info: SessionInfo, *, frame_buffer: int = _FRAME_BUFFER, close_timeout: float = _CLOSE_TIMEOUT_S
+    ) -> None:
         if frame_buffer < 1:
             raise ValueError(f"frame_buffer must be at least 1, got {frame_buffer}")
+        if close_timeout <= 0:
+            raise ValueError(f"close_timeout must be positive, got {close_timeout}")
         self.info = info
+        self._close_timeout = close_timeout
         self._link: Link | None = None
         self._frames: deque[_Arrived] = deque()
         self._frame_buffer = frame_buffer
@@ -125,6 +138,8 @@ class LiveStream:
         self.done: DoneStatus | None = None
         self._done_event = asyncio.Event()
         self._status_listeners: list[Callable[[StatusMessage], None]] = []
+        self._failed_listeners: list[Callable[[StatusMessage], None]] = []  # logged already
+        self._listener_errors = 0
         self._frames_received = 0
         self._frames_dropped = 0
         self._chunks = 0
@@ -163,8 +178,7 @@ class LiveStream:
                 self.done = message
                 self._done_event.set()
                 self._frame_arrived.set()  # a reader waiting for frames learns that none will come
-        for listener in tuple(self._status_listeners):
-            listener(message)
+        self._notify(message)
 
     def on_link_lost(self, why: str) -> None:
         """The link ended for good (the room or peer connection closed); readers stop waiting."""
@@ -174,8 +188,25 @@ class LiveStream:
         self.done = DoneStatus(f"connection lost: {why}")
         self._done_event.set()
         self._frame_arrived.set()
+        self._notify(self.done)
+
+    def _notify(self, message: StatusMessage) -> None:
+        """Every listener, each isolated: this runs inside the SDK's task that delivered the message."""
         for listener in tuple(self._status_listeners):
-            listener(self.done)
+            try:
+                listener(message)
+            except Exception:
+                self._listener_errors += 1
+                if any(failed is listener for failed in self._failed_listeners):
+                    continue
+                self._failed_listeners.append(listener)
+                logger.exception(
+                    "session %s: status listener %r raised on a %s status; the stream goes on (logged once per "
+                    "listener, counted in statistics().listener_errors)",
+                    self.info.id,
+                    listener,
+                    type(message).__name__,
+                )
 
     @property
     def ended(self) -> bool:
@@ -184,7 +215,8 @@ class LiveStream:
 
     def add_status_listener(self, listener: Callable[[StatusMessage], None]) -> None:
         """Call `listener` with every status message from now on (on the event loop; it must not block), and with
-        the `done` that stands for a connection that ended."""
+        the `done` that stands for a connection that ended. An exception it raises is logged once and counted
+        (`statistics().listener_errors`); the stream and the other listeners go on."""
         self._status_listeners.append(listener)
 
     def remove_status_listener(self, listener: Callable[[StatusMessage], None]) -> None:
@@ -277,14 +309,30 @@ class LiveStream:
             chunks=self._chunks,
             errors=len(self.errors),
             controls_sent=self._controls_sent,
+            listener_errors=self._listener_errors,
         )
 
     async def aclose(self) -> None:
+        """Close the link within `close_timeout` seconds, whatever its state: a link still closing then is
+        abandoned (logged), not waited for. A stream closed before its `done` reads `done` as closed by the
+        client. Idempotent."""
         link, self._link = self._link, None
-        if link is not None:
-            await link.aclose()
-        self._done_event.set()
-        self._frame_arrived.set()
+        try:
+            if link is not None:
+                try:
+                    async with asyncio.timeout(self._close_timeout):
+                        await link.aclose()
+                except TimeoutError:
+                    logger.warning(
+                        "session %s: the connection did not close within %g s; abandoned",
+                        self.info.id,
+                        self._close_timeout,
+                    )
+        finally:
+            if self.done is None:
+                self.done = DoneStatus("connection closed by the client")
+            self._done_event.set()
+            self._frame_arrived.set()
 
     async def __aenter__(self) -> LiveStream:
         return self
@@ -301,17 +349,18 @@ async def connect(
     livekit_token: str | None = None,
     frame_buffer: int = _FRAME_BUFFER,
     connect_timeout: float = _CONNECT_TIMEOUT_S,
+    close_timeout: float = _CLOSE_TIMEOUT_S,
 ) -> LiveStream:
     """Join a streaming session (`info` from `ServiceClient.wait_streaming`) over the transport its details name.
 
     `ice_addresses` (embedded): the host candidate addresses; "auto" picks `default_ice_addresses(service.url)`,
     None gathers on every interface but loopback. `livekit_token`: a token the caller minted for the identity it
     named in the create (`livekit.controller_identity`); by default the controller token of the details.
-    Raises `ConnectError`, or the `ApiError` of a refused offer."""
+    `close_timeout` bounds the stream's `aclose()`. Raises `ConnectError`, or the `ApiError` of a refused offer."""
     details = info.transport
     if details is None:
         raise ConnectError(f"session {info.id} has no join details (status {info.status})")
-    stream = LiveStream(info, frame_buffer=frame_buffer)
+    stream = LiveStream(info, frame_buffer=frame_buffer, close_timeout=close_timeout)
     kind = details.get("kind")
     link: Link
     if kind == "embedded":

@@ -275,6 +275,61 @@ async def test_a_stream_numbers_its_snapshots_and_keeps_the_newest_frames_when_i
     assert link.closed
 
 
+class WedgedLink(RecordingLink):
+    """A link whose close never finishes (a peer connection stuck in its DTLS teardown)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closing = asyncio.Event()
+
+    async def aclose(self) -> None:
+        self.closing.set()
+        await asyncio.Event().wait()
+
+
+async def test_a_raising_status_listener_is_logged_once_and_the_stream_and_other_listeners_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stream = LiveStream(_info())
+    stream.attach_link(RecordingLink())
+    seen: list[object] = []
+
+    def broken(message: object) -> None:
+        dict(message)  # type: ignore[call-overload]  # what a new user tried on a WarningStatus
+
+    stream.add_status_listener(broken)
+    stream.add_status_listener(seen.append)
+    for index in range(3):
+        stream.on_status(encode_status(ChunkStatus(index=index, applied_seq=0, keys=(), timings={})))
+    stream.on_status(encode_status(DoneStatus("closed")))
+    assert [type(message).__name__ for message in seen] == ["ChunkStatus"] * 3 + ["DoneStatus"]
+    assert stream.last_chunk is not None
+    assert stream.last_chunk.index == 2
+    assert stream.done == DoneStatus("closed")
+    assert stream.statistics().listener_errors == 4
+    logged = [record for record in caplog.records if "status listener" in record.getMessage()]
+    assert len(logged) == 1
+    assert logged[0].exc_info is not None
+
+
+async def test_aclose_returns_within_its_bound_when_the_link_is_wedged() -> None:
+    stream = LiveStream(_info(), close_timeout=0.2)
+    link = WedgedLink()
+    stream.attach_link(link)
+    started = asyncio.get_running_loop().time()
+    async with asyncio.timeout(5):
+        await stream.aclose()
+    assert link.closing.is_set()
+    assert asyncio.get_running_loop().time() - started < 2
+    assert stream.ended  # readers waiting on the stream stop waiting
+    assert await stream.next_frame() is None
+    async with asyncio.timeout(1):
+        assert (await stream.wait_done()).reason == "connection closed by the client"
+    await stream.aclose()  # idempotent
+    with pytest.raises(ValueError, match="close_timeout"):
+        LiveStream(_info(), close_timeout=0)
+
+
 def test_the_services_stream_base_makes_the_offset_exact_whatever_the_arrival_times() -> None:
     tracker = ChunkTracker()
     _play(tracker, [0.045] * 20)  # every frame a frame interval late: a fit alone would be a frame off
