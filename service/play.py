@@ -2,6 +2,7 @@
 
     lingstream play --url URL [--api-key K] --controls TRACE --out OUT.mp4 [--config JSON] [--image PATH]
                     [--tail S] [--livekit-room ROOM [--livekit-identity ID --livekit-token TOKEN]] [--report R.json]
+                    [--record]
 
 It is a headless client (`transport.client`): it creates a session, follows its queue position (printed), joins
 over the session's transport (embedded WebRTC or LiveKit), plays the trace as `control_state` snapshots, `prompt`
@@ -19,6 +20,11 @@ send, since which chunk applies a control is up to the service:
   generates nothing then).
 
 Entries are played in file order, each after the one before.
+
+`--record` creates the session recorded (the service needs LINGSTREAM_RECORDINGS_DIR) and, once it ended, saves the
+service's recording beside what the client received: `OUT.service.mp4` (what the service generated) and
+`OUT.service.controls.jsonl` (its control trace, which `lingstream generate --controls` replays), waiting up to
+`--wait` seconds while the service finishes the files (409 `recording_in_progress`).
 
 Figures (`PlayReport`): `frames`, `fps` (frames received over the span between the first and the last),
 `chunks`, `frames_dropped` (by the client's bounded frame buffer), `frames_repeated` (keep-warm repeats the service
@@ -55,7 +61,15 @@ from service.offline.clip import GenerationError, UsageError
 from service.offline.control_trace import TraceEntry, TraceError, parse_trace, read_trace_text
 from service.offline.mp4 import Mp4Writer, h264_encoder
 from transport.base import ChunkStatus, DoneStatus, StatusMessage
-from transport.client import ClientError, LiveStream, ReceivedFrame, ServiceClient, SessionInfo, connect
+from transport.client import (
+    ClientError,
+    LiveStream,
+    ReceivedFrame,
+    RecordingError,
+    ServiceClient,
+    SessionInfo,
+    connect,
+)
 
 __all__ = ["PhotonMeter", "PlayReport", "add_arguments", "main", "play", "wait_for_chunk"]
 
@@ -111,6 +125,8 @@ class PlayReport:
     controls_unseen: int
     done_reason: str | None
     errors: list[str]
+    recording: str | None = None  # --record: where the service's recording was saved
+    recording_controls: str | None = None
 
     def summary(self) -> str:
         fps = "-" if self.fps is None else f"{self.fps:.1f}"
@@ -250,6 +266,7 @@ async def play(
     tail_s: float = 2.0,
     wait_s: float = 10.0,
     progress: Callable[[str], None] | None = None,
+    record: bool = False,
 ) -> PlayReport:
     """Run one live session from `entries` and record it to `out`; see the module docstring. Raises the client's
     errors (`ClientError`) and `GenerationError` when no frame arrived."""
@@ -264,7 +281,7 @@ async def play(
         progress(f"session {info.id}: {info.status}{where}")
 
     async with ServiceClient(url, api_key=api_key) as service:
-        created = await service.create(config=config, image=image, livekit=livekit)
+        created = await service.create(config=config, image=image, livekit=livekit, record=record)
         show(created)
         try:
             info = await service.wait_streaming(created.id, on_update=show)
@@ -289,6 +306,7 @@ async def play(
             await asyncio.gather(reading, return_exceptions=True)
             written = recorder.close()
             await _cancel_quietly(service, info.id)
+        saved = await _save_recording(service, info.id, out, wait_s) if record else None
     seconds = time.monotonic() - started
     if recorder.frames == 0:
         raise GenerationError(f"session {info.id}: no frame arrived in {seconds:.1f} s")
@@ -317,7 +335,30 @@ async def play(
         controls_unseen=len(meter.pending),
         done_reason=None if stream.done is None else stream.done.reason,
         errors=[f"{error.code}: {error.message}" for error in stream.errors],
+        recording=None if saved is None else str(saved[0]),
+        recording_controls=None if saved is None else str(saved[1]),
     )
+
+
+def recording_paths(out: Path) -> tuple[Path, Path]:
+    """Where `--record` saves the service's recording and its control trace: beside `out`."""
+    return out.with_name(f"{out.stem}.service.mp4"), out.with_name(f"{out.stem}.service.controls.jsonl")
+
+
+async def _save_recording(service: ServiceClient, session_id: str, out: Path, wait_s: float) -> tuple[Path, Path]:
+    """The ended session's recording and trace, saved beside `out`; retried while the service finishes them."""
+    video, trace = recording_paths(out)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            await service.recording(session_id, video)
+            break
+        except RecordingError as exc:
+            if exc.code != "recording_in_progress" or time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.1)
+    await service.recording_controls(session_id, trace)
+    return video, trace
 
 
 async def _cancel_quietly(service: ServiceClient, session_id: str) -> None:
@@ -344,6 +385,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--livekit-identity", help="LiveKit: the identity that controls (with --livekit-token)")
     parser.add_argument("--livekit-token", help="LiveKit: a token for --livekit-identity in --livekit-room")
     parser.add_argument("--report", type=Path, help="also write the figures as JSON to this file")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="record the session on the service and save its recording beside --out (OUT.service.mp4 and "
+        "OUT.service.controls.jsonl)",
+    )
 
 
 def _options(args: argparse.Namespace) -> tuple[tuple[TraceEntry, ...], dict[str, Any], bytes | None, Any]:
@@ -413,6 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tail_s=args.tail,
                 wait_s=args.wait,
                 progress=progress,
+                record=args.record,
             )
         )
     except UsageError as exc:

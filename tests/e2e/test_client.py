@@ -47,6 +47,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         factory="tests.support.fakes.world:stepped_fake_workers",
         LINGSTREAM_API_KEYS=f"{KEY},{OTHER_KEY}",
         LINGSTREAM_HOST="127.0.0.1",
+        LINGSTREAM_RECORDINGS_DIR=str(workdir / "recordings"),
     ) as served:
         served.wait_until_ready()
         yield served
@@ -252,6 +253,29 @@ def test_play_drives_a_live_session_from_a_trace_and_records_it(service: Served,
     with _rest(service.url) as client:
         session = client.get(f"/v1/sessions/{report['session_id']}").json()
     assert (session["status"], session["reason"]) == ("closed", "client_stop")
+
+
+def test_play_record_saves_the_services_recording_beside_what_it_received(service: Served, tmp_path: Path) -> None:
+    run = _play(
+        service, tmp_path, '{"chunk": 0, "keys": ["w"]}\n{"chunk": 5, "keys": []}\n', "--tail", "0.5", "--record"
+    )
+    assert run.returncode == 0, run.stderr
+    report: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["recording"] == str(tmp_path / "out.service.mp4")
+    assert report["recording_controls"] == str(tmp_path / "out.service.controls.jsonl")
+    with av.open(report["recording"]) as clip:
+        generated = [frame.to_ndarray(format="rgb24") for frame in clip.decode(video=0)]
+    assert len(generated) >= 6  # every chunk the service generated, one frame each here
+    assert generated[0].shape == (8, 8, 3)
+    entries = [
+        json.loads(line) for line in Path(report["recording_controls"]).read_text().splitlines() if line[:1] == "{"
+    ]
+    assert entries[0]["chunk"] == 0
+    assert any(entry.get("keys") == ["w"] for entry in entries)
+    assert sorted(path.name for path in tmp_path.iterdir() if "service" in path.name) == [
+        "out.service.controls.jsonl",
+        "out.service.mp4",
+    ]
 
 
 def test_play_refuses_a_bad_trace_before_creating_anything(service: Served, tmp_path: Path) -> None:
