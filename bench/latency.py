@@ -362,9 +362,9 @@ def _summary(prefix: str, figures: dict[str, list[float]]) -> dict[str, float]:
 async def _livekit(quick: bool, trials: int, rng: random.Random) -> dict[str, float]:
     """The defaults through LiveKit, `livekit_` keys, then presses after idle with keep-warm off
     (`livekit_keepwarm_off_`); empty, with a note, where the private network cannot be made."""
-    from tests.support.livekit_stack import LiveKitStack, livekit_stack
+    from tests.support.livekit_stack import LiveKitStack, standin_stack
 
-    reason = LiveKitStack.skip_reason()
+    reason = LiveKitStack.skip_reason(standin=True)
     if reason is not None:
         print(f"latency: LiveKit part skipped ({reason})", file=sys.stderr)
         return {}
@@ -380,7 +380,7 @@ async def _livekit(quick: bool, trials: int, rng: random.Random) -> dict[str, fl
     for number, prefix in enumerate(rounds):
         extra = KEEPWARM_OFF if "keepwarm_off" in prefix else {}
         session_trials = trials if number == 0 else 0
-        with tempfile.TemporaryDirectory() as folder, livekit_stack(Path(folder), **settings, **extra) as stack:
+        with tempfile.TemporaryDirectory() as folder, standin_stack(Path(folder), **settings, **extra) as stack:
             async with async_playwright() as playwright:
                 browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                 try:

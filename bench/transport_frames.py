@@ -300,15 +300,15 @@ async def bench_livekit(seconds: float, warmup: float = 2.0) -> dict[str, float]
     except ImportError:
         print("livekit_fps_received: skipped (playwright is not installed)", file=sys.stderr)
         return {}
-    from tests.support.livekit_stack import LiveKitStack, livekit_stack
+    from tests.support.livekit_stack import LiveKitStack, standin_stack
 
-    reason = LiveKitStack.skip_reason()
+    reason = LiveKitStack.skip_reason(standin=True)
     if reason is not None or not _CHROMIUM_PRESENT:
         print(f"livekit_fps_received: skipped ({reason or f'no Chromium at {CHROMIUM}'})", file=sys.stderr)
         return {}
     # The loop's thread enters the namespace: the stand-in, the service and Chromium are all started from it.
     settings = {"LINGSTREAM_LOG_LEVEL": "WARNING", "LINGSTREAM_MAX_SESSIONS_PER_WORKER": "1"}
-    with tempfile.TemporaryDirectory() as folder, livekit_stack(Path(folder), **settings) as stack:
+    with tempfile.TemporaryDirectory() as folder, standin_stack(Path(folder), **settings) as stack:
         async with async_playwright() as playwright:
             browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:

@@ -221,3 +221,47 @@ def test_every_viewer_place_fits_the_room_and_the_next_viewer_is_refused_before_
         extra = TokenIssuer(stack.real.api_key, stack.real.api_secret).viewer(session["id"], room)
         over = _client("join", details["url"], extra.token)
         assert not over["joined"], over
+
+
+def test_sdk_peers_joining_and_leaving_under_load_never_take_the_replica_down(
+    stack: LiveKitStack, session: dict[str, Any]
+) -> None:
+    """The service's own use of the SDK (its participant, and the room events every join and leave brings it) under
+    a loaded machine while SDK peers join and leave the session's room over and over: the service process lives on,
+    the session streams throughout, and the replica takes a new session afterwards. (The abort once seen in a test
+    client, "v1 path not found (404), falling back to v0 path" then a panic in the Rust FFI, came from the stand-in's
+    v0-only signalling; a real server serves v1, and this churn takes that path.)"""
+    details = session["transport"]
+    with stack.client() as client:
+        viewers = [client.post(f"/v1/sessions/{session['id']}/viewers").json() for _ in range(VIEWERS)]
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)
+    ]  # load both cores alongside
+    try:
+        churners = [
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.support.livekit_client", "churn", v["url"], v["token"], "--times", "6"],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            for v in viewers
+        ]
+        reports = []
+        for churner in churners:
+            out, _ = churner.communicate(timeout=CLIENT_S * 2)
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert [report["joins"] for report in reports] == [6] * len(reports), reports
+    assert stack.process.poll() is None, stack.output()[-4000:]  # the replica is alive
+    with stack.client() as client:
+        assert client.get(f"/v1/sessions/{session['id']}").json()["status"] == "running"
+    report = _client("control", details["url"], details["token"])  # it still generates, is steered, then stops
+    assert report.get("error") is None, report
+    assert report["second_chunk"]["index"] > report["first_chunk"]["index"]
+    assert report["done"] == "closed"
+    assert "panic" not in stack.output()

@@ -11,6 +11,7 @@ Scenarios:
 - `foreign`: as a participant that may publish data but is not the controller: snapshots on the control topic,
   then which `chunk` statuses came in the next seconds (none may apply them).
 - `publish`: try to publish a video track for 3 s (`published`, or the `error`).
+- `churn`: join and leave again `--times` times, each with a fresh room (`joins`: how many joins succeeded).
 - `hold`: join, print `{"joined": true}` (or the report with the SDK's `error`) at once, stay in the room until
   stdin closes, then leave (for tests that need several participants in a room at the same time).
 
@@ -140,7 +141,24 @@ async def _publish(room: rtc.Room) -> dict[str, Any]:
         await source.aclose()
 
 
+async def _churn(url: str, token: str, times: int) -> dict[str, Any]:
+    joins, errors = 0, []
+    for _ in range(times):
+        room = rtc.Room()
+        try:
+            await room.connect(url, token, rtc.RoomOptions(auto_subscribe=True, connect_timeout=10.0))
+            joins += 1
+            await asyncio.sleep(0.3)  # long enough to subscribe to the service's track
+        except rtc.ConnectError as exc:
+            errors.append(exc.message)
+        finally:
+            await room.disconnect()
+    return {"scenario": "churn", "joined": joins > 0, "joins": joins, "errors": errors}
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
+    if args.scenario == "churn":
+        return await _churn(args.url, args.token, args.times)
     room = rtc.Room()
     statuses = _Statuses(args.topic_status)
     room.on("data_received", statuses.on_data)
@@ -173,7 +191,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("scenario", choices=["join", "control", "foreign", "publish", "hold"])
+    parser.add_argument("scenario", choices=["join", "control", "foreign", "publish", "hold", "churn"])
+    parser.add_argument("--times", type=int, default=5, help="churn: how many joins")
     parser.add_argument("url")
     parser.add_argument("token")
     parser.add_argument("--topic-control", default="lingstream.control")
