@@ -88,6 +88,7 @@ class LingBotFastDiT(nn.Module):
         token). Raises `ModelConfigError` when the group does not divide a latent frame's tokens."""
         frame_tokens = self._config.frame_tokens(latent_height, latent_width)
         check_parallel(self._config, self._parallel.world_size, frame_tokens)
+        self._rope.prepare(self.device)  # the RoPE tables on the device before any forward: none copies them
         return KVCache(
             self._config,
             cache,

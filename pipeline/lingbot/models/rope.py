@@ -7,6 +7,10 @@ as the reference does. The frame position is the latent frame index, bounded by 
 trained with (`DiTConfig.rope_frames`, 1024): a position outside it is refused here, so the cache must re-base
 first (see `cache.py`).
 
+The inverse frequencies are made on the CPU (float64, as the reference) and copied to a device once per model and
+device (`prepare`, which `LingBotFastDiT.new_cache` calls), so a forward copies nothing from the host: no host
+sync, and nothing that would keep a CUDA graph from capturing it.
+
 Because a rotation by `a` followed by one by `b` is one by `a + b`, keys already rotated and cached can be moved
 to other frame positions exactly (`shift_frames`): the scores `q . k` depend only on position differences.
 """
@@ -31,11 +35,21 @@ class Rope3D:
         self._frames = config.rope_frames
         self._split = config.rope_split
         self._inv_freq = tuple(_inverse_frequencies(part, config.rope_theta) for part in self._split)
+        self._on_device: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
     @property
     def frames(self) -> int:
         """Frame positions 0 .. frames - 1 exist."""
         return self._frames
+
+    def prepare(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The inverse frequencies on `device`, copied there on the first call for that device only (outside the
+        forwards: `LingBotFastDiT.new_cache`). Two threads racing here copy twice, harmlessly: the tables are equal."""
+        tables = self._on_device.get(device)
+        if tables is None:
+            tables = tuple(freq.to(device) for freq in self._inv_freq)
+            self._on_device[device] = tables
+        return tables
 
     def angles(self, first_frame: int, grid: tuple[int, int, int], device: torch.device) -> RopeAngles:
         """Angles for tokens laid out frame-major, then row, then column, starting at frame `first_frame`."""
@@ -47,7 +61,7 @@ class Rope3D:
             )
         if max(rows, cols) > self._frames:
             raise ModelContextExhaustedError(f"a {rows}x{cols} patch grid exceeds the RoPE table of {self._frames}")
-        f_freq, h_freq, w_freq = (freq.to(device) for freq in self._inv_freq)
+        f_freq, h_freq, w_freq = self.prepare(device)
         f_pos = torch.arange(first_frame, first_frame + frames, dtype=torch.float64, device=device)
         h_pos = torch.arange(rows, dtype=torch.float64, device=device)
         w_pos = torch.arange(cols, dtype=torch.float64, device=device)
@@ -62,7 +76,7 @@ class Rope3D:
     def shift_frames(self, x: torch.Tensor, frames: int) -> torch.Tensor:
         """`x` `[B, T, heads, head_dim]`, already rotated, moved by `frames` frame positions (may be negative)."""
         f_part = self._split[0]
-        theta = frames * self._inv_freq[0].to(x.device)
+        theta = frames * self.prepare(x.device)[0]
         ones = torch.ones_like(theta)
         cos = torch.cat([torch.cos(theta), ones.new_ones(x.shape[-1] // 2 - f_part // 2)]).float()
         sin = torch.cat([torch.sin(theta), ones.new_zeros(x.shape[-1] // 2 - f_part // 2)]).float()

@@ -91,6 +91,9 @@ def sample_chunk(
     seeded generator makes the session reproducible."""
     x = noise.float()
     batch = x.shape[0]
+    # One host-to-device copy for the chunk, none between its steps. Made on the CPU and moved with `.to`, so the
+    # workload counter sees the copy (`torch.tensor(..., device=...)` copies below the dispatcher, unseen).
+    renoise_sigmas = torch.tensor(schedule.renoise_sigmas, dtype=torch.float32).to(x.device)
     for step, t in enumerate(schedule.timesteps):
         velocity = predict(x, torch.full((batch,), float(t), dtype=torch.float32, device=x.device))
         sigma = schedule.x0_sigmas[step]
@@ -98,7 +101,7 @@ def sample_chunk(
         if step == len(schedule.timesteps) - 1:
             return x0
         fresh = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=torch.float32)
-        renoise = torch.tensor(schedule.renoise_sigmas[step], dtype=torch.float32, device=x0.device)
+        renoise = renoise_sigmas[step]
         x = (1 - renoise) * x0 + renoise * fresh
     raise AssertionError("unreachable: the schedule has at least one step")
 

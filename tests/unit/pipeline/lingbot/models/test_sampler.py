@@ -92,3 +92,17 @@ def test_denoising_is_reproducible_for_a_seed(tiny_model: LingBotFastDiT) -> Non
     assert torch.equal(results[0], results[1])
     assert results[0].dtype == torch.float32
     assert results[0].shape == chunk.noise.shape
+
+
+def test_the_sampler_copies_its_sigmas_to_the_device_once_per_chunk_not_per_step() -> None:
+    from pipeline.lingbot.models.workload import WorkloadCounter
+
+    def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+    counter = WorkloadCounter()
+    with torch.inference_mode(), counter:
+        sample_chunk(predict, torch.zeros(1, 16, 3, 4, 6, device="meta"), None)
+    assert len(FAST_SCHEDULE.renoise_sigmas) == 3
+    assert counter.workload().host_to_device == 1
+    assert counter.workload().syncs == 1
