@@ -68,6 +68,7 @@ __all__ = [
     "all_to_all_bytes",
     "calibration_forward",
     "chunk_workload",
+    "count_camera_modulation",
     "count_eviction",
     "count_forward",
     "effective_flops",
@@ -374,18 +375,46 @@ def count_forward(
     dtype: torch.dtype = torch.bfloat16,
     dit: LingBotFastDiT | None = None,
     ranks: int = 1,
+    camera_cached: bool = False,
 ) -> Workload:
     """One steady-state forward (window full, camera input, t = 999) of the DiT, built on `meta` unless `dit` is
     given (then on its device), as the module docstring says. With `ranks` > 1: rank 0's share of it under the
-    Ulysses layout (`parallel.py`), its collectives dispatched through a fake group."""
+    Ulysses layout (`parallel.py`), its collectives dispatched through a fake group. `camera_cached`: the forward
+    given the chunk's camera modulation, made before counting (`count_camera_modulation` counts it), as the
+    sampler's forwards are; otherwise given the Plücker map, computing the modulation itself."""
     model = dit if dit is not None else _meta_dit(config, dtype, ranks)
     with _group(model.parallel.world_size):
         kv, text, latents, control = _steady_state(model, width, height, cache)
         slot = kv.begin_chunk()
         timestep = torch.full((1,), 999.0, device=model.device)
         counter = WorkloadCounter()
-        with torch.inference_mode(), counter:
-            model(latents, timestep, text, kv, slot, control)
+        if camera_cached:
+            with torch.inference_mode():
+                camera = model.camera_modulation(control)
+            with torch.inference_mode(), counter:
+                model(latents, timestep, text, kv, slot, camera=camera)
+        else:
+            with torch.inference_mode(), counter:
+                model(latents, timestep, text, kv, slot, control)
+    return counter.workload()
+
+
+def count_camera_modulation(
+    config: DiTConfig = LINGBOT_FAST_14B,
+    *,
+    width: int = 832,
+    height: int = 480,
+    cache: CacheConfig = PUBLISHED_CACHE,
+    dtype: torch.dtype = torch.bfloat16,
+    dit: LingBotFastDiT | None = None,
+) -> Workload:
+    """A chunk's camera modulation (`LingBotFastDiT.camera_modulation`: the camera embedding and every block's
+    injector, scale and shift), made once per chunk since the camera cache; on `meta` unless `dit` is given."""
+    model = dit if dit is not None else _meta_dit(config, dtype)
+    control = _steady_state(model, width, height, cache)[3]
+    counter = WorkloadCounter()
+    with torch.inference_mode(), counter:
+        model.camera_modulation(control)
     return counter.workload()
 
 
