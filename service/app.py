@@ -13,6 +13,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -36,6 +37,7 @@ from service.errors import (
     public_message,
 )
 from service.http.auth import ApiKeyAuth
+from service.http.contract import add_components
 from service.http.docs import install_docs
 from service.http.middleware import BodyLimitMiddleware, StrictCORSMiddleware
 from service.http.page import install_page
@@ -142,6 +144,7 @@ def create_app(
         generate_unique_id_function=operation_id,
     )
     app.state.runtime = runtime
+    _add_contract_components(app)
     app.state.model_memory = memory.to_mapping() if memory is not None else None
     app.state.telemetry = telemetry
     app.state.transport = transport
@@ -230,3 +233,16 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, unexpected)
+
+
+def _add_contract_components(app: FastAPI) -> None:
+    """The document FastAPI builds from the routes, plus the contract's models (`service.http.contract`): the join
+    and viewer details the bodies point at, and the control protocol's status messages, which no route returns."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = add_components(build())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend its document

@@ -49,6 +49,7 @@ from service.errors import (
     error_body,
 )
 from service.http.auth import ApiKeyAuth
+from service.http.contract import VIEWER_DETAILS_SCHEMA
 from service.http.events import event_stream_response
 from service.http.schemas import (
     CreateSessionRequest,
@@ -412,10 +413,16 @@ async def answer_webrtc_offer(
 @v1_router.post(
     "/sessions/{session_id}/viewers",
     status_code=201,
-    response_model=dict[str, Any],
+    response_model=None,
     summary="Watch-only join details for one more viewer (LiveKit: a subscribe-only token; embedded: a viewer "
     "credential and the watch URL)",
-    responses=_errors(401, 404, 409, 429),
+    responses={
+        201: {
+            "description": "The viewer's details (`LiveKitViewer` or `EmbeddedViewer`, on `kind`).",
+            "content": {"application/json": {"schema": VIEWER_DETAILS_SCHEMA}},
+        },
+        **_errors(401, 404, 409, 429),
+    },
 )
 async def add_viewer(session_id: str, owner: Owner, runtime: Runtime, transport: ActiveTransport) -> dict[str, Any]:
     bind_session_id(session_id)

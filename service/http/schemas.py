@@ -7,12 +7,13 @@ The session body is built from a `SessionSnapshot`; nothing else in the service 
 from __future__ import annotations
 
 import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, WithJsonSchema
 
 from admission import KeyQuota
 from service.api_keys import key_id
+from service.http.contract import JOIN_DETAILS_SCHEMA
 from service.runtime.recordings import RecordingReport
 from service.runtime.records import DrainStatus
 from service.runtime.sessions import SessionSnapshot
@@ -140,7 +141,12 @@ class SessionBody(BaseModel):
     queue_position: int | None = Field(description="1 = next in line; null unless queued.")
     created_at: datetime.datetime
     updated_at: datetime.datetime
-    transport: dict[str, Any] | None = Field(description="Join details once attached; null without a transport.")
+    transport: Annotated[dict[str, Any] | None, WithJsonSchema({"anyOf": [JOIN_DETAILS_SCHEMA, {"type": "null"}]})] = (
+        Field(
+            description="Join details once attached (`LiveKitJoin` or `EmbeddedJoin`, on `kind`); null without a "
+            "transport."
+        )
+    )
     config: dict[str, Any] = Field(description="The resolved session configuration.")
     video: VideoBody
     error: ErrorDetail | None = Field(description="Set when status is failed.")
