@@ -17,18 +17,17 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import time
 import tomllib
 from functools import cache
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import httpx
 from livekit import api
 from livekit.protocol import models
+
+from tests.support.server_process import ServerProcess
 
 __all__ = [
     "API_KEY",
@@ -103,7 +102,7 @@ def _config(host: str, port: int, rtc_port: int, webhook_url: str | None, api_ke
     return "\n".join(lines) + "\n"
 
 
-class LiveKitServerProcess:
+class LiveKitServerProcess(ServerProcess):
     """`livekit-server --config …` on `host:port` (media on UDP and TCP `rtc_port` of the same address), output in
     `log`; started on construction and waited for (its HTTP root answers). `stop()` (or leaving the `with` block)
     sends SIGTERM and waits; the exit code is in `returncode`."""
@@ -132,38 +131,8 @@ class LiveKitServerProcess:
         config = log.with_suffix(".yaml")
         config.write_text(_config(host, port, rtc_port, webhook_url, api_key, api_secret), encoding="utf-8")
         env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LINGSTREAM_", "LIVEKIT_"))}
-        with log.open("wb") as sink:
-            self.process = subprocess.Popen(
-                [str(binary), "--config", str(config)], cwd=log.parent, env=env, stdout=sink, stderr=sink
-            )
-        self._client = httpx.Client(base_url=self.http, timeout=10.0)
-        self.returncode: int | None = None
-        self._wait_ready()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + _READY_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"livekit-server exited with {self.process.returncode}:\n{self.output()[-3000:]}")
-            try:
-                if self._client.get("/").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)  # polling another process against a deadline
-        self.stop()
-        raise RuntimeError(f"livekit-server was not ready in {_READY_S} s:\n{self.output()[-3000:]}")
+        command = [str(binary), "--config", str(config)]
+        self._launch("livekit-server", command, cwd=log.parent, env=env, ready_path="/", ready_s=_READY_S)
 
     # -- the RoomService, as any server-side client calls it (Twirp, protobuf, an admin token) ---------------------
 
@@ -224,14 +193,3 @@ class LiveKitServerProcess:
     def state(self) -> dict[str, Any]:
         """Rooms and their participants' identities, for failure messages."""
         return {name: sorted(self.participants(name)) for name in self.rooms()}
-
-    def stop(self, timeout: float = 20.0) -> int:
-        self._client.close()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            self.returncode = self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.returncode = self.process.wait()
-        return self.returncode

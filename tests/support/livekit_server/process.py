@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
-import httpx
 from livekit import api
+
+from tests.support.server_process import ServerProcess
 
 __all__ = ["API_KEY", "API_SECRET", "StandInProcess"]
 
@@ -27,7 +24,7 @@ _ROOT = Path(__file__).resolve().parents[3]
 _READY_S = 30.0
 
 
-class StandInProcess:
+class StandInProcess(ServerProcess):
     """`python -m tests.support.livekit_server` on `host:port`, output in `log`. `stop()` (or leaving the `with` block)
     sends SIGTERM and waits; the exit code is in `returncode`."""
 
@@ -57,36 +54,7 @@ class StandInProcess:
         command += ["--resume-window", str(resume_window), "--log-level", log_level]
         if webhook_url is not None:
             command += ["--webhook-url", webhook_url]
-        with log.open("wb") as sink:
-            self.process = subprocess.Popen(command, cwd=_ROOT, env=env, stdout=sink, stderr=sink)
-        self._client = httpx.Client(base_url=self.http, timeout=10.0)
-        self.returncode: int | None = None
-        self._wait_ready()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + _READY_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the stand-in exited with {self.process.returncode}:\n{self.output()[-3000:]}")
-            try:
-                if self._client.get("/_standin/state").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)  # polling another process against a deadline
-        self.stop()
-        raise RuntimeError(f"the stand-in was not ready in {_READY_S} s:\n{self.output()[-3000:]}")
+        self._launch("the stand-in", command, cwd=_ROOT, env=env, ready_path="/_standin/state", ready_s=_READY_S)
 
     # -- test controls --------------------------------------------------------------------------------------------
 
@@ -146,14 +114,3 @@ class StandInProcess:
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/protobuf"},
         )
         return response.status_code
-
-    def stop(self, timeout: float = 20.0) -> int:
-        self._client.close()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            self.returncode = self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.returncode = self.process.wait()
-        return self.returncode
