@@ -22,6 +22,7 @@ import pytest
 
 from tests.support.browser.chromium import BROWSER_SKIPS, launch_chromium
 from tests.support.browser.livekit_pages import (
+    open_pages,
     session_of,
     start,
     stop,
@@ -30,7 +31,6 @@ from tests.support.browser.pages import (
     best_shift,
     grab,
     hold_until_applied,
-    page_opener,
     reference_texture,
     start_session,
     wait_frames,
@@ -80,12 +80,7 @@ def open_page(browser: Browser, stack: LiveKitStack) -> Iterator[Callable[..., P
     """Opens the page (optionally at `path`, e.g. `/?watch=ID`) in a fresh context; at the end, cancels the
     sessions the pages started and checks for JavaScript errors."""
 
-    def cancel(sessions: list[str]) -> None:
-        with stack.client() as client:
-            for session in sessions:
-                client.delete(f"/v1/sessions/{session}", params={"mode": "cancel"})
-
-    with page_opener(browser, stack.url, cancel, timeout_ms=WAIT_MS) as opener:
+    with open_pages(browser, stack, timeout_ms=WAIT_MS) as opener:
         yield opener
 
 

@@ -27,6 +27,7 @@ import pytest
 from tests.support.browser.chromium import BROWSER_SKIPS, launch_chromium
 from tests.support.browser.livekit_pages import (
     one_more_chunk,
+    open_pages,
     reconnects,
     start,
     stop,
@@ -34,7 +35,6 @@ from tests.support.browser.livekit_pages import (
 )
 from tests.support.browser.pages import (
     grab,
-    page_opener,
     reference_texture,
 )
 from tests.support.livekit_stack import LiveKitStack, standin_stack
@@ -84,12 +84,7 @@ def open_page(browser: Browser, stack: LiveKitStack) -> Iterator[Callable[..., P
     """Opens the page (optionally at `path`, e.g. `/?watch=ID`) in a fresh context; at the end, cancels the
     sessions the pages started and checks for JavaScript errors."""
 
-    def cancel(sessions: list[str]) -> None:
-        with stack.client() as client:
-            for session in sessions:
-                client.delete(f"/v1/sessions/{session}", params={"mode": "cancel"})
-
-    with page_opener(browser, stack.url, cancel, timeout_ms=WAIT_MS) as opener:
+    with open_pages(browser, stack, timeout_ms=WAIT_MS) as opener:
         yield opener
 
 

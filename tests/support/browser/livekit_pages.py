@@ -5,18 +5,29 @@ first frame, read its join details, stop it, turn and settle, ask for one more c
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tests.support.browser.pages import SETTLED_JS, grab, start_session, wait_frames
+from tests.support.browser.pages import SETTLED_JS, grab, page_opener, start_session, wait_frames
 from tests.support.livekit_stack import LiveKitStack, metric
 
 if TYPE_CHECKING:  # playwright is a dev extra; the tests that use these skip without it
-    from playwright.sync_api import Page
+    from playwright.sync_api import Browser, Page
 
-__all__ = ["RECONNECTS", "one_more_chunk", "reconnects", "session_of", "start", "stop", "turned_and_settled"]
+__all__ = [
+    "RECONNECTS",
+    "one_more_chunk",
+    "open_pages",
+    "reconnects",
+    "session_of",
+    "start",
+    "stop",
+    "turned_and_settled",
+]
 
 RECONNECTS = "lingstream_transport_reconnects_total"
 
@@ -72,3 +83,18 @@ def one_more_chunk(page: Page, after: int) -> np.ndarray:
     page.evaluate(SETTLED_JS, 500)
     picture, _ = grab(page, wait=False)
     return picture
+
+
+@contextlib.contextmanager
+def open_pages(browser: Browser, stack: LiveKitStack, *, timeout_ms: int) -> Iterator[Callable[..., Page]]:
+    """`page_opener` on a LiveKit stack's service: at the end the sessions the pages started are cancelled over REST,
+    the contexts closed and every page checked for JavaScript errors (the `open_page` fixture of the LiveKit browser
+    modules)."""
+
+    def cancel(sessions: list[str]) -> None:
+        with stack.client() as client:
+            for session in sessions:
+                client.delete(f"/v1/sessions/{session}", params={"mode": "cancel"})
+
+    with page_opener(browser, stack.url, cancel, timeout_ms=timeout_ms) as opener:
+        yield opener
