@@ -176,6 +176,7 @@ class _Port:
         self.width = width
         self.height = height
         self.fps = FPS
+        self.state = "running"
 
     def push_control(self, message: ControlMessage) -> None:
         return None

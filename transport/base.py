@@ -163,6 +163,13 @@ class SessionPort(Protocol):
     @property
     def fps(self) -> float: ...
 
+    @property
+    def state(self) -> str:
+        """The session's lifecycle state now (`running`, `paused`, `draining`, ...: the REST API's names). Read after
+        `push_control` it is the state the message left the session in (a `Pause` → `paused`, a `Stop` →
+        `draining`): what a discrete command that expects an answer (a LiveKit RPC) returns."""
+        ...
+
     def push_control(self, message: ControlMessage) -> None:
         """Hand a decoded control message to the session (never blocks; stale snapshots are dropped). Raises
         `ControlRejectedError` for a message the session refuses in its state (e.g. `pause` while it drains); the

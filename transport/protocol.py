@@ -54,6 +54,7 @@ __all__ = [
     "InboxStatistics",
     "ProtocolError",
     "ProtocolErrorCode",
+    "control_type",
     "decode_control",
     "decode_status",
     "encode_control",
@@ -257,6 +258,23 @@ def encode_control(message: ControlMessage) -> bytes:
         case Stop():
             body = {"v": PROTOCOL_VERSION, "type": "stop"}
     return _dumps(body)
+
+
+def control_type(message: ControlMessage) -> str:
+    """The wire `type` of a client message (`control_state`, `prompt`, `reset_pose`, `pause`, `resume`, `stop`)."""
+    match message:
+        case ControlState():
+            return "control_state"
+        case SetPrompt():
+            return "prompt"
+        case ResetPose():
+            return "reset_pose"
+        case Pause():
+            return "pause"
+        case Resume():
+            return "resume"
+        case Stop():
+            return "stop"
 
 
 def error_status(error: ProtocolError) -> ErrorStatus:

@@ -77,6 +77,10 @@ class LiveSessionPort:
     def fps(self) -> float:
         return self._session.prepared.fps
 
+    @property
+    def state(self) -> str:
+        return self._session.state.value
+
     def push_control(self, message: ControlMessage) -> None:
         if isinstance(message, Stop):
             self._request_close(self._session, CloseMode.DRAIN, "client_stop")

@@ -1,7 +1,7 @@
 """The LiveKit transport: one room per session (or the caller's room), the service participant that publishes the
-video and takes control packets, tokens, the RoomService client, webhooks and room events, its config. Importing it
-never loads the `livekit.rtc` native library (loaded on first use, on the event loop), so it is safe before a
-fork."""
+video and takes control packets and RPC calls, tokens, the RoomService client, webhooks and room events, its
+config. Importing it never loads the `livekit.rtc` native library (loaded on first use, on the event loop), so it
+is safe before a fork."""
 
 from __future__ import annotations
 
@@ -18,16 +18,23 @@ from transport.livekit.room import (
     RoomConnectionState,
     RoomFactory,
     RoomJoinOptions,
+    RpcFailure,
+    RpcHandler,
     VideoPublishOptions,
 )
 from transport.livekit.rooms import ParticipantEntry, RoomAdmin, RoomConfig, RoomInfo, RoomManager
+from transport.livekit.rpc import NOT_CONTROLLER, RPC_ERROR_CODES, RPC_METHODS, ControlRpc, rpc_error_code
 from transport.livekit.tokens import IssuedToken, ParticipantRole, TokenIssuer, room_name_for
 from transport.livekit.transport import LiveKitTransport, LiveKitTransportStatistics
 from transport.livekit.webhooks import WebhookHandler
 
 __all__ = [
     "LIVEKIT_IDLE_FRAME_INTERVAL",
+    "NOT_CONTROLLER",
     "OVER_DISCONNECT_REASONS",
+    "RPC_ERROR_CODES",
+    "RPC_METHODS",
+    "ControlRpc",
     "ControllerPresence",
     "IssuedToken",
     "LiveKitBindingStatistics",
@@ -53,8 +60,11 @@ __all__ = [
     "RoomInfo",
     "RoomJoinOptions",
     "RoomManager",
+    "RpcFailure",
+    "RpcHandler",
     "TokenIssuer",
     "VideoPublishOptions",
     "WebhookHandler",
     "room_name_for",
+    "rpc_error_code",
 ]

@@ -2,7 +2,8 @@
 
 `LiveKitSessionBinding` joins the session's room as the service participant (auto-subscribe off), publishes one
 camera video track fed from the session's chunks through the frame pacer, takes control messages as data from the
-controller identity only, and publishes status messages on its own topic. It owns the reconnect rules:
+controller identity only (and the discrete commands as RPC methods too: `transport.livekit.rpc`), and publishes
+status messages on its own topic. It owns the reconnect rules:
 
 - the SDK resuming by itself (`reconnecting` → `reconnected`): generation goes on, nothing is republished; the
   participants the SDK drops and re-adds while it reconnects (a full reconnect re-joins the room) are not the
@@ -42,8 +43,10 @@ from transport.livekit.room import (
     RoomConnectionState,
     RoomFactory,
     RoomJoinOptions,
+    RpcFailure,
     VideoPublishOptions,
 )
+from transport.livekit.rpc import RPC_METHODS, ControlRpc
 from transport.livekit.tokens import ParticipantRole, TokenIssuer
 from transport.session.binding import BindingCore, BindingState, TransitionTable
 from transport.session.control import ControlStatistics
@@ -89,9 +92,10 @@ class ControllerPresence(enum.Enum):
 class LiveKitBindingStatistics:
     """`rejoins`: successful rejoins after a lost connection. `sdk_reconnects`: resumes the SDK did by itself.
     `data_foreign`: data packets on the control topic from someone other than the controller (ignored).
-    `data_other_topic`: data on other topics (ignored). `frames_captured`: frames handed to the video source;
-    `frames_unsent`: frames the pacer released while no room was connected. `tasks`: the binding's background
-    tasks running now (none once closed)."""
+    `data_other_topic`: data on other topics (ignored). `rpc_foreign`: RPC calls from someone other than the
+    controller (refused `not_controller`; the calls themselves are in `control.calls`). `frames_captured`: frames
+    handed to the video source; `frames_unsent`: frames the pacer released while no room was connected. `tasks`:
+    the binding's background tasks running now (none once closed)."""
 
     state: BindingState
     controller: ControllerPresence
@@ -102,6 +106,7 @@ class LiveKitBindingStatistics:
     controller_returns: int
     data_foreign: int
     data_other_topic: int
+    rpc_foreign: int
     frames_captured: int
     frames_unsent: int
     tasks: int
@@ -155,6 +160,7 @@ class LiveKitSessionBinding:
             on_grace_expired=self._grace_expired,
             reply_to=controller_identity,
         )
+        self._rpc = ControlRpc(self._core.intake, controller_identity)
         self._video_options = VideoPublishOptions(
             codec=config.codec, max_bitrate=config.max_bitrate, max_framerate=port.fps
         )
@@ -228,6 +234,7 @@ class LiveKitSessionBinding:
             raise RoomJoinError(exc.detail, self._room_name) from exc
         except Exception as exc:  # anything else the SDK raises is a failed join too (and worth a retry)
             raise RoomJoinError(f"{type(exc).__name__}: {exc}", self._room_name) from exc
+        self._register_rpc(room)
         video = room.create_video(self._config.track_name, self._port.width, self._port.height)
         self._video = video
         try:
@@ -408,6 +415,16 @@ class LiveKitSessionBinding:
             return
         self._core.intake.receive(payload)
 
+    def _register_rpc(self, room: Room) -> None:
+        """The control protocol's discrete commands as RPC methods of this connection (`transport.livekit.rpc`)."""
+        participant = room.local_participant
+        for method in RPC_METHODS:
+
+            def handler(caller: str, payload: str, method: str = method) -> str | RpcFailure:
+                return self._rpc.handle(method, caller, payload)
+
+            participant.register_rpc_method(method, handler)
+
     def _encode_status(self, message: StatusMessage) -> Outbound:
         return encode_outbound(
             message, max_bytes=self._config.status_max_bytes, lossy_max_bytes=self._config.lossy_max_bytes
@@ -459,6 +476,7 @@ class LiveKitSessionBinding:
             controller_returns=self._returns,
             data_foreign=self._data_foreign,
             data_other_topic=self._data_other_topic,
+            rpc_foreign=self._rpc.foreign_calls,
             frames_captured=core.frames_delivered,
             frames_unsent=core.frames_unsent,
             tasks=core.tasks,

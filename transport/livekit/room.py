@@ -36,6 +36,8 @@ __all__ = [
     "RoomEventName",
     "RoomFactory",
     "RoomJoinOptions",
+    "RpcFailure",
+    "RpcHandler",
     "VideoPublishOptions",
     "livekit_room_factory",
 ]
@@ -90,6 +92,21 @@ class VideoPublishOptions:
             raise TransportConfigError(f"max_framerate must be positive, got {self.max_framerate}")
 
 
+@dataclass(frozen=True, slots=True)
+class RpcFailure:
+    """How an RPC handler refuses a call: the caller's SDK raises `RpcError(code, message, data)`. `code` is ours
+    (not 1001-1999, which LiveKit reserves), `data` the stable string code (`transport.livekit.rpc`)."""
+
+    code: int
+    message: str
+    data: str | None = None
+
+
+RpcHandler = Callable[[str, str], "str | RpcFailure"]
+"""An RPC method's handler: `(caller_identity, payload)` → the response payload, or an `RpcFailure`. Plain and
+synchronous: it runs on the event loop and must not block."""
+
+
 class LocalVideo(Protocol):
     """A local video source and its track: frames in (RGB `[H, W, 3]` uint8), one track to publish."""
 
@@ -107,6 +124,10 @@ class LocalParticipantHandle(Protocol):
     async def publish_data(
         self, payload: bytes, *, reliable: bool, topic: str, destination_identities: Sequence[str] = ()
     ) -> None: ...
+
+    def register_rpc_method(self, method: str, handler: RpcHandler) -> None:
+        """Answer calls of `method` with `handler` (after `connect`; a new room registers again)."""
+        ...
 
 
 class Room(Protocol):
@@ -213,6 +234,18 @@ class _LiveKitParticipant:
             )
         except PublishDataError as exc:
             raise LinkLostError(f"data not published: {exc}") from exc
+
+    def register_rpc_method(self, method: str, handler: RpcHandler) -> None:
+        from livekit import rtc
+
+        # A plain function: the SDK awaits coroutine handlers under the caller's timeout, but ours never wait.
+        def invoke(call: rtc.RpcInvocationData) -> str:
+            answer = handler(call.caller_identity, call.payload)
+            if isinstance(answer, RpcFailure):
+                raise rtc.RpcError(answer.code, answer.message, answer.data)
+            return answer
+
+        self._participant.register_rpc_method(method, invoke)
 
 
 class LiveKitRoom:

@@ -15,7 +15,7 @@ from transport.session.binding import (
     EncodeStatus,
     TransitionTable,
 )
-from transport.session.control import ControlIntake, ControlStatistics
+from transport.session.control import CallAnswer, CallRefusal, ControlIntake, ControlStatistics
 from transport.session.outbox import Outbound, OutboxStatistics, StatusOutbox
 from transport.session.pacing import (
     FramePacer,
@@ -44,6 +44,8 @@ __all__ = [
     "BindingLifecycle",
     "BindingSettings",
     "BindingState",
+    "CallAnswer",
+    "CallRefusal",
     "ControlIntake",
     "ControlStatistics",
     "DeliverFrame",

@@ -7,6 +7,11 @@ snapshots and prompts (`ControlInbox`), holds prompts to a per-session rate (`pr
 encoding), and hands the rest to `SessionPort.push_control`; a message the session refuses in its state
 (`ControlRejectedError`, e.g. `pause` while it drains) is answered with an `error` carrying the session's code.
 Nothing a client sends can raise out of `receive`: every outcome is a counter in `statistics()`.
+
+`ControlIntake.call(data, kind)` is the same path for a discrete command that expects an answer (a LiveKit RPC,
+`transport.livekit.rpc`): the same decoding, rate and newest-wins rules, but the outcome is returned to the caller
+(`CallAnswer`: the session's state after it; `CallRefusal`: a stable code and a message) instead of being sent back
+as an `error` status, and so it is never rate-limited: each call gets exactly one answer.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from pipeline.bidirectional import SetPrompt
+from pipeline.bidirectional import ControlMessage, SetPrompt
 from pipeline.clock import Clock, MonotonicClock
 from transport.base import ErrorStatus, SessionPort, StatusMessage
 from transport.errors import ControlRejectedError
@@ -26,11 +31,11 @@ from transport.protocol import (
     InboxStatistics,
     ProtocolError,
     ProtocolErrorCode,
+    control_type,
     decode_control,
-    error_status,
 )
 
-__all__ = ["PROMPT_BURST", "PROMPT_RATE", "ControlIntake", "ControlStatistics"]
+__all__ = ["PROMPT_BURST", "PROMPT_RATE", "CallAnswer", "CallRefusal", "ControlIntake", "ControlStatistics"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +65,32 @@ class ControlStatistics:
     inbox: InboxStatistics
     prompts_rate_limited: int = 0
     refused: int = 0
+    calls: int = 0
+    """Discrete commands that expected an answer (`ControlIntake.call`, LiveKit RPC); their refusals are counted in
+    `rejected` / `refused` and `rejected_by_code` like those of messages."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallAnswer:
+    """A call's command was taken: `state` is the session's state after it (`paused` after a pause, `draining`
+    after a stop). `applied` is False for a prompt whose `seq` was not newer than the newest prompt taken (dropped
+    as stale or a duplicate, as on the packet path): nothing changed."""
+
+    state: str
+    applied: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CallRefusal:
+    """A call's command was refused: `code` is a stable code of the control protocol (`invalid_message`,
+    `rate_limited`, ...) or of the REST error table (`session_not_running`), `message` says why in a sentence."""
+
+    code: str
+    message: str
+
+
+_PUSH_FAILED = CallRefusal("session_not_running", "the session could not take it now")
+"""The session failed to take a message (not a refusal of its own): logged; a call is answered with it."""
 
 
 class _TokenBucket:
@@ -116,39 +147,58 @@ class ControlIntake:
         self._ignored = 0
         self._error_replies = 0
         self._error_replies_suppressed = 0
+        self._calls = 0
 
     def receive(self, data: bytes | str) -> None:
+        """Take one message from the client; a refusal is answered with an `error` status (rate-limited)."""
         self._received += 1
+        outcome = self._take(decode_control(data, max_bytes=self._max_bytes))
+        if isinstance(outcome, CallRefusal) and outcome is not _PUSH_FAILED:  # a push failure is logged, not told
+            self._send_error(outcome.code, ErrorStatus(code=outcome.code, message=outcome.message))
+
+    def call(self, data: bytes | str, kind: str) -> CallAnswer | CallRefusal:
+        """Take one discrete command that expects an answer: a message of wire type `kind` (`pause`, `prompt`,
+        ...; never `control_state`: key snapshots are continuous, they go as packets). Never raises, and nothing is
+        sent to the client: the answer is returned."""
+        self._calls += 1
         message = decode_control(data, max_bytes=self._max_bytes)
+        if not isinstance(message, ProtocolError) and (kind == "control_state" or control_type(message) != kind):
+            message = ProtocolError(
+                ProtocolErrorCode.INVALID_MESSAGE,
+                f"this call takes a {kind!r} message, not {control_type(message)!r}",
+            )
+        outcome = self._take(message)
+        if isinstance(outcome, CallRefusal) and outcome is not _PUSH_FAILED:
+            self._rejected[outcome.code] = self._rejected.get(outcome.code, 0) + 1
+        return outcome
+
+    def _take(self, message: ControlMessage | ProtocolError) -> CallAnswer | CallRefusal:
+        """The rules both paths share: bounds, the prompt rate, newest wins, the session's own refusal. Counts
+        everything but the refusal itself (each path counts and answers it its own way)."""
         if isinstance(message, ProtocolError):
-            self._reject(message)
-            return
+            return CallRefusal(str(message.code), message.message)
         if isinstance(message, SetPrompt) and not self._prompts.take():
             self._prompts_rate_limited += 1
-            self._reject(
-                ProtocolError(ProtocolErrorCode.RATE_LIMITED, "too many prompts; this one was dropped, send it again")
+            return CallRefusal(
+                str(ProtocolErrorCode.RATE_LIMITED), "too many prompts; this one was dropped, send it again"
             )
-            return
         if not self._inbox.accept(message):
-            return
+            return CallAnswer(self._port.state, applied=False)
         try:
             self._port.push_control(message)
         except ControlRejectedError as exc:
             self._refused += 1
-            self._send_error(exc.code, ErrorStatus(code=exc.code, message=str(exc)))
-            return
+            return CallRefusal(exc.code, str(exc))
         except Exception:
             self._push_failures += 1
             logger.warning("session %s refused a control message", self._port.session_id, exc_info=True)
-            return
+            return _PUSH_FAILED
         self._forwarded += 1
+        return CallAnswer(self._port.state)
 
     def ignore(self) -> None:
         """Count data that was not for the session (wrong sender, topic or channel)."""
         self._ignored += 1
-
-    def _reject(self, error: ProtocolError) -> None:
-        self._send_error(str(error.code), error_status(error))
 
     def _send_error(self, code: str, status: ErrorStatus) -> None:
         self._rejected[code] = self._rejected.get(code, 0) + 1
@@ -172,4 +222,5 @@ class ControlIntake:
             inbox=self._inbox.statistics(),
             prompts_rate_limited=self._prompts_rate_limited,
             refused=self._refused,
+            calls=self._calls,
         )

@@ -25,7 +25,15 @@ from google.protobuf.message import Message
 from livekit import api
 
 from transport.errors import RoomJoinError
-from transport.livekit.room import LocalVideo, RoomConnectionState, RoomEventName, RoomJoinOptions, VideoPublishOptions
+from transport.livekit.room import (
+    LocalVideo,
+    RoomConnectionState,
+    RoomEventName,
+    RoomJoinOptions,
+    RpcFailure,
+    RpcHandler,
+    VideoPublishOptions,
+)
 from transport.session.pacing import PacedFrame
 
 _WAIT = 10.0  # seconds a test waits for something that should happen at once
@@ -92,6 +100,11 @@ class FakeLocalParticipant:
             raise RuntimeError("data channel broken (scripted)")
         self._room.data.put_nowait(SentData(payload, reliable, topic, tuple(destination_identities)))
 
+    def register_rpc_method(self, method: str, handler: RpcHandler) -> None:
+        assert self._room.state is RoomConnectionState.CONNECTED, "register_rpc_method before connect"  # as the SDK
+        assert not inspect.iscoroutinefunction(handler), "an RPC handler of ours is a plain function"
+        self._room.rpc_methods[method] = handler
+
 
 class FakeRoom:
     """One scripted room connection (see module docstring)."""
@@ -110,6 +123,7 @@ class FakeRoom:
         self.identity = ""
         self.fail_publish = False
         self.fail_data = 0  # how many of the next publish_data calls fail
+        self.rpc_methods: dict[str, RpcHandler] = {}
 
     # Room protocol
     @property
@@ -168,6 +182,14 @@ class FakeRoom:
     def receive_data(self, payload: bytes | str, identity: str | None, topic: str = "lingstream.control") -> None:
         data = payload.encode() if isinstance(payload, str) else payload
         self.emit("data_received", data, identity, topic)
+
+    def call_rpc(self, method: str, caller: str, payload: str = "") -> str | RpcFailure:
+        """A participant calls `method` on us: the handler's answer, or the SDK's `UNSUPPORTED_METHOD` (1400) as a
+        failure when nothing is registered under that name."""
+        handler = self.rpc_methods.get(method)
+        if handler is None:
+            return RpcFailure(1400, "Method not supported at destination")
+        return handler(caller, payload)
 
     def sdk_reconnecting(self) -> None:
         self.state = RoomConnectionState.RECONNECTING

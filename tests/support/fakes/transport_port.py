@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.bidirectional import ChunkItem, ChunkOutput, ChunkPart, ControlMessage
+from pipeline.bidirectional import ChunkItem, ChunkOutput, ChunkPart, ControlMessage, Pause, Resume, Stop
 from transport.base import CallerRoom, StatusMessage
 from transport.errors import ControlRejectedError
 
@@ -85,6 +85,8 @@ class FakeSessionPort:
         self.refuse_control = False
         self.reject_control: ControlRejectedError | None = None
         """When set, `push_control` raises it (the service's port refusing a message in the session's state)."""
+        self.state = "running"
+        """The session's state (`SessionPort.state`); `Pause`, `Resume` and `Stop` move it as the service's would."""
 
     @property
     def session_id(self) -> str:
@@ -112,6 +114,13 @@ class FakeSessionPort:
         if self.reject_control is not None:
             raise self.reject_control
         self.controls.append(message)
+        match message:
+            case Pause():
+                self.state = "paused"
+            case Resume():
+                self.state = "running"
+            case Stop():
+                self.state = "draining"
         self._control_changed.set()
 
     async def wait_controls(self, count: int) -> list[ControlMessage]:

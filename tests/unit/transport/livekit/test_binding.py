@@ -19,6 +19,7 @@ from transport.errors import ControlRejectedError, RoomJoinError
 from transport.livekit.binding import BindingState, ControllerPresence, LiveKitSessionBinding
 from transport.livekit.config import LiveKitConfig
 from transport.livekit.events import ParticipantJoined, ParticipantLeft, RoomFinished
+from transport.livekit.room import RpcFailure
 from transport.livekit.tokens import IssuedToken, ParticipantRole, TokenIssuer
 
 KEY, SECRET = "devkey", "secret-that-is-long-enough-for-hs256-0123456789"
@@ -201,6 +202,38 @@ async def test_prompts_and_pause_travel_as_livekit_data_and_a_refusal_comes_back
         assert sent.destinations == (h.controller,)
         codes.append(json.loads(sent.payload)["code"])
     assert codes == ["session_not_running", "prompt_too_large"]
+
+
+async def test_discrete_commands_are_rpc_methods_answered_to_the_controller_only(h: Harness) -> None:
+    assert sorted(h.room.rpc_methods) == [
+        "lingstream.pause",
+        "lingstream.prompt",
+        "lingstream.reset_pose",
+        "lingstream.resume",
+        "lingstream.stop",
+    ]
+    answer = h.room.call_rpc("lingstream.pause", h.controller)
+    assert isinstance(answer, str)
+    assert json.loads(answer) == {"v": 1, "ok": True, "state": "paused", "applied": True}
+    refused = h.room.call_rpc("lingstream.resume", "agent-1")
+    assert isinstance(refused, RpcFailure)
+    assert refused.data == "not_controller"
+    assert h.port.controls == [Pause()]
+    stats = h.binding.statistics()
+    assert (stats.rpc_foreign, stats.control.calls) == (1, 1)
+    assert h.room.data.empty()  # an answer is the call's, never a status packet
+
+
+async def test_rpc_methods_are_registered_again_on_a_rejoined_room(h: Harness) -> None:
+    first = h.room
+    h.room.participant_joins(h.controller)
+    h.room.drop("SIGNAL_CLOSE")
+    await h.factory.wait_publishes(2)
+    assert h.room is not first
+    answer = h.room.call_rpc("lingstream.stop", h.controller)
+    assert isinstance(answer, str)
+    assert json.loads(answer)["state"] == "draining"
+    assert h.port.controls == [Stop()]
 
 
 async def test_data_from_anyone_else_or_on_another_topic_is_ignored(h: Harness) -> None:
