@@ -43,7 +43,7 @@ from service.http.middleware import BodyLimitMiddleware, StrictCORSMiddleware
 from service.http.page import install_page
 from service.http.routes import describe_validation_errors, health_router, internal_router, operation_id, v1_router
 from service.runtime.recordings import WriterFactory
-from service.runtime.runtime import RuntimeTuning, ServiceRuntime
+from service.runtime.runtime import RuntimeTuning, ServiceRuntime, SessionEvents
 from service.scaleout.backend import RedisAdmissionBackend
 from service.settings import Settings
 from service.telemetry.otel import Telemetry, TelemetryMiddleware
@@ -78,13 +78,15 @@ def create_app(
     telemetry: Telemetry | None = None,
     recording_writer: WriterFactory | None = None,
     timers: Timers | None = None,
+    events: SessionEvents | None = None,
 ) -> FastAPI:
     """The application for `settings`. `worker_factory` replaces `build_workers` (tests inject fakes); `transport`
     None means no transport (session bodies carry `transport: null`); `clock` is the admission clock (tests inject
     a fake); `tuning` shortens the runtime's waits (tests); `telemetry` defaults to one configured from the OTEL_*
     environment variables (the app shuts it down at the end of its lifespan); `recording_writer` replaces the MP4
     writer of recordings (tests inject failing ones); `timers` runs the sessions' deadlines (time limits, the
-    longest pause; tests inject fake timers)."""
+    longest pause; tests inject fake timers); `events` is told of each session's webhook moments (tests inject a
+    recorder; default: the webhooks the settings configure, else nowhere)."""
     config = ServiceConfig.from_settings(settings)
     error_table()  # import the lazily-listed error classes now, not during the first failing request
     if telemetry is None:
@@ -105,6 +107,7 @@ def create_app(
             observer=telemetry.sessions,
             recording_writer=recording_writer,
             timers=timers,
+            events=events,
         )
     else:
         redis_url = settings.redis_url.get_secret_value() if settings.redis_url is not None else ""
@@ -118,6 +121,7 @@ def create_app(
             observer=telemetry.sessions,
             recording_writer=recording_writer,
             timers=timers,
+            events=events,
         )
     telemetry.instrument(runtime, workers, transport)
 

@@ -26,12 +26,12 @@ from service.runtime.health import WorkerHealth
 from service.runtime.limits import PAUSED_TOO_LONG, LimitsConfig, SessionDeadlines
 from service.runtime.pausing import set_paused
 from service.runtime.recordings import RecordingStore
-from service.runtime.records import RuntimeTuning, SessionObserver
+from service.runtime.records import NoEvents, RuntimeTuning, SessionEventKind, SessionEvents, SessionObserver
 from service.runtime.runner import RunnerCallbacks, SessionRunner
 from service.runtime.session_table import SessionTable
 from service.runtime.sessions import Session, SessionState
 from service.runtime.tasks import TaskSet
-from transport.base import Transport
+from transport.base import Transport, WarningStatus
 from transport.session.timers import Timers
 
 __all__ = ["NoObserver", "SessionConductor"]
@@ -75,8 +75,10 @@ class SessionConductor:
         tasks: TaskSet,
         drain_timeout_s: float,
         max_pause_s: float,
+        events: SessionEvents | None = None,
     ) -> None:
         self._table = table
+        self._events: SessionEvents = events if events is not None else NoEvents()
         self._backend = backend
         self._workers = workers
         self._observer = observer
@@ -102,7 +104,7 @@ class SessionConductor:
         self._deadlines = SessionDeadlines(
             LimitsConfig(max_pause_s=max_pause_s),
             timers,
-            on_warning=lambda session, status: session.warn(status),
+            on_warning=self._warn,
             on_expired=self._expired,
         )
 
@@ -119,6 +121,8 @@ class SessionConductor:
         kind = event.kind
         if kind in (AdmissionEventKind.QUEUED, AdmissionEventKind.POSITION_CHANGED):
             session.set_position(view.position)
+            if kind is AdmissionEventKind.QUEUED:
+                self._events.session_event(session, SessionEventKind.QUEUED)
         elif kind is AdmissionEventKind.ADMITTED:
             session.admitted(view.worker)
             logger.info("session %s admitted on worker %s", session.id, view.worker)
@@ -169,6 +173,7 @@ class SessionConductor:
         if not set_paused(session, worker, paused, max_pause_s=self._max_pause_s):
             return
         logger.info("session %s %s", session.id, "paused" if paused else "resumed")
+        self._events.session_event(session, SessionEventKind.PAUSED if paused else SessionEventKind.RESUMED)
         if paused:
             self._deadlines.paused(session)
             return
@@ -189,6 +194,11 @@ class SessionConductor:
         """A session reached its time limit, or stayed paused too long: it ends now, its slot goes back at once."""
         self.request_close(session, CloseMode.CANCEL, reason)
 
+    def _warn(self, session: Session, status: WarningStatus) -> None:
+        session.warn(status)
+        details = {"code": status.code, "message": status.message, "ends_in_s": status.ends_in_s}
+        self._events.session_event(session, SessionEventKind.WARNING, details)
+
     def _mark_service_draining(self, session: Session) -> None:
         session.mark_service_draining(
             f"the service is draining; the session ends within {self._drain_timeout_s:g} s",
@@ -205,17 +215,20 @@ class SessionConductor:
         """The runner moved the session to RUNNING: a service that drains (now, or since it was admitted) says so;
         its time limit starts."""
         self._deadlines.running(session)
+        self._events.session_event(session, SessionEventKind.RUNNING)
         if session.service_draining or self._draining:
             self._mark_service_draining(session)
 
     def _generated(self, session: Session, chunk: ChunkOutput) -> None:
         frames = chunk.frames.shape[0] if chunk.frames.ndim == 4 else 1
         self._backend.record_chunk(session, int(frames))
+        self._events.generated(session, int(frames))
 
     def ended(self, session: Session) -> None:
         """The session reached its final state (its runner finished it, or it left the queue)."""
         self._deadlines.ended(session)
         self._observer.session_ended(session)
+        self._events.session_event(session, SessionEventKind.ENDED)
         self._table.ended(session)
 
     async def wait_runners(self, deadline: float) -> None:

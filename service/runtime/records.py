@@ -4,7 +4,8 @@
 (/readyz), `DrainStatus` (GET /internal/drain) and `RuntimeStatistics` (/metrics) are the frozen answers the runtime
 gives; `AdmissionReport` is what its admission backend contributes to the statistics, and `SharedAdmissionStatistics`
 (with one `ReplicaStatistics` per replica) what a backend shared by several replicas knows of the whole deployment.
-`SessionObserver` is told about every session's life (`service.telemetry.sessions` implements it); `SnapshotStream` is
+`SessionObserver` is told about every session's life (`service.telemetry.sessions` implements it); `SessionEvents` is
+told of the moments integrators are told of by webhook (`service.webhooks` implements it); `SnapshotStream` is
 what an event stream reads. They live apart from the runtime so that what only reads them (schemas, metrics) need
 not import it; `service.runtime.runtime` re-exports the runtime's own.
 """
@@ -12,6 +13,7 @@ not import it; `service.runtime.runtime` re-exports the runtime's own.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -25,10 +27,13 @@ from service.usage.ledger import UsageTotals
 __all__ = [
     "AdmissionReport",
     "DrainStatus",
+    "NoEvents",
     "Readiness",
     "ReplicaStatistics",
     "RuntimeStatistics",
     "RuntimeTuning",
+    "SessionEventKind",
+    "SessionEvents",
     "SessionObserver",
     "SharedAdmissionStatistics",
     "SnapshotStream",
@@ -183,6 +188,57 @@ class SessionObserver(Protocol):
     def chunk(self, session: Session, chunk: ChunkOutput) -> None: ...
 
     def session_ended(self, session: Session) -> None: ...
+
+
+class SessionEventKind(enum.Enum):
+    """The moments of a session's life an integrator is told of (the webhook event `type`)."""
+
+    # It waits in the admission queue (a session admitted at once is never queued).
+    QUEUED = "session.queued"
+    # It generates and streams (once per session).
+    RUNNING = "session.running"
+    # A client paused it.
+    PAUSED = "session.paused"
+    # A client resumed it.
+    RESUMED = "session.resumed"
+    # It ends soon unless the client acts (its time limit, a pause that lasts too long).
+    WARNING = "session.warning"
+    # It reached its final state (closed, failed, expired or cancelled).
+    ENDED = "session.ended"
+    # Its recording is complete and can be downloaded.
+    RECORDING_READY = "recording.ready"
+    # Its recording stopped (the session went on).
+    RECORDING_FAILED = "recording.failed"
+
+
+class SessionEvents(Protocol):
+    """Told of each `SessionEventKind` moment of a session with a record here (`service.webhooks.WebhookEmitter`
+    implements it), by the replica that holds the session at that moment.
+
+    Like `SessionObserver`, every call is synchronous, on the event loop, cheap, and never raises nor waits: an
+    implementation that sends the event somewhere queues it (bounded) and sends it from a task of its own.
+    `details` are the kind's own facts (a warning's `code` and `ends_in_s`, a recording's figures); what the session
+    says of itself (state, reason, error, times) the implementation reads from `session`. `generated` counts the
+    frames of each chunk (the ended event reports them).
+    """
+
+    def session_event(
+        self, session: Session, kind: SessionEventKind, details: Mapping[str, object] | None = None
+    ) -> None: ...
+
+    def generated(self, session: Session, frames: int) -> None: ...
+
+
+class NoEvents:
+    """`SessionEvents` that go nowhere (the runtime's default: no webhooks configured)."""
+
+    def session_event(
+        self, session: Session, kind: SessionEventKind, details: Mapping[str, object] | None = None
+    ) -> None:
+        pass
+
+    def generated(self, session: Session, frames: int) -> None:
+        pass
 
 
 class SnapshotStream(Protocol):

@@ -52,6 +52,8 @@ from service.runtime.records import (
     Readiness,
     RuntimeStatistics,
     RuntimeTuning,
+    SessionEventKind,
+    SessionEvents,
     SessionObserver,
     SnapshotStream,
 )
@@ -69,6 +71,8 @@ __all__ = [
     "RuntimeStatistics",
     "RuntimeTuning",
     "ServiceRuntime",
+    "SessionEventKind",
+    "SessionEvents",
     "SessionObserver",
     "SnapshotStream",
 ]
@@ -87,7 +91,8 @@ class ServiceRuntime:
 
     `backend` is the session admission (`service.runtime.backend`); by default this instance's own, in memory, on
     `clock` (tests inject a fake one). A backend given here brings its own clock, and the runtime owns it from now
-    on: it starts and closes it. `timers` runs the sessions' deadlines (default: the event loop's).
+    on: it starts and closes it. `timers` runs the sessions' deadlines (default: the event loop's). `events` is told
+    of each session's webhook moments (`service.webhooks`; default: nowhere); the caller owns its life.
     """
 
     def __init__(
@@ -102,6 +107,7 @@ class ServiceRuntime:
         observer: SessionObserver | None = None,
         recording_writer: WriterFactory | None = None,
         timers: Timers | None = None,
+        events: SessionEvents | None = None,
     ) -> None:
         if len(workers) != config.admission.num_workers:
             raise SettingsError(
@@ -148,6 +154,7 @@ class ServiceRuntime:
             tasks=self._tasks,
             drain_timeout_s=config.drain_timeout,
             max_pause_s=config.max_pause,
+            events=events,
         )
         self._directory = SessionDirectory(
             table=self._table,

@@ -16,7 +16,7 @@ from admission import AdmissionController
 from service.app import create_app, runtime_of
 from service.runtime.memory_backend import MemoryAdmissionBackend
 from service.runtime.recordings import WriterFactory
-from service.runtime.runtime import RuntimeTuning, ServiceRuntime
+from service.runtime.runtime import RuntimeTuning, ServiceRuntime, SessionEvents
 from service.settings import load_settings
 from tests.support.fakes.clock import FakeClock
 from tests.support.fakes.world import FakeWorld
@@ -152,6 +152,7 @@ async def running_service(
     client: tuple[str, int] = ("127.0.0.1", 50000),
     recording_writer: WriterFactory | None = None,
     timers: Timers | None = None,
+    events: SessionEvents | None = None,
     **settings: Any,
 ) -> AsyncIterator[Harness]:
     """An app on fake workers with its lifespan running and the workers started; `settings` are overrides."""
@@ -170,6 +171,7 @@ async def running_service(
         tuning=tuning,
         recording_writer=recording_writer,
         timers=timers,
+        events=events,
     )
     async with app.router.lifespan_context(app):
         runtime = runtime_of(app)
