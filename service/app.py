@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
@@ -36,17 +37,20 @@ from service.errors import (
     lookup,
     public_message,
 )
-from service.http.auth import ApiKeyAuth
+from service.http.auth import ApiKeyAuth, Authenticator
+from service.http.bodies import describe_validation_errors
 from service.http.contract import add_components
 from service.http.docs import install_docs
 from service.http.middleware import BodyLimitMiddleware, StrictCORSMiddleware
 from service.http.page import install_page
-from service.http.routes import describe_validation_errors, health_router, internal_router, operation_id, v1_router
+from service.http.routes import health_router, internal_router, operation_id, v1_router
+from service.http.token_routes import tokens_router
 from service.runtime.recordings import WriterFactory
 from service.runtime.runtime import RuntimeTuning, ServiceRuntime, SessionEvents
 from service.scaleout.backend import RedisAdmissionBackend
 from service.settings import Settings
 from service.telemetry.otel import Telemetry, TelemetryMiddleware
+from service.tokens import MemoryTokenStore, TokenCodec, TokenPolicy, TokenStore
 from service.workers import build_workers, model_memory
 from transport.base import Transport
 from transport.errors import TransportError
@@ -79,6 +83,7 @@ def create_app(
     recording_writer: WriterFactory | None = None,
     timers: Timers | None = None,
     events: SessionEvents | None = None,
+    wall_clock: Callable[[], float] | None = None,
 ) -> FastAPI:
     """The application for `settings`. `worker_factory` replaces `build_workers` (tests inject fakes); `transport`
     None means no transport (session bodies carry `transport: null`); `clock` is the admission clock (tests inject
@@ -86,7 +91,8 @@ def create_app(
     environment variables (the app shuts it down at the end of its lifespan); `recording_writer` replaces the MP4
     writer of recordings (tests inject failing ones); `timers` runs the sessions' deadlines (time limits, the
     longest pause; tests inject fake timers); `events` is told of each session's webhook moments (tests inject a
-    recorder; default: the webhooks the settings configure, else nowhere)."""
+    recorder; default: the webhooks the settings configure, else nowhere); `wall_clock` is the time tokens are
+    minted and checked on (Unix seconds; tests move it)."""
     config = ServiceConfig.from_settings(settings)
     error_table()  # import the lazily-listed error classes now, not during the first failing request
     if telemetry is None:
@@ -124,6 +130,7 @@ def create_app(
             events=events,
         )
     telemetry.instrument(runtime, workers, transport)
+    authenticator = _authenticator(settings, config, wall_clock or time.time)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -135,6 +142,7 @@ def create_app(
             try:
                 await runtime.aclose()
             finally:
+                await authenticator.store.aclose()
                 await telemetry.aclose()
 
     app = FastAPI(
@@ -152,9 +160,10 @@ def create_app(
     app.state.model_memory = memory.to_mapping() if memory is not None else None
     app.state.telemetry = telemetry
     app.state.transport = transport
-    app.state.auth = ApiKeyAuth(config.api_key_digests)
+    app.state.authenticator = authenticator
     _install_error_handlers(app)
     app.include_router(v1_router)
+    app.include_router(tokens_router)
     # `/metrics`: every instrument, through the OpenTelemetry Prometheus exporter on this app's own registry.
     app.add_api_route(
         "/metrics",
@@ -166,7 +175,13 @@ def create_app(
     )
     app.include_router(health_router)
     app.include_router(internal_router)
-    install_page(app, transport=transport, vendor_dir=settings.web_vendor_dir, api_keys=bool(config.api_key_digests))
+    install_page(
+        app,
+        transport=transport,
+        vendor_dir=settings.web_vendor_dir,
+        api_keys=bool(config.api_key_digests),
+        token_url=settings.page_token_url,
+    )
     install_docs(app, vendor_dir=settings.docs_vendor_dir, openapi_url=app.openapi_url)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.limits.max_request_bytes)
     if config.cors_origins:
@@ -181,6 +196,27 @@ def create_app(
         )
     app.add_middleware(TelemetryMiddleware, telemetry=telemetry)  # added last: outermost, so every answer counts
     return app
+
+
+def _authenticator(settings: Settings, config: ServiceConfig, wall_clock: Callable[[], float]) -> Authenticator:
+    """API keys, and tokens when LINGSTREAM_TOKEN_SECRET is set: their creates counted and shares revoked in this
+    process, or in Redis with the redis backend (every replica sees them)."""
+    codec = TokenCodec(settings.token_secrets, clock=wall_clock) if settings.token_secrets else None
+    store: TokenStore = MemoryTokenStore(clock=wall_clock)
+    if codec is not None and config.shared_admission is not None and settings.redis_url is not None:
+        from service.tokens.redis_store import RedisTokenStore  # Redis only with the redis backend
+
+        store = RedisTokenStore(settings.redis_url.get_secret_value())
+    policy = TokenPolicy(reconnect_grace_s=settings.reconnect_grace, queue_timeout_s=settings.queue_timeout)
+    if codec is not None:
+        logger.info(
+            "tokens: on (%d secret(s) accepted, creates counted %s)", len(settings.token_secrets), _where(store)
+        )
+    return Authenticator(ApiKeyAuth(config.api_key_digests), codec, store, policy)
+
+
+def _where(store: TokenStore) -> str:
+    return "in this process" if isinstance(store, MemoryTokenStore) else "in Redis, on every replica"
 
 
 def _ids(settings: Settings) -> str:

@@ -9,6 +9,19 @@
     ├── ImageTooLargeError           413 image_too_large         the image exceeds MAX_IMAGE_BYTES or MAX_IMAGE_PIXELS
     ├── UnsupportedMediaTypeError    415 unsupported_media_type  not JSON, or an image format that cannot be read
     ├── UnauthorizedError            401 unauthorized            no or an unknown bearer key
+    │   ├── TokenInvalidError        401 token_invalid           a client, session or watch token that is
+    │   │                                                       malformed, forged, signed with an unknown secret,
+    │   │                                                       or issued by a key no longer configured
+    │   ├── TokenExpiredError        401 token_expired           a genuine token past its time (or its session's)
+    │   └── TokenRevokedError        401 token_revoked           a share link's watch token revoked by its owner
+    ├── TokenScopeError              403 token_scope             a token used for what its kind does not allow (a
+    │                                                           session token listing sessions, minting tokens...)
+    ├── OriginNotAllowedError        403 origin_not_allowed      a token bound to origins, used from another Origin
+    ├── TokenBoundsError             403 token_bounds            a create asking for more than its client token
+    │                                                           allows (max_seconds, record)
+    ├── TokenExhaustedError          403 token_exhausted         a client token that made its N sessions already
+    ├── TokensNotConfiguredError     404 tokens_not_configured   tokens asked for without LINGSTREAM_TOKEN_SECRET (the
+    │                                                           capability is not there, as TransportFeatureError)
     ├── ForbiddenError               403 forbidden               an internal endpoint called from off the host
     ├── SessionNotFoundError         404 session_not_found       no such session for this key
     ├── TransportFeatureError        404 not_found               a transport route whose capability the active
@@ -65,6 +78,7 @@ __all__ = [
     "MaxSecondsTooLargeError",
     "NotReadyError",
     "NotTicketOwnerError",
+    "OriginNotAllowedError",
     "PayloadTooLargeError",
     "PromptTooLargeError",
     "QueueFullError",
@@ -82,6 +96,13 @@ __all__ = [
     "SessionStartError",
     "SessionTransitionError",
     "SettingsError",
+    "TokenBoundsError",
+    "TokenExhaustedError",
+    "TokenExpiredError",
+    "TokenInvalidError",
+    "TokenRevokedError",
+    "TokenScopeError",
+    "TokensNotConfiguredError",
     "TransportFeatureError",
     "UnauthorizedError",
     "UnsupportedMediaTypeError",
@@ -129,6 +150,42 @@ class UnsupportedMediaTypeError(ServiceError):
 
 class UnauthorizedError(ServiceError):
     """API keys are configured and the request has no valid `Authorization: Bearer <key>` header."""
+
+
+class TokenInvalidError(UnauthorizedError):
+    """A bearer value that is not an API key was read as a token and refused: malformed, a bad signature, a secret
+    (`kid`) this deployment does not know, or issued by an API key that is no longer configured."""
+
+
+class TokenExpiredError(UnauthorizedError):
+    """A genuine token whose time has passed: a client token's TTL, or a session token's session (ended longer
+    ago than the reconnect grace)."""
+
+
+class TokenRevokedError(UnauthorizedError):
+    """A share link's watch token whose share was revoked (`DELETE /v1/sessions/{id}/viewers/{share_id}`)."""
+
+
+class TokenScopeError(ServiceError):
+    """A token used for something its kind does not allow: a session or watch token on a route of the key (list,
+    usage, client tokens), a watch token that would steer or end its session, a client token on a session route."""
+
+
+class OriginNotAllowedError(ServiceError):
+    """A token bound to `origins` was presented with an `Origin` header not among them (or, for a create, with
+    none)."""
+
+
+class TokenBoundsError(ServiceError):
+    """A create made with a client token asks for more than the token allows (`max_seconds`, `record`)."""
+
+
+class TokenExhaustedError(ServiceError):
+    """A client token has made as many sessions as it allows (`max_creates`, counted on every replica)."""
+
+
+class TokensNotConfiguredError(ServiceError):
+    """Client tokens or share links were asked for, but the deployment has no `LINGSTREAM_TOKEN_SECRET`."""
 
 
 class ForbiddenError(ServiceError):
@@ -284,6 +341,14 @@ _BASE_TABLE: Mapping[type[BaseException], ErrorSpec] = {
     ImageTooLargeError: ErrorSpec(413, "image_too_large"),
     UnsupportedMediaTypeError: ErrorSpec(415, "unsupported_media_type"),
     UnauthorizedError: ErrorSpec(401, "unauthorized"),
+    TokenInvalidError: ErrorSpec(401, "token_invalid"),
+    TokenExpiredError: ErrorSpec(401, "token_expired"),
+    TokenRevokedError: ErrorSpec(401, "token_revoked"),
+    TokenScopeError: ErrorSpec(403, "token_scope"),
+    OriginNotAllowedError: ErrorSpec(403, "origin_not_allowed"),
+    TokenBoundsError: ErrorSpec(403, "token_bounds"),
+    TokenExhaustedError: ErrorSpec(403, "token_exhausted"),
+    TokensNotConfiguredError: ErrorSpec(404, "tokens_not_configured"),
     ForbiddenError: ErrorSpec(403, "forbidden"),
     SessionNotFoundError: _NOT_FOUND,
     QueueFullError: ErrorSpec(429, "queue_full"),

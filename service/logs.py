@@ -6,6 +6,11 @@ handler by `configure_logging`, copies it onto every record as `record.session_i
 be found, including lines from the admission and pipeline packages that know nothing about it. The same filter
 copies the active OpenTelemetry span's `trace_id` and `span_id` (hex), so a JSON line leads to its trace: a
 request's span inside a handler, the session's span inside the session's own tasks (see `service.telemetry.otel`).
+
+`TokenRedactionFilter`, installed beside it, keeps tokens out of every line: uvicorn's access log writes each
+request's path with its query, and a share link (`/?watch=…&token=…`) or a browser's event stream
+(`…/events?access_token=…`) carries a token there; the filter replaces the values of `token` and `access_token`
+and anything shaped like a JWT (client, session, watch and LiveKit tokens) with `[redacted]`.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import contextvars
 import datetime
 import json
 import logging
+import re
 import sys
 from collections.abc import Iterator
 
@@ -23,9 +29,11 @@ from opentelemetry import trace
 __all__ = [
     "JsonFormatter",
     "SessionIdFilter",
+    "TokenRedactionFilter",
     "bind_session_id",
     "configure_logging",
     "current_session_id",
+    "redact_tokens",
     "session_context",
 ]
 
@@ -68,6 +76,31 @@ class SessionIdFilter(logging.Filter):
         return True
 
 
+_TOKEN_PARAMETER = re.compile(r"((?:^|[?&])(?:access_token|token)=)[^&\s\"']*")
+_JWT = re.compile(r"eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{4,}")
+_REDACTED = "[redacted]"
+
+
+def redact_tokens(text: str) -> str:
+    """`text` with the values of `token=` / `access_token=` query parameters and JWT-shaped strings replaced."""
+    if "token=" in text:
+        text = _TOKEN_PARAMETER.sub(lambda match: match.group(1) + _REDACTED, text)
+    if "eyJ" in text:
+        text = _JWT.sub(_REDACTED, text)
+    return text
+
+
+class TokenRedactionFilter(logging.Filter):
+    """Replaces tokens in a record's message and string arguments (see the module docstring); never drops one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact_tokens(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_tokens(arg) if isinstance(arg, str) else arg for arg in record.args)
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time (UTC, ISO 8601), level, logger, message, session_id, trace_id and span_id
     (when set by `SessionIdFilter`), and the traceback."""
@@ -95,6 +128,7 @@ def configure_logging(log_format: str, level: str) -> None:
     """Send every logger (uvicorn's included) to one stderr handler in `log_format` ("text" or "json")."""
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(SessionIdFilter())
+    handler.addFilter(TokenRedactionFilter())
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(_TEXT_FORMAT))
     root = logging.getLogger()
     for existing in list(root.handlers):

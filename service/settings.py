@@ -11,7 +11,8 @@ where they act, not here: the CLI's test hooks, telemetry's `OTEL_*`, the alloca
 `lingstream generate`'s model defaults.)
 
 The three LiveKit variables keep their standard names without the prefix (`LIVEKIT_URL`, `LIVEKIT_API_KEY`,
-`LIVEKIT_API_SECRET`). Secrets (`API_KEYS`, `REDIS_URL`, `LIVEKIT_API_SECRET`) are `SecretStr`: they never appear
+`LIVEKIT_API_SECRET`). Secrets (`API_KEYS`, `REDIS_URL`, `LIVEKIT_API_SECRET`, `TOKEN_SECRET`,
+`TOKEN_SECRET_PREVIOUS`) are `SecretStr`: they never appear
 in a repr, a log line or an error message.
 """
 
@@ -61,7 +62,8 @@ ENV_PREFIX = "LINGSTREAM_"
 _MIB = 1024 * 1024
 _LOOPBACK = "127.0.0.1"
 _ALL_INTERFACES = "0.0.0.0"
-_SECRET_FIELDS = frozenset({"api_keys", "redis_url", "livekit_api_secret"})
+_SECRET_FIELDS = frozenset({"api_keys", "redis_url", "livekit_api_secret", "token_secret", "token_secret_previous"})
+_MIN_TOKEN_SECRET_BYTES = 32
 _LIVEKIT_ALIASES = {
     "livekit_url": "LIVEKIT_URL",
     "livekit_api_key": "LIVEKIT_API_KEY",
@@ -241,6 +243,21 @@ class Settings(BaseSettings):
         description="Milliseconds a session's stream may go without a frame before the last one is sent again, and "
         "how often while it stays idle (keep-warm); 0: off; unset: 100 on LiveKit, off on the embedded transport.",
     )
+    token_secret: SecretStr | None = Field(
+        default=None,
+        description="The secret client, session and watch tokens are signed with (at least 32 bytes; the same on "
+        "every replica); unset: no tokens (POST /v1/client_tokens and share links answer 404 tokens_not_configured).",
+    )
+    token_secret_previous: SecretStr | None = Field(
+        default=None,
+        description="Comma-separated earlier token secrets still accepted (not used to sign): rotate by moving "
+        "TOKEN_SECRET here and setting a new one; drop it once the longest token's lifetime has passed.",
+    )
+    page_token_url: str | None = Field(
+        default=None,
+        description="A URL of the app's backend that the page asks for a client token (POST, the page's cookies "
+        "sent); set: the page never asks for an API key.",
+    )
     recordings_dir: Path | None = Field(
         default=None, description="Where sessions created with record=true are written; unset: recording is off."
     )
@@ -354,6 +371,31 @@ class Settings(BaseSettings):
             return {str(name).strip().lower(): entry for name, entry in value.items()}
         return value
 
+    @field_validator("token_secret", "token_secret_previous")
+    @classmethod
+    def _check_token_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        for secret in _split_keys(value):
+            if len(secret.encode()) < _MIN_TOKEN_SECRET_BYTES:
+                raise ValueError(
+                    f"a token secret must have at least {_MIN_TOKEN_SECRET_BYTES} bytes (e.g. `openssl rand -hex 32`)"
+                )
+        return value if _split_keys(value) else None
+
+    @field_validator("page_token_url")
+    @classmethod
+    def _check_page_token_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip()
+        parts = urlsplit(value)
+        if value.startswith("/") and not value.startswith("//"):
+            return value
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"must be a path on this host (/token) or an http(s):// URL, got {value!r}")
+        return value
+
     @field_validator("host")
     @classmethod
     def _check_host(cls, value: str | None) -> str | None:
@@ -417,6 +459,8 @@ class Settings(BaseSettings):
                 )
             if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
                 raise ValueError("LINGSTREAM_REDIS_URL must be a redis://, rediss:// or unix:// URL")
+        if self.token_secret is None and self.token_secret_previous is not None:
+            raise ValueError("LINGSTREAM_TOKEN_SECRET_PREVIOUS needs LINGSTREAM_TOKEN_SECRET (the secret that signs)")
         self._check_placement()
         self._check_quotas()
         self._check_model()
@@ -519,6 +563,15 @@ class Settings(BaseSettings):
     def api_key_list(self) -> tuple[str, ...]:
         """The configured API keys (secret: never log them)."""
         return _split_keys(self.api_keys)
+
+    @property
+    def token_secrets(self) -> tuple[str, ...]:
+        """The token secrets, the signing one first, then the earlier ones still accepted (secret: never log them);
+        empty without LINGSTREAM_TOKEN_SECRET."""
+        if self.token_secret is None:
+            return ()
+        previous = _split_keys(self.token_secret_previous) if self.token_secret_previous is not None else ()
+        return (self.token_secret.get_secret_value().strip(), *previous)
 
     @property
     def livekit_enabled(self) -> bool:

@@ -1,6 +1,7 @@
 """The typed contract of the OpenAPI document beyond the request and response bodies: the join details a session
-carries (`LiveKitJoin | EmbeddedJoin`, a union on `kind`), a viewer's details (`LiveKitViewer | EmbeddedViewer`),
-and every status message of control protocol v1 (docs/control-protocol.md), so a generated client types them.
+carries (`LiveKitJoin | EmbeddedJoin`, a union on `kind`), what the viewers route answers (`LiveKitViewer |
+EmbeddedViewer | ShareLink`), and every status message of control protocol v1 (docs/control-protocol.md), so a
+generated client types them.
 
 The models describe what the transports and `transport.protocol` already send; they do not make or check it. The
 bodies keep carrying the transports' mappings as they are (a model validated on the way out would turn a field a
@@ -28,6 +29,7 @@ __all__ = [
     "ErrorMessage",
     "LiveKitJoin",
     "LiveKitViewer",
+    "ShareLink",
     "StateMessage",
     "WarningMessage",
     "add_components",
@@ -87,6 +89,18 @@ class EmbeddedViewer(_Exact):
     expires_at: float = Field(description="Unused by then, the credential lapses and the place frees (Unix seconds).")
 
 
+class ShareLink(_Exact):
+    """A share link (`"share": true`): a watch page URL carrying a watch-only token (docs/integrate.md)."""
+
+    kind: Literal["share"]
+    share_id: str = Field(description="DELETE /v1/sessions/{id}/viewers/{share_id} revokes it, on every replica.")
+    watch_url: str = Field(description="The page watching the session, relative to the service's URL.")
+    watch_token: str = Field(
+        description="Watch-only: GET the session, its events, and POST .../viewers for one viewer's credential."
+    )
+    expires_at: float = Field(description="The latest it works (Unix seconds); the session's end ends it sooner.")
+
+
 class StateMessage(_Exact):
     """`state`: the session's state changed (and once on joining)."""
 
@@ -144,6 +158,7 @@ CONTRACT_MODELS: tuple[type[BaseModel], ...] = (
     EmbeddedJoin,
     LiveKitViewer,
     EmbeddedViewer,
+    ShareLink,
     StateMessage,
     ChunkMessage,
     WarningMessage,
@@ -152,16 +167,16 @@ CONTRACT_MODELS: tuple[type[BaseModel], ...] = (
 )
 
 
-def _union(livekit: type[BaseModel], embedded: type[BaseModel]) -> dict[str, Any]:
-    refs = {kind: _REF.format(model=model.__name__) for kind, model in (("livekit", livekit), ("embedded", embedded))}
+def _union(**models: type[BaseModel]) -> dict[str, Any]:
+    refs = {kind: _REF.format(model=model.__name__) for kind, model in models.items()}
     return {
         "oneOf": [{"$ref": ref} for ref in refs.values()],
         "discriminator": {"propertyName": "kind", "mapping": refs},
     }
 
 
-JOIN_DETAILS_SCHEMA = _union(LiveKitJoin, EmbeddedJoin)
-VIEWER_DETAILS_SCHEMA = _union(LiveKitViewer, EmbeddedViewer)
+JOIN_DETAILS_SCHEMA = _union(livekit=LiveKitJoin, embedded=EmbeddedJoin)
+VIEWER_DETAILS_SCHEMA = _union(livekit=LiveKitViewer, embedded=EmbeddedViewer, share=ShareLink)
 
 
 def add_components(document: dict[str, Any]) -> dict[str, Any]:

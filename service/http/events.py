@@ -23,12 +23,18 @@ __all__ = ["event_stream_response"]
 
 
 def event_stream_response(
-    runtime: ServiceRuntime, first: SessionSnapshot, subscription: SnapshotStream, keepalive: float
+    runtime: ServiceRuntime,
+    first: SessionSnapshot,
+    subscription: SnapshotStream,
+    keepalive: float,
+    *,
+    redact: bool = False,
 ) -> StreamingResponse:
-    """The streaming response of one client's event stream, from `first` on."""
+    """The streaming response of one client's event stream, from `first` on. `redact`: leave the join details out
+    (a share link's watcher must not read the controller's)."""
     return _EventStreamResponse(
         subscription,
-        _event_stream(runtime, first, subscription, keepalive),
+        _event_stream(runtime, first, subscription, keepalive, redact),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -58,11 +64,12 @@ async def _event_stream(
     first: SessionSnapshot,
     subscription: SnapshotStream,
     keepalive: float,
+    redact: bool,
 ) -> AsyncIterator[str]:
     """The SSE body. Ends after the terminal snapshot; closing it (client gone) unsubscribes at once."""
     with subscription:
         yield "retry: 3000\n\n"
-        yield _sse_event(first)
+        yield _sse_event(first, redact)
         last = first.sequence
         if first.terminal:
             return
@@ -80,11 +87,14 @@ async def _event_stream(
             if snapshot.sequence <= last:
                 continue
             last = snapshot.sequence
-            yield _sse_event(snapshot)
+            yield _sse_event(snapshot, redact)
             if snapshot.terminal:
                 return
 
 
-def _sse_event(snapshot: SessionSnapshot) -> str:
-    data = session_body(snapshot).model_dump_json()
+def _sse_event(snapshot: SessionSnapshot, redact: bool) -> str:
+    body = session_body(snapshot)
+    if redact:
+        body.transport = None
+    data = body.model_dump_json()
     return f"event: session\nid: {snapshot.sequence}\ndata: {data}\n\n"

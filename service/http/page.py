@@ -6,7 +6,9 @@ and nothing is fetched from a CDN at run time. The livekit-client bundle is serv
 set (the container images copy the npm package's `dist/` there), else from the checkout's
 `web/node_modules/livekit-client/dist/` when `scripts/setup.sh` installed it. Without either the page still works on
 the embedded transport and says that LiveKit is unavailable. None of these routes needs an API key: they serve the
-same static files to everyone (the page asks for a key when the API answers 401).
+same static files to everyone. The page creates with a client token when it has one (`?token=`, or from
+`token_url`, the app's own token endpoint: docs/integrate.md) and then uses the create's session token; it asks for
+an API key only without either, when the API answers 401. `?watch=<id>&token=<watch token>` is a share link.
 """
 
 from __future__ import annotations
@@ -46,8 +48,11 @@ def livekit_vendor_dir(configured: Path | None) -> Path | None:
     return None
 
 
-def install_page(app: FastAPI, *, transport: Transport | None, vendor_dir: Path | None, api_keys: bool) -> None:
-    """Add the page's routes to `app` (none of them in the OpenAPI document)."""
+def install_page(
+    app: FastAPI, *, transport: Transport | None, vendor_dir: Path | None, api_keys: bool, token_url: str | None = None
+) -> None:
+    """Add the page's routes to `app` (none of them in the OpenAPI document). `token_url`: where the page asks the
+    app's backend for a client token (`LINGSTREAM_PAGE_TOKEN_URL`); set, it never asks for an API key."""
     if not (WEB_DIR / "index.html").is_file():
         logger.warning("the page's files are not installed (%s): the service runs without its browser page", WEB_DIR)
         return
@@ -56,6 +61,7 @@ def install_page(app: FastAPI, *, transport: Transport | None, vendor_dir: Path 
         "transport": transport.kind if transport is not None else None,
         "livekit_client": f"{_VENDOR_PREFIX}/{LIVEKIT_BUNDLE}" if vendor is not None else None,
         "api_keys": api_keys,
+        "token_url": token_url,
     }
     if transport is not None and transport.kind == "livekit" and vendor is None:
         logger.warning("LiveKit is configured but no livekit-client bundle is available: the page cannot join")

@@ -12,8 +12,14 @@ The transport routes: `POST /v1/sessions/{id}/webrtc` (the embedded transport's 
 session to a new peer connection), `POST /v1/sessions/{id}/viewers` (one more viewer: LiveKit, a subscribe-only
 token; embedded, a viewer credential and the watch URL; 429 beyond `MAX_VIEWERS`), `POST /v1/sessions/{id}/watch`
 (the embedded transport's viewer offer, authenticated by the viewer credential instead of an API key) and
-`POST /v1/livekit/webhook` (LiveKit's signed webhooks: the signature is the authentication, no API key). Order for
-the session routes: API key → the session (404 for an unknown or another key's session) → the transport's
+`POST /v1/livekit/webhook` (LiveKit's signed webhooks: the signature is the authentication, no API key).
+
+Credentials (`service.http.access`): an API key, or a token (issue #35). A create takes a key or a client token
+(origin → body → the token's bounds → a create counted against the token, given back when the session takes no
+place); a session route takes a key, its session's session token, or for reading and viewers a share link's watch
+token (another session's token: 404 as for another key's session; a kind that may not: 403 `token_scope`); the list
+and usage take a key only. The token routes themselves are in `service.http.token_routes`. Order for the session
+routes: credential → the session (404 for an unknown or another key's session) → the transport's
 capability (`transport.base`: the routes ask the active transport for one, e.g. `IssuesViewers`, and name no transport
 class; 404 `not_found`, `TransportFeatureError`, when it lacks it; 409 for an offer while LiveKit is active) → the
 session's state (409 unless it streams) → the body (415/422) → the transport (422 for an offer it refuses). For the
@@ -29,32 +35,34 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ValidationError
+from fastapi.security import HTTPAuthorizationCredentials
+from pydantic import ValidationError
 
 from pipeline.bidirectional import CloseMode, check_prompt
 from service.errors import (
     ForbiddenError,
     InvalidRequestError,
+    OriginNotAllowedError,
     PromptTooLargeError,
     RecordingNotFoundError,
     SessionNotStreamingError,
+    TokenExhaustedError,
     TransportFeatureError,
     UnsupportedMediaTypeError,
     error_body,
 )
-from service.http.auth import ApiKeyAuth
+from service.http.access import AnyCaller, EventCaller, authenticator, bearer_scheme, session_access
+from service.http.bodies import describe_validation_errors, errors_of, is_json, json_body
 from service.http.contract import VIEWER_DETAILS_SCHEMA
 from service.http.events import event_stream_response
 from service.http.schemas import (
     CreateSessionRequest,
     DrainBody,
-    ErrorBody,
     HealthBody,
     SessionBody,
     SessionList,
@@ -66,10 +74,13 @@ from service.http.schemas import (
     session_body,
     usage_body,
 )
+from service.http.token_routes import share_link, within_grant
+from service.http.token_schemas import AddViewerRequest, CreatedSessionBody
 from service.logs import bind_session_id
 from service.runtime.images import decode_image
 from service.runtime.runtime import ServiceRuntime
 from service.runtime.sessions import SessionSnapshot, SessionState
+from service.tokens import ClientGrant, Need, origin_allowed
 from service.usage.query import parse_since
 from transport.base import (
     AnswersOffers,
@@ -85,21 +96,15 @@ from transport.errors import SessionNotAttachedError, ViewerTokenInvalidError
 
 __all__ = ["describe_validation_errors", "health_router", "internal_router", "operation_id", "v1_router"]
 
-_Model = TypeVar("_Model", bound=BaseModel)
-
-_bearer = HTTPBearer(auto_error=False, description="An API key, when the service is configured with keys.")
-
 
 def _runtime(request: Request) -> ServiceRuntime:
     runtime: ServiceRuntime = request.app.state.runtime
     return runtime
 
 
-async def _owner(
-    request: Request, _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> str:
-    auth: ApiKeyAuth = request.app.state.auth
-    return auth.owner(request.headers.get("authorization"))
+async def _owner(request: Request, caller: AnyCaller) -> str:
+    """The caller's owner, for routes only an API key may call (a token is refused: 403 token_scope)."""
+    return caller.key_owner(f"call {request.method} {request.url.path}")
 
 
 def _transport(request: Request) -> object:
@@ -111,20 +116,11 @@ def _transport(request: Request) -> object:
 
 Runtime = Annotated[ServiceRuntime, Depends(_runtime)]
 Owner = Annotated[str, Depends(_owner)]
+ReadsSession = Annotated[str, Depends(session_access(Need.READ))]
+FollowsSession = Annotated[str, Depends(session_access(Need.READ, events=True))]
+WatchesSession = Annotated[str, Depends(session_access(Need.WATCH))]
+ControlsSession = Annotated[str, Depends(session_access(Need.CONTROL))]
 ActiveTransport = Annotated[object, Depends(_transport)]
-
-
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {status: {"model": ErrorBody, "description": "An error (see the code)."} for status in statuses}
-
-
-def describe_validation_errors(errors: Any) -> str:
-    """One sentence from pydantic/FastAPI validation errors: `location: message` for the first few."""
-    parts = []
-    for error in list(errors)[:5]:
-        location = ".".join(str(item) for item in error.get("loc", ()) if item != "body") or "body"
-        parts.append(f"{location}: {error.get('msg', 'invalid')}")
-    return "; ".join(parts) or "the request is invalid"
 
 
 def operation_id(route: APIRoute) -> str:
@@ -142,35 +138,53 @@ v1_router = APIRouter(prefix="/v1", tags=["sessions"])
 @v1_router.post(
     "/sessions",
     status_code=201,
-    response_model=SessionBody,
-    summary="Create a session (admitted: 201, queued: 202)",
+    response_model=CreatedSessionBody,
+    summary="Create a session (admitted: 201, queued: 202), with an API key or a client token",
     responses={
-        202: {"model": SessionBody, "description": "Queued: follow GET or the event stream for the position."},
-        **_errors(401, 409, 413, 415, 422, 429, 500, 503),
+        202: {"model": CreatedSessionBody, "description": "Queued: follow GET or the event stream for the position."},
+        **errors_of(401, 403, 409, 413, 415, 422, 429, 500, 503),
     },
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _CREATE_BODY_SCHEMA}}}},
 )
 async def create_session(
-    request: Request, response: Response, owner: Owner, runtime: Runtime, transport: ActiveTransport
-) -> SessionBody:
+    request: Request, response: Response, caller: AnyCaller, runtime: Runtime, transport: ActiveTransport
+) -> CreatedSessionBody:
+    owner = caller.creator_owner()
+    grant = caller.grant if isinstance(caller.grant, ClientGrant) else None
+    if grant is not None and not origin_allowed(caller.origin, grant.origins, required=True):
+        raise OriginNotAllowedError(f"origin {caller.origin!r} may not use this client token")
     content_type = request.headers.get("content-type", "")
-    if not _is_json(content_type):
+    if not is_json(content_type):
         raise UnsupportedMediaTypeError("send the request body as application/json")
     raw = await request.body()
     try:
         payload = CreateSessionRequest.model_validate_json(raw)
     except ValidationError as exc:
         raise InvalidRequestError(describe_validation_errors(exc.errors())) from None
+    max_seconds = payload.max_seconds if grant is None else within_grant(grant, payload.max_seconds, payload.record)
     image = decode_image(payload.image, runtime.config.limits)
     config = _with_prompt(payload.config, payload.prompt)
     caller_room = await _caller_room(payload, transport)
-    snapshot, admitted = await runtime.create(
-        owner, config, image, caller_room=caller_room, record=payload.record, max_seconds=payload.max_seconds
-    )
+    auth = authenticator(request)
+    if grant is not None and not await auth.store.claim(grant.token_id, grant.max_creates, grant.expires_at):
+        raise TokenExhaustedError(f"this client token has made its {grant.max_creates} session(s) already")
+    try:
+        snapshot, admitted = await runtime.create(
+            owner, config, image, caller_room=caller_room, record=payload.record, max_seconds=max_seconds
+        )
+    except BaseException:
+        if grant is not None:  # the session took no place: the token keeps its create
+            await auth.store.refund(grant.token_id)
+        raise
     bind_session_id(snapshot.id)
     response.status_code = 201 if admitted else 202
     response.headers["Location"] = f"/v1/sessions/{snapshot.id}"
-    return session_body(snapshot)
+    body = CreatedSessionBody(**dict(session_body(snapshot)))
+    if grant is not None and auth.codec is not None:
+        expires_at = auth.policy.session_expiry(auth.codec.now(), snapshot.max_seconds)
+        body.session_token = auth.codec.mint_session(owner, snapshot.id, expires_at=expires_at, origins=grant.origins)
+        body.session_token_expires_at = expires_at
+    return body
 
 
 async def _caller_room(payload: CreateSessionRequest, transport: object) -> CallerRoom | None:
@@ -207,7 +221,7 @@ def _with_prompt(config: dict[str, Any], prompt: str | None) -> dict[str, Any]:
     response_model=UsageBody,
     summary="The caller's key's usage and quota (aggregated over every replica with the redis backend)",
     tags=["usage"],
-    responses=_errors(401, 422, 503),
+    responses=errors_of(401, 422, 503),
 )
 async def get_usage(
     owner: Owner,
@@ -225,7 +239,7 @@ async def get_usage(
     return usage_body(report, runtime.config.admission.quota_of(owner))
 
 
-@v1_router.get("/sessions", response_model=SessionList, summary="The caller's sessions", responses=_errors(401))
+@v1_router.get("/sessions", response_model=SessionList, summary="The caller's sessions", responses=errors_of(401))
 async def list_sessions(owner: Owner, runtime: Runtime) -> SessionList:
     return SessionList(sessions=[session_body(snapshot) for snapshot in await runtime.sessions_of(owner)])
 
@@ -234,12 +248,17 @@ async def list_sessions(owner: Owner, runtime: Runtime) -> SessionList:
     "/sessions/{session_id}",
     response_model=SessionBody,
     summary="A session's live status (a heartbeat while queued)",
-    responses=_errors(401, 404),
+    responses=errors_of(401, 403, 404),
 )
-async def get_session(session_id: str, owner: Owner, runtime: Runtime, transport: ActiveTransport) -> SessionBody:
+async def get_session(
+    session_id: str, owner: ReadsSession, caller: AnyCaller, runtime: Runtime, transport: ActiveTransport
+) -> SessionBody:
     bind_session_id(session_id)
     snapshot = await runtime.lookup(owner, session_id)
     body = session_body(snapshot)
+    if caller.redacted:  # a watch token: no controller's join details (LiveKit's are a controller token)
+        body.transport = None
+        return body
     if isinstance(transport, RenewsJoinDetails) and snapshot.transport is not None and snapshot.state in _STREAMING:
         # Only LiveKit's details go stale (the join token's TTL is short): mint a fresh token, same identity. The
         # embedded transport's offer URL never changes. Detached a moment ago: the session is ending, keep the old.
@@ -256,12 +275,12 @@ async def get_session(session_id: str, owner: Owner, runtime: Runtime, transport
     "/sessions/{session_id}",
     response_model=SessionBody,
     summary="End a session (idempotent): 200 ended, 202 closing",
-    responses={202: {"model": SessionBody, "description": "Closing; the final status follows."}, **_errors(401, 404)},
+    responses={202: {"model": SessionBody, "description": "Closing; the final status follows."}, **errors_of(401, 404)},
 )
 async def delete_session(
     session_id: str,
     response: Response,
-    owner: Owner,
+    owner: ControlsSession,
     runtime: Runtime,
     mode: Annotated[Literal["drain", "cancel"], Query(description="drain: deliver the chunk in progress")] = "drain",
 ) -> SessionBody:
@@ -275,9 +294,9 @@ async def delete_session(
     "/sessions/{session_id}/pause",
     response_model=SessionBody,
     summary="Pause a running session (idempotent): it keeps its slot and state, generates nothing, holds its picture",
-    responses=_errors(401, 404, 409),
+    responses=errors_of(401, 404, 409),
 )
-async def pause_session(session_id: str, owner: Owner, runtime: Runtime) -> SessionBody:
+async def pause_session(session_id: str, owner: ControlsSession, runtime: Runtime) -> SessionBody:
     bind_session_id(session_id)
     return session_body(await runtime.pause(owner, session_id, True))
 
@@ -286,9 +305,9 @@ async def pause_session(session_id: str, owner: Owner, runtime: Runtime) -> Sess
     "/sessions/{session_id}/resume",
     response_model=SessionBody,
     summary="Resume a paused session (idempotent)",
-    responses=_errors(401, 404, 409),
+    responses=errors_of(401, 404, 409),
 )
-async def resume_session(session_id: str, owner: Owner, runtime: Runtime) -> SessionBody:
+async def resume_session(session_id: str, owner: ControlsSession, runtime: Runtime) -> SessionBody:
     bind_session_id(session_id)
     return session_body(await runtime.pause(owner, session_id, False))
 
@@ -297,9 +316,9 @@ async def resume_session(session_id: str, owner: Owner, runtime: Runtime) -> Ses
     "/sessions/{session_id}/recording",
     summary="The session's recording, H.264 in MP4 (owner only; once the session has ended)",
     response_class=StreamingResponse,
-    responses={200: {"content": {"video/mp4": {}}, "description": "The MP4."}, **_errors(401, 404, 409)},
+    responses={200: {"content": {"video/mp4": {}}, "description": "The MP4."}, **errors_of(401, 404, 409)},
 )
-async def get_recording(session_id: str, owner: Owner, runtime: Runtime) -> StreamingResponse:
+async def get_recording(session_id: str, owner: ControlsSession, runtime: Runtime) -> StreamingResponse:
     bind_session_id(session_id)
     outcome = await runtime.recording(owner, session_id)
     assert outcome.video is not None  # READY outcomes carry their files
@@ -310,9 +329,9 @@ async def get_recording(session_id: str, owner: Owner, runtime: Runtime) -> Stre
     "/sessions/{session_id}/recording/controls",
     summary="The recording's control trace (JSON Lines, the format `lingstream generate --controls` replays)",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/x-ndjson": {}}, "description": "The trace."}, **_errors(401, 404, 409)},
+    responses={200: {"content": {"application/x-ndjson": {}}, "description": "The trace."}, **errors_of(401, 404, 409)},
 )
-async def get_recording_controls(session_id: str, owner: Owner, runtime: Runtime) -> StreamingResponse:
+async def get_recording_controls(session_id: str, owner: ControlsSession, runtime: Runtime) -> StreamingResponse:
     bind_session_id(session_id)
     outcome = await runtime.recording(owner, session_id)
     assert outcome.trace is not None
@@ -349,16 +368,18 @@ def _recording_file(path: Path, media_type: str, session_id: str, filename: str)
     "/sessions/{session_id}/events",
     summary="Server-sent events: one `session` event per change, keep-alive comments (a heartbeat while queued)",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "The event stream."}, **_errors(401, 404)},
+    responses={200: {"content": {"text/event-stream": {}}, "description": "The event stream."}, **errors_of(401, 404)},
 )
-async def session_events(session_id: str, owner: Owner, runtime: Runtime) -> StreamingResponse:
+async def session_events(
+    session_id: str, owner: FollowsSession, caller: EventCaller, runtime: Runtime
+) -> StreamingResponse:
     bind_session_id(session_id)
     snapshot, subscription = await runtime.follow(owner, session_id)
     heartbeat = runtime.config.admission.queue_heartbeat_timeout
     keepalive = runtime.tuning.sse_keepalive_s
     if heartbeat is not None:
         keepalive = min(keepalive, heartbeat / 3)
-    return event_stream_response(runtime, snapshot, subscription, keepalive)
+    return event_stream_response(runtime, snapshot, subscription, keepalive, redact=caller.redacted)
 
 
 _STREAMING = frozenset({SessionState.ADMITTED, SessionState.RUNNING, SessionState.PAUSED, SessionState.DRAINING})
@@ -382,7 +403,7 @@ def _require_streaming(snapshot: SessionSnapshot) -> None:
     "/sessions/{session_id}/webrtc",
     response_model=WebrtcAnswer,
     summary="Embedded WebRTC: answer the browser's SDP offer (every new offer rebinds the session)",
-    responses=_errors(401, 404, 409, 413, 415, 422),
+    responses=errors_of(401, 404, 409, 413, 415, 422),
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -391,7 +412,7 @@ def _require_streaming(snapshot: SessionSnapshot) -> None:
     },
 )
 async def answer_webrtc_offer(
-    session_id: str, request: Request, owner: Owner, runtime: Runtime, transport: ActiveTransport
+    session_id: str, request: Request, owner: ControlsSession, runtime: Runtime, transport: ActiveTransport
 ) -> WebrtcAnswer:
     bind_session_id(session_id)
     snapshot = await runtime.lookup_here(owner, session_id)
@@ -400,7 +421,7 @@ async def answer_webrtc_offer(
             raise _conflict("this service streams through LiveKit: join the room named in the session's transport")
         raise TransportFeatureError("the embedded WebRTC transport is not enabled here")
     _require_streaming(snapshot)
-    offer = await _json_body(request, WebrtcOffer)
+    offer = await json_body(request, WebrtcOffer)
     try:
         sdp, kind = await transport.answer(session_id, offer.sdp, offer.type)
     except SessionNotAttachedError:
@@ -415,17 +436,37 @@ async def answer_webrtc_offer(
     status_code=201,
     response_model=None,
     summary="Watch-only join details for one more viewer (LiveKit: a subscribe-only token; embedded: a viewer "
-    "credential and the watch URL)",
+    "credential and the watch URL), or with `share: true` a share link",
     responses={
         201: {
             "description": "The viewer's details (`LiveKitViewer` or `EmbeddedViewer`, on `kind`).",
             "content": {"application/json": {"schema": VIEWER_DETAILS_SCHEMA}},
         },
-        **_errors(401, 404, 409, 429),
+        **errors_of(401, 403, 404, 409, 422, 429),
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": False,
+            "content": {"application/json": {"schema": AddViewerRequest.model_json_schema()}},
+        }
     },
 )
-async def add_viewer(session_id: str, owner: Owner, runtime: Runtime, transport: ActiveTransport) -> dict[str, Any]:
+async def add_viewer(
+    session_id: str,
+    request: Request,
+    owner: WatchesSession,
+    caller: AnyCaller,
+    runtime: Runtime,
+    transport: ActiveTransport,
+) -> dict[str, Any]:
     bind_session_id(session_id)
+    wanted = await _viewer_request(request)
+    if wanted.share:
+        caller.session_owner(session_id, Need.CONTROL)  # a watch token cannot make share links
+        snapshot = await runtime.lookup(owner, session_id)
+        if not isinstance(transport, IssuesViewers):
+            raise TransportFeatureError("viewers need a transport (LiveKit or embedded WebRTC)")
+        return share_link(request, owner, snapshot)
     snapshot = await runtime.lookup_here(owner, session_id)
     if not isinstance(transport, IssuesViewers):
         raise TransportFeatureError("viewers need a transport (LiveKit or embedded WebRTC)")
@@ -440,7 +481,7 @@ async def add_viewer(session_id: str, owner: Owner, runtime: Runtime, transport:
     "/sessions/{session_id}/watch",
     response_model=WebrtcAnswer,
     summary="Embedded WebRTC: answer a viewer's SDP offer (authenticated by its viewer credential, not an API key)",
-    responses=_errors(401, 404, 409, 413, 415, 422, 429),
+    responses=errors_of(401, 404, 409, 413, 415, 422, 429),
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -453,7 +494,7 @@ async def answer_watch_offer(
     request: Request,
     runtime: Runtime,
     transport: ActiveTransport,
-    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> WebrtcAnswer:
     bind_session_id(session_id)
     token = _viewer_token(request.headers.get("authorization"))
@@ -462,7 +503,7 @@ async def answer_watch_offer(
             "viewer credentials exist only on the embedded transport; with LiveKit, join the room with the viewer token"
         )
     transport.verify_viewer(session_id, token)  # ViewerTokenError: 401, before anything else is revealed
-    offer = await _json_body(request, WebrtcOffer)
+    offer = await json_body(request, WebrtcOffer)
     try:
         sdp, kind = await transport.answer_viewer(session_id, token, offer.sdp, offer.type)
     except SessionNotAttachedError:
@@ -470,6 +511,13 @@ async def answer_watch_offer(
     if kind != "answer":  # pragma: no cover - aiortc always answers an offer with an answer
         raise _conflict(f"the transport answered with an SDP of type {kind!r}")
     return WebrtcAnswer(sdp=sdp, type="answer")
+
+
+async def _viewer_request(request: Request) -> AddViewerRequest:
+    """The viewers route's optional body: none (or empty) is one viewer."""
+    if not await request.body():
+        return AddViewerRequest()
+    return await json_body(request, AddViewerRequest)
 
 
 def _viewer_token(authorization: str | None) -> str:
@@ -484,7 +532,7 @@ def _viewer_token(authorization: str | None) -> str:
     response_model=WebhookAck,
     tags=["livekit"],
     summary="LiveKit webhooks (authenticated by LiveKit's signature in Authorization, not by an API key)",
-    responses=_errors(401, 404, 413),
+    responses=errors_of(401, 404, 413),
 )
 async def livekit_webhook(request: Request, transport: ActiveTransport) -> WebhookAck:
     if not isinstance(transport, ReceivesWebhooks):
@@ -492,21 +540,6 @@ async def livekit_webhook(request: Request, transport: ActiveTransport) -> Webho
     body = await request.body()
     transport.handle_webhook(body, request.headers.get("authorization"))  # WebhookError: 401
     return WebhookAck()
-
-
-async def _json_body(request: Request, model: type[_Model]) -> _Model:
-    """The request body as `model`: 415 unless JSON, 422 `invalid_request` when it does not validate."""
-    if not _is_json(request.headers.get("content-type", "")):
-        raise UnsupportedMediaTypeError("send the request body as application/json")
-    try:
-        return model.model_validate_json(await request.body())
-    except ValidationError as exc:
-        raise InvalidRequestError(describe_validation_errors(exc.errors())) from None
-
-
-def _is_json(content_type: str) -> bool:
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 health_router = APIRouter(tags=["health"])
@@ -521,7 +554,7 @@ async def health() -> HealthBody:
     "/readyz",
     response_model=HealthBody,
     summary="Readiness: 200 when started, not draining and every model worker is ready",
-    responses=_errors(503),
+    responses=errors_of(503),
 )
 async def ready(request: Request, runtime: Runtime) -> Response:
     readiness = runtime.readiness()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +153,7 @@ async def running_service(
     recording_writer: WriterFactory | None = None,
     timers: Timers | None = None,
     events: SessionEvents | None = None,
+    wall_clock: Callable[[], float] | None = None,
     **settings: Any,
 ) -> AsyncIterator[Harness]:
     """An app on fake workers with its lifespan running and the workers started; `settings` are overrides."""
@@ -172,6 +173,7 @@ async def running_service(
         recording_writer=recording_writer,
         timers=timers,
         events=events,
+        wall_clock=wall_clock,
     )
     async with app.router.lifespan_context(app):
         runtime = runtime_of(app)
@@ -186,7 +188,7 @@ class SseStream:
 
     def __init__(self, app: FastAPI, path: str, headers: Mapping[str, str] | None = None) -> None:
         self._app = app
-        self._path = path
+        self._path, _, self._query = path.partition("?")
         self._headers = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
         self._messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._disconnect = asyncio.Event()
@@ -204,7 +206,7 @@ class SseStream:
             "scheme": "http",
             "path": self._path,
             "raw_path": self._path.encode(),
-            "query_string": b"",
+            "query_string": self._query.encode(),
             "root_path": "",
             "headers": [(b"host", b"testserver"), *self._headers],
             "client": ("127.0.0.1", 50001),

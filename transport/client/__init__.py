@@ -15,7 +15,14 @@ the service's stable codes (`errors.py`).
 
 from __future__ import annotations
 
-from transport.client.api import STREAMING_STATUSES, TERMINAL_STATUSES, ServiceClient, SessionInfo, UsageInfo
+from transport.client.api import (
+    STREAMING_STATUSES,
+    TERMINAL_STATUSES,
+    ClientToken,
+    ServiceClient,
+    SessionInfo,
+    UsageInfo,
+)
 from transport.client.errors import (
     ApiError,
     ClientError,
@@ -45,6 +52,7 @@ __all__ = [
     "ApiError",
     "ChunkTracker",
     "ClientError",
+    "ClientToken",
     "ConnectError",
     "EmbeddedLink",
     "InvalidInputError",

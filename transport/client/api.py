@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -27,7 +27,7 @@ import httpx
 
 from transport.client.errors import ApiError, SessionEndedError, UnreachableError, api_error
 
-__all__ = ["STREAMING_STATUSES", "TERMINAL_STATUSES", "ServiceClient", "SessionInfo", "UsageInfo"]
+__all__ = ["STREAMING_STATUSES", "TERMINAL_STATUSES", "ClientToken", "ServiceClient", "SessionInfo", "UsageInfo"]
 
 TERMINAL_STATUSES = frozenset({"closed", "expired", "failed", "cancelled"})
 STREAMING_STATUSES = frozenset({"running", "paused", "draining"})
@@ -52,6 +52,7 @@ class SessionInfo:
     config: Mapping[str, Any]
     error: tuple[str, str] | None
     body: Mapping[str, Any] = field(repr=False)
+    session_token: str | None = field(default=None, repr=False)
 
     @property
     def terminal(self) -> bool:
@@ -78,6 +79,7 @@ class SessionInfo:
                 config=body.get("config") or {},
                 error=None if not error else (str(error["code"]), str(error["message"])),
                 body=body,
+                session_token=body.get("session_token"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ApiError(200, "bad_response", f"not a session body: {exc!r}") from exc
@@ -125,10 +127,26 @@ class UsageInfo:
             raise ApiError(200, "bad_response", f"not a usage body: {exc!r}") from exc
 
 
+@dataclass(frozen=True, slots=True)
+class ClientToken:
+    """A client token (`ServiceClient.client_token`): hand `token` to a browser or another process, which creates
+    with `ServiceClient(url, token=...)`; each create answers its session's `session_token`."""
+
+    token: str = field(repr=False)
+    token_id: str
+    expires_at: float
+    max_creates: int
+    max_seconds: float | None
+    record: bool
+    origins: tuple[str, ...]
+
+
 class ServiceClient:
     """The REST API of one lingstream service. Use as an async context manager (or call `aclose()`).
 
-    `url` is the service's base URL; `api_key` the bearer key when the service has keys; `timeout` bounds every
+    `url` is the service's base URL; `api_key` the bearer key when the service has keys, or `token` a client,
+    session or watch token instead (docs/integrate.md: a client token creates, and the created `SessionInfo`
+    carries the session token for the rest; `with_token` gives a client that uses it); `timeout` bounds every
     request but the event stream (which may stay open while a session waits). Pass `http` to share an
     `httpx.AsyncClient` (this object then does not close it)."""
 
@@ -137,15 +155,24 @@ class ServiceClient:
         url: str,
         *,
         api_key: str | None = None,
+        token: str | None = None,
         timeout: float = _DEFAULT_TIMEOUT_S,
         http: httpx.AsyncClient | None = None,
     ) -> None:
+        if api_key and token:
+            raise ValueError("give an API key or a token, not both")
         self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        credential = api_key or token
+        headers = {"Authorization": f"Bearer {credential}"} if credential else {}
         self._owns_http = http is None
         self._http = http if http is not None else httpx.AsyncClient(timeout=timeout)
         self._headers = headers
         self._timeout = timeout
+
+    def with_token(self, token: str) -> ServiceClient:
+        """A client of the same service and connection pool that authenticates with `token` (e.g. a created
+        session's `session_token`); closing it leaves this one's connections open."""
+        return ServiceClient(self.url, token=token, timeout=self._timeout, http=self._http)
 
     async def __aenter__(self) -> ServiceClient:
         return self
@@ -269,6 +296,45 @@ class ServiceClient:
             raise
         partial.replace(target)  # a reader never sees half a file under the final name
         return target
+
+    async def client_token(
+        self,
+        *,
+        ttl_seconds: int | None = None,
+        max_creates: int | None = None,
+        max_seconds: float | None = None,
+        record: bool = False,
+        origins: Sequence[str] = (),
+    ) -> ClientToken:
+        """`POST /v1/client_tokens` (API key only): a short-lived token that creates at most `max_creates` sessions
+        (default 1) within the bounds given, charged to this key; 404 `tokens_not_configured` without
+        LINGSTREAM_TOKEN_SECRET."""
+        body: dict[str, Any] = {"record": record, "origins": list(origins)}
+        for name, value in (("ttl_seconds", ttl_seconds), ("max_creates", max_creates), ("max_seconds", max_seconds)):
+            if value is not None:
+                body[name] = value
+        answer = (await self.request("POST", "/v1/client_tokens", json=body)).json()
+        return ClientToken(
+            token=str(answer["token"]),
+            token_id=str(answer["token_id"]),
+            expires_at=float(answer["expires_at"]),
+            max_creates=int(answer["max_creates"]),
+            max_seconds=None if answer["max_seconds"] is None else float(answer["max_seconds"]),
+            record=bool(answer["record"]),
+            origins=tuple(answer["origins"]),
+        )
+
+    async def share(self, session_id: str) -> dict[str, Any]:
+        """`POST /v1/sessions/{id}/viewers` with `share: true`: a share link (`watch_url`, `watch_token`,
+        `share_id`, `expires_at`) whose watch token mints a viewer's credential on each use."""
+        body: dict[str, Any] = (
+            await self.request("POST", f"/v1/sessions/{session_id}/viewers", json={"share": True})
+        ).json()
+        return body
+
+    async def revoke_share(self, session_id: str, share_id: str) -> None:
+        """`DELETE /v1/sessions/{id}/viewers/{share_id}`: the share link's watch token is refused from now on."""
+        await self.request("DELETE", f"/v1/sessions/{session_id}/viewers/{share_id}")
 
     async def add_viewer(self, session_id: str) -> dict[str, Any]:
         """`POST /v1/sessions/{id}/viewers`: watch-only join details for one more viewer (LiveKit: a subscribe-only

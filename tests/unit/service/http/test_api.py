@@ -453,6 +453,8 @@ OPERATION_IDS = {
     ("POST", "/v1/sessions/{session_id}/webrtc"): "answer_webrtc_offer",
     ("POST", "/v1/sessions/{session_id}/viewers"): "add_viewer",
     ("POST", "/v1/sessions/{session_id}/watch"): "answer_watch_offer",
+    ("DELETE", "/v1/sessions/{session_id}/viewers/{share_id}"): "revoke_share",
+    ("POST", "/v1/client_tokens"): "create_client_token",
     ("POST", "/v1/livekit/webhook"): "livekit_webhook",
     ("GET", "/v1/usage"): "get_usage",
     ("GET", "/healthz"): "health",

@@ -369,6 +369,7 @@ async def test_the_livekit_bundle_comes_from_the_vendor_dir(tmp_path: Path) -> N
             "transport": None,
             "livekit_client": f"/vendor/livekit-client/{LIVEKIT_BUNDLE}",
             "api_keys": False,
+            "token_url": None,
         }
         bundle = await svc.client.get(config["livekit_client"])
         assert bundle.status_code == 200

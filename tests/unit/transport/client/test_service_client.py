@@ -41,6 +41,8 @@ CLIENT_METHODS = {
     "add_viewer": "add_viewer",
     "answer_watch_offer": "answer_watch_offer",
     "get_usage": "usage",
+    "create_client_token": "client_token",
+    "revoke_share": "revoke_share",
 }
 # `/v1` operations no client calls, with the reason.
 NOT_FOR_CLIENTS = {"livekit_webhook": "LiveKit's server calls it, signed with the LiveKit API secret"}
@@ -133,3 +135,23 @@ async def test_a_viewer_added_through_the_client_watches_with_its_credential() -
         finally:
             await viewer.close()
             await controller.close()
+
+
+async def test_a_client_token_creates_and_the_session_token_drives_and_shares_the_session() -> None:
+    secret = "token-secret-for-tests-0123456789abcdef"
+    async with running_service(api_keys="key-alice-0123456789abcdef", token_secret=secret) as svc:
+        http = svc.client  # the app in-process; ServiceClient speaks to it through the same ASGI transport
+        async with ServiceClient("http://testserver", api_key="key-alice-0123456789abcdef", http=http) as owner:
+            minted = await owner.client_token(max_creates=1, max_seconds=60)
+            assert (minted.max_creates, minted.max_seconds) == (1, 60.0)
+            assert minted.token not in repr(minted)
+            browser = ServiceClient("http://testserver", token=minted.token, http=http)
+            created = await browser.create()
+            assert created.session_token
+            assert created.body["max_seconds"] == 60
+            session = browser.with_token(created.session_token)
+            assert (await session.get(created.id)).id == created.id
+            with pytest.raises(InvalidInputError):  # 422: a share id that is not one
+                await session.revoke_share(created.id, "not-a-share-id!")
+            deleted = await session.delete(created.id, mode="cancel")
+            assert deleted.id == created.id
