@@ -50,7 +50,9 @@ from service.runtime.runtime import RuntimeTuning, ServiceRuntime, SessionEvents
 from service.scaleout.backend import RedisAdmissionBackend
 from service.settings import Settings
 from service.telemetry.otel import Telemetry, TelemetryMiddleware
+from service.telemetry.webhook_series import webhook_results
 from service.tokens import MemoryTokenStore, TokenCodec, TokenPolicy, TokenStore
+from service.webhooks.setup import build_webhooks, webhook_targets
 from service.workers import build_workers, model_memory
 from transport.base import Transport
 from transport.errors import TransportError
@@ -59,6 +61,8 @@ from transport.session.timers import Timers
 __all__ = ["WorkerFactory", "create_app", "runtime_of"]
 
 logger = logging.getLogger(__name__)
+
+_WEBHOOK_GRACE_S = 2.0  # at shutdown, how long the last deliveries may take before the dispatcher stops
 
 WorkerFactory = Callable[[Settings], Sequence[BidirectionalService]]
 """Builds the model workers (one per `NUM_WORKERS`) from the settings; `service.workers.build_workers` by
@@ -99,6 +103,15 @@ def create_app(
         telemetry = Telemetry.from_environ(os.environ, service_version=_version())
     if settings.api_key_list:
         logger.info("API keys: %d; quotas and usage name them by key id: %s", len(settings.key_ids), _ids(settings))
+    webhooks = None
+    if events is None:
+        webhooks = build_webhooks(
+            settings,
+            replica_id=config.shared_admission.replica_id if config.shared_admission is not None else None,
+            replica_ttl_s=settings.replica_ttl,
+            on_result=webhook_results(telemetry.meter),
+        )
+        events = webhooks
     factory = worker_factory or build_workers
     workers = list(factory(settings))
     # The real workers checked the model at start (cached); a test's fake workers have no model to estimate.
@@ -135,12 +148,16 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         telemetry.start()
+        if webhooks is not None:
+            await webhooks.dispatcher.start()
         await runtime.start()
         try:
             yield
         finally:
             try:
                 await runtime.aclose()
+                if webhooks is not None:  # after the sessions ended: their last events get a moment to go out
+                    await webhooks.dispatcher.aclose(grace_s=_WEBHOOK_GRACE_S)
             finally:
                 await authenticator.store.aclose()
                 await telemetry.aclose()
@@ -156,6 +173,8 @@ def create_app(
         generate_unique_id_function=operation_id,
     )
     app.state.runtime = runtime
+    app.state.webhook_targets = webhook_targets(settings)
+    app.state.webhooks = webhooks
     _add_contract_components(app)
     app.state.model_memory = memory.to_mapping() if memory is not None else None
     app.state.telemetry = telemetry

@@ -37,6 +37,8 @@
     ├── SessionElsewhereError        409 session_on_other_replica  a transport route sent to a replica that does
     │                                                               not run the session (it names the one that does)
     ├── RecordingNotConfiguredError  422 recording_not_configured  `"record": true` without RECORDINGS_DIR
+    ├── WebhookUrlRefusedError       422 webhook_url_not_allowed  a create's webhook_url outside the allowed
+    │                                                             prefixes, or resolving to an internal address
     ├── RecordingNotFoundError       404 recording_not_found    the session was not recorded here (or the file was
     │                                                           removed by retention)
     ├── RecordingFailedError         404 recording_failed       the recording stopped (write error or overrun)
@@ -106,6 +108,7 @@ __all__ = [
     "TransportFeatureError",
     "UnauthorizedError",
     "UnsupportedMediaTypeError",
+    "WebhookUrlRefusedError",
     "error_body",
     "error_table",
     "http_status_spec",
@@ -267,6 +270,11 @@ class SessionElsewhereError(ServiceError):
         self.replica = replica
 
 
+class WebhookUrlRefusedError(ServiceError):
+    """A create's `webhook_url` is not allowed: no or no matching LINGSTREAM_WEBHOOK_ALLOWED_PREFIXES, not http(s),
+    credentials in it, or its host resolves to an internal address (loopback, private, link-local, reserved)."""
+
+
 class RecordingNotConfiguredError(ServiceError):
     """A create asked for `"record": true` but this service has no LINGSTREAM_RECORDINGS_DIR."""
 
@@ -360,6 +368,7 @@ _BASE_TABLE: Mapping[type[BaseException], ErrorSpec] = {
     NotTicketOwnerError: _INTERNAL,  # only the owner replica releases or publishes a session; anything else is a bug
     SessionStartError: ErrorSpec(500, "session_failed"),
     RecordingNotConfiguredError: ErrorSpec(422, "recording_not_configured"),
+    WebhookUrlRefusedError: ErrorSpec(422, "webhook_url_not_allowed"),
     RecordingNotFoundError: ErrorSpec(404, "recording_not_found"),
     RecordingFailedError: ErrorSpec(404, "recording_failed"),
     RecordingInProgressError: ErrorSpec(409, "recording_in_progress"),

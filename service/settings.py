@@ -12,8 +12,8 @@ where they act, not here: the CLI's test hooks, telemetry's `OTEL_*`, the alloca
 
 The three LiveKit variables keep their standard names without the prefix (`LIVEKIT_URL`, `LIVEKIT_API_KEY`,
 `LIVEKIT_API_SECRET`). Secrets (`API_KEYS`, `REDIS_URL`, `LIVEKIT_API_SECRET`, `TOKEN_SECRET`,
-`TOKEN_SECRET_PREVIOUS`) are `SecretStr`: they never appear
-in a repr, a log line or an error message.
+`TOKEN_SECRET_PREVIOUS`, `WEBHOOK_SECRET`) are `SecretStr`: they never appear in a repr, a log line or an error
+message.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ __all__ = [
     "env_name",
     "load_settings",
     "owners_of",
+    "webhook_url_problem",
 ]
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,9 @@ ENV_PREFIX = "LINGSTREAM_"
 _MIB = 1024 * 1024
 _LOOPBACK = "127.0.0.1"
 _ALL_INTERFACES = "0.0.0.0"
-_SECRET_FIELDS = frozenset({"api_keys", "redis_url", "livekit_api_secret", "token_secret", "token_secret_previous"})
+_SECRET_FIELDS = frozenset(
+    {"api_keys", "redis_url", "livekit_api_secret", "token_secret", "token_secret_previous", "webhook_secret"}
+)
 _MIN_TOKEN_SECRET_BYTES = 32
 _LIVEKIT_ALIASES = {
     "livekit_url": "LIVEKIT_URL",
@@ -82,6 +85,36 @@ class QuotaOverride(BaseModel):
 
     max_running: int | None = Field(default=None, ge=1, le=100_000)
     max_queued: int | None = Field(default=None, ge=0, le=100_000)
+    webhook_urls: tuple[str, ...] | None = Field(default=None, max_length=16)
+
+    @field_validator("webhook_urls")
+    @classmethod
+    def _check_webhook_urls(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if value is None else _checked_webhook_urls(value)
+
+
+def webhook_url_problem(url: str) -> str | None:
+    """Why `url` cannot be a webhook endpoint (None: it can): http(s), a host, no user:password part."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises ValueError for a bad port
+    except ValueError:
+        return "it is not a valid URL"
+    if parts.scheme not in ("http", "https"):
+        return "it must be an http or https URL"
+    if not parts.hostname:
+        return "it has no host"
+    if parts.username is not None or parts.password is not None:
+        return "it must not carry credentials"
+    return None
+
+
+def _checked_webhook_urls(urls: tuple[str, ...]) -> tuple[str, ...]:
+    for url in urls:
+        problem = webhook_url_problem(url)
+        if problem is not None:
+            raise ValueError(f"a webhook URL is refused: {problem}")
+    return urls
 
 
 MAX_SESSION_SECONDS_BOUND = 365 * 86_400
@@ -270,6 +303,31 @@ class Settings(BaseSettings):
     recordings_max_count: int = Field(
         default=100, ge=1, le=1_000_000, description="Most finished recordings kept; the oldest are removed first."
     )
+    webhook_urls: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="Comma-separated endpoints every session's webhook events are posted to (a key's "
+        "KEY_QUOTAS webhook_urls replace them for its sessions); empty: none.",
+    )
+    webhook_secret: SecretStr | None = Field(
+        default=None, description="The HMAC-SHA256 key webhook deliveries are signed with (secret; needed by webhooks)."
+    )
+    webhook_allowed_prefixes: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="Comma-separated URL prefixes a create's own webhook_url must start with; empty: a create may "
+        "not name one.",
+    )
+    webhook_allow_private: bool = Field(
+        default=False,
+        description="Let a create's webhook_url resolve to loopback, private or link-local addresses (off: refused, "
+        "no SSRF into the cluster).",
+    )
+    webhook_timeout: float = Field(default=10.0, gt=0, le=300, description="Seconds one delivery attempt may take.")
+    webhook_max_attempts: int = Field(
+        default=8, ge=1, le=50, description="Attempts per delivery (exponential backoff from 1 s, at most 300 s)."
+    )
+    webhook_queue_size: int = Field(
+        default=10_000, ge=1, le=10_000_000, description="Most deliveries waiting; past it the newest are dropped."
+    )
     livekit_url: str | None = Field(default=None, validation_alias=AliasChoices("LIVEKIT_URL", "livekit_url"))
     livekit_client_url: str | None = Field(
         default=None,
@@ -328,6 +386,18 @@ class Settings(BaseSettings):
             if origin != "*" and not _ORIGIN.match(origin.rstrip("/")):
                 raise ValueError(f"{origin!r} is not an origin: use scheme://host[:port] (http or https) or *")
         return tuple(origin.rstrip("/") for origin in value)
+
+    @field_validator("webhook_urls", "webhook_allowed_prefixes", mode="before")
+    @classmethod
+    def _split_urls(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("webhook_urls", "webhook_allowed_prefixes")
+    @classmethod
+    def _check_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return _checked_webhook_urls(value)
 
     @field_validator("devices", mode="before")
     @classmethod
@@ -463,6 +533,7 @@ class Settings(BaseSettings):
             raise ValueError("LINGSTREAM_TOKEN_SECRET_PREVIOUS needs LINGSTREAM_TOKEN_SECRET (the secret that signs)")
         self._check_placement()
         self._check_quotas()
+        self._check_webhooks()
         self._check_model()
         needed = _base64_size(self.max_image_bytes) + 4096
         if self.max_request_bytes < needed:
@@ -483,6 +554,23 @@ class Settings(BaseSettings):
                 else "without LINGSTREAM_API_KEYS the only key id is anonymous"
             )
             raise ValueError(f"LINGSTREAM_KEY_QUOTAS names unknown key id(s) {', '.join(unknown)}: {hint}")
+
+    def _check_webhooks(self) -> None:
+        """Webhooks are signed: any endpoint, per-key list or allowed prefix needs the secret."""
+        secret = self.webhook_secret.get_secret_value() if self.webhook_secret is not None else ""
+        if self.webhooks_configured and len(secret) < 16:
+            raise ValueError(
+                "webhooks need LINGSTREAM_WEBHOOK_SECRET (at least 16 characters) to sign their deliveries"
+            )
+
+    @property
+    def webhooks_configured(self) -> bool:
+        """Whether any session can have a webhook endpoint (deployment, per key, or a create's own)."""
+        return bool(
+            self.webhook_urls
+            or self.webhook_allowed_prefixes
+            or any(entry.webhook_urls for entry in self.key_quotas.values())
+        )
 
     @property
     def key_ids(self) -> frozenset[str]:

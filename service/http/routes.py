@@ -5,8 +5,8 @@ raised as exceptions and answered by the handlers in `service.app` through the t
 
 Request order for `POST /v1/sessions`: body size (middleware, before anything reads it) → API key → content type
 (415) → JSON and fields (422 `invalid_request`) → image bytes/pixels (413/415) → a caller's LiveKit room (422
-`invalid_request` without LiveKit, 422 `room_not_found`, 409 `room_in_use`) → the worker's `prepare` (422
-`invalid_config`) → admission (201/202/429/503).
+`invalid_request` without LiveKit, 422 `room_not_found`, 409 `room_in_use`) → a `webhook_url` of its own (422
+`webhook_url_not_allowed`) → the worker's `prepare` (422 `invalid_config`) → admission (201/202/429/503).
 
 The transport routes: `POST /v1/sessions/{id}/webrtc` (the embedded transport's SDP offer; every offer rebinds the
 session to a new peer connection), `POST /v1/sessions/{id}/viewers` (one more viewer: LiveKit, a subscribe-only
@@ -82,6 +82,7 @@ from service.runtime.runtime import ServiceRuntime
 from service.runtime.sessions import SessionSnapshot, SessionState
 from service.tokens import ClientGrant, Need, origin_allowed
 from service.usage.query import parse_since
+from service.webhooks.targets import WebhookTargets
 from transport.base import (
     AnswersOffers,
     AnswersViewerOffers,
@@ -165,12 +166,22 @@ async def create_session(
     image = decode_image(payload.image, runtime.config.limits)
     config = _with_prompt(payload.config, payload.prompt)
     caller_room = await _caller_room(payload, transport)
+    webhook_url = None
+    if payload.webhook_url is not None:
+        targets: WebhookTargets = request.app.state.webhook_targets
+        webhook_url = await targets.check_own(payload.webhook_url)
     auth = authenticator(request)
     if grant is not None and not await auth.store.claim(grant.token_id, grant.max_creates, grant.expires_at):
         raise TokenExhaustedError(f"this client token has made its {grant.max_creates} session(s) already")
     try:
         snapshot, admitted = await runtime.create(
-            owner, config, image, caller_room=caller_room, record=payload.record, max_seconds=max_seconds
+            owner,
+            config,
+            image,
+            caller_room=caller_room,
+            record=payload.record,
+            max_seconds=max_seconds,
+            webhook_url=webhook_url,
         )
     except BaseException:
         if grant is not None:  # the session took no place: the token keeps its create

@@ -92,6 +92,13 @@ class CreateSessionRequest(BaseModel):
         "LINGSTREAM_MAX_SESSION_SECONDS: 422 max_seconds_over_limit beyond); it gets a `warning` status 30 s "
         "before, then ends with reason time_limit. Default: the server's limit (none when unset).",
     )
+    webhook_url: StrictStr | None = Field(
+        default=None,
+        max_length=2048,
+        description="An endpoint of this session's own for its webhook events, besides the key's or the "
+        "deployment's (docs/webhooks.md): it must start with one of LINGSTREAM_WEBHOOK_ALLOWED_PREFIXES and may "
+        "not resolve to an internal address (else 422 webhook_url_not_allowed).",
+    )
 
 
 class ErrorDetail(BaseModel):

@@ -110,10 +110,11 @@ class AdmissionHost(Protocol):
         record: bool = False,
         max_seconds: float | None = None,
         caller_room: CallerRoom | None = None,
+        webhook_url: str | None = None,
     ) -> Session:
         """Record a session created on another replica, still queued: an ADMITTED `admission_event` starts it
         (`record`: it was created with `"record": true`; `max_seconds`: its running-time limit; `caller_room`: the
-        caller's LiveKit room it publishes into)."""
+        caller's LiveKit room it publishes into; `webhook_url`: the create's own webhook endpoint)."""
         ...
 
 

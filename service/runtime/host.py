@@ -37,6 +37,7 @@ class Register(Protocol):
         record: bool,
         max_seconds: float | None,
         caller_room: CallerRoom | None,
+        webhook_url: str | None = None,
     ) -> Session: ...
 
 
@@ -103,6 +104,7 @@ class RuntimeHost:
         record: bool = False,
         max_seconds: float | None = None,
         caller_room: CallerRoom | None = None,
+        webhook_url: str | None = None,
     ) -> Session:
         return self._register(
             session_id,
@@ -112,4 +114,5 @@ class RuntimeHost:
             record=record,
             max_seconds=max_seconds,
             caller_room=caller_room,
+            webhook_url=webhook_url,
         )

@@ -82,6 +82,7 @@ class SessionIntake:
         caller_room: CallerRoom | None = None,
         record: bool = False,
         max_seconds: float | None = None,
+        webhook_url: str | None = None,
     ) -> tuple[SessionSnapshot, bool]:
         """Validate, then admit or queue a new session; returns its snapshot and whether it was admitted at once.
         `caller_room`: the caller's LiveKit room the transport publishes the session into (checked by the route).
@@ -112,6 +113,7 @@ class SessionIntake:
             record=record,
             max_seconds=limit,
             caller_room=caller_room,
+            webhook_url=webhook_url,
         )
         bind_session_id(session.id)  # the rest of this request is the session's: admission's lines name it too
         try:
@@ -184,6 +186,7 @@ class SessionIntake:
         record: bool,
         max_seconds: float | None,
         caller_room: CallerRoom | None,
+        webhook_url: str | None = None,
     ) -> Session:
         """Record a new queued session (created here, or on another replica: `created_at` is then its own)."""
         session = Session(
@@ -196,6 +199,7 @@ class SessionIntake:
             record=record and self._recording,
             caller_room=caller_room,
             created_at=created_at,
+            webhook_url=webhook_url,
         )
         self._table.add(session)
         return session

@@ -285,11 +285,12 @@ class ServiceRuntime:
         caller_room: CallerRoom | None = None,
         record: bool = False,
         max_seconds: float | None = None,
+        webhook_url: str | None = None,
     ) -> tuple[SessionSnapshot, bool]:
         """Validate, then admit or queue a new session; returns its snapshot and whether it was admitted at once.
         `caller_room`: the caller's LiveKit room the transport publishes the session into (checked by the route).
         `max_seconds` limits its running time (at most the server's `max_session_seconds`, which applies when it is
-        None).
+        None). `webhook_url`: the create's own webhook endpoint, already checked by the route.
 
         Raises `InvalidConfigError` (and the image errors) for bad input, `RecordingNotConfiguredError` for `record`
         without a recordings directory, `MaxSecondsTooLargeError`, `QueueFullError`, `QuotaExceededError` (the
@@ -298,7 +299,13 @@ class ServiceRuntime:
         admitted session failed to start (the order of the checks: `service.runtime.intake`).
         """
         return await self._intake.create(
-            owner, config, image, caller_room=caller_room, record=record, max_seconds=max_seconds
+            owner,
+            config,
+            image,
+            caller_room=caller_room,
+            record=record,
+            max_seconds=max_seconds,
+            webhook_url=webhook_url,
         )
 
     def get(self, owner: str, session_id: str) -> SessionSnapshot:

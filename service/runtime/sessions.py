@@ -186,6 +186,7 @@ class Session:
         "_transport_details",
         "_updated_at",
         "_warning",
+        "_webhook_url",
         "_worker",
         "chunks",
         "close_requested",
@@ -212,6 +213,7 @@ class Session:
         record: bool = False,
         caller_room: CallerRoom | None = None,
         created_at: float | None = None,
+        webhook_url: str | None = None,
     ) -> None:
         self.id = session_id
         self.owner = owner
@@ -220,6 +222,7 @@ class Session:
         self._prepared = prepared
         self._record = record  # created with "record": true (and recording configured)
         self._caller_room = caller_room  # the caller's LiveKit room to publish into, if it named one
+        self._webhook_url = webhook_url  # the create's own webhook endpoint (checked against the allow-list)
         self._created_at = time.time() if created_at is None else created_at
         self._updated_at = self._created_at
         self._ends_at: float | None = None
@@ -280,6 +283,11 @@ class Session:
     @property
     def caller_room(self) -> CallerRoom | None:
         return self._caller_room
+
+    @property
+    def webhook_url(self) -> str | None:
+        """The create's own webhook endpoint, if it named one (besides the key's or the deployment's)."""
+        return self._webhook_url
 
     @property
     def created_at(self) -> float:

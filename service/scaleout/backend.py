@@ -227,7 +227,12 @@ class RedisAdmissionBackend:
             session.owner,
             ticket_id=session.id,
             payload=encode_payload(
-                config, image, session.caller_room, record=session.record, max_seconds=session.max_seconds
+                config,
+                image,
+                session.caller_room,
+                record=session.record,
+                max_seconds=session.max_seconds,
+                webhook_url=session.webhook_url,
             ),
             body=encode_body(session.snapshot()),
         )

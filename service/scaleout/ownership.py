@@ -190,6 +190,7 @@ class Ownership:
                 record=record,
                 max_seconds=request.max_seconds,
                 caller_room=caller_room,
+                webhook_url=request.webhook_url,
             )
         finally:
             self._adopting.discard(tid)

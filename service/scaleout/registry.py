@@ -65,6 +65,7 @@ class CreatePayload:
     config: dict[str, object]
     image: bytes | None
     max_seconds: float | None = None
+    webhook_url: str | None = None
 
 
 def encode_payload(
@@ -74,6 +75,7 @@ def encode_payload(
     *,
     record: bool = False,
     max_seconds: float | None = None,
+    webhook_url: str | None = None,
 ) -> bytes:
     """The create request as bytes: one JSON line (the config, the caller's room, whether the session is recorded,
     its time limit), then the raw image bytes."""
@@ -82,6 +84,8 @@ def encode_payload(
         fields["livekit"] = {"room": caller_room.name, "controller_identity": caller_room.controller_identity}
     if record:
         fields["record"] = True
+    if webhook_url is not None:
+        fields["webhook_url"] = webhook_url
     return json.dumps(fields, separators=(",", ":")).encode() + b"\n" + (image or b"")
 
 
@@ -114,7 +118,12 @@ def decode_payload(raw: bytes) -> CreatePayload:
     limit = data.get("max_seconds")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0):
         raise ValueError("not a lingstream create payload: max_seconds")
-    return CreatePayload(data["config"], image if data.get("image") else None, None if limit is None else float(limit))
+    hook = data.get("webhook_url")
+    if hook is not None and not isinstance(hook, str):
+        raise ValueError("not a lingstream create payload: webhook_url")
+    return CreatePayload(
+        data["config"], image if data.get("image") else None, None if limit is None else float(limit), hook
+    )
 
 
 def encode_body(snapshot: SessionSnapshot) -> str:

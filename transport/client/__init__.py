@@ -10,7 +10,8 @@ the embedded WebRTC transport (aiortc) or LiveKit (the `livekit` SDK). docs/clie
 
 `ServiceClient` (`api.py`) is the REST half, `LiveStream` and `connect` (`stream.py`) the media half, over a `Link`
 (`links.py`: embedded WebRTC or LiveKit), its frames labelled by `ChunkTracker` (`tracker.py`); errors are typed by
-the service's stable codes (`errors.py`).
+the service's stable codes (`errors.py`). `verify_webhook` checks the signature of a webhook delivery
+(`transport.webhook_signature`, docs/webhooks.md).
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ from transport.client.errors import (
 from transport.client.links import EmbeddedLink, Link, LiveKitLink, default_ice_addresses
 from transport.client.stream import LiveStream, ReceivedFrame, StreamStatistics, connect
 from transport.client.tracker import ChunkTracker
+from transport.webhook_signature import SIGNATURE_HEADER, WebhookSignatureError, verify_webhook
 
 __all__ = [
+    "SIGNATURE_HEADER",
     "STREAMING_STATUSES",
     "TERMINAL_STATUSES",
     "ApiError",
@@ -75,8 +78,10 @@ __all__ = [
     "UnavailableError",
     "UnreachableError",
     "UsageInfo",
+    "WebhookSignatureError",
     "api_error",
     "connect",
     "default_ice_addresses",
     "error_classes",
+    "verify_webhook",
 ]

@@ -7,7 +7,7 @@ client's side of a session.
     │   ├── SessionNotFoundError     session_not_found                 no such session for this key
     │   ├── InvalidInputError        invalid_request, invalid_config, invalid_image, payload_too_large,
     │   │                            image_too_large, unsupported_media_type, invalid_since, prompt_too_large,
-    │   │                            max_seconds_over_limit
+    │   │                            max_seconds_over_limit, webhook_url_not_allowed
     │   ├── RoomNotFoundError        room_not_found                    the named LiveKit room does not exist
     │   ├── RoomInUseError           room_in_use                       it holds a session of the service already
     │   ├── RateLimitedError         queue_full, quota_exceeded, too_many_viewers  (`retry_after`: Retry-After)
@@ -153,6 +153,7 @@ _BY_CODE: Mapping[str, type[ApiError]] = MappingProxyType(
         "invalid_since": InvalidInputError,
         "prompt_too_large": InvalidInputError,
         "max_seconds_over_limit": InvalidInputError,
+        "webhook_url_not_allowed": InvalidInputError,
         "room_not_found": RoomNotFoundError,
         "room_in_use": RoomInUseError,
         "queue_full": RateLimitedError,
