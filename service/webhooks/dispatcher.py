@@ -177,6 +177,8 @@ class WebhookDispatcher:
                     async with asyncio.timeout(min(5.0, 0.2 * failures)):
                         await self._wake.wait()
                 continue
+            if claimed:
+                self._idle.clear()
             for delivery in claimed:
                 task = asyncio.get_running_loop().create_task(self._send(delivery), name="webhook-send")
                 self._sends.add(task)
