@@ -173,6 +173,7 @@ class _Port:
     def __init__(self, width: int, height: int) -> None:
         self.session_id = "bench"
         self.caller_room: CallerRoom | None = None
+        self.ends_at: float | None = None
         self.width = width
         self.height = height
         self.fps = FPS

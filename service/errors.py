@@ -451,6 +451,8 @@ def _transport_table() -> dict[type[BaseException], ErrorSpec]:
         transport.RoomJoinError: _NOT_READY,
         transport.RoomNotFoundError: ErrorSpec(422, "room_not_found"),
         transport.RoomInUseError: ErrorSpec(409, "room_in_use"),
+        transport.CallerTokenError: ErrorSpec(422, "livekit_token_invalid"),
+        transport.CallerTokenRefusedError: ErrorSpec(422, "livekit_token_refused"),
         transport.LinkLostError: _INTERNAL,
         transport.WebhookError: ErrorSpec(401, "unauthorized"),
         transport.SignalingError: ErrorSpec(422, "invalid_request"),

@@ -10,7 +10,9 @@ request's span inside a handler, the session's span inside the session's own tas
 `TokenRedactionFilter`, installed beside it, keeps tokens out of every line: uvicorn's access log writes each
 request's path with its query, and a share link (`/?watch=…&token=…`) or a browser's event stream
 (`…/events?access_token=…`) carries a token there; the filter replaces the values of `token` and `access_token`
-and anything shaped like a JWT (client, session, watch and LiveKit tokens) with `[redacted]`.
+and anything shaped like a JWT (client, session, watch and LiveKit tokens: the LiveKit SDK quotes a refused join's
+token in its error, and its native library logs that line) with `[redacted]` (`transport.redaction`), in the message
+and in the traceback.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ import contextvars
 import datetime
 import json
 import logging
-import re
 import sys
 from collections.abc import Iterator
 
 from opentelemetry import trace
+
+from transport.redaction import redact_tokens
 
 __all__ = [
     "JsonFormatter",
@@ -76,28 +79,22 @@ class SessionIdFilter(logging.Filter):
         return True
 
 
-_TOKEN_PARAMETER = re.compile(r"((?:^|[?&])(?:access_token|token)=)[^&\s\"']*")
-_JWT = re.compile(r"eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{4,}")
-_REDACTED = "[redacted]"
-
-
-def redact_tokens(text: str) -> str:
-    """`text` with the values of `token=` / `access_token=` query parameters and JWT-shaped strings replaced."""
-    if "token=" in text:
-        text = _TOKEN_PARAMETER.sub(lambda match: match.group(1) + _REDACTED, text)
-    if "eyJ" in text:
-        text = _JWT.sub(_REDACTED, text)
-    return text
-
-
 class TokenRedactionFilter(logging.Filter):
-    """Replaces tokens in a record's message and string arguments (see the module docstring); never drops one."""
+    """Replaces tokens in a record's message, whatever its arguments are (an exception quoting a token, too), and
+    in its traceback (see the module docstring); never drops one."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str):
-            record.msg = redact_tokens(record.msg)
-        if isinstance(record.args, tuple):
-            record.args = tuple(redact_tokens(arg) if isinstance(arg, str) else arg for arg in record.args)
+        try:
+            message = record.getMessage()
+        except Exception:  # a record that cannot be formatted is the formatter's to report
+            return True
+        redacted = redact_tokens(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact_tokens(logging.Formatter().formatException(record.exc_info))
+        elif record.exc_text:
+            record.exc_text = redact_tokens(record.exc_text)
         return True
 
 
@@ -120,7 +117,7 @@ class JsonFormatter(logging.Formatter):
             if isinstance(value, str):
                 entry[name] = value
         if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
+            entry["exception"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)
 
 

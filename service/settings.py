@@ -337,6 +337,13 @@ class Settings(BaseSettings):
     livekit_api_key: str | None = Field(
         default=None, validation_alias=AliasChoices("LIVEKIT_API_KEY", "livekit_api_key")
     )
+    livekit_caller_urls: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="Comma-separated LiveKit servers a create's caller-minted token (`livekit.url`/`livekit.token`) "
+        "may send the service to: `*`, or scheme://host[:port] with an optional leading `*.` on the host "
+        "(wss://*.livekit.cloud); LIVEKIT_URL is always allowed. Set without LIVEKIT_URL: the service runs LiveKit "
+        "for callers' tokens only (docs/livekit.md).",
+    )
     livekit_api_secret: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("LIVEKIT_API_SECRET", "livekit_api_secret")
     )
@@ -387,7 +394,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"{origin!r} is not an origin: use scheme://host[:port] (http or https) or *")
         return tuple(origin.rstrip("/") for origin in value)
 
-    @field_validator("webhook_urls", "webhook_allowed_prefixes", mode="before")
+    @field_validator("webhook_urls", "webhook_allowed_prefixes", "livekit_caller_urls", mode="before")
     @classmethod
     def _split_urls(cls, value: object) -> object:
         if isinstance(value, str):
@@ -398,6 +405,15 @@ class Settings(BaseSettings):
     @classmethod
     def _check_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return _checked_webhook_urls(value)
+
+    @field_validator("livekit_caller_urls")
+    @classmethod
+    def _check_caller_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in value:
+            parts = urlsplit(pattern)
+            if pattern != "*" and (parts.scheme not in ("ws", "wss", "http", "https") or not parts.hostname):
+                raise ValueError(f"{pattern!r} is not a LiveKit server pattern: use * or scheme://host[:port]")
+        return value
 
     @field_validator("devices", mode="before")
     @classmethod

@@ -1,9 +1,15 @@
 """Choosing and building the transport: the only place the service names a transport implementation.
 
 `build_transport(settings)` returns the transport: `LiveKitTransport` when `LIVEKIT_URL`, `LIVEKIT_API_KEY` and
-`LIVEKIT_API_SECRET` are all set, else the embedded WebRTC one (`EmbeddedTransport`). It is the wiring point for the
-transports' constructors; the settings are converted into the transports' config records here, once
-(`livekit_config`, `embedded_config`).
+`LIVEKIT_API_SECRET` are all set (its own rooms, callers' rooms by name, and callers' rooms with the callers' tokens
+on the servers `LINGSTREAM_LIVEKIT_CALLER_URLS` allows), or a `LiveKitTransport` with no project of its own when only
+`LINGSTREAM_LIVEKIT_CALLER_URLS` is set (every create must bring `livekit.url` and `livekit.token`: a hosted video
+provider for LiveKit Agents), else the embedded WebRTC one (`EmbeddedTransport`). A replica runs one transport: the
+routes ask that one for capabilities, and a replica that served embedded sessions and callers' LiveKit rooms side
+by side would need a router transport answering for both (not built: one deployment per kind is the simpler fit).
+
+It is the wiring point for the transports' constructors; the settings are converted into the transports' config
+records here, once (`livekit_config`, `embedded_config`).
 
 The embedded transport gathers ICE host candidates where the service listens: only on the bound address when
 `HOST` is one specific IP address (loopback, 127.0.0.1, by default without API keys), and on every interface but
@@ -36,9 +42,13 @@ def build_transport(settings: Settings) -> Transport:
     """LiveKit when its three variables are set, else the embedded WebRTC transport. Raises `SettingsError` (a
     start error naming the variables) when only some of the LiveKit variables are set or a value is refused."""
     secret = settings.livekit_api_secret
-    if settings.livekit_enabled or settings.livekit_api_key or (secret is not None and secret.get_secret_value()):
+    project = settings.livekit_enabled or settings.livekit_api_key or (secret is not None and secret.get_secret_value())
+    if project or settings.livekit_caller_urls:
         config = livekit_config(settings)
-        logger.info("transport: LiveKit at %s (codec %s, %d bit/s)", config.url, config.codec, config.max_bitrate)
+        if config.has_project:
+            logger.info("transport: LiveKit at %s (codec %s, %d bit/s)", config.url, config.codec, config.max_bitrate)
+        else:
+            logger.info("transport: LiveKit for callers' tokens only, on %s", ", ".join(config.caller_urls))
         try:
             return LiveKitTransport(config)
         except TransportConfigError as exc:
@@ -57,6 +67,8 @@ def livekit_config(settings: Settings) -> LiveKitConfig:
         "LIVEKIT_API_KEY": bool(settings.livekit_api_key),
         "LIVEKIT_API_SECRET": bool(secret),
     }
+    if not any(present.values()) and settings.livekit_caller_urls:
+        present = dict.fromkeys(present, True)  # no project: callers' tokens only
     if not all(present.values()):
         missing = ", ".join(name for name, given in present.items() if not given)
         raise SettingsError(f"invalid configuration: LiveKit needs all three variables; {missing} missing")
@@ -65,6 +77,7 @@ def livekit_config(settings: Settings) -> LiveKitConfig:
             url=settings.livekit_url or "",
             api_key=settings.livekit_api_key or "",
             api_secret=secret,
+            caller_urls=settings.livekit_caller_urls,
             client_url=settings.livekit_client_url,
             reconnect_grace=settings.reconnect_grace,
             codec=settings.video_codec,

@@ -125,22 +125,46 @@ _MAX_IDENTITY = 256
 @dataclass(frozen=True, slots=True)
 class CallerRoom:
     """A LiveKit room that exists already and belongs to the caller (a voice agent's, a game lobby's): the session is
-    published there instead of in a room of its own. The service joins it with its own identity, takes control only
-    from `controller_identity` (None: it mints a controller identity and token for that room, as for its own
-    rooms), and leaves, never deletes, the room when the session ends. Checked on construction (`ValueError`)."""
+    published there instead of in a room of its own. Takes control only from `controller_identity` (None: the
+    service mints a controller identity and token for that room, as for its own rooms), and leaves, never deletes,
+    the room when the session ends. Checked on construction (`ValueError`).
+
+    Two ways in. By name (`name`): the service joins with its own identity and a token it mints, so the room must be
+    on the service's own LiveKit project. With the caller's token (`url` and `token`, the avatar-provider pattern):
+    the service joins `url` with the token the caller minted for it, on any LiveKit project, holding no secret of
+    it; the room is the token's (`name` is "" until the transport read it, `ChecksCallerRooms`), and
+    `controller_identity` is required (no token can be minted for a controller). `agent_identity`: the agent the
+    video is published for (the `lk.publish_on_behalf` attribute)."""
 
     name: str
     controller_identity: str | None = None
+    url: str | None = None
+    token: str | None = field(default=None, repr=False)
+    agent_identity: str | None = None
 
     def __post_init__(self) -> None:
-        if not 1 <= len(self.name) <= _MAX_ROOM_NAME or not self.name.isprintable():
+        if (self.url is None) != (self.token is None):
+            raise ValueError("give livekit.url and livekit.token together")
+        if self.token is None and not self.name:
+            raise ValueError("name the room (livekit.room), or give livekit.url and livekit.token")
+        if self.name and (len(self.name) > _MAX_ROOM_NAME or not self.name.isprintable()):
             raise ValueError(f"a room name is 1 to {_MAX_ROOM_NAME} printable characters")
         identity = self.controller_identity
-        if identity is not None and (not 1 <= len(identity) <= _MAX_IDENTITY or not identity.isprintable()):
-            raise ValueError(f"a controller identity is 1 to {_MAX_IDENTITY} printable characters")
+        if self.token is not None and identity is None:
+            raise ValueError("with livekit.token, name the controller (livekit.controller_identity)")
+        for what, value in (("controller", identity), ("agent", self.agent_identity)):
+            if value is not None and (not 1 <= len(value) <= _MAX_IDENTITY or not value.isprintable()):
+                raise ValueError(
+                    f"a{'n' if what == 'agent' else ''} {what} identity is 1 to {_MAX_IDENTITY} printable characters"
+                )
         if identity is not None and identity.startswith(SERVICE_IDENTITY_PREFIX):
             # The service's own participants are told apart by that prefix (one session per room, across replicas).
             raise ValueError(f"a controller identity must not start with {SERVICE_IDENTITY_PREFIX}")
+
+    @property
+    def with_token(self) -> bool:
+        """Whether the service joins with the caller's token (else by name, with a token of its own)."""
+        return self.token is not None
 
 
 class SessionPort(Protocol):
@@ -152,6 +176,11 @@ class SessionPort(Protocol):
     @property
     def caller_room(self) -> CallerRoom | None:
         """The caller's LiveKit room to publish into (None: the transport makes its own, if it has rooms)."""
+        ...
+
+    @property
+    def ends_at(self) -> float | None:
+        """Unix seconds the session ends by (its time limit), None while it has none."""
         ...
 
     @property
@@ -324,9 +353,12 @@ class RenewsJoinDetails(Protocol):
 class ChecksCallerRooms(Protocol):
     """Publishes a session into a room the caller names (LiveKit), checked before the session takes a place."""
 
-    async def check_caller_room(self, room: CallerRoom) -> None:
-        """`RoomNotFoundError` when the room does not exist; `RoomInUseError` when a session of this service
-        (any replica) is in it already."""
+    async def check_caller_room(self, room: CallerRoom | None) -> CallerRoom | None:
+        """The room as the session will join it (with a caller's token: named after the token's room); None for a
+        create that names no room (`CallerTokenError` where the transport takes only callers' rooms). Raises
+        `RoomNotFoundError` when the room does not exist, `RoomInUseError` when a session of this service (any
+        replica) is in it already (as far as can be told before joining), `CallerTokenError` for a caller's token
+        or URL that cannot work."""
         ...
 
 

@@ -9,6 +9,8 @@
     │   ├── RoomServiceAuthError         the server rejected our credentials or grants (401/403)
     │   └── RoomServiceUnavailableError  the server could not be reached, timed out or answered 5xx
     ├── RoomJoinError                    the service participant could not join (or publish into) its room
+    │   └── CallerTokenRefusedError      the LiveKit server refused the token a caller minted for the service
+    ├── CallerTokenError                 a caller's LiveKit token (or URL) cannot work: refused before starting
     ├── RoomNotFoundError                a create named a caller's LiveKit room that does not exist
     ├── RoomInUseError                   a caller's room that already holds a session of this service
     ├── LinkLostError                    a message could not go out: its room connection or peer closed mid-send
@@ -29,6 +31,8 @@ translated where they are caught, always with `raise ... from exc`.
 from __future__ import annotations
 
 __all__ = [
+    "CallerTokenError",
+    "CallerTokenRefusedError",
     "ControlRejectedError",
     "LinkLostError",
     "RoomInUseError",
@@ -106,6 +110,16 @@ class RoomJoinError(TransportError):
         super().__init__(f"the service participant could not join LiveKit room{where}: {detail}")
         self.detail = detail
         self.room = room
+
+
+class CallerTokenRefusedError(RoomJoinError):
+    """The LiveKit server refused the token the caller minted for the service participant (bad signature, another
+    project's key, revoked or expired); the detail never quotes the token."""
+
+
+class CallerTokenError(TransportError):
+    """A create's `livekit.url`/`livekit.token` cannot work (malformed, expired, missing a grant, a URL the
+    deployment does not dial, or a service without caller tokens): refused before the session takes a place."""
 
 
 class RoomNotFoundError(TransportError):

@@ -199,17 +199,26 @@ async def create_session(
 
 
 async def _caller_room(payload: CreateSessionRequest, transport: object) -> CallerRoom | None:
-    """The caller's LiveKit room of a create, checked with the server before the session takes a place."""
-    if payload.livekit is None:
-        return None
+    """The caller's LiveKit room of a create, checked (with the server, or the caller's token read) before the
+    session takes a place; a transport that takes only callers' rooms refuses a create without one."""
     if not isinstance(transport, ChecksCallerRooms):
-        raise InvalidRequestError("livekit: this service has no LiveKit transport (LIVEKIT_URL is not set)")
+        if payload.livekit is not None:
+            raise InvalidRequestError("livekit: this service has no LiveKit transport (LIVEKIT_URL is not set)")
+        return None
+    if payload.livekit is None:
+        return await transport.check_caller_room(None)
+    request = payload.livekit
     try:
-        room = CallerRoom(payload.livekit.room, payload.livekit.controller_identity)
+        room = CallerRoom(
+            request.room or "",
+            request.controller_identity,
+            url=request.url,
+            token=request.token,
+            agent_identity=request.agent_identity,
+        )
     except ValueError as exc:
         raise InvalidRequestError(f"livekit: {exc}") from None
-    await transport.check_caller_room(room)
-    return room
+    return await transport.check_caller_room(room)
 
 
 def _with_prompt(config: dict[str, Any], prompt: str | None) -> dict[str, Any]:

@@ -43,19 +43,48 @@ StateName = Literal["queued", "admitted", "running", "paused", "draining", "clos
 
 
 class LiveKitRoomRequest(BaseModel):
-    """`livekit` of a create: publish the session into the caller's existing LiveKit room (docs/livekit.md)."""
+    """`livekit` of a create: publish the session into the caller's LiveKit room (docs/livekit.md). Either `room`
+    (a room of the service's own LiveKit project, joined with a token the service mints) or `url` and `token` (any
+    LiveKit project: the service joins with the token the caller minted for it)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    room: str = Field(
-        min_length=1, max_length=256, description="An existing LiveKit room; the service joins it, never deletes it."
+    room: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="An existing LiveKit room of the service's project; the service joins it, never deletes it. With "
+        "`token`: optional, and must be the token's room.",
+    )
+    url: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2048,
+        description="The LiveKit server the caller's token is for (ws(s):// or http(s)://); it must be one "
+        "LINGSTREAM_LIVEKIT_CALLER_URLS allows (422 livekit_token_invalid otherwise).",
+    )
+    token: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=8192,
+        description="A join token the caller minted for the service participant: one room, an identity, kind agent, "
+        "canPublish (camera), canPublishData and canUpdateOwnMetadata; valid while the session may need to rejoin. "
+        "Checked before the session takes a place (422 livekit_token_invalid); one the server refuses fails the "
+        "session with livekit_token_refused. Never logged.",
     )
     controller_identity: str | None = Field(
         default=None,
         min_length=1,
         max_length=256,
         description="The participant whose control the session takes (the caller tokens it); null: the service "
-        "mints a controller identity and token for the room.",
+        "mints a controller identity and token for the room (not with `token`, where it is required).",
+    )
+    agent_identity: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="The agent the video is published for: the service participant's `lk.publish_on_behalf` "
+        "attribute, so `useVoiceAssistant().videoTrack` shows it.",
     )
 
 
@@ -72,7 +101,9 @@ class CreateSessionRequest(BaseModel):
         default=None, description="Reference image, base64 (PNG, JPEG or WebP); null for the model's default scene."
     )
     livekit: LiveKitRoomRequest | None = Field(
-        default=None, description="LiveKit only: publish into the caller's existing room instead of a new one."
+        default=None,
+        description="LiveKit only: publish into the caller's existing room instead of a new one (by name, or "
+        "with the caller's token).",
     )
     record: StrictBool = Field(
         default=False,

@@ -41,7 +41,7 @@ from service.runtime.session_table import SessionTable
 from service.runtime.sessions import Session, SessionSnapshot, SessionState
 from service.runtime.state import RuntimeLifecycle, RuntimeState
 from transport.base import CallerRoom
-from transport.errors import RoomInUseError, RoomNotFoundError
+from transport.errors import CallerTokenError, CallerTokenRefusedError, RoomInUseError, RoomNotFoundError
 
 __all__ = ["SessionIntake"]
 
@@ -141,6 +141,10 @@ class SessionIntake:
                 raise RoomInUseError(room.name)
             if room is not None and code == "room_not_found":
                 raise RoomNotFoundError(room.name)
+            if room is not None and code == "livekit_token_refused":
+                raise CallerTokenRefusedError(message, room.name)
+            if room is not None and code == "livekit_token_invalid":
+                raise CallerTokenError(message)
             raise SessionStartError(f"session {session.id} was admitted but could not be started: {message}")
         return session.snapshot(), True
 

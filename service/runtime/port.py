@@ -66,6 +66,10 @@ class LiveSessionPort:
         return self._session.caller_room
 
     @property
+    def ends_at(self) -> float | None:
+        return self._session.ends_at
+
+    @property
     def width(self) -> int:
         return self._session.prepared.width
 

@@ -21,12 +21,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from pipeline.bidirectional import BidirectionalService, ChunkItem, ChunkOutput, ChunkPart, CloseMode, SessionSummary
+from service.errors import lookup
 from service.runtime.port import LiveSessionPort
 from service.runtime.recordings import RecordingStore, SessionRecording
 from service.runtime.records import RuntimeTuning, SessionObserver
 from service.runtime.sessions import Session, SessionState
 from transport.base import ErrorStatus, Transport
-from transport.errors import RoomInUseError, RoomNotFoundError
+from transport.errors import CallerTokenError, CallerTokenRefusedError, RoomInUseError, RoomNotFoundError
 
 __all__ = ["RunnerCallbacks", "SessionRunner"]
 
@@ -112,11 +113,12 @@ class SessionRunner:
                     try:
                         session.attached(await self._transport.attach(port))
                         attached = True
-                    except (RoomNotFoundError, RoomInUseError) as exc:
-                        # The caller's room went away (or was taken) while the session waited: the caller's doing.
+                    except (RoomNotFoundError, RoomInUseError, CallerTokenError, CallerTokenRefusedError) as exc:
+                        # The caller's room went away (or was taken), or the caller's token does not (or no longer)
+                        # work: the caller's doing.
                         logger.warning("session %s: %s", session.id, exc)
-                        code = "room_not_found" if isinstance(exc, RoomNotFoundError) else "room_in_use"
-                        session.record_failure(code, str(exc))
+                        spec = lookup(exc)  # the error table's code: room_in_use, livekit_token_refused, ...
+                        session.record_failure(spec.code if spec is not None else "transport_failed", str(exc))
                         session.request_close(CloseMode.CANCEL, "transport_failed")
                     except Exception as exc:
                         logger.exception("session %s: the transport could not attach it", session.id)

@@ -81,7 +81,15 @@ def encode_payload(
     its time limit), then the raw image bytes."""
     fields: dict[str, object] = {"config": dict(config), "image": image is not None, "max_seconds": max_seconds}
     if caller_room is not None:
-        fields["livekit"] = {"room": caller_room.name, "controller_identity": caller_room.controller_identity}
+        # A caller's token rides along (the replica that admits the session joins with it): the payload is as
+        # secret as the token, and lives only as long as the queued create.
+        fields["livekit"] = {
+            "room": caller_room.name,
+            "controller_identity": caller_room.controller_identity,
+            "url": caller_room.url,
+            "token": caller_room.token,
+            "agent_identity": caller_room.agent_identity,
+        }
     if record:
         fields["record"] = True
     if webhook_url is not None:
@@ -98,8 +106,18 @@ def payload_caller_room(raw: bytes) -> CallerRoom | None:
         return None
     if not isinstance(room, dict) or not isinstance(room.get("room"), str):
         raise ValueError("not a lingstream create payload")
-    identity = room.get("controller_identity")
-    return CallerRoom(room["room"], identity if isinstance(identity, str) else None)
+
+    def text(name: str) -> str | None:
+        value = room.get(name)
+        return value if isinstance(value, str) else None
+
+    return CallerRoom(
+        room["room"],
+        text("controller_identity"),
+        url=text("url"),
+        token=text("token"),
+        agent_identity=text("agent_identity"),
+    )
 
 
 def payload_records(raw: bytes) -> bool:

@@ -15,6 +15,11 @@ status messages on its own topic. It owns the reconnect rules:
 - the controller leaving: a `reconnect_grace` timer; its return within the grace resumes, expiry ends the session.
   The same applies, with `initial_join_timeout`, to a controller that never joins.
 
+It joins with a token it mints (the service's own project) or with the one a caller minted for it (`caller_token`,
+the avatar-provider pattern; a rejoin reuses it, so it must stay valid for as long as the session may need to
+rejoin). Its participant attributes carry the session (`transport.livekit.attributes`): set in full on every
+(re)join, then changed with the session's state, rate-bounded by an `AttributeCoalescer`.
+
 Lifecycle (`BindingState`, shared with the embedded binding), with this binding's transitions in `_TRANSITIONS`;
 the tasks, the grace timer, the status outbox and the steps of closing live in the composed `BindingCore`:
 
@@ -32,8 +37,18 @@ import time
 from dataclasses import dataclass
 
 from pipeline.clock import Clock
-from transport.base import SessionPort, StatusMessage
-from transport.errors import RoomJoinError
+from transport.base import SessionPort, StateStatus, StatusMessage
+from transport.errors import CallerTokenRefusedError, LinkLostError, RoomJoinError
+from transport.livekit.attributes import (
+    CONTROLLER_ATTRIBUTE,
+    ENDS_AT_ATTRIBUTE,
+    PUBLISH_ON_BEHALF_ATTRIBUTE,
+    SESSION_ID_ATTRIBUTE,
+    STATE_ATTRIBUTE,
+    AttributeCoalescer,
+    AttributeStatistics,
+)
+from transport.livekit.caller_tokens import CallerToken
 from transport.livekit.config import LiveKitConfig
 from transport.livekit.events import ParticipantJoined, ParticipantLeft, RoomEvent, RoomFinished
 from transport.livekit.room import (
@@ -48,11 +63,12 @@ from transport.livekit.room import (
 )
 from transport.livekit.rpc import RPC_METHODS, ControlRpc
 from transport.livekit.tokens import ParticipantRole, TokenIssuer
+from transport.redaction import redact_tokens
 from transport.session.binding import BindingCore, BindingState, TransitionTable
 from transport.session.control import ControlStatistics
 from transport.session.outbox import Outbound, OutboxStatistics, encode_outbound
 from transport.session.pacing import PacedFrame, PacerStatistics
-from transport.session.timers import Timers
+from transport.session.timers import TimerHandle, Timers
 from transport.session.viewers import ViewerSeats, ViewerStatistics
 
 __all__ = [
@@ -114,6 +130,8 @@ class LiveKitBindingStatistics:
     pacer: PacerStatistics
     outbox: OutboxStatistics
     viewers: ViewerStatistics
+    attributes: AttributeStatistics
+    attribute_failures: int
 
 
 class LiveKitSessionBinding:
@@ -134,18 +152,30 @@ class LiveKitSessionBinding:
         room_name: str,
         controller_identity: str,
         service_identity: str,
-        tokens: TokenIssuer,
+        tokens: TokenIssuer | None,
         room_factory: RoomFactory,
         timers: Timers,
         clock: Clock | None = None,
+        caller_token: CallerToken | None = None,
+        agent_identity: str | None = None,
     ) -> None:
+        if (tokens is None) == (caller_token is None):
+            raise ValueError("a LiveKit binding joins with minted tokens or with a caller's token: give one")
         self._port = port
         self._config = config
         self._room_name = room_name
         self._controller = controller_identity
         self._service_identity = service_identity
         self._tokens = tokens
+        self._caller_token = caller_token
+        self._agent_identity = agent_identity
         self._room_factory = room_factory
+        self._timers = timers
+        self._clock = clock
+        self._attributes = AttributeCoalescer(burst=config.attribute_burst, interval=config.attribute_interval)
+        self._attribute_lock = asyncio.Lock()  # FIFO: updates reach the server in the order they were taken
+        self._attribute_timer: TimerHandle | None = None
+        self._attribute_failures = 0
         self._core = BindingCore(
             port,
             kind="LiveKit",
@@ -227,14 +257,15 @@ class LiveKitSessionBinding:
         self._sdk_reconnecting = False
         self._register(room, self._generation)
         self._room = room
-        token = self._tokens.service(self.session_id, self._room_name, identity=self._service_identity)
+        url, token = self._credentials()
         try:
-            await room.connect(self._config.url, token.token, self._join_options)
+            await room.connect(url, token, self._join_options)
         except RoomJoinError as exc:
-            raise RoomJoinError(exc.detail, self._room_name) from exc
+            raise self._join_error(exc.detail) from exc
         except Exception as exc:  # anything else the SDK raises is a failed join too (and worth a retry)
-            raise RoomJoinError(f"{type(exc).__name__}: {exc}", self._room_name) from exc
+            raise self._join_error(f"{type(exc).__name__}: {exc}") from exc
         self._register_rpc(room)
+        await self._set_attributes(room, {**self._attributes.published, **self._joined_attributes()})
         video = room.create_video(self._config.track_name, self._port.width, self._port.height)
         self._video = video
         try:
@@ -244,6 +275,76 @@ class LiveKitSessionBinding:
         if room.connection_state is RoomConnectionState.DISCONNECTED:
             # Its `disconnected` event came while we were still joining, when it is not acted on.
             raise RoomJoinError("the connection dropped while joining", self._room_name)
+
+    def _credentials(self) -> tuple[str, str]:
+        if self._caller_token is not None:
+            return self._caller_token.url, self._caller_token.token
+        assert self._tokens is not None  # one of the two, checked on construction
+        token = self._tokens.service(self.session_id, self._room_name, identity=self._service_identity)
+        return self._config.url, token.token
+
+    def _join_error(self, detail: str) -> RoomJoinError:
+        """The error of a failed join; with a caller's token, a refusal of that token is told apart (the caller's
+        doing: `CallerTokenRefusedError`). The SDK's message never holds the token."""
+        detail = redact_tokens(detail)
+        if self._caller_token is not None and _refuses_token(detail):
+            return CallerTokenRefusedError(detail, self._room_name)
+        return RoomJoinError(detail, self._room_name)
+
+    def remote_attributes(self) -> dict[str, dict[str, str]]:
+        """The attributes of everyone else in the room now, by identity (empty while not in the room)."""
+        room = self._room
+        if room is None:
+            return {}
+        return {identity: dict(attributes) for identity, attributes in room.remote_attributes().items()}
+
+    # -- attributes -----------------------------------------------------------------------------------------------
+
+    def _joined_attributes(self) -> dict[str, str]:
+        """What the participant carries from its (re)join on, whatever the rate bound."""
+        attributes = {
+            SESSION_ID_ATTRIBUTE: self.session_id,
+            CONTROLLER_ATTRIBUTE: self._controller,
+            ENDS_AT_ATTRIBUTE: _ends_at_text(self._port.ends_at),
+        }
+        if self._agent_identity is not None:
+            attributes[PUBLISH_ON_BEHALF_ATTRIBUTE] = self._agent_identity
+        self._attributes.joined(attributes)
+        return attributes
+
+    async def _set_attributes(self, room: Room, attributes: dict[str, str]) -> None:
+        async with self._attribute_lock:
+            try:
+                await room.local_participant.set_attributes(attributes)
+            except LinkLostError as exc:
+                # Not fatal: the video and the data path work without them; late joiners learn less.
+                self._attribute_failures += 1
+                logger.warning("session %s: participant attributes not set: %s", self.session_id, exc)
+
+    def _offer_attributes(self, state: str) -> None:
+        changes = {STATE_ATTRIBUTE: state, ENDS_AT_ATTRIBUTE: _ends_at_text(self._port.ends_at)}
+        self._attributes.offer(changes, self._now())
+        self._flush_attributes()
+
+    def _now(self) -> float:
+        return self._clock.now() if self._clock is not None else time.monotonic()
+
+    def _flush_attributes(self) -> None:
+        if self._core.closed:
+            return
+        now = self._now()
+        update = self._attributes.take(now)
+        room = self._room
+        if update is not None and room is not None:
+            self._core.spawn(self._set_attributes(room, update), "attributes")
+            return
+        next_at = self._attributes.next_at(now)
+        if next_at is not None and self._attribute_timer is None:
+            self._attribute_timer = self._timers.call_later(next_at - now, self._attribute_timer_fired)
+
+    def _attribute_timer_fired(self) -> None:
+        self._attribute_timer = None
+        self._flush_attributes()
 
     async def _leave_room(self) -> None:
         room, video = self._room, self._video
@@ -426,6 +527,9 @@ class LiveKitSessionBinding:
             participant.register_rpc_method(method, handler)
 
     def _encode_status(self, message: StatusMessage) -> Outbound:
+        # Every status the session relays passes here once: its state changes are the attributes' too.
+        if isinstance(message, StateStatus):
+            self._offer_attributes(message.state)
         return encode_outbound(
             message, max_bytes=self._config.status_max_bytes, lossy_max_bytes=self._config.lossy_max_bytes
         )
@@ -461,6 +565,9 @@ class LiveKitSessionBinding:
 
     async def aclose(self, reason: str = "detached") -> None:
         """Stop serving the session and leave the room. Idempotent."""
+        if self._attribute_timer is not None:
+            self._attribute_timer.cancel()
+            self._attribute_timer = None
         if await self._core.aclose(reason):
             await self._leave_room()
 
@@ -484,4 +591,20 @@ class LiveKitSessionBinding:
             pacer=core.pacer,
             outbox=core.outbox,
             viewers=self.viewer_seats.statistics(time.time()),
+            attributes=self._attributes.statistics(),
+            attribute_failures=self._attribute_failures,
         )
+
+
+_REFUSAL_MARKS = ("401", "403", "unauthorized", "forbidden", "invalid token", "token is expired", "permission")
+
+
+def _refuses_token(detail: str) -> bool:
+    """Whether the SDK's join failure says the server refused the token (as the real server answers one that does not
+    verify or is expired: an HTTP 401 on the signal connection)."""
+    lowered = detail.lower()
+    return any(mark in lowered for mark in _REFUSAL_MARKS)
+
+
+def _ends_at_text(ends_at: float | None) -> str:
+    return "" if ends_at is None else str(int(ends_at))

@@ -15,6 +15,7 @@ from transport.config import (
     positive_seconds,
 )
 from transport.errors import TransportConfigError
+from transport.livekit.attributes import ATTRIBUTE_BURST, ATTRIBUTE_INTERVAL
 from transport.livekit.rooms import RoomConfig, room_capacity
 from transport.protocol import MAX_STATUS_BYTES
 from transport.session.viewers import DEFAULT_MAX_VIEWERS
@@ -43,11 +44,18 @@ class LiveKitConfig:
     `max_viewers`: viewers a session's room may have at once (0: none). `idle_frame_interval`: seconds without a
     frame after which the last one is published again, and how often while the stream stays idle (0: off;
     `transport.session.pacing`, keep-warm; default `LIVEKIT_IDLE_FRAME_INTERVAL`).
+
+    `caller_urls`: the LiveKit servers a create's caller-minted token may send the service to (patterns, see
+    `transport.livekit.caller_tokens.caller_url_allowed`; the service's own `url` and `client_url` are always
+    allowed). With no project (`url`, `api_key`, `api_secret` all empty) the transport joins callers' rooms with
+    their tokens only, and `caller_urls` must name at least one server. `attribute_burst`/`attribute_interval`:
+    how often the service participant's attributes may change (`transport.livekit.attributes`).
     """
 
     url: str
     api_key: str
     api_secret: str = field(repr=False)
+    caller_urls: tuple[str, ...] = ()
     client_url: str | None = None
     join_ttl: float = DEFAULT_JOIN_TTL
     reconnect_grace: float = 20.0
@@ -69,6 +77,8 @@ class LiveKitConfig:
     reanchor_after: float = 0.5
     idle_frame_interval: float = LIVEKIT_IDLE_FRAME_INTERVAL
     max_viewers: int = DEFAULT_MAX_VIEWERS
+    attribute_burst: int = ATTRIBUTE_BURST
+    attribute_interval: float = ATTRIBUTE_INTERVAL
 
     def __post_init__(self) -> None:
         check_max_viewers(self.max_viewers)
@@ -79,9 +89,15 @@ class LiveKitConfig:
                 f"({capacity}: the controller, the service participant and the viewers)"
             )
         check_idle_frame_interval(self.idle_frame_interval)
-        if not self.url:
+        project = (bool(self.url), bool(self.api_key), bool(self.api_secret))
+        if not any(project):
+            if not self.caller_urls:
+                raise TransportConfigError(
+                    "LiveKit needs a project (url, api_key, api_secret) or caller_urls (callers' tokens only)"
+                )
+        elif not self.url:
             raise TransportConfigError("LiveKit url must be set")
-        if not self.api_key or not self.api_secret:
+        elif not self.api_key or not self.api_secret:
             raise TransportConfigError("LiveKit api_key and api_secret must both be set")
         for name in ("join_ttl", "reconnect_grace", "initial_join_timeout", "connect_timeout", "status_flush_timeout"):
             positive_seconds(name, getattr(self, name))
@@ -98,6 +114,11 @@ class LiveKitConfig:
             raise TransportConfigError(f"lossy_max_bytes must be in 0..status_max_bytes, got {self.lossy_max_bytes}")
         if self.control_topic == self.status_topic:
             raise TransportConfigError("control_topic and status_topic must differ")
+
+    @property
+    def has_project(self) -> bool:
+        """Whether the service has a LiveKit project of its own (rooms, tokens, webhooks), not only callers'."""
+        return bool(self.url)
 
     @property
     def join_url(self) -> str:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
 from transport.errors import LinkLostError, RoomJoinError, TransportConfigError
+from transport.redaction import redact_tokens
 from transport.session.pacing import PacedFrame
 
 if TYPE_CHECKING:
@@ -129,6 +130,11 @@ class LocalParticipantHandle(Protocol):
         """Answer calls of `method` with `handler` (after `connect`; a new room registers again)."""
         ...
 
+    async def set_attributes(self, attributes: Mapping[str, str]) -> None:
+        """Set (merge) the participant's attributes; needs the token's canUpdateOwnMetadata grant. Raises
+        `LinkLostError` when the server did not take them."""
+        ...
+
 
 class Room(Protocol):
     """One connection of one participant to one room. Create a new one per (re)join."""
@@ -141,6 +147,10 @@ class Room(Protocol):
 
     @property
     def remote_identities(self) -> frozenset[str]: ...
+
+    def remote_attributes(self) -> Mapping[str, Mapping[str, str]]:
+        """The attributes of every remote participant in the room now, by identity."""
+        ...
 
     def on(self, event: RoomEventName, callback: Callable[..., None]) -> None:
         """Register a plain (non-async) callback; see `RoomEventName` for each event's arguments."""
@@ -247,6 +257,12 @@ class _LiveKitParticipant:
 
         self._participant.register_rpc_method(method, invoke)
 
+    async def set_attributes(self, attributes: Mapping[str, str]) -> None:
+        try:
+            await self._participant.set_attributes(dict(attributes))
+        except Exception as exc:  # the SDK raises its FFI errors untyped
+            raise LinkLostError(f"attributes not set: {type(exc).__name__}: {exc}") from exc
+
 
 class LiveKitRoom:
     """The real `Room`: a `livekit.rtc.Room` created on the running loop."""
@@ -319,6 +335,9 @@ class LiveKitRoom:
     def remote_identities(self) -> frozenset[str]:
         return frozenset(self._room.remote_participants)
 
+    def remote_attributes(self) -> Mapping[str, Mapping[str, str]]:
+        return {identity: p.attributes for identity, p in self._room.remote_participants.items()}
+
     def on(self, event: RoomEventName, callback: Callable[..., None]) -> None:
         self._callbacks.setdefault(event, []).append(callback)
 
@@ -332,7 +351,8 @@ class LiveKitRoom:
                 rtc.RoomOptions(auto_subscribe=options.auto_subscribe, connect_timeout=options.connect_timeout),
             )
         except rtc.ConnectError as exc:
-            raise RoomJoinError(f"{exc.message} (server {url})") from exc
+            # Not chained: the SDK's message quotes the token of a refused join (redacted here, not in `exc`).
+            raise RoomJoinError(f"{redact_tokens(exc.message)} (server {url})") from None
 
     async def disconnect(self) -> None:
         await self._room.disconnect()

@@ -10,6 +10,10 @@ client can never pick or guess another's identity. Grants are room-scoped and le
 | viewer     | yes  | yes       | no                   | no           |
 | service    | yes  | no        | camera video only    | yes (status) |
 
+The service participant's token has kind `agent` (LiveKit's kind for a non-human publisher: an Agents worker's
+`wait_for_participant()` and RoomIO never take it for the user, and it does not keep an empty room alive) and may
+update its own attributes (`transport.livekit.attributes`: the session's state, read by late joiners).
+
 Tokens are for joining: their TTL is short (default 60 s; LiveKit refreshes a connected participant's token by
 itself). The metadata ties the identity to its session and role.
 """
@@ -115,6 +119,8 @@ class TokenIssuer:
             .with_grants(grants)
             .with_ttl(ttl)
         )
+        if role is ParticipantRole.SERVICE:
+            token = token.with_kind("agent")
         issued_at = time.time()
         return IssuedToken(
             role=role,
@@ -164,5 +170,5 @@ def _grants(role: ParticipantRole, room: str) -> api.VideoGrants:
                 can_publish=True,
                 can_publish_sources=["camera"],
                 can_publish_data=True,
-                can_update_own_metadata=False,
+                can_update_own_metadata=True,  # its attributes carry the session's state
             )

@@ -19,7 +19,20 @@ the arbiter: a room holds a session of this service when a service participant (
 `check_caller_room` lists the room's participants (one RoomService call besides the existence check). Two replicas
 attaching to one room at once can both pass that check, so after joining, `attach` lists the room again and keeps
 it only if its own participant is listed and joined strictly before every other service participant there (the
-server's `joined_at_ms`); otherwise it leaves at once and the session fails with `room_in_use`. Whichever way the
+server's `joined_at_ms`); otherwise it leaves at once and the session fails with `room_in_use`.
+
+A caller's room joined with the caller's token (`CallerRoom.with_token`: the avatar-provider pattern, any LiveKit
+project): `check_caller_room` reads the token (`transport.livekit.caller_tokens`: shape, room, identity, grants,
+expiry; `CallerTokenError`) and checks its URL against `LiveKitConfig.caller_urls`; there is no RoomService to ask,
+so whether the room holds a session is decided by the room itself: after joining, the service participant sets its
+attributes (`lingstream.session_id` among them) and looks at everyone else's; one carrying `lingstream.session_id`
+means the room is taken (leave, `RoomInUseError`). Two sessions joining one room within the same moment may both
+see the other and both leave, or (when neither's attributes reached the other yet) both stay: the window is one
+signalling round trip. A token the server refuses fails the session with `CallerTokenRefusedError`. No token can be
+minted in the caller's project: the controller is the caller's (`controller_identity` is required), viewers join
+with tokens the caller mints (`viewer_details` refuses), and the caller's webhooks are not ours. A transport with no
+project of its own (`LiveKitConfig.has_project` false) takes only such sessions (`check_caller_room(None)` refuses
+a create without one). Whichever way the
 two joins and listings interleave, the later joiner's listing shows the earlier one, so at most one stays. A tie
 (the same millisecond, or the same second on a server without milliseconds) makes the later lister leave too: it
 cannot know whether the other already kept the room, and two publishers would be worse than a refused create. If
@@ -33,19 +46,23 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline.clock import Clock
 from transport.base import BindingStatistics, CallerRoom, ReconnectKind, SessionPort, ViewerFigures
 from transport.errors import (
+    CallerTokenError,
     RoomInUseError,
     RoomNotFoundError,
     RoomServiceError,
     SessionAlreadyAttachedError,
     SessionNotAttachedError,
     TransportClosedError,
+    WebhookError,
 )
+from transport.livekit.attributes import SESSION_ID_ATTRIBUTE
 from transport.livekit.binding import LiveKitBindingStatistics, LiveKitSessionBinding
+from transport.livekit.caller_tokens import CallerToken, caller_url_allowed, read_caller_token
 from transport.livekit.config import LiveKitConfig
 from transport.livekit.events import RoomEvent
 from transport.livekit.room import RoomFactory, livekit_room_factory
@@ -87,14 +104,18 @@ class LiveKitTransport:
         clock: Clock | None = None,
     ) -> None:
         self._config = config
-        self._tokens = TokenIssuer(config.api_key, config.api_secret, join_ttl=config.join_ttl)
-        self._webhooks = WebhookHandler(config.api_key, config.api_secret)
+        project = config.has_project
+        self._tokens = TokenIssuer(config.api_key, config.api_secret, join_ttl=config.join_ttl) if project else None
+        self._webhooks = WebhookHandler(config.api_key, config.api_secret) if project else None
         self._owns_admin = room_admin is None
-        self._room_admin: RoomAdmin = (
+        self._room_admin: RoomAdmin | None = (
             room_admin
             if room_admin is not None
             else RoomManager(config.url, config.api_key, config.api_secret, config.room)
+            if project
+            else None
         )
+        self._caller_urls = tuple(config.caller_urls) + tuple(u for u in (config.url, config.client_url) if u)
         self._room_factory = room_factory if room_factory is not None else livekit_room_factory
         self._timers: Timers = timers if timers is not None else LoopTimers()
         self._clock = clock
@@ -139,10 +160,12 @@ class LiveKitTransport:
         caller = self._callers.get(binding.session_id)
         token: IssuedToken | None = None
         if caller is None or caller.controller_identity is None:
-            token = self._tokens.controller(binding.session_id, binding.room_name, identity=binding.controller_identity)
+            token = self._project_tokens().controller(
+                binding.session_id, binding.room_name, identity=binding.controller_identity
+            )
         return {
             "kind": "livekit",
-            "url": self._config.join_url,
+            "url": caller.url if caller is not None and caller.url is not None else self._config.join_url,
             "room": binding.room_name,
             "token": None if token is None else token.token,
             "identity": binding.controller_identity,
@@ -153,22 +176,73 @@ class LiveKitTransport:
             "room_owner": "service" if caller is None else "caller",
         }
 
-    async def check_caller_room(self, room: CallerRoom) -> None:
-        """Raise `RoomNotFoundError` when the caller's room does not exist, `RoomInUseError` when a session of this
-        service is in it (or joining it) already; a `RoomServiceError` when the server cannot say."""
+    def _project_tokens(self) -> TokenIssuer:
+        if self._tokens is None:
+            raise CallerTokenError(
+                "this service has no LiveKit project of its own: it joins callers' rooms with their tokens only"
+            )
+        return self._tokens
+
+    def _read_caller_token(self, room: CallerRoom) -> CallerToken:
+        """The caller's token of `room`, read and checked (`CallerTokenError`)."""
+        assert room.url is not None  # with_token
+        assert room.token is not None
+        if not caller_url_allowed(room.url, self._caller_urls):
+            raise CallerTokenError(
+                f"livekit.url {room.url!r} is not a LiveKit server this service may join "
+                "(LINGSTREAM_LIVEKIT_CALLER_URLS)"
+            )
+        token = read_caller_token(room.url, room.token, now=time.time())
+        if room.name and room.name != token.room:
+            raise CallerTokenError(f"livekit.room {room.name!r} is not the room the token grants ({token.room!r})")
+        if token.identity == room.controller_identity:
+            raise CallerTokenError("livekit.token's identity is the controller's: mint one for the service")
+        if room.agent_identity is not None and token.identity == room.agent_identity:
+            raise CallerTokenError("livekit.token's identity is the agent's: mint one for the service")
+        return token
+
+    @staticmethod
+    def _room_key(room: CallerRoom) -> str:
+        # Callers' tokens may name rooms on other servers: a room is known by its server too.
+        return room.name if room.url is None else f"{room.url}#{room.name}"
+
+    async def check_caller_room(self, room: CallerRoom | None) -> CallerRoom | None:
+        """The caller's room as the session will join it (None: the service's own room). Raises
+        `RoomNotFoundError` when the caller's room does not exist, `RoomInUseError` when a session of this service is
+        in it (or joining it) already (with a caller's token: of this replica; the room itself tells at the join), a
+        `RoomServiceError` when the server cannot say, and `CallerTokenError` for a caller's token or URL that cannot
+        work, or a create without one on a transport with no project."""
+        if room is None:
+            self._project_tokens()
+            return None
+        if room.with_token:
+            token = self._read_caller_token(room)
+            room = replace(room, name=token.room)
+            key = self._room_key(room)
+            if key in self._by_room or key in self._joining_rooms:
+                raise RoomInUseError(room.name)
+            return room
+        admin = self._admin()
         if room.name in self._by_room or room.name in self._joining_rooms:
             raise RoomInUseError(room.name)
-        if not await self._room_admin.room_exists(room.name):
+        if not await admin.room_exists(room.name):
             raise RoomNotFoundError(room.name)
-        participants = await self._room_admin.list_participants(room.name)
+        participants = await admin.list_participants(room.name)
         if any(TokenIssuer.has_role(p.identity, ParticipantRole.SERVICE) for p in participants):
             raise RoomInUseError(room.name)  # a session of another replica is in it
+        return room
+
+    def _admin(self) -> RoomAdmin:
+        if self._room_admin is None:
+            self._project_tokens()  # raises: no project
+            raise AssertionError("a project without a room admin")
+        return self._room_admin
 
     async def _keeps_caller_room(self, binding: LiveKitSessionBinding) -> bool:
         """After joining a caller's room: whether this session's participant joined it before every other service
         participant (module docstring); True when the server cannot say."""
         try:
-            participants = await self._room_admin.list_participants(binding.room_name)
+            participants = await self._admin().list_participants(binding.room_name)
         except RoomServiceError:
             logger.warning(
                 "session %s: could not list room %s after joining it; keeping it",
@@ -200,18 +274,18 @@ class LiveKitTransport:
         session_id = port.session_id
         if session_id in self._bindings or session_id in self._attaching:
             raise SessionAlreadyAttachedError(session_id)
-        caller = port.caller_room
-        if caller is not None:
-            await self.check_caller_room(caller)
+        caller = await self.check_caller_room(port.caller_room)
+        caller_token = self._read_caller_token(caller) if caller is not None and caller.with_token else None
+        key = self._room_key(caller) if caller is not None else None
         self._attaching.add(session_id)
         try:
             if caller is None:
                 room = room_name_for(session_id, self._config.room_prefix)
                 metadata = json.dumps({"session_id": session_id}, separators=(",", ":"))
-                await self._room_admin.create_room(room, metadata=metadata)
+                await self._admin().create_room(room, metadata=metadata)
             else:
                 room = caller.name
-                self._joining_rooms.add(room)
+                self._joining_rooms.add(room if key is None else key)
             controller = (
                 caller.controller_identity
                 if caller is not None and caller.controller_identity is not None
@@ -223,11 +297,17 @@ class LiveKitTransport:
                     config=self._config,
                     room_name=room,
                     controller_identity=controller,
-                    service_identity=TokenIssuer.new_identity(ParticipantRole.SERVICE, session_id),
-                    tokens=self._tokens,
+                    service_identity=(
+                        caller_token.identity
+                        if caller_token is not None
+                        else TokenIssuer.new_identity(ParticipantRole.SERVICE, session_id)
+                    ),
+                    tokens=None if caller_token is not None else self._project_tokens(),
                     room_factory=self._room_factory,
                     timers=self._timers,
                     clock=self._clock,
+                    caller_token=caller_token,
+                    agent_identity=caller.agent_identity if caller is not None else None,
                 )
                 await binding.start()
             except BaseException:
@@ -237,7 +317,11 @@ class LiveKitTransport:
                 raise
             if caller is not None:
                 try:
-                    keeps = await self._keeps_caller_room(binding)
+                    keeps = (
+                        self._room_is_free(binding)
+                        if caller_token is not None
+                        else await self._keeps_caller_room(binding)
+                    )
                 except BaseException:  # cancelled while listing: leave the room we joined
                     self._attach_failures += 1
                     await binding.aclose("attaching was cancelled")
@@ -247,15 +331,21 @@ class LiveKitTransport:
                     await binding.aclose("another session of this service joined the room first")
                     raise RoomInUseError(room)
             self._bindings[session_id] = binding
-            self._by_room[room] = session_id
+            self._by_room[room if key is None else key] = session_id
             if caller is not None:
                 self._callers[session_id] = caller
             self._attached_total += 1
         finally:
             self._attaching.discard(session_id)
-            if caller is not None:
-                self._joining_rooms.discard(caller.name)
+            if key is not None:
+                self._joining_rooms.discard(key)
         return self._details(binding)
+
+    @staticmethod
+    def _room_is_free(binding: LiveKitSessionBinding) -> bool:
+        """Joined with a caller's token: whether nobody else in the room carries a session of this service (our
+        attributes went out with the join, so a rival joining after us sees ours)."""
+        return not any(SESSION_ID_ATTRIBUTE in attributes for attributes in binding.remote_attributes().values())
 
     def _binding(self, session_id: str) -> LiveKitSessionBinding:
         binding = self._bindings.get(session_id)
@@ -277,8 +367,8 @@ class LiveKitTransport:
         if published.get("kind") != "livekit" or not isinstance(room, str) or not isinstance(identity, str):
             raise SessionNotAttachedError(session_id)
         if published.get("token") is None:
-            return {**published, "url": self._config.join_url}  # the caller tokens its own controller
-        token = self._tokens.controller(session_id, room, identity=identity)
+            return dict(published)  # the caller tokens its own controller
+        token = self._project_tokens().controller(session_id, room, identity=identity)
         return {**published, "url": self._config.join_url, "token": token.token, "expires_at": token.expires_at}
 
     def viewer_details(self, session_id: str) -> Mapping[str, object]:
@@ -286,7 +376,13 @@ class LiveKitTransport:
         session's `max_viewers` places, held until the viewer leaves the room (or until the token's time to join
         runs out unused); raises `TooManyViewersError` when every place is taken."""
         binding = self._binding(session_id)
-        token = self._tokens.viewer(session_id, binding.room_name)
+        caller = self._callers.get(session_id)
+        if caller is not None and caller.with_token:
+            raise CallerTokenError(
+                "this session is in a caller's room joined with the caller's token: its viewers join with tokens the "
+                "caller mints"
+            )
+        token = self._project_tokens().viewer(session_id, binding.room_name)
         binding.viewer_seats.reserve(token.identity, token.expires_at, time.time())
         return {
             "kind": "livekit",
@@ -306,6 +402,9 @@ class LiveKitTransport:
         session owns, e.g. one deleted a moment ago).
         """
         self._webhooks_received += 1
+        if self._webhooks is None:
+            self._webhooks_rejected += 1
+            raise WebhookError("this service has no LiveKit project of its own: it takes no webhooks")
         try:
             event = self._webhooks.receive(body, authorization)
         except Exception:
@@ -327,8 +426,8 @@ class LiveKitTransport:
         binding = self._bindings.pop(session_id, None)
         if binding is None:
             return
-        self._by_room.pop(binding.room_name, None)
         caller = self._callers.pop(session_id, None)
+        self._by_room.pop(binding.room_name if caller is None else self._room_key(caller), None)
         await binding.aclose(reason)
         if caller is None:
             await self._delete_room(binding.room_name)
@@ -337,7 +436,7 @@ class LiveKitTransport:
 
     async def _delete_room(self, room: str) -> None:
         try:
-            await self._room_admin.delete_room(room)
+            await self._admin().delete_room(room)
         except RoomServiceError:
             self._room_delete_failures += 1
             logger.warning("deleting LiveKit room %s failed; its timeouts will remove it", room, exc_info=True)

@@ -15,7 +15,7 @@ import hashlib
 import inspect
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from google.protobuf.json_format import MessageToJson
 from google.protobuf.message import Message
 from livekit import api
 
-from transport.errors import RoomJoinError
+from transport.errors import LinkLostError, RoomJoinError
 from transport.livekit.room import (
     LocalVideo,
     RoomConnectionState,
@@ -105,6 +105,14 @@ class FakeLocalParticipant:
         assert not inspect.iscoroutinefunction(handler), "an RPC handler of ours is a plain function"
         self._room.rpc_methods[method] = handler
 
+    async def set_attributes(self, attributes: Mapping[str, str]) -> None:
+        if self._room.fail_attributes > 0:
+            self._room.fail_attributes -= 1
+            raise LinkLostError("attributes not set (scripted)")
+        self._room.attribute_updates.append(dict(attributes))
+        self._room.attributes.update(attributes)
+        self._room.factory.remote_attributes.setdefault(self._room.identity, {}).update(attributes)
+
 
 class FakeRoom:
     """One scripted room connection (see module docstring)."""
@@ -124,6 +132,10 @@ class FakeRoom:
         self.fail_publish = False
         self.fail_data = 0  # how many of the next publish_data calls fail
         self.rpc_methods: dict[str, RpcHandler] = {}
+        self.fail_attributes = 0  # how many of the next set_attributes calls fail
+        self.attributes: dict[str, str] = {}  # the local participant's, as the server has them
+        self.attribute_updates: list[dict[str, str]] = []  # every set_attributes call, in order
+        self.kind = ""  # the joining token's participant kind
 
     # Room protocol
     @property
@@ -138,6 +150,9 @@ class FakeRoom:
     def remote_identities(self) -> frozenset[str]:
         return frozenset(self.remote)
 
+    def remote_attributes(self) -> Mapping[str, Mapping[str, str]]:
+        return {identity: dict(self._factory.remote_attributes.get(identity, {})) for identity in self.remote}
+
     def on(self, event: RoomEventName, callback: Callable[..., None]) -> None:
         if inspect.iscoroutinefunction(callback):
             raise ValueError("Cannot register an async callback with `.on()`")  # as livekit.rtc does
@@ -145,8 +160,16 @@ class FakeRoom:
 
     async def connect(self, url: str, token: str, options: RoomJoinOptions) -> None:
         self.connects.append((url, token, options))
-        claims = api.TokenVerifier(self._factory.api_key, self._factory.api_secret).verify(token)
+        try:
+            claims = api.TokenVerifier(self._factory.api_key, self._factory.api_secret).verify(token)
+        except Exception as exc:
+            # As the real SDK reports a token the server refused: an HTTP 401 quoting the whole token.
+            raise RoomJoinError(
+                f"engine: signal failure: client error: 401 Unauthorized - invalid token: {token}, error: {exc}"
+            ) from None
         self.identity = claims.identity
+        self.kind = claims.kind
+        self.attributes = dict(claims.attributes or {})
         if self._factory.fail_connects > 0:
             self._factory.fail_connects -= 1
             raise RoomJoinError("connection refused (scripted)")
@@ -225,6 +248,7 @@ class FakeRoomFactory:
         self.video_factory = video_factory
         self.rooms: list[FakeRoom] = []
         self.present: set[str] = set()
+        self.remote_attributes: dict[str, dict[str, str]] = {}  # attributes of who is in the room, by identity
         self.fail_connects = 0
         self.drop_during_publish = 0  # how many of the next publishes lose the connection right away
         self.publishes = 0

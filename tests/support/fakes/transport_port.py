@@ -68,9 +68,11 @@ class FakeSessionPort:
         height: int = 24,
         fps: float = 16.0,
         caller_room: CallerRoom | None = None,
+        ends_at: float | None = None,
     ) -> None:
         self._session_id = session_id
         self._caller_room = caller_room
+        self.ends_at_value = ends_at  # what `ends_at` says (a test may change it)
         self._width = width
         self._height = height
         self._fps = fps
@@ -95,6 +97,10 @@ class FakeSessionPort:
     @property
     def caller_room(self) -> CallerRoom | None:
         return self._caller_room
+
+    @property
+    def ends_at(self) -> float | None:
+        return self.ends_at_value
 
     @property
     def width(self) -> int:

@@ -89,7 +89,8 @@ def test_the_create_payload_round_trips_config_image_bytes_and_time_limit() -> N
 
 def test_the_create_payload_carries_the_callers_livekit_room_to_the_replica_that_admits_it() -> None:
     image = b"\x89PNG\r\n"
-    for room in (CallerRoom("lobby-7"), CallerRoom("lobby 7 ✓", controller_identity="user-42")):
+    with_token = CallerRoom("lobby", "user-42", url="wss://caller.example", token="eyJ.a.b", agent_identity="agent-1")
+    for room in (CallerRoom("lobby-7"), CallerRoom("lobby 7 ✓", controller_identity="user-42"), with_token):
         payload = encode_payload({"fps": 12}, image, room)
         assert payload_caller_room(payload) == room
         assert decode_payload(payload) == CreatePayload({"fps": 12}, image)

@@ -49,7 +49,7 @@ def test_viewer_may_only_subscribe() -> None:
     assert claims.identity.startswith("view-abc-")
 
 
-def test_service_publishes_camera_video_and_data_and_subscribes_to_nothing() -> None:
+def test_service_publishes_camera_video_and_data_and_its_attributes_and_subscribes_to_nothing() -> None:
     claims = _decode(TokenIssuer(KEY, SECRET).service("abc", "lingstream-abc").token)
     assert claims.video == api.VideoGrants(
         room_join=True,
@@ -58,12 +58,20 @@ def test_service_publishes_camera_video_and_data_and_subscribes_to_nothing() -> 
         can_publish=True,
         can_publish_sources=["camera"],
         can_publish_data=True,
-        can_update_own_metadata=False,
+        can_update_own_metadata=True,
     )
     assert claims.identity.startswith("svc-abc-")
     # the seam's rule for telling service participants apart (transport.base) is this prefix
     assert claims.identity.startswith(SERVICE_IDENTITY_PREFIX)
     assert TokenIssuer.has_role(claims.identity, ParticipantRole.SERVICE)
+
+
+def test_only_the_service_participant_joins_as_an_agent() -> None:
+    # kind agent: an Agents worker never takes it for the user, and it does not keep an empty room alive.
+    issuer = TokenIssuer(KEY, SECRET)
+    assert _decode(issuer.service("abc", "r").token).kind == "agent"
+    assert _decode(issuer.controller("abc", "r").token).kind in ("", "standard")
+    assert _decode(issuer.viewer("abc", "r").token).kind in ("", "standard")
 
 
 def test_raw_claims_spell_out_every_permission() -> None:

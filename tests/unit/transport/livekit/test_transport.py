@@ -396,7 +396,9 @@ async def test_a_listing_that_fails_after_the_join_keeps_the_room(setup: Setup) 
 
 
 def test_a_caller_room_is_checked_on_construction() -> None:
-    for bad in ("", "x" * 257, "tab\there"):
+    with pytest.raises(ValueError, match="name the room"):
+        CallerRoom("")
+    for bad in ("x" * 257, "tab\there"):
         with pytest.raises(ValueError, match="room name"):
             CallerRoom(bad)
     with pytest.raises(ValueError, match="controller identity"):
