@@ -19,10 +19,10 @@ prompt's bound (`MAX_PROMPT_BYTES`, `check_prompt`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal, Protocol, overload
+from typing import TYPE_CHECKING, Literal, Protocol, overload, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +48,9 @@ __all__ = [
     "ControlState",
     "Pause",
     "PreparedSession",
+    "RecoveringService",
+    "RecoveryListener",
+    "RecoveryNotice",
     "ResetPose",
     "Resume",
     "ServiceStatistics",
@@ -234,6 +237,34 @@ class ServiceStatistics:
     stale_controls: int
     orchestrator: OrchestratorStatistics | None = None
     lease: LeaseStatistics | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryNotice:
+    """A session of a model worker is being rebuilt after its worker failed, or runs again (docs/continuity.md).
+
+    `recovering` True: the session's pipeline failed (`cause`: "worker_lost" or "stage_failed") and it is being
+    re-seeded from its checkpoint (attempt `attempt`), instead of failing; its outputs pause. False: the first chunk
+    after the re-seed came out, `recovery_s` after the failure. A session that cannot be rebuilt gets no notice of
+    that: its output stream fails as before."""
+
+    session_id: str
+    recovering: bool
+    cause: str
+    attempt: int
+    recovery_s: float | None = None
+
+
+RecoveryListener = Callable[[RecoveryNotice], None]
+
+
+@runtime_checkable
+class RecoveringService(Protocol):
+    """A `BidirectionalService` that rebuilds sessions after a worker loss and says so (optional capability)."""
+
+    def add_recovery_listener(self, listener: RecoveryListener) -> None:
+        """Call `listener` on the event loop with each `RecoveryNotice`; it must not block or raise."""
+        ...
 
 
 class BidirectionalService(Protocol):

@@ -426,6 +426,7 @@ def _lingbot_table() -> dict[type[BaseException], ErrorSpec]:
         lingbot.PlacementError: _INTERNAL,
         lingbot.ModelInputError: _INTERNAL,
         lingbot.ModelSessionError: _INTERNAL,
+        lingbot.CheckpointVersionError: _INTERNAL,
         models.ModelConfigError: _BAD_CONFIG,
         models.CheckpointError: _INTERNAL,
         models.ModelContextExhaustedError: ErrorSpec(500, models.CONTEXT_EXHAUSTED_REASON),

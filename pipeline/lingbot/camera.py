@@ -154,6 +154,13 @@ class PoseIntegrator:
         """Return to the initial pose (the reference camera)."""
         self._pose = self._initial
 
+    def place(self, pose: CameraPose) -> None:
+        """Stand at `pose` (a re-seeded session's pose, `continuity.ResumePoint`); `reset_pose` still returns to the
+        initial pose."""
+        if abs(pose.pitch) > self._steps.pitch_limit:
+            raise ControlError(f"pitch {pose.pitch} exceeds the pitch limit {self._steps.pitch_limit}")
+        self._pose = pose
+
     def step(self, snapshot: ControlSnapshot) -> CameraPose:
         """Advance one video frame with the keys of `snapshot` held; returns the new pose."""
         axes = snapshot.axes
@@ -491,6 +498,13 @@ class CameraController:
 
     def reset_pose(self) -> None:
         self._integrator.reset_pose()
+
+    def resume_at(self, pose: CameraPose, chunk_index: int) -> None:
+        """Go on from `pose` at chunk `chunk_index` (a re-seeded session: `continuity.ResumePoint`)."""
+        if chunk_index < 0:
+            raise ChunkContractError(f"chunk index must be >= 0, got {chunk_index}")
+        self._integrator.place(pose)
+        self._next_chunk = chunk_index
 
     def chunk_control(self, snapshot: ControlSnapshot, chunk_index: int, chunk_size: int) -> ChunkControl:
         """Integrate chunk `chunk_index` with `snapshot` held throughout and build its camera contract."""

@@ -8,7 +8,8 @@
         ├── ImageInputError          a reference image is too large, not an image, or in an unsupported format
         ├── PlacementError           a model runtime config or placement request is inconsistent
         ├── ModelInputError          a tensor handed to a model stage has the wrong shape, dtype or values
-        └── ModelSessionError        a per-session model cache misuse: unknown id, duplicate create, chunk order
+        ├── ModelSessionError        a per-session model cache misuse: unknown id, duplicate create, chunk order
+        └── CheckpointVersionError   a serialised session checkpoint of an unknown version (or not one at all)
 
 Every error about bad input (all but `ModelSessionError`) is also a `ValueError`, so generic callers that only know
 "the value was wrong" can still catch it.
@@ -19,6 +20,7 @@ from __future__ import annotations
 from pipeline.errors import PipelineError
 
 __all__ = [
+    "CheckpointVersionError",
     "ChunkContractError",
     "ControlError",
     "ImageInputError",
@@ -60,3 +62,8 @@ class ModelInputError(LingBotError, ValueError):
 
 class ModelSessionError(LingBotError):
     """A per-session model cache was misused: unknown session, a second create, or a chunk out of order."""
+
+
+class CheckpointVersionError(LingBotError, ValueError):
+    """A serialised session checkpoint (`continuity.SessionCheckpoint.to_bytes`) of a version this code does not read,
+    or bytes that are not a checkpoint."""

@@ -98,6 +98,7 @@ import torch
 
 from pipeline.lingbot.camera import CameraChunk
 from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.continuity import ResumePoint
 from pipeline.lingbot.errors import ChunkContractError, ModelInputError
 
 __all__ = [
@@ -108,6 +109,8 @@ __all__ = [
     "ModelShard",
     "ProgressiveDecoder",
     "ReferenceEncoder",
+    "ReseedableDecoder",
+    "ReseedableDenoiser",
     "WorldModel",
     "WorldModelFactory",
     "WorldModelParts",
@@ -197,6 +200,26 @@ class ProgressiveDecoder(ChunkDecoder, Protocol):
         iterating fails the chunk as a `decode_chunk` failure would, and a chunk left unfinished leaves the session's
         decode state unusable (its session fails and is released)."""
         ...
+
+
+@runtime_checkable
+class ReseedableDenoiser(ChunkDenoiser, Protocol):
+    """A `ChunkDenoiser` that can rebuild a session's cache at a later chunk (re-seed after a worker loss,
+    docs/continuity.md): the session then goes on at `resume.chunk_index` as if chunks 0 .. resume.chunk_index - 1
+    had run here. The reference model needs nothing but the chunk index (its frames depend on the camera, the prompt,
+    the seed and the chunk index only); a model with history rebuilds it here (e.g. a KV cache by a prefill)."""
+
+    def reseed_cache(
+        self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor, resume: ResumePoint
+    ) -> None: ...
+
+
+@runtime_checkable
+class ReseedableDecoder(ChunkDecoder, Protocol):
+    """A `ChunkDecoder` that can open a session at a later chunk (re-seed): the next chunk it decodes is
+    `chunk_index`."""
+
+    def reseed_cache(self, session_id: str, config: LingBotSessionConfig, chunk_index: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

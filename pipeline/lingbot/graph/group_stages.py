@@ -35,6 +35,7 @@ import torch.distributed as dist
 from pipeline.actor import Stage, StageCall
 from pipeline.lingbot.chunks import TEMPORAL_COMPRESSION, frame_num_for_latent_frames
 from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.continuity import ResumePoint
 from pipeline.lingbot.controls import ControlSnapshot
 from pipeline.lingbot.errors import ModelSessionError
 from pipeline.lingbot.graph.stages import (
@@ -103,6 +104,7 @@ class RemoteCondition:
     condition: ChunkCondition
     base: TensorRef | None = None
     config: LingBotSessionConfig | None = None
+    resume: ResumePoint | None = None
 
     def tensor_refs(self) -> tuple[TensorRef, ...]:
         return () if self.base is None else (self.base,)
@@ -115,7 +117,7 @@ class RemoteLatent:
     chunk_index: int
     latent: TensorRef
     snapshot: ControlSnapshot
-    config: LingBotSessionConfig | None = None  # only for chunk 0
+    config: LingBotSessionConfig | None = None  # only for the session's first chunk (0, or a re-seed's first)
     denoise_s: float = 0.0
     send_s: float = 0.0
     """Seconds the DiT's rank 0 spent sending it (added to the receive time in the chunk's timings)."""
@@ -282,7 +284,7 @@ class EncodeGroupStage:
         if artifact.base_latent is not None:
             key = _key(call.session_id, artifact.condition.chunk_index, "base")
             ref = self._options.base.send(key, artifact.base_latent, timeout_s=self._options.channel_timeout_s)
-        return {"condition": RemoteCondition(artifact.condition, ref, artifact.config)}
+        return {"condition": RemoteCondition(artifact.condition, ref, artifact.config, artifact.resume)}
 
     def release(self, session_id: str) -> None:
         if self._inner is not None:
@@ -311,7 +313,7 @@ class DenoiseGroupStage:
         if not isinstance(remote, RemoteCondition):
             raise ModelSessionError(f"denoise expects a RemoteCondition, got {type(remote).__name__}")
         base = None if remote.base is None else self._base_latent(call.session_id, remote.base)
-        condition = ConditionArtifact(remote.condition, base, remote.config)
+        condition = ConditionArtifact(remote.condition, base, remote.config, remote.resume)
         latent = self._denoise.process(_with_inputs(call, {"condition": condition, CONTROL: call.inputs[CONTROL]}))
         artifact = latent["latent"]
         if self._rank != 0:

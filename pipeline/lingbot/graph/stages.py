@@ -39,10 +39,19 @@ import torch
 from pipeline.actor import StageCall
 from pipeline.lingbot.camera import CameraController
 from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.continuity import ResumePoint
 from pipeline.lingbot.controls import ControlSnapshot
 from pipeline.lingbot.errors import ModelSessionError
 from pipeline.lingbot.hud import draw_hud
-from pipeline.lingbot.seam import ChunkCondition, ChunkDecoder, ChunkDenoiser, ProgressiveDecoder, ReferenceEncoder
+from pipeline.lingbot.seam import (
+    ChunkCondition,
+    ChunkDecoder,
+    ChunkDenoiser,
+    ProgressiveDecoder,
+    ReferenceEncoder,
+    ReseedableDecoder,
+    ReseedableDenoiser,
+)
 from pipeline.lingbot.stage_timer import StageTimer, timer_for
 from pipeline.spec import StreamingEdgeSpec, StreamingPipelineSpec, StreamingStageSpec
 
@@ -72,19 +81,23 @@ DENOISE_DECODE_STAGE = "denoise_decode"
 
 @dataclass(frozen=True, slots=True)
 class ConditionRequest:
-    """External input of the encode stage. Chunk 0's request carries the config and the reference image."""
+    """External input of the encode stage. The session's first request (chunk 0, or the chunk a re-seeded session
+    starts at: `resume`) carries the config and the reference image."""
 
     chunk_index: int
     chunk_size: int
     config: LingBotSessionConfig | None = None
     image: torch.Tensor | None = None
+    resume: ResumePoint | None = None
+    """A re-seeded session's start (docs/continuity.md): the chunk and the camera pose it goes on from."""
 
 
 @dataclass(frozen=True, slots=True)
 class ConditionArtifact:
     condition: ChunkCondition
-    base_latent: torch.Tensor | None = None  # only for chunk 0: handed to the denoise side once
-    config: LingBotSessionConfig | None = None  # only for chunk 0
+    base_latent: torch.Tensor | None = None  # only for the session's first chunk: handed to the denoise side once
+    config: LingBotSessionConfig | None = None  # only for the first chunk
+    resume: ResumePoint | None = None  # only for the first chunk of a re-seeded session
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +116,7 @@ class LatentArtifact:
     chunk_index: int
     latent: torch.Tensor
     snapshot: ControlSnapshot
-    config: LingBotSessionConfig | None = None  # only for chunk 0
+    config: LingBotSessionConfig | None = None  # only for the session's first chunk (0, or a re-seed's first)
     denoise_s: float = 0.0
     """Seconds the denoiser took for this chunk (reported in the chunk's timings as `denoise`)."""
 
@@ -173,13 +186,14 @@ class EncodeStage:
         if not isinstance(request, ConditionRequest):
             raise ModelSessionError(f"encode expects a ConditionRequest, got {type(request).__name__}")
         condition = ChunkCondition(request.chunk_index, request.chunk_size)
-        if request.chunk_index != 0:
-            return {"condition": ConditionArtifact(condition)}
         if request.config is None:
-            raise ModelSessionError("the chunk 0 condition request must carry the session config")
+            if request.chunk_index == 0:
+                raise ModelSessionError("the chunk 0 condition request must carry the session config")
+            return {"condition": ConditionArtifact(condition)}
+        # The session's first request here: chunk 0, or the first chunk of a re-seeded session.
         self._encoder.create_cache(call.session_id, request.config)
         base = self._encoder.encode_reference(call.session_id, request.image)
-        return {"condition": ConditionArtifact(condition, base_latent=base, config=request.config)}
+        return {"condition": ConditionArtifact(condition, base, request.config, request.resume)}
 
     def release(self, session_id: str) -> None:
         self._encoder.release_cache(session_id)
@@ -209,10 +223,18 @@ class DenoiseStage:
             config = condition.config
             if config is None:
                 raise ModelSessionError("the chunk 0 condition carries no config")
-            self._denoiser.create_cache(sid, config, condition.base_latent)
+            fresh = CameraController(config.pose_steps(), config.camera_intrinsics())
+            resume = condition.resume
+            if resume is None:
+                self._denoiser.create_cache(sid, config, condition.base_latent)
+            elif isinstance(self._denoiser, ReseedableDenoiser):
+                self._denoiser.reseed_cache(sid, config, condition.base_latent, resume)
+                fresh.resume_at(resume.pose, resume.chunk_index)
+            else:
+                raise ModelSessionError(f"this model's denoiser cannot re-seed session {sid!r} (chunk {index})")
             with self._lock:
                 self._configs[sid] = config
-                self._cameras[sid] = CameraController(config.pose_steps(), config.camera_intrinsics())
+                self._cameras[sid] = fresh
         with self._lock:
             camera = self._cameras.get(sid)
             config_or_none = self._configs.get(sid)
@@ -226,7 +248,7 @@ class DenoiseStage:
             sid, index, condition.condition.chunk_size, chunk.camera, prompt=control.prompt
         )
         denoise_s = span.stop()
-        first_config = condition.config if index == 0 else None
+        first_config = condition.config if condition.base_latent is not None else None
         return {"latent": LatentArtifact(index, latent, control.snapshot, first_config, denoise_s)}
 
     def release(self, session_id: str) -> None:
@@ -257,8 +279,15 @@ class DecodeStage:
         if not isinstance(latent, LatentArtifact):
             raise ModelSessionError(f"decode expects a LatentArtifact, got {type(latent).__name__}")
         sid = call.session_id
-        if latent.config is not None:
-            self._decoder.create_cache(sid, latent.config)
+        if latent.config is not None:  # the session's first chunk here: 0, or a re-seeded session's first
+            if latent.chunk_index == 0:
+                self._decoder.create_cache(sid, latent.config)
+            elif isinstance(self._decoder, ReseedableDecoder):
+                self._decoder.reseed_cache(sid, latent.config, latent.chunk_index)
+            else:
+                raise ModelSessionError(
+                    f"this model's decoder cannot re-seed session {sid!r} (chunk {latent.chunk_index})"
+                )
             self._hud[sid] = latent.config.hud
         span = self._timer.start()
         if self._on_part is not None and isinstance(self._decoder, ProgressiveDecoder):

@@ -26,6 +26,8 @@ from pipeline.bidirectional import (
     CloseMode,
     ControlMessage,
     PreparedSession,
+    RecoveryListener,
+    RecoveryNotice,
     ServiceStatistics,
     SessionSummary,
 )
@@ -38,6 +40,7 @@ from pipeline.lingbot.config import (
     decode_reference_image,
 )
 from pipeline.lingbot.graph.actors import ProcessPlacement, build_actors
+from pipeline.lingbot.policy.recovery import RecoveryBudget, RecoveryState, RecoveryTracker
 from pipeline.lingbot.policy.session import ChunkLease, LingBotSession
 from pipeline.lingbot.seam import WorldModel
 from pipeline.orchestrator import StreamingPipelineOrchestrator
@@ -50,40 +53,52 @@ logger = logging.getLogger(__name__)
 _KEPT_SUMMARIES = 1024
 _RELEASE_RETRIES = 10
 _RELEASE_RETRY_MAX_S = 30.0
+_READY_POLL_S = 0.05
+"""How often a recovering session looks whether its workers are back (the process actors report no event for it)."""
 
 
 class LingBotService:
     """One model worker's LingBot sessions (see `pipeline.bidirectional.BidirectionalService` for the contract).
 
-    Example::
+        Example::
 
-        service = LingBotService(ReferenceWorldModel("cpu"), lease=ExecutionLease())
-        await service.start()
-        prepared = service.prepare({}, None)          # every field defaults; no image = the default scene
-        await service.create_session("s1", prepared)  # prefetch of condition[0..1] starts at once
-        service.push_control("s1", ControlState(1, frozenset({"w"})))
-        async for chunk in service.outputs("s1"): ...
-        summary = await service.close_session("s1")
+            service = LingBotService(ReferenceWorldModel("cpu"), lease=ExecutionLease())
+            await service.start()
+            prepared = service.prepare({}, None)          # every field defaults; no image = the default scene
+            await service.create_session("s1", prepared)  # prefetch of condition[0..1] starts at once
+            service.push_control("s1", ControlState(1, frozenset({"w"})))
+            async for chunk in service.outputs("s1"): ...
+            summary = await service.close_session("s1")
 
-    With `realtime` (the default) each session generates at most about one chunk ahead of playback; offline
-    generation turns it off to run as fast as the model allows. Stage placement: given a `WorldModel`, the three
-    stages run on three `LocalStageActor` threads of this process; given a `ProcessPlacement`, they run in worker
-    process groups as its plan says (the DiT sharded over its ranks, decode co-located or in its own group, latents
-    between groups through tensor channels; `pipeline.lingbot.graph.actors`). Encode is always its own actor; model work
-    never runs on the event loop. `start()` starts the process groups together; `aclose()` stops them and closes the
-    channels, leaving no process behind.
+        With `realtime` (the default) each session generates at most about one chunk ahead of playback; offline
+        generation turns it off to run as fast as the model allows. Stage placement: given a `WorldModel`, the three
+        stages run on three `LocalStageActor` threads of this process; given a `ProcessPlacement`, they run in worker
+        process groups as its plan says (the DiT sharded over its ranks, decode co-located or in its own group, latents
+        between groups through tensor channels; `pipeline.lingbot.graph.actors`). Encode is always its own actor; model work
+        never runs on the event loop. `start()` starts the process groups together; `aclose()` stops them and closes the
+        channels, leaving no process behind.
 
-    A stage whose per-session release fails leaves the session id poisoned in the orchestrator (and its model-side
-    cache possibly resident); the service retries the failed releases in the background with exponential back-off
-    (`release_retry_s` doubling up to 30 s, `_RELEASE_RETRIES` attempts), which clears the poison once one succeeds.
+        A stage whose per-session release fails leaves the session id poisoned in the orchestrator (and its model-side
+        cache possibly resident); the service retries the failed releases in the background with exponential back-off
+        (`release_retry_s` doubling up to 30 s, `_RELEASE_RETRIES` attempts), which clears the poison once one succeeds.
 
-    `progressive_decode` (a `ProgressiveDecoder`, on either placement): the decode stage hands each chunk over one
-    latent frame at a time as it is decoded (on processes as partial replies of the decode call, through shared
-    memory); `outputs(session_id, parts=True)` yields those `ChunkPart`s ahead of each chunk, so a transport can
-    start playing a chunk before all of it is decoded. Off, chunks come whole (`progressive_decode` reports which).
+        `progressive_decode` (a `ProgressiveDecoder`, on either placement): the decode stage hands each chunk over one
+        latent frame at a time as it is decoded (on processes as partial replies of the decode call, through shared
+        memory); `outputs(session_id, parts=True)` yields those `ChunkPart`s ahead of each chunk, so a transport can
+        start playing a chunk before all of it is decoded. Off, chunks come whole (`progressive_decode` reports which).
+
+        Recovery (`recovery`, a `RecoveryBudget`; None: off, a failed pipeline session fails its session as before). When
+    a session's orchestrator session fails (a worker group died, a stage raised), its chunk loop does not end: the
+    session keeps its lease membership and, in the service above, its admission slot; the failed orchestrator session
+    is cancel-closed and released; recovery listeners are told (`RecoveryNotice`, recovering); once the orchestrator is
+    ready again (the group restarted), the session is re-seeded from its checkpoint (`LingBotSession.reseed`) and its
+    loop goes on; the first chunk after it completes the recovery (a notice with `recovery_s`). `RecoveryTracker`
+    decides (`recovery.py`): a failure a re-seed cannot fix, repeated failures or a recovery over its time end the
+    session with its failure, as without recovery. A stop or close while recovering ends the session without a failure;
+    a cancel (close with CANCEL, `aclose`) cancels the recovery where it stands. docs/continuity.md has the design.
 
     `history` bounds what stays of finished sessions: this many summaries (so a repeated `close_session` answers
-    the same) and as many orchestrator close reports; the oldest are forgotten first.
+        the same) and as many orchestrator close reports; the oldest are forgotten first.
     """
 
     def __init__(
@@ -101,6 +116,7 @@ class LingBotService:
         history: int = _KEPT_SUMMARIES,
         check_config: Callable[[LingBotSessionConfig], None] | None = None,
         progressive_decode: bool = True,
+        recovery: RecoveryBudget | None = None,
     ) -> None:
         if history < 1:
             raise ValueError(f"history must be at least 1, got {history}")
@@ -126,6 +142,11 @@ class LingBotService:
         self._history = history
         self._chunks = 0
         self._stale = 0
+        self._recovery = recovery
+        self._trackers: dict[str, RecoveryTracker] = {}
+        self._recovery_listeners: list[RecoveryListener] = []
+        self._recovered: dict[str, int] = {}
+        self._unrecovered = 0
 
     @property
     def orchestrator(self) -> StreamingPipelineOrchestrator:
@@ -144,6 +165,19 @@ class LingBotService:
     def progressive_decode(self) -> bool:
         """Whether chunks are handed over in parts as they are decoded (the class docstring)."""
         return self._actors.progressive_decode
+
+    @property
+    def recovery(self) -> RecoveryBudget | None:
+        """The recovery budget (None: sessions are not rebuilt after a worker loss)."""
+        return self._recovery
+
+    def add_recovery_listener(self, listener: RecoveryListener) -> None:
+        """`RecoveringService`: tell `listener` (on the loop) when a session starts and ends a recovery."""
+        self._recovery_listeners.append(listener)
+
+    def recovery_statistics(self) -> tuple[Mapping[str, int], int]:
+        """Sessions recovered so far by cause, and sessions whose recovery was given up."""
+        return MappingProxyType(dict(self._recovered)), self._unrecovered
 
     def worker_statistics(self) -> Mapping[str, WorkerStatistics]:
         """The worker process groups by stage (process ids, incarnation, restarts); empty on threads."""
@@ -212,6 +246,10 @@ class LingBotService:
         session.open()
         self._sessions[session_id] = session
         self._summaries.pop(session_id, None)
+        if self._recovery is not None:
+            tracker = RecoveryTracker(self._recovery)
+            self._trackers[session_id] = tracker
+            session.on_chunk = lambda: self._chunk_out(session, tracker)
         self._loops[session_id] = asyncio.get_running_loop().create_task(self._drive(session))
 
     def _session(self, session_id: str) -> LingBotSession:
@@ -282,15 +320,94 @@ class LingBotService:
             session.refill()
 
     async def _drive(self, session: LingBotSession) -> None:
-        try:
-            await session.run()
-        except asyncio.CancelledError:
-            return
-        except Exception as exc:
-            session.failure = f"{type(exc).__name__}: {exc}"
-            logger.exception("session %s: chunk loop crashed", session.session_id)
+        tracker = self._trackers.get(session.session_id)
+        while True:
+            try:
+                await session.run()
+                if tracker is None or not self._pipeline_failed(session):
+                    break
+                if not await self._recover(session, tracker):
+                    break
+            except asyncio.CancelledError:
+                if tracker is not None:
+                    tracker.stopped()
+                return
+            except Exception as exc:
+                session.failure = f"{type(exc).__name__}: {exc}"
+                logger.exception("session %s: chunk loop crashed", session.session_id)
+                break
+        if tracker is not None and tracker.state is not RecoveryState.FAILED:
+            tracker.stopped()
         # a natural end (plan done, stop, failure) releases the session's resources at once
         await self._finalize(session, CloseMode.DRAIN)
+
+    def _pipeline_failed(self, session: LingBotSession) -> bool:
+        """After the chunk loop returned: whether it ended because its orchestrator session failed under it (not a
+        stop, not the end of the plan)."""
+        if session.stop_requested:
+            return False
+        return session.failure is not None or not session.is_finished()
+
+    async def _recover(self, session: LingBotSession, tracker: RecoveryTracker) -> bool:
+        """Re-seed `session` after its orchestrator session failed; False when it cannot be (its `failure` then says
+        why) or was stopped meanwhile. Cancellation: the caller's (`_drive`'s) contract."""
+        sid = session.session_id
+        try:
+            report = await self._orchestrator.close_session(sid, CloseMode.CANCEL)
+        except PipelineError as exc:
+            session.failure = session.failure or f"close failed: {exc}"
+            tracker.give_up("the failed pipeline session could not be closed")
+            return False
+        reason = session.failure or report.failure or "the pipeline session ended"
+        has_checkpoint = session.checkpoint is not None and not report.failed_stages
+        decision = tracker.failed(self._clock.now(), reason, has_checkpoint=has_checkpoint)
+        if not decision.recover:
+            session.failure = f"{reason} (not rebuilt: {decision.why})"
+            self._unrecovered += 1
+            logger.warning("session %s: not rebuilt (%s): %s", sid, decision.why, reason)
+            return False
+        cause = decision.cause.value if decision.cause is not None else "unknown"
+        logger.warning("session %s: rebuilding it (attempt %d, %s): %s", sid, decision.attempt, cause, reason)
+        session.failure = None
+        self._notify(RecoveryNotice(sid, True, cause, decision.attempt))
+        while not self._orchestrator.ready:
+            if session.stop_requested:
+                tracker.stopped()
+                return False
+            if tracker.expired(self._clock.now()):
+                session.failure = f"{reason} (not rebuilt: {tracker.give_up('its workers did not come back in time')})"
+                self._unrecovered += 1
+                return False
+            await asyncio.sleep(_READY_POLL_S)
+        if session.stop_requested:
+            tracker.stopped()
+            return False
+        try:
+            session.reseed()
+        except PipelineError as exc:  # e.g. the id is poisoned: the old session's release failed
+            session.failure = f"{reason} (not rebuilt: {tracker.give_up(f'it could not be reopened: {exc}')})"
+            self._unrecovered += 1
+            return False
+        return True
+
+    def _chunk_out(self, session: LingBotSession, tracker: RecoveryTracker) -> None:
+        """A chunk was handed to the reader: it completes a recovery in progress."""
+        cause = tracker.cause
+        attempt = tracker.attempts
+        seconds = tracker.rebuilt(self._clock.now())
+        if seconds is None:
+            return
+        name = cause.value if cause is not None else "unknown"
+        self._recovered[name] = self._recovered.get(name, 0) + 1
+        logger.info("session %s: rebuilt in %.2f s (%s, attempt %d)", session.session_id, seconds, name, attempt)
+        self._notify(RecoveryNotice(session.session_id, False, name, attempt, seconds))
+
+    def _notify(self, notice: RecoveryNotice) -> None:
+        for listener in self._recovery_listeners:
+            try:
+                listener(notice)
+            except Exception:
+                logger.exception("recovery listener failed for session %s", notice.session_id)
 
     def _finalize(self, session: LingBotSession, mode: CloseMode) -> asyncio.Task[SessionSummary]:
         task = self._finals.get(session.session_id)
@@ -306,9 +423,12 @@ class LingBotService:
         failure = session.failure
         cleanup: Mapping[str, str] = {}
         leaks = 0
+        tracker = self._trackers.get(session_id)
+        interrupted = tracker is not None and tracker.interrupted
         try:
             report = await self._orchestrator.close_session(session_id, mode, drain_timeout=30.0)
-            failure = failure or report.failure
+            if not interrupted:  # a recovery stopped half-way: the failure that started it is not the session's
+                failure = failure or report.failure
             cleanup = report.failed_stages
             leaks = report.slot_leaks
             if cleanup and session_id not in self._retries:
@@ -323,6 +443,7 @@ class LingBotService:
         self._sessions.pop(session_id, None)
         self._loops.pop(session_id, None)
         self._finals.pop(session_id, None)
+        self._trackers.pop(session_id, None)
         self._summaries[session_id] = summary
         while len(self._summaries) > self._history:
             self._summaries.popitem(last=False)

@@ -28,6 +28,15 @@ the whole chunk follows as before. The playout schedule sees when each part came
 without parts). If the chunk fails after some parts, the session fails as for any failed chunk, and the parts the
 reader had not taken yet are dropped with it.
 
+Checkpoint and re-seed (docs/continuity.md): each chunk handed to the reader updates `checkpoint` (a frozen
+`continuity.SessionCheckpoint`: the next chunk, the camera pose after the chunk, integrated here from the same snapshots
+the denoise stage used, the prompt and control counters, the stream clock); one is taken at `open` too. After the
+orchestrator session failed (a worker group died, a stage raised), `reseed()` opens a new orchestrator session under
+the same id and goes on from the checkpoint: chunk `next_chunk`'s condition request carries the config, the image and
+the `ResumePoint` (chunk and pose), so the workers rebuild the session's caches there; orchestrator sequence ids start
+again at 0 and map to chunk indices from `next_chunk` on (`_seq_base`). The chunk that failed is generated again with
+the newest controls.
+
 Pause: a paused session wants no chunk, so it asks for no lease turn (the other sessions of the worker share the model
 without it); a pause that lands while it waits for its turn gives the grant back unused. Controls and prompts that
 arrive while paused are kept (newest wins) and apply from the first chunk after `Resume`.
@@ -38,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -62,7 +71,9 @@ from pipeline.bidirectional import (
 )
 from pipeline.clock import Clock
 from pipeline.errors import SessionClosedError, SessionFailedError
+from pipeline.lingbot.camera import PoseIntegrator
 from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.continuity import ResumePoint, SessionCheckpoint
 from pipeline.lingbot.controls import ControlSnapshot
 from pipeline.lingbot.errors import ControlError
 from pipeline.lingbot.graph.stages import CONDITION_REQUEST, CONTROL, ConditionRequest, ControlArtifact, FramesArtifact
@@ -92,6 +103,7 @@ class ChunkLease(Protocol):
 @dataclass(frozen=True, slots=True)
 class _Submitted:
     seq: int
+    snapshot: ControlSnapshot
     keys: frozenset[str]
     submitted_at: float
     lease_wait: float
@@ -207,6 +219,13 @@ class LingBotSession:
         self.stale_controls = 0
         self.invalid_controls = 0
         self.failure: str | None = None
+        self._camera = PoseIntegrator(config.pose_steps())  # the pose after the last chunk handed out
+        self._frames_emitted = 0
+        self._seq_base = 0  # the chunk index of orchestrator sequence id 0 (0, or where a re-seed went on)
+        self._resume: ResumePoint | None = None
+        self.checkpoint: SessionCheckpoint | None = None
+        self.on_chunk: Callable[[], None] | None = None
+        """Told (on the loop) each time a chunk is handed to the reader, after its checkpoint was taken."""
 
     @property
     def num_chunks(self) -> int:
@@ -224,7 +243,31 @@ class LingBotSession:
     def open(self) -> None:
         """Open the orchestrator session and prefetch the first conditions (before any control arrives)."""
         self._stream = self._orchestrator.open_session(self.session_id)
+        self._take_checkpoint()
         self.refill()
+
+    def reseed(self) -> None:
+        """Go on from the checkpoint on a new orchestrator session under the same id (the old one is closed and
+        released): its first condition request carries the config, the image and the resume point (module docstring).
+        Raises what `open_session` raises (e.g. `SessionPoisonedError` when the old one's release failed)."""
+        checkpoint = self.checkpoint
+        if checkpoint is None:
+            raise RuntimeError(f"session {self.session_id}: no checkpoint to re-seed from")
+        start = checkpoint.next_chunk
+        self._stream = self._orchestrator.open_session(self.session_id)
+        self._submitted.clear()
+        self._seq_base = start
+        self.next_condition_index = start
+        self.next_control_index = start
+        self._resume = checkpoint.resume_point if start > 0 else None
+        if self._playout is not None:
+            self._playout.abandon()  # the failed chunk's start would count the recovery as generation time
+        self.refill()
+
+    @property
+    def stop_requested(self) -> bool:
+        """A `Stop` control or a drain asked the session to end."""
+        return self._stop_requested
 
     def request_stop(self) -> None:
         """Finish the chunk in progress, then end (a `Stop` control or a drain)."""
@@ -306,14 +349,15 @@ class LingBotSession:
             and self.next_condition_index < self._plan.num_chunks
         ):
             index = self.next_condition_index
-            if not self._orchestrator.try_submit(self.session_id, {CONDITION_REQUEST: (index, self._request(index))}):
+            item = (index - self._seq_base, self._request(index))
+            if not self._orchestrator.try_submit(self.session_id, {CONDITION_REQUEST: item}):
                 break
             self.next_condition_index += 1
         self._check_window()
 
     def _request(self, index: int) -> ConditionRequest:
-        if index == 0:
-            return ConditionRequest(0, self._plan.chunk_size, self.config, self._image)
+        if index == self._seq_base:  # the orchestrator session's first: chunk 0, or where a re-seed goes on
+            return ConditionRequest(index, self._plan.chunk_size, self.config, self._image, self._resume)
         return ConditionRequest(index, self._plan.chunk_size)
 
     def _check_window(self) -> None:
@@ -399,10 +443,11 @@ class LingBotSession:
             reset_pose = self._reset_pending
             control = ControlArtifact(index, snapshot, reset_pose=reset_pose, prompt=self._prompt)
             self._reset_pending = False
-            items: dict[str, tuple[int, object]] = {CONTROL: (index, control)}
+            sequence = index - self._seq_base
+            items: dict[str, tuple[int, object]] = {CONTROL: (sequence, control)}
             starved = self.next_condition_index == index
             if starved:
-                items[CONDITION_REQUEST] = (index, self._request(index))
+                items[CONDITION_REQUEST] = (sequence, self._request(index))
             await self._orchestrator.submit(self.session_id, items)
             self.next_control_index += 1
             if starved:
@@ -410,6 +455,7 @@ class LingBotSession:
             self._check_window()
             self._submitted[index] = _Submitted(
                 latest.seq if latest is not None else -1,
+                snapshot,
                 snapshot.keys,
                 self._clock.now(),
                 granted_at - wanted_at,
@@ -420,6 +466,21 @@ class LingBotSession:
             item = await anext(stream)
         self.refill()
         return self._to_chunk(item.payload)
+
+    def _take_checkpoint(self, next_chunk: int = 0) -> None:
+        self.checkpoint = SessionCheckpoint(
+            session_id=self.session_id,
+            config=self.config,
+            image=self._image,
+            next_chunk=next_chunk,
+            pose=self._camera.pose,
+            prompt=self._prompt,
+            prompt_seq=self._prompt_seq,
+            applied_seq=self._applied_seq,
+            latest=self._latest,
+            frames_emitted=self._frames_emitted,
+            taken_at=self._clock.now(),
+        )
 
     def _to_chunk(self, payload: object) -> ChunkOutput:
         if not isinstance(payload, FramesArtifact):
@@ -446,6 +507,15 @@ class LingBotSession:
         if self._media_origin is None:
             self._media_origin = now
         self.chunks_emitted += 1
+        if record.reset_pose:
+            self._camera.reset_pose()
+        self._camera.chunk_poses(
+            record.snapshot, first_chunk=payload.chunk_index == 0, latent_frames=self._plan.chunk_size
+        )
+        self._frames_emitted = self._plan.first_frame_of_chunk(payload.chunk_index) + len(payload.frames)
+        self._take_checkpoint(payload.chunk_index + 1)
+        if self.on_chunk is not None:
+            self.on_chunk()
         return ChunkOutput(
             session_id=self.session_id,
             index=payload.chunk_index,

@@ -57,6 +57,7 @@ import torch.nn.functional as F
 from pipeline.lingbot.camera import CameraChunk
 from pipeline.lingbot.chunks import TEMPORAL_COMPRESSION, ChunkPlan
 from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.continuity import ResumePoint
 from pipeline.lingbot.errors import ModelInputError
 from pipeline.lingbot.policy.prompts import PromptCache, PromptCacheStatistics
 from pipeline.lingbot.reference.geometry import (
@@ -247,6 +248,17 @@ class ReferenceDiT:
         )
         self._sessions.add(session_id, state)
 
+    def reseed_cache(
+        self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor, resume: ResumePoint
+    ) -> None:
+        """`ReseedableDenoiser`: the session goes on at `resume.chunk_index`. Nothing else to rebuild: a chunk's latent
+        depends only on its camera, prompt, the seed and its index (`_chunk_seed`), so the frames after a re-seed are
+        those an uninterrupted session would have made."""
+        self.create_cache(session_id, config, base_latent)
+        state = self._sessions.get(session_id)
+        check_chunk_order("denoise", state.plan, resume.chunk_index, state.plan.chunk_size, resume.chunk_index)
+        state.next_chunk = resume.chunk_index
+
     def release_cache(self, session_id: str) -> None:
         self._sessions.remove(session_id)
 
@@ -391,6 +403,13 @@ class ReferenceVAEDecoder:
         yy, xx = torch.meshgrid(ys, xs, indexing="ij")
         grid = torch.stack([xx, yy], dim=-1)[None]
         self._sessions.add(session_id, _DecoderSession(config=config, plan=config.chunk_plan, base_grid=grid))
+
+    def reseed_cache(self, session_id: str, config: LingBotSessionConfig, chunk_index: int) -> None:
+        """`ReseedableDecoder`: the next chunk is `chunk_index` (each latent frame decodes on its own: no history)."""
+        self.create_cache(session_id, config)
+        state = self._sessions.get(session_id)
+        check_chunk_order("decode", state.plan, chunk_index, state.plan.chunk_size, chunk_index)
+        state.next_chunk = chunk_index
 
     def release_cache(self, session_id: str) -> None:
         self._sessions.remove(session_id)

@@ -1,0 +1,171 @@
+"""Re-seeding a LingBot session from its checkpoint after its pipeline failed (docs/continuity.md), on threads: a
+denoiser that raises in one chunk makes the session rebuild itself and go on with the same frames an uninterrupted
+session makes; one that raises every time ends it with its failure after the budget's attempts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from admission import ExecutionLease
+from pipeline.bidirectional import ChunkOutput, ControlState, RecoveryNotice
+from pipeline.errors import SessionFailedError
+from pipeline.lingbot.camera import CameraChunk, CameraPose
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.continuity import ResumePoint, SessionCheckpoint
+from pipeline.lingbot.policy.recovery import RecoveryBudget
+from pipeline.lingbot.policy.service import LingBotService
+from pipeline.lingbot.reference.model import ReferenceDiT, ReferenceWorldModel
+from pipeline.lingbot.seam import WorldModelParts
+
+SMALL = {"width": 64, "height": 48, "chunk_size": 1, "hud": False, "seed": 11}
+HELD = frozenset({"w", "l"})
+CHUNKS = 6
+
+
+class FailingDiT:
+    """The reference DiT, raising in chunk `chunk` (`times` times; -1: always). A `ReseedableDenoiser`."""
+
+    def __init__(self, chunk: int, times: int) -> None:
+        self.inner = ReferenceDiT("cpu")
+        self.chunk = chunk
+        self.times = times
+        self.reseeds: list[ResumePoint] = []
+
+    def create_cache(self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor) -> None:
+        self.inner.create_cache(session_id, config, base_latent)
+
+    def reseed_cache(
+        self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor, resume: ResumePoint
+    ) -> None:
+        self.reseeds.append(resume)
+        self.inner.reseed_cache(session_id, config, base_latent, resume)
+
+    def denoise_chunk(
+        self, session_id: str, chunk_index: int, chunk_size: int, control: CameraChunk, *, prompt: str
+    ) -> torch.Tensor:
+        if chunk_index == self.chunk and self.times != 0:
+            self.times -= 1
+            raise RuntimeError(f"injected fault in chunk {chunk_index}")
+        return self.inner.denoise_chunk(session_id, chunk_index, chunk_size, control, prompt=prompt)
+
+    def release_cache(self, session_id: str) -> None:
+        self.inner.release_cache(session_id)
+
+
+def _service(denoiser: object | None, budget: RecoveryBudget | None) -> LingBotService:
+    world = ReferenceWorldModel("cpu")
+    model = world if denoiser is None else WorldModelParts(world.encoder, denoiser, world.decoder)  # type: ignore[arg-type]
+    return LingBotService(model, lease=ExecutionLease(), realtime=False, recovery=budget)
+
+
+async def _run(service: LingBotService, notices: list[RecoveryNotice] | None = None) -> list[ChunkOutput]:
+    if notices is not None:
+        service.add_recovery_listener(notices.append)
+    await service.start()
+    try:
+        await service.create_session("s", service.prepare(SMALL, None))
+        service.push_control("s", ControlState(1, HELD))
+        chunks: list[ChunkOutput] = []
+        async with asyncio.timeout(30):
+            async for chunk in service.outputs("s"):
+                chunks.append(chunk)
+                if len(chunks) == CHUNKS:
+                    break
+        await service.close_session("s")
+        return chunks
+    finally:
+        await service.aclose()
+
+
+async def test_a_session_whose_stage_fails_once_is_rebuilt_and_its_frames_equal_an_uninterrupted_run() -> None:
+    clean = await _run(_service(None, None))
+    faulty = FailingDiT(chunk=3, times=1)
+    notices: list[RecoveryNotice] = []
+    rebuilt = await _run(_service(faulty, RecoveryBudget(attempts=2, timeout_s=10)), notices)
+
+    assert [c.index for c in rebuilt] == list(range(CHUNKS))
+    for before, after in zip(clean, rebuilt, strict=True):
+        assert np.array_equal(before.frames, after.frames), f"chunk {before.index} differs"
+        assert after.first_frame_index == before.first_frame_index
+        assert after.applied_seq == 1
+    assert [r.chunk_index for r in faulty.reseeds] == [3]
+    assert faulty.reseeds[0].pose != CameraPose()  # it went on from where the camera was, not from the start
+    assert [(n.recovering, n.cause, n.attempt) for n in notices] == [(True, "stage_failed", 1), (False, "stage_failed", 1)]
+    assert notices[1].recovery_s is not None and notices[1].recovery_s >= 0
+
+
+async def test_a_stage_that_fails_every_time_ends_the_session_after_the_budget() -> None:
+    faulty = FailingDiT(chunk=2, times=-1)
+    notices: list[RecoveryNotice] = []
+    service = _service(faulty, RecoveryBudget(attempts=2, timeout_s=10))
+    service.add_recovery_listener(notices.append)
+    await service.start()
+    try:
+        await service.create_session("s", service.prepare(SMALL, None))
+        service.push_control("s", ControlState(1, HELD))
+        chunks: list[ChunkOutput] = []
+        with pytest.raises(SessionFailedError) as failed:
+            async with asyncio.timeout(30):
+                async for chunk in service.outputs("s"):
+                    chunks.append(chunk)
+        assert [c.index for c in chunks] == [0, 1]
+        assert "injected fault in chunk 2" in failed.value.reason
+        assert "not rebuilt: 2 re-seed(s) in a row failed" in failed.value.reason
+        assert [n.attempt for n in notices if n.recovering] == [1, 2]
+        assert not any(not n.recovering for n in notices)
+        summary = await service.close_session("s")
+        assert summary.failure is not None and summary.slot_leaks == 0
+        assert service.recovery_statistics() == ({}, 1)
+    finally:
+        await service.aclose()
+
+
+async def test_without_a_budget_a_failing_stage_fails_its_session_as_before() -> None:
+    service = _service(FailingDiT(chunk=1, times=1), None)
+    await service.start()
+    try:
+        await service.create_session("s", service.prepare(SMALL, None))
+        service.push_control("s", ControlState(1, HELD))
+        with pytest.raises(SessionFailedError, match="injected fault in chunk 1"):
+            async with asyncio.timeout(30):
+                async for _chunk in service.outputs("s"):
+                    pass
+    finally:
+        await service.aclose()
+
+
+async def test_every_chunk_leaves_a_checkpoint_that_round_trips_through_bytes() -> None:
+    service = _service(None, RecoveryBudget())
+    await service.start()
+    try:
+        await service.create_session("s", service.prepare(SMALL, None))
+        session = service._sessions["s"]
+        first = session.checkpoint
+        assert first is not None and first.next_chunk == 0 and first.pose == CameraPose()
+        service.push_control("s", ControlState(4, HELD))
+        chunks: list[ChunkOutput] = []
+        async with asyncio.timeout(30):
+            async for chunk in service.outputs("s"):
+                chunks.append(chunk)
+                if len(chunks) == 3:
+                    break
+        checkpoint = session.checkpoint
+        assert checkpoint is not None
+        assert checkpoint.next_chunk >= 3
+        assert checkpoint.frames_emitted == sum(len(c.frames) for c in chunks) or checkpoint.next_chunk > 3
+        assert checkpoint.applied_seq == 4 and checkpoint.latest is not None and checkpoint.latest.keys == HELD
+        assert checkpoint.pose != CameraPose()
+        again = SessionCheckpoint.from_bytes(checkpoint.to_bytes())
+        assert (again.next_chunk, again.pose, again.config, again.latest) == (
+            checkpoint.next_chunk,
+            checkpoint.pose,
+            checkpoint.config,
+            checkpoint.latest,
+        )
+        assert again.image is None and checkpoint.image is None
+    finally:
+        await service.aclose()
