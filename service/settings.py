@@ -210,6 +210,20 @@ class Settings(BaseSettings):
         description="Seconds one call may run in a stage's worker processes before the group counts as stuck "
         "and is restarted (processes placement).",
     )
+    recovery_attempts: int = Field(
+        default=3,
+        ge=0,
+        le=20,
+        description="Re-seeds in a row a session gets when its model worker fails under it (processes placement, "
+        "reference model; docs/continuity.md); 0: a failed worker fails its sessions (model_failure).",
+    )
+    recovery_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="Seconds from a model worker's failure under a session to its first chunk after the re-seed; "
+        "past it the session fails (model_failure).",
+    )
     model: Literal["reference", "lingbot-fast"] = Field(
         default="reference",
         description="The world model: reference (built in, no weights) or lingbot-fast (LingBot-World-Fast from "

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from pipeline.lingbot.config import LingBotSessionConfig
     from pipeline.lingbot.graph.actors import ProcessPlacement
     from pipeline.lingbot.models import LingBotFastOptions, MemoryEstimate
+    from pipeline.lingbot.policy.recovery import RecoveryBudget
     from pipeline.lingbot.seam import WorldModel, WorldModelFactory
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "load_factory",
     "model_memory",
     "process_placement",
+    "recovery_budget",
     "worker_options",
 ]
 
@@ -89,6 +91,9 @@ class WorkerOptions:
     model_dtype: str = "auto"
     model_window_frames: int = 18
     model_sink_frames: int = 6
+    recovery_attempts: int = 3
+    """`LINGSTREAM_RECOVERY_ATTEMPTS` (0: no recovery)."""
+    recovery_timeout: float = 30.0
 
 
 def worker_options(settings: Settings) -> list[WorkerOptions]:
@@ -112,6 +117,8 @@ def worker_options(settings: Settings) -> list[WorkerOptions]:
             model_dtype=settings.model_dtype,
             model_window_frames=settings.model_window_frames,
             model_sink_frames=settings.model_sink_frames,
+            recovery_attempts=settings.recovery_attempts,
+            recovery_timeout=settings.recovery_timeout,
         )
         for index, devices in enumerate(settings.worker_devices())
     ]
@@ -253,6 +260,18 @@ def _world_model(options: WorkerOptions) -> WorldModel:
         raise SettingsError(f"cannot start: LINGSTREAM_MODEL_PATH={options.model_path}: {exc}") from None
 
 
+def recovery_budget(options: WorkerOptions) -> RecoveryBudget | None:
+    """How hard the worker rebuilds a session whose worker group failed (docs/continuity.md): with `processes`
+    placement and the reference model (the model whose re-seed is exact), `LINGSTREAM_RECOVERY_ATTEMPTS` re-seeds
+    within `LINGSTREAM_RECOVERY_TIMEOUT`; None (a failure fails the session) on threads, for `lingbot-fast` (its KV
+    cache re-seed is a later slice) and with 0 attempts."""
+    if options.stage_placement != "processes" or options.model != "reference" or options.recovery_attempts < 1:
+        return None
+    from pipeline.lingbot.policy.recovery import RecoveryBudget
+
+    return RecoveryBudget(attempts=options.recovery_attempts, timeout_s=options.recovery_timeout)
+
+
 def check_devices(options: list[WorkerOptions]) -> None:
     """Raise `SettingsError` when a model worker names a CUDA device this machine does not have."""
     wanted = [(option, device) for option in options for device in option.devices if device != "cpu"]
@@ -286,8 +305,8 @@ def build_workers(settings: Settings) -> list[BidirectionalService]:
     imported or a device is missing.
 
     Wiring point: `LingBotService(world model | process_placement(options), lease=ExecutionLease(),
-    max_image_bytes=..., max_image_pixels=..., torch_threads=..., progressive_decode=...)`; the world model is
-    `LINGSTREAM_MODEL`'s: the reference one, or LingBot-World-Fast loaded from `LINGSTREAM_MODEL_PATH` (checked
+    max_image_bytes=..., max_image_pixels=..., torch_threads=..., progressive_decode=..., recovery=...)`; the world
+    model is `LINGSTREAM_MODEL`'s: the reference one, or LingBot-World-Fast loaded from `LINGSTREAM_MODEL_PATH` (checked
     first, so a bad directory fails the start with its problem named).
     """
     try:
@@ -321,6 +340,7 @@ def build_workers(settings: Settings) -> list[BidirectionalService]:
                 history=options.session_history,
                 check_config=_session_limits(options),
                 progressive_decode=options.progressive_decode,
+                recovery=recovery_budget(options),
             )
         )
     return workers

@@ -402,7 +402,15 @@ async def session_events(
     return event_stream_response(runtime, snapshot, subscription, keepalive, redact=caller.redacted)
 
 
-_STREAMING = frozenset({SessionState.ADMITTED, SessionState.RUNNING, SessionState.PAUSED, SessionState.DRAINING})
+_STREAMING = frozenset(
+    {
+        SessionState.ADMITTED,
+        SessionState.RUNNING,
+        SessionState.PAUSED,
+        SessionState.RECOVERING,
+        SessionState.DRAINING,
+    }
+)
 
 
 def _conflict(message: str) -> SessionNotStreamingError:

@@ -39,7 +39,9 @@ __all__ = [
     "usage_body",
 ]
 
-StateName = Literal["queued", "admitted", "running", "paused", "draining", "closed", "expired", "failed", "cancelled"]
+StateName = Literal[
+    "queued", "admitted", "running", "paused", "recovering", "draining", "closed", "expired", "failed", "cancelled"
+]
 
 
 class LiveKitRoomRequest(BaseModel):

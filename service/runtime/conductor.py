@@ -2,7 +2,8 @@
 
 Admission decides (`admission_event`: a new queue position, admitted, expired, cancelled; `lose`: it took a session
 away), clients ask (close, pause, resume), deadlines expire (`service.runtime.limits`), the service drains
-(`drain_started`), and each admitted session's runner reports (`service.runtime.runner`: running, generated, ended).
+(`drain_started`), a model worker rebuilds a session after it failed (`recovery`: RUNNING -> RECOVERING -> RUNNING,
+docs/continuity.md), and each admitted session's runner reports (`service.runtime.runner`: running, generated, ended).
 The conductor turns each of these into the session's own transitions (`Session.admitted`, `move`,
 `request_close`, ...), starts one runner task per admitted session (in a copy of the context, where the session id is
 bound for every log line and the observer binds its span), and tells the `SessionTable` when a session ended. It
@@ -19,7 +20,7 @@ import contextvars
 import logging
 
 from admission import AdmissionEvent, AdmissionEventKind
-from pipeline.bidirectional import ChunkOutput, CloseMode
+from pipeline.bidirectional import ChunkOutput, CloseMode, RecoveryNotice
 from service.logs import bind_session_id, session_context
 from service.runtime.backend import AdmissionBackend
 from service.runtime.health import WorkerHealth
@@ -182,6 +183,27 @@ class SessionConductor:
             session.warn(None)
         if session.service_draining or self._draining:
             self._mark_service_draining(session)
+
+    def recovery(self, notice: RecoveryNotice) -> None:
+        """A model worker is rebuilding a session from its checkpoint (a running session moves to RECOVERING, its
+        slot, transport and id kept), or has rebuilt it (back to RUNNING). A session that is paused, closing or
+        draining keeps its state: it goes on (or ends) as it was going to."""
+        session = self._table.get(notice.session_id)
+        if session is None or session.terminal or session.close_mode is not None:
+            return
+        if notice.recovering:
+            if session.state is SessionState.RUNNING:
+                session.move(
+                    SessionState.RECOVERING,
+                    detail=f"the model worker failed ({notice.cause}); rebuilding the session (attempt "
+                    f"{notice.attempt})",
+                )
+            return
+        if session.state is SessionState.RECOVERING:
+            seconds = notice.recovery_s if notice.recovery_s is not None else 0.0
+            session.move(SessionState.RUNNING, detail=f"rebuilt after {seconds:.1f} s")
+            if session.service_draining or self._draining:
+                self._mark_service_draining(session)
 
     def drain_started(self) -> None:
         """The service drains: every admitted session is told (a running one moves to DRAINING), and so is every

@@ -22,7 +22,7 @@ __all__ = ["LiveSessionPort"]
 
 logger = logging.getLogger(__name__)
 
-_STEERABLE = frozenset({SessionState.RUNNING, SessionState.PAUSED, SessionState.DRAINING})
+_STEERABLE = frozenset({SessionState.RUNNING, SessionState.PAUSED, SessionState.RECOVERING, SessionState.DRAINING})
 
 CloseRequest = Callable[[Session, CloseMode, str], None]
 PauseRequest = Callable[[Session, bool], None]

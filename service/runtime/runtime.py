@@ -31,7 +31,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from admission import Clock
-from pipeline.bidirectional import BidirectionalService, CloseMode
+from pipeline.bidirectional import BidirectionalService, CloseMode, RecoveringService
 from service.api_keys import key_id
 from service.config_records import ServiceConfig
 from service.errors import (
@@ -156,6 +156,9 @@ class ServiceRuntime:
             max_pause_s=config.max_pause,
             events=events,
         )
+        for worker in workers:
+            if isinstance(worker, RecoveringService):
+                worker.add_recovery_listener(self._conductor.recovery)
         self._directory = SessionDirectory(
             table=self._table,
             backend=self._backend,

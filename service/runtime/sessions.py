@@ -62,6 +62,9 @@ class SessionState(enum.Enum):
     RUNNING = "running"
     # Running, but generating nothing until resumed (keeps its slot, caches and pose; takes no model time).
     PAUSED = "paused"
+    # Running, but its model worker failed under it: being rebuilt from its checkpoint (keeps its slot, its id, its
+    # room and its transport; frames resume after it). docs/continuity.md.
+    RECOVERING = "recovering"
     # Winding down: a close (drain or cancel) is in progress, or the instance drains and will close it by the deadline.
     DRAINING = "draining"
     # Ended after admission without a failure (client DELETE, Stop, client gone, completed, drain) (terminal).
@@ -81,7 +84,16 @@ TRANSITIONS: Mapping[SessionState, frozenset[SessionState]] = MappingProxyType(
             {SessionState.RUNNING, SessionState.DRAINING, SessionState.CLOSED, SessionState.FAILED}
         ),
         SessionState.RUNNING: frozenset(
-            {SessionState.PAUSED, SessionState.DRAINING, SessionState.CLOSED, SessionState.FAILED}
+            {
+                SessionState.PAUSED,
+                SessionState.RECOVERING,
+                SessionState.DRAINING,
+                SessionState.CLOSED,
+                SessionState.FAILED,
+            }
+        ),
+        SessionState.RECOVERING: frozenset(
+            {SessionState.RUNNING, SessionState.DRAINING, SessionState.CLOSED, SessionState.FAILED}
         ),
         SessionState.PAUSED: frozenset(
             {SessionState.RUNNING, SessionState.DRAINING, SessionState.CLOSED, SessionState.FAILED}
@@ -97,7 +109,15 @@ TRANSITIONS: Mapping[SessionState, frozenset[SessionState]] = MappingProxyType(
 
 TERMINAL_STATES: frozenset[SessionState] = frozenset(state for state, moves in TRANSITIONS.items() if not moves)
 LIVE_STATES: frozenset[SessionState] = frozenset(SessionState) - TERMINAL_STATES
-_SLOT_STATES = frozenset({SessionState.ADMITTED, SessionState.RUNNING, SessionState.PAUSED, SessionState.DRAINING})
+_SLOT_STATES = frozenset(
+    {
+        SessionState.ADMITTED,
+        SessionState.RUNNING,
+        SessionState.PAUSED,
+        SessionState.RECOVERING,
+        SessionState.DRAINING,
+    }
+)
 
 
 def require_transition(session_id: str, old: SessionState, new: SessionState) -> None:
@@ -452,7 +472,7 @@ class Session:
         """The instance drains: remember it (a session that starts running later is told too), and a running session
         that no close was asked of moves to DRAINING with `detail` (it ends by the drain's deadline)."""
         self._service_draining = True
-        if self._state is SessionState.RUNNING and self._close_mode is None:
+        if self._state in (SessionState.RUNNING, SessionState.RECOVERING) and self._close_mode is None:
             self.move(SessionState.DRAINING, reason="service_draining", detail=detail)
 
     def publish_part(self, part: ChunkPart) -> None:

@@ -34,7 +34,7 @@ from opentelemetry.metrics import Histogram, Meter
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from admission import percentile
-from pipeline.bidirectional import BidirectionalService, ChunkOutput
+from pipeline.bidirectional import BidirectionalService, ChunkOutput, RecoveringService, RecoveryNotice
 from pipeline.metrics import StageTiming
 from service.runtime.records import RuntimeStatistics
 from service.telemetry.heap import GlibcHeap
@@ -72,6 +72,7 @@ STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 LEASE_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 QUEUE_BUCKETS = (0.0, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 SESSION_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
+RECOVERY_BUCKETS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0)
 
 _FRESH_S = 1.0  # a snapshot younger than this is reused by the callbacks of one collection
 _LOOP_WAIT_S = 2.0  # how long a collection on another thread waits for the loop to take a snapshot
@@ -137,6 +138,9 @@ class ServiceMetrics:
         self._loop_thread: int | None = None
         self._closing = False
         self._define_histograms(meter)
+        for worker in self._workers:
+            if isinstance(worker, RecoveringService):
+                worker.add_recovery_listener(self.recovery)
         observe_runtime(meter, lambda: self.current().runtime)
         observe_process(meter, GlibcHeap.load())
         observe_workers(meter, self.current)
@@ -239,6 +243,14 @@ class ServiceMetrics:
             if figures is not None and media_s > 0:
                 figures.ratios.append(period / media_s)
 
+    def recovery(self, notice: RecoveryNotice) -> None:
+        """A model worker's recovery notice: a completed recovery counts, by cause, with its duration."""
+        if notice.recovering or notice.recovery_s is None:
+            return
+        attributes = {"cause": notice.cause}
+        self._recovered.add(1, attributes)
+        self._recovery.record(max(0.0, notice.recovery_s), attributes)
+
     def stage(self, timing: StageTiming) -> None:
         attributes = {"stage": timing.stage_id}
         self._stage_duration.record(max(0.0, timing.duration), attributes)
@@ -327,6 +339,18 @@ class ServiceMetrics:
             "lingstream.session.duration",
             "Admission to the final state, per admitted session, by final state.",
             SESSION_BUCKETS,
+        )
+        self._recovery = histogram(
+            "lingstream.session.recovery",
+            "A model worker's failure under a session to the first chunk after the session was rebuilt from its "
+            "checkpoint (docs/continuity.md), by cause.",
+            RECOVERY_BUCKETS,
+        )
+        self._recovered = meter.create_counter(
+            "lingstream.sessions.recovered",
+            unit="{session}",
+            description="Sessions rebuilt from their checkpoint after their model worker failed under them, by cause "
+            "(worker_lost, stage_failed).",
         )
         self._chunks = meter.create_counter(
             "lingstream.chunks", unit="{chunk}", description="Chunks the service received from its model workers."

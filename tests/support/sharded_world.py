@@ -3,7 +3,9 @@
 Spawned ranks import this module by name: it stays light (no service, no test harness). A session created with
 `KILL_SEED` makes rank 1 set `started` in the middle of chunk `FAULT_CHUNK` and then sleep, so a test can SIGKILL
 it there; one created with `STUCK_SEED` makes rank 1 never answer that chunk (rank 0 waits for it in the
-all-gather), which only the worker's call timeout can end.
+all-gather), which only the worker's call timeout can end. `KILL_ONCE_SEED` is `KILL_SEED` while `started` is not
+set: the group that comes back after the kill runs the chunk (a session re-seeded there goes on, docs/continuity.md).
+The denoiser re-seeds (`ReseedableDenoiser`) when the model it wraps does.
 """
 
 from __future__ import annotations
@@ -16,11 +18,21 @@ import torch
 
 from pipeline.lingbot.camera import CameraChunk
 from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.continuity import ResumePoint
+from pipeline.lingbot.errors import ModelSessionError
 from pipeline.lingbot.reference.model import ReferenceModelFactory
-from pipeline.lingbot.seam import ChunkDecoder, ChunkDenoiser, ModelShard, ReferenceEncoder, WorldModelFactory
+from pipeline.lingbot.seam import (
+    ChunkDecoder,
+    ChunkDenoiser,
+    ModelShard,
+    ReferenceEncoder,
+    ReseedableDenoiser,
+    WorldModelFactory,
+)
 
 KILL_SEED = 4242
 STUCK_SEED = 4343
+KILL_ONCE_SEED = 4444
 FAULT_CHUNK = 1
 _HANG_S = 600.0  # far past any test: the rank is killed long before
 
@@ -42,11 +54,21 @@ class FaultyShardedDiT:
         self, session_id: str, chunk_index: int, chunk_size: int, control: CameraChunk, *, prompt: str
     ) -> torch.Tensor:
         seed = self._seeds.get(session_id)
-        if self._rank == 1 and chunk_index == FAULT_CHUNK and seed in (KILL_SEED, STUCK_SEED):
-            if seed == KILL_SEED:
+        if seed == KILL_ONCE_SEED and self._started.is_set():
+            seed = None
+        if self._rank == 1 and chunk_index == FAULT_CHUNK and seed in (KILL_SEED, STUCK_SEED, KILL_ONCE_SEED):
+            if seed != STUCK_SEED:
                 self._started.set()
             time.sleep(_HANG_S)
         return self._inner.denoise_chunk(session_id, chunk_index, chunk_size, control, prompt=prompt)
+
+    def reseed_cache(
+        self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor, resume: ResumePoint
+    ) -> None:
+        if not isinstance(self._inner, ReseedableDenoiser):
+            raise ModelSessionError(f"{type(self._inner).__name__} cannot re-seed")
+        self._seeds[session_id] = config.seed
+        self._inner.reseed_cache(session_id, config, base_latent, resume)
 
     def release_cache(self, session_id: str) -> None:
         self._seeds.pop(session_id, None)

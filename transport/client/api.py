@@ -30,7 +30,7 @@ from transport.client.errors import ApiError, SessionEndedError, UnreachableErro
 __all__ = ["STREAMING_STATUSES", "TERMINAL_STATUSES", "ClientToken", "ServiceClient", "SessionInfo", "UsageInfo"]
 
 TERMINAL_STATUSES = frozenset({"closed", "expired", "failed", "cancelled"})
-STREAMING_STATUSES = frozenset({"running", "paused", "draining"})
+STREAMING_STATUSES = frozenset({"running", "paused", "recovering", "draining"})
 _DEFAULT_TIMEOUT_S = 30.0
 
 

@@ -60,34 +60,34 @@ _READY_POLL_S = 0.05
 class LingBotService:
     """One model worker's LingBot sessions (see `pipeline.bidirectional.BidirectionalService` for the contract).
 
-        Example::
+    Example::
 
-            service = LingBotService(ReferenceWorldModel("cpu"), lease=ExecutionLease())
-            await service.start()
-            prepared = service.prepare({}, None)          # every field defaults; no image = the default scene
-            await service.create_session("s1", prepared)  # prefetch of condition[0..1] starts at once
-            service.push_control("s1", ControlState(1, frozenset({"w"})))
-            async for chunk in service.outputs("s1"): ...
-            summary = await service.close_session("s1")
+        service = LingBotService(ReferenceWorldModel("cpu"), lease=ExecutionLease())
+        await service.start()
+        prepared = service.prepare({}, None)          # every field defaults; no image = the default scene
+        await service.create_session("s1", prepared)  # prefetch of condition[0..1] starts at once
+        service.push_control("s1", ControlState(1, frozenset({"w"})))
+        async for chunk in service.outputs("s1"): ...
+        summary = await service.close_session("s1")
 
-        With `realtime` (the default) each session generates at most about one chunk ahead of playback; offline
-        generation turns it off to run as fast as the model allows. Stage placement: given a `WorldModel`, the three
-        stages run on three `LocalStageActor` threads of this process; given a `ProcessPlacement`, they run in worker
-        process groups as its plan says (the DiT sharded over its ranks, decode co-located or in its own group, latents
-        between groups through tensor channels; `pipeline.lingbot.graph.actors`). Encode is always its own actor; model work
-        never runs on the event loop. `start()` starts the process groups together; `aclose()` stops them and closes the
-        channels, leaving no process behind.
+    With `realtime` (the default) each session generates at most about one chunk ahead of playback; offline
+    generation turns it off to run as fast as the model allows. Stage placement: given a `WorldModel`, the three
+    stages run on three `LocalStageActor` threads of this process; given a `ProcessPlacement`, they run in worker
+    process groups as its plan says (the DiT sharded over its ranks, decode co-located or in its own group, latents
+    between groups through tensor channels; `pipeline.lingbot.graph.actors`). Encode is always its own actor; model work
+    never runs on the event loop. `start()` starts the process groups together; `aclose()` stops them and closes the
+    channels, leaving no process behind.
 
-        A stage whose per-session release fails leaves the session id poisoned in the orchestrator (and its model-side
-        cache possibly resident); the service retries the failed releases in the background with exponential back-off
-        (`release_retry_s` doubling up to 30 s, `_RELEASE_RETRIES` attempts), which clears the poison once one succeeds.
+    A stage whose per-session release fails leaves the session id poisoned in the orchestrator (and its model-side
+    cache possibly resident); the service retries the failed releases in the background with exponential back-off
+    (`release_retry_s` doubling up to 30 s, `_RELEASE_RETRIES` attempts), which clears the poison once one succeeds.
 
-        `progressive_decode` (a `ProgressiveDecoder`, on either placement): the decode stage hands each chunk over one
-        latent frame at a time as it is decoded (on processes as partial replies of the decode call, through shared
-        memory); `outputs(session_id, parts=True)` yields those `ChunkPart`s ahead of each chunk, so a transport can
-        start playing a chunk before all of it is decoded. Off, chunks come whole (`progressive_decode` reports which).
+    `progressive_decode` (a `ProgressiveDecoder`, on either placement): the decode stage hands each chunk over one
+    latent frame at a time as it is decoded (on processes as partial replies of the decode call, through shared
+    memory); `outputs(session_id, parts=True)` yields those `ChunkPart`s ahead of each chunk, so a transport can
+    start playing a chunk before all of it is decoded. Off, chunks come whole (`progressive_decode` reports which).
 
-        Recovery (`recovery`, a `RecoveryBudget`; None: off, a failed pipeline session fails its session as before). When
+    Recovery (`recovery`, a `RecoveryBudget`; None: off, a failed pipeline session fails its session as before). When
     a session's orchestrator session fails (a worker group died, a stage raised), its chunk loop does not end: the
     session keeps its lease membership and, in the service above, its admission slot; the failed orchestrator session
     is cancel-closed and released; recovery listeners are told (`RecoveryNotice`, recovering); once the orchestrator is
@@ -98,7 +98,7 @@ class LingBotService:
     a cancel (close with CANCEL, `aclose`) cancels the recovery where it stands. docs/continuity.md has the design.
 
     `history` bounds what stays of finished sessions: this many summaries (so a repeated `close_session` answers
-        the same) and as many orchestrator close reports; the oldest are forgotten first.
+    the same) and as many orchestrator close reports; the oldest are forgotten first.
     """
 
     def __init__(

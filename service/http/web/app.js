@@ -16,7 +16,7 @@ import { LiveKitLink } from "./livekit.js";
 
 const $ = (id) => document.getElementById(id);
 const TERMINAL = new Set(["closed", "expired", "failed", "cancelled"]);
-const STREAMING = new Set(["running", "paused", "draining"]);
+const STREAMING = new Set(["running", "paused", "recovering", "draining"]);
 const MAX_PROMPT_BYTES = 512;
 const encoder = new TextEncoder();
 const HISTORY = 64;
@@ -36,7 +36,7 @@ let follower = null; // AbortController of the event stream
 let doneTimer = null; // closes the link if `done` does not follow the terminal state
 
 const page = {
-  state: "idle", // idle | creating | queued | admitted | running | paused | draining | closed | expired | failed | cancelled
+  state: "idle", // idle | creating | queued | admitted | running | paused | recovering | draining | closed | expired | failed | cancelled
   sessionId: null,
   queuePosition: null,
   transport: null,
@@ -114,8 +114,10 @@ function render() {
   const viewer = page.role === "viewer";
   $("stop").disabled = viewer || page.sessionId === null || TERMINAL.has(page.state);
   $("reset").disabled = viewer || !live;
-  const steerable = !viewer && live && (page.state === "running" || page.state === "paused");
-  $("pause").disabled = !steerable;
+  // Recovering (the model worker failed; the session is rebuilt from its checkpoint): keys and prompts are kept for
+  // the first chunk after it, but a pause is refused until it runs again.
+  const steerable = !viewer && live && ["running", "paused", "recovering"].includes(page.state);
+  $("pause").disabled = !steerable || page.state === "recovering";
   $("pause").textContent = page.state === "paused" ? "Resume" : "Pause";
   $("prompt-live").disabled = !steerable;
   $("send-prompt").disabled = !steerable;
@@ -289,7 +291,11 @@ setInterval(() => {
 function onStatus(message) {
   switch (message.type) {
     case "state":
-      if (!TERMINAL.has(page.state)) page.state = message.state;
+      if (!TERMINAL.has(page.state)) {
+        if (message.state === "recovering") say(message.detail || "the model worker failed; rebuilding the session");
+        else if (page.state === "recovering" && message.state === "running") say("the session runs again");
+        page.state = message.state;
+      }
       break;
     case "chunk": {
       stamped(message);

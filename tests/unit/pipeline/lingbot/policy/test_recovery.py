@@ -55,7 +55,8 @@ def test_a_second_death_during_the_recovery_is_another_attempt_of_the_same_recov
     assert tracker.deadline == 11.0  # measured from the failure that started it
     assert tracker.cause is RecoveryCause.WORKER_LOST
     third = tracker.failed(3.0, DIED, has_checkpoint=True)
-    assert not third.recover and third.why == "2 re-seed(s) in a row failed"
+    assert not third.recover
+    assert third.why == "2 re-seed(s) in a row failed"
     assert tracker.state is RecoveryState.FAILED
     with pytest.raises(RecoveryError, match="cannot move from failed"):
         tracker.failed(4.0, DIED, has_checkpoint=True)
@@ -111,7 +112,8 @@ def test_a_close_during_the_reseed_after_a_second_death_still_counts_as_interrup
     tracker.failed(0.0, DIED, has_checkpoint=True)
     tracker.failed(1.0, DIED, has_checkpoint=True)  # the re-seed's first chunk died too
     tracker.stopped()  # closed while the second re-seed was under way
-    assert tracker.interrupted and tracker.state is RecoveryState.ENDED
+    assert tracker.interrupted
+    assert tracker.state is RecoveryState.ENDED
 
 
 def test_the_budget_is_validated() -> None:

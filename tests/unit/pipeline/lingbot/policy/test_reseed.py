@@ -81,6 +81,12 @@ async def _run(service: LingBotService, notices: list[RecoveryNotice] | None = N
         await service.aclose()
 
 
+async def _read_all(service: LingBotService, chunks: list[ChunkOutput]) -> None:
+    async with asyncio.timeout(30):
+        async for chunk in service.outputs("s"):
+            chunks.append(chunk)
+
+
 async def test_a_session_whose_stage_fails_once_is_rebuilt_and_its_frames_equal_an_uninterrupted_run() -> None:
     clean = await _run(_service(None, None))
     faulty = FailingDiT(chunk=3, times=1)
@@ -94,8 +100,12 @@ async def test_a_session_whose_stage_fails_once_is_rebuilt_and_its_frames_equal_
         assert after.applied_seq == 1
     assert [r.chunk_index for r in faulty.reseeds] == [3]
     assert faulty.reseeds[0].pose != CameraPose()  # it went on from where the camera was, not from the start
-    assert [(n.recovering, n.cause, n.attempt) for n in notices] == [(True, "stage_failed", 1), (False, "stage_failed", 1)]
-    assert notices[1].recovery_s is not None and notices[1].recovery_s >= 0
+    assert [(n.recovering, n.cause, n.attempt) for n in notices] == [
+        (True, "stage_failed", 1),
+        (False, "stage_failed", 1),
+    ]
+    assert notices[1].recovery_s is not None
+    assert notices[1].recovery_s >= 0
 
 
 async def test_a_stage_that_fails_every_time_ends_the_session_after_the_budget() -> None:
@@ -109,16 +119,15 @@ async def test_a_stage_that_fails_every_time_ends_the_session_after_the_budget()
         service.push_control("s", ControlState(1, HELD))
         chunks: list[ChunkOutput] = []
         with pytest.raises(SessionFailedError) as failed:
-            async with asyncio.timeout(30):
-                async for chunk in service.outputs("s"):
-                    chunks.append(chunk)
+            await _read_all(service, chunks)
         assert [c.index for c in chunks] == [0, 1]
         assert "injected fault in chunk 2" in failed.value.reason
         assert "not rebuilt: 2 re-seed(s) in a row failed" in failed.value.reason
         assert [n.attempt for n in notices if n.recovering] == [1, 2]
         assert not any(not n.recovering for n in notices)
         summary = await service.close_session("s")
-        assert summary.failure is not None and summary.slot_leaks == 0
+        assert summary.failure is not None
+        assert summary.slot_leaks == 0
         assert service.recovery_statistics() == ({}, 1)
     finally:
         await service.aclose()
@@ -131,9 +140,7 @@ async def test_without_a_budget_a_failing_stage_fails_its_session_as_before() ->
         await service.create_session("s", service.prepare(SMALL, None))
         service.push_control("s", ControlState(1, HELD))
         with pytest.raises(SessionFailedError, match="injected fault in chunk 1"):
-            async with asyncio.timeout(30):
-                async for _chunk in service.outputs("s"):
-                    pass
+            await _read_all(service, [])
     finally:
         await service.aclose()
 
@@ -145,7 +152,9 @@ async def test_every_chunk_leaves_a_checkpoint_that_round_trips_through_bytes() 
         await service.create_session("s", service.prepare(SMALL, None))
         session = service._sessions["s"]
         first = session.checkpoint
-        assert first is not None and first.next_chunk == 0 and first.pose == CameraPose()
+        assert first is not None
+        assert first.next_chunk == 0
+        assert first.pose == CameraPose()
         service.push_control("s", ControlState(4, HELD))
         chunks: list[ChunkOutput] = []
         async with asyncio.timeout(30):
@@ -157,7 +166,9 @@ async def test_every_chunk_leaves_a_checkpoint_that_round_trips_through_bytes() 
         assert checkpoint is not None
         assert checkpoint.next_chunk >= 3
         assert checkpoint.frames_emitted == sum(len(c.frames) for c in chunks) or checkpoint.next_chunk > 3
-        assert checkpoint.applied_seq == 4 and checkpoint.latest is not None and checkpoint.latest.keys == HELD
+        assert checkpoint.applied_seq == 4
+        assert checkpoint.latest is not None
+        assert checkpoint.latest.keys == HELD
         assert checkpoint.pose != CameraPose()
         again = SessionCheckpoint.from_bytes(checkpoint.to_bytes())
         assert (again.next_chunk, again.pose, again.config, again.latest) == (
@@ -166,6 +177,7 @@ async def test_every_chunk_leaves_a_checkpoint_that_round_trips_through_bytes() 
             checkpoint.config,
             checkpoint.latest,
         )
-        assert again.image is None and checkpoint.image is None
+        assert again.image is None
+        assert checkpoint.image is None
     finally:
         await service.aclose()
