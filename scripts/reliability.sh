@@ -43,6 +43,16 @@ from collections import defaultdict
 from pathlib import Path
 
 NOTES = """
+## Sessions that outlive their worker (issue #33)
+
+With `processes` placement a model-worker group that dies (or a stage that raises) no longer fails its sessions:
+each is rebuilt from its checkpoint on the restarted group and goes on with the same id, slot and picture (state
+`recovering`, then `running`); only a session that cannot be rebuilt fails, with `model_failure`. The design, the
+budget, what stays held and the figures (`python -m bench.continuity`) are in docs/continuity.md;
+`test_process_recovery.py` is the proof (the frames after a SIGKILL equal an uninterrupted run's).
+`test_process_faults.py` keeps testing the worker without recovery (`LingBotService(recovery=None)`, as on threads
+and for `lingbot-fast`): there the sessions fail as before.
+
 ## Defects the tests found, and their fixes
 
 | test that found it | defect | fix |

@@ -84,6 +84,22 @@ FIGURES: dict[str, frozenset[str]] = {
         for prefix in ("", "processes_", "lingbot_fast_")
         for key in ("first_frame_ms_p50", "wholechunk_first_frame_ms_p50", "first_frame_saving_ms")
     },
+    "continuity": frozenset(
+        {
+            "recovery_ms_p50",
+            "recovery_ms_p95",
+            "kill_to_first_frame_ms_p50",
+            "group_restart_ms_p50",
+            "sessions_survived",
+            "sessions_total",
+            "checkpoint_bytes_per_session",
+            "checkpoint_image_bytes_832x480",
+            "checkpoint_ms_per_chunk",
+            "checkpoint_share_of_chunk_period",
+            "load_average_1m",
+            "bench_seconds",
+        }
+    ),
     "admission_latency": frozenset(
         {
             "create_p50_ms",

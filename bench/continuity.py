@@ -1,0 +1,199 @@
+"""Benchmark of sessions that outlive their model worker (issue #33, docs/continuity.md). About 3 minutes on 2 cores
+(`--quick`: one kill, about 1.5 minutes).
+
+Measures, in one run:
+- recovery_ms_p50 / recovery_ms_p95: worker loss. The whole service in-process (its real lifespan, `processes`
+  placement, one DiT rank with decode co-located, the reference model at 64x48, chunk_size 1, compute_scale 4), one
+  session holding keys; the DiT group's rank is SIGKILLed at a random moment while the session streams, `--kills`
+  times (one session each). The time from the last frame the session's transport port received before the kill to
+  the first it received after it (the frames a binding paces out; no WebRTC hop in between), per kill.
+  `kill_to_first_frame_ms_p50` is the same from the kill itself, `group_restart_ms_p50` the part of it until the
+  group was ready again (the rest is the re-seed and its first chunk). `sessions_survived` / `sessions_total`: kills
+  after which the session ran on (the others failed with `model_failure`).
+- checkpoint_bytes_per_session: the serialised checkpoint of a session without a reference image (the JSON header:
+  config, pose, prompt, counters, stream clock), and checkpoint_image_bytes_832x480 what a reference image adds once
+  (float32 as the session holds it). In the service process the checkpoint holds references: the image is the
+  session's own tensor, never copied.
+- checkpoint_ms_per_chunk: what a chunk boundary costs the session policy (the pose integrated for the chunk and the
+  frozen record built), mean of 2 000, at chunk_size 3; checkpoint_share_of_chunk_period: that over the chunk's
+  media duration at 16 fps (the goal: at most 1 %).
+
+The last line printed is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import random
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from admission import ExecutionLease, percentile
+from bench._common import report
+from pipeline.bidirectional import ChunkItem, ControlState
+from pipeline.lingbot.camera import PoseIntegrator
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.continuity import SessionCheckpoint
+from pipeline.lingbot.controls import ControlSnapshot
+from pipeline.lingbot.policy.recovery import RecoveryBudget
+from pipeline.lingbot.policy.service import LingBotService
+from service.settings import Settings
+from service.workers import process_placement, worker_options
+from tests.support.reliability import running_app, wait_status
+from tests.support.service_harness import RecordingTransport
+from tests.support.waits import until
+from transport.base import SessionPort
+
+CONFIG = {"width": 64, "height": 48, "fps": 16, "chunk_size": 1, "hud": False, "compute_scale": 4.0}
+HELD = frozenset({"w", "l"})
+
+
+def workers(settings: Settings) -> list[LingBotService]:
+    built = []
+    for options in worker_options(settings):
+        placement = dataclasses.replace(process_placement(options), restart_backoff_initial_s=0.2, stop_timeout_s=2.0)
+        budget = RecoveryBudget(attempts=options.recovery_attempts, timeout_s=options.recovery_timeout)
+        built.append(LingBotService(placement, lease=ExecutionLease(), recovery=budget))
+    return built
+
+
+class FrameTimes(RecordingTransport):
+    """Records when the session's port hands each frame-carrying item (a chunk's part, or a whole chunk) over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: dict[str, list[float]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def attach(self, port: SessionPort) -> Mapping[str, object]:
+        self.frames[port.session_id] = []
+        self._tasks.append(asyncio.create_task(self._read(port)))
+        return await super().attach(port)
+
+    async def _read(self, port: SessionPort) -> None:
+        _item: ChunkItem
+        async for _item in port.chunks():
+            self.frames[port.session_id].append(time.monotonic())
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await super().aclose()
+
+
+async def worker_loss(kills: int, rng: random.Random) -> dict[str, Any]:
+    transport = FrameTimes()
+    overrides = {
+        "stage_placement": "processes",
+        "denoise_ranks": 1,
+        "torch_threads": 1,
+        "max_sessions_per_worker": 1,
+        "recovery_attempts": 3,
+        "recovery_timeout": 120,
+    }
+    gaps: list[float] = []
+    from_kill: list[float] = []
+    restarts: list[float] = []
+    survived = 0
+    async with running_app(workers, transport=transport, **overrides) as app:
+        worker: LingBotService = app.workers[0]
+        for _ in range(kills):
+            created = (await app.create({"config": CONFIG})).json()
+            sid = str(created["id"])
+            transport.ports[sid].push_control(ControlState(1, HELD))
+            await until(lambda sid=sid: len(transport.frames[sid]) >= 6, "frames before the kill", within=120)
+            await asyncio.sleep(rng.uniform(0.0, 0.5))
+            group = worker.worker_statistics()["denoise_decode"]
+            seen = len(transport.frames[sid])
+            os.kill(group.pids[0], signal.SIGKILL)
+            killed = time.monotonic()
+            last_before = transport.frames[sid][seen - 1]
+            await until(
+                lambda g=group: (
+                    worker.worker_statistics()["denoise_decode"].incarnation > g.incarnation and worker.ready
+                ),
+                "the group to restart",
+                within=120,
+            )
+            restarts.append(time.monotonic() - killed)
+            try:
+                await until(
+                    lambda sid=sid, at=killed: transport.frames[sid][-1] > at, "a frame after the kill", within=120
+                )
+            except AssertionError:
+                continue
+            first_after = next(at for at in transport.frames[sid] if at > killed)
+            gaps.append(first_after - last_before)
+            from_kill.append(first_after - killed)
+            survived += (await app.get(sid))["status"] == "running"
+            await app.client.delete(f"/v1/sessions/{sid}")
+            await wait_status(app, sid, "closed", "failed", within=60)
+    return {
+        "recovery_ms_p50": _ms(percentile(gaps, 50)),
+        "recovery_ms_p95": _ms(percentile(gaps, 95)),
+        "kill_to_first_frame_ms_p50": _ms(percentile(from_kill, 50)),
+        "group_restart_ms_p50": _ms(percentile(restarts, 50)),
+        "sessions_survived": survived,
+        "sessions_total": kills,
+        "load_average_1m": os.getloadavg()[0],
+    }
+
+
+def checkpoint_cost(rounds: int = 2000) -> dict[str, Any]:
+    config = LingBotSessionConfig.from_mapping({"chunk_size": 3})
+    camera = PoseIntegrator(config.pose_steps())
+    snapshot = ControlSnapshot.from_keys(7, HELD)
+    started = time.perf_counter()
+    checkpoint = None
+    for index in range(rounds):
+        camera.chunk_poses(snapshot, first_chunk=index == 0, latent_frames=config.chunk_size)
+        checkpoint = SessionCheckpoint(
+            session_id="s",
+            config=config,
+            image=None,
+            next_chunk=index + 1,
+            pose=camera.pose,
+            prompt="a snowy night",
+            prompt_seq=3,
+            applied_seq=7,
+            latest=snapshot,
+            frames_emitted=12 * index + 9,
+            taken_at=time.monotonic(),
+        )
+    per_chunk_ms = (time.perf_counter() - started) / rounds * 1000
+    assert checkpoint is not None
+    chunk_media_ms = 1000 * 4 * config.chunk_size / config.fps
+    image = torch.zeros(3, 480, 832)
+    return {
+        "checkpoint_bytes_per_session": len(checkpoint.to_bytes()),
+        "checkpoint_image_bytes_832x480": image.numel() * image.element_size(),
+        "checkpoint_ms_per_chunk": per_chunk_ms,
+        "checkpoint_share_of_chunk_period": per_chunk_ms / chunk_media_ms,
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one kill (about 1.5 minutes)")
+    parser.add_argument("--kills", type=int, default=5, help="worker kills, one session each (default 5)")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    figures = checkpoint_cost()
+    figures.update(asyncio.run(worker_loss(1 if args.quick else args.kills, random.Random(33))))
+    report(figures, started)
+
+
+if __name__ == "__main__":
+    main()
