@@ -46,7 +46,7 @@ from pipeline.lingbot.policy.recovery import RecoveryBudget
 from pipeline.lingbot.policy.service import LingBotService
 from service.settings import Settings
 from service.workers import process_placement, worker_options
-from tests.support.reliability import running_app, wait_status
+from tests.support.reliability import App, running_app, wait_status
 from tests.support.service_harness import RecordingTransport
 from tests.support.waits import until
 from transport.base import SessionPort
@@ -91,7 +91,7 @@ class FrameTimes(RecordingTransport):
 
 async def worker_loss(kills: int, rng: random.Random) -> dict[str, Any]:
     transport = FrameTimes()
-    overrides = {
+    overrides: dict[str, Any] = {
         "stage_placement": "processes",
         "denoise_ranks": 1,
         "torch_threads": 1,
@@ -99,52 +99,52 @@ async def worker_loss(kills: int, rng: random.Random) -> dict[str, Any]:
         "recovery_attempts": 3,
         "recovery_timeout": 120,
     }
-    gaps: list[float] = []
-    from_kill: list[float] = []
-    restarts: list[float] = []
-    survived = 0
+    outcomes: list[tuple[float, float, float, bool] | None] = []
     async with running_app(workers, transport=transport, **overrides) as app:
-        worker: LingBotService = app.workers[0]
         for _ in range(kills):
-            created = (await app.create({"config": CONFIG})).json()
-            sid = str(created["id"])
-            transport.ports[sid].push_control(ControlState(1, HELD))
-            await until(lambda sid=sid: len(transport.frames[sid]) >= 6, "frames before the kill", within=120)
-            await asyncio.sleep(rng.uniform(0.0, 0.5))
-            group = worker.worker_statistics()["denoise_decode"]
-            seen = len(transport.frames[sid])
-            os.kill(group.pids[0], signal.SIGKILL)
-            killed = time.monotonic()
-            last_before = transport.frames[sid][seen - 1]
-            await until(
-                lambda g=group: (
-                    worker.worker_statistics()["denoise_decode"].incarnation > g.incarnation and worker.ready
-                ),
-                "the group to restart",
-                within=120,
-            )
-            restarts.append(time.monotonic() - killed)
-            try:
-                await until(
-                    lambda sid=sid, at=killed: transport.frames[sid][-1] > at, "a frame after the kill", within=120
-                )
-            except AssertionError:
-                continue
-            first_after = next(at for at in transport.frames[sid] if at > killed)
-            gaps.append(first_after - last_before)
-            from_kill.append(first_after - killed)
-            survived += (await app.get(sid))["status"] == "running"
-            await app.client.delete(f"/v1/sessions/{sid}")
-            await wait_status(app, sid, "closed", "failed", within=60)
+            outcomes.append(await one_kill(app, transport, rng))
+    done = [outcome for outcome in outcomes if outcome is not None]
     return {
-        "recovery_ms_p50": _ms(percentile(gaps, 50)),
-        "recovery_ms_p95": _ms(percentile(gaps, 95)),
-        "kill_to_first_frame_ms_p50": _ms(percentile(from_kill, 50)),
-        "group_restart_ms_p50": _ms(percentile(restarts, 50)),
-        "sessions_survived": survived,
+        "recovery_ms_p50": _ms(percentile([gap for gap, _, _, _ in done], 50)),
+        "recovery_ms_p95": _ms(percentile([gap for gap, _, _, _ in done], 95)),
+        "kill_to_first_frame_ms_p50": _ms(percentile([after for _, after, _, _ in done], 50)),
+        "group_restart_ms_p50": _ms(percentile([restart for _, _, restart, _ in done], 50)),
+        "sessions_survived": sum(running for _, _, _, running in done),
         "sessions_total": kills,
         "load_average_1m": os.getloadavg()[0],
     }
+
+
+async def one_kill(app: App, transport: FrameTimes, rng: random.Random) -> tuple[float, float, float, bool] | None:
+    """One session, its DiT group killed while it streams: (last frame before to first after, kill to first frame
+    after, kill to the group ready again, whether the session still runs); None when no frame came after."""
+    worker: LingBotService = app.workers[0]
+    created = (await app.create({"config": CONFIG})).json()
+    sid = str(created["id"])
+    transport.ports[sid].push_control(ControlState(1, HELD))
+    frames = transport.frames[sid]
+    await until(lambda: len(frames) >= 6, "frames before the kill", within=120)
+    await asyncio.sleep(rng.uniform(0.0, 0.5))
+    group = worker.worker_statistics()["denoise_decode"]
+    seen = len(frames)
+    os.kill(group.pids[0], signal.SIGKILL)
+    killed = time.monotonic()
+    last_before = frames[seen - 1]
+
+    def restarted() -> bool:
+        return worker.worker_statistics()["denoise_decode"].incarnation > group.incarnation and worker.ready
+
+    await until(restarted, "the group to restart", within=120)
+    restart = time.monotonic() - killed
+    try:
+        await until(lambda: frames[-1] > killed, "a frame after the kill", within=120)
+    except AssertionError:
+        return None
+    first_after = next(at for at in frames if at > killed)
+    running = (await app.get(sid))["status"] == "running"
+    await app.client.delete(f"/v1/sessions/{sid}")
+    await wait_status(app, sid, "closed", "failed", within=60)
+    return first_after - last_before, first_after - killed, restart, running
 
 
 def checkpoint_cost(rounds: int = 2000) -> dict[str, Any]:
