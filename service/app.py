@@ -45,10 +45,14 @@ from service.http.middleware import BodyLimitMiddleware, StrictCORSMiddleware
 from service.http.page import install_page
 from service.http.routes import health_router, internal_router, operation_id, v1_router
 from service.http.token_routes import tokens_router
+from service.runtime.recording_catalog import MemoryRecordingCatalog, RecordingCatalog
+from service.runtime.recording_objects import RecordingObjects
 from service.runtime.recordings import WriterFactory
 from service.runtime.runtime import RuntimeTuning, ServiceRuntime, SessionEvents
 from service.scaleout.backend import RedisAdmissionBackend
+from service.scaleout.recording_catalog import RedisRecordingCatalog
 from service.settings import Settings
+from service.storage import Credentials, ObjectStoreConfig, S3Client
 from service.telemetry.otel import Telemetry, TelemetryMiddleware
 from service.telemetry.webhook_series import webhook_results
 from service.tokens import MemoryTokenStore, TokenCodec, TokenPolicy, TokenStore
@@ -74,6 +78,37 @@ def _version() -> str:
         return version("lingstream")
     except PackageNotFoundError:  # pragma: no cover - running from a checkout without installing
         return "0.0.0"
+
+
+def _recording_storage(
+    settings: Settings, config: ServiceConfig
+) -> tuple[RecordingObjects | None, RecordingCatalog | None]:
+    """The object store of recordings (`LINGSTREAM_RECORDINGS_S3_*`; None: they stay on disk) and their catalog
+    (in Redis with the redis backend, so every replica answers for them; else in process)."""
+    limits = config.recordings
+    if limits is None:
+        return None, None
+    objects = None
+    if settings.recordings_s3_endpoint and settings.recordings_s3_bucket and settings.recordings_s3_access_key_id:
+        secret = settings.recordings_s3_secret_access_key
+        store = ObjectStoreConfig(
+            endpoint=settings.recordings_s3_endpoint,
+            bucket=settings.recordings_s3_bucket,
+            credentials=Credentials(
+                settings.recordings_s3_access_key_id,
+                secret.get_secret_value() if secret is not None else "",
+                settings.recordings_s3_region,
+            ),
+            prefix=settings.recordings_s3_prefix,
+            public_endpoint=settings.recordings_s3_public_endpoint,
+            url_ttl_s=settings.recordings_s3_url_ttl,
+        )
+        objects = RecordingObjects(S3Client(store), max_count=limits.max_count, max_bytes=limits.max_bytes)
+        logger.info("recordings: uploaded to %s, bucket %s, prefix %r", store.endpoint, store.bucket, store.prefix)
+    catalog: RecordingCatalog = MemoryRecordingCatalog()
+    if config.shared_admission is not None and settings.redis_url is not None:
+        catalog = RedisRecordingCatalog(settings.redis_url.get_secret_value())
+    return objects, catalog
 
 
 def create_app(
@@ -116,6 +151,7 @@ def create_app(
     workers = list(factory(settings))
     # The real workers checked the model at start (cached); a test's fake workers have no model to estimate.
     memory = model_memory(settings) if factory is build_workers else None
+    objects, catalog = _recording_storage(settings, config)
     if config.shared_admission is None:
         runtime = ServiceRuntime(
             config,
@@ -125,6 +161,8 @@ def create_app(
             tuning=tuning,
             observer=telemetry.sessions,
             recording_writer=recording_writer,
+            recording_objects=objects,
+            recording_catalog=catalog,
             timers=timers,
             events=events,
         )
@@ -139,6 +177,8 @@ def create_app(
             tuning=tuning,
             observer=telemetry.sessions,
             recording_writer=recording_writer,
+            recording_objects=objects,
+            recording_catalog=catalog,
             timers=timers,
             events=events,
         )

@@ -64,7 +64,15 @@ _MIB = 1024 * 1024
 _LOOPBACK = "127.0.0.1"
 _ALL_INTERFACES = "0.0.0.0"
 _SECRET_FIELDS = frozenset(
-    {"api_keys", "redis_url", "livekit_api_secret", "token_secret", "token_secret_previous", "webhook_secret"}
+    {
+        "api_keys",
+        "redis_url",
+        "livekit_api_secret",
+        "token_secret",
+        "token_secret_previous",
+        "webhook_secret",
+        "recordings_s3_secret_access_key",
+    }
 )
 _MIN_TOKEN_SECRET_BYTES = 32
 _LIVEKIT_ALIASES = {
@@ -342,6 +350,30 @@ class Settings(BaseSettings):
     webhook_queue_size: int = Field(
         default=10_000, ge=1, le=10_000_000, description="Most deliveries waiting; past it the newest are dropped."
     )
+    recordings_s3_endpoint: str | None = Field(
+        default=None,
+        description="An S3-compatible endpoint (http(s)://host[:port], path-style requests) finished recordings are "
+        "uploaded to; GET .../recording on any replica then redirects to a presigned URL; unset: they stay on disk.",
+    )
+    recordings_s3_bucket: str | None = Field(default=None, description="The bucket of recordings (needs the endpoint).")
+    recordings_s3_prefix: str = Field(
+        default="recordings/", max_length=512, description="Before every recording's object key in the bucket."
+    )
+    recordings_s3_region: str = Field(
+        default="us-east-1", min_length=1, description="The region requests are signed for."
+    )
+    recordings_s3_access_key_id: str | None = Field(default=None, description="The object store's access key id.")
+    recordings_s3_secret_access_key: SecretStr | None = Field(
+        default=None, description="The object store's secret access key (secret)."
+    )
+    recordings_s3_public_endpoint: str | None = Field(
+        default=None,
+        description="The endpoint presigned URLs name, when clients reach the store at another address than the "
+        "service does; unset: RECORDINGS_S3_ENDPOINT.",
+    )
+    recordings_s3_url_ttl: int = Field(
+        default=300, ge=1, le=7 * 24 * 3600, description="Seconds a presigned recording URL stays valid."
+    )
     livekit_url: str | None = Field(default=None, validation_alias=AliasChoices("LIVEKIT_URL", "livekit_url"))
     livekit_client_url: str | None = Field(
         default=None,
@@ -561,6 +593,7 @@ class Settings(BaseSettings):
                 raise ValueError("LINGSTREAM_REDIS_URL must be a redis://, rediss:// or unix:// URL")
         if self.token_secret is None and self.token_secret_previous is not None:
             raise ValueError("LINGSTREAM_TOKEN_SECRET_PREVIOUS needs LINGSTREAM_TOKEN_SECRET (the secret that signs)")
+        self._check_recordings_s3()
         self._check_placement()
         self._check_quotas()
         self._check_webhooks()
@@ -572,6 +605,32 @@ class Settings(BaseSettings):
                 f"LINGSTREAM_MAX_IMAGE_BYTES ({self.max_image_bytes}): it must be at least {needed}"
             )
         return self
+
+    def _check_recordings_s3(self) -> None:
+        """The object store of recordings: all of endpoint, bucket and credentials, or none; http(s) URLs."""
+        wanted = {
+            "LINGSTREAM_RECORDINGS_S3_ENDPOINT": bool(self.recordings_s3_endpoint),
+            "LINGSTREAM_RECORDINGS_S3_BUCKET": bool(self.recordings_s3_bucket),
+            "LINGSTREAM_RECORDINGS_S3_ACCESS_KEY_ID": bool(self.recordings_s3_access_key_id),
+            "LINGSTREAM_RECORDINGS_S3_SECRET_ACCESS_KEY": self.recordings_s3_secret_access_key is not None
+            and bool(self.recordings_s3_secret_access_key.get_secret_value()),
+        }
+        if not any(wanted.values()):
+            return
+        if not all(wanted.values()):
+            missing = ", ".join(name for name, present in wanted.items() if not present)
+            raise ValueError(f"recordings in an object store need all of {', '.join(wanted)}: {missing} missing")
+        if self.recordings_dir is None:
+            raise ValueError(
+                "LINGSTREAM_RECORDINGS_S3_ENDPOINT needs LINGSTREAM_RECORDINGS_DIR (recordings are written there, "
+                "then uploaded)"
+            )
+        for name, url in (
+            ("LINGSTREAM_RECORDINGS_S3_ENDPOINT", self.recordings_s3_endpoint),
+            ("LINGSTREAM_RECORDINGS_S3_PUBLIC_ENDPOINT", self.recordings_s3_public_endpoint),
+        ):
+            if url is not None and (urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname):
+                raise ValueError(f"{name} must be an http:// or https:// URL with a host, got {url!r}")
 
     def _check_quotas(self) -> None:
         """Every override names a configured key (by key id), each key once."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import math
 import os
 import time
 from collections.abc import AsyncIterator
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import ValidationError
@@ -64,6 +65,7 @@ from service.http.schemas import (
     CreateSessionRequest,
     DrainBody,
     HealthBody,
+    RecordingList,
     SessionBody,
     SessionList,
     UsageBody,
@@ -71,6 +73,7 @@ from service.http.schemas import (
     WebrtcAnswer,
     WebrtcOffer,
     drain_body,
+    recording_list,
     session_body,
     usage_body,
 )
@@ -78,6 +81,7 @@ from service.http.token_routes import share_link, within_grant
 from service.http.token_schemas import AddViewerRequest, CreatedSessionBody
 from service.logs import bind_session_id
 from service.runtime.images import decode_image
+from service.runtime.recording_catalog import parse_cursor
 from service.runtime.runtime import ServiceRuntime
 from service.runtime.sessions import SessionSnapshot, SessionState
 from service.tokens import ClientGrant, Need, origin_allowed
@@ -332,30 +336,83 @@ async def resume_session(session_id: str, owner: ControlsSession, runtime: Runti
     return session_body(await runtime.pause(owner, session_id, False))
 
 
+_REDIRECT: dict[int | str, dict[str, Any]] = {
+    302: {
+        "description": "With an object store (LINGSTREAM_RECORDINGS_S3_*): the presigned URL of the object, valid "
+        "for LINGSTREAM_RECORDINGS_S3_URL_TTL seconds, in `Location` (any replica answers).",
+        "headers": {"Location": {"schema": {"type": "string"}, "description": "The presigned URL."}},
+    }
+}
+
+
 @v1_router.get(
     "/sessions/{session_id}/recording",
-    summary="The session's recording, H.264 in MP4 (owner only; once the session has ended)",
+    summary="The session's recording, H.264 in MP4 (owner only; once the session has ended): the file, or a 302 to "
+    "the object store",
     response_class=StreamingResponse,
-    responses={200: {"content": {"video/mp4": {}}, "description": "The MP4."}, **errors_of(401, 404, 409)},
+    responses={
+        200: {"content": {"video/mp4": {}}, "description": "The MP4."},
+        **_REDIRECT,
+        **errors_of(401, 404, 409, 503),
+    },
 )
-async def get_recording(session_id: str, owner: ControlsSession, runtime: Runtime) -> StreamingResponse:
+async def get_recording(session_id: str, owner: ControlsSession, runtime: Runtime) -> Response:
     bind_session_id(session_id)
     outcome = await runtime.recording(owner, session_id)
+    if outcome.video_url is not None:
+        return RedirectResponse(outcome.video_url, status_code=302)
     assert outcome.video is not None  # READY outcomes carry their files
     return _recording_file(outcome.video, "video/mp4", session_id, f"{session_id}.mp4")
 
 
 @v1_router.get(
     "/sessions/{session_id}/recording/controls",
-    summary="The recording's control trace (JSON Lines, the format `lingstream generate --controls` replays)",
+    summary="The recording's control trace (JSON Lines, the format `lingstream generate --controls` replays): the "
+    "file, or a 302 to the object store",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/x-ndjson": {}}, "description": "The trace."}, **errors_of(401, 404, 409)},
+    responses={
+        200: {"content": {"application/x-ndjson": {}}, "description": "The trace."},
+        **_REDIRECT,
+        **errors_of(401, 404, 409, 503),
+    },
 )
-async def get_recording_controls(session_id: str, owner: ControlsSession, runtime: Runtime) -> StreamingResponse:
+async def get_recording_controls(session_id: str, owner: ControlsSession, runtime: Runtime) -> Response:
     bind_session_id(session_id)
     outcome = await runtime.recording(owner, session_id)
+    if outcome.trace_url is not None:
+        return RedirectResponse(outcome.trace_url, status_code=302)
     assert outcome.trace is not None
     return _recording_file(outcome.trace, "application/x-ndjson", session_id, f"{session_id}.controls.jsonl")
+
+
+@v1_router.get(
+    "/recordings",
+    response_model=RecordingList,
+    summary="The caller's recordings, oldest first, in pages (with Redis: every replica's)",
+    tags=["recordings"],
+    responses=errors_of(401, 403, 422, 503),
+)
+async def list_recordings(
+    owner: Owner,
+    runtime: Runtime,
+    since: Annotated[
+        str | None,
+        Query(
+            description="RFC 3339 time with an offset (2026-12-01T18:00:00Z) or Unix seconds: recordings started "
+            "then or later. Default: all that are kept."
+        ),
+    ] = None,
+    cursor: Annotated[str | None, Query(max_length=300, description="`next_cursor` of the previous page.")] = None,
+    limit: Annotated[int, Query(ge=1, le=500, description="Recordings per page.")] = 100,
+) -> RecordingList:
+    start = parse_since(since, time.time(), retention_s=math.inf)  # 422 invalid_since; None: every one kept
+    if cursor is not None:
+        try:
+            parse_cursor(cursor)
+        except ValueError:
+            raise InvalidRequestError("cursor: not a next_cursor this service gave") from None
+    entries = await runtime.recordings_of(owner, start, cursor, limit)
+    return recording_list(entries, limit)
 
 
 _FILE_BLOCK = 256 * 1024

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from admission import KeyQuota
 from service.api_keys import key_id
 from service.http.contract import JOIN_DETAILS_SCHEMA
+from service.runtime.recording_catalog import RecordingEntry, cursor_of
 from service.runtime.recordings import RecordingReport
 from service.runtime.records import DrainStatus
 from service.runtime.sessions import SessionSnapshot
@@ -27,6 +28,8 @@ __all__ = [
     "ErrorDetail",
     "HealthBody",
     "LiveKitRoomRequest",
+    "RecordingItem",
+    "RecordingList",
     "SessionBody",
     "SessionList",
     "UsageBody",
@@ -35,6 +38,7 @@ __all__ = [
     "WebrtcAnswer",
     "WebrtcOffer",
     "drain_body",
+    "recording_list",
     "session_body",
     "usage_body",
 ]
@@ -151,24 +155,48 @@ class VideoBody(BaseModel):
     fps: float
 
 
-RecordingStateName = Literal["recording", "finishing", "ready", "failed", "removed"]
+RecordingStateName = Literal["recording", "finishing", "uploading", "ready", "failed", "removed"]
 
 
 class RecordingBody(BaseModel):
     """A session's recording as of the answer."""
 
     state: RecordingStateName = Field(
-        description="recording (the session runs), finishing (it ended; the files are being finalised), ready "
-        "(GET .../recording serves it), failed (stopped: see code; nothing kept), removed (by retention)."
+        description="recording (the session runs), finishing (it ended; the files are being finalised), uploading "
+        "(to the object store, when one is configured), ready (GET .../recording serves it), failed (stopped: see "
+        "code; nothing kept), removed (by retention)."
     )
     code: str | None = Field(
-        description="What stopped a failed recording: recording_failed (a write error) or recording_overrun (it "
-        "fell behind the stream); null otherwise."
+        description="What stopped a failed recording: recording_failed (a write error, or the object store refused "
+        "the upload) or recording_overrun (it fell behind the stream); null otherwise."
     )
     frames: int = Field(description="Frames written so far.")
     bytes: int = Field(
         description="Bytes on disk: the MP4 so far while recording, the MP4 and its control trace once ready "
         "(a failed recording's were written, then removed)."
+    )
+
+
+class RecordingItem(BaseModel):
+    """One of the caller's recordings (`GET /v1/recordings`)."""
+
+    session_id: str
+    state: RecordingStateName = Field(description="As a session's recording state (removed ones are not listed).")
+    code: str | None = Field(description="What stopped a failed recording (recording_failed, recording_overrun).")
+    frames: int = Field(description="Frames recorded.")
+    bytes: int = Field(description="Bytes of the MP4 and its control trace (once ready).")
+    started_at: datetime.datetime = Field(description="When recording started.")
+    updated_at: datetime.datetime = Field(description="Its last change.")
+    video_url: str = Field(description="Where the MP4 is served: GET it (a 302 to the object store when one is set).")
+    controls_url: str = Field(description="Where its control trace is served.")
+
+
+class RecordingList(BaseModel):
+    """A page of the caller's recordings, oldest first."""
+
+    recordings: list[RecordingItem]
+    next_cursor: str | None = Field(
+        description="Pass as `cursor` for the next page; null on the last page (a page shorter than `limit`)."
     )
 
 
@@ -317,6 +345,27 @@ def session_body(snapshot: SessionSnapshot) -> SessionBody:
 def _recording_body(report: RecordingReport) -> RecordingBody:
     state: RecordingStateName = report.state.value
     return RecordingBody(state=state, code=report.code, frames=report.frames, bytes=report.bytes)
+
+
+def recording_list(entries: list[RecordingEntry], limit: int) -> RecordingList:
+    items = []
+    for entry in entries:
+        state: RecordingStateName = entry.state.value
+        items.append(
+            RecordingItem(
+                session_id=entry.session_id,
+                state=state,
+                code=entry.code,
+                frames=entry.frames,
+                bytes=entry.bytes,
+                started_at=_time(entry.started_at),
+                updated_at=_time(entry.updated_at),
+                video_url=f"/v1/sessions/{entry.session_id}/recording",
+                controls_url=f"/v1/sessions/{entry.session_id}/recording/controls",
+            )
+        )
+    cursor = cursor_of(entries[-1]) if entries and len(entries) >= limit else None
+    return RecordingList(recordings=items, next_cursor=cursor)
 
 
 def drain_body(status: DrainStatus) -> DrainBody:

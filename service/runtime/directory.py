@@ -14,10 +14,17 @@ import asyncio
 import contextlib
 
 from pipeline.bidirectional import CloseMode
-from service.errors import RecordingFailedError, RecordingInProgressError, RecordingNotFoundError
+from service.errors import (
+    AdmissionUnavailableError,
+    RecordingFailedError,
+    RecordingInProgressError,
+    RecordingNotFoundError,
+    SessionNotFoundError,
+)
 from service.runtime.backend import AdmissionBackend
 from service.runtime.conductor import SessionConductor
 from service.runtime.fanout import Subscription
+from service.runtime.recording_catalog import RecordingEntry
 from service.runtime.recordings import RecordingOutcome, RecordingState, RecordingStore
 from service.runtime.records import RuntimeTuning, SnapshotStream
 from service.runtime.session_table import SessionTable
@@ -88,12 +95,24 @@ class SessionDirectory:
         """The finished recording of a session of `owner`. Raises `SessionNotFoundError`, `RecordingInProgressError`
         (the session has not ended, or the recording is being finalised), `RecordingFailedError`,
         `RecordingNotFoundError` (not recorded, removed by retention, or recorded by another replica: a recording
-        stays on the replica that ran the session), or `SessionElsewhereError` while another replica runs it."""
+        stays on the replica that ran the session), or `SessionElsewhereError` while another replica runs it.
+
+        With an object store every replica answers from the catalog entry (its owner checked first: another key's
+        recording is 404 `session_not_found`, as an unknown session); READY carries presigned URLs."""
+        store = self._recordings
+        if store is not None and store.objects is not None:
+            entry = await self._entry(store, session_id)
+            if entry is not None:
+                if entry.owner != owner:
+                    raise SessionNotFoundError(session_id)
+                return self._entry_outcome(store, entry)
         session = self._table.get(session_id)
         if session is None:
             snapshot = await self._backend.lookup_here(owner, session_id)  # SessionElsewhereError while it runs
             if not snapshot.terminal:
                 raise RecordingInProgressError(f"session {session_id!r} has not ended yet")
+            if store is not None and store.objects is not None:
+                raise RecordingNotFoundError(f"no recording of session {session_id!r} is known")
             raise RecordingNotFoundError(
                 f"no recording of session {session_id!r} on this replica: a recording stays on the replica that "
                 "ran the session"
@@ -112,11 +131,52 @@ class SessionDirectory:
             raise RecordingInProgressError(f"the recording of session {session_id!r} is being finalised; retry shortly")
         if outcome.state is RecordingState.FAILED:
             raise RecordingFailedError(f"the recording of session {session_id!r} stopped: {outcome.reason}")
+        if outcome.state is RecordingState.READY and outcome.video_url is not None:
+            return outcome  # in the object store (the catalog could not say so: it was not written)
         if outcome.state is RecordingState.REMOVED or outcome.video is None or not outcome.video.exists():
             # (A file gone while still READY: retention removed it a moment ago and has not said so yet.)
             reason = outcome.reason or "removed to keep the recordings' retention (oldest first)"
             raise RecordingNotFoundError(f"the recording of session {session_id!r} was {reason}")
         return outcome
+
+    @staticmethod
+    async def _entry(store: RecordingStore, session_id: str) -> RecordingEntry | None:
+        try:
+            return await store.catalog.get(session_id)
+        except Exception as exc:
+            raise AdmissionUnavailableError(
+                f"the recordings catalog cannot be read now; retry shortly ({exc})"
+            ) from exc
+
+    @staticmethod
+    def _entry_outcome(store: RecordingStore, entry: RecordingEntry) -> RecordingOutcome:
+        session_id = entry.session_id
+        if entry.state in (RecordingState.RECORDING, RecordingState.FINISHING, RecordingState.UPLOADING):
+            raise RecordingInProgressError(
+                f"the recording of session {session_id!r} is {entry.state.value}; it is served once uploaded"
+            )
+        if entry.state is RecordingState.FAILED:
+            raise RecordingFailedError(f"the recording of session {session_id!r} stopped: {entry.reason}")
+        outcome = store.outcome_of(entry)
+        if outcome.video_url is None:
+            reason = entry.reason or "removed to keep the recordings' retention (oldest first)"
+            raise RecordingNotFoundError(f"the recording of session {session_id!r} was {reason}")
+        return outcome
+
+    async def recordings_of(self, owner: str, since: float, after: str | None, limit: int) -> list[RecordingEntry]:
+        """`owner`'s recordings that are not removed, started at `since` or later, after the cursor `after`, oldest
+        first, at most `limit` (none when recording is off). Raises `AdmissionUnavailableError` when a shared
+        catalog cannot be read."""
+        if self._recordings is None:
+            return []
+        try:
+            return await self._recordings.catalog.of_owner(owner, since, after, limit)
+        except ValueError:
+            raise
+        except Exception as exc:
+            raise AdmissionUnavailableError(
+                f"the recordings catalog cannot be read now; retry shortly ({exc})"
+            ) from exc
 
     async def sessions_of(self, owner: str) -> list[SessionSnapshot]:
         """The owner's sessions, oldest first: the live ones admission knows of (every replica's, when it is

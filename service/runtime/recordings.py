@@ -17,6 +17,14 @@ full, a file size limit, any encoder failure) stops the recording too: reason `r
 partial files are removed and the session's client gets an `error` status message with that code; the session
 itself goes on.
 
+Object storage (optional, `LINGSTREAM_RECORDINGS_S3_*`): a recording finalised on disk is then uploaded
+(`service.runtime.recording_objects.RecordingObjects`, state UPLOADING) and, once in the bucket, its local files are
+removed; a refused or failed upload stops it with `recording_failed` (the files are removed; the session, already
+ended, is not affected). The recordings catalog (`service.runtime.recording_catalog`) is told every change of every
+recording (its owner, state, code, objects), in order, by the recording's own task; that is what any replica answers
+GET and the list from. A catalog that cannot be written is logged, never fails a recording. `on_outcome` hears the
+final entry of each recording (ready or failed: the `recording.ready|failed` webhooks).
+
 Retention: after each recording is finalised (and at start), finished recordings beyond `max_count`, or beyond
 `max_bytes` in total (MP4 plus trace), are removed, oldest first; leftovers of a crash (`.part` files) are removed
 at start. The store remembers the outcome of the sessions it recorded (bounded) to answer `GET .../recording`.
@@ -29,10 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import json
 import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +51,8 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.bidirectional import ChunkOutput
+from service.runtime.recording_catalog import MemoryRecordingCatalog, RecordingCatalog, RecordingEntry, RecordingState
+from service.runtime.recording_objects import RecordingObjects
 from service.runtime.tasks import TaskSet
 
 __all__ = [
@@ -72,6 +82,7 @@ _MP4 = ".mp4"
 _TRACE = ".controls.jsonl"
 _PART = ".part"
 _REMEMBERED = 4096  # outcomes kept for GET (sessions older than the session history answer 404 anyway)
+_CATALOG_WRITE_S = 5.0  # how long a recording waits for the catalog to take one change
 
 
 class FrameWriter(Protocol):
@@ -114,22 +125,17 @@ class RecordingConfig:
     close_timeout_s: float = 30.0
 
 
-class RecordingState(enum.Enum):
-    RECORDING = "recording"  # the session runs; chunks are being written
-    FINISHING = "finishing"  # the session ended; the encoder is flushing and the files are being renamed
-    READY = "ready"  # complete: served by GET
-    FAILED = "failed"  # stopped by a write error or an overrun; nothing kept
-    REMOVED = "removed"  # complete once, removed since by retention
-
-
 @dataclass(frozen=True, slots=True)
 class RecordingOutcome:
-    """What GET answers from: the state, why (for FAILED and REMOVED), and the files once READY."""
+    """What GET answers from: the state, why (for FAILED and REMOVED), and once READY the files on disk, or the
+    presigned URLs of its objects (with an object store)."""
 
     state: RecordingState
     reason: str | None = None
     video: Path | None = None
     trace: Path | None = None
+    video_url: str | None = None
+    trace_url: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +154,9 @@ class RecordingReport:
 class RecordingStatistics:
     """The store's figures (metrics): `recording` now; recordings started, completed (`ready_total`), stopped by a
     write error (`failed_total`) or by falling behind (`overruns_total`), removed by retention; `bytes_total`: bytes
-    written to recording files (a stopped recording's included); `kept`/`kept_bytes`: complete ones on disk."""
+    written to recording files (a stopped recording's included); `kept`/`kept_bytes`: complete ones on disk (with an
+    object store: in the bucket's prefix, as of the last retention pass); with an object store, uploads completed
+    and failed, the bytes uploaded and the seconds spent uploading."""
 
     recording: int
     started_total: int
@@ -159,6 +167,10 @@ class RecordingStatistics:
     bytes_total: int
     kept: int
     kept_bytes: int
+    uploads_total: int = 0
+    upload_failures_total: int = 0
+    uploaded_bytes_total: int = 0
+    upload_seconds_total: float = 0.0
 
 
 def trace_lines(chunks: list[tuple[int, frozenset[str], bool, str]], header: str) -> list[str]:
@@ -185,12 +197,17 @@ class SessionRecording:
         self,
         store: RecordingStore,
         session_id: str,
+        owner: str,
         size: tuple[int, int, int],
         header: str,
         on_stop: Callable[[str, str], None],
     ) -> None:
         self._store = store
         self.session_id = session_id
+        self.owner = owner
+        self.started_at = store.clock()
+        self.video_key: str | None = None
+        self.trace_key: str | None = None
         self._size = size
         self._header = header
         self._on_stop = on_stop
@@ -240,6 +257,8 @@ class SessionRecording:
 
     def outcome(self) -> RecordingOutcome:
         if self.state is RecordingState.READY:
+            if self.video_key is not None and self.trace_key is not None:
+                return self._store.outcome_of(self.entry())
             return RecordingOutcome(self.state, video=self.video, trace=self.trace)
         return RecordingOutcome(self.state, self.reason)
 
@@ -259,13 +278,38 @@ class SessionRecording:
         if self._task is not None and asyncio.current_task() is not self._task:
             self._task.cancel()
 
+    def entry(self) -> RecordingEntry:
+        """The recording as the catalog keeps it, now."""
+        return RecordingEntry(
+            session_id=self.session_id,
+            owner=self.owner,
+            state=self.state,
+            started_at=self.started_at,
+            updated_at=self._store.clock(),
+            code=self.code,
+            reason=self.reason,
+            frames=self.frames,
+            bytes=self.bytes,
+            video_key=self.video_key,
+            trace_key=self.trace_key,
+        )
+
     async def _run(self) -> None:
         try:
+            await self._store.publish(self)
             await self._write_all()
             if self.state is RecordingState.FINISHING:
                 self._measure(await asyncio.to_thread(self._finalise))
+                objects = self._store.objects
+                if objects is not None:
+                    self.state = RecordingState.UPLOADING
+                    await self._store.publish(self)
+                    self.video_key, self.trace_key = await objects.upload(self.session_id, self.video, self.trace)
+                    await asyncio.to_thread(self._remove_local)
                 self.state = RecordingState.READY
-                logger.info("session %s: recording ready (%d frames): %s", self.session_id, self.frames, self.video)
+                where = self.video_key or self.video
+                logger.info("session %s: recording ready (%d frames): %s", self.session_id, self.frames, where)
+                await self._store.publish(self, final=True)
                 await self._store.finished(self)
         except asyncio.CancelledError:
             if self.state is not RecordingState.FAILED:
@@ -275,6 +319,8 @@ class SessionRecording:
         finally:
             if self.state is not RecordingState.READY:
                 await asyncio.shield(asyncio.to_thread(self._discard))
+            if self.state is RecordingState.FAILED:
+                await asyncio.shield(self._store.publish(self, final=True))
 
     async def _write_all(self) -> None:
         width, height, fps = self._size
@@ -313,9 +359,16 @@ class SessionRecording:
         os.replace(self._video_part, self.video)  # last: a final MP4 name means a complete recording
         return self.video.stat().st_size + self.trace.stat().st_size
 
+    def _remove_local(self) -> None:
+        """The recording is in the object store: its files here go."""
+        for path in (self.video, self.trace):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
     def _discard(self) -> None:
-        # The names go first (an open file outlives its name), then the writer: closing it may flush a while.
-        for path in (self._video_part, self._trace_part):
+        # The names go first (an open file outlives its name), then the writer: closing it may flush a while. The
+        # final names too: a recording whose upload failed was complete here.
+        for path in (self._video_part, self._trace_part, self.video, self.trace):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         writer, self._writer = self._writer, None
@@ -331,16 +384,32 @@ class RecordingStore:
 
         store = RecordingStore(RecordingConfig(Path("/recordings"), max_bytes=10 << 30, max_count=100))
         await store.start()
-        recording = store.record(session_id, (416, 240, 16), header, on_stop=publish_error)
+        recording = store.record(session_id, owner, (416, 240, 16), header, on_stop=publish_error)
         ...  # recording.offer(chunk) for every chunk
         recording.finish()
         store.outcome(session_id)  # RECORDING → FINISHING → READY (or FAILED)
         await store.aclose()
     """
 
-    def __init__(self, config: RecordingConfig, *, writer_factory: WriterFactory | None = None) -> None:
+    def __init__(
+        self,
+        config: RecordingConfig,
+        *,
+        writer_factory: WriterFactory | None = None,
+        objects: RecordingObjects | None = None,
+        catalog: RecordingCatalog | None = None,
+        on_outcome: Callable[[RecordingEntry], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`objects`: the object store recordings are uploaded to (None: they stay on disk); `catalog`: where every
+        replica learns of them (default: in process); `on_outcome`: told each recording's final entry (ready or
+        failed); `clock`: wall time (Unix seconds) for the catalog. The store closes `objects` and `catalog`."""
         self.config = config
         self.writer_factory: WriterFactory = writer_factory if writer_factory is not None else mp4_writer
+        self.objects = objects
+        self.catalog: RecordingCatalog = catalog if catalog is not None else MemoryRecordingCatalog()
+        self.clock = clock
+        self._on_outcome = on_outcome
         self._tasks = TaskSet("recordings")
         self._recordings: OrderedDict[str, SessionRecording] = OrderedDict()
         self._lock = asyncio.Lock()
@@ -354,9 +423,12 @@ class RecordingStore:
         self._kept_bytes = 0
 
     async def start(self) -> None:
-        """Create the directory, remove leftovers of a crash, apply retention."""
+        """Create the directory, remove leftovers of a crash, apply retention (in the object store in the
+        background: a store that cannot be reached now delays nothing and is logged; the next upload tries again)."""
         await asyncio.to_thread(self._prepare_directory)
-        await self._retain()
+        await self._retain(objects=False)
+        if self.objects is not None:
+            self._tasks.spawn(self._retain(), name="recordings-retention")
 
     def _prepare_directory(self) -> None:
         self.config.directory.mkdir(parents=True, exist_ok=True)
@@ -366,11 +438,16 @@ class RecordingStore:
                 logger.info("removed an unfinished recording file: %s", leftover.name)
 
     def record(
-        self, session_id: str, size: tuple[int, int, int], header: str, on_stop: Callable[[str, str], None]
+        self,
+        session_id: str,
+        owner: str,
+        size: tuple[int, int, int],
+        header: str,
+        on_stop: Callable[[str, str], None],
     ) -> SessionRecording:
-        """Start recording a session: `size` is `(width, height, fps)`; `on_stop(code, message)` is called if the
-        recording stops before the session does."""
-        recording = SessionRecording(self, session_id, size, header, on_stop)
+        """Start recording `owner`'s session: `size` is `(width, height, fps)`; `on_stop(code, message)` is called
+        if the recording stops before the session does."""
+        recording = SessionRecording(self, session_id, owner, size, header, on_stop)
         self._started_total += 1
         self._recordings[session_id] = recording
         while len(self._recordings) > _REMEMBERED:
@@ -382,6 +459,42 @@ class RecordingStore:
         """The recording of a session this store recorded (None: it recorded none, or forgot it)."""
         recording = self._recordings.get(session_id)
         return recording.outcome() if recording is not None else None
+
+    def outcome_of(self, entry: RecordingEntry) -> RecordingOutcome:
+        """What GET answers for a catalog entry of an uploaded recording: READY with presigned URLs (short-lived,
+        made now), else its state and reason."""
+        if (
+            entry.state is RecordingState.READY
+            and self.objects is not None
+            and entry.video_key is not None
+            and entry.trace_key is not None
+        ):
+            return RecordingOutcome(
+                entry.state,
+                video_url=self.objects.url(entry.video_key, f"{entry.session_id}{_MP4}", "video/mp4"),
+                trace_url=self.objects.url(entry.trace_key, f"{entry.session_id}{_TRACE}", "application/x-ndjson"),
+            )
+        return RecordingOutcome(entry.state, entry.reason)
+
+    async def publish(self, recording: SessionRecording, *, final: bool = False) -> None:
+        """Tell the catalog the recording's state now (bounded; a failure is logged); `final`: its outcome, told to
+        `on_outcome` too."""
+        entry = recording.entry()
+        await self._write(entry)
+        if final and self._on_outcome is not None:
+            try:
+                self._on_outcome(entry)
+            except Exception:
+                logger.exception("session %s: reporting the recording's outcome failed", entry.session_id)
+
+    async def _write(self, entry: RecordingEntry) -> None:
+        try:
+            async with asyncio.timeout(_CATALOG_WRITE_S):
+                await self.catalog.put(entry)
+        except Exception as exc:  # the catalog is best effort: a recording never fails because of it
+            logger.warning(
+                "session %s: the recordings catalog was not told (%s): %s", entry.session_id, entry.state.value, exc
+            )
 
     def count_bytes(self, added: int) -> None:
         self._bytes_total += added
@@ -396,14 +509,30 @@ class RecordingStore:
         self._ready_total += 1
         await self._retain()
 
-    async def _retain(self) -> None:
+    async def _retain(self, *, objects: bool = True) -> None:
         async with self._lock:
             removed = await asyncio.to_thread(self._apply_retention)
+        if self.objects is not None and objects:
+            try:
+                retention = await self.objects.retain()
+            except Exception as exc:
+                logger.warning("recordings: retention in the object store failed (next pass retries): %s", exc)
+            else:
+                removed = [*removed, *retention.removed]
+                self._kept, self._kept_bytes = retention.kept, retention.kept_bytes
+        reason = "removed to keep LINGSTREAM_RECORDINGS_MAX_BYTES / _MAX_COUNT (oldest first)"
         for session_id in removed:
             recording = self._recordings.get(session_id)
             if recording is not None and recording.state is RecordingState.READY:
                 recording.state = RecordingState.REMOVED
-                recording.reason = "removed to keep LINGSTREAM_RECORDINGS_MAX_BYTES / _MAX_COUNT (oldest first)"
+                recording.reason = reason
+            try:
+                entry = await self.catalog.get(session_id)
+            except Exception as exc:
+                logger.warning("session %s: the recordings catalog could not be read: %s", session_id, exc)
+                continue
+            if entry is not None and entry.state is RecordingState.READY:
+                await self._write(entry.moved(RecordingState.REMOVED, self.clock(), reason=reason))
 
     def _apply_retention(self) -> list[str]:
         kept: list[tuple[float, str, int]] = []
@@ -451,8 +580,12 @@ class RecordingStore:
                 async with asyncio.timeout(self.config.close_timeout_s):
                     await asyncio.gather(*pending)
         await self._tasks.aclose()
+        if self.objects is not None:
+            await self.objects.aclose()
+        await self.catalog.aclose()
 
     def statistics(self) -> RecordingStatistics:
+        uploads = self.objects.statistics() if self.objects is not None else None
         return RecordingStatistics(
             recording=sum(1 for r in self._recordings.values() if r.state is RecordingState.RECORDING),
             started_total=self._started_total,
@@ -463,4 +596,8 @@ class RecordingStore:
             bytes_total=self._bytes_total,
             kept=self._kept,
             kept_bytes=self._kept_bytes,
+            uploads_total=uploads.uploads_total if uploads is not None else 0,
+            upload_failures_total=uploads.upload_failures_total if uploads is not None else 0,
+            uploaded_bytes_total=uploads.uploaded_bytes_total if uploads is not None else 0,
+            upload_seconds_total=uploads.upload_seconds_total if uploads is not None else 0.0,
         )

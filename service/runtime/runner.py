@@ -220,7 +220,7 @@ class SessionRunner:
 
         prepared = session.prepared
         size = (prepared.width, prepared.height, round(prepared.fps))
-        recording = self._recordings.record(session.id, size, _replay_header(session), on_stop)
+        recording = self._recordings.record(session.id, session.owner, size, _replay_header(session), on_stop)
         session.recording_started(recording)
         return recording
 

@@ -46,9 +46,12 @@ from service.runtime.health import WorkerHealth
 from service.runtime.host import RuntimeHost
 from service.runtime.intake import SessionIntake
 from service.runtime.memory_backend import MemoryAdmissionBackend
+from service.runtime.recording_catalog import RecordingCatalog, RecordingEntry, RecordingState
+from service.runtime.recording_objects import RecordingObjects
 from service.runtime.recordings import RecordingConfig, RecordingOutcome, RecordingStore, WriterFactory
 from service.runtime.records import (
     DrainStatus,
+    NoEvents,
     Readiness,
     RuntimeStatistics,
     RuntimeTuning,
@@ -93,6 +96,8 @@ class ServiceRuntime:
     `clock` (tests inject a fake one). A backend given here brings its own clock, and the runtime owns it from now
     on: it starts and closes it. `timers` runs the sessions' deadlines (default: the event loop's). `events` is told
     of each session's webhook moments (`service.webhooks`; default: nowhere); the caller owns its life.
+    `recording_objects` uploads finished recordings to an object store and `recording_catalog` tells every replica
+    about them (default: in process); the recording store owns and closes both.
     """
 
     def __init__(
@@ -106,6 +111,8 @@ class ServiceRuntime:
         tuning: RuntimeTuning | None = None,
         observer: SessionObserver | None = None,
         recording_writer: WriterFactory | None = None,
+        recording_objects: RecordingObjects | None = None,
+        recording_catalog: RecordingCatalog | None = None,
         timers: Timers | None = None,
         events: SessionEvents | None = None,
     ) -> None:
@@ -136,8 +143,12 @@ class ServiceRuntime:
                     queue_bytes=tuning.recording_queue_bytes,
                 ),
                 writer_factory=recording_writer,
+                objects=recording_objects,
+                catalog=recording_catalog,
+                on_outcome=self._recording_outcome,
             )
         )
+        self._events: SessionEvents = events if events is not None else NoEvents()
         self._lifecycle = RuntimeLifecycle()
         self._tasks = TaskSet("runtime")
         self._table = SessionTable(config.session_history)
@@ -338,6 +349,30 @@ class ServiceRuntime:
     async def recording(self, owner: str, session_id: str) -> RecordingOutcome:
         """The finished recording of a session of `owner` (see `SessionDirectory.recording` for what it raises)."""
         return await self._directory.recording(owner, session_id)
+
+    def _recording_outcome(self, entry: RecordingEntry) -> None:
+        """A recording of this instance is ready or failed: `recording.ready|failed` for its session (one this
+        instance no longer remembers is told to nobody: the webhook names the session)."""
+        session = self._table.get(entry.session_id)
+        if session is None:
+            return
+        ready = entry.state is RecordingState.READY
+        details: dict[str, object] = {
+            "state": entry.state.value,
+            "code": entry.code,
+            "frames": entry.frames,
+            "bytes": entry.bytes,
+            "video_url": f"/v1/sessions/{entry.session_id}/recording",
+            "controls_url": f"/v1/sessions/{entry.session_id}/recording/controls",
+        }
+        if not ready:
+            details["reason"] = entry.reason
+        kind = SessionEventKind.RECORDING_READY if ready else SessionEventKind.RECORDING_FAILED
+        self._events.session_event(session, kind, details)
+
+    async def recordings_of(self, owner: str, since: float, after: str | None, limit: int) -> list[RecordingEntry]:
+        """`owner`'s recordings (see `SessionDirectory.recordings_of`)."""
+        return await self._directory.recordings_of(owner, since, after, limit)
 
     async def sessions_of(self, owner: str) -> list[SessionSnapshot]:
         """The owner's sessions, oldest first: live ones admission knows of and finished ones remembered here."""

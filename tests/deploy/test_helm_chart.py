@@ -49,6 +49,17 @@ LK_KEY = "APIplaintextLivekitKey"
 LK_SECRET = "plaintext-livekit-secret-value"
 CLIENT_KEYS = ["plaintext-client-key-1", "plaintext-client-key-2"]
 REDIS_URL = "redis://:plaintext-redis-password@redis-master.data:6379/0"
+S3_KEY_ID = "PLAINTEXTS3ACCESSKEYID"
+S3_SECRET = "plaintext-s3-secret-access-key"
+S3 = {
+    "endpoint": "http://seaweedfs-s3.storage:8333",
+    "publicEndpoint": "https://media.example.com",
+    "bucket": "lingstream-recordings",
+    "prefix": "prod/",
+    "urlTtl": 120,
+    "accessKeyId": S3_KEY_ID,
+    "secretAccessKey": S3_SECRET,
+}
 
 REDIS = {"backend": "redis", "redisUrl": REDIS_URL}
 LIVEKIT = {"url": "wss://livekit.example.com", "apiKey": LK_KEY, "apiSecret": LK_SECRET}
@@ -103,6 +114,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "admission": REDIS,
         "livekit": LIVEKIT,
         "auth": {"apiKeys": CLIENT_KEYS},
+        "recordings": {"enabled": True, "s3": S3},
         "config": {"corsOrigins": ["https://app.example.com", "https://admin.example.com"], "queueTimeout": 120.5},
         "otel": {"endpoint": "http://otel-collector.observability:4318"},
         "ingress": {
@@ -470,6 +482,28 @@ def test_recordings_get_a_volume_and_their_settings_only_when_enabled(chart: Any
     assert "LINGSTREAM_RECORDINGS_MAX_BYTES" not in only(claimed, "ConfigMap")["data"]
 
 
+def test_recordings_in_a_bucket_get_their_settings_and_credentials_from_the_secret(chart: Any) -> None:
+    docs = render(chart, {"recordings": {"enabled": True, "s3": S3}})
+    data = only(docs, "ConfigMap")["data"]
+    assert {key: value for key, value in data.items() if key.startswith("LINGSTREAM_RECORDINGS_S3_")} == {
+        "LINGSTREAM_RECORDINGS_S3_ENDPOINT": "http://seaweedfs-s3.storage:8333",
+        "LINGSTREAM_RECORDINGS_S3_PUBLIC_ENDPOINT": "https://media.example.com",
+        "LINGSTREAM_RECORDINGS_S3_BUCKET": "lingstream-recordings",
+        "LINGSTREAM_RECORDINGS_S3_PREFIX": "prod/",
+        "LINGSTREAM_RECORDINGS_S3_URL_TTL": "120",
+    }
+    assert secret_refs(docs) == {
+        "LINGSTREAM_RECORDINGS_S3_ACCESS_KEY_ID": (FULLNAME, "LINGSTREAM_RECORDINGS_S3_ACCESS_KEY_ID", False),
+        "LINGSTREAM_RECORDINGS_S3_SECRET_ACCESS_KEY": (FULLNAME, "LINGSTREAM_RECORDINGS_S3_SECRET_ACCESS_KEY", False),
+    }
+    with pytest.raises(helm.HelmRenderError, match=r"recordings\.s3\.bucket"):
+        render(chart, {"recordings": {"enabled": True, "s3": {**S3, "bucket": ""}}})
+    with pytest.raises(helm.HelmRenderError, match=r"accessKeyId"):
+        render(chart, {"recordings": {"enabled": True, "s3": {**S3, "secretAccessKey": ""}}})
+    with pytest.raises(helm.HelmRenderError, match=r"recordings\.enabled"):
+        render(chart, {"recordings": {"s3": S3}})
+
+
 def test_settings_reach_the_pod_through_the_configmap(chart: Any) -> None:
     docs = render(chart, VALUE_SETS["gpu"])
     config_map = only(docs, "ConfigMap")
@@ -533,7 +567,7 @@ def test_credentials_live_only_in_the_secret(chart: Any, name: str) -> None:
     values = VALUE_SETS[name]
     files = render_files(chart, values)
     docs = render(chart, values)
-    plaintexts = [LK_KEY, LK_SECRET, REDIS_URL, *CLIENT_KEYS]
+    plaintexts = [LK_KEY, LK_SECRET, REDIS_URL, S3_KEY_ID, S3_SECRET, *CLIENT_KEYS]
     # Not in plain text anywhere: Secret data is base64 and nothing else carries them.
     for path, text in files.items():
         for plaintext in plaintexts:
@@ -558,6 +592,9 @@ def test_credentials_live_only_in_the_secret(chart: Any, name: str) -> None:
         assert stored[refs["LINGSTREAM_API_KEYS"][1]] == ",".join(CLIENT_KEYS)
     if values.get("admission", {}).get("backend") == "redis":
         assert stored[refs["LINGSTREAM_REDIS_URL"][1]] == REDIS_URL
+    if values.get("recordings", {}).get("s3"):
+        assert stored[refs["LINGSTREAM_RECORDINGS_S3_ACCESS_KEY_ID"][1]] == S3_KEY_ID
+        assert stored[refs["LINGSTREAM_RECORDINGS_S3_SECRET_ACCESS_KEY"][1]] == S3_SECRET
     annotations = only(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
     assert "checksum/secret" in annotations
 

@@ -27,11 +27,20 @@ import httpx
 
 from transport.client.errors import ApiError, SessionEndedError, UnreachableError, api_error
 
-__all__ = ["STREAMING_STATUSES", "TERMINAL_STATUSES", "ClientToken", "ServiceClient", "SessionInfo", "UsageInfo"]
+__all__ = [
+    "STREAMING_STATUSES",
+    "TERMINAL_STATUSES",
+    "ClientToken",
+    "RecordingInfo",
+    "ServiceClient",
+    "SessionInfo",
+    "UsageInfo",
+]
 
 TERMINAL_STATUSES = frozenset({"closed", "expired", "failed", "cancelled"})
 STREAMING_STATUSES = frozenset({"running", "paused", "recovering", "draining"})
 _DEFAULT_TIMEOUT_S = 30.0
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +96,38 @@ class SessionInfo:
     def ended_error(self) -> SessionEndedError:
         code, message = self.error if self.error is not None else (None, None)
         return SessionEndedError(self.id, self.status, self.reason, code, message)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingInfo:
+    """One of the key's recordings (`GET /v1/recordings`): its session, state (`ready`, `failed`, `uploading`,
+    ...), the code that stopped a failed one, frames and bytes, when it started and last changed (ISO 8601 UTC
+    strings, as sent); `body` is the item as received."""
+
+    session_id: str
+    state: str
+    code: str | None
+    frames: int
+    bytes: int
+    started_at: str
+    updated_at: str
+    body: Mapping[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> RecordingInfo:
+        try:
+            return cls(
+                session_id=str(body["session_id"]),
+                state=str(body["state"]),
+                code=body.get("code"),
+                frames=int(body["frames"]),
+                bytes=int(body["bytes"]),
+                started_at=str(body["started_at"]),
+                updated_at=str(body["updated_at"]),
+                body=body,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ApiError(200, "invalid_response", f"not a recording: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,20 +315,40 @@ class ServiceClient:
         `lingstream generate --controls` replays), as bytes or streamed to `path` (returned)."""
         return await self._download(f"/v1/sessions/{session_id}/recording/controls", path)
 
+    async def recordings(self, since: str | float | None = None, *, page: int = 100) -> list[RecordingInfo]:
+        """`GET /v1/recordings`: this key's recordings started at `since` or later (RFC 3339 with an offset, or Unix
+        seconds; default: every one kept), oldest first, every page read (`page` per request)."""
+        found: list[RecordingInfo] = []
+        params: dict[str, str | int] = {"limit": page}
+        if since is not None:
+            params["since"] = str(since)
+        while True:
+            body = (await self.request("GET", "/v1/recordings", params=params)).json()
+            found.extend(RecordingInfo.from_body(item) for item in body["recordings"])
+            if not body.get("next_cursor"):
+                return found
+            params["cursor"] = str(body["next_cursor"])
+
     async def _download(self, path: str, to: str | os.PathLike[str] | None) -> bytes | Path:
+        """GET a recording's file from the service, or, when it answers a redirect (a recording in an object store:
+        a presigned URL), from where it points, without this client's credentials."""
         if to is None:
-            return (await self.request("GET", path)).content
+            response = await self.request("GET", path)
+            if response.status_code not in _REDIRECTS:
+                return response.content
+            return (await self._fetch(response.headers["location"], {})).content
         url = self.absolute(path)
         target = Path(to)
         partial = target.with_name(target.name + ".part")
         try:
             async with self._http.stream("GET", url, headers=self._headers) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    raise _error_of(response)
-                with partial.open("wb") as handle:
-                    async for block in response.aiter_bytes():
-                        handle.write(block)
+                location = response.headers.get("location") if response.status_code in _REDIRECTS else None
+                if location is None:
+                    await _save(response, partial)
+            if location is not None:
+                url = location
+                async with self._http.stream("GET", url) as response:  # a presigned URL: no credentials of ours
+                    await _save(response, partial)
         except httpx.TransportError as exc:
             partial.unlink(missing_ok=True)
             raise UnreachableError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
@@ -335,6 +396,15 @@ class ServiceClient:
     async def revoke_share(self, session_id: str, share_id: str) -> None:
         """`DELETE /v1/sessions/{id}/viewers/{share_id}`: the share link's watch token is refused from now on."""
         await self.request("DELETE", f"/v1/sessions/{session_id}/viewers/{share_id}")
+
+    async def _fetch(self, url: str, headers: Mapping[str, str]) -> httpx.Response:
+        try:
+            response = await self._http.get(url, headers=dict(headers))
+        except httpx.TransportError as exc:
+            raise UnreachableError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            raise _error_of(response)
+        return response
 
     async def add_viewer(self, session_id: str) -> dict[str, Any]:
         """`POST /v1/sessions/{id}/viewers`: watch-only join details for one more viewer (LiveKit: a subscribe-only
@@ -412,6 +482,15 @@ class ServiceClient:
         if info.streaming:
             return info
         raise info.ended_error()
+
+
+async def _save(response: httpx.Response, path: Path) -> None:
+    if response.status_code >= 400:
+        await response.aread()
+        raise _error_of(response)
+    with path.open("wb") as handle:
+        async for block in response.aiter_bytes():
+            handle.write(block)
 
 
 def _error_of(response: httpx.Response) -> ApiError:

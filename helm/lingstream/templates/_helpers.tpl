@@ -127,13 +127,31 @@ Name of the Secret the pods read: the user's own, or the one this chart renders.
 Whether the chart's own Secret has anything to hold.
 */}}
 {{- define "lingstream.chartSecretHasData" -}}
-{{- if and (not .Values.existingSecret) (or .Values.livekit.url .Values.auth.apiKeys (eq .Values.admission.backend "redis")) }}true{{ end }}
+{{- if and (not .Values.existingSecret) (or .Values.livekit.url .Values.auth.apiKeys (eq .Values.admission.backend "redis") (include "lingstream.recordingsS3" .)) }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when recordings are uploaded to an object store (recordings.enabled and recordings.s3.endpoint).
+*/}}
+{{- define "lingstream.recordingsS3" -}}
+{{- if and .Values.recordings.enabled .Values.recordings.s3.endpoint }}true{{ end }}
 {{- end }}
 
 {{/*
 Checks the schema cannot express. They also hold when schema validation is skipped.
 */}}
 {{- define "lingstream.validate" -}}
+{{- if and .Values.recordings.s3.endpoint (not .Values.recordings.enabled) }}
+{{- fail "recordings.s3.endpoint needs recordings.enabled: a recording is written to the volume, then uploaded" }}
+{{- end }}
+{{- if include "lingstream.recordingsS3" . }}
+{{- if not .Values.recordings.s3.bucket }}
+{{- fail "recordings.s3.endpoint needs recordings.s3.bucket" }}
+{{- end }}
+{{- if and (not .Values.existingSecret) (or (not .Values.recordings.s3.accessKeyId) (not .Values.recordings.s3.secretAccessKey)) }}
+{{- fail "recordings.s3.endpoint needs recordings.s3.accessKeyId and secretAccessKey (or existingSecret holding them)" }}
+{{- end }}
+{{- end }}
 {{- if and (gt (int .Values.replicaCount) 1) (ne .Values.admission.backend "redis") (not .Values.autoscaling.enabled) }}
 {{- fail "replicaCount > 1 needs admission.backend=redis: each pod would otherwise keep its own queue and slots" }}
 {{- end }}

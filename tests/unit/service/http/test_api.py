@@ -457,6 +457,7 @@ OPERATION_IDS = {
     ("POST", "/v1/client_tokens"): "create_client_token",
     ("POST", "/v1/livekit/webhook"): "livekit_webhook",
     ("GET", "/v1/usage"): "get_usage",
+    ("GET", "/v1/recordings"): "list_recordings",
     ("GET", "/healthz"): "health",
     ("GET", "/readyz"): "ready",
     ("GET", "/metrics"): "metrics",

@@ -29,7 +29,7 @@ def _chunk(session_id: str, index: int) -> ChunkOutput:
 
 async def _record(store: RecordingStore, session_id: str, chunks: int, mtime: float) -> list[tuple[str, str]]:
     stops: list[tuple[str, str]] = []
-    recording = store.record(session_id, SIZE, "header", lambda code, message: stops.append((code, message)))
+    recording = store.record(session_id, "owner", SIZE, "header", lambda code, message: stops.append((code, message)))
     for index in range(chunks):
         recording.offer(_chunk(session_id, index))
     recording.finish()

@@ -43,6 +43,7 @@ CLIENT_METHODS = {
     "get_usage": "usage",
     "create_client_token": "client_token",
     "revoke_share": "revoke_share",
+    "list_recordings": "recordings",
 }
 # `/v1` operations no client calls, with the reason.
 NOT_FOR_CLIENTS = {"livekit_webhook": "LiveKit's server calls it, signed with the LiveKit API secret"}
