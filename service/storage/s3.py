@@ -93,9 +93,7 @@ def _utc_now() -> datetime:
 
 
 def _find(root: ET.Element, name: str) -> str:
-    node = root.find(f".//{{*}}{name}")
-    if node is None:
-        node = root.find(f".//{name}")
+    node = root.find(f".//{{*}}{name}")  # `{*}`: in any namespace, or none
     return (node.text or "") if node is not None else ""
 
 
@@ -249,7 +247,7 @@ class S3Client:
                 params.append(("continuation-token", token))
             answer = await self._request("ListObjectsV2", "GET", None, params)
             root = ET.fromstring(answer.content)
-            for item in [*root.findall("{*}Contents"), *root.findall("Contents")]:
+            for item in root.findall("{*}Contents"):  # `{*}`: in any namespace, or none
                 modified = _find(item, "LastModified")
                 found.append(
                     StoredObject(
