@@ -357,18 +357,17 @@ class ServiceRuntime:
         if session is None:
             return
         ready = entry.state is RecordingState.READY
-        details: dict[str, object] = {
+        recording: dict[str, object] = {
             "state": entry.state.value,
             "code": entry.code,
+            "reason": entry.reason,
             "frames": entry.frames,
             "bytes": entry.bytes,
             "video_url": f"/v1/sessions/{entry.session_id}/recording",
             "controls_url": f"/v1/sessions/{entry.session_id}/recording/controls",
         }
-        if not ready:
-            details["reason"] = entry.reason
         kind = SessionEventKind.RECORDING_READY if ready else SessionEventKind.RECORDING_FAILED
-        self._events.session_event(session, kind, details)
+        self._events.session_event(session, kind, {"recording": recording})  # nested: the session's own fields stay
 
     async def recordings_of(self, owner: str, since: float, after: str | None, limit: int) -> list[RecordingEntry]:
         """`owner`'s recordings (see `SessionDirectory.recordings_of`)."""

@@ -70,6 +70,12 @@ def _told(log: EventLog, session_id: str, *kinds: SessionEventKind) -> bool:
     return any(kind in log.kinds(session_id) for kind in kinds)
 
 
+def _recording(details: dict[str, object]) -> dict[str, object]:
+    recording = details["recording"]  # nested, so the session's own fields (status, reason) stay
+    assert isinstance(recording, dict)
+    return recording
+
+
 def _counted(log: EventLog, session_id: str, frames: int) -> bool:
     return log.frames.get(session_id, 0) == frames
 
@@ -88,8 +94,8 @@ async def test_a_recordings_outcome_is_told_as_recording_ready_or_failed_and_lis
             await svc.client.delete(f"/v1/sessions/{sid}")
             await until(functools.partial(_told, log, sid, *_OUTCOMES), "the recording's outcome", within=10)
             outcomes[chunks] = sid
-        ready = [d for sid, kind, d in log.events if kind is SessionEventKind.RECORDING_READY]
-        failed = [d for sid, kind, d in log.events if kind is SessionEventKind.RECORDING_FAILED]
+        ready = [_recording(d) for sid, kind, d in log.events if kind is SessionEventKind.RECORDING_READY]
+        failed = [_recording(d) for sid, kind, d in log.events if kind is SessionEventKind.RECORDING_FAILED]
         assert [(d["state"], d["frames"], d["video_url"]) for d in ready] == [
             ("ready", 2, f"/v1/sessions/{outcomes[2]}/recording")
         ]
