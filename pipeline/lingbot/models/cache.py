@@ -252,6 +252,29 @@ class KVCache:
         self._chunks += 1
         return slot
 
+    def continue_at(self, chunk_index: int, first_frame: int) -> None:
+        """Make this fresh cache go on at chunk `chunk_index`, latent frame `first_frame` (a session re-seeded without
+        its history, docs/continuity.md): it holds nothing yet, and the positions continue where the session's were
+        (re-based as the session's would have been). Raises `ModelContextExhaustedError` where a cache without a window
+        could not have got there."""
+        if self._chunks or self._stored or self._next_frame:
+            raise ModelSessionError("only a fresh cache can continue at a later chunk")
+        if chunk_index < 0 or first_frame < 0:
+            raise ModelSessionError(f"chunk {chunk_index}, frame {first_frame}: must not be negative")
+        chunk = self._config.chunk_frames
+        if self._config.window_frames is None:
+            if first_frame + chunk > min(self._config.capacity_frames, self._rope.frames):
+                raise ModelContextExhaustedError(
+                    f"latent frame {first_frame + chunk - 1} is past what a cache without a window holds"
+                )
+        else:
+            shift = self._config.rebase_shift(self._rope.frames)
+            while first_frame - self._offset + chunk > self._rope.frames:
+                self._offset += shift
+                self._rebases += 1
+        self._chunks = chunk_index
+        self._next_frame = first_frame
+
     def check_slot(self, slot: CacheSlot) -> None:
         """Only the newest slot may be written: an older one's tokens may have moved."""
         if slot.chunk_index != self._chunks - 1:

@@ -35,6 +35,7 @@ import torch
 from pipeline.lingbot.camera import CameraChunk, map_rays, plucker_map
 from pipeline.lingbot.chunks import ChunkPlan
 from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.continuity import ResumePoint
 from pipeline.lingbot.errors import ModelInputError, ModelSessionError
 from pipeline.lingbot.models.bundle import (
     DIT_DIR,
@@ -55,6 +56,7 @@ from pipeline.lingbot.models.text import UMT5TextEncoder, load_text_encoder
 from pipeline.lingbot.models.vae import StreamingVAE, load_vae
 from pipeline.lingbot.reference.model import default_scene
 from pipeline.lingbot.seam import (
+    LATENT_CHANNELS,
     ModelShard,
     first_frame_mask,
     slice_condition,
@@ -178,6 +180,21 @@ class LingBotFastDenoiser:
         )
         self._sessions.add(session_id, state)
 
+    def reseed_cache(
+        self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor, resume: ResumePoint
+    ) -> None:
+        """`ReseedableDenoiser`: go on at `resume.chunk_index` with an empty KV cache whose positions continue the
+        session's (`KVCache.continue_at`) and a generator seeded for that chunk. The chunk attends to itself only,
+        not to the lost history: the picture goes on from the reference and the camera's pose. Rebuilding the history
+        by a prefill of the checkpoint's latents is the next slice (docs/continuity.md)."""
+        self.create_cache(session_id, config, base_latent)
+        state = self._sessions.get(session_id)
+        start = resume.chunk_index
+        check_chunk_order("denoise", state.plan, start, state.plan.chunk_size, start)
+        state.cache.continue_at(start, start * state.plan.chunk_size)
+        state.generator.manual_seed((config.seed * 1_000_003 + start) % (2**63))
+        state.next_chunk = start
+
     def release_cache(self, session_id: str) -> None:
         self._sessions.remove(session_id)
 
@@ -262,6 +279,18 @@ class LingBotFastDecoder:
         except ModelSessionError:
             self._sessions.remove(session_id)
             raise
+
+    def reseed_cache(self, session_id: str, config: LingBotSessionConfig, chunk_index: int) -> None:
+        """`ReseedableDecoder`: the next chunk is `chunk_index`. The streamed VAE decodes a session's very first
+        latent frame to one video frame; primed with one zero latent frame (its frame dropped), it decodes every
+        frame after to four, so the re-seeded session keeps the chunk contract (`4 * chunk_size` frames)."""
+        self.create_cache(session_id, config)
+        state = self._sessions.get(session_id)
+        check_chunk_order("decode", state.plan, chunk_index, state.plan.chunk_size, chunk_index)
+        if chunk_index > 0:
+            prime = torch.zeros(LATENT_CHANNELS, 1, config.latent_height, config.latent_width, device=self._vae.device)
+            self._vae.decode_chunk(session_id, prime)
+        state.next_chunk = chunk_index
 
     def release_cache(self, session_id: str) -> None:
         self._sessions.remove(session_id)
