@@ -148,6 +148,11 @@ FIGURES: dict[str, frozenset[str]] = {
             "bench_seconds",
         }
     ),
+    "webhooks": frozenset(
+        {"webhook_delivery_ms_p50", "webhook_delivery_ms_p95", "webhook_delivery_ms_p99", "events_received"}
+        | {"events_per_s", "sessions_created", "sessions_per_s", "ended_missing", "duplicates", "bad_signatures"}
+        | {"errors_5xx", "delivered_total", "serve_exit_code", "bench_seconds"}
+    ),
     "viewer_cost": frozenset(
         {f"cpu_s_per_media_s_{n}_viewers" for n in (0, 1, 4)}
         | {"cpu_s_per_media_s_per_viewer", "viewer_fps_min_4", "viewers_watching_4", "viewer_frames_dropped"}

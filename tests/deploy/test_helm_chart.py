@@ -607,10 +607,43 @@ def test_existing_secret_is_referenced_by_the_configured_key_names(chart: Any) -
         "LIVEKIT_API_SECRET": ("lingstream-credentials", "lk-api-secret", False),
         "LINGSTREAM_API_KEYS": ("lingstream-credentials", "client-api-keys", True),
         "LINGSTREAM_REDIS_URL": ("lingstream-credentials", "redis-url", False),
+        "LINGSTREAM_WEBHOOK_SECRET": ("lingstream-credentials", "LINGSTREAM_WEBHOOK_SECRET", True),
     }
     annotations = only(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
     assert "checksum/secret" not in annotations
     assert only(docs, "Deployment")["spec"]["replicas"] == 2
+
+
+def test_webhooks_render_their_settings_and_keep_the_signing_secret_in_the_secret(chart: Any) -> None:
+    secret = "whsec-chart-0123456789"
+    values = {
+        "webhooks": {
+            "urls": ["https://app.example.com/hooks", "https://audit.example.com/in"],
+            "secret": secret,
+            "allowedPrefixes": ["https://hooks.example.com/"],
+            "timeout": 2.5,
+            "maxAttempts": 5,
+        },
+        "config": {"keyQuotas": {"key-1a2b3c4d5e6f": {"webhookUrls": ["https://tenant.example.com/h"]}}},
+    }
+    files = render_files(chart, values)
+    assert not any(secret in text for text in files.values())
+    docs = render(chart, values)
+    data = only(docs, "ConfigMap")["data"]
+    assert data["LINGSTREAM_WEBHOOK_URLS"] == "https://app.example.com/hooks,https://audit.example.com/in"
+    assert data["LINGSTREAM_WEBHOOK_ALLOWED_PREFIXES"] == "https://hooks.example.com/"
+    assert (data["LINGSTREAM_WEBHOOK_TIMEOUT"], data["LINGSTREAM_WEBHOOK_MAX_ATTEMPTS"]) == ("2.5", "5")
+    assert "LINGSTREAM_WEBHOOK_ALLOW_PRIVATE" not in data
+    assert json.loads(data["LINGSTREAM_KEY_QUOTAS"]) == {
+        "key-1a2b3c4d5e6f": {"webhook_urls": ["https://tenant.example.com/h"]}
+    }
+    stored = {k: base64.b64decode(v).decode() for k, v in only(docs, "Secret")["data"].items()}
+    name, key, optional = secret_refs(docs)["LINGSTREAM_WEBHOOK_SECRET"]
+    assert (name, stored[key], optional) == (FULLNAME, secret, False)
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"webhooks": {"urls": ["ftp://x"]}})
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"config": {"extra": {"LINGSTREAM_WEBHOOK_SECRET": "x"}}})
 
 
 def test_no_secret_and_no_livekit_credentials_without_livekit(chart: Any) -> None:
