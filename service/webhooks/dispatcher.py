@@ -230,14 +230,17 @@ class WebhookDispatcher:
                 SIGNATURE_HEADER: sign(self._secret, attempt.body, timestamp),
                 "Lingstream-Event-Id": attempt.event_id,
             }
-            response = await self._client.post(
-                attempt.url, content=attempt.body, headers=headers, timeout=self._timeout_s
+            request = self._client.build_request(
+                "POST", attempt.url, content=attempt.body, headers=headers, timeout=self._timeout_s
             )
-            status = response.status_code
+            async with asyncio.timeout(self._timeout_s):  # the whole attempt (httpx bounds each phase)
+                response = await self._client.send(request, stream=True)  # the answer's body is never read
+                status = response.status_code
+                await response.aclose()
         except WebhookUrlRefusedError as exc:
             logger.warning("webhooks: %s", exc)
             status = 410  # an endpoint that became internal is not tried again
-        except (httpx.HTTPError, OSError) as exc:
+        except (httpx.HTTPError, OSError) as exc:  # OSError includes the attempt's TimeoutError
             logger.info("webhooks: %s did not answer: %s", redact_url(attempt.url), type(exc).__name__)
         now = self._clock()
         decision = self._policy.decide(attempt.attempts, status, now, self._draw())

@@ -27,20 +27,26 @@ class Received:
 
 @dataclass
 class WebhookReceiver:
-    """`statuses`: what the first requests are answered with (then 200); `hang`: never answer."""
+    """`statuses`: what the first requests are answered with (then 200); `hang`: leave each request that comes
+    while it is set unanswered (for good). `answered_2xx`: the requests answered 2xx."""
 
     statuses: list[int] = field(default_factory=list)
     hang: bool = False
     received: list[Received] = field(default_factory=list)
+    answered_2xx: list[Received] = field(default_factory=list)
     url: str = ""
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def handle(self, request: web.Request) -> web.Response:
-        self.received.append(Received(request.path, await request.read(), dict(request.headers)))
+        got = Received(request.path, await request.read(), dict(request.headers))
+        self.received.append(got)
         self._arrived.set()
         if self.hang:
             await asyncio.Event().wait()
         status = self.statuses.pop(0) if self.statuses else 200
+        if 200 <= status < 300:
+            self.answered_2xx.append(got)
+            self._arrived.set()
         return web.Response(status=status, text="ok")
 
     def events(self, type_: str | None = None) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from service.webhooks import MemoryOutbox, RetryPolicy, WebhookDispatcher, WebhookEmitter, WebhookTargets
+from service.webhooks import Delivery, MemoryOutbox, RetryPolicy, WebhookDispatcher, WebhookEmitter, WebhookTargets
 from tests.support.service_harness import RecordingTransport, metric, running_service
 from tests.support.webhook_receiver import webhook_receiver
 from transport.client import SIGNATURE_HEADER, verify_webhook
@@ -119,3 +119,18 @@ async def test_a_creates_own_webhook_url_is_checked_against_the_allow_list() -> 
             loopback = await svc.create({"webhook_url": receiver.url})  # internal addresses not allowed
             assert loopback.status_code == 422
             assert "internal address" in loopback.json()["error"]["message"]
+
+
+async def test_a_creates_url_that_resolves_internally_at_delivery_time_is_given_up_uncalled() -> None:
+    async with webhook_receiver() as receiver:
+        dispatcher = WebhookDispatcher(MemoryOutbox(10, time.time), secret=SECRET.encode(), poll_s=0.05)
+        await dispatcher.start()
+        try:
+            # A create's URL checked public at the create, now resolving to loopback (DNS re-pointed).
+            dispatcher.offer([Delivery("evt_x.0", "evt_x", receiver.url, b"{}", time.time(), guarded=True)])
+            async with asyncio.timeout(5):
+                await dispatcher.wait_idle()
+        finally:
+            await dispatcher.aclose(grace_s=0.1)
+        assert receiver.received == []
+        assert dispatcher.statistics().results == {"failed": 1}
