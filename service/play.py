@@ -33,7 +33,9 @@ and **control-to-photon latency**: for every
 snapshot that changed the held keys, the time from sending it to receiving the first frame generated from it or a
 newer snapshot, i.e. the first frame of a chunk whose status says `applied_seq >= seq` (the chunk status tells which
 control a chunk applied; on the embedded transport a frame is matched to its chunk by its RTP timestamp, on LiveKit
-by arrival order, see `transport.client.stream`). Reported as count, p50, p95 and max in milliseconds; a change no
+by its frame id (frame metadata), both exact (`labels`), see `transport.client.stream`). On LiveKit the discrete
+commands (`reset_pose`, `prompt`, the final `stop`) are RPC calls; a refused one is a warning and an entry of
+`errors`. Reported as count, p50, p95 and max in milliseconds; a change no
 frame showed before the end is counted in `controls_unseen`.
 
 Exit status: 0 when the session streamed and ended; 2 for bad options or a bad trace (nothing is created); 1 when
@@ -63,6 +65,7 @@ from service.offline.mp4 import Mp4Writer, h264_encoder
 from transport.base import ChunkStatus, DoneStatus, StatusMessage
 from transport.client import (
     ClientError,
+    ControlRefusedError,
     LiveStream,
     ReceivedFrame,
     RecordingError,
@@ -127,6 +130,9 @@ class PlayReport:
     errors: list[str]
     recording: str | None = None  # --record: where the service's recording was saved
     recording_controls: str | None = None
+    labels: str = "exact"
+    """How frames were matched to their chunks: `exact` (by RTP timestamp on the embedded transport, by LiveKit frame
+    id) or `arrival` (some frame by arrival order: a LiveKit service that stamps no frames)."""
 
     def summary(self) -> str:
         fps = "-" if self.fps is None else f"{self.fps:.1f}"
@@ -150,6 +156,7 @@ class _Recorder:
         self.writer: Mp4Writer | None = None
         self.frames = 0
         self.repeats = 0
+        self.by_arrival = 0  # frames labelled by arrival order (no RTP timestamp, no frame id)
         self.first_at: float | None = None
         self.last_at: float | None = None
         self.size: tuple[int, int] = (0, 0)
@@ -162,6 +169,8 @@ class _Recorder:
                 continue
             self.meter.frame(frame)
             self.frames += 1
+            if frame.chunk is not None and frame.pts is None and frame.frame_id is None:
+                self.by_arrival += 1
             self.first_at = frame.received_at if self.first_at is None else self.first_at
             self.last_at = frame.received_at
             self.first_frame.set()
@@ -229,11 +238,17 @@ async def _drive(
             warn(f"line {entry.line}: no status of chunk {entry.chunk - 1} within {wait_s:g} s; sending it now")
         if _over(stream):
             return
-        if entry.reset_pose:
-            await stream.reset_pose()
-        elif entry.prompt is not None:
-            await stream.send_prompt(entry.prompt)
-        elif entry.keys is not None and entry.keys != held:
+        try:
+            if entry.reset_pose:
+                await stream.reset_pose()
+            elif entry.prompt is not None:
+                await stream.send_prompt(entry.prompt)
+        except ControlRefusedError as exc:  # an RPC refusal (LiveKit); the stream records it with the errors
+            warn(f"line {entry.line}: refused: {exc}")
+            continue
+        if entry.reset_pose or entry.prompt is not None:
+            continue
+        if entry.keys is not None and entry.keys != held:
             held = entry.keys
             seq = await stream.send_keys(entry.keys)
             sent = stream.sent_at(seq)
@@ -337,6 +352,7 @@ async def play(
         errors=[f"{error.code}: {error.message}" for error in stream.errors],
         recording=None if saved is None else str(saved[0]),
         recording_controls=None if saved is None else str(saved[1]),
+        labels="arrival" if recorder.by_arrival else "exact",
     )
 
 

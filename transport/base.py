@@ -88,6 +88,10 @@ class ChunkStatus:
     """Embedded transport: the presentation timestamp of the first frame the connection's video track sent (an
     aiortc receiver counts a frame's timestamp from that frame, so this maps its frames onto `first_frame_pts`
     exactly); None before that frame went out, and on LiveKit."""
+    first_frame_id: int | None = None
+    """The index of the chunk's first frame in the session's video: on LiveKit every frame carries its index as
+    frame metadata (`frame_id`), so a receiver finds each chunk's frames, and tells keep-warm repeats (an id seen
+    already), exactly. None from a service that does not say."""
 
 
 @dataclass(frozen=True, slots=True)

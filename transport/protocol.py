@@ -311,6 +311,8 @@ def _encode_chunk(message: ChunkStatus, max_bytes: int) -> bytes:
         body["first_frame_pts"] = message.first_frame_pts
     if message.stream_base_pts is not None:
         body["stream_base_pts"] = message.stream_base_pts
+    if message.first_frame_id is not None:
+        body["first_frame_id"] = message.first_frame_id
     base = _dumps(body)
     timings = _clean_timings(message.timings)
     encoded = _dumps({**body, "timings": dict(timings)})
@@ -372,7 +374,14 @@ def encode_status(message: StatusMessage, *, max_bytes: int = MAX_STATUS_BYTES) 
 
 
 _CHUNK_REQUIRED = frozenset({"v", "type", "index", "applied_seq", "keys", "timings"})
-_CHUNK_FIELDS = _CHUNK_REQUIRED | {"truncated", "first_frame_pts", "prompt", "prompt_seq", "stream_base_pts"}
+_CHUNK_FIELDS = _CHUNK_REQUIRED | {
+    "truncated",
+    "first_frame_pts",
+    "prompt",
+    "prompt_seq",
+    "stream_base_pts",
+    "first_frame_id",
+}
 
 
 def _status_from(parsed: dict[str, Any]) -> StatusMessage | None:
@@ -388,9 +397,11 @@ def _status_from(parsed: dict[str, Any]) -> StatusMessage | None:
             prompt = parsed.get("prompt", "")
             prompt_seq = parsed.get("prompt_seq", -1)
             base_pts = parsed.get("stream_base_pts")
+            frame_id = parsed.get("first_frame_id")
             if (
                 (pts is None or _is_int(pts))
                 and (base_pts is None or _is_int(base_pts))
+                and (frame_id is None or _is_int(frame_id))
                 and isinstance(prompt, str)
                 and _is_int(prompt_seq)
                 and _is_int(parsed["index"])
@@ -409,6 +420,7 @@ def _status_from(parsed: dict[str, Any]) -> StatusMessage | None:
                     prompt,
                     prompt_seq,
                     base_pts,
+                    frame_id,
                 )
         elif kind == "warning" and set(parsed) == {"v", "type", "code", "message", "ends_in_s"}:
             ends_in = parsed["ends_in_s"]

@@ -123,6 +123,9 @@ class ChunkMessage(_Exact):
     timings: dict[str, float]
     first_frame_pts: int | None = Field(default=None, description="The chunk's first frame's 90 kHz timestamp.")
     stream_base_pts: int | None = Field(default=None, description="Embedded: the connection's RTP timestamp offset.")
+    first_frame_id: int | None = Field(
+        default=None, description="The chunk's first frame's index in the session's video (LiveKit frame_id)."
+    )
     truncated: bool | None = Field(default=None, description="True when `timings` was trimmed to fit.")
 
 

@@ -489,6 +489,7 @@ class Session:
                 timings=MappingProxyType(dict(chunk.timings)),
                 prompt=chunk.prompt,
                 prompt_seq=chunk.prompt_seq,
+                first_frame_id=chunk.first_frame_index,
             )
         )
 

@@ -109,6 +109,7 @@ def test_a_session_is_published_into_the_callers_room_steered_and_the_room_is_le
     # The trace changed the keys three times; the chunk statuses say each change reached a generated frame.
     assert report["control_to_photon_count"] == 3, report
     assert report["controls_unseen"] == 0
+    assert report["labels"] == "exact", report  # every frame matched to its chunk by its frame id
     with stack.client() as client:
         session = client.get(f"/v1/sessions/{report['session_id']}").json()
     assert (session["status"], session["reason"]) == ("closed", "client_stop")

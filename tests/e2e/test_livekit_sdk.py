@@ -59,9 +59,9 @@ def session(stack: LiveKitStack) -> Iterator[dict[str, Any]]:
         client.delete(f"/v1/sessions/{body['id']}", params={"mode": "cancel"})
 
 
-def _client(scenario: str, url: str, token: str) -> dict[str, Any]:
+def _client(scenario: str, url: str, token: str, *options: str) -> dict[str, Any]:
     run = subprocess.run(
-        [sys.executable, "-m", "tests.support.livekit_client", scenario, url, token],
+        [sys.executable, "-m", "tests.support.livekit_client", scenario, url, token, *options],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -113,10 +113,14 @@ def test_data_from_a_participant_that_is_not_the_controller_is_ignored(
     # A participant of the room with data rights but another identity: the stand-in delivers its packets (as a real
     # server would), and the service must not apply them.
     intruder = TokenIssuer(stack.real.api_key, stack.real.api_secret).controller(session["id"], room)
-    report = _client("foreign", session["transport"]["url"], intruder.token)
+    report = _client(
+        "foreign", session["transport"]["url"], intruder.token, "--service", session["transport"]["service_identity"]
+    )
     assert report["joined"], report
     assert report["sent"] == 5
     assert not [chunk for chunk in report["chunks"] if "l" in chunk["keys"]], report["chunks"]
+    # Its RPC call is refused with the stable code, not applied (docs/livekit.md's table).
+    assert (report["rpc_error"]["code"], report["rpc_error"]["data"]) == (2013, "not_controller"), report
     with stack.client() as client:
         assert client.get(f"/v1/sessions/{session['id']}").json()["status"] == "running"
 

@@ -9,7 +9,12 @@ Scenarios:
   that applies it, malformed packets and the `error` statuses they get, a second snapshot (the session still
   steers), `stop` and the final `done`.
 - `foreign`: as a participant that may publish data but is not the controller: snapshots on the control topic,
-  then which `chunk` statuses came in the next seconds (none may apply them).
+  then which `chunk` statuses came in the next seconds (none may apply them), and an RPC call of `--service`'s
+  `lingstream.pause` (`rpc_error`: the `RpcError`'s code and data).
+- `labels URL=service-url TOKEN=session-id`: the Python client (`transport.client.connect`, the real SDK) joins the
+  session, reads frames while it runs, pauses and resumes it by RPC (the keep-warm repeats between), tries bad
+  RPC payloads and too many prompts, then stops it by RPC; `frames` lists every frame received with its labels
+  (`frame_id`, `chunk`, `first_frame_id`, `first`, `repeat`) and its mean grey `level`.
 - `publish`: try to publish a video track for 3 s (`published`, or the `error`).
 - `churn`: join and leave again `--times` times, each with a fresh room (`joins`: how many joins succeeded).
 - `hold`: join, print `{"joined": true}` (or the report with the SDK's `error`) at once, stay in the room until
@@ -115,14 +120,81 @@ async def _control(room: rtc.Room, statuses: _Statuses, control: str) -> dict[st
     return report
 
 
-async def _foreign(room: rtc.Room, statuses: _Statuses, control: str) -> dict[str, Any]:
+async def _foreign(room: rtc.Room, statuses: _Statuses, control: str, service: str | None) -> dict[str, Any]:
     seq = 2**52
     for step in range(5):
         await _send(room, control, _snapshot(seq + step, ["l"]), reliable=step % 2 == 0)
         await asyncio.sleep(0.2)  # a held key, as a page resends it
     await asyncio.sleep(2.0)  # the window in which a chunk applying it would have come
     chunks = [m for m in statuses.seen if m.get("type") == "chunk"]
-    return {"chunks": chunks, "sent": 5}
+    report: dict[str, Any] = {"chunks": chunks, "sent": 5}
+    if service is not None:
+        report["rpc_error"] = await _rpc_error(room, service, "lingstream.pause", "")
+    return report
+
+
+async def _rpc_error(room: rtc.Room, service: str, method: str, payload: str) -> dict[str, Any]:
+    try:
+        answer = await room.local_participant.perform_rpc(destination_identity=service, method=method, payload=payload)
+    except rtc.RpcError as exc:
+        return {"code": exc.code, "data": exc.data, "message": exc.message}
+    return {"answer": answer}
+
+
+async def _labels(service_url: str, session_id: str) -> dict[str, Any]:
+    # The client under test, imported only in this process (it loads livekit.rtc when it joins).
+    from transport.client import ControlRefusedError, LiveKitLink, ServiceClient, connect
+
+    frames: list[dict[str, Any]] = []
+    report: dict[str, Any] = {"scenario": "labels", "frames": frames}
+    async with ServiceClient(service_url) as service:
+        info = await service.get(session_id)
+        stream = await connect(service, info)
+        report["joined"] = True
+
+        async def read() -> None:
+            async for frame in stream.frames():
+                chunk = frame.chunk
+                frames.append(
+                    {
+                        "frame_id": frame.frame_id,
+                        "chunk": None if chunk is None else chunk.index,
+                        "first_frame_id": None if chunk is None else chunk.first_frame_id,
+                        "first": frame.first_of_chunk,
+                        "repeat": frame.repeat,
+                        "level": float(frame.image.mean()),
+                    }
+                )
+
+        reader = asyncio.create_task(read())
+        try:
+            link = stream.link  # the link `connect` made: its SDK room makes the raw calls below
+            assert isinstance(link, LiveKitLink)
+            await asyncio.sleep(2.0)  # frames flow
+            report["pause"] = [await stream.pause(), await stream.pause()]  # twice: idempotent
+            await asyncio.sleep(1.0)  # paused: keep-warm repeats of the last frame
+            report["resume"] = await stream.resume()
+            await asyncio.sleep(1.5)
+            report["bad"] = {
+                "malformed": await _rpc_error(link.room, link.service_identity, "lingstream.pause", "{"),
+                "other_type": await _rpc_error(
+                    link.room, link.service_identity, "lingstream.pause", '{"v":1,"type":"resume"}'
+                ),
+                "prompt_without_seq": await _rpc_error(link.room, link.service_identity, "lingstream.prompt", ""),
+            }
+            refused: list[str] = []
+            for index in range(7):
+                try:
+                    await stream.send_prompt(f"prompt {index}")
+                except ControlRefusedError as exc:
+                    refused.append(exc.code)
+            report["prompts_refused"] = refused
+            async with asyncio.timeout(_WAIT_S):
+                report["done"] = (await stream.stop()).reason
+        finally:
+            await stream.aclose()
+            await asyncio.gather(reader, return_exceptions=True)
+    return report
 
 
 async def _publish(room: rtc.Room) -> dict[str, Any]:
@@ -159,6 +231,8 @@ async def _churn(url: str, token: str, times: int) -> dict[str, Any]:
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.scenario == "churn":
         return await _churn(args.url, args.token, args.times)
+    if args.scenario == "labels":
+        return await _labels(args.url, args.token)
     room = rtc.Room()
     statuses = _Statuses(args.topic_status)
     room.on("data_received", statuses.on_data)
@@ -178,7 +252,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             case "control":
                 report |= await _control(room, statuses, args.topic_control)
             case "foreign":
-                report |= await _foreign(room, statuses, args.topic_control)
+                report |= await _foreign(room, statuses, args.topic_control, args.service)
             case "publish":
                 report |= await _publish(room)
     except TimeoutError:
@@ -191,7 +265,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("scenario", choices=["join", "control", "foreign", "publish", "hold", "churn"])
+    parser.add_argument("scenario", choices=["join", "control", "foreign", "publish", "hold", "churn", "labels"])
+    parser.add_argument("--service", help="foreign: the service participant's identity, to call it by RPC")
     parser.add_argument("--times", type=int, default=5, help="churn: how many joins")
     parser.add_argument("url")
     parser.add_argument("token")

@@ -96,11 +96,12 @@ def _wait_ready(stack: LiveKitStack) -> None:
 
 
 @contextlib.contextmanager
-def livekit_stack(workdir: Path, **settings: str) -> Iterator[LiveKitStack]:
-    """The network, the real `livekit-server` and `lingstream serve` (the reference model; `settings` are
-    `LINGSTREAM_*` variables on top of one model worker, one torch thread and a 5 s drain). Torn down in reverse
-    order: the service drains (SIGTERM), the server closes its rooms, the thread leaves the namespace."""
-    with _stack(workdir, settings, standin=False) as stack:
+def livekit_stack(workdir: Path, *, factory: str | None = None, **settings: str) -> Iterator[LiveKitStack]:
+    """The network, the real `livekit-server` and `lingstream serve` (the reference model, or the test-only worker
+    `factory`, e.g. "tests.support.fakes.world:framed_fake_workers"; `settings` are `LINGSTREAM_*` variables on top
+    of one model worker, one torch thread and a 5 s drain). Torn down in reverse order: the service drains
+    (SIGTERM), the server closes its rooms, the thread leaves the namespace."""
+    with _stack(workdir, settings, standin=False, factory=factory) as stack:
         yield stack
 
 
@@ -113,7 +114,9 @@ def standin_stack(workdir: Path, **settings: str) -> Iterator[LiveKitStack]:
 
 
 @contextlib.contextmanager
-def _stack(workdir: Path, settings: dict[str, str], *, standin: bool) -> Iterator[LiveKitStack]:
+def _stack(
+    workdir: Path, settings: dict[str, str], *, standin: bool, factory: str | None = None
+) -> Iterator[LiveKitStack]:
     with PrivateNetwork():
         service_port, server_port = free_port(), free_port()
         webhook_url = f"http://{HOST_A}:{service_port}/v1/livekit/webhook"
@@ -124,7 +127,7 @@ def _stack(workdir: Path, settings: dict[str, str], *, standin: bool) -> Iterato
             server = LiveKitServerProcess(
                 HOST_A, server_port, free_port(), workdir / "livekit-server.log", webhook_url=webhook_url
             )
-        with server, _serve(server, service_port, workdir / "serve.log", settings) as stack:
+        with server, _serve(server, service_port, workdir / "serve.log", settings, factory) as stack:
             yield stack
 
 
@@ -139,7 +142,11 @@ def another_replica(stack: LiveKitStack, workdir: Path, **settings: str) -> Iter
 
 @contextlib.contextmanager
 def _serve(
-    server: LiveKitServerProcess | StandInProcess, port: int, log: Path, settings: dict[str, str]
+    server: LiveKitServerProcess | StandInProcess,
+    port: int,
+    log: Path,
+    settings: dict[str, str],
+    factory: str | None = None,
 ) -> Iterator[LiveKitStack]:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LINGSTREAM_", "LIVEKIT_", "OTEL_"))}
     env.update(
@@ -153,9 +160,15 @@ def _serve(
         LIVEKIT_API_SECRET=server.api_secret,
     )
     env.update(settings)
+    if factory:
+        env["LINGSTREAM_TEST_HOOKS"] = "1"  # `--worker-factory` is a test hook the CLI refuses without it
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [*lingstream(), "serve", "--port", str(port)], cwd=ROOT, env=env, stdout=sink, stderr=sink
+            [*lingstream(), "serve", "--port", str(port), *(["--worker-factory", factory] if factory else [])],
+            cwd=ROOT,
+            env=env,
+            stdout=sink,
+            stderr=sink,
         )
     stack = LiveKitStack(server, f"http://{HOST_A}:{port}", process, log)
     try:

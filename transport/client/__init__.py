@@ -29,6 +29,7 @@ from transport.client.errors import (
     ApiError,
     ClientError,
     ConnectError,
+    ControlRefusedError,
     InvalidInputError,
     RateLimitedError,
     RecordingError,
@@ -44,7 +45,7 @@ from transport.client.errors import (
     api_error,
     error_classes,
 )
-from transport.client.links import EmbeddedLink, Link, LiveKitLink, default_ice_addresses
+from transport.client.links import CommandLink, EmbeddedLink, Link, LiveKitLink, default_ice_addresses
 from transport.client.stream import LiveStream, ReceivedFrame, StreamStatistics, connect
 from transport.client.tracker import ChunkTracker
 from transport.webhook_signature import SIGNATURE_HEADER, WebhookSignatureError, verify_webhook
@@ -57,7 +58,9 @@ __all__ = [
     "ChunkTracker",
     "ClientError",
     "ClientToken",
+    "CommandLink",
     "ConnectError",
+    "ControlRefusedError",
     "EmbeddedLink",
     "InvalidInputError",
     "Link",

@@ -18,7 +18,8 @@ client's side of a session.
     │                                recording_not_configured          a session's recording cannot be had (yet)
     ├── UnreachableError             the service could not be reached (connection refused, timed out)
     ├── SessionEndedError            the session ended (closed, failed, expired, cancelled) before it could stream
-    └── ConnectError                 joining the session's transport failed (no answer, nothing connected)
+    ├── ConnectError                 joining the session's transport failed (no answer, nothing connected)
+    └── ControlRefusedError          a command sent as a LiveKit RPC was refused; `code` (control protocol's)
 
 `api_error(status, code, message, retry_after)` picks the class by `code`; a code this client does not know yet
 becomes a plain `ApiError` with that code, so a newer service never breaks an older client. Match on the class for
@@ -34,6 +35,7 @@ __all__ = [
     "ApiError",
     "ClientError",
     "ConnectError",
+    "ControlRefusedError",
     "InvalidInputError",
     "RateLimitedError",
     "RecordingError",
@@ -136,6 +138,18 @@ class SessionEndedError(ClientError):
 class ConnectError(ClientError):
     """Joining the session's transport failed: the offer was refused, the data channel or the LiveKit room did not
     connect in time. An `ApiError` from the offer route is raised as itself."""
+
+
+class ControlRefusedError(ClientError):
+    """The session refused a command sent as a LiveKit RPC (`pause`, `prompt`, ...): `code` is the stable code of
+    the control protocol or the REST error table (`rate_limited`, `session_not_running`, `not_controller`, ...),
+    `message` the service's sentence, `rpc_code` the RPC error's number (docs/livekit.md's table)."""
+
+    def __init__(self, code: str, message: str, rpc_code: int) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.rpc_code = rpc_code
 
 
 _BY_CODE: Mapping[str, type[ApiError]] = MappingProxyType(

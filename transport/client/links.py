@@ -4,7 +4,9 @@ stream through its `on_frame`, `on_status` and `on_link_lost`. Two links, chosen
 - `EmbeddedLink` (`kind: embedded`): an aiortc peer connection with a receive-only video transceiver and the
   `control` data channel, offered to the session's `offer_url` (candidates included, no trickle);
 - `LiveKitLink` (`kind: livekit`): the `livekit` SDK in the session's room. `livekit.rtc` (a native library) is
-  imported only here, when a link is made, so that importing `transport.client` loads no LiveKit.
+  imported only here, when a link is made, so that importing `transport.client` loads no LiveKit. It is also a
+  `CommandLink`: the discrete commands go as RPC calls to the service participant and return the session's state
+  (a service without the RPC methods gets the packet instead).
 
 Cancellation: `aclose()` closes the peer connection or the room and cancels and awaits the link's reader task.
 """
@@ -14,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 import av
@@ -24,13 +27,20 @@ from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessi
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from transport.client.api import ServiceClient
-from transport.client.errors import ConnectError
+from transport.client.errors import ConnectError, ControlRefusedError
 from transport.embedded.rtc import ice_host_addresses
+from transport.protocol import control_type, encode_control
 
 if TYPE_CHECKING:
+    from pipeline.bidirectional import ControlMessage
     from transport.client.stream import LiveStream
 
-__all__ = ["EmbeddedLink", "Link", "LiveKitLink", "default_ice_addresses"]
+__all__ = ["CommandLink", "EmbeddedLink", "Link", "LiveKitLink", "default_ice_addresses"]
+
+# LiveKit's RPC errors after which the command goes as a packet instead: a method the service participant does not
+# have (an older service), a server without RPC, no acknowledgement in time (the call never arrived). Sending the
+# packet then is safe: every command is idempotent or deduplicated by its `seq`.
+_PACKET_INSTEAD = frozenset({1400, 1403, 1501})
 
 
 class Link(Protocol):
@@ -40,6 +50,15 @@ class Link(Protocol):
     async def send(self, payload: bytes, *, reliable: bool) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class CommandLink(Protocol):
+    """A link that sends a discrete command (`Pause`, `Resume`, `ResetPose`, `Stop`, `SetPrompt`) as a call with an
+    answer: the session's state after it, or None when the command went as a packet after all (no answer). Raises
+    `ControlRefusedError` when the session refuses it."""
+
+    async def command(self, message: ControlMessage) -> str | None: ...
 
 
 def default_ice_addresses(url: str) -> tuple[str, ...] | None:
@@ -178,6 +197,15 @@ class LiveKitLink:
             raise
         return link
 
+    @property
+    def room(self) -> Any:
+        """The SDK's `rtc.Room` this link joined (for calls of a caller's own: RPC, data on other topics)."""
+        return self._room
+
+    @property
+    def service_identity(self) -> str:
+        return self._service_identity
+
     async def _join(self, url: str, token: str, within: float) -> None:
         rtc = self._rtc
         room = self._room
@@ -220,7 +248,9 @@ class LiveKitLink:
         async for event in video:
             frame = event.frame
             image = np.frombuffer(bytes(frame.data), np.uint8).reshape(frame.height, frame.width, 3)
-            self._stream.on_frame(image, None)
+            metadata = event.metadata  # the service stamps every frame with its frame id (LiveKit frame metadata)
+            frame_id = int(metadata.frame_id) if metadata is not None and metadata.HasField("frame_id") else None
+            self._stream.on_frame(image, None, frame_id)
 
     def _lost(self, why: str) -> None:
         if not self._closed:
@@ -228,6 +258,25 @@ class LiveKitLink:
 
     async def send(self, payload: bytes, *, reliable: bool) -> None:
         await self._room.local_participant.publish_data(payload, reliable=reliable, topic=self._control_topic)
+
+    async def command(self, message: ControlMessage) -> str | None:
+        """`message` as the RPC method `lingstream.<type>` of the service participant (docs/livekit.md); the
+        session's state from the answer. A service without the method (LiveKit's 1400), a server without RPC (1403)
+        or a call never acknowledged (1501) gets the packet instead, and None."""
+        rtc = self._rtc
+        method = f"lingstream.{control_type(message)}"
+        payload = encode_control(message).decode("ascii")
+        try:
+            answer = await self._room.local_participant.perform_rpc(
+                destination_identity=self._service_identity, method=method, payload=payload
+            )
+        except rtc.RpcError as exc:
+            if exc.code in _PACKET_INSTEAD:
+                await self.send(encode_control(message), reliable=True)
+                return None
+            raise ControlRefusedError(exc.data or f"rpc_{exc.code}", exc.message, exc.code) from exc
+        state = json.loads(answer).get("state")
+        return state if isinstance(state, str) else None
 
     async def aclose(self) -> None:
         # Streams first, then the room: the SDK's native side may abort at exit otherwise.

@@ -18,15 +18,18 @@ embedded transport a decoded frame carries its RTP timestamp counted from the fi
 presentation timestamp minus one offset per connection; the service sends that offset in chunk statuses
 (`stream_base_pts`) and `ChunkTracker` (`tracker.py`) labels each frame exactly as it is read (before the offset
 arrives it fits one from when statuses and frames arrive, see its docstring). The LiveKit SDK does not expose RTP
-timestamps, so there a status is given to the next frame that arrives after it (within the jitter of two
-independent paths).
+timestamps, but it reads back LiveKit frame metadata: the service stamps each frame with its index in the session's
+video (`frame_id`) and each `chunk` status with its first frame's (`first_frame_id`), so the tracker labels every
+frame exactly there too (`ReceivedFrame.frame_id`). Only against a service that stamps no frames is a status given to
+the next frame that arrives after it (within the jitter of two independent paths).
 
 Keep-warm repeats (`ReceivedFrame.repeat`): while a session has nothing new to show (no key held, paused,
 generation behind), the service sends its last frame again every `LINGSTREAM_IDLE_FRAME_INTERVAL_MS` so that the
 receiver stays in step. A repeat is labelled like the frame it repeats (same chunk, never `first_of_chunk`); on the
 embedded transport its presentation timestamp lies off the frame grid (`transport.session.pacing.REPEAT_PTS_OFFSET`), so
-once the offset came from the service (`stream_base_pts`) `repeat` is exact; on LiveKit (no timestamps) repeats
-cannot be told apart and `repeat` is always False.
+once the offset came from the service (`stream_base_pts`) `repeat` is exact; on LiveKit every frame carries its
+frame id (frame metadata) and a repeat the id of the frame it repeats, so `repeat` is exact there too (an id already
+received). Against a service that stamps no frames, LiveKit repeats cannot be told apart (`repeat` always False).
 
 Frames wait in a bounded buffer (`frame_buffer`, default 64) whose overflow policy is *drop oldest* (counted in
 `statistics().frames_dropped`): a consumer slower than the video loses old frames, never the newest.
@@ -57,8 +60,8 @@ import numpy.typing as npt
 from pipeline.bidirectional import ControlMessage, ControlState, Pause, ResetPose, Resume, SetPrompt, Stop
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
 from transport.client.api import ServiceClient, SessionInfo
-from transport.client.errors import ConnectError
-from transport.client.links import EmbeddedLink, Link, LiveKitLink, default_ice_addresses
+from transport.client.errors import ConnectError, ControlRefusedError
+from transport.client.links import CommandLink, EmbeddedLink, Link, LiveKitLink, default_ice_addresses
 from transport.client.tracker import ChunkTracker
 from transport.protocol import MAX_SEQ, ProtocolError, decode_status, encode_control
 
@@ -77,7 +80,8 @@ class ReceivedFrame:
     was decoded. `pts`: its presentation timestamp on the session's 90 kHz clock (embedded only, once the offset
     is known; None otherwise). `chunk`: the `chunk` status of the chunk it belongs to (None before the first);
     `first_of_chunk`: it is that chunk's first frame received. `repeat`: a keep-warm repeat of the frame before it,
-    not a generated frame (see the module docstring: embedded only)."""
+    not a generated frame (see the module docstring). `frame_id`: the frame's index in the session's video, from
+    LiveKit frame metadata (None on the embedded transport, or from a service that does not stamp frames)."""
 
     image: npt.NDArray[np.uint8]
     received_at: float
@@ -85,6 +89,7 @@ class ReceivedFrame:
     chunk: ChunkStatus | None
     first_of_chunk: bool
     repeat: bool = False
+    frame_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +97,10 @@ class _Arrived:
     image: npt.NDArray[np.uint8]
     at: float
     rtp: int | None
-    chunk: ChunkStatus | None  # the arrival-order label (no RTP timestamp)
+    chunk: ChunkStatus | None  # the arrival-order label (no RTP timestamp, no frame id)
     first: bool
+    frame_id: int | None = None
+    repeat: bool = False  # judged on arrival (frame ids only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +157,23 @@ class LiveStream:
     def attach_link(self, link: Link) -> None:
         self._link = link
 
-    def on_frame(self, image: npt.NDArray[np.uint8], rtp: int | None) -> None:
+    @property
+    def link(self) -> Link | None:
+        """The link the stream talks over (a `LiveKitLink` holds the SDK room, for calls of your own); None once
+        closed."""
+        return self._link
+
+    def on_frame(self, image: npt.NDArray[np.uint8], rtp: int | None, frame_id: int | None = None) -> None:
         now = time.monotonic()
-        chunk, first = self._tracker.frame(rtp, now)
+        if frame_id is not None:
+            arrived = _Arrived(image, now, None, None, False, frame_id, self._tracker.frame_id(frame_id))
+        else:
+            chunk, first = self._tracker.frame(rtp, now)
+            arrived = _Arrived(image, now, rtp, chunk, first)
         if len(self._frames) >= self._frame_buffer:
             self._frames.popleft()
             self._frames_dropped += 1
-        self._frames.append(_Arrived(image, now, rtp, chunk, first))
+        self._frames.append(arrived)
         self._frames_received += 1
         self._frame_arrived.set()
 
@@ -247,30 +264,54 @@ class LiveStream:
         """When (monotonic) the snapshot `seq` was sent by this stream; None for unknown or forgotten ones."""
         return self._sent.get(seq)
 
+    async def command(self, message: ControlMessage) -> str | None:
+        """Send a discrete command (`Pause`, `Resume`, `ResetPose`, `Stop`, `SetPrompt`). On LiveKit it is an RPC
+        call (docs/livekit.md) and returns the session's state after it; a refusal is recorded in `errors` (and
+        told to the status listeners) as an `error` status would be, and raised as `ControlRefusedError`. On the
+        embedded transport it is a packet: None, and a refusal comes later as an `error` status."""
+        link: object = self._link  # `object`: mypy reads isinstance of another Protocol as unreachable otherwise
+        if not isinstance(link, CommandLink):
+            await self.send(message)
+            return None
+        try:
+            state = await link.command(message)
+        except ControlRefusedError as exc:
+            refusal = ErrorStatus(exc.code, exc.message)
+            self.errors.append(refusal)
+            self._notify(refusal)
+            raise
+        self._controls_sent += 1
+        if state is not None:
+            self.state = state
+        return state
+
     async def send_prompt(self, text: str) -> int:
         """Replace the session's text prompt from the next chunk on; returns the prompt's `seq` (a chunk status
         reports `prompt` and `prompt_seq` once a chunk was generated from it). The service bounds the text
-        (`prompt_too_large`) and may rate-limit prompts (`rate_limited` error statuses)."""
+        (`prompt_too_large`) and may rate-limit prompts (`rate_limited`): an `error` status, and on LiveKit a
+        `ControlRefusedError` as well (see `command`)."""
         self._prompt_seq = min(self._prompt_seq + 1, MAX_SEQ)
         seq = self._prompt_seq
-        await self.send(SetPrompt(seq, text))
+        await self.command(SetPrompt(seq, text))
         return seq
 
-    async def reset_pose(self) -> None:
-        await self.send(ResetPose())
+    async def reset_pose(self) -> str | None:
+        """Back to the start pose from the next chunk on; the session's state on LiveKit (see `command`)."""
+        return await self.command(ResetPose())
 
-    async def pause(self) -> None:
-        """Generate nothing more until `resume()` (the chunk in progress is still delivered)."""
-        await self.send(Pause())
+    async def pause(self) -> str | None:
+        """Generate nothing more until `resume()` (the chunk in progress is still delivered); on LiveKit the
+        session's state after it (`paused`, see `command`)."""
+        return await self.command(Pause())
 
-    async def resume(self) -> None:
-        await self.send(Resume())
+    async def resume(self) -> str | None:
+        return await self.command(Resume())
 
     async def stop(self) -> DoneStatus:
         """Send `stop` and wait for `done` (the chunk in progress is delivered first). Bound it with
         `asyncio.timeout`."""
         if self.done is None:
-            await self.send(Stop())
+            await self.command(Stop())
         return await self.wait_done()
 
     async def wait_done(self) -> DoneStatus:
@@ -290,6 +331,12 @@ class LiveStream:
             self._frame_arrived.clear()
             await self._frame_arrived.wait()
         arrived = self._frames.popleft()
+        if arrived.frame_id is not None:
+            # Labelled as it is read, exactly: statuses that came after the frame count too.
+            chunk, first = self._tracker.label_id(arrived.frame_id)
+            return ReceivedFrame(
+                arrived.image, arrived.at, None, chunk, first and not arrived.repeat, arrived.repeat, arrived.frame_id
+            )
         if arrived.rtp is None:
             return ReceivedFrame(arrived.image, arrived.at, None, arrived.chunk, arrived.first)
         # Labelled as it is read: statuses that came after the frame, and a better fitted offset, count too.

@@ -40,16 +40,27 @@ class ChunkTracker:
     (nothing lies there: generated frames are on the grid, repeats after it; it is what pairing a status with a
     repeat makes of the generated frames).
 
-    Without RTP timestamps (LiveKit), `frame(None, at)` gives each status, in order, to the next frame that arrives.
+    With frame ids (LiveKit frame metadata: the service stamps every frame with its index in the session's video and
+    every `chunk` status with its first frame's, `first_frame_id`), `frame_id(id)` records a frame's arrival and says
+    whether it is a keep-warm repeat (an id not newer than the newest one received: a repeat carries the id of the
+    frame it repeats), and `label_id(id)` names its chunk, any time later: the status with the greatest
+    `first_frame_id` not above the id. A frame between a known chunk and a later known one whose statuses in between
+    were lost (LiveKit sends small `chunk` statuses lossy) is labelled None rather than guessed.
+
+    Without RTP timestamps or frame ids (LiveKit without frame metadata), `frame(None, at)` gives each status, in
+    order, to the next frame that arrives.
     """
 
     __slots__ = (
+        "_by_id",
         "_by_pts",
         "_current",
         "_exact",
         "_fits",
         "_fps",
         "_fresh",
+        "_ids",
+        "_newest_id",
         "_offset",
         "_pending",
         "_recent_frames",
@@ -69,6 +80,9 @@ class ChunkTracker:
         self._pending: deque[ChunkStatus] = deque()  # without timestamps: statuses waiting for the next frame
         self._current: ChunkStatus | None = None
         self._fresh = False
+        self._by_id: dict[int, ChunkStatus] = {}
+        self._ids: list[int] = []  # the known statuses' first frame ids, sorted
+        self._newest_id: int | None = None
 
     @property
     def offset(self) -> int | None:
@@ -88,6 +102,12 @@ class ChunkTracker:
         return is_repeat_pts(pts, self._sorted[-1], fps)
 
     def status(self, chunk: ChunkStatus, at: float) -> None:
+        if chunk.first_frame_id is not None:
+            if chunk.first_frame_id not in self._by_id:
+                bisect.insort(self._ids, chunk.first_frame_id)
+                if len(self._ids) > _KEPT_STATUSES:
+                    del self._by_id[self._ids.pop(0)]
+            self._by_id[chunk.first_frame_id] = chunk
         pts = chunk.first_frame_pts
         if pts is None:
             return  # no frame was stamped for it (none left to pace, or it went out early): it labels no frame
@@ -120,6 +140,25 @@ class ChunkTracker:
             self._current, self._fresh = self._pending.popleft(), True
         first, self._fresh = self._fresh, False
         return self._current, first
+
+    def frame_id(self, frame_id: int) -> bool:
+        """Record the arrival of a frame stamped `frame_id`; whether it is a keep-warm repeat (an id already
+        received: generated frames' ids only grow)."""
+        repeat = self._newest_id is not None and frame_id <= self._newest_id
+        if not repeat:
+            self._newest_id = frame_id
+        return repeat
+
+    def label_id(self, frame_id: int) -> tuple[ChunkStatus | None, bool]:
+        """The chunk the frame stamped `frame_id` shows and whether it is that chunk's first frame; None when no
+        status received names a chunk it can be in for sure (see the class docstring)."""
+        at = bisect.bisect_right(self._ids, frame_id) - 1
+        if at < 0:
+            return None, False
+        chunk = self._by_id[self._ids[at]]
+        if at + 1 < len(self._ids) and self._by_id[self._ids[at + 1]].index != chunk.index + 1:
+            return None, False  # the next chunk's status was lost: the frame may be its, or a later one's
+        return chunk, frame_id == chunk.first_frame_id
 
     def label(self, rtp: int) -> tuple[ChunkStatus | None, bool, int | None]:
         """The chunk a frame with this RTP timestamp shows, whether it is that chunk's first frame, and the frame's

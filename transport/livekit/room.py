@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -61,6 +62,9 @@ OVER_DISCONNECT_REASONS: frozenset[str] = frozenset(
 """Disconnect reasons after which rejoining is pointless or wrong: the session's room connection is over."""
 
 
+_FRAME_ID_MASK = 0xFFFFFFFF  # LiveKit's frame_id is 32 bits: 8.5 years of frames at 16 fps before it wraps
+
+
 class RoomConnectionState(enum.Enum):
     DISCONNECTED = "disconnected"
     CONNECTED = "connected"
@@ -77,12 +81,15 @@ class RoomJoinOptions:
 
 @dataclass(frozen=True, slots=True)
 class VideoPublishOptions:
-    """How the one video track is published: a single layer (no simulcast), an explicit encoding."""
+    """How the one video track is published: a single layer (no simulcast), an explicit encoding. `frame_metadata`:
+    every frame carries LiveKit frame metadata (its `frame_id` and a `user_timestamp`, see `LiveKitVideo.capture`),
+    which subscribers read back (`VideoFrameEvent.metadata` in the Python SDK)."""
 
     codec: Literal["vp8", "h264"] = "vp8"
     max_bitrate: int = 1_500_000
     max_framerate: float = 16.0
     simulcast: bool = False
+    frame_metadata: bool = True
 
     def __post_init__(self) -> None:
         if self.codec not in ("vp8", "h264"):
@@ -170,7 +177,14 @@ RoomFactory = Callable[[], Room]
 
 class LiveKitVideo:
     """`rtc.VideoSource` + `rtc.LocalVideoTrack`. `capture` checks the frame's size itself: the SDK's
-    `capture_frame` reads `width * height * 3` bytes from whatever buffer it is given."""
+    `capture_frame` reads `width * height * 3` bytes from whatever buffer it is given.
+
+    Every frame is stamped with LiveKit frame metadata (sent only when the track was published with its features,
+    `VideoPublishOptions.frame_metadata`): `frame_id` is the frame's index in the session's video
+    (`PacedFrame.frame_index`, the id `chunk` statuses name in `first_frame_id`); a keep-warm repeat carries the id of
+    the frame it repeats, so a receiver knows a repeat as an id it has already seen. `user_timestamp` is the wall
+    clock (microseconds since the epoch) when the frame was handed to the source: when it left the pacer for the
+    encoder."""
 
     def __init__(self, name: str, width: int, height: int) -> None:
         from livekit import rtc
@@ -201,7 +215,10 @@ class LiveKitVideo:
             raise ValueError(
                 f"frame {frame.frame_index} has {len(data)} bytes, expected {self._width * self._height * 3}"
             )
-        self._source.capture_frame(rtc.VideoFrame(self._width, self._height, rtc.VideoBufferType.RGB24, data))
+        metadata = rtc.FrameMetadata(frame_id=frame.frame_index & _FRAME_ID_MASK, user_timestamp=time.time_ns() // 1000)
+        self._source.capture_frame(
+            rtc.VideoFrame(self._width, self._height, rtc.VideoBufferType.RGB24, data), metadata=metadata
+        )
 
     async def aclose(self) -> None:
         if not self._closed:
@@ -223,6 +240,11 @@ class _LiveKitParticipant:
         if not isinstance(video, LiveKitVideo):
             raise TypeError("LiveKitRoom publishes only LiveKitVideo tracks")
         codec = rtc.VideoCodec.VP8 if options.codec == "vp8" else rtc.VideoCodec.H264
+        features = (
+            [rtc.FrameMetadataFeature.FMF_FRAME_ID, rtc.FrameMetadataFeature.FMF_USER_TIMESTAMP]
+            if options.frame_metadata
+            else []
+        )
         publish = rtc.TrackPublishOptions(
             source=rtc.TrackSource.SOURCE_CAMERA,
             simulcast=options.simulcast,
@@ -230,6 +252,7 @@ class _LiveKitParticipant:
             video_encoding=rtc.VideoEncoding(
                 max_bitrate=options.max_bitrate, max_framerate=float(options.max_framerate)
             ),
+            frame_metadata_features=features,
         )
         await self._participant.publish_track(video.track, publish)
 

@@ -85,10 +85,14 @@ class FakeWorld:
         frame_size: int = 8,
         noise: bool = False,
         level_step: int = 1,
+        frames_per_chunk: int = 1,
     ) -> None:
         self.pace_s = pace_s
         self.noise = noise
-        self.level_step = level_step  # chunk k is one flat frame of grey level k * level_step (mod 256)
+        # Frame i of the session's video is flat grey level i * level_step (mod 256); chunk k holds frames
+        # k * frames_per_chunk onwards (with one frame per chunk: chunk k is level k * level_step).
+        self.level_step = level_step
+        self.frames_per_chunk = frames_per_chunk
         self.max_image_bytes = max_image_bytes
         self.frame_size = frame_size
         self.fail_creates = False
@@ -264,17 +268,19 @@ class FakeWorld:
     def _chunk(self, session: _FakeSession) -> ChunkOutput:
         index = session.index
         session.index += 1
-        size = self.frame_size
+        size, count = self.frame_size, self.frames_per_chunk
+        first = index * count
         if self.noise:  # incompressible frames (a recording grows fast), the same for the same chunk index
-            frames = np.random.default_rng(index).integers(0, 256, (1, size, size, 3), dtype=np.uint8)
+            frames = np.random.default_rng(index).integers(0, 256, (count, size, size, 3), dtype=np.uint8)
         else:
-            frames = np.full((1, size, size, 3), (index * self.level_step) % 256, dtype=np.uint8)
+            levels = (np.arange(first, first + count) * self.level_step) % 256
+            frames = np.broadcast_to(levels.astype(np.uint8)[:, None, None, None], (count, size, size, 3)).copy()
         return ChunkOutput(
             session_id=session.id,
             index=index,
             frames=frames,
             fps=session.prepared.fps,
-            first_frame_index=index,
+            first_frame_index=first,
             applied_seq=session.last_seq,
             keys=session.keys,
             timings={"fake": 0.0},
@@ -320,6 +326,15 @@ def stepped_fake_workers(settings: Settings) -> list[FakeWorld]:
     """Paced workers whose chunk k is grey level 16 k (mod 256): a decoded frame tells its chunk from the next one
     (VP8 moves a flat level by a few steps; adjacent levels 1 apart would be indistinguishable)."""
     return [FakeWorld(pace_s=0.05, level_step=16) for _ in range(settings.num_workers)]
+
+
+def framed_fake_workers(settings: Settings) -> list[FakeWorld]:
+    """Workers whose chunks are 4 frames of 64x64, paced for 16 fps (a chunk every 250 ms), frame i of the session's
+    video flat grey level 16 i (mod 256): a decoded frame tells its frame index modulo 16, so a test checks each
+    frame's id (LiveKit frame metadata) and chunk against the picture itself."""
+    return [
+        FakeWorld(pace_s=0.25, level_step=16, frames_per_chunk=4, frame_size=64) for _ in range(settings.num_workers)
+    ]
 
 
 def idle_fake_workers(settings: Settings) -> list[FakeWorld]:

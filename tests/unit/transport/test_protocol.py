@@ -267,6 +267,16 @@ def test_status_wire_format_is_documented_shape() -> None:
     }
 
 
+def test_a_chunks_first_frame_id_travels_and_decodes() -> None:
+    message = ChunkStatus(4, 9, ("w",), {"decode": 0.05}, first_frame_pts=8100, first_frame_id=36)
+    encoded = encode_status(message)
+    assert json.loads(encoded)["first_frame_id"] == 36
+    assert decode_status(encoded) == message
+    assert "first_frame_id" not in json.loads(encode_status(ChunkStatus(4, 9, ())))  # only when the service says
+    mistyped = '{"v":1,"type":"chunk","index":1,"applied_seq":1,"keys":[],"timings":{},"first_frame_id":"3"}'
+    assert isinstance(decode_status(mistyped), ProtocolError)
+
+
 def test_chunk_timings_are_trimmed_to_fit_the_cap() -> None:
     timings = {f"stage_{i:04d}": i / 7 for i in range(2000)}
     encoded = encode_status(ChunkStatus(1, 2, ("w",), timings), max_bytes=1200)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.bidirectional import SetPrompt
+from pipeline.bidirectional import Pause, Resume, SetPrompt
 from service.errors import error_table, http_status_spec
 from tests.support.fakes.clock import FakeClock
 from tests.support.fakes.transport_port import make_frames
@@ -19,6 +19,7 @@ from transport.base import ChunkStatus, DoneStatus, ErrorStatus
 from transport.client import (
     ApiError,
     ChunkTracker,
+    ControlRefusedError,
     InvalidInputError,
     LiveStream,
     RateLimitedError,
@@ -396,3 +397,87 @@ async def test_frames_around_an_idle_gap_keep_their_labels_and_repeats_are_flagg
         assert got.chunk == (statuses[sent.chunk_index] if known else None)
         assert got.first_of_chunk == (not sent.repeat and firsts[sent.chunk_index] is sent)
         np.testing.assert_array_equal(got.image, sent.image)
+
+
+def _id_status(index: int, first_frame_id: int) -> ChunkStatus:
+    return ChunkStatus(index, index, (), first_frame_pts=first_frame_id * TICKS, first_frame_id=first_frame_id)
+
+
+def test_frame_ids_label_every_frame_exactly_and_a_seen_id_is_a_repeat() -> None:
+    tracker = ChunkTracker(fps=25.0)
+    # Chunks of 4 frames from frame 8 on; frame 11 is sent again twice (keep-warm) before chunk 3 starts.
+    arrivals = [8, 9, 10, 11, 11, 11, 12, 13, 14, 15]
+    repeats = [tracker.frame_id(frame_id) for frame_id in arrivals]
+    assert repeats == [False, False, False, False, True, True, False, False, False, False]
+    for index, first in ((2, 8), (3, 12)):  # the statuses may come after their frames: labels are read later
+        tracker.status(_id_status(index, first), 0.0)
+    labels = [tracker.label_id(frame_id) for frame_id in arrivals]
+    assert [chunk.index if chunk is not None else None for chunk, _ in labels] == [2, 2, 2, 2, 2, 2, 3, 3, 3, 3]
+    assert [first for _, first in labels] == [True, False, False, False, False, False, True, False, False, False]
+    assert tracker.label_id(7) == (None, False)  # before the first status received
+
+
+def test_a_frame_id_behind_a_lost_status_is_labelled_none_not_guessed() -> None:
+    tracker = ChunkTracker()
+    tracker.status(_id_status(0, 0), 0.0)
+    tracker.status(_id_status(2, 8), 0.0)  # chunk 1's (lossy) status was lost
+    assert tracker.label_id(3)[0] is None  # chunk 0's last frame or chunk 1's: unknown
+    chunk, first = tracker.label_id(9)
+    assert chunk is not None
+    assert (chunk.index, first) == (2, False)
+
+
+async def test_a_livekit_stream_labels_frames_by_their_ids_and_flags_repeats() -> None:
+    stream = LiveStream(_info())
+    stream.attach_link(RecordingLink())
+    for frame_id in (0, 1, 1, 2, 3):
+        stream.on_frame(np.full((8, 8, 3), frame_id, np.uint8), None, frame_id)
+    stream.on_status(encode_status(_id_status(0, 0)))
+    stream.on_status(encode_status(_id_status(1, 2)))
+    stream.on_status(encode_status(DoneStatus("closed")))
+    frames = [frame async for frame in stream.frames()]
+    assert [(f.frame_id, f.chunk.index if f.chunk else None, f.first_of_chunk, f.repeat) for f in frames] == [
+        (0, 0, True, False),
+        (1, 0, False, False),
+        (1, 0, False, True),
+        (2, 1, True, False),
+        (3, 1, False, False),
+    ]
+    await stream.aclose()
+
+
+class AnsweringLink(RecordingLink):
+    """A `CommandLink` (as LiveKit's): commands are calls; `refuse` makes the next one refused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.commands: list[object] = []
+        self.refuse: ControlRefusedError | None = None
+
+    async def command(self, message: object) -> str | None:
+        if self.refuse is not None:
+            raise self.refuse
+        self.commands.append(message)
+        return {Pause(): "paused", Resume(): "running"}.get(message, "running")
+
+
+async def test_commands_over_a_command_link_answer_the_state_and_refusals_raise_and_are_recorded() -> None:
+    stream = LiveStream(_info())
+    link = AnsweringLink()
+    stream.attach_link(link)
+    seen: list[object] = []
+    stream.add_status_listener(seen.append)
+    assert await stream.pause() == "paused"
+    assert stream.state == "paused"
+    assert await stream.resume() == "running"
+    link.refuse = ControlRefusedError("rate_limited", "too many prompts", 2010)
+    with pytest.raises(ControlRefusedError) as refused:
+        await stream.send_prompt("dusk")
+    assert refused.value.code == "rate_limited"
+    assert stream.errors == [ErrorStatus("rate_limited", "too many prompts")]
+    assert seen == [ErrorStatus("rate_limited", "too many prompts")]
+    assert link.commands == [Pause(), Resume()]
+    assert link.sent == []  # no packet went: the calls were the commands
+    plain = LiveStream(_info())
+    plain.attach_link(RecordingLink())
+    assert await plain.pause() is None  # a packet (embedded): no answer
