@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from admission import ExecutionLease
-from pipeline.bidirectional import ChunkOutput, ControlState, RecoveryNotice
+from pipeline.bidirectional import ChunkOutput, CloseMode, ControlState, RecoveryNotice, SessionSummary, Stop
 from pipeline.errors import SessionFailedError
 from pipeline.lingbot.camera import CameraChunk, CameraPose
 from pipeline.lingbot.config import LingBotSessionConfig
@@ -179,5 +179,51 @@ async def test_every_chunk_leaves_a_checkpoint_that_round_trips_through_bytes() 
         )
         assert again.image is None
         assert checkpoint.image is None
+    finally:
+        await service.aclose()
+
+
+async def test_a_stop_while_recovering_ends_the_session_closed_not_failed() -> None:
+    faulty = FailingDiT(chunk=2, times=1)
+    service = _service(faulty, RecoveryBudget(attempts=2, timeout_s=10))
+    # The stop lands while the session is being rebuilt: told of the recovery, the test asks for a stop at once.
+    service.add_recovery_listener(lambda notice: notice.recovering and service.push_control("s", Stop()))
+    await service.start()
+    try:
+        await service.create_session("s", service.prepare(SMALL, None))
+        service.push_control("s", ControlState(1, HELD))
+        chunks: list[ChunkOutput] = []
+        await _read_all(service, chunks)  # ends without a failure
+        summary = await service.close_session("s")
+        assert summary.failure is None
+        assert summary.slot_leaks == 0
+        assert [c.index for c in chunks] == [0, 1]
+        assert faulty.reseeds == []  # never re-seeded: the stop came first
+        assert service.recovery_statistics() == ({}, 0)
+    finally:
+        await service.aclose()
+
+
+async def test_a_cancel_close_while_recovering_ends_the_session_without_its_failure() -> None:
+    faulty = FailingDiT(chunk=2, times=1)
+    service = _service(faulty, RecoveryBudget(attempts=2, timeout_s=10))
+    closing: list[asyncio.Task[object]] = []
+
+    def on_notice(notice: RecoveryNotice) -> None:
+        if notice.recovering:
+            closing.append(asyncio.get_running_loop().create_task(service.close_session("s", CloseMode.CANCEL)))
+
+    service.add_recovery_listener(on_notice)
+    await service.start()
+    try:
+        await service.create_session("s", service.prepare(SMALL, None))
+        service.push_control("s", ControlState(1, HELD))
+        await _read_all(service, [])
+        async with asyncio.timeout(30):
+            summary = await closing[0]
+        assert isinstance(summary, SessionSummary)
+        assert summary.failure is None
+        assert summary.slot_leaks == 0
+        assert service.statistics().sessions == 0
     finally:
         await service.aclose()
