@@ -60,6 +60,8 @@ S3 = {
     "accessKeyId": S3_KEY_ID,
     "secretAccessKey": S3_SECRET,
 }
+TOKEN_SECRET = "plaintext-token-secret-0123456789abcdef"
+TOKEN_SECRET_PREVIOUS = "plaintext-old-token-secret-0123456789ab"
 
 REDIS = {"backend": "redis", "redisUrl": REDIS_URL}
 LIVEKIT = {"url": "wss://livekit.example.com", "apiKey": LK_KEY, "apiSecret": LK_SECRET}
@@ -69,8 +71,9 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "gpu": {
         "gpu": {"count": 2},
         "livekit": LIVEKIT,
-        "auth": {"apiKeys": CLIENT_KEYS},
+        "auth": {"apiKeys": CLIENT_KEYS, "tokenSecret": TOKEN_SECRET, "tokenSecretPrevious": [TOKEN_SECRET_PREVIOUS]},
         "config": {
+            "pageTokenUrl": "https://app.example.com/lingstream-token",
             "numWorkers": 2,
             "maxSessionsPerWorker": 4,
             "torchThreads": 8,
@@ -523,6 +526,7 @@ def test_settings_reach_the_pod_through_the_configmap(chart: Any) -> None:
     assert (data["LINGSTREAM_MAX_SESSION_SECONDS"], data["LINGSTREAM_MAX_PAUSE"]) == ("1800", "90.5")
     assert data["LINGSTREAM_ADMISSION_BACKEND"] == "memory"
     assert data["LIVEKIT_URL"] == "wss://livekit.example.com"
+    assert data["LINGSTREAM_PAGE_TOKEN_URL"] == "https://app.example.com/lingstream-token"
     # Unset settings are left to the service's defaults.
     assert "LINGSTREAM_QUEUE_SIZE" not in data
     assert "LINGSTREAM_CORS_ORIGINS" not in data
@@ -567,13 +571,15 @@ def test_credentials_live_only_in_the_secret(chart: Any, name: str) -> None:
     values = VALUE_SETS[name]
     files = render_files(chart, values)
     docs = render(chart, values)
-    plaintexts = [LK_KEY, LK_SECRET, REDIS_URL, S3_KEY_ID, S3_SECRET, *CLIENT_KEYS]
+    plaintexts = [LK_KEY, LK_SECRET, REDIS_URL, S3_KEY_ID, S3_SECRET, TOKEN_SECRET, TOKEN_SECRET_PREVIOUS, *CLIENT_KEYS]
     # Not in plain text anywhere: Secret data is base64 and nothing else carries them.
     for path, text in files.items():
         for plaintext in plaintexts:
             assert plaintext not in text, f"{plaintext!r} in plain text in {path}"
     for config_map in (doc for doc in docs if doc["kind"] == "ConfigMap"):
         for key in config_map["data"]:
+            if key == "LINGSTREAM_PAGE_TOKEN_URL":  # where the page asks for tokens: a URL, not a credential
+                continue
             assert not any(word in key for word in ("KEY", "SECRET", "PASSWORD", "TOKEN", "REDIS_URL")), key
 
     secret = only(docs, "Secret")
@@ -590,6 +596,9 @@ def test_credentials_live_only_in_the_secret(chart: Any, name: str) -> None:
         assert stored[refs["LIVEKIT_API_SECRET"][1]] == LK_SECRET
     if values.get("auth"):
         assert stored[refs["LINGSTREAM_API_KEYS"][1]] == ",".join(CLIENT_KEYS)
+    if values.get("auth", {}).get("tokenSecret"):
+        assert stored[refs["LINGSTREAM_TOKEN_SECRET"][1]] == TOKEN_SECRET
+        assert stored[refs["LINGSTREAM_TOKEN_SECRET_PREVIOUS"][1]] == TOKEN_SECRET_PREVIOUS
     if values.get("admission", {}).get("backend") == "redis":
         assert stored[refs["LINGSTREAM_REDIS_URL"][1]] == REDIS_URL
     if values.get("recordings", {}).get("s3"):
@@ -606,6 +615,8 @@ def test_existing_secret_is_referenced_by_the_configured_key_names(chart: Any) -
         "LIVEKIT_API_KEY": ("lingstream-credentials", "lk-api-key", False),
         "LIVEKIT_API_SECRET": ("lingstream-credentials", "lk-api-secret", False),
         "LINGSTREAM_API_KEYS": ("lingstream-credentials", "client-api-keys", True),
+        "LINGSTREAM_TOKEN_SECRET": ("lingstream-credentials", "LINGSTREAM_TOKEN_SECRET", True),
+        "LINGSTREAM_TOKEN_SECRET_PREVIOUS": ("lingstream-credentials", "LINGSTREAM_TOKEN_SECRET_PREVIOUS", True),
         "LINGSTREAM_REDIS_URL": ("lingstream-credentials", "redis-url", False),
         "LINGSTREAM_WEBHOOK_SECRET": ("lingstream-credentials", "LINGSTREAM_WEBHOOK_SECRET", True),
     }

@@ -127,7 +127,7 @@ Name of the Secret the pods read: the user's own, or the one this chart renders.
 Whether the chart's own Secret has anything to hold.
 */}}
 {{- define "lingstream.chartSecretHasData" -}}
-{{- if and (not .Values.existingSecret) (or .Values.livekit.url .Values.auth.apiKeys (eq .Values.admission.backend "redis") (include "lingstream.recordingsS3" .) .Values.webhooks.secret) }}true{{ end }}
+{{- if and (not .Values.existingSecret) (or .Values.livekit.url .Values.auth.apiKeys .Values.auth.tokenSecret (eq .Values.admission.backend "redis") (include "lingstream.recordingsS3" .) .Values.webhooks.secret) }}true{{ end }}
 {{- end }}
 
 {{/*
