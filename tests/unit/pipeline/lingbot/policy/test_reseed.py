@@ -186,8 +186,13 @@ async def test_every_chunk_leaves_a_checkpoint_that_round_trips_through_bytes() 
 async def test_a_stop_while_recovering_ends_the_session_closed_not_failed() -> None:
     faulty = FailingDiT(chunk=2, times=1)
     service = _service(faulty, RecoveryBudget(attempts=2, timeout_s=10))
-    # The stop lands while the session is being rebuilt: told of the recovery, the test asks for a stop at once.
-    service.add_recovery_listener(lambda notice: notice.recovering and service.push_control("s", Stop()))
+
+    def on_notice(notice: RecoveryNotice) -> None:
+        """The stop lands while the session is being rebuilt: told of the recovery, the test asks for a stop."""
+        if notice.recovering:
+            service.push_control("s", Stop())
+
+    service.add_recovery_listener(on_notice)
     await service.start()
     try:
         await service.create_session("s", service.prepare(SMALL, None))
