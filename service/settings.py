@@ -75,6 +75,8 @@ _SECRET_FIELDS = frozenset(
     }
 )
 _MIN_TOKEN_SECRET_BYTES = 32
+# Values an error message does not repeat: endpoints may carry credentials or tokens in their paths.
+_URL_FIELDS = frozenset({"webhook_urls", "webhook_allowed_prefixes", "key_quotas"})
 _LIVEKIT_ALIASES = {
     "livekit_url": "LIVEKIT_URL",
     "livekit_api_key": "LIVEKIT_API_KEY",
@@ -808,7 +810,7 @@ def _explain(exc: ValidationError, path: Path | None) -> str:
         label = env_name(name)
         if path is not None:
             label += f" (or {name!r} in {path})"
-        if name in _SECRET_FIELDS or "input" not in error:
+        if name in _SECRET_FIELDS or name in _URL_FIELDS or "input" not in error:
             problems.append(f"{label}: {message}")
         else:
             problems.append(f"{label}: {message} (got {error['input']!r})")
