@@ -7,10 +7,13 @@ sessions per second for 20 s (each one deleted right after its create answered) 
 
 - webhook_delivery_ms_p50 / _p95 / _p99: that latency over every event received (`session.running` and
   `session.ended` of each session; a queued one also `session.queued`);
-- events_received, events_per_s, sessions_created, sessions_per_s (achieved), ended_missing (sessions whose
-  `session.ended` never arrived within 30 s of the last create: must be 0), duplicates (events received more than
-  once: 0 unless the receiver was slow to answer), bad_signatures (deliveries the client's `verify_webhook` refused:
-  must be 0), errors_5xx, delivered_total (the service's lingstream_webhook_deliveries_total{result="delivered"}).
+- events_received, events_per_s, sessions_created, sessions_per_s (achieved: created over the time until every
+  create and delete answered), creates_refused (answers other than 201/202/5xx, e.g. 429 when the service falls
+  behind), load_average_1m (the machine's, at the end: figures compare only on a quiet machine);
+- ended_missing (sessions whose `session.ended` never arrived within 30 s of the last create: must be 0),
+  duplicates (events received more than once: 0 unless the receiver was slow to answer), bad_signatures
+  (deliveries the client's `verify_webhook` refused: must be 0), errors_5xx, delivered_total (the service's
+  lingstream_webhook_deliveries_total{result="delivered"}).
 
 `--quick` is a smoke run of 2 s at the same rate; its figures are not the ones to compare. The last line printed is
 one JSON object with every figure.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import tempfile
 import time
 from collections import Counter
@@ -70,15 +74,17 @@ class Receiver:
         return web.Response(status=204)
 
 
-async def drive(url: str, rate: float, seconds: float) -> tuple[list[str], int]:
-    """Creates `rate` sessions per second for `seconds` (each deleted once created); returns their ids and 5xx."""
+async def drive(url: str, rate: float, seconds: float) -> tuple[list[str], int, int]:
+    """Creates `rate` sessions per second for `seconds` (each deleted once created); returns their ids, the 5xx and
+    the creates refused otherwise (429: the service could not keep up)."""
     created: list[str] = []
     errors = 0
+    refused = 0
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=url, timeout=10.0, limits=limits) as client:
 
         async def one() -> None:
-            nonlocal errors
+            nonlocal errors, refused
             answer = await client.post("/v1/sessions", json={})
             if answer.status_code >= 500:
                 errors += 1
@@ -88,6 +94,8 @@ async def drive(url: str, rate: float, seconds: float) -> tuple[list[str], int]:
                 created.append(sid)
                 gone = await client.delete(f"/v1/sessions/{sid}", params={"mode": "cancel"})
                 errors += gone.status_code >= 500
+            else:
+                refused += 1
 
         tasks: list[asyncio.Task[None]] = []
         start = time.monotonic()
@@ -97,7 +105,7 @@ async def drive(url: str, rate: float, seconds: float) -> tuple[list[str], int]:
                 await asyncio.sleep(delay)  # pacing on absolute deadlines
             tasks.append(asyncio.create_task(one()))
         await asyncio.gather(*tasks)
-    return created, errors
+    return created, errors, refused
 
 
 async def main(rate: float, seconds: float) -> dict[str, object]:
@@ -121,7 +129,7 @@ async def main(rate: float, seconds: float) -> dict[str, object]:
             async with httpx.AsyncClient(timeout=5.0) as client:
                 await server.wait_ready(client)
             began = time.monotonic()
-            created, errors = await drive(server.url, rate, seconds)
+            created, errors, refused = await drive(server.url, rate, seconds)
             driven_s = time.monotonic() - began
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(30.0):
@@ -151,9 +159,11 @@ async def main(rate: float, seconds: float) -> dict[str, object]:
         "ended_missing": len(set(created) - receiver.ended),
         "duplicates": sum(count - 1 for count in receiver.ids.values()),
         "bad_signatures": receiver.bad_signatures,
+        "creates_refused": refused,
         "errors_5xx": errors,
         "delivered_total": delivered,
         "serve_exit_code": exit_code,
+        "load_average_1m": os.getloadavg()[0],
     }
 
 

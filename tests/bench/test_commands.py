@@ -151,7 +151,7 @@ FIGURES: dict[str, frozenset[str]] = {
     "webhooks": frozenset(
         {"webhook_delivery_ms_p50", "webhook_delivery_ms_p95", "webhook_delivery_ms_p99", "events_received"}
         | {"events_per_s", "sessions_created", "sessions_per_s", "ended_missing", "duplicates", "bad_signatures"}
-        | {"errors_5xx", "delivered_total", "serve_exit_code", "bench_seconds"}
+        | {"errors_5xx", "creates_refused", "delivered_total", "serve_exit_code", "load_average_1m", "bench_seconds"}
     ),
     "viewer_cost": frozenset(
         {f"cpu_s_per_media_s_{n}_viewers" for n in (0, 1, 4)}

@@ -4,6 +4,7 @@ list (KEY_QUOTAS webhook_urls) replaces the deployment's for its sessions, and t
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ SECRET = "whsec-settings-0123456789"
         {"webhook_urls": "https://a.example.com/h", "webhook_secret": "short"},
     ],
 )
-def test_any_endpoint_needs_a_signing_secret(overrides: dict[str, str]) -> None:
+def test_any_endpoint_needs_a_signing_secret(overrides: dict[str, Any]) -> None:
     with pytest.raises(SettingsError, match="LINGSTREAM_WEBHOOK_SECRET"):
         load_settings(**overrides)
 
