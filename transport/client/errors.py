@@ -10,6 +10,7 @@ client's side of a session.
     │   │                            max_seconds_over_limit, webhook_url_not_allowed
     │   ├── RoomNotFoundError        room_not_found                    the named LiveKit room does not exist
     │   ├── RoomInUseError           room_in_use                       it holds a session of the service already
+    │   ├── LiveKitTokenError        livekit_token_invalid, livekit_token_refused  the caller's LiveKit token
     │   ├── RateLimitedError         queue_full, quota_exceeded, too_many_viewers  (`retry_after`: Retry-After)
     │   ├── UnavailableError         draining, not_ready, admission_unavailable
     │   ├── SessionNotRunningError   session_not_running, session_on_other_replica, session_queued
@@ -37,6 +38,7 @@ __all__ = [
     "ConnectError",
     "ControlRefusedError",
     "InvalidInputError",
+    "LiveKitTokenError",
     "RateLimitedError",
     "RecordingError",
     "RoomInUseError",
@@ -87,6 +89,11 @@ class RoomNotFoundError(ApiError):
 
 class RoomInUseError(ApiError):
     """`room_in_use`: the named LiveKit room already holds a session of this service."""
+
+
+class LiveKitTokenError(ApiError):
+    """`livekit_token_invalid` (the create's `livekit.url`/`livekit.token` cannot work, checked before it queued) or
+    `livekit_token_refused` (the LiveKit server refused the token when the service joined)."""
 
 
 class RateLimitedError(ApiError):
@@ -170,6 +177,8 @@ _BY_CODE: Mapping[str, type[ApiError]] = MappingProxyType(
         "webhook_url_not_allowed": InvalidInputError,
         "room_not_found": RoomNotFoundError,
         "room_in_use": RoomInUseError,
+        "livekit_token_invalid": LiveKitTokenError,
+        "livekit_token_refused": LiveKitTokenError,
         "queue_full": RateLimitedError,
         "quota_exceeded": RateLimitedError,
         "too_many_viewers": RateLimitedError,

@@ -1,11 +1,15 @@
 """The LiveKit transport: one room per session (or the caller's room), the service participant that publishes the
 video and takes control packets and RPC calls, tokens, the RoomService client, webhooks and room events, its
-config. Importing it never loads the `livekit.rtc` native library (loaded on first use, on the event loop), so it
-is safe before a fork."""
+config, a caller-minted token's reader and the service participant's attributes. Importing it never loads the
+`livekit.rtc` native library (loaded on first use, on the event loop), so it is safe before a fork. The LiveKit
+Agents integration (`transport.livekit.agents.WorldSession`) is imported from its module, not from here: it belongs
+to an agent's process and brings the REST client along."""
 
 from __future__ import annotations
 
+from transport.livekit.attributes import AttributeCoalescer, AttributeStatistics
 from transport.livekit.binding import ControllerPresence, LiveKitBindingStatistics, LiveKitSessionBinding
+from transport.livekit.caller_tokens import CallerToken, caller_url_allowed, read_caller_token
 from transport.livekit.config import LIVEKIT_IDLE_FRAME_INTERVAL, LiveKitConfig
 from transport.livekit.events import ParticipantJoined, ParticipantLeft, RoomEvent, RoomFinished
 from transport.livekit.room import (
@@ -34,6 +38,9 @@ __all__ = [
     "OVER_DISCONNECT_REASONS",
     "RPC_ERROR_CODES",
     "RPC_METHODS",
+    "AttributeCoalescer",
+    "AttributeStatistics",
+    "CallerToken",
     "ControlRpc",
     "ControllerPresence",
     "IssuedToken",
@@ -65,6 +72,8 @@ __all__ = [
     "TokenIssuer",
     "VideoPublishOptions",
     "WebhookHandler",
+    "caller_url_allowed",
+    "read_caller_token",
     "room_name_for",
     "rpc_error_code",
 ]

@@ -8,7 +8,7 @@ LiveKit syncs a participant's attributes to everyone in the room, late joiners i
 | `lingstream.session_id`  | the session's id (also how a caller's room is known to hold a session) |
 | `lingstream.state`       | the session's state: `running`, `paused`, `draining`, `closed`, ...    |
 | `lingstream.controller`  | the identity whose control the session takes                           |
-| `lingstream.ends_at`     | Unix seconds the session ends by ("" while it has no time limit)       |
+| `lingstream.ends_at`     | Unix seconds the session ends by (absent while it has no time limit)   |
 | `lk.publish_on_behalf`   | the agent the video is published for (only when the create named one)  |
 
 Each update is a signalling round trip the server fans out to the whole room, and LiveKit advises at most one every
@@ -18,7 +18,8 @@ one while none is left waits for the next token, and changes meanwhile merge int
 attribute wins; a value changed back to what was last published drops out). With the defaults (burst 3, one per
 20 s) that is at most 3 + t/20 updates in any t seconds: a pause and a resume show at once, a client that toggles
 pause every second gets one update per 20 s, each with the state at that moment. `ends_at` changes rarely (the
-time limit starts once); the state is the one that moves.
+time limit starts once); the state is the one that moves. LiveKit removes an attribute set to "": that is how
+`ends_at` stays absent without a time limit (measured on livekit-server 1.13.5).
 """
 
 from __future__ import annotations

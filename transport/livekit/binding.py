@@ -322,6 +322,8 @@ class LiveKitSessionBinding:
                 logger.warning("session %s: participant attributes not set: %s", self.session_id, exc)
 
     def _offer_attributes(self, state: str) -> None:
+        if state in _TRANSIENT_STATES:
+            return  # the binding is attached while the session is admitted; running follows at once
         changes = {STATE_ATTRIBUTE: state, ENDS_AT_ATTRIBUTE: _ends_at_text(self._port.ends_at)}
         self._attributes.offer(changes, self._now())
         self._flush_attributes()
@@ -595,6 +597,9 @@ class LiveKitSessionBinding:
             attribute_failures=self._attribute_failures,
         )
 
+
+_TRANSIENT_STATES = frozenset({"queued", "admitted"})
+"""Session states not worth an attribute update (one of a few a minute): a bound session is past them at once."""
 
 _REFUSAL_MARKS = ("401", "403", "unauthorized", "forbidden", "invalid token", "token is expired", "permission")
 

@@ -2,7 +2,9 @@
 // package, imported on first use), show the service participant's video track, send control as data on the control
 // topic (snapshots lossy, commands reliable) and read status from the status topic. livekit-client resumes a dropped
 // connection by itself; if it gives up (a disconnect that does not mean "over"), the page fetches fresh join details
-// (same identity, new token) and joins again, within the service's reconnect grace.
+// (same identity, new token) and joins again, within the service's reconnect grace. The service participant's
+// attributes carry the session's state (`lingstream.state`, synced to late joiners): read on joining and on each
+// change, so a viewer or a rejoining tab shows the state before the next status broadcast.
 
 const OVER = new Set([1, 2, 4, 5, 10]); // DisconnectReason: CLIENT_INITIATED, DUPLICATE_IDENTITY, PARTICIPANT_REMOVED,
 // ROOM_DELETED, ROOM_CLOSED: the session (or this tab's part in it) is over; do not rejoin.
@@ -20,6 +22,7 @@ export class LiveKitLink {
     this.room = null;
     this.closed = false;
     this.rejoins = 0;
+    this.attributes = {}; // the service participant's, as last read
     this.encoder = new TextEncoder();
     this.decoder = new TextDecoder();
   }
@@ -48,6 +51,11 @@ export class LiveKitLink {
         console.warn("lingstream: unreadable status message", error);
       }
     });
+    room.on(lk.RoomEvent.ParticipantAttributesChanged, (changed, participant) => {
+      if (current() && participant.identity === details.service_identity && "lingstream.state" in changed) {
+        this.stateFromAttributes(participant);
+      }
+    });
     room.on(lk.RoomEvent.ConnectionStateChanged, (state) => current() && this.handlers.onState(`LiveKit ${state}`));
     room.on(lk.RoomEvent.Disconnected, (reason) => {
       if (!current()) return;
@@ -65,6 +73,15 @@ export class LiveKitLink {
     }
     this.rejoins = 0;
     this.handlers.onOpen();
+    const service = room.remoteParticipants.get(details.service_identity);
+    if (service) this.stateFromAttributes(service);
+  }
+
+  stateFromAttributes(participant) {
+    // The attributes as a `state` status: the page handles both the same way (the newest wins).
+    const state = participant.attributes["lingstream.state"];
+    this.attributes = { ...participant.attributes };
+    if (state) this.handlers.onStatus({ v: 1, type: "state", state, from: "attributes" });
   }
 
   rejoinLater() {

@@ -72,6 +72,10 @@ async def test_a_create_with_the_callers_token_joins_the_callers_room() -> None:
         session = (await svc.client.get(f"/v1/sessions/{created.json()['id']}")).json()
         assert token not in str(session)  # the caller's credential is never echoed
         assert session["transport"]["url"] == CALLER_URL
+        cancelled = await svc.client.delete(f"/v1/sessions/{session['id']}", params={"mode": "cancel"})
+        assert cancelled.status_code in (200, 202)
+        await wait_status(svc, session["id"], "closed")
+        assert factory.current.disconnects == 1  # left the caller's room
 
 
 async def test_tokens_that_cannot_work_are_refused_before_the_session_takes_a_place() -> None:

@@ -21,6 +21,7 @@ from transport.client import (
     ChunkTracker,
     ControlRefusedError,
     InvalidInputError,
+    LiveKitTokenError,
     LiveStream,
     RateLimitedError,
     RoomInUseError,
@@ -156,6 +157,7 @@ def test_every_code_the_service_answers_has_a_client_class_or_is_a_plain_api_err
     assert isinstance(api_error(422, "invalid_config", "fps"), InvalidInputError)
     assert isinstance(api_error(422, "room_not_found", "lobby"), RoomNotFoundError)
     assert isinstance(api_error(409, "room_in_use", "lobby"), RoomInUseError)
+    assert isinstance(api_error(422, "livekit_token_refused", "401"), LiveKitTokenError)
     assert isinstance(api_error(503, "draining", "later"), UnavailableError)
     limited = api_error(429, "queue_full", "full", retry_after=12.0)
     assert isinstance(limited, RateLimitedError)

@@ -149,4 +149,6 @@ def test_tokens_are_redacted_from_text() -> None:
     text = f"engine: signal failure: 401 Unauthorized - invalid token: {token}, error: signature is invalid"
     redacted = redact_tokens(text)
     assert token not in redacted
-    assert redacted == "engine: signal failure: 401 Unauthorized - invalid token: [redacted], error: signature is invalid"
+    assert (
+        redacted == "engine: signal failure: 401 Unauthorized - invalid token: [redacted], error: signature is invalid"
+    )
