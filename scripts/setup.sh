@@ -98,6 +98,20 @@ if [ -n "$DEV" ] && [ "$(.venv/bin/python -c 'from importlib.metadata import ver
     pip install --no-deps "telefuser==${TELEFUSER_VERSION}"
     done_step
 fi
+# The LiveKit Agents tests' worker (tests/e2e/test_livekit_agents.py, the `agents` extra): livekit-agents 1.8 pins
+# livekit==1.1.x while the service runs livekit 1.2, so it gets an environment of its own, .venv-agents, and runs with
+# this checkout on its path (it needs aiortc too: transport.client imports it).
+LIVEKIT_AGENTS_VERSION=1.8.9
+if [ -n "$DEV" ] && [ "$(.venv-agents/bin/python -c 'from importlib.metadata import version; print(version("livekit-agents"))' \
+    2>/dev/null)" != "$LIVEKIT_AGENTS_VERSION" ]; then
+    step "creating .venv-agents with livekit-agents ${LIVEKIT_AGENTS_VERSION} for the Agents worker tests (~60 packages;" \
+        "a few minutes here)"
+    installer "$PY" -m venv .venv-agents
+    aiortc_version=$(.venv/bin/python -c 'from importlib.metadata import version; print(version("aiortc"))')
+    [ -n "$CHECK" ] || .venv-agents/bin/python -m pip --disable-pip-version-check install \
+        "livekit-agents==${LIVEKIT_AGENTS_VERSION}" "aiortc==${aiortc_version}" "httpx>=0.27"
+    done_step
+fi
 # The browser files come from npm (nothing from a CDN at run time; not committed): the page's livekit-client bundle
 # and Swagger UI for /docs. --ignore-scripts: they need no install scripts (swagger-ui-dist pulls one that would
 # report the install to its vendor).

@@ -160,3 +160,25 @@ def test_tests_and_benches_share_helpers_only_through_tests_support() -> None:
         "a helper used outside its own folder belongs in tests/support/ (a test may import one of its own folder):\n"
         + "\n".join(offenders)
     )
+
+
+def test_the_agents_integration_imports_livekit_agents_only_where_its_tools_are_made() -> None:
+    """`transport.livekit.agents` is importable without `livekit-agents` (the `agents` extra; it pins livekit 1.1, so
+    the service's environment does not have it): every import of it sits inside a function. The import-time check
+    in the Agents environment itself is tests/unit/transport/livekit/test_agents.py."""
+    path = ROOT / "transport" / "livekit" / "agents.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    functions = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
+    inside = {id(inner) for function in functions for inner in ast.walk(function)}
+    top_level = [
+        node.lineno
+        for node in ast.walk(tree)
+        if id(node) not in inside
+        and (
+            (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("livekit.agents"))
+            or (isinstance(node, ast.Import) and any(a.name.startswith("livekit.agents") for a in node.names))
+        )
+    ]
+    assert top_level == [], f"{path.relative_to(ROOT)} imports livekit.agents at module level (lines {top_level})"
+    assert len(functions) > 10  # the scan saw the module
+    assert _loaded("transport.livekit.agents", ("torch",)) == []
