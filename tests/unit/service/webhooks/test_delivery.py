@@ -134,3 +134,18 @@ async def test_a_creates_url_that_resolves_internally_at_delivery_time_is_given_
             await dispatcher.aclose(grace_s=0.1)
         assert receiver.received == []
         assert dispatcher.statistics().results == {"failed": 1}
+
+
+async def test_a_failed_sessions_ended_event_carries_its_error_code() -> None:
+    async with (
+        webhook_receiver() as receiver,
+        fast_webhooks(receiver.url) as emitter,
+        running_service(transport=RecordingTransport(), events=emitter) as svc,
+    ):
+        sid = (await svc.create()).json()["id"]
+        svc.world.fail(sid, "the fake model broke")
+        await receiver.wait_for(lambda: receiver.events("session.ended"), "the ended event")
+        data = receiver.events("session.ended")[0]["data"]
+        assert data["status"] == "failed"
+        assert data["error"]["code"] == (await svc.client.get(f"/v1/sessions/{sid}")).json()["error"]["code"]
+        assert "the fake model broke" in data["error"]["message"]
