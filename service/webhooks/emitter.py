@@ -2,8 +2,8 @@
 its endpoints and hands the deliveries to the `WebhookDispatcher`.
 
 Synchronous and cheap, on the event loop, never raises (a failure is logged: webhooks must not end a session). It
-keeps one small tally per session that has endpoints, from its first event to `session.ended` (when it started
-running, the frames it generated here), so that the ended event can report its times and frames.
+keeps one small tally per running session that has endpoints, from `session.running` to `session.ended` (when it
+started running, the frames it generated here), so that the ended event can report its times and frames.
 """
 
 from __future__ import annotations
@@ -83,14 +83,15 @@ class WebhookEmitter:
         if not urls:
             return
         now = self._clock()
+        # A tally lives from running to ended, both on this replica (a queued session may be handed to another).
         if kind is SessionEventKind.ENDED:
             tally = self._tallies.pop(session.id, None) or SessionTally()
-        elif kind in (SessionEventKind.RECORDING_READY, SessionEventKind.RECORDING_FAILED):
-            tally = self._tallies.get(session.id) or SessionTally()
-        else:
+        elif kind is SessionEventKind.RUNNING:
             tally = self._tallies.setdefault(session.id, SessionTally())
-            if kind is SessionEventKind.RUNNING and tally.running_at is None:
+            if tally.running_at is None:
                 tally.running_at = now
+        else:
+            tally = self._tallies.get(session.id) or SessionTally()
         event = WebhookEvent(new_event_id(), kind.value, now, event_data(session, kind, details, tally, now))
         body = event.body()
         configured = self._targets.of(session.owner, None)
