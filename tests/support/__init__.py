@@ -7,7 +7,8 @@
   them, the service and an SDK participant in a private network namespace (`netns.py`).
 - `browser/`: Chromium and its flags, the pages and the Playwright fixtures of the browser tests.
 - `serving.py` (a real `lingstream serve`), `service_harness.py` (the app in-process with fake workers),
-  `reliability.py` (the fault tests' harnesses), `redis_cluster.py` (replicas against one redis-server).
+  `reliability.py` (the fault tests' harnesses), `redis_cluster.py` (replicas against one redis-server),
+  `seaweedfs.py` (a real S3-compatible server, SeaweedFS, for recordings in object storage), `server_process.py`.
 - Model and pipeline helpers: `tiny_model.py`, `lingbot.py`, `lingbot_models.py`, `graphs.py`, `worker_stages.py`,
   `admission.py`, and the worlds with faults injected (`worlds.py`, `process_world.py`, `sharded_world.py`,
   `gated_world.py`).
