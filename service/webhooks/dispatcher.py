@@ -242,6 +242,8 @@ class WebhookDispatcher:
             status = 410  # an endpoint that became internal is not tried again
         except (httpx.HTTPError, OSError) as exc:  # OSError includes the attempt's TimeoutError
             logger.info("webhooks: %s did not answer: %s", redact_url(attempt.url), type(exc).__name__)
+        except Exception:  # anything else counts as a failed attempt: the delivery is settled either way
+            logger.exception("webhooks: an attempt to %s failed unexpectedly", redact_url(attempt.url))
         now = self._clock()
         decision = self._policy.decide(attempt.attempts, status, now, self._draw())
         try:
