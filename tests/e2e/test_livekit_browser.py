@@ -113,7 +113,23 @@ def test_the_page_streams_steers_and_stops_through_livekit(
     page.keyboard.up("l")
     assert best_shift(before, after) >= 3, "turning right should move the content left"
 
+    # Pause, resume and stop are RPC calls to the service participant, each answered with the session's state.
+    # Every frame is matched to its chunk by its LiveKit frame metadata (the service's frame id, read in
+    # livekit-client's worker), and control-to-photon is measured on that exact frame.
+    assert page.evaluate("window.lingstream.framesById") > 0
+    assert page.evaluate("window.lingstream.photonsMs.length") > 0
+    page.click("#pause")
+    page.wait_for_function("window.lingstream.calls.length === 1", polling=100)
+    # Paused: the keep-warm repeats (every 100 ms on LiveKit) are told apart by their frame ids.
+    page.wait_for_function("window.lingstream.repeatsById > 0", polling=100)
+    page.click("#pause")  # "Resume" now
+    page.wait_for_function("window.lingstream.calls.length === 2", polling=100)
     stop(page)
+    assert page.evaluate("window.lingstream.calls") == [
+        {"type": "pause", "state": "paused", "applied": True},
+        {"type": "resume", "state": "running", "applied": True},
+        {"type": "stop", "state": "draining", "applied": True},
+    ]
     # The end is deterministic: the final `done` status arrives over LiveKit data before the page lets go.
     assert page.evaluate("window.lingstream.done") == "closed"
     assert page.evaluate("window.lingstream.state") == "closed"

@@ -50,6 +50,9 @@ const page = {
   photonMs: null, // control to the first presented frame generated from it (matched by RTP timestamp)
   photonsMs: [],
   errors: [],
+  framesById: 0, // frames matched to their chunks by their frame id (LiveKit frame metadata)
+  repeatsById: 0, // keep-warm repeats told apart by their frame id
+  calls: [], // discrete commands sent as LiveKit RPC calls: {type, state, applied} answered, or {type, code} refused
   warnings: [], // `warning` statuses: the session ends soon (its time limit, a pause that lasts too long)
   promptSeq: Date.now(), // the prompt's own sequence (newest wins); Date.now() starts above an earlier page load's
   lastPrompt: null, // the last prompt message this page sent
@@ -80,6 +83,9 @@ window.lingstream = {
   get photonMs() { return page.photonMs; },
   get photonsMs() { return page.photonsMs.slice(); },
   get errors() { return page.errors.slice(); },
+  get calls() { return page.calls.slice(); },
+  get framesById() { return page.framesById; },
+  get repeatsById() { return page.repeatsById; },
   get warnings() { return page.warnings.slice(); },
   get lastPrompt() { return page.lastPrompt; },
   get done() { return page.done; },
@@ -170,6 +176,36 @@ const REPEAT_TICKS = 90; // transport.session.pacing.REPEAT_PTS_OFFSET: 1 ms of 
 const GRID_SLACK = 2; // ticks: a phase combines four timestamps (frame, origin's frame and status, reference), each rounded
 const photon = { generation: null, origin: null, pending: [], reference: null, fps: null, learnt: null };
 
+// On LiveKit the RTP timestamps are the SFU's sender's, but every frame carries the service's frame id (LiveKit frame
+// metadata, read by the link: `link.frameId(meta)`) and every chunk status its first frame's (`first_frame_id`): a
+// chunk starts at the first frame presented whose id is at least its `first_frame_id`, exactly, and a frame whose id
+// was presented already is a keep-warm repeat (a repeat carries the id of the frame it repeats).
+const byId = { newest: null, pending: [] };
+
+function expectPhotonById(message) {
+  if (typeof message.first_frame_id !== "number") return;
+  const sent = controls.sentTime(message.applied_seq);
+  if (sent === null) return;
+  byId.pending.push({ id: message.first_frame_id, sent });
+  if (byId.pending.length > 16) byId.pending.shift();
+}
+
+function presentedById(now, id) {
+  if (byId.newest !== null && id <= byId.newest) {
+    page.repeatsById += 1;
+    return;
+  }
+  byId.newest = id;
+  page.framesById += 1;
+  frameShown(now, 1);
+  while (byId.pending.length && id >= byId.pending[0].id) {
+    const next = byId.pending.shift();
+    page.photonMs = now - next.sent;
+    page.photonsMs.push(page.photonMs);
+    if (page.photonsMs.length > 20) page.photonsMs.shift();
+  }
+}
+
 function stamped(message) {
   if (typeof message.first_frame_pts !== "number") return;
   if (photon.reference === null) photon.pending.push({ pts: message.first_frame_pts, sent: null });
@@ -258,6 +294,12 @@ function countFrames() {
     return;
   }
   const onFrame = (now, meta) => {
+    const id = link !== null && typeof link.frameId === "function" ? link.frameId(meta) : null;
+    if (id !== null) {
+      presentedById(now, id);
+      video.requestVideoFrameCallback(onFrame);
+      return;
+    }
     if (window.lingstream.generation !== photon.generation) {
       Object.assign(photon, { generation: window.lingstream.generation, origin: null, reference: null, learnt: null });
     }
@@ -305,6 +347,7 @@ function onStatus(message) {
       if (page.chunks.length > HISTORY) page.chunks.shift();
       if (!previous || previous.applied_seq !== message.applied_seq) {
         expectPhoton(message);
+        expectPhotonById(message);
         const latency = controls.since(message.applied_seq);
         if (latency !== null) {
           page.latencyMs = latency;
@@ -375,11 +418,12 @@ function resetPage() {
   Object.assign(page, {
     state: "creating", sessionId: null, queuePosition: null, transport: null, lastChunk: null, chunks: [],
     frames: 0, framesThisConnection: 0, fps: 0, latencyMs: null, latenciesMs: [], photonMs: null, photonsMs: [],
-    errors: [], warnings: [], lastPrompt: null, done: null,
+    errors: [], calls: [], warnings: [], lastPrompt: null, done: null, framesById: 0, repeatsById: 0,
     ended: false, connection: null,
   });
   frameTimes.length = 0;
   Object.assign(photon, { generation: null, origin: null, pending: [], reference: null, fps: null, learnt: null });
+  Object.assign(byId, { newest: null, pending: [] });
 }
 
 async function start(event) {
@@ -555,16 +599,38 @@ function finish() {
 // page's first seconds is lost.
 const STOP_FALLBACK_MS = 2000;
 
+// A discrete command (pause, resume, reset_pose, stop, prompt). On LiveKit an RPC call answered with the session's
+// state (a refusal comes back with its stable code and is shown as an `error` status would be); elsewhere, or from a
+// service without the RPC methods, a reliable packet whose outcome comes later as a status. Resolves to "answered",
+// "sent" or false (nothing went out, or it was refused).
+async function command(message) {
+  if (link === null) return false;
+  if (typeof link.command !== "function") return link.send(message, true) ? "sent" : false;
+  try {
+    const answer = await link.command(message);
+    if (answer === null) return "sent";
+    page.calls.push({ type: message.type, state: answer.state, applied: answer.applied });
+    if (typeof answer.state === "string" && !TERMINAL.has(page.state)) page.state = answer.state;
+    render();
+    return "answered";
+  } catch (error) {
+    const code = typeof error.data === "string" && error.data !== "" ? error.data : `rpc_${error.code}`;
+    page.calls.push({ type: message.type, code, message: error.message || String(error) });
+    onStatus({ v: 1, type: "error", code, message: error.message || String(error) });
+    return false;
+  }
+}
+
 async function stop() {
   if (page.sessionId === null) return;
   say("Stopping…");
   const id = page.sessionId;
-  const sent = link !== null && link.send({ v: 1, type: "stop" }, true);
-  if (sent) {
+  const sent = await command({ v: 1, type: "stop" });
+  if (sent === "sent") {
     setTimeout(() => {
       if (page.sessionId === id && !TERMINAL.has(page.state)) endOverRest(id);
     }, STOP_FALLBACK_MS);
-  } else {
+  } else if (sent !== "answered") {
     await endOverRest(id);
   }
 }
@@ -579,11 +645,11 @@ async function endOverRest(id) {
 }
 
 // Pause or resume over the link (the REST routes do the same for clients without one); the state follows as a
-// `state` status.
+// `state` status (and, on LiveKit, as the call's answer).
 function togglePause() {
   if (link === null) return;
   const type = page.state === "paused" ? "resume" : "pause";
-  link.send({ v: 1, type }, true);
+  command({ v: 1, type });
 }
 
 function sendPrompt(event) {
@@ -595,16 +661,18 @@ function sendPrompt(event) {
   }
   page.promptSeq = Math.max(page.promptSeq + 1, Date.now());
   const message = { v: 1, type: "prompt", seq: page.promptSeq, text };
-  if (link !== null && link.send(message, true)) {
+  if (link !== null) {
     page.lastPrompt = message;
-    say(text ? `Prompt sent: “${text}”. It applies from the next chunk.` : "Prompt cleared.");
+    command(message).then((sent) => {
+      if (sent) say(text ? `Prompt sent: “${text}”. It applies from the next chunk.` : "Prompt cleared.");
+    });
   }
   $("stage").focus();
   render();
 }
 
 function resetPose() {
-  if (link !== null) link.send({ v: 1, type: "reset_pose" }, true);
+  command({ v: 1, type: "reset_pose" });
   $("stage").focus();
 }
 

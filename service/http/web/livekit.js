@@ -1,14 +1,38 @@
 // The LiveKit transport: join the session's room with livekit-client (served by the service from its vendored npm
 // package, imported on first use), show the service participant's video track, send control as data on the control
-// topic (snapshots lossy, commands reliable) and read status from the status topic. livekit-client resumes a dropped
-// connection by itself; if it gives up (a disconnect that does not mean "over"), the page fetches fresh join details
-// (same identity, new token) and joins again, within the service's reconnect grace. The service participant's
-// attributes carry the session's state (`lingstream.state`, synced to late joiners): read on joining and on each
-// change, so a viewer or a rejoining tab shows the state before the next status broadcast.
+// topic (snapshots lossy) and the discrete commands as RPC calls to the service participant (`command`: answered with
+// the session's state, or refused with a stable code; docs/livekit.md), and read status from the status topic.
+// livekit-client resumes a dropped connection by itself; if it gives up (a disconnect that does not mean "over"), the
+// page fetches fresh join details (same identity, new token) and joins again, within the service's reconnect grace.
+// The service participant's attributes carry the session's state (`lingstream.state`, synced to late joiners): read
+// on joining and on each change, so a viewer or a rejoining tab shows the state before the next status broadcast.
+//
+// Frame metadata: the service stamps every frame with its index in the session's video (LiveKit frame metadata,
+// `frame_id`). livekit-client reads it only in a dedicated worker (its `livekit-client.fm.worker.mjs`, served beside
+// the bundle), given as the room's `frameMetadata` option; `frameId(meta)` then names the frame a
+// requestVideoFrameCallback presents (by its RTP timestamp), or null when there is none (no worker, a frame the
+// worker has not seen).
 
 const OVER = new Set([1, 2, 4, 5, 10]); // DisconnectReason: CLIENT_INITIATED, DUPLICATE_IDENTITY, PARTICIPANT_REMOVED,
 // ROOM_DELETED, ROOM_CLOSED: the session (or this tab's part in it) is over; do not rejoin.
 const REJOIN_MS = [500, 1000, 2000, 4000];
+// LiveKit's RPC errors after which a command goes as a packet instead: the service has no such method (an older one),
+// the server no RPC, nobody acknowledged the call. Safe: every command is idempotent or deduplicated by its seq.
+const PACKET_INSTEAD = new Set([1400, 1403, 1501]);
+
+// livekit-client names each RPC call with crypto.randomUUID, which browsers offer in secure contexts only (https,
+// localhost): a page served over plain http from another host (a LAN address, the tests' private network) would have
+// every call fail with a TypeError. Such a page gets a version 4 UUID made from crypto.getRandomValues, which browsers
+// offer everywhere.
+if (globalThis.crypto && typeof globalThis.crypto.randomUUID !== "function") {
+  globalThis.crypto.randomUUID = () => {
+    const bytes = globalThis.crypto.getRandomValues(new Uint8Array(16));
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    const hex = Array.from(bytes, (byte) => byte.toString(16).padStart(2, "0")).join("");
+    return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
+  };
+}
 
 export class LiveKitLink {
   // bundleUrl: the livekit-client ES module; details: the session's transport ({kind: "livekit", url, room, token,
@@ -20,6 +44,8 @@ export class LiveKitLink {
     this.refresh = refresh;
     this.handlers = handlers;
     this.room = null;
+    this.track = null; // the service's RemoteVideoTrack, for its frame metadata
+    this.worker = null;
     this.closed = false;
     this.rejoins = 0;
     this.attributes = {}; // the service participant's, as last read
@@ -35,10 +61,14 @@ export class LiveKitLink {
     if (!this.bundleUrl) throw new Error("the livekit-client bundle is not installed on this server");
     const lk = await import(this.bundleUrl);
     const details = this.details;
-    const room = new lk.Room({ adaptiveStream: false, dynacast: false });
+    const options = { adaptiveStream: false, dynacast: false };
+    const worker = this.frameMetadataWorker();
+    if (worker !== null) options.frameMetadata = { worker };
+    const room = new lk.Room(options);
     const current = () => this.room === room && !this.closed;
     room.on(lk.RoomEvent.TrackSubscribed, (track, _publication, participant) => {
       if (current() && track.kind === lk.Track.Kind.Video && participant.identity === details.service_identity) {
+        this.track = track;
         this.handlers.onStream(new MediaStream([track.mediaStreamTrack]), track.receiver);
       }
     });
@@ -84,6 +114,26 @@ export class LiveKitLink {
     if (state) this.handlers.onStatus({ v: 1, type: "state", state, from: "attributes" });
   }
 
+  // One worker for every room of this link (a rejoin makes a new room); null where workers cannot be had.
+  frameMetadataWorker() {
+    if (this.worker !== null) return this.worker;
+    try {
+      const url = new URL("livekit-client.fm.worker.mjs", new URL(this.bundleUrl, window.location.href));
+      this.worker = new Worker(url, { type: "module" });
+    } catch (error) {
+      console.warn("lingstream: no frame metadata worker; frames are matched by arrival", error);
+    }
+    return this.worker;
+  }
+
+  // The service's frame id of the frame requestVideoFrameCallback presents (`meta`), or null.
+  frameId(meta) {
+    const track = this.track;
+    if (track === null || !meta || typeof meta.rtpTimestamp !== "number" || !track.lookupFrameMetadata) return null;
+    const found = track.lookupFrameMetadata({ rtpTimestamp: meta.rtpTimestamp });
+    return found && typeof found.frameId === "number" ? found.frameId : null;
+  }
+
   rejoinLater() {
     const delay = REJOIN_MS[Math.min(this.rejoins++, REJOIN_MS.length - 1)];
     this.handlers.onState(`LiveKit: disconnected, joining again in ${delay} ms`);
@@ -109,8 +159,28 @@ export class LiveKitLink {
     return true;
   }
 
+  // A discrete command (pause, resume, reset_pose, stop, prompt) as the RPC method `lingstream.<type>` of the service
+  // participant: resolves to the answer ({v, ok, state, applied}), or to null when it went as a packet instead;
+  // rejects with livekit-client's RpcError (`code`, `message`, `data`: the stable code) when the session refuses it.
+  async command(message) {
+    const room = this.room;
+    if (room === null || room.state !== "connected") throw new Error("not connected to the room");
+    try {
+      const answer = await room.localParticipant.performRpc({
+        destinationIdentity: this.details.service_identity,
+        method: `lingstream.${message.type}`,
+        payload: JSON.stringify(message),
+      });
+      return JSON.parse(answer);
+    } catch (error) {
+      if (typeof error.code === "number" && PACKET_INSTEAD.has(error.code) && this.send(message, true)) return null;
+      throw error;
+    }
+  }
+
   close() {
     this.closed = true;
     if (this.room) this.room.disconnect();
+    if (this.worker !== null) this.worker.terminate();
   }
 }

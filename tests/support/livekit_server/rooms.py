@@ -134,6 +134,9 @@ class Participant:
             simulcast=False,
             source=request.source,
             mime_type="video/VP8" if request.type == models.TrackType.VIDEO else "audio/opus",
+            # Frame metadata (a trailer on each encoded frame) is announced to subscribers as the real server does,
+            # so that theirs strip it before decoding.
+            packet_trailer_features=request.packet_trailer_features,
         )
         self._pending.append(_Pending(request.cid, info))
         self.send(rtc.SignalResponse(track_published=rtc.TrackPublishedResponse(cid=request.cid, track=info)))
