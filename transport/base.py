@@ -114,7 +114,8 @@ class ErrorStatus:
 
 @dataclass(frozen=True, slots=True)
 class DoneStatus:
-    """The session ended; `reason` says why (e.g. "closed", "failed", "expired")."""
+    """The session ended; `reason` says why: the session's stable reason (`client_stop`, `client_deleted`,
+    `time_limit`, `completed`, `model_failure`, `queue_timeout`, ...), else its terminal state's name."""
 
     reason: str
 

@@ -506,7 +506,10 @@ class Session:
         if self.state is SessionState.FAILED:
             code, message = self.failure or ("failed", "the session failed")
             self.statuses.publish(ErrorStatus(code, message))
-        self.statuses.publish(DoneStatus(self.state.value))
+        # `done` names why as a stable code (client_stop, time_limit, model_failure, ...): the reason without the
+        # free text some reasons carry after a colon ("client_gone: left" → "client_gone").
+        code = (self.reason or "").split(":", 1)[0].strip()
+        self.statuses.publish(DoneStatus(code or self.state.value))
         self.snapshots.close()
         self.statuses.close()
         self.chunks.close()

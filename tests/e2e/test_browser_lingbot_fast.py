@@ -114,5 +114,5 @@ def test_the_page_gets_the_tiny_models_frames_at_the_sessions_size_chunk_by_chun
     assert page.evaluate("window.lingstream.videoSize") == {"width": WIDTH, "height": HEIGHT}
     page.click("#stop")
     page.wait_for_function("window.lingstream.ended")
-    assert page.evaluate("window.lingstream.done") == "closed"
+    assert page.evaluate("window.lingstream.done") == "client_stop"
     assert page.evaluate("window.lingstream.errors") == []

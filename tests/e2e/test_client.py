@@ -103,7 +103,7 @@ async def test_a_client_follows_the_queue_joins_steers_and_reads_frames_with_the
                 assert prompted.prompt == "a foggy harbour at dawn"
                 assert prompted.applied_seq == seq  # the keys' own sequence is untouched by prompts
                 done = await stream.stop()
-                assert done.reason == "closed"
+                assert done.reason == "client_stop"
                 assert stream.statistics().frames_received > 15
                 assert stream.errors == []
 
@@ -148,7 +148,7 @@ async def test_a_raising_status_listener_leaves_a_live_session_streaming_and_acl
             assert "ChunkStatus" in raised
             assert not stream.ended
             done = await stream.stop()
-            assert done.reason == "closed"  # the service's done, not a lost connection
+            assert done.reason == "client_stop"  # the service's done, not a lost connection
         loop = asyncio.get_running_loop()
         started = loop.time()
         await stream.aclose()
@@ -236,7 +236,7 @@ def test_play_drives_a_live_session_from_a_trace_and_records_it(service: Served,
     report: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
     assert report == json.loads((tmp_path / "r.json").read_text())
     assert report["transport"] == "embedded"
-    assert report["done_reason"] == "closed"
+    assert report["done_reason"] == "client_stop"
     assert report["errors"] == []
     # Three key changes, each seen in a frame generated from it; the fake paces 20 chunks (frames) per second.
     assert report["controls_sent"] == 6  # three snapshots, the prompt, the reset and the final stop

@@ -141,7 +141,7 @@ async def test_serve_streams_the_tiny_models_frames_to_a_client(service: Served)
                     if frame.chunk is not None:
                         chunks[frame.chunk.index] = chunks.get(frame.chunk.index, 0) + 1
                 done = await stream.stop()
-        assert done.reason == "closed"
+        assert done.reason == "client_stop"
         assert stream.errors == []
         complete = sorted(chunks)[-2]
         assert chunks[complete] > 9  # a later chunk decodes to 12 frames (loopback WebRTC may drop one under load)

@@ -131,7 +131,7 @@ def test_the_page_streams_steers_and_stops_through_livekit(
         {"type": "stop", "state": "draining", "applied": True},
     ]
     # The end is deterministic: the final `done` status arrives over LiveKit data before the page lets go.
-    assert page.evaluate("window.lingstream.done") == "closed"
+    assert page.evaluate("window.lingstream.done") == "client_stop"
     assert page.evaluate("window.lingstream.state") == "closed"
     assert "client_stop" in page.inner_text("#message")
     _until(lambda: details["room"] not in stack.real.rooms(), "the room is deleted")
@@ -209,7 +209,7 @@ def test_a_viewer_watches_the_same_video_and_its_control_goes_nowhere(
 
     stop(controller)
     viewer.wait_for_function("window.lingstream.ended")  # the viewer learns the end too, and leaves nothing behind
-    assert viewer.evaluate("window.lingstream.done") == "closed"
+    assert viewer.evaluate("window.lingstream.done") == "client_stop"
 
 
 def test_a_controller_away_longer_than_the_grace_ends_the_session_and_frees_its_slot(

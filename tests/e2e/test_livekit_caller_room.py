@@ -103,7 +103,7 @@ def test_a_session_is_published_into_the_callers_room_steered_and_the_room_is_le
     assert stack.real.create_room("lobby-7") == 200
     report = _report(_play(stack, tmp_path, "--livekit-room", "lobby-7"))
     assert report["transport"] == "livekit"
-    assert report["done_reason"] == "closed"
+    assert report["done_reason"] == "client_stop"
     assert report["frames"] > 0
     assert (report["width"], report["height"]) == (128, 96)
     # The trace changed the keys three times; the chunk statuses say each change reached a generated frame.
@@ -131,7 +131,7 @@ def test_the_identity_the_caller_named_steers_with_the_callers_own_token(stack: 
     )
     run = _play(stack, tmp_path, "--livekit-room", "lobby-8", "--livekit-identity", "user-42", "--livekit-token", token)
     report = _report(run)
-    assert report["done_reason"] == "closed"
+    assert report["done_reason"] == "client_stop"
     assert report["control_to_photon_count"] == 3, report
     with stack.client() as client:
         session = client.get(f"/v1/sessions/{report['session_id']}").json()

@@ -98,7 +98,7 @@ def test_a_python_controller_steers_and_malformed_packets_get_error_statuses(
     assert len(report["malformed_sent"]) == 5
     assert report["error_codes"] == report["malformed_sent"], report["statuses"]
     assert report["second_chunk"]["index"] > report["first_chunk"]["index"]  # still steering after the garbage
-    assert report["done"] == "closed"  # the final status; the session's reason says why
+    assert report["done"] == "client_stop"  # the final status names why, as the session's reason does
     assert _wait_status(stack, session["id"], {"closed"})["reason"] == "client_stop"
     webhooks = stack.real.webhooks()
     assert webhooks
@@ -267,5 +267,5 @@ def test_sdk_peers_joining_and_leaving_under_load_never_take_the_replica_down(
     report = _client("control", details["url"], details["token"])  # it still generates, is steered, then stops
     assert report.get("error") is None, report
     assert report["second_chunk"]["index"] > report["first_chunk"]["index"]
-    assert report["done"] == "closed"
+    assert report["done"] == "client_stop"
     assert "panic" not in stack.output()

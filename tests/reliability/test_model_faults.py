@@ -56,7 +56,7 @@ async def test_a_stage_raising_mid_chunk_fails_only_its_session_and_frees_its_sl
         assert _chunks(transport, doomed["id"]) == FAIL_AT_CHUNK  # the chunks before the fault were delivered
         assert isinstance(statuses[-2], ErrorStatus)
         assert statuses[-2].code == "model_failure"
-        assert statuses[-1] == DoneStatus("failed")
+        assert statuses[-1] == DoneStatus("model_failure")
 
         # The freed slot goes to the queue head; the other running session keeps generating.
         admitted = await wait_status(app, waiting["id"], "running")
@@ -141,7 +141,7 @@ async def test_a_worker_process_killed_mid_chunk_fails_its_sessions_and_the_othe
             failed = await wait_status(app, sid, "failed")
             assert failed["error"]["code"] == "model_failure"
             assert "died" in failed["error"]["message"]
-            assert transport.statuses[sid][-1] == DoneStatus("failed")
+            assert transport.statuses[sid][-1] == DoneStatus("model_failure")
         await until(lambda: not app.runtime.readiness().ready, "readiness to turn false", within=5)
         before = {sid: _chunks(transport, sid) for sid in spared}
         await until(

@@ -123,7 +123,7 @@ async def test_a_denoise_rank_killed_mid_chunk_fails_its_sessions_and_the_group_
         message = failed["error"]["message"]
         assert "actor 'denoise' died (incarnation 1)" in message
         assert f"rank 1 (pid {rank_1}) exited with exit code -9 (SIGKILL)" in message
-        assert harness.transport.statuses[session][-1] == DoneStatus("failed")
+        assert harness.transport.statuses[session][-1] == DoneStatus("model_failure")
     groups = harness.worker.worker_statistics()
     assert (groups["denoise"].incarnation, groups["denoise"].restarts) == (2, 1)
     assert groups["encode"].incarnation == groups["decode"].incarnation == 1  # only the dead group restarted

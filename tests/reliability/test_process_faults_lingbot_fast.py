@@ -114,7 +114,7 @@ async def test_a_cp_rank_killed_mid_chunk_fails_the_session_and_the_group_restar
     message = failed["error"]["message"]
     assert "actor 'denoise' died (incarnation 1)" in message
     assert f"rank 1 (pid {rank_1}) exited with exit code -9 (SIGKILL)" in message
-    assert harness.transport.statuses[doomed][-1] == DoneStatus("failed")
+    assert harness.transport.statuses[doomed][-1] == DoneStatus("model_failure")
     await until(lambda: runtime.readiness().ready, "the restarted group to make the worker ready", within=180)
     groups = harness.worker.worker_statistics()
     assert (groups["denoise"].incarnation, groups["denoise"].restarts) == (2, 1)

@@ -295,7 +295,7 @@ async def test_the_transport_gets_chunks_status_and_control_through_the_session_
         assert transport.detached == [(session, "client_stop")]
         statuses = transport.statuses[session]
         assert ChunkStatus(index=0, applied_seq=-1, keys=(), timings={"fake": 0.0}) in statuses
-        assert statuses[-1] == DoneStatus("closed")
+        assert statuses[-1] == DoneStatus("client_stop")
         assert StateStatus("running", None) in statuses
 
         other = (await svc.create()).json()["id"]
@@ -387,7 +387,7 @@ async def test_a_drain_cancels_the_queue_and_ends_running_sessions_by_the_deadli
         body = (await svc.client.get(f"/v1/sessions/{running}")).json()
         assert (body["status"], body["reason"]) == ("closed", "service_drain")
         await until(lambda: transport.detached, "the transport to detach", every=0)
-        assert transport.statuses[running][-1] == DoneStatus("closed")
+        assert transport.statuses[running][-1] == DoneStatus("service_drain")
         status = (await svc.client.get("/internal/drain")).json()
         assert status["complete"] is True
         assert status["running"] == 0
@@ -412,7 +412,7 @@ async def test_shutdown_closes_every_session_with_a_final_status() -> None:
         runtime = svc.runtime
         controller = svc.controller
         world = svc.world
-    assert transport.statuses[running][-1] == DoneStatus("closed")
+    assert transport.statuses[running][-1] == DoneStatus("shutdown")
     assert transport.stopped
     assert world.stopped
     assert world.live == 0
@@ -484,7 +484,7 @@ async def test_failed_statuses_reach_the_transport_before_done() -> None:
         await until(lambda: transport.detached, "the transport to detach", every=0)
         assert transport.statuses[session][-2:] == [
             ErrorStatus("model_failure", "decoder fell over"),
-            DoneStatus("failed"),
+            DoneStatus("model_failure"),
         ]
 
 

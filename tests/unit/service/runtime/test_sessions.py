@@ -70,7 +70,7 @@ async def test_every_change_is_published_and_the_end_closes_every_stream() -> No
         (SessionState.RUNNING, None),
         (SessionState.FAILED, None),
     ]
-    assert messages[-2:] == [ErrorStatus("model_failure", "boom"), DoneStatus("failed")]
+    assert messages[-2:] == [ErrorStatus("model_failure", "boom"), DoneStatus("model_failure")]
     assert StateStatus("running", None) in messages
     assert session.ended.is_set()
     assert session.settled.is_set()
