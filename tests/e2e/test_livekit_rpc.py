@@ -72,7 +72,7 @@ def test_the_python_client_steers_by_rpc_and_labels_every_frame_by_its_frame_id(
     assert (bad["other_type"]["code"], bad["other_type"]["data"]) == (2003, "invalid_message"), bad
     assert (bad["prompt_without_seq"]["code"], bad["prompt_without_seq"]["data"]) == (2003, "invalid_message"), bad
     assert report["prompts_refused"] == ["rate_limited", "rate_limited"], report  # a burst of 5, then refused
-    assert report["done"] == "closed"
+    assert report["done"] == "client_stop"
 
     # Every frame of the run is labelled, and every label is what the picture says; only the frames of the chunk in
     # flight when the client joined cannot be (its status went out before the client was in the room).
