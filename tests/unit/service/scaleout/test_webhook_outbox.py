@@ -47,8 +47,8 @@ async def test_what_a_lost_replica_left_pending_is_delivered_by_another(redis_se
         for request in receiver.received:
             verify_webhook(SECRET, request.body, request.headers[SIGNATURE_HEADER])
         await lost.done(claimed)  # the lost replica's late word changes nothing (and the survivor's stands)
-        assert await survivor.claim(10) == []
-        assert survivor.statistics().pending == 0
+        assert await lost.claim(10) == []  # (the survivor's outbox closed with its dispatcher)
+        assert lost.statistics().pending == 0  # both delivered: nothing left in Redis
     await lost.aclose()
 
 
@@ -77,3 +77,24 @@ async def test_a_full_outbox_refuses_the_newest(redis_server: RedisServer) -> No
     assert (dropped, outbox.statistics().dropped) == (1, 1)
     assert sorted(d.event_id for d in await outbox.claim(10)) == ["evt_0", "evt_1"]
     await outbox.aclose()
+
+
+async def test_a_stale_holders_word_changes_nothing_once_another_replica_claimed(redis_server: RedisServer) -> None:
+    def outbox(replica: str) -> RedisOutbox:
+        return RedisOutbox(redis_server.url, replica, capacity=10, lease_s=0.1, handover_s=0.1, prefix="test:stale:")
+
+    stale, taker = outbox("replica-a"), outbox("replica-b")
+    delivery = _delivery("http://127.0.0.1:1/", "stale")
+    await stale.put([delivery])
+    assert len(await stale.claim(10)) == 1
+    await asyncio.sleep(0.25)  # its lease (0.1 s) and the hand-over (0.1 s) ran out
+    assert len(await taker.claim(10)) == 1
+    await stale.done(delivery)  # too late: the taker holds it now
+    await stale.retry(delivery.tried(), time.time())
+    assert await taker.claim(10) == []  # still leased to the taker, not re-queued by the stale word
+    assert taker.statistics().pending == 1
+    await taker.done(delivery)
+    assert await taker.claim(10) == []
+    assert taker.statistics().pending == 0
+    await stale.aclose()
+    await taker.aclose()
