@@ -328,6 +328,7 @@ async def _served_elsewhere(http: httpx.AsyncClient, r1: str, r2: str, tmp_path:
     assert body["recording"]["state"] == "ready"
     assert frames == body["recording"]["frames"] > 0
     assert _names(tmp_path / "r1-recordings") == []  # uploaded, then removed locally
+    assert await _uploads(http, r1) == {"ok": 1.0, "failed": 0.0}
 
     other = await http.get(f"{r2}{path}", headers=_auth(KEY_B))
     assert (other.status_code, other.json()["error"]["code"]) == (404, "session_not_found")
@@ -343,6 +344,16 @@ async def _served_elsewhere(http: httpx.AsyncClient, r1: str, r2: str, tmp_path:
         assert await client.recordings() == []
     since_later = await http.get(f"{r1}/v1/recordings", params={"since": str(time.time() + 1)}, headers=_auth(KEY_A))
     assert since_later.json() == {"recordings": [], "next_cursor": None}
+
+
+async def _uploads(http: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """`lingstream_recordings_uploads_total` of the replica at `url`, by result."""
+    found = {}
+    for line in (await http.get(f"{url}/metrics")).text.splitlines():
+        if line.startswith("lingstream_recordings_uploads_total{"):
+            result = line.split('result="', 1)[1].split('"', 1)[0]
+            found[result] = float(line.rsplit(" ", 1)[1])
+    return found
 
 
 def s3_endpoint(url: str) -> str:
@@ -366,6 +377,7 @@ async def _refused_upload(http: httpx.AsyncClient, r1: str, r2: str) -> None:
     answer = await http.get(f"{r1}/v1/sessions/{session}/recording", headers=_auth(KEY_A))
     assert (answer.status_code, answer.json()["error"]["code"]) == (404, "recording_failed")
     assert "AccessDenied" in answer.json()["error"]["message"]
+    assert await _uploads(http, r2) == {"ok": 0.0, "failed": 1.0}
     listed = (await http.get(f"{r1}/v1/recordings", headers=_auth(KEY_A))).json()["recordings"]
     assert [(item["session_id"], item["state"], item["code"]) for item in listed][-1] == (
         session,
