@@ -1,0 +1,163 @@
+"""A session in a caller's room joined with the caller's token, on the real `livekit-server`: the avatar-provider
+pattern. A replica with no LiveKit project of its own (only `LINGSTREAM_LIVEKIT_CALLER_URLS`) gets `{url, token}`
+from "the agent" (this test, holding the project's key as an agent's backend would), joins as kind `agent` with the
+token's identity, publishes its video, and carries the session in its participant attributes: a viewer that joins
+late reads them at once, and sees the state change when the session pauses. A second session for the same room is
+`room_in_use` (decided from the room's attributes: this replica has no RoomService), and a forged token is
+`livekit_token_refused`, without the token ever reaching the replica's log. Skipped, with the reason, where the
+namespace cannot be made or livekit-server is not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from livekit import api, rtc
+
+from tests.support.livekit_stack import LiveKitStack, another_replica, livekit_stack
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(LiveKitStack.skip_reason() is not None, reason=str(LiveKitStack.skip_reason())),
+]
+
+CONFIG = {"width": 128, "height": 96}
+_WAIT = 30.0
+
+
+@pytest.fixture(scope="module")
+def stacks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveKitStack, LiveKitStack]]:
+    """The real server (its `lingstream serve` idle here) and a callers-only replica on it."""
+    workdir = tmp_path_factory.mktemp("livekit-caller-token")
+    with livekit_stack(workdir) as running:
+        with another_replica(
+            running,
+            workdir,
+            LIVEKIT_URL="",
+            LIVEKIT_API_KEY="",
+            LIVEKIT_API_SECRET="",
+            LINGSTREAM_LIVEKIT_CALLER_URLS=running.real.url,
+        ) as callers_only:
+            yield running, callers_only
+            log = callers_only.output()
+        assert "Traceback" not in log, log[-4000:]
+    assert "panic" not in running.server.output(), running.server.output()[-4000:]
+
+
+def _token(stack: LiveKitStack, identity: str, room: str, *, kind: str = "standard", **grants: Any) -> str:
+    """A token of the caller's project (the agent's backend mints them)."""
+    return (
+        api.AccessToken(stack.real.api_key, stack.real.api_secret)
+        .with_identity(identity)
+        .with_kind(kind)  # type: ignore[arg-type]
+        .with_grants(api.VideoGrants(room_join=True, room=room, **grants))
+        .with_ttl(datetime.timedelta(minutes=10))
+        .to_jwt()
+    )
+
+
+def _service_token(stack: LiveKitStack, room: str, identity: str = "world-1") -> str:
+    return _token(stack, identity, room, kind="agent", can_subscribe=False, can_update_own_metadata=True)
+
+
+def _create(replica: LiveKitStack, url: str, token: str) -> Any:
+    body = {
+        "config": CONFIG,
+        "max_seconds": 600,
+        "livekit": {"url": url, "token": token, "controller_identity": "user-1", "agent_identity": "agent-1"},
+    }
+    with replica.client() as client:
+        return client.post("/v1/sessions", json=body)
+
+
+async def _viewer_sees(url: str, token: str, service: str, state: str, then: Any = None) -> dict[str, str]:
+    """Join as a late viewer; return the service participant's attributes once its state reads `state` (and, given
+    `then`, after calling it and seeing the state it leads to, `then[1]`)."""
+    room = rtc.Room()
+    changed = asyncio.Event()
+    room.on("participant_attributes_changed", lambda *_: changed.set())
+    room.on("participant_connected", lambda *_: changed.set())
+    await room.connect(url, token, rtc.RoomOptions(auto_subscribe=False))
+    try:
+        wanted = [state] if then is None else [state, then[1]]
+        seen: dict[str, str] = {}
+        async with asyncio.timeout(_WAIT):
+            for target in wanted:
+                while True:
+                    participant = room.remote_participants.get(service)
+                    if participant is not None and participant.attributes.get("lingstream.state") == target:
+                        seen = dict(participant.attributes)
+                        assert participant.kind == rtc.ParticipantKind.PARTICIPANT_KIND_AGENT
+                        break
+                    changed.clear()
+                    await changed.wait()
+                if then is not None and target == state:
+                    await asyncio.to_thread(then[0])
+        return seen
+    finally:
+        await room.disconnect()
+
+
+def test_a_callers_token_session_carries_its_state_in_attributes_for_late_viewers(
+    stacks: tuple[LiveKitStack, LiveKitStack], tmp_path: Path
+) -> None:
+    stack, replica = stacks
+    url = stack.real.url
+
+    # A token the server refuses ends the create with its code (first: the replica's one slot is free).
+    forged = (
+        api.AccessToken(stack.real.api_key, "not-the-projects-secret-but-long-enough-0123456789")
+        .with_identity("world-3")
+        .with_kind("agent")
+        .with_grants(api.VideoGrants(room_join=True, room="other-room", can_update_own_metadata=True))
+        .to_jwt()
+    )
+    refused = _create(replica, url, forged)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (422, "livekit_token_refused"), refused.text
+    assert forged not in refused.text
+
+    assert stack.real.create_room("agent-room") == 200
+    service_token = _service_token(stack, "agent-room")
+    created = _create(replica, url, service_token)
+    assert created.status_code == 201, created.text
+    session_id = created.json()["id"]
+    details = created.json()["transport"]
+    assert (details["url"], details["room"], details["service_identity"]) == (url, "agent-room", "world-1")
+    assert details["token"] is None
+
+    participants = stack.real.participants("agent-room")
+    assert participants["world-1"].kind == api.ParticipantInfo.AGENT
+
+    viewer = _token(stack, "viewer-1", "agent-room", can_publish=False, can_publish_data=False)
+
+    def pause() -> None:
+        with replica.client() as client:
+            assert client.post(f"/v1/sessions/{session_id}/pause").status_code in (200, 202)
+
+    seen = asyncio.run(_viewer_sees(url, viewer, "world-1", "running", then=(pause, "paused")))
+    assert seen["lingstream.session_id"] == session_id
+    assert seen["lingstream.controller"] == "user-1"
+    assert seen["lk.publish_on_behalf"] == "agent-1"
+    assert 0 < float(seen["lingstream.ends_at"]) - time.time() <= 600
+    # A viewer joining now reads the paused state at once: attributes reach late joiners.
+    later = _token(stack, "viewer-2", "agent-room", can_publish=False, can_publish_data=False)
+    assert asyncio.run(_viewer_sees(url, later, "world-1", "paused"))["lingstream.session_id"] == session_id
+
+    # One session per room, across deployments: the other `lingstream serve` on this server knows nothing of the
+    # session, joins, finds the first's lingstream.session_id attribute there, and leaves.
+    taken = _create(stack, url, _service_token(stack, "agent-room", identity="world-2"))
+    assert (taken.status_code, taken.json()["error"]["code"]) == (409, "room_in_use"), taken.text
+    assert "world-2" not in stack.real.participants("agent-room")
+
+    for token in (forged, service_token):  # never written to either log
+        assert token not in replica.output()
+        assert token not in stack.output()
+    with replica.client() as client:
+        assert client.delete(f"/v1/sessions/{session_id}", params={"mode": "cancel"}).status_code in (200, 202)
+    assert "agent-room" in stack.real.rooms()  # the caller's room stays
