@@ -1,4 +1,4 @@
-"""Benchmark of webhook delivery through the real service at a steady rate of sessions (< 60 s).
+"""Benchmark of webhook delivery through the real service at a steady rate of sessions (about a minute).
 
 A real `lingstream serve` process on loopback (fake model workers through the test-only `--worker-factory` hook:
 4 workers x 8 sessions) posts its webhooks to a real HTTP receiver (aiohttp) in this process. The bench creates 50
