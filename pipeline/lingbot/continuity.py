@@ -86,6 +86,19 @@ class SessionCheckpoint:
     def image_bytes(self) -> int:
         return 0 if self.image is None else self.image.numel() * self.image.element_size()
 
+    def header_bytes(self) -> bytes:
+        """The record without its image (JSON): what a store writes at every chunk boundary."""
+        return self._header()
+
+    def image_data(self) -> bytes | None:
+        """The image as float32 bytes (None: no image): what a store writes once per session."""
+        return None if self.image is None else self.image.detach().to(torch.float32).contiguous().numpy().tobytes()
+
+    @classmethod
+    def from_parts(cls, header: bytes, image: bytes | None) -> SessionCheckpoint:
+        """The inverse of `header_bytes` and `image_data` (`CheckpointVersionError` for anything else)."""
+        return cls.from_bytes(_HEADER.pack(len(header)) + header + (image or b""))
+
     def to_bytes(self) -> bytes:
         """Serialised: a 4-byte header length, the JSON header, then the image's float32 bytes (if any)."""
         header = self._header()
@@ -107,6 +120,8 @@ class SessionCheckpoint:
         shape = header["image_shape"]
         if shape is not None:
             raw = np.frombuffer(data[_HEADER.size + length :], dtype=np.float32)
+            if raw.size != int(np.prod(shape)):
+                raise CheckpointVersionError(f"the checkpoint's image holds {raw.size} values, not {shape}")
             image = torch.from_numpy(raw.copy()).reshape(shape)
         latest = header["latest"]
         return cls(
