@@ -18,11 +18,19 @@ queue and some get 429) starts the full life cycle at once. Each client creates 
 - `poll` (1 in 7): polls `GET` (its heartbeat) until running, holds, `DELETE ?mode=cancel`, polls to the end;
 - `vanish` (1 in 7): if queued, stops talking at once (its place must expire: `heartbeat_lost`); checked later.
 
+`--tokens` runs the service with an API key and `LINGSTREAM_TOKEN_SECRET` (issue #35): every other client creates
+as a browser would, with a client token its app's backend has just minted (`POST /v1/client_tokens` with the key,
+then the create with the token), the rest with the key itself, in the same run; every other request uses the key.
+
 Every session a client created must reach a terminal status the client saw (`sessions_lost` must be 0). Figures
 on the last line (one JSON object):
 
 - sessions_created / sessions_completed (closed after running) / rejected_429 / expired_heartbeat / failed;
 - errors_5xx: answers >= 500 (must be 0); create_p50_ms / create_p99_ms: `POST /v1/sessions` latency;
+- with `--tokens`: create_key_p95_ms (creates with the key), create_token_p95_ms (the mint plus the create with
+  the token, as a browser's first create costs its app), token_mint_p95_ms, create_with_token_p95_ms (the create
+  alone, token in hand: what verifying and counting the token adds), token_create_over_key_p95 (mint plus create
+  over the key's create; goal <= 1.1), creates_with_key / creates_with_token;
 - slots_leaked: after the run, `lingstream_admission_slots_retained` + |`slot_mismatch`| +
   `lingstream_pipeline_slot_leaks_total` + live sessions, from /metrics (must be 0);
 - rss_*: the server's VmRSS from /proc/<pid>/status every `--rss-interval` s: rss_start_mb (after the warm-up, the
@@ -44,6 +52,7 @@ on the last line (one JSON object):
     .venv/bin/python -m bench.load --quick      # ~30 s
     .venv/bin/python -m bench.load              # a 5-minute run (--minutes N to change it)
     .venv/bin/python -m bench.load --minutes 12 --warmup 420   # the soak: 5 minutes measured after 7 of warm-up
+    .venv/bin/python -m bench.load --quick --tokens --world fake   # client tokens beside keys
 
 Every loop is bounded in count and time and stops by itself; all traffic stays on 127.0.0.1.
 """
@@ -82,9 +91,11 @@ ROLES = ("peer", "sse", "peer", "poll", "peer", "sse", "vanish")
 TERMINAL = frozenset({"closed", "expired", "failed", "cancelled"})
 STEP_TIMEOUT_S = 30.0  # any single wait of a client (admission excepted) ends by then
 CONTROL_PERIOD_S = 0.25
+BENCH_KEY = "bench-load-key-0123456789abcdef"
+BENCH_TOKEN_SECRET = "bench-load-token-secret-0123456789abcdef"
 
 
-def serve(log: Path, world: str, history: int | None) -> Server:
+def serve(log: Path, world: str, history: int | None, tokens: bool = False) -> Server:
     """The service under load: one model worker with SLOTS slots and a queue of QUEUE, short heartbeat and grace."""
     settings = {
         "LINGSTREAM_NUM_WORKERS": "1",
@@ -99,6 +110,8 @@ def serve(log: Path, world: str, history: int | None) -> Server:
     }
     if history is not None:
         settings["LINGSTREAM_SESSION_HISTORY"] = str(history)
+    if tokens:
+        settings.update(LINGSTREAM_API_KEYS=BENCH_KEY, LINGSTREAM_TOKEN_SECRET=BENCH_TOKEN_SECRET)
     factory = "tests.support.fakes.world:paced_fake_workers" if world == "fake" else None
     return Server(log, settings, worker_factory=factory)
 
@@ -176,13 +189,20 @@ def fairness(records: list[PeerRecord], min_window_s: float = 1.0) -> tuple[floa
 
 
 class Load:
-    def __init__(self, client: httpx.AsyncClient, world: str, hold: tuple[float, float], seed: int) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, world: str, hold: tuple[float, float], seed: int, tokens: bool = False
+    ) -> None:
         self.client = client  # with the service's base URL
         self.service = ServiceClient(str(client.base_url), http=client)  # the headless peers' REST side
         self.config = REFERENCE_CONFIG if world == "reference" else FAKE_CONFIG
         self.hold = hold
         self.random = random.Random(seed)
         self.creates_ms: list[float] = []
+        self.tokens = tokens
+        self.key_creates_ms: list[float] = []
+        self.token_creates_ms: list[float] = []  # the mint plus the create
+        self.token_only_creates_ms: list[float] = []  # the create alone, with the token in hand
+        self.mints_ms: list[float] = []
         self.statuses: Counter[int] = Counter()
         self.finals: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
@@ -218,9 +238,24 @@ class Load:
 
     async def client_life(self, index: int, role: str) -> None:
         body = {"config": dict(self.config, seed=index)}
+        with_token = self.tokens and index % 2 == 1
+        headers: dict[str, str] = {}
         started = time.perf_counter()
-        created = await self.request("POST", "/v1/sessions", json=body)
-        self.creates_ms.append((time.perf_counter() - started) * 1000)
+        if with_token:  # the app's backend mints, the browser creates with what it got
+            minted = await self.request("POST", "/v1/client_tokens", json={"max_creates": 1, "ttl_seconds": 60})
+            self.mints_ms.append((time.perf_counter() - started) * 1000)
+            if minted.status_code != 201:
+                self.problems[f"mint {minted.status_code}"] += 1
+                return
+            headers["Authorization"] = f"Bearer {minted.json()['token']}"
+        create_started = time.perf_counter()
+        created = await self.request("POST", "/v1/sessions", json=body, headers=headers)
+        done = time.perf_counter()
+        self.creates_ms.append((done - create_started) * 1000)
+        if self.tokens:
+            (self.token_creates_ms if with_token else self.key_creates_ms).append((done - started) * 1000)
+            if with_token:
+                self.token_only_creates_ms.append((done - create_started) * 1000)
         self.statuses[created.status_code] += 1
         if created.status_code == 429:
             if "retry-after" not in created.headers:
@@ -422,12 +457,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     duration = 30.0 if args.quick else args.minutes * 60.0
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "serve.log"
-        with serve(log, args.world, args.session_history) as server:
+        with serve(log, args.world, args.session_history, args.tokens) as server:
             limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
-            async with httpx.AsyncClient(base_url=server.url, timeout=30.0, limits=limits) as client:
+            headers = {"Authorization": f"Bearer {BENCH_KEY}"} if args.tokens else {}
+            async with httpx.AsyncClient(base_url=server.url, timeout=30.0, limits=limits, headers=headers) as client:
                 await server.wait_ready(client, within=120.0)
                 rss_ready = rss_mb(server.process.pid) or 0.0
-                load = Load(client, args.world, (args.hold_min, args.hold_max), args.seed)
+                load = Load(client, args.world, (args.hold_min, args.hold_max), args.seed, args.tokens)
                 figures = await drive(load, server.process.pid, duration, args)
                 text = (await client.get("/metrics")).text
                 ready_after = (await client.get("/readyz")).status_code
@@ -562,7 +598,27 @@ async def drive(load: Load, pid: int, duration: float, args: argparse.Namespace)
         "rss_peak_growth_last_half_mb": round(peak_growth(warm), 1),
         "rss_samples": len(samples),
         "heap_in_use_start_mb": heap_start.get("in_use_mb"),
+        **token_figures(load),
         "problems": dict(load.problems),
+    }
+
+
+def token_figures(load: Load) -> dict[str, Any]:
+    """The `--tokens` figures (none without it): key creates beside mint-plus-create with a client token."""
+    if not load.tokens:
+        return {}
+    key_p95 = percentile(load.key_creates_ms, 95)
+    token_p95 = percentile(load.token_creates_ms, 95)
+    mint_p95 = percentile(load.mints_ms, 95)
+    only_p95 = percentile(load.token_only_creates_ms, 95)
+    return {
+        "creates_with_key": len(load.key_creates_ms),
+        "creates_with_token": len(load.token_creates_ms),
+        "create_key_p95_ms": None if key_p95 is None else round(key_p95, 1),
+        "create_token_p95_ms": None if token_p95 is None else round(token_p95, 1),
+        "token_mint_p95_ms": None if mint_p95 is None else round(mint_p95, 1),
+        "create_with_token_p95_ms": None if only_p95 is None else round(only_p95, 1),
+        "token_create_over_key_p95": None if not key_p95 or token_p95 is None else round(token_p95 / key_p95, 3),
     }
 
 
@@ -587,6 +643,11 @@ def main() -> None:
         help="LINGSTREAM_SESSION_HISTORY of the server (default: the service's own default)",
     )
     parser.add_argument("--rss-trace", type=Path, help="write the (seconds, MB) RSS samples to this JSON file")
+    parser.add_argument(
+        "--tokens",
+        action="store_true",
+        help="an API key and a token secret: every other client mints a client token and creates with it",
+    )
     args = parser.parse_args()
     if args.quick:
         args.rss_interval = min(args.rss_interval, 1.0)

@@ -1,5 +1,9 @@
 // The REST API and the session event stream. The event stream is read with fetch() and a streaming body reader
 // rather than EventSource, because EventSource cannot send an Authorization header (API keys).
+//
+// The bearer credential is a token when the page has one (a client token to create, then the create's session
+// token, or a share link's watch token: docs/integrate.md), else the API key the user typed (kept in
+// sessionStorage). Tokens are never stored: a reload asks the app's token endpoint again.
 
 export class ApiError extends Error {
   constructor(status, code, message, retryAfter) {
@@ -15,6 +19,32 @@ const KEY_STORAGE = "lingstream.apiKey";
 export class Api {
   constructor() {
     this.key = sessionStorage.getItem(KEY_STORAGE) || "";
+    this.token = null; // a client, session or watch token; wins over the key
+  }
+
+  // The credential every request carries: the token if any, else the API key.
+  get credential() {
+    return this.token || this.key;
+  }
+
+  useToken(token) {
+    this.token = token || null;
+  }
+
+  // A client token from the app's own backend (LINGSTREAM_PAGE_TOKEN_URL): a POST with the page's cookies, answered
+  // `{"token": "..."}` (the documented 20-line endpoint, docs/integrate.md).
+  async fetchClientToken(url) {
+    const response = await fetch(url, { method: "POST", credentials: "include", headers: { Accept: "application/json" } });
+    let data = null;
+    try {
+      data = await response.json();
+    } catch {
+      data = null;
+    }
+    if (!response.ok || !data || typeof data.token !== "string") {
+      throw new ApiError(response.status, "token_endpoint_failed", `the token endpoint answered ${response.status}`);
+    }
+    return data.token;
   }
 
   setKey(key) {
@@ -23,7 +53,7 @@ export class Api {
     else sessionStorage.removeItem(KEY_STORAGE);
   }
 
-  headers(json, key = this.key) {
+  headers(json, key = this.credential) {
     const headers = {};
     if (json) headers["Content-Type"] = "application/json";
     if (key) headers.Authorization = `Bearer ${key}`;
@@ -31,7 +61,7 @@ export class Api {
   }
 
   // `key`: the bearer credential (the API key unless given: a viewer's offer carries its viewer credential).
-  async request(method, path, body, key = this.key) {
+  async request(method, path, body, key = this.credential) {
     const response = await fetch(path, {
       method,
       headers: this.headers(body !== undefined, key),
@@ -82,9 +112,14 @@ export class Api {
     return this.request("POST", `/v1/sessions/${encodeURIComponent(id)}/viewers`);
   }
 
+  // A share link: a watch URL whose watch-only token admits one viewer per use (within MAX_VIEWERS).
+  share(id) {
+    return this.request("POST", `/v1/sessions/${encodeURIComponent(id)}/viewers`, { share: true });
+  }
+
   // An SDP offer; a viewer's goes with its viewer credential instead of the API key.
   offer(url, sdp, viewerToken = null) {
-    return this.request("POST", url, { sdp, type: "offer" }, viewerToken === null ? this.key : viewerToken);
+    return this.request("POST", url, { sdp, type: "offer" }, viewerToken === null ? this.credential : viewerToken);
   }
 
   // Yields every session snapshot of the event stream until it ends (after the terminal one) or `signal` aborts.

@@ -23,13 +23,22 @@ const HISTORY = 64;
 const DONE_WAIT_MS = 2000;
 const query = new URLSearchParams(window.location.search);
 const watchId = query.get("watch");
+// `?token=`: a client token to create with (controller), or a share link's watch token (with `?watch=`). It is used
+// once and taken out of the address bar, so a reload or a copied URL does not carry a spent credential.
+let urlToken = query.get("token");
+if (urlToken !== null && !watchId) {
+  query.delete("token");
+  const rest = query.toString();
+  history.replaceState(null, "", `${window.location.pathname}${rest ? `?${rest}` : ""}`);
+}
 // `?jitter_ms=N`: ask the receiver to hold at most about N ms of video before showing it (RTCRtpReceiver
 // `jitterBufferTarget`); absent, the browser's own adaptive choice. bench/latency.py measures both side by side.
 const jitterTargetMs = query.has("jitter_ms") ? Math.max(0, Number(query.get("jitter_ms")) || 0) : null;
 
 const api = new Api();
 const video = $("video");
-let pageConfig = { transport: null, livekit_client: null, api_keys: false };
+let pageConfig = { transport: null, livekit_client: null, api_keys: false, token_url: null };
+let sharing = false; // a share link is being asked for
 let link = null;
 let joining = false;
 let follower = null; // AbortController of the event stream
@@ -61,6 +70,8 @@ const page = {
   connection: null,
   jitterBufferTarget: null, // the receiver's jitterBufferTarget (ms) once the video arrived; null: none set
   role: watchId ? "viewer" : "controller",
+  credential: "none", // none | key | client_token | session_token | watch_token: what the page authenticates with
+  shareUrl: null, // the share link of this session (a session token's page), once made
 };
 const frameTimes = [];
 
@@ -91,6 +102,8 @@ window.lingstream = {
   get done() { return page.done; },
   get ended() { return page.ended; },
   get role() { return page.role; },
+  get credential() { return page.credential; },
+  get shareUrl() { return page.shareUrl; },
   get connection() { return page.connection; },
   get jitterBufferTarget() { return page.jitterBufferTarget; },
   get generation() { return link !== null && link.generation !== undefined ? link.generation : 0; },
@@ -131,7 +144,8 @@ function render() {
   $("start").disabled = page.sessionId !== null && !TERMINAL.has(page.state);
   const watchLink = $("watch-link");
   watchLink.hidden = viewer || page.sessionId === null || !STREAMING.has(page.state);
-  if (!watchLink.hidden) watchLink.href = `/?watch=${encodeURIComponent(page.sessionId)}`;
+  if (!watchLink.hidden && page.credential === "session_token") watchLink.hidden = page.shareUrl === null;
+  if (!watchLink.hidden) watchLink.href = page.shareUrl || `/?watch=${encodeURIComponent(page.sessionId)}`;
   $("controls-help").hidden = viewer;
   $("control-buttons").hidden = viewer;
   $("hud-held").textContent = controls.held.size ? [...controls.held].sort().join(" ") : "none";
@@ -419,8 +433,9 @@ function resetPage() {
     state: "creating", sessionId: null, queuePosition: null, transport: null, lastChunk: null, chunks: [],
     frames: 0, framesThisConnection: 0, fps: 0, latencyMs: null, latenciesMs: [], photonMs: null, photonsMs: [],
     errors: [], calls: [], warnings: [], lastPrompt: null, done: null, framesById: 0, repeatsById: 0,
-    ended: false, connection: null,
+    ended: false, connection: null, shareUrl: null,
   });
+  sharing = false;
   frameTimes.length = 0;
   Object.assign(photon, { generation: null, origin: null, pending: [], reference: null, fps: null, learnt: null });
   Object.assign(byId, { newest: null, pending: [] });
@@ -429,11 +444,11 @@ function resetPage() {
 async function start(event) {
   event.preventDefault();
   if (page.sessionId !== null && !TERMINAL.has(page.state)) return;
-  if (pageConfig.api_keys) api.setKey($("api-key").value);
   resetPage();
   say("Creating a session…");
   render();
   try {
+    await chooseCredential();
     const body = { config: readConfig() };
     const prompt = $("prompt").value.trim();
     if (prompt !== "") {
@@ -443,11 +458,19 @@ async function start(event) {
     const image = await readImage();
     if (image !== null) body.image = image;
     const { body: session } = await api.createSession(body);
+    if (session.session_token) {
+      api.useToken(session.session_token); // this session's own token from now on
+      page.credential = "session_token";
+    }
     onSession(session);
     follow(session.id);
   } catch (error) {
     page.state = "idle";
-    if (error instanceof ApiError && error.status === 401) {
+    if (error instanceof ApiError && page.credential === "client_token") {
+      say(`The client token was refused (${error.code}): ${error.message}`, true);
+    } else if (error instanceof ApiError && error.code === "token_endpoint_failed") {
+      say(`Could not get a token from this app: ${error.message}`, true);
+    } else if (error instanceof ApiError && error.status === 401 && !pageConfig.token_url) {
       $("api-key-row").hidden = false;
       say("This service needs an API key: enter it and start again.", true);
     } else if (error instanceof ApiError && error.status === 429) {
@@ -459,6 +482,35 @@ async function start(event) {
   }
 }
 
+// What the create authenticates with: a `?token=` client token (once), the app's token endpoint, else the API key
+// the user typed (asked for only without a token endpoint).
+async function chooseCredential() {
+  api.useToken(null);
+  if (urlToken !== null) {
+    api.useToken(urlToken);
+    urlToken = null;
+    page.credential = "client_token";
+  } else if (pageConfig.token_url) {
+    api.useToken(await api.fetchClientToken(pageConfig.token_url));
+    page.credential = "client_token";
+  } else {
+    if (pageConfig.api_keys) api.setKey($("api-key").value);
+    page.credential = api.key ? "key" : "none";
+  }
+}
+
+// A session token's page shares its session with a share link (made once, when the session streams).
+async function makeShareLink(id) {
+  sharing = true;
+  try {
+    const { body } = await api.share(id);
+    if (page.sessionId === id) page.shareUrl = body.watch_url;
+  } catch (error) {
+    say(`Could not make a share link: ${error.message}`, true);
+  }
+  render();
+}
+
 function onSession(session) {
   if (session.id !== page.sessionId && page.sessionId !== null) return;
   page.sessionId = session.id;
@@ -467,6 +519,9 @@ function onSession(session) {
   if (session.video && typeof session.video.fps === "number") photon.fps = session.video.fps;
   if (session.status === "queued") say("Waiting for a free slot…");
   if (STREAMING.has(session.status) && link === null && !joining) join(session);
+  if (STREAMING.has(session.status) && page.credential === "session_token" && page.shareUrl === null && !sharing) {
+    makeShareLink(session.id);
+  }
   if (TERMINAL.has(session.status)) {
     const why = session.error ? `${session.error.code}: ${session.error.message}` : session.reason || session.status;
     say(`The session is over (${session.status}: ${why}).`, session.status === "failed");
@@ -497,7 +552,8 @@ async function follow(id) {
 
 async function freshDetails(id) {
   const { body } = await api.getSession(id);
-  if (!STREAMING.has(body.status) || !body.transport) {
+  // A watch token reads the session without its join details: a viewer needs only its own.
+  if (!STREAMING.has(body.status) || (!body.transport && page.role !== "viewer")) {
     throw new ApiError(409, "session_not_running", `the session is ${body.status}`);
   }
   if (page.role === "viewer") return (await api.createViewer(id)).body; // a viewer's place and credential
@@ -543,6 +599,16 @@ async function connect(session) {
     },
   };
   let details = session.transport;
+  let fetched = null; // a viewer's details already taken (a place): used, never asked for twice
+  if (page.role === "viewer" && !details && STREAMING.has(session.status)) {
+    try {
+      details = fetched = await freshDetails(id); // a share link's watcher: its viewer details name the transport
+    } catch (error) {
+      say(`Could not join: ${error.message}`, true);
+      render();
+      return;
+    }
+  }
   page.transport = details ? details.kind : null;
   if (!details) {
     say("This service has no transport configured: the session runs without video.", true);
@@ -550,11 +616,11 @@ async function connect(session) {
   }
   try {
     if (details.kind === "embedded" && page.role === "viewer") {
-      link = new EmbeddedLink(api, await freshDetails(id), handlers, () => freshDetails(id));
+      link = new EmbeddedLink(api, fetched || (await freshDetails(id)), handlers, () => freshDetails(id));
     } else if (details.kind === "embedded") {
       link = new EmbeddedLink(api, details, handlers);
     } else if (details.kind === "livekit") {
-      details = await freshDetails(id); // tokens are short-lived: the creation's may be stale by now
+      details = fetched || (await freshDetails(id)); // tokens are short-lived: the creation's may be stale by now
       link = new LiveKitLink(pageConfig.livekit_client, details, () => freshDetails(id), handlers);
     } else {
       say(`Unknown transport ${details.kind}: cannot join.`, true);
@@ -697,8 +763,10 @@ async function loadConfig() {
     );
   }
   $("transport-info").textContent = parts.join(" ");
-  $("api-key-row").hidden = !pageConfig.api_keys;
-  if (pageConfig.api_keys) $("api-key").value = api.key;
+  // With a token endpoint (or a `?token=`) the page never asks for an API key.
+  const tokens = Boolean(pageConfig.token_url) || urlToken !== null;
+  $("api-key-row").hidden = !pageConfig.api_keys || tokens;
+  if (pageConfig.api_keys && !tokens) $("api-key").value = api.key;
 }
 
 // Watch a session someone else controls: join with a viewer token, follow its event stream until it ends.
@@ -706,6 +774,10 @@ async function watchSession(id) {
   $("setup").hidden = true;
   page.sessionId = id;
   page.state = "joining";
+  if (urlToken !== null) {
+    api.useToken(urlToken); // a share link's watch token
+    page.credential = "watch_token";
+  }
   say("Joining as a viewer…");
   render();
   try {
