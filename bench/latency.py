@@ -42,15 +42,17 @@ the CPU the server process (and its children) used while its session was idle, i
 over the rests (each from 2 s into the rest, when the release's chunk is long done, to the press).
 
 `livekit_` repeats the defaults (press, change while held, release, first press after idle, idle CPU) through
-LiveKit: the service's participant (the real `livekit` SDK) and the page's livekit-client meet through the
-LiveKit-signalling stand-in of the tests (`tests/support/livekit_server/`, media relayed by aiortc) in a private network
-namespace (`tests/support/livekit_stack.py`), as bench/transport_frames.py does, at LiveKit's default keep-warm (100
-ms);
-stacks with keep-warm off measure
-`livekit_keepwarm_off_first_press_after_idle_*` and `livekit_keepwarm_off_idle_cpu_pct`. One stack at a time (the
-namespace is the process's), in the order on, off, off, on with 3 presses after idle each (`--quick`: on, off, 1
-each), so that a load that changes during the run weighs on both settings alike. Skipped, with a note, where the
-namespace cannot be made (it needs root).
+LiveKit: the service's participant (the real `livekit` SDK) and the page's livekit-client meet through a real
+`livekit-server` (the release scripts/setup.sh --dev builds; an SFU, it forwards the service's packets) in a private
+network namespace (`tests/support/livekit_stack.py`), as bench/transport_frames.py does, at LiveKit's default
+keep-warm (100 ms); then presses after idle side by side, as on the embedded transport: a second `lingstream serve`
+on the same server with keep-warm off, a page on each, their presses after idle alternating (6 each; `--quick`: 1),
+measure `livekit_first_press_after_idle_*` / `livekit_idle_cpu_pct` against
+`livekit_keepwarm_off_first_press_after_idle_*` / `livekit_keepwarm_off_idle_cpu_pct`, so that a load that changes
+during the run weighs on both settings alike. The page waits for the service's track, not for a first frame: through
+the SFU it may subscribe after the session's first chunk went out, and with keep-warm off nothing more comes until a
+key is pressed (so its first press, not timed, brings the first picture). Skipped, with a note, where the namespace
+cannot be made (it needs root) or livekit-server is not installed.
 
 `--quick` runs 1 trial of each at both sizes with the default schedule, whole chunks at the defaults only, and 1 press
 after a 1.5 s rest (a smoke run, about two minutes with LiveKit); the full run 12 and 5 presses after idle, both
@@ -198,6 +200,22 @@ def _cpu_seconds(pid: int) -> float:
     return total
 
 
+_PAGE_STATE_JS = """
+() => ({
+  state: window.lingstream.state,
+  connection: window.lingstream.connection,
+  frames: window.lingstream.frames,
+  chunks: window.lingstream.chunks.length,
+  message: document.getElementById("message").innerText,
+  video: {
+    subscribed: document.getElementById("video").srcObject !== null,
+    readyState: document.getElementById("video").readyState,
+    width: document.getElementById("video").videoWidth,
+  },
+})
+"""
+
+
 async def _open(browser: Any, url: str, config: dict[str, Any], query: str = "") -> Any:
     """A page on `url` streaming a session with `config`, the watcher armed, a first press and release done."""
     page = await browser.new_page()
@@ -219,11 +237,23 @@ async def _open(browser: Any, url: str, config: dict[str, Any], query: str = "")
     await page.fill("#height", str(HEIGHT))
     await page.fill("#fps", str(FPS))
     await page.click("#start")
-    await page.wait_for_function("window.lingstream.frames > 0")
+    try:
+        # Subscribed: the page has the service's video track. Not its first frame: through a real LiveKit server the
+        # page may subscribe after the session's first chunk went out (the SFU forwards, it does not re-encode), and
+        # with keep-warm off nothing more comes until a key is pressed, so the first press below brings the first
+        # picture. Polled on a timer: a page gets no animation frames to poll on while it is not the one in front.
+        await page.wait_for_function("document.getElementById('video').srcObject !== null", polling=100)
+    except Exception as exc:
+        raise RuntimeError(f"the page got no video track: {await page.evaluate(_PAGE_STATE_JS)}") from exc
     await page.evaluate(_WATCH_JS, hud_pixels(("w", "d")))
     await page.focus("#stage")
     # A first press and release so that the stream is up and the watcher has seen frames.
-    await _timed(page, "w", True, lambda: page.keyboard.down("w"))
+    try:
+        await _timed(page, "w", True, lambda: page.keyboard.down("w"))
+    except Exception as exc:
+        raise RuntimeError(
+            f"the page showed no picture of the first press: {await page.evaluate(_PAGE_STATE_JS)}"
+        ) from exc
     await _timed(page, "w", False, lambda: page.keyboard.up("w"))
     return page
 
@@ -304,11 +334,12 @@ async def _session(
 
 
 async def _keepwarm_side_by_side(
-    playwright: Any, servers: dict[str, Server], trials: int, rest_s: float, rng: random.Random
+    playwright: Any, servers: dict[str, tuple[str, int]], trials: int, rest_s: float, rng: random.Random
 ) -> dict[str, float]:
-    """Presses after idle on two servers at once (`servers`: key prefix -> server; here the embedded default, keep-warm
-    off, and keep-warm on), alternating which goes first; every rest measures every server's idle CPU. A browser per
-    server, so that no page is a background tab (whose video the browser may stop presenting)."""
+    """Presses after idle on two servers at once (`servers`: key prefix -> the service's URL and process id; one at
+    keep-warm's default, one with it the other way), alternating which goes first; every rest measures every
+    server's idle CPU. A browser per server, so that no page is a background tab (whose video the browser may stop
+    presenting)."""
     browsers = {
         prefix: await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS) for prefix in servers
     }
@@ -320,10 +351,10 @@ async def _keepwarm_side_by_side(
 
 
 async def _alternate(
-    browsers: dict[str, Any], servers: dict[str, Server], trials: int, rest_s: float, rng: random.Random
+    browsers: dict[str, Any], servers: dict[str, tuple[str, int]], trials: int, rest_s: float, rng: random.Random
 ) -> dict[str, float]:
-    pages = {prefix: await _open(browsers[prefix], server.url, {"chunk_size": 3}) for prefix, server in servers.items()}
-    pids = {prefix: server.process.pid for prefix, server in servers.items()}
+    pages = {prefix: await _open(browsers[prefix], url, {"chunk_size": 3}) for prefix, (url, _) in servers.items()}
+    pids = {prefix: pid for prefix, (_, pid) in servers.items()}
     presses: dict[str, list[float]] = {prefix: [] for prefix in servers}
     cpu: dict[str, list[float]] = {prefix: [] for prefix in servers}
     order = list(servers)
@@ -360,53 +391,39 @@ def _summary(prefix: str, figures: dict[str, list[float]]) -> dict[str, float]:
 
 
 async def _livekit(quick: bool, trials: int, rng: random.Random) -> dict[str, float]:
-    """The defaults through LiveKit, `livekit_` keys, then presses after idle with keep-warm off
-    (`livekit_keepwarm_off_`); empty, with a note, where the private network cannot be made."""
-    from tests.support.livekit_stack import LiveKitStack, standin_stack
+    """The defaults through LiveKit (`livekit_` keys), then presses after idle side by side with a second service
+    on the same server with keep-warm off (`livekit_keepwarm_off_`); empty, with a note, where the stack cannot run."""
+    from tests.support.livekit_stack import LiveKitStack, another_replica, livekit_stack
 
-    reason = LiveKitStack.skip_reason(standin=True)
+    reason = LiveKitStack.skip_reason()
     if reason is not None:
         print(f"latency: LiveKit part skipped ({reason})", file=sys.stderr)
         return {}
     from playwright.async_api import async_playwright
 
-    # The loop's thread enters the namespace: the stand-in, the service and Chromium are all started from it.
+    # The loop's thread enters the namespace: livekit-server, both services and Chromium are all started from it.
     settings = {"LINGSTREAM_LOG_LEVEL": "WARNING", "LINGSTREAM_MAX_SESSIONS_PER_WORKER": "1"}
-    collected: dict[str, dict[str, list[float]]] = {}
-    # One stack at a time; keep-warm on, off, off, on (the full run), so that a load that changes over the run
-    # weighs on both alike. The first round also runs the trials of the defaults.
-    rounds = ["livekit_", "livekit_keepwarm_off_"] + ([] if quick else ["livekit_keepwarm_off_", "livekit_"])
-    idle_trials = 1 if quick else 3
-    for number, prefix in enumerate(rounds):
-        extra = KEEPWARM_OFF if "keepwarm_off" in prefix else {}
-        session_trials = trials if number == 0 else 0
-        with tempfile.TemporaryDirectory() as folder, standin_stack(Path(folder), **settings, **extra) as stack:
-            async with async_playwright() as playwright:
+    results: dict[str, float] = {}
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        livekit_stack(Path(folder), **settings) as stack,
+        another_replica(stack, Path(folder), **settings, **KEEPWARM_OFF) as off,
+    ):
+        async with async_playwright() as playwright:
+            if trials:
                 browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                 try:
-                    figures = await _session(
-                        browser,
-                        stack.url,
-                        {"chunk_size": 3},
-                        session_trials,
-                        rng,
-                        idle_trials=idle_trials,
-                        idle_rest_s=1.5 if quick else IDLE_REST_S,
-                        pid=stack.process.pid,
-                    )
+                    figures = await _session(browser, stack.url, {"chunk_size": 3}, trials, rng)
                 finally:
                     await browser.close()
-        if prefix not in collected:
-            collected[prefix] = figures
-        else:  # a later round of the same setting: its presses after idle and idle CPU join the first's
-            for name in ("first_press_after_idle", "idle_cpu_pct"):
-                collected[prefix][name] += figures[name]
-    results: dict[str, float] = {}
-    for prefix, figures in collected.items():
-        summary = _summary(prefix, figures)
-        if prefix != "livekit_":  # keep-warm off: only the presses after idle and the idle CPU
-            summary = {key: value for key, value in summary.items() if "idle" in key}
-        results |= summary
+                results |= _summary("livekit_", figures)
+            results |= await _keepwarm_side_by_side(
+                playwright,
+                {"livekit_": (stack.url, stack.process.pid), "livekit_keepwarm_off_": (off.url, off.process.pid)},
+                1 if quick else 6,
+                1.5 if quick else IDLE_REST_S,
+                rng,
+            )
     return results
 
 
@@ -457,7 +474,7 @@ async def main(quick: bool, idle_only: bool = False) -> dict[str, float]:
             # Presses after a long rest at the defaults (keep-warm off) and with keep-warm on, side by side.
             results |= await _keepwarm_side_by_side(
                 playwright,
-                {"": server, "keepwarm_on_": server_on},
+                {"": (server.url, server.process.pid), "keepwarm_on_": (server_on.url, server_on.process.pid)},
                 1 if quick else 5,
                 1.5 if quick else IDLE_REST_S,
                 rng,

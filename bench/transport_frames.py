@@ -1,4 +1,4 @@
-"""Benchmark of the transport package (runs in about a minute on 2 cores, no LiveKit server needed).
+"""Benchmark of the transport package (runs in about a minute on 2 cores; its LiveKit part starts its own server).
 
 Measures, in one run:
 - pacing_jitter_p95_ms: p95 of |send time - deadline| of frames leaving `FramePacer` at 16 fps for ~5 s on the real
@@ -14,10 +14,12 @@ Measures, in one run:
   is what Chromium's decoder dropped meanwhile (getStats). Skipped, with a note, without /usr/bin/chromium or
   playwright.
 - livekit_fps_received and livekit_join_s: the same page and session over LiveKit — the service's participant (the
-  real `livekit` SDK) and the page's livekit-client meet through the LiveKit-signalling stand-in of the tests
-  (`tests/support/livekit_server/`, media relayed by aiortc) in a private network namespace: frames per second Chromium
-  presents (target >= 15 of 16), and the seconds from pressing Start (the create request) to the first frame
-  presented. Skipped, with a note, where the namespace cannot be made (it needs root) or without Chromium.
+  real `livekit` SDK) and the page's livekit-client meet through a real `livekit-server` (the release scripts/setup.sh
+  --dev builds; an SFU: it forwards the service's packets) in a private network namespace
+  (`tests/support/livekit_stack.py`): frames per second Chromium presents (target >= 15 of 16), and the seconds from
+  pressing Start (the create request) to the first frame presented (at LiveKit's default keep-warm, a repeat of the
+  last frame may be that first one). Skipped, with a note, where the namespace cannot be made (it needs root),
+  livekit-server is not installed, or without Chromium.
 
 `--quick` is a smoke run of a few seconds over the same paths (1 s windows, 1 s of Chromium warm-up, 30 captures);
 its figures are not the ones to compare. The last line printed is one JSON object with every figure.
@@ -302,15 +304,15 @@ async def bench_livekit(seconds: float, warmup: float = 2.0) -> dict[str, float]
     except ImportError:
         print("livekit_fps_received: skipped (playwright is not installed)", file=sys.stderr)
         return {}
-    from tests.support.livekit_stack import LiveKitStack, standin_stack
+    from tests.support.livekit_stack import LiveKitStack, livekit_stack
 
-    reason = LiveKitStack.skip_reason(standin=True)
+    reason = LiveKitStack.skip_reason()
     if reason is not None or not _CHROMIUM_PRESENT:
         print(f"livekit_fps_received: skipped ({reason or f'no Chromium at {CHROMIUM}'})", file=sys.stderr)
         return {}
-    # The loop's thread enters the namespace: the stand-in, the service and Chromium are all started from it.
+    # The loop's thread enters the namespace: livekit-server, the service and Chromium are all started from it.
     settings = {"LINGSTREAM_LOG_LEVEL": "WARNING", "LINGSTREAM_MAX_SESSIONS_PER_WORKER": "1"}
-    with tempfile.TemporaryDirectory() as folder, standin_stack(Path(folder), **settings) as stack:
+    with tempfile.TemporaryDirectory() as folder, livekit_stack(Path(folder), **settings) as stack:
         async with async_playwright() as playwright:
             browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
@@ -323,7 +325,9 @@ async def bench_livekit(seconds: float, warmup: float = 2.0) -> dict[str, float]
                 await page.fill("#fps", str(int(FPS)))
                 started = time.monotonic()
                 await page.click("#start")
-                await page.wait_for_function("window.lingstream.frames > 0")
+                # The first frame may be a keep-warm repeat (LiveKit's default, 100 ms): through a real server the
+                # page may subscribe after the first chunk went out. Polled on a timer, not on animation frames.
+                await page.wait_for_function("window.lingstream.frames > 0", polling=100)
                 join = time.monotonic() - started
                 await page.focus("#stage")
                 await page.keyboard.down("w")  # a held key keeps the session generating

@@ -24,7 +24,7 @@ import pytest
 
 from tests.support.browser.chromium import CHROMIUM
 from tests.support.fakes.redis_server import REDIS_SERVER
-from tests.support.netns import private_network_support
+from tests.support.livekit_stack import LiveKitStack
 from tests.support.seaweedfs import WEED
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -217,7 +217,8 @@ FIGURES: dict[str, frozenset[str]] = {
         }
     ),
 }
-# Present only when the script could drive a real Chromium; the LiveKit ones also need a private network namespace.
+# Present only when the script could drive a real Chromium; the LiveKit ones also need a private network namespace
+# and livekit-server (the benches' LiveKit parts run on the real server).
 CHROMIUM_FIGURES = frozenset({"webrtc_fps_received", "webrtc_chromium_frames_dropped"})
 LIVEKIT_FIGURES = frozenset({"livekit_fps_received", "livekit_join_s"})
 LATENCY_LIVEKIT_FIGURES = frozenset(
@@ -320,9 +321,9 @@ def test_quick_run_exits_0_and_reports_its_figures(name: str) -> None:
     expected = FIGURES[name]
     if name == "transport_frames" and CHROMIUM.exists() and PLAYWRIGHT:
         expected |= CHROMIUM_FIGURES
-        if private_network_support() is None:
+        if LiveKitStack.skip_reason() is None:
             expected |= LIVEKIT_FIGURES
-    if name == "latency" and private_network_support() is None:
+    if name == "latency" and LiveKitStack.skip_reason() is None:
         expected |= LATENCY_LIVEKIT_FIGURES
     assert expected <= figures.keys(), f"missing figures: {sorted(expected - figures.keys())}"
     if name == "latency":  # the page's `?jitter_ms=0` reached Chromium's receiver; without it the browser chooses
