@@ -4,11 +4,12 @@ scripts/setup.sh --dev builds), all inside a private network namespace with no w
 
 One server and one service (reference model, one worker with two session slots, a 6 s reconnect grace) serve the
 module; every test opens fresh browser contexts and ends its sessions. The page streams, steers and stops (the room
-deleted, the webhooks verified); a third session queues; a viewer watches and its data goes nowhere; a controller
-away longer than the grace ends its session; a room deleted behind the service's back ends its session. The faults
-only the stand-in can inject (a signal connection dropped with a resume kept or refused, a non-final leave) are in
-test_livekit_browser_faults.py. Skipped, with the reason, where the namespace cannot be made (not root, no
-`unshare`), livekit-server is not installed or Chromium is missing.
+deleted, the webhooks verified); a third session queues; a viewer watches and its data goes nowhere; the page's
+connection breaks (resumed, or its resume refused) and the session carries on; a controller away longer than the
+grace ends its session; a room deleted behind the service's back ends its session. The service participant's breaks
+inside `lingstream serve`, which only the stand-in can inject from outside, are in test_livekit_browser_faults.py.
+Skipped, with the reason, where the namespace cannot be made (not root, no `unshare`), livekit-server is not
+installed or Chromium is missing.
 """
 
 from __future__ import annotations
@@ -18,14 +19,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pytest
 
 from tests.support.browser.chromium import BROWSER_SKIPS, launch_chromium
 from tests.support.browser.livekit_pages import (
+    one_more_chunk,
     open_pages,
+    reconnects,
     session_of,
     start,
     stop,
+    turned_and_settled,
 )
 from tests.support.browser.pages import (
     best_shift,
@@ -210,6 +215,53 @@ def test_a_viewer_watches_the_same_video_and_its_control_goes_nowhere(
     stop(controller)
     viewer.wait_for_function("window.lingstream.ended")  # the viewer learns the end too, and leaves nothing behind
     assert viewer.evaluate("window.lingstream.done") == "client_stop"
+
+
+@pytest.mark.parametrize("scenario", ["signal-reconnect", "node-failure"], ids=["resumed", "resume-refused"])
+def test_the_pages_reconnect_rebinds_and_the_session_carries_on(
+    open_page: Callable[..., Page], stack: LiveKitStack, reference_image: Path, scenario: str
+) -> None:
+    """The page's room connection breaks and comes back; the session carries on where it was (*reconnects rebind the
+    transport, never the actor state*: chunk indices and the pose go on, one session). The breaks are livekit-client's
+    own drill against the real server (`Room.simulateScenario`, through `window.lingstream.simulate`):
+    `signal-reconnect` closes the page's signal connection, the server keeps the participant and the page resumes;
+    `node-failure` has the server drop the participant without a word, as a failed node would, so the page's resume
+    is refused and it joins afresh (a new participant of the same identity: the service sees its controller
+    return)."""
+    page = open_page()
+    session = start(page, WIDTH, HEIGHT, reference_image)
+    start_view, _ = grab(page)
+    room, identity = session["transport"]["room"], session["transport"]["identity"]
+    turned, last = turned_and_settled(page)
+    sid, resumes = stack.real.participants(room)[identity].sid, stack.real.resumes(identity)
+    before = reconnects(stack)
+
+    assert page.evaluate("(scenario) => window.lingstream.simulate(scenario)", scenario)
+    if scenario == "signal-reconnect":  # the same participant resumes its signal connection
+        _until(lambda: stack.real.resumes(identity) == resumes + 1, "the page resumed")
+    else:  # the server lost the participant: the resume is refused, livekit-client joins afresh
+        _until(lambda: getattr(stack.real.participants(room).get(identity), "sid", sid) != sid, "the page rejoined")
+        # The service sees its controller leave and return; until the server announces the new participant (up to
+        # 3 s: it publishes nothing) the service would ignore its data, and the snapshot below would be lost.
+        _until(lambda: reconnects(stack)["controller_return"] == before["controller_return"] + 1, "the return")
+    page.wait_for_function("window.lingstream.connection === 'LiveKit connected'", polling=100)
+    after = one_more_chunk(page, last)
+
+    indices = [chunk["index"] for chunk in page.evaluate("window.lingstream.chunks")]
+    assert indices == sorted(indices)
+    assert indices[-1] > last  # chunk indices go on, never from 0 again
+    to_turned = float(np.mean(np.abs(after - turned)))
+    to_start = float(np.mean(np.abs(after - start_view)))
+    assert to_turned < 0.5 * to_start, (to_turned, to_start)  # the pose carried on
+    with stack.client() as client:
+        mine = [s for s in client.get("/v1/sessions").json()["sessions"] if s["status"] == "running"]
+    assert [s["id"] for s in mine] == [session["id"]]  # one session, not a second one
+    now = reconnects(stack)
+    assert now["rejoin"] == before["rejoin"]  # the service participant kept its connection throughout
+    if scenario == "signal-reconnect":
+        assert now["controller_return"] == before["controller_return"]
+        assert stack.real.participants(room)[identity].sid == sid
+    stop(page)
 
 
 def test_a_controller_away_longer_than_the_grace_ends_the_session_and_frees_its_slot(

@@ -179,16 +179,29 @@ class LiveKitServerProcess(ServerProcess):
         request = api.RoomParticipantIdentity(room=room, identity=identity)
         return self._twirp("RemoveParticipant", request.SerializeToString(), room).status_code
 
-    def webhooks(self) -> list[dict[str, Any]]:
-        """The webhooks the server tried to send, from its log: each line's fields (`event`, `room`, `statusCode`
-        …) and `sent` (False: the send failed, e.g. the service answered 401 to a signature it refused)."""
+    def logged(self, *messages: str) -> list[dict[str, Any]]:
+        """The server's log lines whose message is one of `messages`, oldest first: each line's fields (`participant`,
+        `room` …) and `message`."""
         found = []
         for line in self.output().splitlines():
             parts = line.split("\t")
-            if len(parts) >= 6 and parts[4] in ("sent webhook", "failed to send webhook"):
+            if len(parts) >= 6 and parts[4] in messages:
                 fields: dict[str, Any] = json.loads(parts[5])
-                found.append({**fields, "sent": parts[4] == "sent webhook"})
+                found.append({**fields, "message": parts[4]})
         return found
+
+    def webhooks(self) -> list[dict[str, Any]]:
+        """The webhooks the server tried to send, from its log: each line's fields (`event`, `room`, `statusCode`
+        …) and `sent` (False: the send failed, e.g. the service answered 401 to a signature it refused)."""
+        return [
+            {**entry, "sent": entry["message"] == "sent webhook"}
+            for entry in self.logged("sent webhook", "failed to send webhook")
+        ]
+
+    def resumes(self, identity: str) -> int:
+        """How many times the participant `identity` resumed its session (a signal connection re-established with
+        the participant kept: the server logs "resuming RTC session")."""
+        return sum(entry.get("participant") == identity for entry in self.logged("resuming RTC session"))
 
     def state(self) -> dict[str, Any]:
         """Rooms and their participants' identities, for failure messages."""

@@ -112,6 +112,11 @@ window.lingstream = {
   get seq() { return controls.seq; },
   get videoSize() { return { width: video.videoWidth, height: video.videoHeight }; },
   reconnect() { return link !== null && link.kind === "embedded" ? link.connect() : Promise.resolve(); },
+  // LiveKit only: livekit-client's own fault drill on the room connection (tests), e.g. "signal-reconnect" (the signal
+  // connection closed here: a resume) or "node-failure" (the server drops the participant: its resume is refused).
+  simulate(scenario) {
+    return link !== null && link.kind === "livekit" ? link.simulate(scenario) : Promise.resolve(false);
+  },
   // Sends a control protocol message on the current link as the page would (tests, the console); false if none.
   send(message, reliable = true) { return link !== null ? link.send(message, reliable) : false; },
 };

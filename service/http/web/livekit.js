@@ -178,6 +178,13 @@ export class LiveKitLink {
     }
   }
 
+  // livekit-client's fault drill (Room.simulateScenario) on the current room; false when there is none.
+  async simulate(scenario) {
+    if (this.room === null || this.room.state !== "connected") return false;
+    await this.room.simulateScenario(scenario);
+    return true;
+  }
+
   close() {
     this.closed = true;
     if (this.room) this.room.disconnect();
