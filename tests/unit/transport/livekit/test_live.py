@@ -5,7 +5,10 @@ LIVEKIT_API_KEY=devkey LIVEKIT_API_SECRET=secret).
 
 The service side is the real `LiveKitTransport` (RoomService API, service participant, video track); the browser
 is a second `livekit.rtc` participant joining with the controller token: it receives video frames and status, and
-sends control. The scenario runs in a process of its own, born inside the namespace: this process never loads
+sends control. Then the service participant's connection breaks three ways at its own SDK room's request (the
+SDK's `simulate_scenario`: a resume, a resume refused after a node failure, a leave for SERVER_SHUTDOWN), and the
+binding recovers from each (the room factory the transport is given keeps the real rooms it makes, so the scenario
+can reach them). Each scenario runs in a process of its own, born inside the namespace: this process never loads
 `livekit.rtc` (its tests fork), and the SDK's own threads must be born where the server can be reached.
 """
 
@@ -16,7 +19,7 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -29,7 +32,9 @@ from tests.support.netns import HOST_A, PrivateNetwork, private_network_support
 from tests.support.serving import ROOT, free_port
 from transport.base import ChunkStatus, StatusMessage
 from transport.config import CONTROL_TOPIC, STATUS_TOPIC
+from transport.livekit.binding import BindingState
 from transport.livekit.config import LiveKitConfig
+from transport.livekit.room import LiveKitRoom, Room, RoomFactory
 from transport.livekit.rooms import RoomManager
 from transport.livekit.transport import LiveKitTransport
 from transport.protocol import ProtocolError, decode_status, encode_control
@@ -52,14 +57,14 @@ async def _generate(port: FakeSessionPort) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _transport() -> AsyncIterator[LiveKitTransport]:
+async def _transport(room_factory: RoomFactory | None = None) -> AsyncIterator[LiveKitTransport]:
     config = LiveKitConfig(
         url=os.environ["LIVEKIT_URL"],
         api_key=os.environ["LIVEKIT_API_KEY"],
         api_secret=os.environ["LIVEKIT_API_SECRET"],
         room_prefix="lingstream-live-test-",
     )
-    live = LiveKitTransport(config)
+    live = LiveKitTransport(config, room_factory=room_factory)
     await live.start()
     yield live
     await live.aclose()
@@ -140,6 +145,107 @@ async def _browser_participant_gets_video_and_status_and_sends_control(transport
         await rooms.aclose()
 
 
+async def service_scenario() -> None:
+    """The service participant's breaks, run by the test in a process of its own (`python -c`), with LIVEKIT_* set."""
+    rooms: list[LiveKitRoom] = []
+
+    def room_factory() -> Room:
+        room = LiveKitRoom()  # the real SDK room, kept so that the scenario can drill it
+        rooms.append(room)
+        return room
+
+    async with _transport(room_factory) as transport:
+        await _the_service_participant_recovers_every_way_the_server_breaks_it(transport, rooms)
+
+
+async def _the_service_participant_recovers_every_way_the_server_breaks_it(
+    transport: LiveKitTransport, rooms: list[LiveKitRoom]
+) -> None:
+    """The server breaks the service participant's connection three ways, at the participant's own request (the
+    SDK's `simulate_scenario`, the only way a real server does this to one participant): its signal connection
+    closed, the participant kept (the SDK resumes); the participant dropped without a word, as a failed node would
+    (its resume is refused and the SDK joins afresh, republishing the track); a leave for SERVER_SHUTDOWN, a reason
+    that is not final (the SDK gives up and the binding rejoins with a fresh token). After each, a subscriber gets
+    the session's frames again."""
+    from livekit import rtc
+
+    port = FakeSessionPort(f"s{os.getpid()}", width=W, height=H, fps=FPS)
+    details = await transport.attach(port)
+    generator = asyncio.create_task(_generate(port))
+    browser = rtc.Room()
+    arrived = asyncio.Condition()
+    frames = 0
+    readers: list[asyncio.Task[None]] = []
+
+    async def read(track: rtc.Track) -> None:
+        nonlocal frames
+        stream = rtc.VideoStream(track)
+        try:
+            async for _ in stream:
+                async with arrived:
+                    frames += 1
+                    arrived.notify_all()
+        finally:
+            await stream.aclose()
+
+    def on_track(
+        track: rtc.Track, _publication: rtc.RemoteTrackPublication, participant: rtc.RemoteParticipant
+    ) -> None:
+        if participant.identity == details["service_identity"]:  # the first track, and each one republished
+            readers.append(asyncio.create_task(read(track)))
+
+    async def frames_flow() -> None:
+        async with arrived:
+            await arrived.wait_for(lambda: frames >= seen + 8)
+
+    async def settled(step: str, check: Callable[[], bool]) -> None:
+        while not check():
+            stats = transport.session_statistics(port.session_id)
+            assert stats.state in (BindingState.LIVE, BindingState.REJOINING), (step, stats)
+            await asyncio.sleep(0.05)  # the SDK's events arrive on their own; nothing to wait on but its state
+
+    def stats() -> tuple[int, int, bool]:
+        current = transport.session_statistics(port.session_id)
+        return current.sdk_reconnects, current.rejoins, current.state is BindingState.LIVE
+
+    browser.on("track_subscribed", on_track)
+    try:
+        async with asyncio.timeout(3 * _WAIT):
+            await browser.connect(str(details["url"]), str(details["token"]))
+            seen = 0
+            await frames_flow()
+
+            # 1. The signal connection closes, the participant is kept: the SDK resumes, nothing is republished.
+            seen = frames
+            await rooms[-1].sdk_room.simulate_scenario(rtc.SimulateScenarioKind.SIMULATE_SIGNAL_RECONNECT)
+            await settled("resume", lambda: stats() == (1, 0, True))
+            await frames_flow()
+            assert len(rooms) == 1
+
+            # 2. The server drops the participant (a node failure): the resume is refused, the SDK joins afresh
+            # and republishes; the subscriber subscribes to the new track.
+            seen = frames
+            await rooms[-1].sdk_room.simulate_scenario(rtc.SimulateScenarioKind.SIMULATE_NODE_FAILURE)
+            await settled("full reconnect", lambda: stats() == (2, 0, True))
+            await frames_flow()
+            assert len(rooms) == 1
+
+            # 3. A leave for a reason that is not final (SERVER_SHUTDOWN): the binding rejoins, a new room object.
+            seen = frames
+            await rooms[-1].sdk_room.simulate_scenario(rtc.SimulateScenarioKind.SIMULATE_SERVER_LEAVE)
+            await settled("rejoin", lambda: stats()[1:] == (1, True))
+            await frames_flow()
+            assert len(rooms) == 2
+            assert port.gone == []  # the session never ended
+    finally:
+        generator.cancel()
+        for task in readers:
+            task.cancel()
+        await asyncio.gather(generator, *readers, return_exceptions=True)
+        await browser.disconnect()
+    await transport.detach(port.session_id, "test over")
+
+
 @pytest.fixture(scope="module")
 def server_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """LIVEKIT_* for the scenario: the variables set around the tests, else the pinned server's, started in a private
@@ -153,11 +259,20 @@ def server_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, s
     assert "panic" not in server.output(), server.output()[-4000:]
 
 
-def test_browser_participant_gets_video_and_status_and_sends_control(server_env: dict[str, str]) -> None:
+def _run(server_env: dict[str, str], scenario: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("LINGSTREAM_", "LIVEKIT_"))}
     env.update(server_env, PYTHONPATH=str(ROOT))
-    code = f"import asyncio, {__name__} as live; asyncio.run(live.scenario())"
-    run = subprocess.run(
+    code = f"import asyncio, {__name__} as live; asyncio.run(live.{scenario}())"
+    return subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=90, check=False
     )
+
+
+def test_browser_participant_gets_video_and_status_and_sends_control(server_env: dict[str, str]) -> None:
+    run = _run(server_env, "scenario")
+    assert run.returncode == 0, f"the scenario exited {run.returncode}:\n{run.stderr[-6000:]}"
+
+
+def test_the_service_participant_recovers_every_way_the_server_breaks_it(server_env: dict[str, str]) -> None:
+    run = _run(server_env, "service_scenario")
     assert run.returncode == 0, f"the scenario exited {run.returncode}:\n{run.stderr[-6000:]}"
