@@ -29,6 +29,7 @@ from tests.support.serving import ROOT
 from transport.livekit.tokens import TokenIssuer
 
 CLIENT_S = 60.0
+MAX_GAP_S = 3.0  # the longest a subscriber may go without a frame during the churn (measured: see the test)
 VIEWERS = 2
 
 pytestmark = [
@@ -227,21 +228,66 @@ def test_every_viewer_place_fits_the_room_and_the_next_viewer_is_refused_before_
         assert not over["joined"], over
 
 
+def test_a_service_participant_the_server_throws_out_ends_its_session_only(
+    stack: LiveKitStack, session: dict[str, Any]
+) -> None:
+    """The service participant's room connection ended for good by the real server, as the SDK reports it: another
+    participant joins with the service's identity and the server sends the service's participant away
+    (DUPLICATE_IDENTITY, a final reason). That session ends with the stable `client_gone` code naming the reason; the
+    replica and its other session run on, steered as before. (What no test can contain is a Rust panic in the FFI:
+    it unwinds into an `extern "C"` function and aborts the process; docs/livekit.md says why the service's own
+    use of the SDK does not take the path that panicked.)"""
+    details = session["transport"]
+    with stack.client() as client:
+        created = client.post("/v1/sessions", json={"config": {"width": 128, "height": 96}})
+        assert created.status_code == 201, created.text
+        other: dict[str, Any] = client.get(f"/v1/sessions/{created.json()['id']}").json()
+    try:
+        impostor = TokenIssuer(stack.real.api_key, stack.real.api_secret).service(
+            session["id"], details["room"], identity=details["service_identity"]
+        )
+        # The impostor's own join may end either way: the server takes it and throws the service's participant out,
+        # the session ends and the service deletes its room, which can reach the impostor before its join completes
+        # (then "requested room does not exist"). What counts is what the service did.
+        _client("join", details["url"], impostor.token)
+        ended = _wait_status(stack, session["id"], {"closed", "failed"})
+        assert ended["reason"] == "client_gone: the room connection ended: DUPLICATE_IDENTITY", ended
+        assert stack.process.poll() is None, stack.output()[-4000:]  # the replica is alive
+        report = _client("control", other["transport"]["url"], other["transport"]["token"])
+        assert report.get("error") is None, report
+        assert report["second_chunk"]["index"] > report["first_chunk"]["index"]
+        assert report["done"] == "closed"
+    finally:
+        with stack.client() as client:
+            client.delete(f"/v1/sessions/{other['id']}", params={"mode": "cancel"})
+
+
 def test_sdk_peers_joining_and_leaving_under_load_never_take_the_replica_down(
     stack: LiveKitStack, session: dict[str, Any]
 ) -> None:
     """The service's own use of the SDK (its participant, and the room events every join and leave brings it) under
     a loaded machine while SDK peers join and leave the session's room over and over: the service process lives on,
-    the session streams throughout, and the replica takes a new session afterwards. (The abort once seen in a test
-    client, "v1 path not found (404), falling back to v0 path" then a panic in the Rust FFI, came from the stand-in's
-    v0-only signalling; a real server serves v1, and this churn takes that path.)"""
+    the controller, subscribed throughout with `w` held, keeps getting frames the whole time, and the session is
+    steered afterwards. (The abort once seen in a test client, "v1 path not found (404), falling back to v0 path"
+    then a panic in the Rust FFI, came from the stand-in's v0-only signalling; a real server serves v1, and this
+    churn takes that path.)"""
     details = session["transport"]
     with stack.client() as client:
         viewers = [client.post(f"/v1/sessions/{session['id']}/viewers").json() for _ in range(VIEWERS)]
-    burners = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)
-    ]  # load both cores alongside
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.livekit_client", "watch", details["url"], details["token"]],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    burners: list[subprocess.Popen[bytes]] = []
     try:
+        assert watcher.stdout is not None
+        assert watcher.stdin is not None
+        assert json.loads(watcher.stdout.readline()) == {"joined": True}  # its first frame is in
+        burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]  # both cores
         churners = [
             subprocess.Popen(
                 [sys.executable, "-m", "tests.support.livekit_client", "churn", v["url"], v["token"], "--times", "6"],
@@ -256,12 +302,22 @@ def test_sdk_peers_joining_and_leaving_under_load_never_take_the_replica_down(
         for churner in churners:
             out, _ = churner.communicate(timeout=CLIENT_S * 2)
             reports.append(json.loads(out.strip().splitlines()[-1]))
+        out, _ = watcher.communicate("", timeout=CLIENT_S)
+        watched = json.loads(out.strip().splitlines()[-1])
     finally:
         for burner in burners:
             burner.kill()
             burner.wait()
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
     assert [report["joins"] for report in reports] == [6] * len(reports), reports
     assert stack.process.poll() is None, stack.output()[-4000:]  # the replica is alive
+    # Frames kept coming all through the churn: no stall of a few seconds, and a few frames a second at least
+    # (generated ones with `w` held, keep-warm repeats every 100 ms when generation falls behind under the load).
+    assert watched.get("error") is None, watched
+    assert watched["max_gap_s"] < MAX_GAP_S, watched
+    assert watched["frames"] >= 2 * watched["watched_s"], watched
     with stack.client() as client:
         assert client.get(f"/v1/sessions/{session['id']}").json()["status"] == "running"
     report = _client("control", details["url"], details["token"])  # it still generates, is steered, then stops
@@ -269,3 +325,7 @@ def test_sdk_peers_joining_and_leaving_under_load_never_take_the_replica_down(
     assert report["second_chunk"]["index"] > report["first_chunk"]["index"]
     assert report["done"] == "client_stop"
     assert "panic" not in stack.output()
+    # The service's SDK signals on the v1 path, which the real server serves: the v0 fallback that once aborted a
+    # client's process ("v1 path not found (404), falling back to v0 path") is never taken.
+    assert "/rtc/v1" in stack.output()
+    assert "falling back to v0" not in stack.output()

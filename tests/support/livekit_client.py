@@ -19,6 +19,9 @@ Scenarios:
 - `churn`: join and leave again `--times` times, each with a fresh room (`joins`: how many joins succeeded).
 - `hold`: join, print `{"joined": true}` (or the report with the SDK's `error`) at once, stay in the room until
   stdin closes, then leave (for tests that need several participants in a room at the same time).
+- `watch`: as the session's controller, hold `w` (a snapshot resent every 0.25 s, as a page does) and count the
+  frames of the service's video track: print `{"joined": true}` once the first frame is in, then count until stdin
+  closes (`frames`, and `max_gap_s`, the longest wait between two frames in that time).
 
 `livekit.rtc` is imported here only, in this process: the test process never loads the FFI (it forks). Every stream
 and the room are closed before the process exits (the FFI may abort at exit otherwise).
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import sys
 import time
@@ -228,6 +232,55 @@ async def _churn(url: str, token: str, times: int) -> dict[str, Any]:
     return {"scenario": "churn", "joined": joins > 0, "joins": joins, "errors": errors}
 
 
+async def _watch(room: rtc.Room, control: str) -> dict[str, Any]:
+    arrivals: list[float] = []
+    first = asyncio.Event()
+    video: asyncio.Future[rtc.Track] = asyncio.get_running_loop().create_future()
+
+    def on_subscribed(track: rtc.Track, *_: Any) -> None:
+        if track.kind == rtc.TrackKind.KIND_VIDEO and not video.done():
+            video.set_result(track)
+
+    room.on("track_subscribed", on_subscribed)
+    for participant in room.remote_participants.values():
+        for publication in participant.track_publications.values():
+            if publication.track is not None and publication.kind == rtc.TrackKind.KIND_VIDEO and not video.done():
+                video.set_result(publication.track)
+
+    async def count() -> None:
+        stream = rtc.VideoStream(await video)
+        try:
+            async for _ in stream:
+                arrivals.append(time.monotonic())
+                first.set()
+        finally:
+            await stream.aclose()
+
+    async def hold() -> None:
+        while True:
+            await _send(room, control, _snapshot(1, ["w"]), reliable=False)
+            await asyncio.sleep(0.25)  # a page's resend period, roughly
+
+    tasks = [asyncio.create_task(count()), asyncio.create_task(hold())]
+    try:
+        async with asyncio.timeout(_WAIT_S):
+            await first.wait()
+        print(json.dumps({"joined": True}), flush=True)
+        since = time.monotonic()
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        until = time.monotonic()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    seen = [since, *(at for at in arrivals if since < at < until), until]
+    return {
+        "frames": len(seen) - 2,
+        "watched_s": round(until - since, 2),
+        "max_gap_s": round(max(b - a for a, b in itertools.pairwise(seen)), 3),
+    }
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.scenario == "churn":
         return await _churn(args.url, args.token, args.times)
@@ -238,7 +291,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     room.on("data_received", statuses.on_data)
     report: dict[str, Any] = {"scenario": args.scenario, "joined": False}
     try:
-        await room.connect(args.url, args.token, rtc.RoomOptions(auto_subscribe=False, connect_timeout=10.0))
+        options = rtc.RoomOptions(auto_subscribe=args.scenario == "watch", connect_timeout=10.0)
+        await room.connect(args.url, args.token, options)
     except rtc.ConnectError as exc:
         report["error"] = exc.message
         return report
@@ -255,6 +309,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 report |= await _foreign(room, statuses, args.topic_control, args.service)
             case "publish":
                 report |= await _publish(room)
+            case "watch":
+                report |= await _watch(room, args.topic_control)
     except TimeoutError:
         report["error"] = "timed out"
     finally:
@@ -265,7 +321,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("scenario", choices=["join", "control", "foreign", "publish", "hold", "churn", "labels"])
+    parser.add_argument(
+        "scenario", choices=["join", "control", "foreign", "publish", "hold", "churn", "labels", "watch"]
+    )
     parser.add_argument("--service", help="foreign: the service participant's identity, to call it by RPC")
     parser.add_argument("--times", type=int, default=5, help="churn: how many joins")
     parser.add_argument("url")
