@@ -360,35 +360,3 @@ def test_the_prompt_box_steers_the_picture_and_pause_holds_it(open_page: Callabl
     page.keyboard.up("w")
     page.click("#stop")
     page.wait_for_function("window.lingstream.ended")
-
-
-_LIVEKIT = ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET")
-
-
-@pytest.mark.livekit_live
-@pytest.mark.skipif(
-    not all(os.environ.get(name) for name in _LIVEKIT),
-    reason="needs a LiveKit server: set LIVEKIT_URL, LIVEKIT_API_KEY and LIVEKIT_API_SECRET (livekit-server --dev)",
-)
-def test_the_page_joins_through_livekit(browser: Browser, tmp_path: Path) -> None:
-    """The LiveKit path of the page against a real server (opt-in): join with the token, video from the service
-    participant, control as data, status back."""
-    with _serve(tmp_path / "serve.log", **{name: os.environ[name] for name in _LIVEKIT}) as live:
-        context = browser.new_context()
-        try:
-            page = context.new_page()
-            page.set_default_timeout(WAIT_MS)
-            page.goto(f"{live.url}/")
-            page.wait_for_function("window.lingstream !== undefined")
-            assert "LiveKit" in page.inner_text("#transport-info")
-            _start(page)
-            _wait_frames(page)
-            assert page.evaluate("window.lingstream.transport") == "livekit"
-            assert page.evaluate("window.lingstream.videoSize") == {"width": WIDTH, "height": HEIGHT}
-            page.focus("#stage")
-            hold_until_applied(page, "l")
-            page.keyboard.up("l")
-            page.click("#stop")
-            page.wait_for_function("window.lingstream.state === 'closed'")
-        finally:
-            context.close()
