@@ -86,7 +86,7 @@ class LiveKitConfig:
         if self.room.max_participants != 0 and self.room.max_participants < capacity:
             raise TransportConfigError(
                 f"room max_participants {self.room.max_participants} is below what {self.max_viewers} viewers need "
-                f"({capacity}: the controller, the service participant and the viewers)"
+                f"({capacity}: the controller and the viewers)"
             )
         check_idle_frame_interval(self.idle_frame_interval)
         project = (bool(self.url), bool(self.api_key), bool(self.api_secret))

@@ -41,13 +41,14 @@ class RoomConfig:
     `empty_timeout`: seconds a room waits for its first participant before the server closes it.
     `departure_timeout`: seconds a room stays open after its last participant left (the service deletes rooms
     itself; both timeouts are the safety net when the service dies without cleaning up).
-    `max_participants`: controller + service participant + viewers (0 means no limit; `room_capacity`).
+    `max_participants`: controller + viewers (0 means no limit; `room_capacity`): the server does not count the
+    service participant, whose token is of kind `agent`.
     `request_timeout`: seconds for one RoomService call.
     """
 
     empty_timeout: int = 30
     departure_timeout: int = 20
-    max_participants: int = 2 + DEFAULT_MAX_VIEWERS
+    max_participants: int = 1 + DEFAULT_MAX_VIEWERS
     request_timeout: float = 10.0
 
     def __post_init__(self) -> None:
@@ -55,9 +56,9 @@ class RoomConfig:
             raise TransportConfigError(f"room empty_timeout must be at least 1 s, got {self.empty_timeout}")
         if self.departure_timeout < 1:
             raise TransportConfigError(f"room departure_timeout must be at least 1 s, got {self.departure_timeout}")
-        if self.max_participants != 0 and self.max_participants < 2:
+        if self.max_participants != 0 and self.max_participants < 1:
             raise TransportConfigError(
-                f"room max_participants must be 0 (no limit) or at least 2 (controller and service), "
+                f"room max_participants must be 0 (no limit) or at least 1 (the controller), "
                 f"got {self.max_participants}"
             )
         if not self.request_timeout > 0:
@@ -65,10 +66,12 @@ class RoomConfig:
 
 
 def room_capacity(max_viewers: int | None) -> int:
-    """A session room's `max_participants`: the controller, the service participant and `max_viewers` viewers (None:
-    viewers unbounded, so the room is too: 0). A real server refuses the join past it, so a smaller room would
-    refuse viewers the service granted a place."""
-    return 0 if max_viewers is None else 2 + max_viewers
+    """A session room's `max_participants`: the controller and `max_viewers` viewers (None: viewers unbounded, so the
+    room is too: 0). The service participant is not counted: a real server leaves participants of kind `agent` (the
+    service's token, `tokens.py`) out of the count, as it does egress. A real server refuses the join past it, so a
+    smaller room would refuse viewers the service granted a place, and a larger one would let in more than the
+    service granted."""
+    return 0 if max_viewers is None else 1 + max_viewers
 
 
 @dataclass(frozen=True, slots=True)

@@ -222,14 +222,15 @@ def test_browsers_get_the_client_url_and_the_service_dials_livekit_url(monkeypat
 
 
 def test_session_rooms_hold_the_controller_the_service_and_every_viewer_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The service participant (kind agent) is not counted by the server: max_participants is controller + viewers.
     monkeypatch.setenv("LIVEKIT_URL", "wss://lk.example")
     monkeypatch.setenv("LIVEKIT_API_KEY", "k")
     monkeypatch.setenv("LIVEKIT_API_SECRET", "s")
-    assert livekit_config(load_settings()).room.max_participants == 2 + 8  # the default LINGSTREAM_MAX_VIEWERS
+    assert livekit_config(load_settings()).room.max_participants == 1 + 8  # the default LINGSTREAM_MAX_VIEWERS
     monkeypatch.setenv("LINGSTREAM_MAX_VIEWERS", "30")
-    assert livekit_config(load_settings()).room.max_participants == 32
+    assert livekit_config(load_settings()).room.max_participants == 31
     monkeypatch.setenv("LINGSTREAM_MAX_VIEWERS", "0")
-    assert livekit_config(load_settings()).room.max_participants == 2
+    assert livekit_config(load_settings()).room.max_participants == 1
 
 
 def test_a_recordings_directory_that_cannot_be_written_stops_the_start_naming_the_variable(tmp_path: Path) -> None:

@@ -137,7 +137,7 @@ async def test_calls_before_start_are_refused() -> None:
 
 @pytest.mark.parametrize(
     "settings",
-    [{"empty_timeout": 0}, {"departure_timeout": 0}, {"max_participants": 1}, {"request_timeout": 0}],
+    [{"empty_timeout": 0}, {"departure_timeout": 0}, {"max_participants": -1}, {"request_timeout": 0}],
 )
 def test_invalid_room_config_is_refused(settings: dict[str, float]) -> None:
     with pytest.raises(TransportConfigError):
@@ -213,8 +213,8 @@ def test_webhook_without_authorization_or_with_garbage_is_rejected() -> None:
 
 
 def test_a_rooms_capacity_is_the_controller_the_service_and_every_viewer_place() -> None:
-    assert room_capacity(8) == 10
-    assert room_capacity(0) == 2  # no viewers: the controller and the service participant
+    assert room_capacity(8) == 9  # the service participant (kind agent) is not counted by the server
+    assert room_capacity(0) == 1  # no viewers: the controller
     assert room_capacity(None) == 0  # viewers unbounded: so is the room
     assert RoomConfig().max_participants == room_capacity(DEFAULT_MAX_VIEWERS)
 
@@ -224,6 +224,6 @@ def test_a_room_smaller_than_the_viewer_places_is_refused_at_start() -> None:
     viewers 5 to 8 a 201 and a join the server refuses."""
     with pytest.raises(TransportConfigError, match="below what 8 viewers need"):
         LiveKitConfig(url="ws://lk", api_key="k", api_secret="s", max_viewers=8, room=RoomConfig(max_participants=6))
-    assert LiveKitConfig(url="ws://lk", api_key="k", api_secret="s", max_viewers=8).room.max_participants == 10
+    assert LiveKitConfig(url="ws://lk", api_key="k", api_secret="s", max_viewers=8).room.max_participants == 9
     unbounded = RoomConfig(max_participants=0)
     assert LiveKitConfig(url="ws://lk", api_key="k", api_secret="s", max_viewers=8, room=unbounded).room == unbounded
