@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 PLAYWRIGHT = importlib.util.find_spec("playwright") is not None
 RUN_TIMEOUT_S = 180.0
+# latency's quick run starts two embedded services and a LiveKit stack (a real livekit-server and two services):
+# 106 s on a loaded 2-core machine, 174 s under heavier load (2026-12-02), too close to the others' bound.
+RUN_TIMEOUT_S_BY_SCRIPT = {"latency": 300.0}
 
 _PER_CHUNK = ("rtf_p95", "first_output_s", "control_to_output_p95_s", "c2o_over_chunk_period", "chunks_per_s")
 
@@ -306,12 +309,18 @@ def test_documented_bench_commands_name_real_scripts_and_options() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.timeout(max(RUN_TIMEOUT_S, *RUN_TIMEOUT_S_BY_SCRIPT.values()) + 30)
 @pytest.mark.parametrize("name", [pytest.param(name, marks=_MARKS.get(name, [])) for name in sorted(FIGURES)])
 def test_quick_run_exits_0_and_reports_its_figures(name: str) -> None:
     command = [sys.executable, "-m", f"bench.{name}", *COMMANDS.get(name, ()), "--quick"]
     run = subprocess.run(
-        command, cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+        command,
+        cwd=ROOT,
+        env=_environment(),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S_BY_SCRIPT.get(name, RUN_TIMEOUT_S),
+        check=False,
     )
     assert run.returncode == 0, f"{' '.join(command[1:])} exited {run.returncode}:\n{run.stderr[-4000:]}"
     lines = run.stdout.strip().splitlines()
