@@ -130,11 +130,14 @@ def test_the_page_streams_steers_and_stops_through_livekit(
     page.click("#pause")  # "Resume" now
     page.wait_for_function("window.lingstream.calls.length === 2", polling=100)
     stop(page)
-    assert page.evaluate("window.lingstream.calls") == [
+    calls = page.evaluate("window.lingstream.calls")
+    assert calls[:2] == [
         {"type": "pause", "state": "paused", "applied": True},
         {"type": "resume", "state": "running", "applied": True},
-        {"type": "stop", "state": "draining", "applied": True},
     ]
+    # The stop's answer, unless the service left the room first and livekit-client heard of it (by signalling)
+    # before the answer's data packet arrived: then the call ends "recipient disconnected", not listed as an answer.
+    assert calls[2:] in ([{"type": "stop", "state": "draining", "applied": True}], []), calls
     # The end is deterministic: the final `done` status arrives over LiveKit data before the page lets go.
     assert page.evaluate("window.lingstream.done") == "client_stop"
     assert page.evaluate("window.lingstream.state") == "closed"

@@ -54,7 +54,15 @@ def test_the_python_client_steers_by_rpc_and_labels_every_frame_by_its_frame_id(
         assert created.status_code == 201, created.text
         session_id = created.json()["id"]
     run = subprocess.run(
-        [sys.executable, "-m", "tests.support.livekit_client", "labels", stack.url, session_id],
+        [
+            sys.executable,
+            "-m",
+            "tests.support.livekit_client",
+            "labels",
+            stack.url,
+            "--",
+            session_id,
+        ],  # an id may start "-"
         cwd=ROOT,
         capture_output=True,
         text=True,

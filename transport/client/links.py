@@ -41,6 +41,9 @@ __all__ = ["CommandLink", "EmbeddedLink", "Link", "LiveKitLink", "default_ice_ad
 # have (an older service), a server without RPC, no acknowledgement in time (the call never arrived). Sending the
 # packet then is safe: every command is idempotent or deduplicated by its `seq`.
 _PACKET_INSTEAD = frozenset({1400, 1403, 1501})
+# LiveKit's RPC error when the callee left the room before its answer arrived (the SDK learns of the departure by
+# signalling, which can overtake the answer's data packet): after a `stop`, the session is over, as asked.
+_RECIPIENT_DISCONNECTED = 1503
 
 
 class Link(Protocol):
@@ -274,6 +277,8 @@ class LiveKitLink:
             if exc.code in _PACKET_INSTEAD:
                 await self.send(encode_control(message), reliable=True)
                 return None
+            if exc.code == _RECIPIENT_DISCONNECTED and control_type(message) == "stop":
+                return None  # the service left the room (the session ended) before its answer reached us
             raise ControlRefusedError(exc.data or f"rpc_{exc.code}", exc.message, exc.code) from exc
         state = json.loads(answer).get("state")
         return state if isinstance(state, str) else None

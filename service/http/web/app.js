@@ -685,6 +685,10 @@ async function command(message) {
     render();
     return "answered";
   } catch (error) {
+    // 1503: the service left the room before its answer arrived (livekit-client learns of the departure by
+    // signalling, which can overtake the answer): after a stop the session is over, as asked; the REST fallback
+    // confirms it.
+    if (message.type === "stop" && error.code === 1503) return "sent";
     const code = typeof error.data === "string" && error.data !== "" ? error.data : `rpc_${error.code}`;
     page.calls.push({ type: message.type, code, message: error.message || String(error) });
     onStatus({ v: 1, type: "error", code, message: error.message || String(error) });
