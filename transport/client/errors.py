@@ -3,7 +3,8 @@ client's side of a session.
 
     ClientError
     ├── ApiError                     a non-2xx answer; `status`, `code` (the service's stable code), `message`
-    │   ├── UnauthorizedError        unauthorized, viewer_token_expired, viewer_token_invalid
+    │   ├── UnauthorizedError        unauthorized, viewer_token_expired, viewer_token_invalid, token_invalid,
+    │   │                            token_expired, token_revoked      a missing, wrong, expired or revoked credential
     │   ├── SessionNotFoundError     session_not_found                 no such session for this key
     │   ├── InvalidInputError        invalid_request, invalid_config, invalid_image, payload_too_large,
     │   │                            image_too_large, unsupported_media_type, invalid_since, prompt_too_large,
@@ -11,6 +12,8 @@ client's side of a session.
     │   ├── RoomNotFoundError        room_not_found                    the named LiveKit room does not exist
     │   ├── RoomInUseError           room_in_use                       it holds a session of the service already
     │   ├── LiveKitTokenError        livekit_token_invalid, livekit_token_refused  the caller's LiveKit token
+    │   ├── TokenError               token_scope, origin_not_allowed, token_bounds, token_exhausted,
+    │   │                            tokens_not_configured             a client/session token cannot do this
     │   ├── RateLimitedError         queue_full, quota_exceeded, too_many_viewers  (`retry_after`: Retry-After)
     │   ├── UnavailableError         draining, not_ready, admission_unavailable
     │   ├── SessionNotRunningError   session_not_running, session_on_other_replica, session_queued
@@ -47,6 +50,7 @@ __all__ = [
     "SessionNotFoundError",
     "SessionNotRunningError",
     "SessionStartError",
+    "TokenError",
     "UnauthorizedError",
     "UnavailableError",
     "UnreachableError",
@@ -94,6 +98,11 @@ class RoomInUseError(ApiError):
 class LiveKitTokenError(ApiError):
     """`livekit_token_invalid` (the create's `livekit.url`/`livekit.token` cannot work, checked before it queued) or
     `livekit_token_refused` (the LiveKit server refused the token when the service joined)."""
+
+
+class TokenError(ApiError):
+    """A valid client, session or watch token that cannot do this: outside its scope or bounds, from an origin it
+    does not allow, its creates used up, or no token secret configured on the service (docs/integrate.md)."""
 
 
 class RateLimitedError(ApiError):
@@ -164,6 +173,14 @@ _BY_CODE: Mapping[str, type[ApiError]] = MappingProxyType(
         "unauthorized": UnauthorizedError,
         "viewer_token_expired": UnauthorizedError,
         "viewer_token_invalid": UnauthorizedError,
+        "token_invalid": UnauthorizedError,
+        "token_expired": UnauthorizedError,
+        "token_revoked": UnauthorizedError,
+        "token_scope": TokenError,
+        "origin_not_allowed": TokenError,
+        "token_bounds": TokenError,
+        "token_exhausted": TokenError,
+        "tokens_not_configured": TokenError,
         "session_not_found": SessionNotFoundError,
         "invalid_request": InvalidInputError,
         "invalid_config": InvalidInputError,

@@ -294,7 +294,7 @@ async def test_the_transport_gets_chunks_status_and_control_through_the_session_
         await until(lambda: transport.detached, "the transport to detach", every=0)
         assert transport.detached == [(session, "client_stop")]
         statuses = transport.statuses[session]
-        assert ChunkStatus(index=0, applied_seq=-1, keys=(), timings={"fake": 0.0}) in statuses
+        assert ChunkStatus(index=0, applied_seq=-1, keys=(), timings={"fake": 0.0}, first_frame_id=0) in statuses
         assert statuses[-1] == DoneStatus("client_stop")
         assert StateStatus("running", None) in statuses
 
