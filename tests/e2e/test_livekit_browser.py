@@ -248,6 +248,19 @@ def test_the_pages_reconnect_rebinds_and_the_session_carries_on(
         # 3 s: it publishes nothing) the service would ignore its data, and the snapshot below would be lost.
         _until(lambda: reconnects(stack)["controller_return"] == before["controller_return"] + 1, "the return")
     page.wait_for_function("window.lingstream.connection === 'LiveKit connected'", polling=100)
+    # One more chunk: a snapshot resent (reliable) until a chunk comes, as a page resends what it holds; a packet
+    # sent right after a (re)join may be lost.
+    page.evaluate(
+        """(last) => new Promise((resolve) => {
+          const tick = () => {
+            if (window.lingstream.lastChunk.index > last) return resolve();
+            window.lingstream.send({v: 1, type: "control_state", seq: Date.now(), keys: []}, true);
+            setTimeout(tick, 500);
+          };
+          tick();
+        })""",
+        last,
+    )
     after = one_more_chunk(page, last)
 
     indices = [chunk["index"] for chunk in page.evaluate("window.lingstream.chunks")]
