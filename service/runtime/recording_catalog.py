@@ -80,9 +80,9 @@ def decode_entry(raw: str | bytes) -> RecordingEntry:
     if not isinstance(fields, dict):
         raise ValueError("not a recording entry")
     try:
-        fields["state"] = RecordingState(fields["state"])
+        fields["state"] = RecordingState(fields.get("state"))
         return RecordingEntry(**fields)
-    except (KeyError, TypeError) as exc:
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"not a recording entry: {exc}") from None
 
 

@@ -137,7 +137,7 @@ class TokenCodec:
             raise TokenInvalidError("the token's signature or claims are not valid") from None
         try:
             grant = _grant(claims)
-        except (KeyError, TypeError, ValueError):
+        except (TypeError, ValueError):
             raise TokenInvalidError("the token's claims are not valid") from None
         if grant.expires_at <= self._clock():
             raise TokenExpiredError(f"the {claims['kind']} token has expired; ask for a new one")
@@ -147,23 +147,30 @@ class TokenCodec:
 def _grant(claims: dict[str, Any]) -> Grant:
     if claims.get("ver") != _VERSION:
         raise ValueError("unknown version")
-    kind = TokenKind(claims["kind"])
-    owner, token_id, expires_at = str(claims["sub"]), str(claims["jti"]), float(claims["exp"])
+    kind = TokenKind(_claim(claims, "kind"))
+    owner, token_id, expires_at = str(_claim(claims, "sub")), str(_claim(claims, "jti")), float(_claim(claims, "exp"))
     if kind is TokenKind.CLIENT:
         max_seconds = claims.get("max_seconds")
         return ClientGrant(
             owner=owner,
             token_id=token_id,
             expires_at=expires_at,
-            max_creates=int(claims["n"]),
+            max_creates=int(_claim(claims, "n")),
             max_seconds=None if max_seconds is None else float(max_seconds),
-            record=bool(claims["record"]),
-            origins=tuple(str(origin) for origin in claims["origins"]),
+            record=bool(_claim(claims, "record")),
+            origins=tuple(str(origin) for origin in _claim(claims, "origins")),
         )
-    session_id = claims["sid"]
+    session_id = _claim(claims, "sid")
     if not isinstance(session_id, str):
         raise TypeError("sid")
     if kind is TokenKind.SESSION:
         origins = tuple(str(origin) for origin in claims.get("origins", ()))
         return SessionGrant(owner=owner, session_id=session_id, expires_at=expires_at, origins=origins)
     return WatchGrant(owner=owner, session_id=session_id, share_id=token_id, expires_at=expires_at)
+
+
+def _claim(claims: dict[str, Any], name: str) -> Any:
+    """A claim the token must carry; a missing one is `ValueError` (the token is not valid)."""
+    if name not in claims:
+        raise ValueError(f"no {name!r} claim")
+    return claims[name]
