@@ -258,7 +258,7 @@ def test_a_service_participant_the_server_throws_out_ends_its_session_only(
         report = _client("control", other["transport"]["url"], other["transport"]["token"])
         assert report.get("error") is None, report
         assert report["second_chunk"]["index"] > report["first_chunk"]["index"]
-        assert report["done"] == "closed"
+        assert report["done"] == "client_stop"
     finally:
         with stack.client() as client:
             client.delete(f"/v1/sessions/{other['id']}", params={"mode": "cancel"})

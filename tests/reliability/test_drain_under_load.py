@@ -117,7 +117,7 @@ async def test_sigterm_under_load_drains_and_every_session_gets_its_final_status
     assert finals[("closed", "service_drain")] >= 3
     for statuses in done:
         assert isinstance(statuses[-1], DoneStatus)
-        assert statuses[-1].reason == "closed"
+        assert statuses[-1].reason in {"service_drain", "completed"}  # done names why, as the REST reason does
         assert any(isinstance(status, StateStatus) and status.state == "draining" for status in statuses)
     after = {status for (when, status) in answers if when == "after"}
     assert after <= {201, 202, 429, 503}, answers  # a create racing the signal may still land; nothing fails

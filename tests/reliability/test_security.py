@@ -162,8 +162,13 @@ def _claims(token: str) -> dict[str, Any]:
 
 def _check_token(token: str, *, role: str, identity: str, room: str, session_id: str, video: dict[str, Any]) -> None:
     claims = _claims(token)
-    assert set(claims) == {"name", "metadata", "video", "sub", "iss", "nbf", "exp"}, claims
-    assert claims["video"] == {"roomJoin": True, "room": room, "canUpdateOwnMetadata": False, **video}
+    # The service participant alone is of kind `agent` and may set its own attributes (the session's state lives there).
+    service = role == "service"
+    assert set(claims) == {"name", "metadata", "video", "sub", "iss", "nbf", "exp", *(["kind"] if service else [])}, (
+        claims
+    )
+    assert claims.get("kind") == ("agent" if service else None)
+    assert claims["video"] == {"roomJoin": True, "room": room, "canUpdateOwnMetadata": service, **video}
     assert claims["sub"] == identity
     assert claims["iss"] == LIVEKIT_KEY
     assert claims["name"] == role
