@@ -675,6 +675,16 @@ def test_browsers_get_livekit_client_url_when_it_is_set(chart: Any) -> None:
         render(chart, {"livekit": {**livekit, "clientUrl": "https://livekit.example.com"}})
 
 
+def test_callers_livekit_servers_are_allowed_by_name_with_or_without_livekit_credentials(chart: Any) -> None:
+    urls = ["wss://*.livekit.cloud", "wss://livekit.example.com:7880"]
+    alone = only(render(chart, {"livekit": {"callerUrls": urls}}), "ConfigMap")["data"]
+    assert alone["LINGSTREAM_LIVEKIT_CALLER_URLS"] == "wss://*.livekit.cloud,wss://livekit.example.com:7880"
+    assert "LIVEKIT_URL" not in alone  # callers' tokens only: no credentials of the pods' own
+    assert "LINGSTREAM_LIVEKIT_CALLER_URLS" not in only(render(chart, {}), "ConfigMap")["data"]
+    with pytest.raises(helm.HelmValuesError, match="callerUrls"):  # one server an item, a ws:// or wss:// URL or *
+        render(chart, {"livekit": {"callerUrls": ["wss://a.example.com,wss://b.example.com"]}})
+
+
 def test_livekit_url_without_credentials_refuses_to_render(chart: Any) -> None:
     with pytest.raises(helm.HelmRenderError, match=r"livekit\.apiKey"):
         render(chart, {"livekit": {"url": "wss://livekit.example.com"}})
