@@ -193,6 +193,11 @@ def test_a_viewer_watches_the_same_video_and_its_control_goes_nowhere(
     controller.keyboard.up("w")
     assert viewer.evaluate("window.lingstream.role") == "viewer"
     assert viewer.evaluate("window.lingstream.videoSize") == {"width": WIDTH, "height": HEIGHT}
+    # A late joiner learns the session's state from the service participant's attributes, not a broadcast.
+    attributes = viewer.evaluate("window.lingstream.serviceAttributes")
+    assert attributes["lingstream.session_id"] == session["id"], attributes
+    assert attributes["lingstream.state"] == "running", attributes
+    assert viewer.evaluate("window.lingstream.state") == "running"
     assert viewer.is_disabled("#stop")
     members = stack.real.participants(session["transport"]["room"])
     (viewer_identity,) = [identity for identity in members if identity.startswith("view-")]

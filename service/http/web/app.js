@@ -104,6 +104,8 @@ window.lingstream = {
   get role() { return page.role; },
   get credential() { return page.credential; },
   get shareUrl() { return page.shareUrl; },
+  // LiveKit only: the service participant's attributes as the page last read them (`lingstream.state`, ...).
+  get serviceAttributes() { return link !== null && link.attributes ? { ...link.attributes } : {}; },
   get connection() { return page.connection; },
   get jitterBufferTarget() { return page.jitterBufferTarget; },
   get generation() { return link !== null && link.generation !== undefined ? link.generation : 0; },
