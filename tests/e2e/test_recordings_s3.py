@@ -14,7 +14,6 @@ import contextlib
 import functools
 import io
 import os
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -34,7 +33,7 @@ from service.storage import Credentials, ObjectStoreConfig, ObjectStoreError, S3
 from tests.support.fakes.recording_writers import RawWriter
 from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
 from tests.support.seaweedfs import WEED, SeaweedS3
-from tests.support.serving import ROOT, environment, free_port, lingstream
+from tests.support.serving import spawn_replica
 from tests.support.waits import until
 from transport.client import ServiceClient
 
@@ -214,17 +213,13 @@ async def _list(s3: SeaweedS3, prefix: str) -> list[Any]:
 
 
 def _replica(tmp_path: Path, name: str, redis_url: str, s3: SeaweedS3, credentials: Credentials) -> tuple[str, Any]:
-    port = free_port()
     log = tmp_path / f"{name}.log"
-    env = environment(
-        LINGSTREAM_HOST="127.0.0.1",
+    process, port = spawn_replica(
+        log,
+        redis_url=redis_url,
+        replica_id=name,
         LINGSTREAM_API_KEYS=f"{KEY_A},{KEY_B}",
-        LINGSTREAM_ADMISSION_BACKEND="redis",
-        LINGSTREAM_REDIS_URL=redis_url,
-        LINGSTREAM_REPLICA_ID=name,
         LINGSTREAM_REPLICA_TTL="2",
-        LINGSTREAM_NUM_WORKERS="1",
-        LINGSTREAM_MAX_SESSIONS_PER_WORKER="1",
         LINGSTREAM_RECORDINGS_DIR=str(tmp_path / f"{name}-recordings"),
         LINGSTREAM_RECORDINGS_S3_ENDPOINT=s3.endpoint,
         LINGSTREAM_RECORDINGS_S3_BUCKET=BUCKET,
@@ -233,16 +228,6 @@ def _replica(tmp_path: Path, name: str, redis_url: str, s3: SeaweedS3, credentia
         LINGSTREAM_RECORDINGS_S3_SECRET_ACCESS_KEY=credentials.secret_access_key,
         LINGSTREAM_RECORDINGS_S3_URL_TTL="60",
     )
-    command = [
-        *lingstream(),
-        "serve",
-        "--port",
-        str(port),
-        "--worker-factory",
-        "tests.support.fakes.world:paced_fake_workers",
-    ]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink)
     return f"http://127.0.0.1:{port}", (process, log)
 
 

@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 
 from service.settings import load_settings
 from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
-from tests.support.serving import ROOT, environment, free_port, lingstream
+from tests.support.serving import spawn_replica
 from tests.support.waits import until
 
 pytestmark = [
@@ -127,30 +127,16 @@ _poll = functools.partial(until, within=10.0, every=0.05, ignoring=(httpx.Transp
 
 
 def _start(tmp_path: Path, name: str, redis_url: str, settings: dict[str, str]) -> Replica:
-    port = free_port()
     log = tmp_path / f"{name}.log"
-    env = environment(
-        LINGSTREAM_HOST="127.0.0.1",
-        LINGSTREAM_ADMISSION_BACKEND="redis",
-        LINGSTREAM_REDIS_URL=redis_url,
-        LINGSTREAM_REPLICA_ID=name,
+    process, port = spawn_replica(
+        log,
+        redis_url=redis_url,
+        replica_id=name,
         LINGSTREAM_REPLICA_TTL=str(TTL_S),
-        LINGSTREAM_NUM_WORKERS="1",
-        LINGSTREAM_MAX_SESSIONS_PER_WORKER="1",
         LINGSTREAM_QUEUE_SIZE="40",
         LINGSTREAM_DRAIN_TIMEOUT="2",
         **settings,
     )
-    command = [
-        *lingstream(),
-        "serve",
-        "--port",
-        str(port),
-        "--worker-factory",
-        "tests.support.fakes.world:paced_fake_workers",
-    ]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink)
     return Replica(name, process, port, log)
 
 

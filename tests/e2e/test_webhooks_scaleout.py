@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
-from tests.support.serving import ROOT, environment, free_port, lingstream
+from tests.support.serving import spawn_replica
 from tests.support.waits import until
 from tests.support.webhook_receiver import webhook_receiver
 from transport.client import SIGNATURE_HEADER, verify_webhook
@@ -37,31 +37,17 @@ STARTUP_S = 40.0
 
 
 def _start(tmp_path: Path, name: str, redis_url: str, hook_url: str) -> tuple[subprocess.Popen[bytes], str, Path]:
-    port = free_port()
     log = tmp_path / f"{name}.log"
-    env = environment(
-        LINGSTREAM_HOST="127.0.0.1",
-        LINGSTREAM_ADMISSION_BACKEND="redis",
-        LINGSTREAM_REDIS_URL=redis_url,
-        LINGSTREAM_REPLICA_ID=name,
+    process, port = spawn_replica(
+        log,
+        redis_url=redis_url,
+        replica_id=name,
         LINGSTREAM_REPLICA_TTL=str(TTL_S),
-        LINGSTREAM_NUM_WORKERS="1",
-        LINGSTREAM_MAX_SESSIONS_PER_WORKER="1",
         LINGSTREAM_DRAIN_TIMEOUT="2",
         LINGSTREAM_WEBHOOK_URLS=hook_url,
         LINGSTREAM_WEBHOOK_SECRET=SECRET,
         LINGSTREAM_WEBHOOK_TIMEOUT=str(ATTEMPT_TIMEOUT_S),
     )
-    command = [
-        *lingstream(),
-        "serve",
-        "--port",
-        str(port),
-        "--worker-factory",
-        "tests.support.fakes.world:paced_fake_workers",
-    ]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink)
     return process, f"http://127.0.0.1:{port}", log
 
 

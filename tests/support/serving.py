@@ -52,6 +52,34 @@ def environment(**extra: str) -> dict[str, str]:
     return env
 
 
+def spawn_replica(
+    log: Path, *, redis_url: str, replica_id: str, **settings: str
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A `lingstream serve` replica on the Redis backend with one paced fake-world slot, its output in `log`, not
+    waited for; `settings` add to or override its environment (`LINGSTREAM_REPLICA_TTL=...`). Returns it and its
+    port."""
+    port = free_port()
+    defaults = {
+        "LINGSTREAM_HOST": "127.0.0.1",
+        "LINGSTREAM_ADMISSION_BACKEND": "redis",
+        "LINGSTREAM_REDIS_URL": redis_url,
+        "LINGSTREAM_REPLICA_ID": replica_id,
+        "LINGSTREAM_NUM_WORKERS": "1",
+        "LINGSTREAM_MAX_SESSIONS_PER_WORKER": "1",
+    }
+    env = environment(**(defaults | settings))
+    command = [
+        *lingstream(),
+        "serve",
+        "--port",
+        str(port),
+        "--worker-factory",
+        "tests.support.fakes.world:paced_fake_workers",
+    ]
+    with log.open("wb") as sink:
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink), port
+
+
 def wait_until_ready(
     url: str, process: subprocess.Popen[bytes], output: Callable[[], str], *, within_s: float = STARTUP_DEADLINE_S
 ) -> None:
