@@ -44,7 +44,19 @@ _REQUEST_TIMEOUT_S = 5.0
 
 
 def main(argv: list[str] | None = None) -> int:
-    arguments = sys.argv[1:] if argv is None else argv
+    """`lingstream ...`; called by the console script without `argv` (the process's own arguments), it ends the
+    process itself once `livekit.rtc` is loaded (`serve` on LiveKit, `play` on a LiveKit session): through
+    `transport.livekit.ffi_exit.exit_process`, never Python's finalization, which the FFI's threads can abort."""
+    code = _main(sys.argv[1:] if argv is None else argv)
+    if argv is None:
+        from transport.livekit.ffi_exit import exit_process, ffi_loaded
+
+        if ffi_loaded():
+            exit_process(code)
+    return code
+
+
+def _main(arguments: list[str]) -> int:
     if arguments[:1] == ["generate"]:
         # Its own parser, imported only here: it loads torch and PyAV, which `drain` must not pay for.
         from service.offline.generate import main as generate

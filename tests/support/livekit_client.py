@@ -24,7 +24,8 @@ Scenarios:
   closes (`frames`, and `max_gap_s`, the longest wait between two frames in that time).
 
 `livekit.rtc` is imported here only, in this process: the test process never loads the FFI (it forks). Every stream
-and the room are closed before the process exits (the FFI may abort at exit otherwise).
+and the room are closed before the process exits, and it exits through `exit_process`, never Python's finalization
+(the FFI aborts a finalizing interpreter now and then: transport/livekit/ffi_exit.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ import time
 from typing import Any
 
 from livekit import rtc
+
+from transport.livekit.ffi_exit import exit_process
 
 _WAIT_S = 20.0
 MALFORMED: dict[str, bytes] = {
@@ -331,4 +334,4 @@ if __name__ == "__main__":
     parser.add_argument("--topic-control", default="lingstream.control")
     parser.add_argument("--topic-status", default="lingstream.status")
     print(json.dumps(asyncio.run(main(parser.parse_args()))), flush=True)
-    sys.exit(0)
+    exit_process(0)  # not sys.exit: the FFI can abort a finalizing interpreter (transport/livekit/ffi_exit.py)
