@@ -40,6 +40,7 @@ __all__ = [
     "MAX_PROMPT_BYTES",
     "MAX_SEQ",
     "BidirectionalService",
+    "CheckpointingService",
     "ChunkItem",
     "ChunkOutput",
     "ChunkPart",
@@ -47,6 +48,7 @@ __all__ = [
     "ControlMessage",
     "ControlState",
     "Pause",
+    "PortableCheckpoint",
     "PreparedSession",
     "RecoveringService",
     "RecoveryListener",
@@ -264,6 +266,33 @@ class RecoveringService(Protocol):
 
     def add_recovery_listener(self, listener: RecoveryListener) -> None:
         """Call `listener` on the event loop with each `RecoveryNotice`; it must not block or raise."""
+        ...
+
+
+class PortableCheckpoint(Protocol):
+    """A session at its last chunk boundary, in the form a store outside the worker keeps (docs/continuity.md;
+    `pipeline.lingbot.continuity.SessionCheckpoint` is one): `header_bytes` is the small record written at every
+    chunk boundary, `image_data` the session's reference image, written once per session (None: no image)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def next_chunk(self) -> int: ...
+
+    def header_bytes(self) -> bytes: ...
+
+    def image_data(self) -> bytes | None: ...
+
+
+@runtime_checkable
+class CheckpointingService(Protocol):
+    """A `BidirectionalService` whose sessions can be read at their last chunk boundary (optional capability): what
+    another replica needs to rebuild the session when this one is gone (docs/continuity.md)."""
+
+    def checkpoint(self, session_id: str) -> PortableCheckpoint | None:
+        """The session's newest checkpoint (None: an unknown session, or one that has none). On the event loop,
+        never waits."""
         ...
 
 

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from admission import AdmissionEvent
-from pipeline.bidirectional import CloseMode, PreparedSession
+from pipeline.bidirectional import CloseMode, PortableCheckpoint, PreparedSession
 from service.runtime.records import AdmissionReport, RuntimeTuning, SnapshotStream
 from service.runtime.sessions import Session, SessionSnapshot
 from service.usage.ledger import UsageReport, UsageTotals
@@ -190,6 +190,13 @@ class AdmissionBackend(Protocol):
     def record_chunk(self, session: Session, frames: int) -> None:
         """A chunk of `frames` frames of `session` was generated here. Never raises, never waits (a shared backend
         sends the counts in the background, coalesced)."""
+        ...
+
+    def save_checkpoint(self, session: Session, checkpoint: PortableCheckpoint) -> None:
+        """The admitted `session` reached a chunk boundary; `checkpoint` describes it there (docs/continuity.md). A
+        shared backend keeps it where another replica can rebuild the session from it (written in the background,
+        newest wins, dropped after the release); one instance's admission keeps nothing (the worker holds it). Never
+        raises, never waits."""
         ...
 
     async def usage(self, owner: str, since: float) -> UsageReport:

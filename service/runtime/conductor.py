@@ -20,7 +20,7 @@ import contextvars
 import logging
 
 from admission import AdmissionEvent, AdmissionEventKind
-from pipeline.bidirectional import ChunkOutput, CloseMode, RecoveryNotice
+from pipeline.bidirectional import CheckpointingService, ChunkOutput, CloseMode, RecoveryNotice
 from service.logs import bind_session_id, session_context
 from service.runtime.backend import AdmissionBackend
 from service.runtime.health import WorkerHealth
@@ -244,6 +244,11 @@ class SessionConductor:
     def _generated(self, session: Session, chunk: ChunkOutput) -> None:
         frames = chunk.frames.shape[0] if chunk.frames.ndim == 4 else 1
         self._backend.record_chunk(session, int(frames))
+        worker = self._workers[session.worker if session.worker is not None else 0]
+        if isinstance(worker, CheckpointingService):
+            checkpoint = worker.checkpoint(session.id)
+            if checkpoint is not None:
+                self._backend.save_checkpoint(session, checkpoint)
         self._events.generated(session, int(frames))
 
     def ended(self, session: Session) -> None:

@@ -23,7 +23,7 @@ from admission import (
     TicketState,
     UnknownTicketError,
 )
-from pipeline.bidirectional import CloseMode
+from pipeline.bidirectional import CloseMode, PortableCheckpoint
 from service.errors import DrainingError, QueueFullError, QuotaExceededError, SessionNotFoundError
 from service.runtime.backend import AdmissionHost
 from service.runtime.records import AdmissionReport, SnapshotStream
@@ -127,6 +127,9 @@ class MemoryAdmissionBackend:
 
     def record_chunk(self, session: Session, frames: int) -> None:
         self._meter.chunk(session.id, session.owner, frames)
+
+    def save_checkpoint(self, session: Session, checkpoint: PortableCheckpoint) -> None:
+        """One instance: the worker keeps the checkpoint on the session itself; nothing to do here."""
 
     async def usage(self, owner: str, since: float) -> UsageReport:
         self._meter.settle(owner)

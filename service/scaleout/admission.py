@@ -208,6 +208,16 @@ class RedisAdmission:
         return self._config
 
     @property
+    def redis(self) -> Redis:
+        """The client every call goes through (a store that shares this admission's connection pool uses it)."""
+        return self._link.redis
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix of this admission's keys."""
+        return self._link.prefix
+
+    @property
     def clock(self) -> Clock:
         return self._link.clock
 

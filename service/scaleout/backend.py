@@ -59,7 +59,7 @@ from admission import (
     TicketState,
     UnknownTicketError,
 )
-from pipeline.bidirectional import CloseMode
+from pipeline.bidirectional import CloseMode, PortableCheckpoint
 from service.config_records import SharedAdmissionConfig
 from service.errors import (
     AdmissionUnavailableError,
@@ -85,6 +85,7 @@ from service.scaleout.admission import (
     SharedEventKind,
     SharedTicketView,
 )
+from service.scaleout.checkpoints import CheckpointWriter, CheckpointWriterStatistics, RedisCheckpointStore
 from service.scaleout.ownership import CALL_ERRORS, Ownership, spawn_unless_closed
 from service.scaleout.registry import (
     RegistryStream,
@@ -101,6 +102,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_PREFIX = "lingstream:admission:"
+CHECKPOINT_TTL_REPLICA_TTLS = 3
+"""A session's checkpoint outlives its last write by this many replica TTLs: long enough for the reaper to notice a
+dead replica (one TTL) and an adopter to read it, short enough that a lost delete leaves little behind."""
 _UNAVAILABLE_MESSAGE = "the shared admission backend is unavailable; retry shortly"
 # Kinds that change a session waiting here exactly as the in-memory admission's events do.
 _LOCAL_KINDS = frozenset(
@@ -148,6 +152,12 @@ class RedisAdmissionBackend:
         self._usage_totals: Mapping[str, UsageTotals] = {}
         self._generated: dict[str, tuple[int, int]] = {}  # owner -> chunks, frames not yet flushed
         self._flush = asyncio.Event()
+        self._checkpoints = RedisCheckpointStore(
+            self._admission.redis,
+            ttl_s=CHECKPOINT_TTL_REPLICA_TTLS * shared.replica_ttl_s,
+            prefix=f"{self._admission.prefix}ckpt:",
+        )
+        self._checkpoint_writer = CheckpointWriter(self._checkpoints)
 
     @property
     def admission(self) -> RedisAdmission:
@@ -170,6 +180,7 @@ class RedisAdmissionBackend:
         await self._admission.start()
         self._tasks.spawn(self._refresh_forever(), name="shared-statistics")
         self._tasks.spawn(self._flush_usage_forever(), name="usage-flush")
+        self._tasks.spawn(self._checkpoint_writer.run(), name="checkpoint-writer")
         logger.info("shared admission: replica %s (liveness TTL %g s)", self._replica, self._refresh_s * 3)
 
     def stop_admitting(self) -> None:
@@ -196,6 +207,11 @@ class RedisAdmissionBackend:
                     await self._flush_usage()
             if self._generated:
                 logger.error("shutdown: usage of %d key(s) was not flushed to Redis", len(self._generated))
+        try:
+            async with asyncio.timeout(self._started_host().tuning.shutdown_close_s):
+                await self._checkpoint_writer.flushed()  # the ended sessions' deletes
+        except TimeoutError:
+            logger.warning("shutdown: checkpoints of ended sessions not deleted (they expire with their TTL)")
         await self._tasks.aclose()
         for unsubscribe in self._unsubscribe:
             unsubscribe()
@@ -259,6 +275,7 @@ class RedisAdmissionBackend:
 
     def release(self, session: Session) -> None:
         self._ownership.release(session)
+        self._checkpoint_writer.discard(session.id)
 
     # ---------------------------------------------------------------------------------------------- usage
 
@@ -266,6 +283,21 @@ class RedisAdmissionBackend:
         chunks, total = self._generated.get(session.owner, (0, 0))
         self._generated[session.owner] = (chunks + 1, total + frames)
         self._flush.set()
+
+    def save_checkpoint(self, session: Session, checkpoint: PortableCheckpoint) -> None:
+        """Written to Redis in the background (`CheckpointWriter`: newest wins, one write in flight per session, a
+        bounded rate), where another replica can rebuild the session from it; deleted after its release."""
+        if not session.terminal:
+            self._checkpoint_writer.offer(checkpoint)
+
+    def checkpoint_statistics(self) -> CheckpointWriterStatistics:
+        """What this replica's checkpoint writer did (bytes and seconds per write: docs/continuity.md)."""
+        return self._checkpoint_writer.statistics()
+
+    @property
+    def checkpoints(self) -> RedisCheckpointStore:
+        """The deployment's checkpoint store (read-only use: adoption, tests)."""
+        return self._checkpoints
 
     async def usage(self, owner: str, since: float) -> UsageReport:
         return await self._admission.usage(owner, since)

@@ -1,10 +1,11 @@
-"""`RedisCheckpointStore`: session checkpoints in Redis, where another replica can read them (issue #33, the slice
-after re-seed on worker loss; docs/continuity.md).
+"""Session checkpoints in Redis, where another replica can read them (issue #33; docs/continuity.md):
+`RedisCheckpointStore`, the keys, and `CheckpointWriter`, how the owning replica writes them at chunk boundaries.
 
-Keys (`P` is the prefix, default `lingstream:checkpoints:`):
+Keys (`P` is the prefix; the Redis admission backend uses its own key prefix followed by `ckpt:`, so one hash tag
+keeps them in the admission's Redis Cluster slot and its scripts can see whether a session has a checkpoint):
 
-    P h:<session id>   string  the checkpoint without its image (`SessionCheckpoint.header_bytes`, JSON, about 600 B),
-                               written at every chunk boundary
+    P h:<session id>   string  the checkpoint without its image (`header_bytes`, JSON, about 600 B), written at every
+                               chunk boundary
     P i:<session id>   string  the reference image as float32 (`image_data`), written once per session
 
 Both expire `ttl_s` after the last write (`SET ... PX`, and `PEXPIRE` of the image with each header), so a session
@@ -12,24 +13,37 @@ whose replica died leaves its checkpoint readable for that long and then nothing
 session's end. One MULTI per write: a reader sees a header and the image of the same session, or neither. Which
 sessions' images this store already wrote is remembered in the process (a replica writes its own sessions only).
 
-Not wired into the runtime yet: adoption on replica loss (the next slice) is its reader. Errors reach the caller as
-`CheckpointStoreError`; a checkpoint that cannot be read back (another version, a header without its image) reads
-as None, logged.
+Errors reach the caller as `CheckpointStoreError`; a checkpoint that cannot be read back (another version, a header
+without its image) reads as None, logged. The store takes any `PortableCheckpoint` and loads the LingBot record
+(and torch) only to read one back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from pipeline.lingbot.continuity import SessionCheckpoint
-from pipeline.lingbot.errors import CheckpointVersionError
+from pipeline.bidirectional import PortableCheckpoint
 
-__all__ = ["DEFAULT_CHECKPOINTS_PREFIX", "CheckpointStoreError", "RedisCheckpointStore"]
+if TYPE_CHECKING:
+    from pipeline.lingbot.continuity import SessionCheckpoint
+
+__all__ = [
+    "DEFAULT_CHECKPOINTS_PREFIX",
+    "CheckpointStoreError",
+    "CheckpointWriter",
+    "CheckpointWriterStatistics",
+    "RedisCheckpointStore",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +71,13 @@ class RedisCheckpointStore:
         self._prefix = prefix
         self._with_image: set[str] = set()
 
-    async def put(self, checkpoint: SessionCheckpoint) -> None:
-        """Write the checkpoint (its image only the first time for the session); both keys live `ttl_s` more."""
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    async def put(self, checkpoint: PortableCheckpoint) -> int:
+        """Write the checkpoint (its image only the first time for the session); both keys live `ttl_s` more.
+        Returns the bytes written."""
         sid = checkpoint.session_id
         header_key, image_key = self._keys(sid)
         image = None if sid in self._with_image else checkpoint.image_data()
@@ -74,10 +93,14 @@ class RedisCheckpointStore:
             raise CheckpointStoreError(f"checkpoint of session {sid!r} not written: {exc}") from exc
         if image is not None:
             self._with_image.add(sid)
+        return len(checkpoint.header_bytes()) + (len(image) if image is not None else 0)
 
     async def get(self, session_id: str) -> SessionCheckpoint | None:
         """The session's newest checkpoint; None when there is none (never written, expired, deleted) or it cannot
         be read back."""
+        from pipeline.lingbot.continuity import SessionCheckpoint  # here: torch loads only in a reader
+        from pipeline.lingbot.errors import CheckpointVersionError
+
         try:
             header, image = await self._redis.mget(self._keys(session_id))
         except RedisError as exc:
@@ -104,3 +127,147 @@ class RedisCheckpointStore:
 
     def _keys(self, session_id: str) -> tuple[str, str]:
         return f"{self._prefix}h:{session_id}", f"{self._prefix}i:{session_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointWriterStatistics:
+    """What a `CheckpointWriter` did: `writes` checkpoints written (`bytes_written` in all, header and the images
+    written once), `write_seconds` spent in those writes (each one MULTI, from the call to its reply), `deletes`
+    done, `failures` calls that failed (what they carried was kept and retried, unless something newer replaced it),
+    `pending` sessions waiting for their next write or delete, `coalesced` checkpoints replaced by a newer one before
+    they were written."""
+
+    writes: int
+    bytes_written: int
+    write_seconds: float
+    deletes: int
+    failures: int
+    pending: int
+    coalesced: int
+
+
+class CheckpointWriter:
+    """Writes the checkpoints a replica offers at its sessions' chunk boundaries into a `RedisCheckpointStore`, in
+    the background, at a bounded rate (docs/continuity.md).
+
+    Problem: every running session reaches a chunk boundary every chunk period (750 ms at the defaults), and the
+    chunk loop must never wait for Redis. `offer` and `discard` only note the newest wish per session (a checkpoint
+    to write, or the session's end: delete its keys) and never wait; `run` does the writing::
+
+        writer = CheckpointWriter(store)
+        tasks.spawn(writer.run())
+        writer.offer(checkpoint)       # at each chunk boundary
+        writer.discard(session_id)     # after the session's release
+
+    Ordering: one round at a time; a round takes every pending wish and carries each out with its own call (one
+    MULTI a session), so there is at most one write in flight per session, and a session's wishes reach Redis in the
+    order they were made (a delete after a write is never overtaken by it). Backpressure: newest wins; a checkpoint
+    offered while an older one of the same session waits replaces it (`coalesced`), so at most one wish per session
+    is ever kept and a slow Redis costs freshness, not memory. Rate: rounds start at least `min_interval_s` apart,
+    so no session is written more often than that. Failures: a wish whose call failed (Redis unreachable) is kept
+    unless a newer one replaced it meanwhile, and the next round waits `retry_s`; the TTL bounds what a delete that
+    never got through leaves behind. Cancellation: cancelling `run` drops the round in flight and what is pending;
+    Redis keeps what was written, until its TTL.
+    """
+
+    def __init__(
+        self,
+        store: RedisCheckpointStore,
+        *,
+        min_interval_s: float = 0.25,
+        retry_s: float = 1.0,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if min_interval_s < 0 or retry_s <= 0:
+            raise ValueError(f"need min_interval_s >= 0 and retry_s > 0, got {min_interval_s} and {retry_s}")
+        self._store = store
+        self._min_interval = min_interval_s
+        self._retry = retry_s
+        self._timer = timer
+        self._pending: dict[str, PortableCheckpoint | None] = {}  # None: delete
+        self._wake = asyncio.Event()
+        self._busy = False
+        self._round_done = asyncio.Event()
+        self._writes = 0
+        self._bytes = 0
+        self._seconds = 0.0
+        self._deletes = 0
+        self._failures = 0
+        self._coalesced = 0
+
+    def offer(self, checkpoint: PortableCheckpoint) -> None:
+        """Write `checkpoint` with the next round (replacing an older one of its session not yet written)."""
+        sid = checkpoint.session_id
+        if sid in self._pending:
+            if self._pending[sid] is None:
+                return  # the session ended: a late checkpoint must not bring its keys back
+            self._coalesced += 1
+        self._pending[sid] = checkpoint
+        self._wake.set()
+
+    def discard(self, session_id: str) -> None:
+        """The session ended here: delete its checkpoint with the next round (instead of any write still waiting)."""
+        self._pending[session_id] = None
+        self._wake.set()
+
+    async def flushed(self) -> None:
+        """Wait until nothing is pending and no round is in flight (`run` must be running; bound it with a
+        timeout: through an outage it waits for Redis)."""
+        while self._pending or self._busy:
+            await self._round_done.wait()
+
+    def statistics(self) -> CheckpointWriterStatistics:
+        return CheckpointWriterStatistics(
+            self._writes,
+            self._bytes,
+            self._seconds,
+            self._deletes,
+            self._failures,
+            len(self._pending),
+            self._coalesced,
+        )
+
+    async def run(self) -> None:
+        """The rounds, until cancelled (class docstring)."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._pending:
+                continue
+            round_, self._pending = self._pending, {}
+            self._busy = True
+            try:
+                failed = await self._round(round_)
+            finally:
+                self._busy = False
+                done, self._round_done = self._round_done, asyncio.Event()
+                done.set()
+            await asyncio.sleep(self._retry if failed else self._min_interval)  # the next round starts no sooner
+            if self._pending:
+                self._wake.set()
+
+    async def _round(self, round_: dict[str, PortableCheckpoint | None]) -> bool:
+        results = await asyncio.gather(*(self._carry_out(sid, wish) for sid, wish in round_.items()))
+        failed = False
+        for (sid, wish), ok in zip(round_.items(), results, strict=True):
+            if not ok:
+                failed = True
+                self._pending.setdefault(sid, wish)  # kept, unless something newer came meanwhile
+        return failed
+
+    async def _carry_out(self, session_id: str, wish: PortableCheckpoint | None) -> bool:
+        try:
+            if wish is None:
+                await self._store.delete(session_id)
+                self._deletes += 1
+                return True
+            started = self._timer()
+            written = await self._store.put(wish)
+            self._seconds += self._timer() - started
+            self._writes += 1
+            self._bytes += written
+        except CheckpointStoreError as exc:
+            self._failures += 1
+            logger.debug("session %s: checkpoint not written (kept for the next round): %s", session_id, exc)
+            return False
+        return True

@@ -39,6 +39,7 @@ from pipeline.lingbot.config import (
     LingBotSessionConfig,
     decode_reference_image,
 )
+from pipeline.lingbot.continuity import SessionCheckpoint
 from pipeline.lingbot.graph.actors import ProcessPlacement, build_actors
 from pipeline.lingbot.policy.recovery import RecoveryBudget, RecoveryState, RecoveryTracker
 from pipeline.lingbot.policy.session import ChunkLease, LingBotSession
@@ -251,6 +252,11 @@ class LingBotService:
             self._trackers[session_id] = tracker
             session.on_chunk = lambda: self._chunk_out(session, tracker)
         self._loops[session_id] = asyncio.get_running_loop().create_task(self._drive(session))
+
+    def checkpoint(self, session_id: str) -> SessionCheckpoint | None:
+        """The session's checkpoint at its last chunk boundary (`CheckpointingService`; None: unknown here)."""
+        session = self._sessions.get(session_id)
+        return None if session is None else session.checkpoint
 
     def _session(self, session_id: str) -> LingBotSession:
         session = self._sessions.get(session_id)

@@ -13,6 +13,7 @@ what happened (`created`, `close_calls`, `controls`, `live`, `max_live`).
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from pipeline.errors import UnknownSessionError
 from service.settings import Settings
 
 __all__ = [
+    "FakeCheckpoint",
     "FakeConfig",
     "FakeWorld",
     "idle_fake_workers",
@@ -55,6 +57,23 @@ class FakeConfig:
     prompt: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class FakeCheckpoint:
+    """A `PortableCheckpoint` of a fake session: its header is JSON of the fields, it has no image."""
+
+    session_id: str
+    next_chunk: int
+    prompt: str
+    applied_seq: int
+
+    def header_bytes(self) -> bytes:
+        fields = {"session_id": self.session_id, "next_chunk": self.next_chunk, "prompt": self.prompt}
+        return json.dumps(fields | {"applied_seq": self.applied_seq}).encode()
+
+    def image_data(self) -> bytes | None:
+        return None
+
+
 class _FakeSession:
     def __init__(self, session_id: str, prepared: PreparedSession) -> None:
         self.id = session_id
@@ -72,6 +91,7 @@ class _FakeSession:
         self.release_close = asyncio.Event()
         self.closed = asyncio.Event()
         self.pacer: asyncio.Task[None] | None = None
+        self.handed_out = 0  # chunks the reader took: the checkpoint's next chunk
 
 
 class FakeWorld:
@@ -199,6 +219,14 @@ class FakeWorld:
         if self.pace_s is not None:
             session.pacer = asyncio.get_running_loop().create_task(self._pace(session), name=f"fake-pace-{session_id}")
 
+    def checkpoint(self, session_id: str) -> FakeCheckpoint | None:
+        """`CheckpointingService`: the session at its last chunk handed to the reader (its prompt and control seq;
+        no image)."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return None
+        return FakeCheckpoint(session_id, session.handed_out, session.prompt, session.last_seq)
+
     def _session(self, session_id: str) -> _FakeSession:
         session = self._sessions.get(session_id)
         if session is None:
@@ -226,6 +254,7 @@ class FakeWorld:
             if isinstance(item, Exception):
                 raise item
             assert isinstance(item, ChunkOutput)
+            session.handed_out = item.index + 1
             yield item
 
     async def close_session(self, session_id: str, mode: CloseMode = CloseMode.DRAIN) -> SessionSummary:

@@ -1,10 +1,15 @@
 """Session checkpoints in a real redis-server (docs/continuity.md): what one replica writes at each chunk boundary
 another reads back whole (the image written once), both keys expire together after the last write, a delete drops
-them, an unreadable checkpoint reads as none, and an outage is a `CheckpointStoreError`."""
+them, an unreadable checkpoint reads as none, and an outage is a `CheckpointStoreError`; the background writer keeps
+the newest per session, paces its rounds, deletes at the end and retries through an outage."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 import torch
@@ -13,8 +18,11 @@ from pipeline.lingbot.camera import CameraPose
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.continuity import SessionCheckpoint
 from pipeline.lingbot.controls import ControlSnapshot
-from service.scaleout.checkpoints import CheckpointStoreError, RedisCheckpointStore
+from service.scaleout.backend import RedisAdmissionBackend
+from service.scaleout.checkpoints import CheckpointStoreError, CheckpointWriter, RedisCheckpointStore
 from tests.support.fakes.redis_server import RedisServer
+from tests.support.service_harness import running_service
+from tests.support.waits import until
 
 CONFIG = LingBotSessionConfig.from_mapping({"width": 64, "height": 48, "seed": 5})
 
@@ -96,3 +104,124 @@ async def test_an_outage_is_a_store_error(redis_server: RedisServer) -> None:
     finally:
         redis_server.start()
         await store.aclose()
+
+
+async def _writing(
+    store: RedisCheckpointStore, *, min_interval_s: float, retry_s: float = 1.0
+) -> tuple[CheckpointWriter, asyncio.Task[None]]:
+    writer = CheckpointWriter(store, min_interval_s=min_interval_s, retry_s=retry_s)
+    return writer, asyncio.create_task(writer.run())
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def test_the_writer_keeps_the_newest_checkpoint_and_drops_it_at_the_end(redis_server: RedisServer) -> None:
+    image = torch.rand(3, 48, 64)
+    store = RedisCheckpointStore(redis_server.url, ttl_s=30, prefix="test:w:")
+    writer, task = await _writing(store, min_interval_s=0.05)
+    try:
+        for chunk in (1, 2, 3):  # offered before the writer runs: one write, the newest
+            writer.offer(_checkpoint(chunk, image))
+        await asyncio.wait_for(writer.flushed(), 5)
+        got = await store.get("s1")
+        assert got is not None
+        assert got.next_chunk == 3
+        stats = writer.statistics()
+        assert (stats.writes, stats.coalesced, stats.pending, stats.failures) == (1, 2, 0, 0)
+        assert stats.bytes_written == len(_checkpoint(3, image).header_bytes()) + 3 * 48 * 64 * 4
+        writer.offer(_checkpoint(4, image))
+        await asyncio.wait_for(writer.flushed(), 5)
+        assert writer.statistics().bytes_written - stats.bytes_written == len(_checkpoint(4, image).header_bytes())
+        writer.offer(_checkpoint(5, image))
+        writer.discard("s1")
+        writer.offer(_checkpoint(6, image))  # late: the session ended, its keys must not come back
+        await asyncio.wait_for(writer.flushed(), 5)
+        assert await store.get("s1") is None
+        assert await store._redis.keys("test:w:*") == []
+        assert writer.statistics().deletes == 1
+    finally:
+        await _stop(task)
+        await store.aclose()
+
+
+async def test_the_writer_paces_its_rounds(redis_server: RedisServer) -> None:
+    """However often a session offers, it is written at most once per `min_interval_s`."""
+    store = RedisCheckpointStore(redis_server.url, ttl_s=30, prefix="test:pace:")
+    writer, task = await _writing(store, min_interval_s=0.2)
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for chunk in range(1, 41):  # one offer every 20 ms for 0.8 s
+            writer.offer(_checkpoint(chunk, None))
+            await asyncio.sleep(0.02)
+        await asyncio.wait_for(writer.flushed(), 5)
+        elapsed = loop.time() - started
+        stats = writer.statistics()
+        assert 2 <= stats.writes <= elapsed / 0.2 + 1, (stats, elapsed)
+        assert stats.writes + stats.coalesced == 40
+        got = await store.get("s1")
+        assert got is not None
+        assert got.next_chunk == 40
+    finally:
+        await _stop(task)
+        await store.aclose()
+
+
+async def test_a_write_lost_to_an_outage_is_made_once_redis_is_back(redis_server: RedisServer) -> None:
+    store = RedisCheckpointStore(redis_server.url, ttl_s=30, prefix="test:out:")
+    writer, task = await _writing(store, min_interval_s=0.01, retry_s=0.1)
+    try:
+        redis_server.stop()
+        writer.offer(_checkpoint(1, None))
+        await until(lambda: writer.statistics().failures >= 1, "the write failed in the outage")
+        writer.offer(_checkpoint(2, None))  # newer than the one kept: it wins
+        redis_server.start()
+        await asyncio.wait_for(writer.flushed(), 10)
+        got = await store.get("s1")
+        assert got is not None
+        assert got.next_chunk == 2
+        assert writer.statistics().pending == 0
+    finally:
+        await _stop(task)
+        await store.aclose()
+
+
+async def test_a_replica_on_the_redis_backend_writes_its_sessions_checkpoints_and_drops_them_at_the_end(
+    redis_server: RedisServer,
+) -> None:
+    """The wiring: each chunk the runtime takes from a worker that checkpoints is offered to the writer, so Redis holds
+    the session at its last chunk boundary under the admission's prefix; the release deletes it."""
+    async with running_service(
+        admission_backend="redis", redis_url=redis_server.url, queue_heartbeat_timeout=None
+    ) as svc:
+        backend = svc.runtime.backend
+        assert isinstance(backend, RedisAdmissionBackend)
+        store = backend.checkpoints
+        assert store.prefix == backend.admission.prefix + "ckpt:"
+        sid = (await svc.create({"prompt": "a snowy night"})).json()["id"]
+        header_key = f"{store.prefix}h:{sid}".encode()
+
+        async def header() -> dict[str, object] | None:
+            raw = await store._redis.get(header_key)
+            return None if raw is None else json.loads(raw)
+
+        svc.world.emit(sid, 3)
+        await until(lambda: _next_chunk(header(), 3), "the checkpoint after chunk 2 in Redis")
+        ttl_ms = await store._redis.pttl(header_key)
+        assert 0 < ttl_ms <= 3 * 10_000  # three replica TTLs (the default replica TTL is 10 s)
+        assert backend.checkpoint_statistics().writes >= 1
+        assert (await svc.client.delete(f"/v1/sessions/{sid}")).json()["status"] == "closed"
+        await until(lambda: _gone(header()), "the checkpoint deleted after the release")
+
+
+async def _next_chunk(header: Coroutine[Any, Any, dict[str, object] | None], chunk: int) -> bool:
+    got = await header
+    return got is not None and got["next_chunk"] == chunk
+
+
+async def _gone(header: Coroutine[Any, Any, dict[str, object] | None]) -> bool:
+    return await header is None
