@@ -18,7 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from admission import AdmissionError, Clock
@@ -231,6 +231,8 @@ def create_app(
         name="metrics",
         summary="Prometheus text exposition",
         tags=["health"],
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "The metrics."}},
     )
     app.include_router(health_router)
     app.include_router(internal_router)

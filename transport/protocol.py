@@ -40,6 +40,7 @@ from pipeline.bidirectional import (
     check_prompt,
 )
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage, WarningStatus
+from transport.protocol_schema import CONTROL_MESSAGES, PROTOCOL_VERSION, STATUS_MESSAGES
 
 __all__ = [
     "CANONICAL_KEYS",
@@ -62,7 +63,6 @@ __all__ = [
     "error_status",
 ]
 
-PROTOCOL_VERSION = 1
 MAX_INBOUND_BYTES = 4096
 """Inbound (client to service) messages larger than this are rejected before parsing (room for a prompt of
 `MAX_PROMPT_BYTES` however its JSON escapes it: at most 6 bytes per UTF-8 byte, as `\u0001`)."""
@@ -73,14 +73,9 @@ MIN_STATUS_BYTES = 256
 # The key table and the bounds of a snapshot (`CANONICAL_KEYS`, `KEY_ALIASES`, `MAX_KEYS_PER_SNAPSHOT`, `MAX_SEQ`)
 # are defined once in `pipeline.bidirectional`, next to `ControlState`; this module re-exports them.
 
-_CONTROL_FIELDS: Mapping[str, frozenset[str]] = {
-    "control_state": frozenset({"v", "type", "seq", "keys"}),
-    "prompt": frozenset({"v", "type", "seq", "text"}),
-    "reset_pose": frozenset({"v", "type"}),
-    "pause": frozenset({"v", "type"}),
-    "resume": frozenset({"v", "type"}),
-    "stop": frozenset({"v", "type"}),
-}
+# The fields of every message, both ways, come from the one table of the wire shape (`transport.protocol_schema`).
+_CONTROL_FIELDS: Mapping[str, frozenset[str]] = {message.type: message.names for message in CONTROL_MESSAGES}
+_STATUS_FIELDS: Mapping[str, frozenset[str]] = {message.type: message.names for message in STATUS_MESSAGES}
 _COMMANDS: Mapping[str, ControlMessage] = {
     "reset_pose": ResetPose(),
     "pause": Pause(),
@@ -373,21 +368,18 @@ def encode_status(message: StatusMessage, *, max_bytes: int = MAX_STATUS_BYTES) 
             return _fit_text({"v": PROTOCOL_VERSION, "type": "done", "reason": reason}, "reason", max_bytes)
 
 
-_CHUNK_REQUIRED = frozenset({"v", "type", "index", "applied_seq", "keys", "timings"})
-_CHUNK_FIELDS = _CHUNK_REQUIRED | {
-    "truncated",
-    "first_frame_pts",
+_CHUNK_FIELDS = _STATUS_FIELDS["chunk"]
+# A service from before prompts sent chunks without `prompt`/`prompt_seq`: they decode with the defaults ("" and -1).
+_CHUNK_REQUIRED = next(message.required for message in STATUS_MESSAGES if message.type == "chunk") - {
     "prompt",
     "prompt_seq",
-    "stream_base_pts",
-    "first_frame_id",
 }
 
 
 def _status_from(parsed: dict[str, Any]) -> StatusMessage | None:
     kind = parsed.get("type")
     try:
-        if kind == "state" and set(parsed) == {"v", "type", "state", "detail"}:
+        if kind == "state" and set(parsed) == _STATUS_FIELDS["state"]:
             detail = parsed["detail"]
             if isinstance(parsed["state"], str) and (detail is None or isinstance(detail, str)):
                 return StateStatus(parsed["state"], detail)
@@ -422,7 +414,7 @@ def _status_from(parsed: dict[str, Any]) -> StatusMessage | None:
                     base_pts,
                     frame_id,
                 )
-        elif kind == "warning" and set(parsed) == {"v", "type", "code", "message", "ends_in_s"}:
+        elif kind == "warning" and set(parsed) == _STATUS_FIELDS["warning"]:
             ends_in = parsed["ends_in_s"]
             if (
                 isinstance(parsed["code"], str)
@@ -431,10 +423,10 @@ def _status_from(parsed: dict[str, Any]) -> StatusMessage | None:
                 and not isinstance(ends_in, bool)
             ):
                 return WarningStatus(parsed["code"], parsed["message"], float(ends_in))
-        elif kind == "error" and set(parsed) == {"v", "type", "code", "message"}:
+        elif kind == "error" and set(parsed) == _STATUS_FIELDS["error"]:
             if isinstance(parsed["code"], str) and isinstance(parsed["message"], str):
                 return ErrorStatus(parsed["code"], parsed["message"])
-        elif kind == "done" and set(parsed) == {"v", "type", "reason"} and isinstance(parsed["reason"], str):
+        elif kind == "done" and set(parsed) == _STATUS_FIELDS["done"] and isinstance(parsed["reason"], str):
             return DoneStatus(parsed["reason"])
     except (TypeError, ValueError):
         return None

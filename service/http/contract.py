@@ -1,12 +1,14 @@
 """The typed contract of the OpenAPI document beyond the request and response bodies: the join details a session
 carries (`LiveKitJoin | EmbeddedJoin`, a union on `kind`), what the viewers route answers (`LiveKitViewer |
-EmbeddedViewer | ShareLink`), and every status message of control protocol v1 (docs/control-protocol.md), so a
+EmbeddedViewer | ShareLink`), and every message of control protocol v1 both ways (docs/control-protocol.md), so a
 generated client types them.
 
 The models describe what the transports and `transport.protocol` already send; they do not make or check it. The
 bodies keep carrying the transports' mappings as they are (a model validated on the way out would turn a field a
-transport adds into a 500 before the schema learns it), and `tests/unit/service/http/test_contract.py` holds the
-two together: what each real transport returns and what the encoder writes must validate against these models.
+transport adds into a 500 before the schema learns it), and `tests/unit/service/http/test_transport_routes.py` holds
+the two together: what each real transport returns must validate against these models. The control protocol's messages
+are not modelled here: their one source is the codec's table, `transport.protocol_schema`, whose schemas are copied
+into the document as they are (the codec's test validates everything the encoder writes against them).
 `add_components` puts them in the document's `components.schemas`; the session body and the viewers route point at
 them with `$ref`s (`JOIN_DETAILS_SCHEMA`, `VIEWER_DETAILS_SCHEMA`).
 """
@@ -18,20 +20,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
+from transport.protocol_schema import CONTROL_MESSAGES, STATUS_MESSAGES
+
 __all__ = [
     "CONTRACT_MODELS",
     "JOIN_DETAILS_SCHEMA",
     "VIEWER_DETAILS_SCHEMA",
-    "ChunkMessage",
-    "DoneMessage",
     "EmbeddedJoin",
     "EmbeddedViewer",
-    "ErrorMessage",
     "LiveKitJoin",
     "LiveKitViewer",
     "ShareLink",
-    "StateMessage",
-    "WarningMessage",
     "add_components",
 ]
 
@@ -101,72 +100,12 @@ class ShareLink(_Exact):
     expires_at: float = Field(description="The latest it works (Unix seconds); the session's end ends it sooner.")
 
 
-class StateMessage(_Exact):
-    """`state`: the session's state changed (and once on joining)."""
-
-    v: Literal[1]
-    type: Literal["state"]
-    state: str
-    detail: str | None
-
-
-class ChunkMessage(_Exact):
-    """`chunk`: a chunk was generated; sent with its first frame."""
-
-    v: Literal[1]
-    type: Literal["chunk"]
-    index: int
-    applied_seq: int = Field(description="The `control_state` snapshot the chunk was generated from.")
-    keys: list[str]
-    prompt: str
-    prompt_seq: int = Field(description="The `prompt` message that set the prompt (-1: the create's).")
-    timings: dict[str, float]
-    first_frame_pts: int | None = Field(default=None, description="The chunk's first frame's 90 kHz timestamp.")
-    stream_base_pts: int | None = Field(default=None, description="Embedded: the connection's RTP timestamp offset.")
-    first_frame_id: int | None = Field(
-        default=None, description="The chunk's first frame's index in the session's video (LiveKit frame_id)."
-    )
-    truncated: bool | None = Field(default=None, description="True when `timings` was trimmed to fit.")
-
-
-class WarningMessage(_Exact):
-    """`warning`: a deadline will end the session (`time_limit`, `paused_too_long`)."""
-
-    v: Literal[1]
-    type: Literal["warning"]
-    code: str
-    message: str
-    ends_in_s: float
-
-
-class ErrorMessage(_Exact):
-    """`error`: something the client sent was rejected, or the session's own failure (a stable code)."""
-
-    v: Literal[1]
-    type: Literal["error"]
-    code: str
-    message: str
-
-
-class DoneMessage(_Exact):
-    """`done`: the session ended; the last message."""
-
-    v: Literal[1]
-    type: Literal["done"]
-    reason: str
-
-
 CONTRACT_MODELS: tuple[type[BaseModel], ...] = (
     LiveKitJoin,
     EmbeddedJoin,
     LiveKitViewer,
     EmbeddedViewer,
     ShareLink,
-    StateMessage,
-    ChunkMessage,
-    WarningMessage,
-    ErrorMessage,
-    DoneMessage,
 )
 
 
@@ -183,23 +122,25 @@ VIEWER_DETAILS_SCHEMA = _union(livekit=LiveKitViewer, embedded=EmbeddedViewer, s
 
 
 def add_components(document: dict[str, Any]) -> dict[str, Any]:
-    """`document` (an OpenAPI dict) with the contract's models in `components.schemas`, plus `ControlStatus`: the
-    union of the status messages on `type`."""
+    """`document` (an OpenAPI dict) with the contract's models in `components.schemas`, every message of the control
+    protocol from its one table (`transport.protocol_schema`), and their unions on `type`: `ControlStatus` (service →
+    client) and `ControlMessage` (client → service)."""
     _, top = models_json_schema([(model, "serialization") for model in CONTRACT_MODELS], ref_template=_REF)
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     schemas.update(top.get("$defs", {}))
-    statuses = {
-        "state": StateMessage,
-        "chunk": ChunkMessage,
-        "warning": WarningMessage,
-        "error": ErrorMessage,
-        "done": DoneMessage,
+    unions = {
+        "ControlStatus": (STATUS_MESSAGES, "A status message of control protocol v1 (service → client), on `type`."),
+        "ControlMessage": (CONTROL_MESSAGES, "A client message of control protocol v1 (client → service), on `type`."),
     }
-    mapping = {kind: _REF.format(model=model.__name__) for kind, model in statuses.items()}
-    schemas["ControlStatus"] = {
-        "title": "ControlStatus",
-        "description": "A status message of control protocol v1 (docs/control-protocol.md), on `type`.",
-        "oneOf": [{"$ref": ref} for ref in mapping.values()],
-        "discriminator": {"propertyName": "type", "mapping": mapping},
-    }
+    for union, (messages, description) in unions.items():
+        mapping = {}
+        for message in messages:
+            schemas[message.name] = message.json_schema()
+            mapping[message.type] = _REF.format(model=message.name)
+        schemas[union] = {
+            "title": union,
+            "description": f"{description} See docs/control-protocol.md.",
+            "oneOf": [{"$ref": ref} for ref in mapping.values()],
+            "discriminator": {"propertyName": "type", "mapping": mapping},
+        }
     return document

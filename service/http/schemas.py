@@ -7,6 +7,7 @@ The session body is built from a `SessionSnapshot`; nothing else in the service 
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, WithJsonSchema
@@ -200,6 +201,10 @@ class RecordingList(BaseModel):
     )
 
 
+ConfigValue = bool | int | float | str | None
+"""A field of a resolved session configuration: every model's configuration is flat (`LingBotSessionConfig`)."""
+
+
 class SessionBody(BaseModel):
     """A session as of the moment of the answer."""
 
@@ -215,7 +220,10 @@ class SessionBody(BaseModel):
             "transport."
         )
     )
-    config: dict[str, Any] = Field(description="The resolved session configuration.")
+    config: dict[str, ConfigValue] = Field(
+        description="The resolved session configuration: the model worker's fields (fps, seed, prompt, ...), each a "
+        "JSON scalar."
+    )
     video: VideoBody
     error: ErrorDetail | None = Field(description="Set when status is failed.")
     max_seconds: float | None = Field(default=None, description="The session's time limit in seconds; null: none.")
@@ -321,6 +329,17 @@ def _time(seconds: float) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
 
 
+def _config(config: Mapping[str, object]) -> dict[str, ConfigValue]:
+    """The resolved configuration as the document types it; a model whose configuration holds anything but JSON
+    scalars breaks the contract, and is told so here rather than by a client."""
+    scalars: dict[str, ConfigValue] = {}
+    for name, value in config.items():
+        if value is not None and not isinstance(value, bool | int | float | str):
+            raise TypeError(f"session config field {name!r} is a {type(value).__name__}: the API types it a scalar")
+        scalars[name] = value
+    return scalars
+
+
 def session_body(snapshot: SessionSnapshot) -> SessionBody:
     error = None if snapshot.error is None else ErrorDetail(code=snapshot.error[0], message=snapshot.error[1])
     status: StateName = snapshot.state.value
@@ -332,7 +351,7 @@ def session_body(snapshot: SessionSnapshot) -> SessionBody:
         created_at=_time(snapshot.created_at),
         updated_at=_time(snapshot.updated_at),
         transport=None if snapshot.transport is None else dict(snapshot.transport),
-        config=dict(snapshot.config),
+        config=_config(snapshot.config),
         video=VideoBody(width=snapshot.width, height=snapshot.height, fps=snapshot.fps),
         error=error,
         max_seconds=snapshot.max_seconds,
