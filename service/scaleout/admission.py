@@ -387,6 +387,30 @@ class RedisAdmission:
         raises `NotTicketOwnerError`. While Redis is unreachable, a release of a slot held here is replayed later."""
         return await self._tickets.release(ticket_id)
 
+    async def mark_adoptable(self, ticket_id: str) -> bool:
+        """This replica's admitted session can be rebuilt elsewhere (its checkpoint is in Redis): if this replica is
+        lost, the reaper leaves it for an adopter instead of failing it. False when it is not held here."""
+        reply = await self._link.call("adoptable", ticket_id)
+        return reply.code == "ok"
+
+    async def hand_off(self, ticket_id: str) -> str:
+        """Give this replica's admitted session up for adoption now (a drain; it stopped generating and its checkpoint
+        is in Redis). Returns "ok" (it waits for an adopter), "no_checkpoint", "elsewhere" or "unknown"."""
+        reply = await self._link.call("hand_off", ticket_id)
+        return reply.code
+
+    async def adopt(self, max_wait_s: float, most: int) -> tuple[list[SharedTicketView], list[SharedTicketView]]:
+        """Adopt up to `most` orphans (sessions whose replica was lost or handed them off) onto this replica's free
+        slots, oldest first, ahead of the queue; each is adopted by exactly one replica, in one script. Orphans
+        that waited longer than `max_wait_s`, or whose checkpoint is gone, fail first (`replica_lost`). Returns
+        (adopted here, failed)."""
+        reply = await self._link.call("adopt", round(max_wait_s * 1000), most)
+        adopted, failed = reply.result
+        return (
+            [decode_view(decode_fields(flat)) for flat in adopted],
+            [decode_view(decode_fields(flat)) for flat in failed],
+        )
+
     async def request_close(self, ticket_id: str, mode: str = "drain") -> SharedTicketView:
         """DELETE from any replica: a queued ticket is cancelled; for an admitted one a close request goes to its
         owner (its `on_close_requested` hooks; the owner's listeners see RELEASED once it closed); finished: no-op.

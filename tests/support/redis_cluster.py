@@ -137,7 +137,7 @@ for _, kind in ipairs({'kq', 'kr'}) do
 end
 local function zset(name) return redis.call('ZRANGE', P .. name, 0, -1) end
 return {tickets, held, zset('queue'), zset('qdl'), zset('hbdl'), zset('live'), redis.call('HKEYS', P .. 'replicas'),
-  owners}
+  owners, zset('orphans')}
 """
 
 
@@ -162,6 +162,7 @@ class Snapshot:
     live: list[str]
     replicas: list[str]
     owner_sets: dict[str, set[str]] = field(default_factory=dict)  # "kq:<owner>" / "kr:<owner>" -> ticket ids
+    orphans: list[str] = field(default_factory=list)  # admitted sessions waiting for an adopter (issue #33)
 
     def state(self, ticket_id: str) -> str:
         return self.tickets[ticket_id]["state"]
@@ -180,8 +181,12 @@ class Snapshot:
                 assert (fields["state"], fields["replica"], int(fields["worker"])) == ("admitted", replica, worker), tid
                 counts[worker] += 1
             assert all(count <= per_worker for count in counts), (replica, counts)
+        assert set(self.orphans) <= admitted, "an orphan that is not admitted"
         for tid in admitted:
             fields = self.tickets[tid]
+            if tid in self.orphans:  # waiting for an adopter: in no replica's slots
+                assert all(tid not in slots for slots in self.held.values()), f"orphan {tid} holds a slot"
+                continue
             assert self.held.get(fields["replica"], {}).get(tid) == int(fields["worker"]), f"{tid} holds no slot"
         assert set(self.queue) == queued
         assert set(self.qdl) == queued
@@ -203,7 +208,7 @@ class Snapshot:
 
 async def read_snapshot(raw: Redis) -> Snapshot:
     reply: Any = await raw.eval(_SNAPSHOT, 0, PREFIX)
-    tickets, held, queue, qdl, hbdl, live, replicas, owners = reply
+    tickets, held, queue, qdl, hbdl, live, replicas, owners, orphans = reply
     decoded = {}
     ttls = {}
     for flat, ttl in tickets:
@@ -222,6 +227,7 @@ async def read_snapshot(raw: Redis) -> Snapshot:
         live=[_text(x) for x in live],
         replicas=[_text(x) for x in replicas],
         owner_sets={_text(key)[len(PREFIX) :]: {_text(x) for x in members} for key, members in owners},
+        orphans=[_text(x) for x in orphans],
     )
 
 

@@ -2,9 +2,9 @@
 
 - `scripts.py`: `SCRIPTS`, the one table of the Lua scripts that make every decision atomically: a script's name
   to its full source (`prelude.py`, the shared prelude, then the body: `ticket_scripts.py` for the ticket calls,
-  `maintenance_scripts.py` for the maintenance pass, drain, overview and usage), each body with its contract.
-  They are Python string constants (not `.lua` files), so they ship with the `service` package without
-  package-data settings.
+  `maintenance_scripts.py` for the maintenance pass, drain, overview and usage, `adoption_scripts.py` for
+  adoption), each body with its contract. They are Python string constants (not `.lua` files), so they ship with
+  the `service` package without package-data settings.
 - `records.py`: the records the backend hands out (`SharedTicketView`, `SharedAdmissionEvent`, `CloseRequest`,
   `PauseRequest`,
   statistics) and the decoding of what the scripts and the event stream return.
@@ -39,12 +39,17 @@ tag such as `{lingstream}:admission:` keeps them in one Redis Cluster slot):
     P ut:<owner>       hash    the owner's all-time usage (the same fields; /metrics)
     P uowners          set     every owner with usage
     P lengths          list    recent session lengths in ms (the Retry-After estimate)
+    P orphans          zset    admitted ticket ids by `seq` whose replica was lost (or handed them off) and that
+                               wait for an adopter (issue #33, `adoption_scripts.py`): in no `held:<r>`
+    P ckpt:h:<id>      string  the session's checkpoint header (`service.scaleout.checkpoints`); the reaper orphans a
+    P ckpt:i:<id>      string  lost replica's marked (`ad`) sessions only while it exists; and its image
     P events           stream  every ticket change ("k" = kind, "by" = the deciding replica, the ticket's fields)
                                and close requests ("k" = "close", "id", "replica" = the owner, "mode", "by"),
                                pause requests ("k" = "pause", "id", "replica", "action" = pause | resume, "by")
 
 Ticket hash fields: `id owner state reason origin replica worker seq created admitted ended qdl hbdl v ctok failure
-status status_reason body um` (`um`: up to when its running time was counted). Times are Redis server
+status status_reason body um ad orphaned handed adopted` (`um`: up to when its running time was counted; `ad`: the
+owner marked it adoptable; `orphaned`/`adopted`: when it lost its replica / was adopted). Times are Redis server
 milliseconds since the epoch (`TIME`), so replicas' clocks never matter. `v` grows by one with every change that
 emits an event, which lets readers drop stale or repeated events.
 """

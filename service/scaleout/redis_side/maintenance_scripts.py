@@ -48,9 +48,16 @@ for i = 10, #ARGV, 6 do
   local key, wi = tkey(id), tonumber(ARGV[i + 1]) + 1
   mine[id] = true
   local state, gone = redis.call('HGET', key, 'state'), false
-  if state == 'admitted' and redis.call('HGET', key, 'replica') == BY then
+  if state == 'admitted' and redis.call('HGET', key, 'replica') == BY and not is_orphan(id) then
     redis.call('HSET', hkey(BY), id, w)
     usage_run(id, NOW)
+  elseif state == 'admitted' then
+    -- reaped while BY was silent and waiting for an adopter, or adopted: it goes on elsewhere, BY's copy stops
+    gone = true
+    local flat = snapshot(id)
+    flat[#flat + 1] = 'failure'
+    flat[#flat + 1] = 'replica_lost: ' .. BY .. ' (the session went on elsewhere)'
+    lost[#lost + 1] = flat
   elseif not state and data_lost and counts[wi] ~= nil and counts[wi] < ME.cap then
     local seq = redis.call('INCR', SEQ)
     redis.call('HSET', key, 'id', id, 'owner', ARGV[i + 2], 'origin', BY, 'seq', seq, 'created', ARGV[i + 3],

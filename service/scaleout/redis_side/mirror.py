@@ -355,6 +355,10 @@ class ReplicaMirror:
         left_queue: bool = False,
     ) -> None:
         me, tid = self.replica_id, view.ticket_id
+        if kind is SharedEventKind.ORPHANED and view.replica == me and by != me and tid in self._held:
+            # reaped while this replica was silent: the session goes on elsewhere, this replica's copy must stop
+            view = dataclasses.replace(view, failure=f"replica_lost: {me} (the session went on elsewhere)")
+            kind = SharedEventKind.LOST
         if view.replica == me:
             if kind is SharedEventKind.ADMITTED:
                 self._held[tid] = view
@@ -367,6 +371,10 @@ class ReplicaMirror:
                 logger.error("redis admission %s: session %s was lost (%s)", me, tid, view.failure)
             elif kind is SharedEventKind.STATUS and tid in self._held:
                 self._held[tid] = view
+            elif kind is SharedEventKind.ADOPTED:
+                self._held[tid] = view  # re-asserted by the maintenance pass from now on, like any slot held here
+            elif kind is SharedEventKind.ORPHANED:
+                self._held.pop(tid, None)  # handed off: no slot of this replica's any more
         if view.state is TicketState.QUEUED:
             if view.origin == me:
                 self._queued_here[tid] = view

@@ -18,6 +18,7 @@ local P, BY, TTL, MAXLEN, PAYLOAD_TTL = ARGV[1], ARGV[2], tonumber(ARGV[3]), ton
 local QUEUE, QDL, HBDL, LIVE = P .. 'queue', P .. 'qdl', P .. 'hbdl', P .. 'live'
 local REPLICAS, STREAM, LENGTHS = P .. 'replicas', P .. 'events', P .. 'lengths'
 local SEQ, EPOCH, WATCH, SEEN = P .. 'seq', P .. 'epoch', P .. 'watch', P .. 'seen'
+local ORPHANS, CKPT = P .. 'orphans', P .. 'ckpt:h:'
 local clock = redis.call('TIME')
 local NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local EVENTS, TAKEN = {}, {}
@@ -220,9 +221,10 @@ local function release_slot(id, r, failure, window, upto)
   redis.call('PEXPIRE', key, TTL)
 end
 
--- Admit the queue head onto BY while BY is alive, not draining and has a free healthy slot.
+-- Admit the queue head onto BY while BY is alive, not draining and has a free healthy slot, and no orphan waits
+-- for one (orphans were admitted before anyone queued: they go first, through `adopt`).
 local function admit_queued()
-  if not ME or ME.draining or not alive(BY) then return end
+  if not ME or ME.draining or not alive(BY) or redis.call('ZCARD', ORPHANS) > 0 then return end
   while true do
     local head = redis.call('ZRANGE', QUEUE, 0, 0)[1]
     if not head then return end
@@ -265,14 +267,48 @@ local function next_deadline()
   return math.max(0, best - NOW)
 end
 
--- Every slot replica r holds is reclaimed and its sessions marked failed; r leaves the registry. Their running
--- time counts up to r's last heartbeat (the last moment it was known alive; now when r leaves by itself).
+local function is_orphan(id) return redis.call('ZSCORE', ORPHANS, id) ~= false end
+
+-- The admitted session `id` leaves replica r's slot and waits in `orphans` (by its seq: the oldest admitted is
+-- adopted first) for a replica to adopt it: its state stays admitted, its replica r until then.
+local function orphan(id, r)
+  redis.call('HDEL', hkey(r), id)
+  redis.call('ZADD', ORPHANS, redis.call('HGET', tkey(id), 'seq'), id)
+  redis.call('HSET', tkey(id), 'orphaned', NOW, 'status', 'recovering', 'status_reason', 'replica_lost')
+  emit('orphaned', id)
+end
+
+-- An orphan ends without an adopter: failed with `failure`, or closed (nil: its client stopped it meanwhile).
+local function end_orphan(id, failure)
+  local key = tkey(id)
+  redis.call('ZREM', ORPHANS, id)
+  finish(id, 'released', 'session_ended', NOW)
+  redis.call('HDEL', key, 'orphaned')
+  if failure then
+    redis.call('HSET', key, 'failure', failure, 'status', 'failed', 'status_reason', failure)
+    emit('lost', id)
+  else
+    redis.call('HSET', key, 'status', 'closed', 'status_reason', 'client_deleted')
+    emit('released', id)
+  end
+  redis.call('PEXPIRE', key, TTL)
+end
+
+-- Every slot replica r holds is reclaimed; r leaves the registry. A session r marked adoptable (`ad`) whose
+-- checkpoint exists becomes an orphan (unless r leaves by itself), any other is marked failed. Their running time
+-- counts up to r's last heartbeat (the last moment it was known alive; now when r leaves by itself).
 local function reap(r)
   local seen = tonumber(redis.call('HGET', SEEN, r)) or NOW
   if r == BY then seen = NOW end
   for _, id in ipairs(redis.call('HKEYS', hkey(r))) do
-    if redis.call('HGET', tkey(id), 'state') == 'admitted' then
-      release_slot(id, r, 'replica_lost: ' .. r, nil, math.min(seen, NOW))
+    local f = redis.call('HMGET', tkey(id), 'state', 'ad')
+    if f[1] == 'admitted' then
+      if r ~= BY and f[2] == '1' and redis.call('EXISTS', CKPT .. id) == 1 then
+        usage_run(id, math.min(seen, NOW))
+        orphan(id, r)
+      else
+        release_slot(id, r, 'replica_lost: ' .. r, nil, math.min(seen, NOW))
+      end
     end
   end
   redis.call('DEL', hkey(r))

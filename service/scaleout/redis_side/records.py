@@ -57,6 +57,11 @@ class SharedEventKind(enum.Enum):
     LOST = "lost"
     # The owner published a new session status / body (the registry part of the ticket).
     STATUS = "status"
+    # An admitted session left its replica's slot to wait for an adopter: its replica was lost (the reaper found
+    # its checkpoint), or handed it off while draining (issue #33). Still admitted; status `recovering`.
+    ORPHANED = "orphaned"
+    # A replica adopted an orphan: the slot is now its own (view: replica, worker); it rebuilds the session.
+    ADOPTED = "adopted"
     # A create on this replica was refused (queue full or draining); other replicas never see it.
     REJECTED = "rejected"
 

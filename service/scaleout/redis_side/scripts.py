@@ -2,7 +2,7 @@
 
 `SCRIPTS` maps a script's name to its full source: the usage constants and the shared prelude
 (`prelude.py`), then its body: the ticket scripts in `ticket_scripts.py`, the maintenance, drain, overview and
-usage scripts in `maintenance_scripts.py`.
+usage scripts in `maintenance_scripts.py`, adoption's in `adoption_scripts.py`.
 
 Calling convention (every script): no KEYS (every key is derived from the prefix, see the package docstring); the
 first six ARGV are a header, the script's own arguments follow from ARGV[7]:
@@ -19,7 +19,8 @@ Every script returns `{code, result, events, queue_depth, taken}`: `code` is "ok
 Invariants every script keeps (tests read Redis to check them after each step):
 
 - a ticket is in `queue` (and `qdl`, and `hbdl` when heartbeats are on) iff its state is `queued`;
-- a ticket is in `held:<r>` with worker w iff its state is `admitted` on replica r, worker w;
+- a ticket is in `held:<r>` with worker w iff its state is `admitted` on replica r, worker w, and it is not in
+  `orphans` (an admitted session whose replica was lost, or handed it off, waiting for an adopter: in no `held`);
 - no worker of a replica holds more than its slots (only `pick` chooses a worker, and only for BY itself);
 - `live` holds exactly the queued and admitted tickets; finished ones carry a TTL and no payload;
 - `kq:<owner>` / `kr:<owner>` hold exactly the owner's queued / admitted tickets (the quota counts);
@@ -33,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from service.scaleout.redis_side.adoption_scripts import ADOPTION_SCRIPTS
 from service.scaleout.redis_side.maintenance_scripts import MAINTENANCE_SCRIPTS
 from service.scaleout.redis_side.prelude import PRELUDE, USAGE_CONSTANTS
 from service.scaleout.redis_side.ticket_scripts import TICKET_SCRIPTS
@@ -40,6 +42,9 @@ from service.scaleout.redis_side.ticket_scripts import TICKET_SCRIPTS
 __all__ = ["SCRIPTS"]
 
 SCRIPTS: Mapping[str, str] = MappingProxyType(
-    {name: USAGE_CONSTANTS + PRELUDE + body for name, body in {**TICKET_SCRIPTS, **MAINTENANCE_SCRIPTS}.items()}
+    {
+        name: USAGE_CONSTANTS + PRELUDE + body
+        for name, body in {**TICKET_SCRIPTS, **MAINTENANCE_SCRIPTS, **ADOPTION_SCRIPTS}.items()
+    }
 )
 """Script name -> full Lua source (the usage constants, the shared prelude, then the body)."""

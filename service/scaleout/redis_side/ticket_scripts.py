@@ -36,7 +36,7 @@ if redis.call('EXISTS', key) == 1 then
 end
 if ME.draining then return reply('rejected', {'draining', 0, NOW}) end
 local depth, w = redis.call('ZCARD', QUEUE), nil
-if depth == 0 then w = pick(BY, ME) end
+if depth == 0 and redis.call('ZCARD', ORPHANS) == 0 then w = pick(BY, ME) end
 local running, queued = redis.call('SCARD', krkey(owner)), redis.call('SCARD', kqkey(owner))
 local max_running, max_queued = tonumber(ARGV[19]), tonumber(ARGV[20])
 if max_running >= 0 and running + queued >= max_running then return reply('rejected', {'running_quota', 0, NOW}) end
@@ -121,7 +121,7 @@ if not state then return reply('unknown', {}) end
 if state == 'queued' then
   leave_queue(id, 'cancelled', 'client_cancelled', NOW)
 elseif state == 'admitted' then
-  if redis.call('HGET', tkey(id), 'replica') ~= BY then return reply('elsewhere', snapshot(id)) end
+  if redis.call('HGET', tkey(id), 'replica') ~= BY or is_orphan(id) then return reply('elsewhere', snapshot(id)) end
   release_slot(id, BY, nil, tonumber(ARGV[8]))
   admit_queued()
 end
@@ -137,6 +137,9 @@ local state = redis.call('HGET', tkey(id), 'state')
 if not state then return reply('unknown', {}) end
 if state == 'queued' then
   leave_queue(id, 'cancelled', 'client_cancelled', NOW)
+elseif state == 'admitted' and is_orphan(id) then
+  end_orphan(id, nil)  -- nobody runs it: it ends here
+  admit_queued()
 elseif state == 'admitted' then
   redis.call('XADD', STREAM, 'MAXLEN', '~', MAXLEN, '*', 'k', 'close', 'id', id,
     'replica', redis.call('HGET', tkey(id), 'replica'), 'mode', ARGV[8], 'by', BY)
@@ -169,7 +172,7 @@ _PUBLISH_STATUS = r"""
 local id = ARGV[7]
 local key = tkey(id)
 if redis.call('EXISTS', key) == 0 then return reply('unknown', {}) end
-if redis.call('HGET', key, 'replica') ~= BY then return reply('elsewhere', snapshot(id)) end
+if redis.call('HGET', key, 'replica') ~= BY or is_orphan(id) then return reply('elsewhere', snapshot(id)) end
 if redis.call('HEXISTS', key, 'failure') == 1 then return reply('ok', snapshot(id)) end
 redis.call('HSET', key, 'status', ARGV[8])
 if ARGV[9] == '' then

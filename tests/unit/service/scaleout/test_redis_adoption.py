@@ -1,0 +1,201 @@
+"""Adoption on replica loss and hand-off, at the level of the Lua scripts on a real redis-server (issue #33;
+docs/continuity.md): a lost replica's adoptable sessions with a checkpoint wait as orphans instead of failing;
+racing adopters, exactly one wins and the slot moves with it; orphans go ahead of the queue; one without its
+checkpoint, or that waits too long, fails `replica_lost` as before; one stopped while waiting ends closed; nobody
+adopts while Redis is unreachable; a drained owner hands off; the stale owner that comes back learns it lost the
+session. Every step keeps the admission invariants (`Cluster.check`), orphans included."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from admission import AdmissionConfig, TicketState
+from service.errors import AdmissionUnavailableError
+from service.scaleout.admission import NotTicketOwnerError, RedisAdmission, SharedEventKind
+from tests.support.redis_cluster import PREFIX, Cluster
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _checkpointed(cluster: Cluster, replica: RedisAdmission, ticket_id: str) -> None:
+    """What the owner does once its session's first checkpoint is in Redis: the checkpoint, then the mark."""
+    await cluster.raw.set(f"{PREFIX}ckpt:h:{ticket_id}", b"{}", px=60_000)
+    assert await replica.mark_adoptable(ticket_id)
+
+
+async def _lose(cluster: Cluster, name: str) -> None:
+    """SIGKILL: no release, no deregistration, the heartbeat stops."""
+    await cluster.replicas[name].aclose(deregister=False)
+    del cluster.replicas[name]
+
+
+async def _orphaned(cluster: Cluster, watcher: RedisAdmission, ticket_id: str) -> None:
+    async with asyncio.timeout(10):
+        while await cluster.raw.zscore(f"{PREFIX}orphans", ticket_id) is None:
+            await watcher.tick()
+            await asyncio.sleep(0.05)
+
+
+async def test_racing_adopters_exactly_one_wins_and_the_slot_moves_with_it(cluster: Cluster) -> None:
+    a = await cluster.add("a")
+    await a.create("k", ticket_id="x")
+    await _checkpointed(cluster, a, "x")
+    others = [await cluster.add(name) for name in ("b", "c", "d")]
+    await _lose(cluster, "a")
+    await _orphaned(cluster, others[0], "x")
+    view = await others[0].get("x")
+    assert (view.state, view.replica, view.status, view.failure) == (TicketState.ADMITTED, "a", "recovering", None)
+    await cluster.check()
+
+    results = await asyncio.gather(*(replica.adopt(30.0, 4) for replica in others))
+    winners = [replica.replica_id for replica, (adopted, _) in zip(others, results, strict=True) if adopted]
+    assert len(winners) == 1, results
+    (winner,) = winners
+    (adopted,), failed = results[["b", "c", "d"].index(winner)]
+    assert (adopted.ticket_id, adopted.replica, adopted.state, failed) == ("x", winner, TicketState.ADMITTED, [])
+    assert cluster.replicas[winner].held() == {"x": 0}
+    snapshot = await cluster.check()
+    assert snapshot.orphans == []
+    assert snapshot.held[winner] == {"x": 0}
+    await cluster.logs["b"].wait_for(SharedEventKind.ADOPTED, "x")
+
+    await cluster.replicas[winner].release("x")  # the adopter ends it as any owner does: the slot goes back once
+    assert (await others[0].get("x")).state is TicketState.RELEASED
+    await cluster.check()
+
+
+async def test_a_session_not_marked_or_without_a_checkpoint_fails_replica_lost_as_before(cluster: Cluster) -> None:
+    a = await cluster.add("a", config=AdmissionConfig(num_workers=1, max_sessions_per_worker=3, queue_size=8))
+    for tid in ("marked", "unmarked", "stale"):
+        await a.create("k", ticket_id=tid)
+    await _checkpointed(cluster, a, "marked")
+    await cluster.raw.set(f"{PREFIX}ckpt:h:unmarked", b"{}")  # a checkpoint, but the owner never marked it
+    await _checkpointed(cluster, a, "stale")
+    b = await cluster.add("b", config=AdmissionConfig(num_workers=1, max_sessions_per_worker=3, queue_size=8))
+    await cluster.raw.delete(f"{PREFIX}ckpt:h:stale")  # its checkpoint expired before the reaper came
+    await _lose(cluster, "a")
+    await _orphaned(cluster, b, "marked")
+    assert (await b.get("unmarked")).failure == "replica_lost: a"
+    assert (await b.get("stale")).failure == "replica_lost: a"
+    assert (await cluster.check()).orphans == ["marked"]
+
+
+async def test_an_orphan_whose_checkpoint_is_gone_or_that_waits_too_long_fails(cluster: Cluster) -> None:
+    config = AdmissionConfig(num_workers=1, max_sessions_per_worker=2, queue_size=8)
+    a = await cluster.add("a", config=config)
+    for tid in ("x", "y"):
+        await a.create("k", ticket_id=tid)
+        await _checkpointed(cluster, a, tid)
+    b = await cluster.add("b", config=AdmissionConfig(num_workers=1, max_sessions_per_worker=1, queue_size=8))
+    await b.create("k", ticket_id="busy")  # b has no free slot: nobody can adopt
+    await _lose(cluster, "a")
+    await _orphaned(cluster, b, "y")
+    await cluster.raw.delete(f"{PREFIX}ckpt:h:x")  # expired while it waited
+    adopted, failed = await b.adopt(30.0, 4)
+    assert adopted == []
+    assert [(v.ticket_id, v.failure) for v in failed] == [
+        ("x", "replica_lost: a (no checkpoint to rebuild the session from)")
+    ]
+    await asyncio.sleep(0.15)
+    adopted, failed = await b.adopt(0.1, 4)
+    assert [(v.ticket_id, v.state, v.status) for v in failed] == [("y", TicketState.RELEASED, "failed")]
+    assert failed[0].failure == "replica_lost: a (no replica adopted the session in time)"
+    assert (await cluster.check()).orphans == []
+
+
+async def test_orphans_go_ahead_of_the_queue(cluster: Cluster) -> None:
+    a = await cluster.add("a")
+    await a.create("k", ticket_id="x")
+    await _checkpointed(cluster, a, "x")
+    b = await cluster.add("b")
+    await b.create("k", ticket_id="y")
+    await _lose(cluster, "a")
+    await _orphaned(cluster, b, "x")
+    assert (await b.create("k", ticket_id="q")).state is TicketState.QUEUED
+    await b.release("y")  # a slot frees: the queue head does not take it while an orphan waits
+    assert (await b.get("q")).state is TicketState.QUEUED
+    assert b.held() == {}
+    c = await cluster.add("c")  # a new replica's registration admits nothing either
+    assert (await c.get("q")).state is TicketState.QUEUED
+    await cluster.check()
+    adopted, _ = await b.adopt(30.0, 4)
+    assert [v.ticket_id for v in adopted] == ["x"]
+    assert (await c.wait_until_admitted("q")).replica == "c"  # c's next pass: no orphan left, the head goes
+    await cluster.check()
+
+
+async def test_a_session_stopped_while_waiting_for_an_adopter_ends_closed_and_nobody_adopts_it(
+    cluster: Cluster,
+) -> None:
+    a = await cluster.add("a")
+    await a.create("k", ticket_id="x")
+    await _checkpointed(cluster, a, "x")
+    b = await cluster.add("b")
+    await _lose(cluster, "a")
+    await _orphaned(cluster, b, "x")
+    await b.request_close("x", "drain")  # the client's DELETE reached b: nobody runs it, it ends now
+    view = await b.get("x")
+    assert (view.state, view.status, view.failure) == (TicketState.RELEASED, "closed", None)
+    assert await b.adopt(30.0, 4) == ([], [])
+    assert b.held() == {}
+    assert (await cluster.check()).orphans == []
+
+
+async def test_nobody_adopts_while_redis_is_unreachable_and_one_does_once_it_is_back(cluster: Cluster) -> None:
+    a = await cluster.add("a")
+    await a.create("k", ticket_id="x")
+    await _checkpointed(cluster, a, "x")
+    b = await cluster.add("b", call_timeout_s=0.3)
+    await _lose(cluster, "a")
+    await _orphaned(cluster, b, "x")
+    await cluster.raw.client_pause(1500)  # an outage that keeps the data (every client waits)
+    with pytest.raises(AdmissionUnavailableError):
+        await b.adopt(30.0, 4)  # times out at the client; Redis runs it once the pause ends, or the next call does
+    assert b.held() == {}
+    async with asyncio.timeout(10):
+        while b.held() != {"x": 0}:  # the adoption is learnt from its event, whichever call made it
+            try:
+                await b.adopt(30.0, 4)
+            except AdmissionUnavailableError:
+                await asyncio.sleep(0.1)
+    event = await cluster.logs["b"].wait_for(SharedEventKind.ADOPTED, "x")
+    assert event.ticket.replica == "b"
+    assert len(cluster.logs["b"].of(SharedEventKind.ADOPTED)) == 1
+    await cluster.check()
+
+
+async def test_a_draining_owner_hands_off_and_a_stale_owner_learns_its_session_went_on_elsewhere(
+    cluster: Cluster,
+) -> None:
+    a = await cluster.add("a")
+    await a.create("k", ticket_id="x")
+    b = await cluster.add("b")
+    assert await a.hand_off("x") == "no_checkpoint"  # nothing to rebuild from: it stays a's
+    await cluster.raw.set(f"{PREFIX}ckpt:h:x", b"{}")
+    assert await a.hand_off("x") == "ok"
+    assert a.held() == {}
+    assert (await cluster.check()).orphans == ["x"]
+    adopted, _ = await b.adopt(30.0, 4)
+    assert [(v.ticket_id, v.replica) for v in adopted] == [("x", "b")]
+    with pytest.raises(NotTicketOwnerError):
+        await a.publish_status("x", "running")  # a's copy cannot write over the adopter's status
+    await cluster.check()
+
+    # A replica that stalled past its TTL while its session was adopted: its next pass hears it lost the session.
+    c = await cluster.add("c", replica_ttl_s=60.0, heartbeat_interval_s=30.0)
+    await b.release("x")
+    await c.create("k", ticket_id="z")
+    await _checkpointed(cluster, c, "z")
+    await cluster.raw.delete(f"{PREFIX}replica:c")
+    await _orphaned(cluster, b, "z")
+    adopted, _ = await b.adopt(30.0, 4)
+    assert [v.ticket_id for v in adopted] == ["z"]
+    await c.tick()
+    lost = await cluster.logs["c"].wait_for(SharedEventKind.LOST, "z")
+    assert lost.ticket.failure == "replica_lost: c (the session went on elsewhere)"
+    with pytest.raises(NotTicketOwnerError):
+        await c.release("z")  # c stops its copy: b's slot stays b's
+    assert b.held() == {"z": 0}
+    await cluster.check()
