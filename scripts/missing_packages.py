@@ -1,14 +1,14 @@
 """What `scripts/setup.sh` still has to install: one line per missing or outdated package, nothing when all is there.
 
-Run with the environment's own interpreter (`.venv/bin/python scripts/missing_packages.py [--dev]`). It reads the
-wishes where they are written, so an edit there is seen at once: the `[project]` dependencies (and the `dev` extra
-with `--dev`) in pyproject.toml, followed transitively through the installed distributions' own requirements; this
-checkout installed editable with its console scripts; each dependency of web/package.json present in
-web/node_modules at its pinned version; and with `--dev` the real LiveKit server the tests run, `livekit-server` in
-the environment's bin at the version `[tool.lingstream.dev-tools]` pins. Lines start with the installer that
-provides the package (`python ...`, `npm ...`, `go livekit-server VERSION`), torch first. It installs nothing and
-reaches no network; the standard library plus the `packaging` copy that pip carries is all it needs, so it works in
-a fresh virtual environment. Exit status 0 whatever it finds.
+Run with the environment's own interpreter (`.venv/bin/python scripts/missing_packages.py [--dev]`). It reads the wishes
+where they are written, so an edit there is seen at once: the `[project]` dependencies (and the `dev` extra with
+`--dev`) in pyproject.toml, followed transitively through the installed distributions' own requirements; this checkout
+installed editable with its console scripts; each dependency of web/package.json (devDependencies too) present in
+web/node_modules at its pinned version; and with `--dev` the real LiveKit server the tests run, `livekit-server` in the
+environment's bin at the version `[tool.lingstream.dev-tools]` pins. Lines start with the installer that provides the
+package (`python ...`, `npm ...`, `go livekit-server VERSION`), torch first. It installs nothing and reaches no network;
+the standard library plus the `packaging` copy that pip carries is all it needs, so it works in a fresh virtual
+environment. Exit status 0 whatever it finds.
 """
 
 from __future__ import annotations
@@ -68,8 +68,10 @@ def missing_python(project: dict[str, Any], extras: list[str]) -> list[str]:
 
 
 def missing_npm(web: Path) -> list[str]:
-    """`name@version` of each web/package.json dependency that web/node_modules lacks at that version."""
-    wanted: dict[str, str] = json.loads((web / "package.json").read_text()).get("dependencies", {})
+    """`name@version` of each web/package.json dependency (devDependencies too: the build tools, e.g.
+    openapi-typescript) that web/node_modules lacks at that version."""
+    manifest_json = json.loads((web / "package.json").read_text())
+    wanted: dict[str, str] = {**manifest_json.get("dependencies", {}), **manifest_json.get("devDependencies", {})}
     missing = []
     for name, version in sorted(wanted.items()):
         manifest = web / "node_modules" / name / "package.json"

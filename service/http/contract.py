@@ -32,6 +32,7 @@ __all__ = [
     "LiveKitViewer",
     "ShareLink",
     "add_components",
+    "request_body",
 ]
 
 _REF = "#/components/schemas/{model}"
@@ -121,13 +122,28 @@ JOIN_DETAILS_SCHEMA = _union(livekit=LiveKitJoin, embedded=EmbeddedJoin)
 VIEWER_DETAILS_SCHEMA = _union(livekit=LiveKitViewer, embedded=EmbeddedViewer, share=ShareLink)
 
 
+_REQUEST_MODELS: dict[str, type[BaseModel]] = {}
+
+
+def request_body(model: type[BaseModel], *, required: bool) -> dict[str, Any]:
+    """A route's `openapi_extra` for a JSON body the handler reads itself (so FastAPI does not see it): a `$ref` to
+    `model` in the components, which `add_components` fills, nested models included. A schema inlined with
+    `model_json_schema()` would carry `#/$defs/...` references, which no generator resolves inside the document."""
+    _REQUEST_MODELS[model.__name__] = model
+    schema = {"$ref": _REF.format(model=model.__name__)}
+    return {"requestBody": {"required": required, "content": {"application/json": {"schema": schema}}}}
+
+
 def add_components(document: dict[str, Any]) -> dict[str, Any]:
-    """`document` (an OpenAPI dict) with the contract's models in `components.schemas`, every message of the control
+    """`document` (an OpenAPI dict) with the contract's models and the request bodies of `request_body` in
+    `components.schemas`, every message of the control
     protocol from its one table (`transport.protocol_schema`), and their unions on `type`: `ControlStatus` (service →
     client) and `ControlMessage` (client → service)."""
     _, top = models_json_schema([(model, "serialization") for model in CONTRACT_MODELS], ref_template=_REF)
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     schemas.update(top.get("$defs", {}))
+    _, bodies = models_json_schema([(model, "validation") for model in _REQUEST_MODELS.values()], ref_template=_REF)
+    schemas.update(bodies.get("$defs", {}))
     unions = {
         "ControlStatus": (STATUS_MESSAGES, "A status message of control protocol v1 (service → client), on `type`."),
         "ControlMessage": (CONTROL_MESSAGES, "A client message of control protocol v1 (client → service), on `type`."),

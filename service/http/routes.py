@@ -59,7 +59,7 @@ from service.errors import (
 )
 from service.http.access import AnyCaller, EventCaller, authenticator, bearer_scheme, session_access
 from service.http.bodies import describe_validation_errors, errors_of, is_json, json_body
-from service.http.contract import VIEWER_DETAILS_SCHEMA
+from service.http.contract import VIEWER_DETAILS_SCHEMA, request_body
 from service.http.events import event_stream_response
 from service.http.schemas import (
     CreateSessionRequest,
@@ -135,8 +135,6 @@ def operation_id(route: APIRoute) -> str:
     return route.name
 
 
-_CREATE_BODY_SCHEMA = CreateSessionRequest.model_json_schema()
-
 v1_router = APIRouter(prefix="/v1", tags=["sessions"])
 
 
@@ -149,7 +147,7 @@ v1_router = APIRouter(prefix="/v1", tags=["sessions"])
         202: {"model": CreatedSessionBody, "description": "Queued: follow GET or the event stream for the position."},
         **errors_of(401, 403, 409, 413, 415, 422, 429, 500, 503),
     },
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _CREATE_BODY_SCHEMA}}}},
+    openapi_extra=request_body(CreateSessionRequest, required=True),
 )
 async def create_session(
     request: Request, response: Response, caller: AnyCaller, runtime: Runtime, transport: ActiveTransport
@@ -489,12 +487,7 @@ def _require_streaming(snapshot: SessionSnapshot) -> None:
     response_model=WebrtcAnswer,
     summary="Embedded WebRTC: answer the browser's SDP offer (every new offer rebinds the session)",
     responses=errors_of(401, 404, 409, 413, 415, 422),
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": WebrtcOffer.model_json_schema()}},
-        }
-    },
+    openapi_extra=request_body(WebrtcOffer, required=True),
 )
 async def answer_webrtc_offer(
     session_id: str, request: Request, owner: ControlsSession, runtime: Runtime, transport: ActiveTransport
@@ -529,12 +522,7 @@ async def answer_webrtc_offer(
         },
         **errors_of(401, 403, 404, 409, 422, 429),
     },
-    openapi_extra={
-        "requestBody": {
-            "required": False,
-            "content": {"application/json": {"schema": AddViewerRequest.model_json_schema()}},
-        }
-    },
+    openapi_extra=request_body(AddViewerRequest, required=False),
 )
 async def add_viewer(
     session_id: str,
@@ -567,12 +555,7 @@ async def add_viewer(
     response_model=WebrtcAnswer,
     summary="Embedded WebRTC: answer a viewer's SDP offer (authenticated by its viewer credential, not an API key)",
     responses=errors_of(401, 404, 409, 413, 415, 422, 429),
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": WebrtcOffer.model_json_schema()}},
-        }
-    },
+    openapi_extra=request_body(WebrtcOffer, required=True),
 )
 async def answer_watch_offer(
     session_id: str,

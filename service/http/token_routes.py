@@ -26,6 +26,7 @@ from service.errors import (
 from service.http.access import AnyCaller, authenticator
 from service.http.auth import share_key
 from service.http.bodies import errors_of, json_body
+from service.http.contract import request_body
 from service.http.token_schemas import ClientTokenBody, ClientTokenRequest, ShareRevokedBody
 from service.runtime.runtime import ServiceRuntime
 from service.runtime.sessions import SessionSnapshot
@@ -56,12 +57,7 @@ def _codec(request: Request) -> TokenCodec:
     summary="Mint a short-lived client token for a browser (API key only): it creates at most max_creates sessions "
     "within its bounds; each create answers a session token",
     responses=errors_of(401, 403, 404, 415, 422),
-    openapi_extra={
-        "requestBody": {
-            "required": False,
-            "content": {"application/json": {"schema": ClientTokenRequest.model_json_schema()}},
-        }
-    },
+    openapi_extra=request_body(ClientTokenRequest, required=False),
 )
 async def create_client_token(request: Request, caller: AnyCaller) -> ClientTokenBody:
     owner = caller.key_owner("mint client tokens")

@@ -92,11 +92,12 @@ def test_this_checkout_is_complete_for_the_tests() -> None:
 
 def test_npm_packages_are_checked_at_their_pinned_version(tmp_path: Path) -> None:
     module = _missing_packages()
-    (tmp_path / "package.json").write_text(json.dumps({"dependencies": {"a": "1.0.0", "b": "2.0.0", "c": "3.0.0"}}))
+    manifest = {"dependencies": {"a": "1.0.0", "b": "2.0.0", "c": "3.0.0"}, "devDependencies": {"d": "4.0.0"}}
+    (tmp_path / "package.json").write_text(json.dumps(manifest))
     for name, version in (("a", "1.0.0"), ("b", "1.9.0")):
         (tmp_path / "node_modules" / name).mkdir(parents=True)
         (tmp_path / "node_modules" / name / "package.json").write_text(json.dumps({"version": version}))
-    assert module.missing_npm(tmp_path) == ["b@2.0.0", "c@3.0.0"]
+    assert module.missing_npm(tmp_path) == ["b@2.0.0", "c@3.0.0", "d@4.0.0"]
 
 
 def test_livekit_server_is_reported_until_the_pinned_version_is_in_the_environment(tmp_path: Path) -> None:
