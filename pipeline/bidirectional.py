@@ -205,7 +205,7 @@ class PreparedSession:
 
     `config` is the implementation's own validated configuration object; `width`/`height`/`fps` are what the
     transports need to know before the first frame; `frame_limit` is the session's total frame count (None: until
-    closed).
+    closed); `resume`: where an adopted session goes on (below).
     """
 
     config: object
@@ -214,6 +214,9 @@ class PreparedSession:
     fps: float
     frame_limit: int | None
     image: object | None = None
+    resume: object | None = None
+    """A checkpoint to go on from instead of starting (a session adopted from a lost replica, docs/continuity.md):
+    the implementation's own record (`SessionCheckpoint` for LingBot); None: a new session."""
 
 
 @dataclass(frozen=True, slots=True)

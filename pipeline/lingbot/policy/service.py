@@ -244,7 +244,13 @@ class LingBotService:
         session = LingBotSession(
             session_id, config, image, self._orchestrator, self._clock, self._lease, pace_ahead_s=pace
         )
-        session.open()
+        resume = prepared.resume
+        if resume is None:
+            session.open()
+        elif isinstance(resume, SessionCheckpoint):
+            session.restore(resume)  # adopted: it goes on where its checkpoint left it
+        else:
+            raise TypeError("prepared.resume must be a SessionCheckpoint")
         self._sessions[session_id] = session
         self._summaries.pop(session_id, None)
         if self._recovery is not None:

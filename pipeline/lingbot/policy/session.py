@@ -264,6 +264,20 @@ class LingBotSession:
             self._playout.abandon()  # the failed chunk's start would count the recovery as generation time
         self.refill()
 
+    def restore(self, checkpoint: SessionCheckpoint) -> None:
+        """Open the session where `checkpoint` left it (a session adopted from a replica that was lost, written by
+        another process): its counters, prompt, controls and camera pose are taken from it, then it goes on as a
+        re-seed does (`reseed`). Raises `ValueError` for another session's checkpoint."""
+        if checkpoint.session_id != self.session_id:
+            raise ValueError(f"checkpoint of session {checkpoint.session_id!r}, not {self.session_id!r}")
+        self._prompt, self._prompt_seq = checkpoint.prompt, checkpoint.prompt_seq
+        self._applied_prompt_seq = checkpoint.prompt_seq
+        self._latest, self._applied_seq = checkpoint.latest, checkpoint.applied_seq
+        self._camera.place(checkpoint.pose)
+        self._frames_emitted = checkpoint.frames_emitted
+        self.checkpoint = checkpoint
+        self.reseed()
+
     @property
     def stop_requested(self) -> bool:
         """A `Stop` control or a drain asked the session to end."""

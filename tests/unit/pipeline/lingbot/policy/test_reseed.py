@@ -5,6 +5,7 @@ session makes; one that raises every time ends it with its failure after the bud
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -232,3 +233,64 @@ async def test_a_cancel_close_while_recovering_ends_the_session_without_its_fail
         assert service.statistics().sessions == 0
     finally:
         await service.aclose()
+
+
+async def _chunks(service: LingBotService, until_index: int) -> list[ChunkOutput]:
+    chunks: list[ChunkOutput] = []
+    async with asyncio.timeout(30):
+        async for chunk in service.outputs("s"):
+            chunks.append(chunk)
+            if chunk.index == until_index:
+                break
+    return chunks
+
+
+async def test_a_session_adopted_by_another_worker_from_its_checkpoint_bytes_makes_the_frames_of_an_unbroken_run() -> (
+    None
+):
+    """Adoption at the worker (docs/continuity.md): the checkpoint crosses bytes (as through Redis) to a fresh
+    service, which opens the session with it (`PreparedSession.resume`) and goes on from its next chunk, with the
+    controls and pose it had: the reference model's frames equal an uninterrupted session's, bit for bit."""
+    last = 9
+    clean_service = _service(None, None)
+    await clean_service.start()
+    try:
+        await clean_service.create_session("s", clean_service.prepare(SMALL, None))
+        clean_service.push_control("s", ControlState(1, HELD))
+        clean = await _chunks(clean_service, last)
+    finally:
+        await clean_service.aclose()
+
+    lost = _service(None, None)
+    await lost.start()
+    try:
+        await lost.create_session("s", lost.prepare(SMALL, None))
+        lost.push_control("s", ControlState(1, HELD))
+        await _chunks(lost, 2)
+        taken = lost.checkpoint("s")
+        assert taken is not None
+        assert lost.checkpoint("other") is None
+    finally:
+        await lost.aclose()  # the replica is gone; only the bytes remain
+    carried = SessionCheckpoint.from_parts(taken.header_bytes(), taken.image_data())
+    start = carried.next_chunk
+    assert 3 <= start <= last
+
+    adopter = _service(None, None)
+    await adopter.start()
+    try:
+        other = dataclasses.replace(adopter.prepare(SMALL, None), resume=carried)
+        with pytest.raises(ValueError, match="checkpoint of session 's'"):
+            await adopter.create_session("t", other)
+        await adopter.create_session("s", dataclasses.replace(adopter.prepare(SMALL, None), resume=carried))
+        resumed = await _chunks(adopter, last)  # no control sent again: the held keys came with the checkpoint
+        assert [c.index for c in resumed] == list(range(start, last + 1))
+        for before, after in zip(clean[start:], resumed, strict=True):
+            assert np.array_equal(before.frames, after.frames), f"chunk {before.index} differs"
+            assert after.first_frame_index == before.first_frame_index
+        after_all = adopter.checkpoint("s")
+        assert after_all is not None
+        assert after_all.next_chunk == last + 1
+        await adopter.close_session("s", CloseMode.CANCEL)
+    finally:
+        await adopter.aclose()
