@@ -251,6 +251,7 @@ class ServiceClient:
         prompt: str | None = None,
         max_seconds: float | None = None,
         record: bool = False,
+        webhook_url: str | None = None,
     ) -> SessionInfo:
         """`POST /v1/sessions`: admitted (`running`, or `admitted` when it took long) or `queued`.
 
@@ -258,10 +259,14 @@ class ServiceClient:
         (`{"room": ..., "controller_identity": ...}`: publish into an existing room, docs/livekit.md); `prompt` the
         text the session starts from; `max_seconds` its time limit (at most the server's); `record` records it
         (`recording(id)` downloads it once it ended; a service without LINGSTREAM_RECORDINGS_DIR answers 422
-        `recording_not_configured`)."""
+        `recording_not_configured`); `webhook_url` an endpoint of this session's own for its webhook events
+        (docs/webhooks.md: it must start with one of the service's LINGSTREAM_WEBHOOK_ALLOWED_PREFIXES, else 422
+        `webhook_url_not_allowed`)."""
         body: dict[str, Any] = {"config": dict(config or {})}
         if record:
             body["record"] = True
+        if webhook_url is not None:
+            body["webhook_url"] = webhook_url
         if prompt is not None:
             body["prompt"] = prompt
         if max_seconds is not None:

@@ -5,6 +5,7 @@ in-process (fake model workers)."""
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from service.runtime.recordings import RecordingState
 from tests.support.fakes.webrtc_client import BrowserPeer
 from tests.support.service_harness import running_service, wait_status
 from tests.support.waits import until
+from tests.support.webhook_receiver import webhook_receiver
 from transport.client import InvalidInputError, ServiceClient, SessionNotFoundError
 from transport.embedded.config import EmbeddedConfig
 from transport.embedded.transport import EmbeddedTransport
@@ -45,24 +47,68 @@ CLIENT_METHODS = {
     "revoke_share": "revoke_share",
     "list_recordings": "recordings",
 }
-# `/v1` operations no client calls, with the reason.
-NOT_FOR_CLIENTS = {"livekit_webhook": "LiveKit's server calls it, signed with the LiveKit API secret"}
+# Operations of the document no client calls, with the reason.
+NOT_FOR_CLIENTS = {
+    "livekit_webhook": "LiveKit's server calls it, signed with the LiveKit API secret",
+    "health": "a liveness probe for the orchestrator (Kubernetes), not for clients: it says the process is up",
+    "ready": "a readiness probe for the orchestrator and load balancer; a client learns the same from a create's "
+    "503 not_ready/draining (UnavailableError)",
+    "metrics": "Prometheus scrapes it (text exposition), no client",
+}
+_DOCS = Path(__file__).resolve().parents[4] / "docs" / "client.md"
 
 
-async def test_every_v1_operation_has_a_client_method() -> None:
+async def test_every_operation_has_a_client_method() -> None:
     async with running_service() as svc:
         schema = (await svc.client.get("/openapi.json")).json()
-    operations = {
-        operation["operationId"]
-        for path, methods in schema["paths"].items()
-        if path.startswith("/v1/")
-        for operation in methods.values()
-    }
+    operations = {operation["operationId"] for methods in schema["paths"].values() for operation in methods.values()}
     missing = sorted(operations - CLIENT_METHODS.keys() - NOT_FOR_CLIENTS.keys())
-    assert not missing, f"these /v1 operations have no ServiceClient method: {missing} (add one, then CLIENT_METHODS)"
+    assert not missing, f"these operations have no ServiceClient method: {missing} (add one, then CLIENT_METHODS)"
     assert not (CLIENT_METHODS.keys() | NOT_FOR_CLIENTS.keys()) - operations, "an operation listed here is gone"
     absent = sorted(name for name in CLIENT_METHODS.values() if not callable(getattr(ServiceClient, name, None)))
     assert not absent, f"ServiceClient lacks {absent}"
+
+
+def _documented_calls() -> list[tuple[set[str], set[str]]]:
+    """docs/client.md's table of the service client: per row, the methods its `call` column names and the
+    operation ids its `operation` column names."""
+    text = _DOCS.read_text()
+    section = text[text.index("## What the service client gives") : text.index("## What a stream gives")]
+    rows = []
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        call, operation, _what = re.split(r"(?<!\\)\|", line.strip().strip("|"))
+        spans = re.findall(r"`([^`]+)`", call)
+        methods = {found for span in spans for found in re.findall(r"(?:service\.|^)(\w+)\(", span)}
+        methods |= {found for span in spans for found in re.findall(r"^async for \w+ in service\.(\w+)\(", span)}
+        rows.append((methods, set(re.findall(r"`([a-z_]+)`", operation))))
+    return rows
+
+
+def test_docs_client_md_lists_every_client_method_with_its_operation() -> None:
+    rows = _documented_calls()
+    undocumented = sorted(
+        f"{operation} → {method}"
+        for operation, method in CLIENT_METHODS.items()
+        if not any(method in methods and operation in operations for methods, operations in rows)
+    )
+    assert not undocumented, f"docs/client.md's table of the service client lacks {undocumented}"
+    named = {operation for _methods, operations in rows for operation in operations}
+    assert named <= CLIENT_METHODS.keys(), (
+        f"docs/client.md names operations no method calls: {named - CLIENT_METHODS.keys()}"
+    )
+    documented = {method for methods, _operations in rows for method in methods}
+    unknown = sorted(method for method in documented if not callable(getattr(ServiceClient, method, None)))
+    assert not unknown, f"docs/client.md names calls ServiceClient lacks: {unknown}"
+
+
+def test_the_documented_calls_are_read_from_the_table() -> None:
+    # The check above reads what it should: a row per call, the methods and operations of each.
+    rows = _documented_calls()
+    assert ({"pause", "resume"}, {"pause_session", "resume_session"}) in rows
+    assert ({"follow", "wait_streaming"}, {"session_events"}) in rows
+    assert len(rows) >= len(set(CLIENT_METHODS.values())) - 2
 
 
 async def test_a_recorded_session_downloads_as_bytes_or_to_a_path_and_counts_in_usage(tmp_path: Path) -> None:
@@ -156,3 +202,22 @@ async def test_a_client_token_creates_and_the_session_token_drives_and_shares_th
                 await session.revoke_share(created.id, "not-a-share-id!")
             deleted = await session.delete(created.id, mode="cancel")
             assert deleted.id == created.id
+
+
+async def test_a_create_with_its_own_webhook_url_gets_its_events_there() -> None:
+    async with webhook_receiver() as receiver:
+        prefix = receiver.url.rsplit("/", 1)[0] + "/"
+        async with (
+            running_service(
+                webhook_allowed_prefixes=prefix, webhook_allow_private=True, webhook_secret="s" * 32
+            ) as svc,
+            ServiceClient("http://testserver", http=svc.client) as client,
+        ):
+            with pytest.raises(InvalidInputError) as refused:
+                await client.create(webhook_url="http://127.0.0.1:1/elsewhere")
+            assert refused.value.code == "webhook_url_not_allowed"
+            created = await client.create(webhook_url=receiver.url)
+            await receiver.wait_for(
+                lambda: any(event["data"]["session_id"] == created.id for event in receiver.events("session.running")),
+                "the session's running event at its own URL",
+            )
