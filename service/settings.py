@@ -220,6 +220,14 @@ class Settings(BaseSettings):
         description="Seconds one call may run in a stage's worker processes before the group counts as stuck "
         "and is restarted (processes placement).",
     )
+    worker_start_timeout: float = Field(
+        default=120.0,
+        gt=0,
+        le=7200,
+        description="Seconds a stage's worker processes have to load their weights and report ready, at start and "
+        "after each restart, before the start counts as failed (processes placement). Full-size weights (~48 GB a "
+        "DiT rank) from a slow disk can need more than the default.",
+    )
     recovery_attempts: int = Field(
         default=3,
         ge=0,

@@ -83,6 +83,8 @@ class WorkerOptions:
     devices: tuple[str, ...] = ("cpu",)
     """This worker's devices (its share of `LINGSTREAM_DEVICES`)."""
     stage_call_timeout: float = 60.0
+    worker_start_timeout: float = 120.0
+    """`LINGSTREAM_WORKER_START_TIMEOUT`: a worker process group's ranks must be ready within it."""
     progressive_decode: bool = True
     """`LINGSTREAM_PROGRESSIVE_DECODE` (either placement)."""
     model: str = "reference"
@@ -111,6 +113,7 @@ def worker_options(settings: Settings) -> list[WorkerOptions]:
             denoise_ranks=settings.denoise_ranks,
             devices=devices,
             stage_call_timeout=settings.stage_call_timeout,
+            worker_start_timeout=settings.worker_start_timeout,
             progressive_decode=settings.progressive_decode,
             model=settings.model,
             model_path=str(settings.model_path) if settings.model_path is not None else None,
@@ -158,6 +161,7 @@ def process_placement(options: WorkerOptions) -> ProcessPlacement:
         factory,
         max_sessions=options.max_sessions_per_worker,
         call_timeout_s=options.stage_call_timeout,
+        start_timeout_s=options.worker_start_timeout,
     )
 
 

@@ -1,5 +1,5 @@
 """The chart's stage placement values (config.stagePlacement, denoiseRanks, devices, stageCallTimeout,
-progressiveDecode): rendered by
+workerStartTimeout, progressiveDecode): rendered by
 the real Helm engine into the service's variables, the pod asks for the GPUs they imply, contradictions refuse to
 render, and what the chart renders is what the service accepts."""
 
@@ -32,6 +32,7 @@ SHARDED = {
         "denoiseRanks": 2,
         "devices": [f"cuda:{index}" for index in range(6)],
         "stageCallTimeout": 45.5,
+        "workerStartTimeout": 1800,
     }
 }
 
@@ -56,11 +57,13 @@ def test_processes_on_listed_gpus_render_the_variables_and_request_every_gpu(
     assert data["LINGSTREAM_DENOISE_RANKS"] == "2"
     assert data["LINGSTREAM_DEVICES"] == "cuda:0,cuda:1,cuda:2,cuda:3,cuda:4,cuda:5"
     assert data["LINGSTREAM_STAGE_CALL_TIMEOUT"] == "45.5"
+    assert data["LINGSTREAM_WORKER_START_TIMEOUT"] == "1800"
     assert data["LINGSTREAM_DEVICE"] == "cuda"
     assert _gpus(docs) == (6, 6)
     assert main_container(docs)["image"].endswith("-cuda")
     settings = _settings_from(docs, monkeypatch)  # the service accepts what the chart renders
     assert settings.worker_devices() == [("cuda:0", "cuda:1", "cuda:2"), ("cuda:3", "cuda:4", "cuda:5")]
+    assert settings.worker_start_timeout == 1800.0
     for doc in docs:
         if (doc["apiVersion"], doc["kind"]) not in CUSTOM_RESOURCES:
             kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
@@ -120,6 +123,8 @@ def test_contradictions_refuse_to_render(chart: Any, values: dict[str, Any], mes
         pytest.param({"config": {"devices": ["gpu0"]}}, id="device-name"),
         pytest.param({"config": {"devices": ["cuda:0", "cuda:0"]}}, id="device-twice"),
         pytest.param({"config": {"stageCallTimeout": 0}}, id="timeout"),
+        pytest.param({"config": {"workerStartTimeout": 0}}, id="start-timeout"),
+        pytest.param({"config": {"workerStartTimeout": 7201}}, id="start-timeout-too-long"),
     ],
 )
 def test_schema_rejects_bad_placement_values(chart: Any, values: dict[str, Any]) -> None:

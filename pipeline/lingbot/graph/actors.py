@@ -97,6 +97,8 @@ class ProcessPlacement:
     call_timeout_s: float = 60.0
     """A rank that works on one call longer than this is stuck: its group is killed and restarted."""
     start_timeout_s: float = 120.0
+    """How long a group's ranks have to build their stages (load their weights) and report ready, at start and after
+    each restart (the service's `LINGSTREAM_WORKER_START_TIMEOUT`)."""
     stop_timeout_s: float = 10.0
     """How long a stopping group may finish its calls before its ranks are terminated."""
     restart_backoff_initial_s: float = 0.5

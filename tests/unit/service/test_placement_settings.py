@@ -17,6 +17,8 @@ def test_threads_on_the_cpu_is_the_default() -> None:
     settings = load_settings()
     assert (settings.stage_placement, settings.denoise_ranks, settings.devices) == ("threads", 1, ())
     assert settings.stage_call_timeout == 60.0
+    assert settings.worker_start_timeout == 120.0
+    assert process_placement(worker_options(settings)[0]).start_timeout_s == 120.0
     assert settings.worker_devices() == [("cpu",)]
     assert settings.progressive_decode
     assert worker_options(settings)[0].progressive_decode
@@ -27,6 +29,7 @@ def test_the_variables_are_read_from_the_environment(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("LINGSTREAM_DENOISE_RANKS", "2")
     monkeypatch.setenv("LINGSTREAM_DEVICES", " cuda:0, cuda:1 ,cuda:2")
     monkeypatch.setenv("LINGSTREAM_STAGE_CALL_TIMEOUT", "12.5")
+    monkeypatch.setenv("LINGSTREAM_WORKER_START_TIMEOUT", "900")
     monkeypatch.setenv("LINGSTREAM_PROGRESSIVE_DECODE", "false")
     settings = load_settings()
     assert not worker_options(settings)[0].progressive_decode
@@ -34,6 +37,7 @@ def test_the_variables_are_read_from_the_environment(monkeypatch: pytest.MonkeyP
     assert settings.devices == ("cuda:0", "cuda:1", "cuda:2")
     assert settings.device == "cuda"  # follows LINGSTREAM_DEVICES
     assert settings.stage_call_timeout == 12.5
+    assert settings.worker_start_timeout == 900.0
 
 
 @pytest.mark.parametrize(
@@ -63,6 +67,9 @@ def test_the_variables_are_read_from_the_environment(monkeypatch: pytest.MonkeyP
         ),
         ({"denoise_ranks": 0, "stage_placement": "processes"}, "LINGSTREAM_DENOISE_RANKS: Input should be greater"),
         ({"stage_call_timeout": 0}, "LINGSTREAM_STAGE_CALL_TIMEOUT: Input should be greater than 0"),
+        ({"worker_start_timeout": 0}, "LINGSTREAM_WORKER_START_TIMEOUT: Input should be greater than 0"),
+        ({"worker_start_timeout": 7201}, "LINGSTREAM_WORKER_START_TIMEOUT: Input should be less than or equal to 7200"),
+        ({"worker_start_timeout": "soon"}, "LINGSTREAM_WORKER_START_TIMEOUT: Input should be a valid number"),
     ],
 )
 def test_invalid_placements_name_the_variable_and_the_rule(values: dict[str, Any], message: str) -> None:
@@ -75,7 +82,9 @@ def test_cpu_processes_put_the_dit_on_n_cpu_ranks_and_co_locate_decode_only_for_
     assert one.plan.decode_colocated
     assert one.plan.group_of("denoise").devices == ("cpu",)
 
-    settings = load_settings(stage_placement="processes", denoise_ranks=2, torch_threads=3, stage_call_timeout=9)
+    settings = load_settings(
+        stage_placement="processes", denoise_ranks=2, torch_threads=3, stage_call_timeout=9, worker_start_timeout=600
+    )
     two = process_placement(worker_options(settings)[0])
     assert not two.plan.decode_colocated
     assert two.plan.latent_transport is ArtifactTransport.WORKER_TENSOR_CHANNEL
@@ -86,6 +95,7 @@ def test_cpu_processes_put_the_dit_on_n_cpu_ranks_and_co_locate_decode_only_for_
     ]
     assert {placed.runtime.torch_threads for placed in two.plan.stages} == {3}
     assert two.call_timeout_s == 9.0
+    assert two.start_timeout_s == 600.0  # every group's ranks: ParallelWorkerConfig.start_timeout_s
 
 
 def test_cuda_devices_are_split_per_worker_and_a_spare_gpu_takes_the_vae() -> None:
