@@ -23,6 +23,7 @@ from transport.client.api import (
     RecordingInfo,
     ServiceClient,
     SessionInfo,
+    ShareLinkInfo,
     UsageInfo,
 )
 from transport.client.errors import (
@@ -81,6 +82,7 @@ __all__ = [
     "SessionNotFoundError",
     "SessionNotRunningError",
     "SessionStartError",
+    "ShareLinkInfo",
     "StreamStatistics",
     "TokenError",
     "UnauthorizedError",

@@ -34,6 +34,7 @@ __all__ = [
     "RecordingInfo",
     "ServiceClient",
     "SessionInfo",
+    "ShareLinkInfo",
     "UsageInfo",
 ]
 
@@ -180,6 +181,32 @@ class ClientToken:
     max_seconds: float | None
     record: bool
     origins: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShareLinkInfo:
+    """A share link (`ServiceClient.share`): `watch_url` (relative to the service's URL) opens the page as a viewer;
+    `watch_token` is watch-only (`ServiceClient(url, token=...)` reads the session, follows it and adds viewers);
+    `share_id` revokes it (`revoke_share`); `expires_at` is the latest it works (Unix seconds)."""
+
+    share_id: str
+    watch_url: str = field(repr=False)  # it carries the watch token
+    watch_token: str = field(repr=False)
+    expires_at: float
+    body: Mapping[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> ShareLinkInfo:
+        try:
+            return cls(
+                share_id=str(body["share_id"]),
+                watch_url=str(body["watch_url"]),
+                watch_token=str(body["watch_token"]),
+                expires_at=float(body["expires_at"]),
+                body=body,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ApiError(201, "bad_response", f"not a share link: {exc!r}") from exc
 
 
 class ServiceClient:
@@ -390,13 +417,11 @@ class ServiceClient:
             origins=tuple(answer["origins"]),
         )
 
-    async def share(self, session_id: str) -> dict[str, Any]:
-        """`POST /v1/sessions/{id}/viewers` with `share: true`: a share link (`watch_url`, `watch_token`,
-        `share_id`, `expires_at`) whose watch token mints a viewer's credential on each use."""
-        body: dict[str, Any] = (
-            await self.request("POST", f"/v1/sessions/{session_id}/viewers", json={"share": True})
-        ).json()
-        return body
+    async def share(self, session_id: str) -> ShareLinkInfo:
+        """`POST /v1/sessions/{id}/viewers` with `share: true`: a share link whose watch token mints a viewer's
+        credential on each use (`ShareLinkInfo`); 404 `tokens_not_configured` without LINGSTREAM_TOKEN_SECRET."""
+        response = await self.request("POST", f"/v1/sessions/{session_id}/viewers", json={"share": True})
+        return ShareLinkInfo.from_body(response.json())
 
     async def revoke_share(self, session_id: str, share_id: str) -> None:
         """`DELETE /v1/sessions/{id}/viewers/{share_id}`: the share link's watch token is refused from now on."""

@@ -16,7 +16,7 @@ from tests.support.fakes.webrtc_client import BrowserPeer
 from tests.support.service_harness import running_service, wait_status
 from tests.support.waits import until
 from tests.support.webhook_receiver import webhook_receiver
-from transport.client import InvalidInputError, ServiceClient, SessionNotFoundError
+from transport.client import InvalidInputError, ServiceClient, SessionNotFoundError, UnauthorizedError
 from transport.embedded.config import EmbeddedConfig
 from transport.embedded.transport import EmbeddedTransport
 
@@ -221,3 +221,23 @@ async def test_a_create_with_its_own_webhook_url_gets_its_events_there() -> None
                 lambda: any(event["data"]["session_id"] == created.id for event in receiver.events("session.running")),
                 "the session's running event at its own URL",
             )
+
+
+async def test_a_share_link_made_through_the_client_watches_until_revoked() -> None:
+    transport = EmbeddedTransport(EmbeddedConfig(max_viewers=2))
+    secret = "token-secret-for-tests-0123456789abcdef"
+    async with (
+        running_service(transport=transport, world=PACED, token_secret=secret) as svc,  # type: ignore[arg-type]
+        ServiceClient("http://testserver", http=svc.client) as owner,
+    ):
+        created = await owner.create()
+        link = await owner.share(created.id)
+        assert link.watch_url.startswith(f"/?watch={created.id}&token=")
+        assert link.watch_token not in repr(link)
+        watcher = owner.with_token(link.watch_token)
+        seen = await watcher.get(created.id)
+        assert (seen.id, seen.transport) == (created.id, None)  # a watch token sees no controller's join details
+        await owner.revoke_share(created.id, link.share_id)
+        with pytest.raises(UnauthorizedError) as revoked:
+            await watcher.get(created.id)
+        assert revoked.value.code == "token_revoked"
