@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, WithJsonSchema
+from typing_extensions import TypeAliasType
 
 from admission import KeyQuota
 from service.api_keys import key_id
@@ -201,8 +202,12 @@ class RecordingList(BaseModel):
     )
 
 
-ConfigValue = bool | int | float | str | None
-"""A field of a resolved session configuration: every model's configuration is flat (`LingBotSessionConfig`)."""
+ConfigValue = TypeAliasType(
+    "ConfigValue",
+    "bool | int | float | str | list[ConfigValue] | dict[str, ConfigValue] | None",
+)
+"""A field of a resolved session configuration: JSON data as `service.runtime.config_view` makes it (scalars, lists
+and mappings of them; today's models are flat, `LingBotSessionConfig`)."""
 
 
 class SessionBody(BaseModel):
@@ -221,8 +226,8 @@ class SessionBody(BaseModel):
         )
     )
     config: dict[str, ConfigValue] = Field(
-        description="The resolved session configuration: the model worker's fields (fps, seed, prompt, ...), each a "
-        "JSON scalar."
+        description="The resolved session configuration: the model worker's fields (fps, seed, prompt, ...), as JSON "
+        "data."
     )
     video: VideoBody
     error: ErrorDetail | None = Field(description="Set when status is failed.")
@@ -330,14 +335,18 @@ def _time(seconds: float) -> datetime.datetime:
 
 
 def _config(config: Mapping[str, object]) -> dict[str, ConfigValue]:
-    """The resolved configuration as the document types it; a model whose configuration holds anything but JSON
-    scalars breaks the contract, and is told so here rather than by a client."""
-    scalars: dict[str, ConfigValue] = {}
-    for name, value in config.items():
-        if value is not None and not isinstance(value, bool | int | float | str):
-            raise TypeError(f"session config field {name!r} is a {type(value).__name__}: the API types it a scalar")
-        scalars[name] = value
-    return scalars
+    """The resolved configuration as the document types it (`config_view` made it JSON data already)."""
+    return {str(name): _config_value(value) for name, value in config.items()}
+
+
+def _config_value(value: object) -> ConfigValue:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_config_value(item) for item in value]
+    if isinstance(value, Mapping):
+        return _config(value)
+    raise TypeError(f"a session config value of type {type(value).__name__} is not JSON data (see config_view)")
 
 
 def session_body(snapshot: SessionSnapshot) -> SessionBody:

@@ -345,6 +345,9 @@ export interface components {
             /** Origins */
             origins: string[];
         };
+        ConfigValue: boolean | number | string | components["schemas"]["ConfigValue"][] | {
+            [key: string]: components["schemas"]["ConfigValue"];
+        } | null;
         /**
          * CreatedSessionBody
          * @description A create's answer: the session, and with a client token, the session token for it.
@@ -384,10 +387,10 @@ export interface components {
             transport: (components["schemas"]["LiveKitJoin"] | components["schemas"]["EmbeddedJoin"]) | null;
             /**
              * Config
-             * @description The resolved session configuration: the model worker's fields (fps, seed, prompt, ...), each a JSON scalar.
+             * @description The resolved session configuration: the model worker's fields (fps, seed, prompt, ...), as JSON data.
              */
             config: {
-                [key: string]: boolean | number | string | null;
+                [key: string]: components["schemas"]["ConfigValue"];
             };
             video: components["schemas"]["VideoBody"];
             /** @description Set when status is failed. */
@@ -636,10 +639,10 @@ export interface components {
             transport: (components["schemas"]["LiveKitJoin"] | components["schemas"]["EmbeddedJoin"]) | null;
             /**
              * Config
-             * @description The resolved session configuration: the model worker's fields (fps, seed, prompt, ...), each a JSON scalar.
+             * @description The resolved session configuration: the model worker's fields (fps, seed, prompt, ...), as JSON data.
              */
             config: {
-                [key: string]: boolean | number | string | null;
+                [key: string]: components["schemas"]["ConfigValue"];
             };
             video: components["schemas"]["VideoBody"];
             /** @description Set when status is failed. */
@@ -1320,6 +1323,7 @@ export interface components {
     pathItems: never;
 }
 export type ClientTokenBody = components['schemas']['ClientTokenBody'];
+export type ConfigValue = components['schemas']['ConfigValue'];
 export type CreatedSessionBody = components['schemas']['CreatedSessionBody'];
 export type ErrorBody = components['schemas']['ErrorBody'];
 export type ErrorDetail = components['schemas']['ErrorDetail'];

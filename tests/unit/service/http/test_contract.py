@@ -14,6 +14,7 @@ from referencing import Registry, Resource
 
 from pipeline.bidirectional import ControlMessage, ControlState, Pause, ResetPose, Resume, SetPrompt, Stop
 from service.app import create_app
+from service.http.schemas import SessionBody
 from service.settings import load_settings
 from tests.support.fakes.world import FakeWorld
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage, WarningStatus
@@ -171,3 +172,23 @@ def test_both_unions_map_every_message_of_the_table(document: dict[str, Any]) ->
 
 def _name(table: tuple[WireMessage, ...], kind: str) -> str:
     return next(message.name for message in table if message.type == kind)
+
+
+def test_a_nested_config_keeps_its_shape_and_is_what_the_document_types(document: dict[str, Any]) -> None:
+    # config_view makes a model's config JSON data (lists and mappings too): the body carries it as it is.
+    config = {"fps": 16, "scale": 0.5, "hud": True, "prompt": "", "limit": None, "steps": [1, 2], "camera": {"fov": 60}}
+    body = {
+        "id": "s1",
+        "status": "running",
+        "reason": None,
+        "queue_position": None,
+        "created_at": "2026-12-02T00:00:00Z",
+        "updated_at": "2026-12-02T00:00:00Z",
+        "transport": None,
+        "config": config,
+        "video": {"width": 8, "height": 8, "fps": 16.0},
+        "error": None,
+    }
+    written = json.loads(SessionBody.model_validate(body).model_dump_json())
+    assert written["config"] == config
+    _validator(document, "SessionBody").validate(written)
