@@ -68,8 +68,8 @@ def missing_python(project: dict[str, Any], extras: list[str]) -> list[str]:
 
 
 def missing_npm(web: Path) -> list[str]:
-    """`name@version` of each web/package.json dependency (devDependencies too: the build tools, e.g.
-    openapi-typescript) that web/node_modules lacks at that version."""
+    """`name@version` of each web/package.json dependency (devDependencies too: the build tools,
+    openapi-typescript, TypeScript, esbuild, React) that web/node_modules lacks at that version."""
     manifest_json = json.loads((web / "package.json").read_text())
     wanted: dict[str, str] = {**manifest_json.get("dependencies", {}), **manifest_json.get("devDependencies", {})}
     missing = []

@@ -113,13 +113,16 @@ if [ -n "$DEV" ] && [ "$(.venv-agents/bin/python -c 'from importlib.metadata imp
     done_step
 fi
 # The browser files come from npm (nothing from a CDN at run time; not committed): the page's livekit-client bundle
-# and Swagger UI for /docs. --ignore-scripts: they need no install scripts (swagger-ui-dist pulls one that would
-# report the install to its vendor).
+# and Swagger UI for /docs; and the build tools (devDependencies): TypeScript 5.9 and esbuild (with its binary
+# package) for the SDK packages in web/packages/, React and its types for @lingstream/react, openapi-typescript for
+# web/openapi/. The page's build of @lingstream/client is committed (service/http/web/), so serving needs none of
+# them. --ignore-scripts: none needs an install script (swagger-ui-dist pulls one that would report the install to
+# its vendor; esbuild's only checks its binary package).
 npm_missing=$(grep '^npm ' <<<"$missing" | sed 's/^npm //' | tr '\n' ' ' || true)
 if [ -n "$npm_missing" ]; then
     if command -v npm >/dev/null; then
-        step "installing the browser files from npm into web/node_modules: ${npm_missing}(17 packages, ~50 MB;" \
-            "5 to 10 s here)"
+        step "installing the browser files from npm into web/node_modules: ${npm_missing}(about 50 packages," \
+            "~92 MB; about 20 s here)"
         (cd web && installer npm ci --ignore-scripts --no-audit --no-fund)
         done_step
     else

@@ -302,12 +302,24 @@ def test_web_package_pins_the_browser_files_exactly_and_is_locked() -> None:
     package = json.loads((REPO / "web" / "package.json").read_text())
     assert package["private"] is True
     assert sorted(package["dependencies"]) == ["livekit-client", "swagger-ui-dist"]
-    assert "devDependencies" not in package
+    # The build tools (issue #36: the SDK packages, the OpenAPI types) are for building and testing only: the images
+    # install without them.
+    assert sorted(package["devDependencies"]) == [
+        "@types/react",
+        "esbuild",
+        "openapi-typescript",
+        "react",
+        "react-dom",
+        "typescript",
+    ]
+    for dockerfile in ("Dockerfile", "Dockerfile.cuda"):
+        assert "npm ci --omit=dev " in (REPO / "docker" / dockerfile).read_text(), dockerfile
     assert package["scarfSettings"] == {"enabled": False}, "swagger-ui-dist's install analytics stay off"
     lock = json.loads((REPO / "web" / "package-lock.json").read_text())
     assert lock["lockfileVersion"] >= 2
     assert lock["packages"][""]["dependencies"] == package["dependencies"]
-    for name, version in package["dependencies"].items():
+    assert lock["packages"][""]["devDependencies"] == package["devDependencies"]
+    for name, version in {**package["dependencies"], **package["devDependencies"]}.items():
         assert re.fullmatch(r"\d+\.\d+\.\d+", version), f"{name}: an exact version, not a range"
         assert lock["packages"][f"node_modules/{name}"]["version"] == version
     for path, locked in lock["packages"].items():
