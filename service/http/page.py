@@ -3,8 +3,8 @@ livekit-client bundle) and `/page-config.json` (what the page needs to know befo
 
 The page's files live in `service/http/web/` and ship with the package (setuptools package data): `app.js` over
 `lingstream-client.js`, the committed build of `@lingstream/client` (web/packages/client, docs/typescript.md), so
-serving needs no build step; nothing is fetched from a CDN at run time. The livekit-client bundle is served from `WEB_VENDOR_DIR` when it is
-set (the container images copy the npm package's `dist/` there), else from the checkout's
+serving needs no build step; nothing is fetched from a CDN at run time. The livekit-client bundle is served from
+`WEB_VENDOR_DIR` when it is set (the container images copy the npm package's `dist/` there), else from the checkout's
 `web/node_modules/livekit-client/dist/` when `scripts/setup.sh` installed it. Without either the page still works on
 the embedded transport and says that LiveKit is unavailable. None of these routes needs an API key: they serve the
 same static files to everyone. The page creates with a client token when it has one (`?token=`, or from
