@@ -111,10 +111,15 @@ class SelfAttention(_Attention):
     ) -> torch.Tensor:
         q = parallel.to_heads(rotate(self._heads(self.norm_q(self.q(x))), angles))
         k = parallel.to_heads(rotate(self._heads(self.norm_k(self.k(x))), angles))
-        layer.k[:, slot.start : slot.end] = k
-        layer.v[:, slot.start : slot.end] = parallel.to_heads(self._heads(self.v(x)))
-        keys = layer.k[:, : slot.end].transpose(1, 2).to(q.dtype)
-        values = layer.v[:, : slot.end].transpose(1, 2).to(q.dtype)
+        v = parallel.to_heads(self._heads(self.v(x)))
+        taken = 0
+        for start, tokens in slot.writes:  # one piece, or two where the ring wraps
+            layer.k[:, start : start + tokens] = k[:, taken : taken + tokens]
+            layer.v[:, start : start + tokens] = v[:, taken : taken + tokens]
+            taken += tokens
+        # Unmasked attention does not depend on the keys' order: the ring's is fine as it lies.
+        keys = layer.k[:, : slot.visible].transpose(1, 2).to(q.dtype)
+        values = layer.v[:, : slot.visible].transpose(1, 2).to(q.dtype)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values)
         result: torch.Tensor = self.o(parallel.to_tokens(out.transpose(1, 2)).flatten(2))
         return result

@@ -4,26 +4,36 @@ The causal DiT generates a session chunk by chunk (3 latent frames each). Every 
 of the frames generated so far in `k`, `v` `[B, capacity_tokens, heads, head_dim]`, keys stored after RoPE. A
 chunk's queries attend, without a mask, to everything in the cache up to and including the chunk itself:
 bidirectional inside the chunk, causal across chunks (a chunk's K/V are final once it is done, later chunks never
-write into them). The memory is allocated once, at creation, and never grows.
+write into them). The memory is allocated once, at creation, and never grows; so are the chunk's RoPE angles
+(`chunk_angles`), which `begin_chunk` makes once for the chunk's forwards, on the device, from tables already there.
 
 One chunk, driven by `sampler.denoise_chunk`:
 
-    slot = cache.begin_chunk()        # evict / re-base if needed; reserve the chunk's tokens
+    slot = cache.begin_chunk()        # evict / re-base if needed; reserve the chunk's tokens; make its angles
     model(x_t, t, ..., cache, slot)   # every denoising call overwrites the slot with its K/V, then attends
     model(x_0, 0, ..., cache, slot)   # the extra clean pass at t = 0 leaves the chunk's final K/V in the slot
 
-Eviction (a window of `window_frames` latent frames): when the next chunk does not fit, the oldest frames after the
-first `sink_frames` are dropped and the rest slide down, so the cache always holds the sink followed by the most
-recent frames. Without a window the cache holds `max_frames` and a chunk past it raises
-`ModelContextExhaustedError` (reason `model_context_exhausted`).
+Layout and eviction (a window of `window_frames` latent frames): the first `sink_frames` frames of the session fill
+the sink, at the start of the buffer, and stay; every later frame goes to a ring of `window - sink` frames after
+it, at the ring's head. When the ring is full the chunk writes over its oldest frames: eviction moves no data (the
+sliding cache before it copied every frame after the evicted ones down, 46 GB per chunk at full size). A chunk
+attends to the tokens `[0, slot.visible)`: the sink and the ring as they lie, which is the whole buffer once it is
+full; unmasked attention does not depend on the order of its keys, so this equals attending to them oldest first
+(within float rounding of the sum: ≤ 2.1e-7 relative over 42 chunks of the tiny model, `test_ring_cache.py`). A
+chunk's tokens are written in one piece, or two where the ring wraps inside it (`slot.writes`). Without a window the
+cache holds `max_frames` and a chunk past it raises `ModelContextExhaustedError` (reason `model_context_exhausted`).
 
-Re-basing (endless sessions): RoPE positions are the absolute latent frame index while it fits the model's table
-(`DiTConfig.rope_frames`, positions 0..1023), so the first ~4 minutes match the reference exactly. When the next
-chunk would run off the table, every cached frame after the sink, and the positions of all later chunks, move back
-by `rebase_frames` (default half the table, whole chunks): the cached keys are rotated in place (rotation composes),
-so distances within the window, and what the chunk attends to there, are unchanged; only the distance from the sink
-to the recent frames shrinks, back to one the model already used earlier in the same session. With no sink the
-re-base changes nothing at all. The cache stays bounded and the session endless.
+Re-basing (endless sessions): the *distances* between frames the model sees must stay within its RoPE table
+(`DiTConfig.rope_frames`, positions 0..1023); the first ~4 minutes use the absolute latent frame index, exactly the
+reference's. When the next chunk would run off the table, the positions of every frame after the sink move back by
+`rebase_frames` (default half the table, whole chunks; `slot.position` is the re-based position): distances within
+the window are unchanged, and only the distance from the sink to the recent frames shrinks, back to one the model
+already used earlier in the same session. With no sink the re-base changes nothing at all. The cache does this
+without touching the ring: queries and keys are rotated at their absolute frame (`slot.rope_frame`; rotation angles
+exist past the table), and the sink's keys are rotated `rebase_frames` later instead (rotation composes), which
+makes exactly the re-based distances. So a re-base moves the sink's keys only (6 of 18 frames at the defaults, once
+every 510 frames, ~2 min), where the sliding cache rotated every key after the sink. The cache stays bounded and the
+session endless.
 
 Concurrency: a cache belongs to one session and is used by one thread at a time (the denoise actor's).
 """
@@ -38,7 +48,7 @@ from pipeline.lingbot.config import SPATIAL_COMPRESSION
 from pipeline.lingbot.errors import ModelSessionError
 from pipeline.lingbot.models.config import DiTConfig
 from pipeline.lingbot.models.errors import ModelConfigError, ModelContextExhaustedError
-from pipeline.lingbot.models.rope import Rope3D
+from pipeline.lingbot.models.rope import Rope3D, RopeAngles
 
 __all__ = [
     "PUBLISHED_CACHE",
@@ -120,16 +130,25 @@ PUBLISHED_CACHE = CacheConfig()
 
 @dataclass(frozen=True, slots=True)
 class CacheSlot:
-    """Where one chunk lives: its token range in the cache and its RoPE frame position."""
+    """Where one chunk lives: the cache tokens its K/V are written to, what it attends to, its RoPE positions."""
 
     chunk_index: int
     first_frame: int
     """The chunk's absolute latent frame index in the session."""
     position: int
-    """The RoPE position of its first frame (`first_frame` until the first re-base)."""
+    """The re-based position of its first frame (`first_frame` until the first re-base): within the RoPE table."""
+    rope_frame: int
+    """The frame position its queries and keys are rotated at: `first_frame` (absolute, never re-based; the cache
+    moves its sink instead, so every distance the chunk sees is the re-based one)."""
     frames: int
-    start: int
-    end: int
+    writes: tuple[tuple[int, int], ...]
+    """`(cache token, tokens)` pieces taking the chunk's tokens in order: one, or two where the ring wraps."""
+    visible: int
+    """The chunk attends to the cache's tokens `[0, visible)`, itself included (the whole buffer once it is full)."""
+
+    @property
+    def tokens(self) -> int:
+        return sum(length for _, length in self.writes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,14 +197,20 @@ class KVCache:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         heads: int | None = None,
+        patch_grid: tuple[int, int] | None = None,
     ) -> None:
-        """`heads`: the heads this cache holds (a Ulysses rank's share, `parallel.py`); default all of them."""
+        """`heads`: the heads this cache holds (a Ulysses rank's share, `parallel.py`); default all of them.
+        `patch_grid`: a latent frame's `(rows, columns)` of patches; with it the cache makes each chunk's RoPE
+        angles once, in `begin_chunk` (`chunk_angles`), as a forward needs (`LingBotFastDiT.new_cache` gives it)."""
         config.check_model(model)
         if frame_tokens < 1 or batch < 1:
             raise ModelConfigError(f"KVCache: frame_tokens and batch must be >= 1, got {frame_tokens}, {batch}")
+        if patch_grid is not None and patch_grid[0] * patch_grid[1] != frame_tokens:
+            raise ModelConfigError(f"KVCache: a {patch_grid} patch grid is not {frame_tokens} tokens per frame")
         self._config = config
         self._rope = Rope3D(model)
         self._frame_tokens = frame_tokens
+        self._patch_grid = patch_grid
         heads = model.num_heads if heads is None else heads
         if not 1 <= heads <= model.num_heads:
             raise ModelConfigError(f"KVCache: heads must be in 1..{model.num_heads}, got {heads}")
@@ -194,9 +219,18 @@ class KVCache:
             LayerKV(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
             for _ in range(model.num_layers)
         )
+        # The chunk's RoPE angles, rewritten in place by every `begin_chunk`: one allocation for the session.
+        self._rope.prepare(torch.device(device))  # the inverse frequencies on the device now: no chunk copies them
+        angles_shape = (config.chunk_frames * frame_tokens, 1, model.head_dim // 2)
+        self._cos = torch.zeros(angles_shape, device=device, dtype=torch.float32)
+        self._sin = torch.zeros(angles_shape, device=device, dtype=torch.float32)
+        self._sink_frames = config.sink
+        self._ring_frames = config.capacity_frames - self._sink_frames
+        self._sink_stored = 0
+        self._ring_stored = 0
+        self._ring_head = 0
         self._chunks = 0
         self._next_frame = 0
-        self._stored = 0
         self._evicted = 0
         self._rebases = 0
         self._offset = 0
@@ -210,12 +244,17 @@ class KVCache:
         return self._frame_tokens
 
     @property
+    def patch_grid(self) -> tuple[int, int] | None:
+        return self._patch_grid
+
+    @property
     def layers(self) -> tuple[LayerKV, ...]:
         return self._layers
 
     def begin_chunk(self, frames: int | None = None) -> CacheSlot:
-        """Makes room for the next chunk (evicting, re-basing) and returns its slot. Raises
-        `ModelContextExhaustedError` when a cache without a window is full or its positions run out."""
+        """Makes room for the next chunk (evicting, re-basing: neither moves a cached key but the sink's on a
+        re-base), makes its RoPE angles, and returns its slot. Raises `ModelContextExhaustedError` when a cache
+        without a window is full or its positions run out."""
         frames = self._config.chunk_frames if frames is None else frames
         if not 1 <= frames <= self._config.chunk_frames:
             raise ModelSessionError(f"a chunk has 1..{self._config.chunk_frames} latent frames, got {frames}")
@@ -227,7 +266,7 @@ class KVCache:
                     f"the cache holds {self._config.capacity_frames} latent frames and has no window; "
                     f"chunk {self._chunks} would need {self._stored + frames}"
                 )
-            self._evict(overflow)
+            self._evicted += overflow  # the ring's oldest frames: the chunk writes over them
         position = self._next_frame - self._offset
         if position + frames > self._rope.frames:
             if not windowed:
@@ -238,19 +277,27 @@ class KVCache:
             shift = self._config.rebase_shift(self._rope.frames)
             self._rebase(shift)
             position -= shift
-        start = self._stored * self._frame_tokens
         slot = CacheSlot(
             chunk_index=self._chunks,
             first_frame=self._next_frame,
             position=position,
+            rope_frame=self._next_frame,
             frames=frames,
-            start=start,
-            end=start + frames * self._frame_tokens,
+            writes=self._reserve(frames),
+            visible=self._stored * self._frame_tokens,
         )
-        self._stored += frames
+        self._make_angles(slot)
         self._next_frame += frames
         self._chunks += 1
         return slot
+
+    def chunk_angles(self, slot: CacheSlot) -> RopeAngles:
+        """The RoPE angles of the newest chunk's tokens (made by `begin_chunk`, read by each of its forwards)."""
+        self.check_slot(slot)
+        if self._patch_grid is None:
+            raise ModelSessionError("this cache has no patch grid: make it with LingBotFastDiT.new_cache")
+        tokens = slot.frames * self._frame_tokens
+        return self._cos[:tokens], self._sin[:tokens]
 
     def continue_at(self, chunk_index: int, first_frame: int) -> None:
         """Make this fresh cache go on at chunk `chunk_index`, latent frame `first_frame` (a session re-seeded without
@@ -276,9 +323,21 @@ class KVCache:
         self._next_frame = first_frame
 
     def check_slot(self, slot: CacheSlot) -> None:
-        """Only the newest slot may be written: an older one's tokens may have moved."""
+        """Only the newest slot may be written: an older one's tokens may have been overwritten."""
         if slot.chunk_index != self._chunks - 1:
             raise ModelSessionError(f"chunk slot {slot.chunk_index} is stale: the cache is at chunk {self._chunks - 1}")
+
+    def tokens_oldest_first(self) -> torch.Tensor:
+        """The cache tokens held, oldest frame first (the sink, then the ring from its oldest frame): the order the
+        sliding cache kept them in. For comparing with it (tests, debugging); a forward never reorders."""
+        ring = self._ring_stored
+        oldest = (self._ring_head - ring) % self._ring_frames if ring else 0
+        frames = [
+            *range(self._sink_stored),
+            *(self._sink_frames + (oldest + i) % self._ring_frames for i in range(ring)),
+        ]
+        tokens = [frame * self._frame_tokens + t for frame in frames for t in range(self._frame_tokens)]
+        return torch.tensor(tokens, dtype=torch.long)
 
     def statistics(self) -> CacheStatistics:
         return CacheStatistics(
@@ -292,22 +351,48 @@ class KVCache:
             nbytes=sum(layer.k.nbytes + layer.v.nbytes for layer in self._layers),
         )
 
-    def _evict(self, frames: int) -> None:
-        # Slide everything after the evicted frames down onto them; the sink stays where it is.
-        sink = self._config.sink * self._frame_tokens
-        drop = frames * self._frame_tokens
-        end = self._stored * self._frame_tokens
-        for layer in self._layers:
-            for tensor in (layer.k, layer.v):
-                tensor[:, sink : end - drop] = tensor[:, sink + drop : end].clone()
-        self._stored -= frames
-        self._evicted += frames
+    @property
+    def _stored(self) -> int:
+        return self._sink_stored + self._ring_stored
+
+    def _reserve(self, frames: int) -> tuple[tuple[int, int], ...]:
+        """The cache frames the chunk's frames go to, in order: the sink's free frames first (a fresh cache), then
+        the ring's, from its head on, over its oldest frames once it is full; merged into runs of tokens."""
+        targets = []
+        for _ in range(frames):
+            if self._sink_stored < self._sink_frames:
+                targets.append(self._sink_stored)
+                self._sink_stored += 1
+            else:
+                targets.append(self._sink_frames + self._ring_head)
+                self._ring_head = (self._ring_head + 1) % self._ring_frames
+                self._ring_stored = min(self._ring_stored + 1, self._ring_frames)
+        runs: list[list[int]] = []
+        for target in targets:
+            if runs and runs[-1][0] + runs[-1][1] == target:
+                runs[-1][1] += 1
+            else:
+                runs.append([target, 1])
+        return tuple((start * self._frame_tokens, length * self._frame_tokens) for start, length in runs)
+
+    def _make_angles(self, slot: CacheSlot) -> None:
+        if self._patch_grid is None:
+            return
+        rows, cols = self._patch_grid
+        device = self._cos.device
+        with torch.inference_mode():  # the buffers may be inference tensors (a cache made under inference mode)
+            cos, sin = self._rope.angles(slot.rope_frame, (slot.frames, rows, cols), device)
+            tokens = cos.shape[0]
+            self._cos[:tokens].copy_(cos)
+            self._sin[:tokens].copy_(sin)
 
     def _rebase(self, shift: int) -> None:
-        sink = self._config.sink * self._frame_tokens
-        end = self._stored * self._frame_tokens
-        for layer in self._layers if end > sink else ():  # nothing after the sink (window = sink + chunk): no keys move
-            layer.k[:, sink:end] = self._rope.shift_frames(layer.k[:, sink:end], -shift)
+        # Queries and the ring's keys keep their absolute positions; the sink moves `shift` frames later instead,
+        # which shrinks the distance from the sink to every later frame by `shift`, as moving those back would.
+        sink = self._sink_stored * self._frame_tokens
+        with torch.inference_mode():
+            for layer in self._layers if sink else ():
+                layer.k[:, :sink] = self._rope.shift_frames(layer.k[:, :sink], shift)
         self._offset += shift
         self._rebases += 1
 

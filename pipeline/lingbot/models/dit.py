@@ -39,7 +39,6 @@ from pipeline.lingbot.models.blocks import CameraModulation, DiTBlock, OutputHea
 from pipeline.lingbot.models.cache import CacheConfig, CacheSlot, KVCache, TextKV
 from pipeline.lingbot.models.config import DiTConfig
 from pipeline.lingbot.models.parallel import SINGLE_RANK, Ulysses, check_parallel
-from pipeline.lingbot.models.rope import Rope3D
 
 __all__ = ["LingBotFastDiT"]
 
@@ -64,7 +63,6 @@ class LingBotFastDiT(nn.Module):
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
         self.blocks = nn.ModuleList(DiTBlock(config) for _ in range(config.num_layers))
         self.head = OutputHead(config)
-        self._rope = Rope3D(config)
 
     @property
     def config(self) -> DiTConfig:
@@ -88,7 +86,7 @@ class LingBotFastDiT(nn.Module):
         token). Raises `ModelConfigError` when the group does not divide a latent frame's tokens."""
         frame_tokens = self._config.frame_tokens(latent_height, latent_width)
         check_parallel(self._config, self._parallel.world_size, frame_tokens)
-        self._rope.prepare(self.device)  # the RoPE tables on the device before any forward: none copies them
+        _, ph, pw = self._config.patch_size
         return KVCache(
             self._config,
             cache,
@@ -97,6 +95,7 @@ class LingBotFastDiT(nn.Module):
             device=self.device,
             dtype=self.dtype,
             heads=self._parallel.local_heads(self._config.num_heads),
+            patch_grid=(latent_height // ph, latent_width // pw),
         )
 
     def encode_text(self, context: torch.Tensor) -> TextKV:
@@ -168,7 +167,7 @@ class LingBotFastDiT(nn.Module):
                 f"the camera modulation has {len(camera.layers)} layers of {camera.tokens} tokens, the chunk "
                 f"{len(self.blocks)} layers of {x.shape[1]} tokens"
             )
-        cos, sin = self._rope.angles(slot.position, grid, x.device)
+        cos, sin = cache.chunk_angles(slot)  # made once for the chunk by `begin_chunk`
         start, stop = parallel.token_range(cos.shape[0])
         angles = (cos[start:stop], sin[start:stop])
         cameras = camera.layers if camera is not None else (None,) * len(cache.layers)
@@ -200,8 +199,12 @@ class LingBotFastDiT(nn.Module):
                 f"latents must be [B, {cfg.in_dim}, {slot.frames}, h, w] for this chunk, got {list(latents.shape)}"
             )
         b, _, f, h, w = latents.shape
-        if cfg.frame_tokens(h, w) != cache.frame_tokens:
-            raise ModelInputError(f"a {h}x{w} latent does not match the cache's {cache.frame_tokens} tokens per frame")
+        _, ph, pw = cfg.patch_size
+        if cfg.frame_tokens(h, w) != cache.frame_tokens or cache.patch_grid not in (None, (h // ph, w // pw)):
+            raise ModelInputError(
+                f"a {h}x{w} latent does not match the cache's {cache.frame_tokens} tokens per frame "
+                f"(patch grid {cache.patch_grid})"
+            )
         if cache.layers and cache.layers[0].k.shape[0] != b:
             raise ModelInputError(f"latents have batch {b}, the cache {cache.layers[0].k.shape[0]}")
         if timestep.numel() not in (1, b):

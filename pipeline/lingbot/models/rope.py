@@ -3,13 +3,15 @@
 A head of `head_dim` channels gives `head_dim - 2 * (head_dim // 3)` channels to the latent frame index and
 `head_dim // 3` each to the patch row and column (44/42/42 for 128). Channels rotate in adjacent pairs
 (2i, 2i + 1) by `position * theta ** (-2i / part_dim)`; angles are computed in float64 and the rotation in float32,
-as the reference does. The frame position is the latent frame index, bounded by the table the reference model was
-trained with (`DiTConfig.rope_frames`, 1024): a position outside it is refused here, so the cache must re-base
-first (see `cache.py`).
+as the reference does. The frame position is the latent frame index. What the model was trained on is a table of
+`DiTConfig.rope_frames` (1024) positions, so the *distances* a chunk sees must stay within it: the cache re-bases
+(see `cache.py`). The angles themselves are computed for any frame, past the table too: the cache rotates every
+chunk at its absolute frame and moves its sink on a re-base instead, so the distances are the re-based ones.
 
-The inverse frequencies are made on the CPU (float64, as the reference) and copied to a device once per model and
-device (`prepare`, which `LingBotFastDiT.new_cache` calls), so a forward copies nothing from the host: no host
-sync, and nothing that would keep a CUDA graph from capturing it.
+The inverse frequencies are made on the CPU (float64, as the reference) and copied to a device once per table and
+device (`prepare`, which a `KVCache` calls when it is made); the cache makes each chunk's angles from them on the
+device, once per chunk, into buffers of its own: a forward copies nothing from the host (no host sync, and nothing
+that would keep a CUDA graph from capturing it) and computes no angles.
 
 Because a rotation by `a` followed by one by `b` is one by `a + b`, keys already rotated and cached can be moved
 to other frame positions exactly (`shift_frames`): the scores `q . k` depend only on position differences.
@@ -52,13 +54,11 @@ class Rope3D:
         return tables
 
     def angles(self, first_frame: int, grid: tuple[int, int, int], device: torch.device) -> RopeAngles:
-        """Angles for tokens laid out frame-major, then row, then column, starting at frame `first_frame`."""
+        """Angles for tokens laid out frame-major, then row, then column, starting at frame `first_frame` (which may
+        lie past the table: the cache rotates at absolute frames and keeps every distance within it)."""
         frames, rows, cols = grid
-        if first_frame < 0 or first_frame + frames > self._frames:
-            raise ModelContextExhaustedError(
-                f"latent frames {first_frame}..{first_frame + frames - 1} lie outside the RoPE table "
-                f"(positions 0..{self._frames - 1}); the cache must re-base positions first"
-            )
+        if first_frame < 0:
+            raise ModelContextExhaustedError(f"latent frame position {first_frame} is negative")
         if max(rows, cols) > self._frames:
             raise ModelContextExhaustedError(f"a {rows}x{cols} patch grid exceeds the RoPE table of {self._frames}")
         f_freq, h_freq, w_freq = self.prepare(device)

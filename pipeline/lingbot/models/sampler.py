@@ -91,14 +91,19 @@ def sample_chunk(
     seeded generator makes the session reproducible."""
     x = noise.float()
     batch = x.shape[0]
-    # One host-to-device copy for the chunk, none between its steps. Made on the CPU and moved with `.to`, so the
-    # workload counter sees the copy (`torch.tensor(..., device=...)` copies below the dispatcher, unseen).
-    renoise_sigmas = torch.tensor(schedule.renoise_sigmas, dtype=torch.float32).to(x.device)
-    for step, t in enumerate(schedule.timesteps):
-        velocity = predict(x, torch.full((batch,), float(t), dtype=torch.float32, device=x.device))
-        sigma = schedule.x0_sigmas[step]
-        x0 = (x.double() - sigma * velocity.double()).float()
-        if step == len(schedule.timesteps) - 1:
+    # The chunk's timesteps and sigmas in one device table: one host-to-device copy for the chunk, none in or
+    # between its steps, and no Python number baked into a step. Made on the CPU and moved with `.to`, so the
+    # workload counter sees the copy (`torch.tensor(..., device=...)` copies below the dispatcher, unseen). The
+    # values are float32 as before (timesteps are integers, the sigmas float32 values), so the results are equal.
+    steps = len(schedule.timesteps)
+    table = torch.tensor(
+        [schedule.timesteps, schedule.x0_sigmas, (*schedule.renoise_sigmas, 0.0)], dtype=torch.float32
+    ).to(x.device)
+    timesteps, x0_sigmas, renoise_sigmas = table.unbind(0)
+    for step in range(steps):
+        velocity = predict(x, timesteps[step].expand(batch))
+        x0 = (x.double() - x0_sigmas[step].double() * velocity.double()).float()
+        if step == steps - 1:
             return x0
         fresh = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=torch.float32)
         renoise = renoise_sigmas[step]

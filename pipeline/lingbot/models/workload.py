@@ -32,9 +32,10 @@ context parallelism — **estimates**, not measurements; every figure they feed 
 - at P > 1 both from rank 0's counted share (`count_forward(ranks=P)`; without one, the 1-rank forward divided by P);
 - the Ulysses collectives (q, k, v to head shards and the attention output back, 4 all-to-alls per layer, each rank
   keeping 1/P of what it sends; the velocity's all-gather) at `link_bandwidth`, not overlapped with compute;
-- the cache eviction's copies (counted on meta too) divided over P; the Wan VAE decode on one rank, a stated
-  constant (`decode_ms`: 40.5 TFLOP of convolutions and 275 GB for 3 latent frames, counted on meta for the research
-  note, at 350 TFLOP/s and 2.9 TB/s); kernel launches assumed hidden behind the device work.
+- a chunk start's work (counted on meta too: the RoPE angles; the ring cache's eviction copies nothing) divided
+  over P; the Wan VAE decode on one rank, a stated constant (`decode_ms`: 40.5 TFLOP of convolutions and 275 GB
+  for 3 latent frames, counted on meta for the research note, at 350 TFLOP/s and 2.9 TB/s); kernel launches assumed
+  hidden behind the device work.
 """
 
 from __future__ import annotations
@@ -427,7 +428,8 @@ def count_eviction(
     dtype: torch.dtype = torch.bfloat16,
     dit: LingBotFastDiT | None = None,
 ) -> Workload:
-    """The steady-state `begin_chunk` (the window slides: every layer's K and V copied down), on `meta`."""
+    """The steady-state `begin_chunk`, on `meta`: the chunk's RoPE angles, made once for its forwards; the ring
+    cache's eviction moves no key (the sliding cache before it copied every layer's K and V down: 46 GB)."""
     model = dit if dit is not None else _meta_dit(config, dtype)
     kv = _steady_state(model, width, height, cache)[0]
     counter = WorkloadCounter()

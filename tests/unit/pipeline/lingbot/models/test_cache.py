@@ -27,17 +27,21 @@ def marked_cache(config: CacheConfig) -> KVCache:
 
 
 def write_marks(cache: KVCache, chunks: int) -> list[list[int]]:
-    """Writes each frame's absolute index into its keys and values; returns the frames held after each chunk."""
+    """Writes each frame's absolute index into its keys and values (through the slot's write pieces, as a forward
+    does); returns the frames the chunk attends to after each chunk, oldest first (the ring keeps no order)."""
     held = []
     for _ in range(chunks):
         slot = cache.begin_chunk()
         marks = torch.arange(slot.first_frame, slot.first_frame + slot.frames, dtype=torch.float32)
         marks = marks.repeat_interleave(FRAME_TOKENS).view(1, -1, 1, 1)
-        for layer in cache.layers:
-            layer.k[:, slot.start : slot.end] = marks
-            layer.v[:, slot.start : slot.end] = marks
-        frames = cache.layers[0].v[0, : slot.end : FRAME_TOKENS, 0, 0]
-        held.append([int(f) for f in frames])
+        taken = 0
+        for start, tokens in slot.writes:
+            for layer in cache.layers:
+                layer.k[:, start : start + tokens] = marks[:, taken : taken + tokens]
+                layer.v[:, start : start + tokens] = marks[:, taken : taken + tokens]
+            taken += tokens
+        frames = cache.layers[0].v[0, : slot.visible : FRAME_TOKENS, 0, 0]
+        held.append(sorted(int(f) for f in frames))
     return held
 
 
@@ -80,12 +84,14 @@ def clean_passes(model: LingBotFastDiT, config: CacheConfig, chunks: int) -> KVC
 
 def test_layer_zero_keys_equal_those_of_a_run_without_a_window(tiny_model: LingBotFastDiT) -> None:
     """Layer 0's K/V depend only on the call's own input: after evictions the windowed cache must hold exactly
-    the sink's and the newest frames' K/V of a cache that never evicts."""
+    the sink's and the newest frames' K/V of a cache that never evicts (the newest in ring order)."""
     window, sink, frames = 9, 3, 18
     tokens = TINY_DIT.frame_tokens(LATENT_H, LATENT_W)
     windowed = clean_passes(tiny_model, CacheConfig(window_frames=window, sink_frames=sink), frames // 3)
     unbounded = clean_passes(tiny_model, CacheConfig(window_frames=None, max_frames=frames), frames // 3)
-    kept_frames = [*range(sink), *range(frames - (window - sink), frames)]
+    ring = window - sink
+    recent = range(frames - ring, frames)  # in the ring, frame f lies at sink + (f - sink) % ring
+    kept_frames = [*range(sink), *sorted(recent, key=lambda f: (f - sink) % ring)]
     kept = torch.tensor([f * tokens + t for f in kept_frames for t in range(tokens)])
     assert windowed.statistics().evicted_frames == frames - window
     for name in ("k", "v"):

@@ -106,3 +106,53 @@ def test_the_sampler_copies_its_sigmas_to_the_device_once_per_chunk_not_per_step
     assert len(FAST_SCHEDULE.renoise_sigmas) == 3
     assert counter.workload().host_to_device == 1
     assert counter.workload().syncs == 1
+
+
+def test_the_device_schedule_table_gives_the_python_numbers_results_bit_for_bit(tiny_model: LingBotFastDiT) -> None:
+    """The sampler as it was (a timestep filled from a Python number per step, x0's sigma a Python float) and as it
+    is (both read from the chunk's device table) give equal x0 on the tiny model: the same float32 values."""
+    chunk = chunk_inputs(TINY_DIT, 1)[0]
+    text = tiny_model.encode_text(text_context(TINY_DIT))
+    cache = tiny_model.new_cache(CacheConfig(), LATENT_H, LATENT_W)
+    with torch.inference_mode():
+        slot = cache.begin_chunk()
+
+        def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            velocity: torch.Tensor = tiny_model(torch.cat([x, chunk.condition], dim=1), t, text, cache, slot)
+            return velocity
+
+        ours = sample_chunk(predict, chunk.noise, torch.Generator().manual_seed(4))
+        generator = torch.Generator().manual_seed(4)
+        x = chunk.noise.float()
+        for step, t in enumerate(FAST_SCHEDULE.timesteps):
+            velocity = predict(x, torch.full((1,), float(t), dtype=torch.float32))
+            before = (x.double() - FAST_SCHEDULE.x0_sigmas[step] * velocity.double()).float()
+            if step < 3:
+                renoise = torch.tensor(FAST_SCHEDULE.renoise_sigmas[step], dtype=torch.float32)
+                x = (1 - renoise) * before + renoise * torch.randn(x.shape, generator=generator)
+    assert torch.equal(ours, before)
+
+
+def test_a_chunk_copies_from_the_host_once_and_its_forwards_never_sync() -> None:
+    """The whole chunk (the camera modulation, 4 steps, the clean pass) on the tiny model on `meta`, which keeps
+    device rules as CUDA does: one host-to-device copy (the schedule's table), no scalar read, no device-to-host
+    copy; and one forward alone: none at all (its RoPE angles are the cache's, made by `begin_chunk`)."""
+    from pipeline.lingbot.models.workload import WorkloadCounter, count_forward
+
+    with torch.device("meta"):
+        model = LingBotFastDiT(TINY_DIT)
+    cache = model.new_cache(CacheConfig(window_frames=9, sink_frames=3), LATENT_H, LATENT_W)
+    with torch.inference_mode():
+        text = model.encode_text(torch.zeros(1, TINY_DIT.text_len, TINY_DIT.text_dim, device="meta"))
+        for _ in range(3):
+            cache.begin_chunk()
+    shape = (1, 3, LATENT_H, LATENT_W)
+    noise, condition = torch.zeros(1, 16, *shape[1:], device="meta"), torch.zeros(1, 20, *shape[1:], device="meta")
+    control = torch.zeros(1, TINY_DIT.control_map_channels, *shape[1:], device="meta")
+    with torch.inference_mode(), WorkloadCounter() as counter:
+        denoise_chunk(model, cache, text, condition, noise, None, control)
+    chunk = counter.workload()
+    assert chunk.kernels_by_op["addmm"] > 5 * 2 * TINY_DIT.num_layers  # the forwards ran under the counter
+    assert (chunk.host_to_device, chunk.scalar_reads, chunk.device_to_host, chunk.syncs) == (1, 0, 0, 1)
+    forward = count_forward(TINY_DIT, width=8 * LATENT_W, height=8 * LATENT_H, dit=model, camera_cached=True)
+    assert (forward.host_to_device, forward.syncs) == (0, 0)
