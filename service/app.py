@@ -107,7 +107,9 @@ def _recording_storage(
         logger.info("recordings: uploaded to %s, bucket %s, prefix %r", store.endpoint, store.bucket, store.prefix)
     catalog: RecordingCatalog = MemoryRecordingCatalog()
     if config.shared_admission is not None and settings.redis_url is not None:
-        catalog = RedisRecordingCatalog(settings.redis_url.get_secret_value())
+        catalog = RedisRecordingCatalog(
+            settings.redis_url.get_secret_value(), replica_id=config.shared_admission.replica_id
+        )
     return objects, catalog
 
 

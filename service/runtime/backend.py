@@ -40,7 +40,7 @@ from typing import Protocol
 
 from admission import AdmissionEvent
 from pipeline.bidirectional import CloseMode, PortableCheckpoint, PreparedSession
-from service.runtime.records import AdmissionReport, RuntimeTuning, SnapshotStream
+from service.runtime.records import AdmissionReport, LostSession, RuntimeTuning, SnapshotStream
 from service.runtime.sessions import Session, SessionSnapshot
 from service.usage.ledger import UsageReport, UsageTotals
 from transport.base import CallerRoom
@@ -89,6 +89,16 @@ class AdmissionHost(Protocol):
     def lose(self, session: Session, code: str, message: str) -> None:
         """Admission took the session away (its replica was reaped, or the shared record was lost): a queued
         session ends cancelled with reason `code`; an admitted one fails with `(code, message)` and is cancelled."""
+        ...
+
+    def lost_elsewhere(self, lost: LostSession) -> None:
+        """A session this runtime has no record of was declared lost with the replica that ran it, by this
+        replica's admission (once in the deployment): its `session.ended` goes out from here."""
+        ...
+
+    def replica_lost(self, replica_id: str) -> None:
+        """This replica's admission reaped `replica_id` (once in the deployment): the recordings it was making are
+        failed from here (its local files went with it)."""
         ...
 
     def forget(self, session: Session) -> None:

@@ -27,7 +27,14 @@ from service.runtime.health import WorkerHealth
 from service.runtime.limits import PAUSED_TOO_LONG, LimitsConfig, SessionDeadlines
 from service.runtime.pausing import set_paused
 from service.runtime.recordings import RecordingStore
-from service.runtime.records import NoEvents, RuntimeTuning, SessionEventKind, SessionEvents, SessionObserver
+from service.runtime.records import (
+    LostSession,
+    NoEvents,
+    RuntimeTuning,
+    SessionEventKind,
+    SessionEvents,
+    SessionObserver,
+)
 from service.runtime.runner import RunnerCallbacks, SessionRunner
 from service.runtime.session_table import SessionTable
 from service.runtime.sessions import Session, SessionState
@@ -148,6 +155,12 @@ class SessionConductor:
             return
         session.record_failure(code, message)
         self.request_close(session, CloseMode.CANCEL, code)
+
+    def lost_elsewhere(self, lost: LostSession) -> None:
+        """A session lost with another replica, declared ended here: its `session.ended`."""
+        with session_context(lost.snapshot.id):
+            logger.info("session %s: lost with its replica; its end is reported from here", lost.snapshot.id)
+            self._events.session_lost(lost)
 
     def forget(self, session: Session) -> None:
         """A queued session lives on elsewhere: drop its record here, uncounted."""

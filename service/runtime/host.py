@@ -15,7 +15,7 @@ from typing import Protocol
 from admission import AdmissionEvent
 from pipeline.bidirectional import CloseMode, PreparedSession
 from service.runtime.conductor import SessionConductor
-from service.runtime.records import RuntimeTuning
+from service.runtime.records import LostSession, RuntimeTuning
 from service.runtime.session_table import SessionTable
 from service.runtime.sessions import Session
 from service.runtime.state import RuntimeLifecycle
@@ -53,6 +53,7 @@ class RuntimeHost:
         conductor: SessionConductor,
         prepare: Callable[[Mapping[str, object], bytes | None], PreparedSession],
         register: Register,
+        replica_lost: Callable[[str], None],
     ) -> None:
         self._tuning = tuning
         self._lifecycle = lifecycle
@@ -60,6 +61,7 @@ class RuntimeHost:
         self._conductor = conductor
         self._prepare = prepare
         self._register = register
+        self._replica_lost = replica_lost
 
     @property
     def tuning(self) -> RuntimeTuning:
@@ -86,6 +88,12 @@ class RuntimeHost:
 
     def set_paused(self, session: Session, paused: bool) -> None:
         self._conductor.set_paused(session, paused)
+
+    def lost_elsewhere(self, lost: LostSession) -> None:
+        self._conductor.lost_elsewhere(lost)
+
+    def replica_lost(self, replica_id: str) -> None:
+        self._replica_lost(replica_id)
 
     def forget(self, session: Session) -> None:
         self._conductor.forget(session)

@@ -29,6 +29,7 @@ __all__ = [
     "decode_entry",
     "encode_entry",
     "parse_cursor",
+    "recording_event_data",
 ]
 
 _MEMORY_ENTRIES = 4096  # a memory catalog forgets its oldest entries beyond these
@@ -49,7 +50,8 @@ class RecordingState(enum.Enum):
 class RecordingEntry:
     """One recording as the catalog keeps it: the session and its owner, when recording started (Unix seconds), the
     state and, once stopped, the stable code and reason; frames and bytes; the objects once uploaded (None: kept on
-    the recording replica's disk, or not yet uploaded); `updated_at`: the last change."""
+    the recording replica's disk, or not yet uploaded); `updated_at`: the last change; `webhook_url`: the session's
+    own webhook endpoint (where a replica that finds the recording lost with its replica sends `recording.failed`)."""
 
     session_id: str
     owner: str
@@ -62,10 +64,24 @@ class RecordingEntry:
     bytes: int = 0
     video_key: str | None = None
     trace_key: str | None = None
+    webhook_url: str | None = None
 
     def moved(self, state: RecordingState, now: float, **changes: object) -> RecordingEntry:
         """This entry in `state` as of `now`, with `changes` (code, reason, frames, bytes, keys)."""
         return replace(self, state=state, updated_at=now, **changes)  # type: ignore[arg-type]
+
+
+def recording_event_data(entry: RecordingEntry) -> dict[str, object]:
+    """The `recording` object of a `recording.ready|failed` webhook event."""
+    return {
+        "state": entry.state.value,
+        "code": entry.code,
+        "reason": entry.reason,
+        "frames": entry.frames,
+        "bytes": entry.bytes,
+        "video_url": f"/v1/sessions/{entry.session_id}/recording",
+        "controls_url": f"/v1/sessions/{entry.session_id}/recording/controls",
+    }
 
 
 def encode_entry(entry: RecordingEntry) -> str:
@@ -115,6 +131,12 @@ class RecordingCatalog(Protocol):
         oldest first."""
         ...
 
+    async def fail_replica(self, replica_id: str, code: str, reason: str, now: float) -> list[RecordingEntry]:
+        """Every recording replica `replica_id` was making (recording, finishing or uploading) moves to FAILED with
+        `code` and `reason` as of `now`, at most once each (one atomic step: of several callers, one gets each);
+        returns those it moved. Called for a replica that was lost: its local files went with it."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -132,6 +154,9 @@ class MemoryRecordingCatalog:
 
     async def get(self, session_id: str) -> RecordingEntry | None:
         return self._entries.get(session_id)
+
+    async def fail_replica(self, replica_id: str, code: str, reason: str, now: float) -> list[RecordingEntry]:
+        return []  # one instance: its recordings are never another replica's
 
     async def of_owner(self, owner: str, since: float, after: str | None, limit: int) -> list[RecordingEntry]:
         start = parse_cursor(after) if after is not None else None

@@ -201,10 +201,12 @@ class SessionRecording:
         size: tuple[int, int, int],
         header: str,
         on_stop: Callable[[str, str], None],
+        webhook_url: str | None = None,
     ) -> None:
         self._store = store
         self.session_id = session_id
         self.owner = owner
+        self.webhook_url = webhook_url
         self.started_at = store.clock()
         self.video_key: str | None = None
         self.trace_key: str | None = None
@@ -292,6 +294,7 @@ class SessionRecording:
             bytes=self.bytes,
             video_key=self.video_key,
             trace_key=self.trace_key,
+            webhook_url=self.webhook_url,
         )
 
     async def _run(self) -> None:
@@ -444,10 +447,11 @@ class RecordingStore:
         size: tuple[int, int, int],
         header: str,
         on_stop: Callable[[str, str], None],
+        webhook_url: str | None = None,
     ) -> SessionRecording:
         """Start recording `owner`'s session: `size` is `(width, height, fps)`; `on_stop(code, message)` is called
-        if the recording stops before the session does."""
-        recording = SessionRecording(self, session_id, owner, size, header, on_stop)
+        if the recording stops before the session does; `webhook_url`: the session's own webhook endpoint."""
+        recording = SessionRecording(self, session_id, owner, size, header, on_stop, webhook_url)
         self._started_total += 1
         self._recordings[session_id] = recording
         while len(self._recordings) > _REMEMBERED:
@@ -504,6 +508,23 @@ class RecordingStore:
             self._overruns_total += 1
         else:
             self._failed_total += 1
+
+    async def fail_replica(self, replica_id: str) -> list[RecordingEntry]:
+        """The recordings lost replica `replica_id` was making, moved to FAILED (`recording_failed`) in the catalog
+        by this call (each by one caller only); a catalog that cannot be written is logged and yields none."""
+        reason = (
+            f"{RECORDING_FAILED}: the replica that made it ({replica_id}) was lost before it was complete; "
+            "its local file went with it"
+        )
+        try:
+            async with asyncio.timeout(_CATALOG_WRITE_S):
+                failed = await self.catalog.fail_replica(replica_id, RECORDING_FAILED, reason, self.clock())
+        except Exception as exc:
+            logger.warning("recordings of lost replica %s: the catalog could not be told: %s", replica_id, exc)
+            return []
+        for entry in failed:
+            logger.warning("session %s: its recording was lost with replica %s", entry.session_id, replica_id)
+        return failed
 
     async def finished(self, recording: SessionRecording) -> None:
         self._ready_total += 1

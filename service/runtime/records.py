@@ -20,6 +20,7 @@ from typing import Protocol
 
 from admission import AdmissionEvent, AdmissionStatistics
 from pipeline.bidirectional import ChunkOutput
+from service.runtime.recording_catalog import RecordingEntry
 from service.runtime.recordings import RecordingStatistics
 from service.runtime.sessions import Session, SessionBuffers, SessionSnapshot
 from service.usage.ledger import UsageTotals
@@ -27,6 +28,7 @@ from service.usage.ledger import UsageTotals
 __all__ = [
     "AdmissionReport",
     "DrainStatus",
+    "LostSession",
     "NoEvents",
     "Readiness",
     "ReplicaStatistics",
@@ -211,6 +213,21 @@ class SessionEventKind(enum.Enum):
     RECORDING_FAILED = "recording.failed"
 
 
+@dataclass(frozen=True, slots=True)
+class LostSession:
+    """A session another replica ran, declared ended by this replica's admission because that replica was lost
+    (the redis backend's reaper; this replica has no record of it). `snapshot` is the session as the registry knows
+    it (failed, its error `replica_lost`); `owner` and `webhook_url` say where its events go; it ran from
+    `running_from` (None: it never ran) to `lost_at`, its replica's last heartbeat (Unix seconds). The frames it
+    generated were counted on the lost replica and are not known."""
+
+    snapshot: SessionSnapshot
+    owner: str
+    webhook_url: str | None
+    running_from: float | None
+    lost_at: float
+
+
 class SessionEvents(Protocol):
     """Told of each `SessionEventKind` moment of a session with a record here (`service.webhooks.WebhookEmitter`
     implements it), by the replica that holds the session at that moment.
@@ -219,7 +236,9 @@ class SessionEvents(Protocol):
     implementation that sends the event somewhere queues it (bounded) and sends it from a task of its own.
     `details` are the kind's own facts (a warning's `code` and `ends_in_s`, a recording's figures); what the session
     says of itself (state, reason, error, times) the implementation reads from `session`. `generated` counts the
-    frames of each chunk (the ended event reports them).
+    frames of each chunk (the ended event reports them). `session_lost` is the `session.ended` of a session lost with
+    another replica (told on the one replica that declared it lost, once per session); `recording_lost` the
+    `recording.failed` of a recording that replica was making (its catalog entry, failed by this replica).
     """
 
     def session_event(
@@ -227,6 +246,10 @@ class SessionEvents(Protocol):
     ) -> None: ...
 
     def generated(self, session: Session, frames: int) -> None: ...
+
+    def session_lost(self, lost: LostSession) -> None: ...
+
+    def recording_lost(self, entry: RecordingEntry) -> None: ...
 
 
 class NoEvents:
@@ -238,6 +261,12 @@ class NoEvents:
         pass
 
     def generated(self, session: Session, frames: int) -> None:
+        pass
+
+    def session_lost(self, lost: LostSession) -> None:
+        pass
+
+    def recording_lost(self, entry: RecordingEntry) -> None:
         pass
 
 

@@ -220,7 +220,9 @@ class SessionRunner:
 
         prepared = session.prepared
         size = (prepared.width, prepared.height, round(prepared.fps))
-        recording = self._recordings.record(session.id, session.owner, size, _replay_header(session), on_stop)
+        recording = self._recordings.record(
+            session.id, session.owner, size, _replay_header(session), on_stop, webhook_url=session.webhook_url
+        )
         session.recording_started(recording)
         return recording
 

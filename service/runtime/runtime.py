@@ -46,7 +46,12 @@ from service.runtime.health import WorkerHealth
 from service.runtime.host import RuntimeHost
 from service.runtime.intake import SessionIntake
 from service.runtime.memory_backend import MemoryAdmissionBackend
-from service.runtime.recording_catalog import RecordingCatalog, RecordingEntry, RecordingState
+from service.runtime.recording_catalog import (
+    RecordingCatalog,
+    RecordingEntry,
+    RecordingState,
+    recording_event_data,
+)
 from service.runtime.recording_objects import RecordingObjects
 from service.runtime.recordings import RecordingConfig, RecordingOutcome, RecordingStore, WriterFactory
 from service.runtime.records import (
@@ -223,6 +228,7 @@ class ServiceRuntime:
             conductor=self._conductor,
             prepare=self._intake.prepare,
             register=self._intake.register,
+            replica_lost=self._replica_lost,
         )
         await self._backend.start(host)
         if self._recordings is not None:
@@ -357,17 +363,20 @@ class ServiceRuntime:
         if session is None:
             return
         ready = entry.state is RecordingState.READY
-        recording: dict[str, object] = {
-            "state": entry.state.value,
-            "code": entry.code,
-            "reason": entry.reason,
-            "frames": entry.frames,
-            "bytes": entry.bytes,
-            "video_url": f"/v1/sessions/{entry.session_id}/recording",
-            "controls_url": f"/v1/sessions/{entry.session_id}/recording/controls",
-        }
         kind = SessionEventKind.RECORDING_READY if ready else SessionEventKind.RECORDING_FAILED
-        self._events.session_event(session, kind, {"recording": recording})  # nested: the session's own fields stay
+        # nested: the session's own fields stay
+        self._events.session_event(session, kind, {"recording": recording_event_data(entry)})
+
+    def _replica_lost(self, replica_id: str) -> None:
+        """Admission reaped `replica_id` here: the recordings it was making fail (`recording.failed` for each)."""
+        if self._recordings is not None and not self._lifecycle.closing:
+            self._tasks.spawn(self._fail_recordings_of(replica_id), name=f"recordings-of-{replica_id}")
+
+    async def _fail_recordings_of(self, replica_id: str) -> None:
+        if self._recordings is None:
+            return
+        for entry in await self._recordings.fail_replica(replica_id):
+            self._events.recording_lost(entry)
 
     async def recordings_of(self, owner: str, since: float, after: str | None, limit: int) -> list[RecordingEntry]:
         """`owner`'s recordings (see `SessionDirectory.recordings_of`)."""

@@ -306,6 +306,18 @@ class RedisAdmission:
         """Register the hook that receives pause and resume requests for sessions this replica owns."""
         return self._mirror.on_pause_requested(listener)
 
+    def on_sessions_reaped(self, listener: Callable[[SharedTicketView], None]) -> Callable[[], None]:
+        """Register `listener` for each session this replica's maintenance declares lost with another replica
+        (failed `replica_lost`, `last_seen_at` set): told here only, once per session in the deployment (the reap
+        is one atomic script; a racing reaper finds nothing left to reap). A listener told nothing is lost: a
+        replica that dies between the script's reply and its listeners leaves those sessions unreported."""
+        return self._mirror.on_reaped(listener)
+
+    def on_replicas_reaped(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Register `listener` for each replica this replica's maintenance reaps (its liveness lapsed): told here
+        only, once per reap in the deployment, after that replica's sessions were told to `on_sessions_reaped`."""
+        return self._mirror.on_replica_reaped(listener)
+
     def watch(self, ticket_id: str) -> Callable[[], None]:
         """Follow a queued ticket created elsewhere (an SSE stream here): POSITION_CHANGED events for it, the first
         one with its current position. Returns an idempotent unwatch."""

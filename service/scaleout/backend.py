@@ -74,7 +74,7 @@ from service.errors import (
 )
 from service.logs import session_context
 from service.runtime.backend import AdmissionHost
-from service.runtime.records import AdmissionReport, SharedAdmissionStatistics, SnapshotStream
+from service.runtime.records import AdmissionReport, LostSession, SharedAdmissionStatistics, SnapshotStream
 from service.runtime.sessions import Session, SessionSnapshot, SessionState
 from service.runtime.tasks import TaskSet
 from service.scaleout.admission import (
@@ -89,6 +89,7 @@ from service.scaleout.checkpoints import CheckpointWriter, CheckpointWriterStati
 from service.scaleout.ownership import CALL_ERRORS, Ownership, spawn_unless_closed
 from service.scaleout.registry import (
     RegistryStream,
+    body_webhook_url,
     encode_body,
     encode_payload,
     remote_snapshot,
@@ -176,6 +177,8 @@ class RedisAdmissionBackend:
             self._admission.subscribe(self._on_shared_event),
             self._admission.on_close_requested(self._on_close_request),
             self._admission.on_pause_requested(self._on_pause_request),
+            self._admission.on_sessions_reaped(self._on_reaped),
+            self._admission.on_replicas_reaped(self._started_host_replica_lost),
         ]
         await self._admission.start()
         self._tasks.spawn(self._refresh_forever(), name="shared-statistics")
@@ -250,7 +253,7 @@ class RedisAdmissionBackend:
                 max_seconds=session.max_seconds,
                 webhook_url=session.webhook_url,
             ),
-            body=encode_body(session.snapshot()),
+            body=encode_body(session.snapshot(), webhook_url=session.webhook_url),
         )
         if view.state is TicketState.REJECTED:
             if view.reason is TicketReason.QUEUE_FULL:
@@ -486,6 +489,25 @@ class RedisAdmissionBackend:
                 self._started_host().set_paused(session, request.paused)
             except ServiceError as exc:
                 logger.info("session %s: %s refused: %s", session.id, verb, exc)
+
+    def _on_reaped(self, view: SharedTicketView) -> None:
+        """This replica's maintenance declared a session lost with its replica (once in the deployment)."""
+        snapshot = remote_snapshot(view)
+        lost_at = view.last_seen_at if view.last_seen_at is not None else (view.ended_at or snapshot.updated_at)
+        with session_context(view.ticket_id):
+            logger.warning("session %s was lost with replica %s", view.ticket_id, view.replica)
+        self._started_host().lost_elsewhere(
+            LostSession(
+                snapshot=snapshot,
+                owner=view.owner,
+                webhook_url=body_webhook_url(view.body),
+                running_from=view.admitted_at,
+                lost_at=lost_at,
+            )
+        )
+
+    def _started_host_replica_lost(self, replica_id: str) -> None:
+        self._started_host().replica_lost(replica_id)
 
     def _on_lost(self, host: AdmissionHost, session: Session, view: SharedTicketView) -> None:
         """Admission took the session away: its replica was reaped while stalled, or Redis lost its record."""

@@ -85,7 +85,7 @@ class Maintenance:
             args += [view.ticket_id, view.worker or 0, view.owner, round(view.created_at * 1000), admitted_ms]
             args.append(view.version)
         reply = await link.run("maintain", *args)
-        existed, raw_epoch, dead, lost, unknown, next_ms = reply.result
+        existed, raw_epoch, dead, lost, unknown, next_ms, reaped = reply.result
         epoch = decode_text(raw_epoch)
         if self._epoch is not None and epoch != self._epoch:
             logger.warning(
@@ -102,6 +102,9 @@ class Maintenance:
             logger.warning(
                 "redis admission: replica %s stopped heartbeating; its slots were reclaimed", decode_text(replica)
             )
+            self._mirror.apply_replica_reaped(decode_text(replica))
+        for flat in reaped:
+            self._mirror.apply_reaped(decode_view(decode_fields(flat)))
         for flat in lost:
             self._mirror.apply_lost(decode_view(decode_fields(flat)))
         for flat in unknown:

@@ -148,7 +148,10 @@ class Ownership:
                 return  # unchanged, or Redis is away (everything is written again once it is back)
             try:
                 await self._admission.publish_status(
-                    snapshot.id, snapshot.state.value, reason=snapshot.reason, body=encode_body(snapshot)
+                    snapshot.id,
+                    snapshot.state.value,
+                    reason=snapshot.reason,
+                    body=encode_body(snapshot, webhook_url=owned.session.webhook_url),
                 )
             except NotTicketOwnerError as exc:
                 logger.warning("session %s: its status cannot be published: %s", snapshot.id, exc)

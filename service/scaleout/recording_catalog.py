@@ -4,10 +4,15 @@ Keys (`P` is the prefix, default `lingstream:recordings:`):
 
     P e:<session id>   string  the entry, JSON (`encode_entry`); a removed entry expires after a day
     P o:<owner>        zset    the owner's listed session ids, score = when recording started (Unix seconds)
+    P w:<replica>      set     the session ids whose recording that replica is making (recording, finishing or
+                               uploading), written by a catalog that knows its `replica_id`
 
-An entry and its index change together in one MULTI. Listing reads ids from the owner's zset by score (ties in id
-order, as Redis orders equal scores), then their entries. Errors reach the caller as `RecordingCatalogError` (the
-recording store logs them: a recording never fails because the catalog cannot be written).
+An entry and its indexes change together in one MULTI. When a replica is lost (the admission's reaper),
+`fail_replica` moves each recording of its `w:` set that is still unfinished to FAILED in one script, so of several
+racing callers one moves each, and an entry the replica finished in the meantime stays as it is. Listing reads ids
+from the owner's zset by score (ties in id order, as Redis orders equal scores), then their entries. Errors reach
+the caller as `RecordingCatalogError` (the recording store logs them: a recording never fails because the catalog
+cannot be written).
 """
 
 from __future__ import annotations
@@ -23,6 +28,28 @@ from redis.exceptions import RedisError
 from service.runtime.recording_catalog import RecordingEntry, decode_entry, encode_entry, parse_cursor
 from service.runtime.recordings import RecordingState
 
+_UNFINISHED = frozenset({RecordingState.RECORDING, RecordingState.FINISHING, RecordingState.UPLOADING})
+
+# KEYS: the replica's set. ARGV: entry key prefix, code, reason, now. Returns the moved entries (JSON).
+_FAIL_REPLICA = """
+local moved = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local key = ARGV[1] .. id
+  local raw = redis.call('GET', key)
+  if raw then
+    local entry = cjson.decode(raw)
+    if entry.state == 'recording' or entry.state == 'finishing' or entry.state == 'uploading' then
+      entry.state, entry.code, entry.reason, entry.updated_at = 'failed', ARGV[2], ARGV[3], tonumber(ARGV[4])
+      local encoded = cjson.encode(entry)
+      redis.call('SET', key, encoded, 'KEEPTTL')
+      moved[#moved + 1] = encoded
+    end
+  end
+end
+redis.call('DEL', KEYS[1])
+return moved
+"""
+
 __all__ = ["DEFAULT_RECORDINGS_PREFIX", "RecordingCatalogError", "RedisRecordingCatalog"]
 
 DEFAULT_RECORDINGS_PREFIX = "lingstream:recordings:"
@@ -35,9 +62,12 @@ class RecordingCatalogError(Exception):
 
 
 class RedisRecordingCatalog:
-    """`RecordingCatalog` in Redis: `redis` is a URL (the catalog owns its client) or a client (the caller owns it)."""
+    """`RecordingCatalog` in Redis: `redis` is a URL (the catalog owns its client) or a client (the caller owns it);
+    `replica_id`: the replica whose recordings it writes (so that they can be failed if it is lost)."""
 
-    def __init__(self, redis: Redis | str, *, prefix: str = DEFAULT_RECORDINGS_PREFIX) -> None:
+    def __init__(
+        self, redis: Redis | str, *, prefix: str = DEFAULT_RECORDINGS_PREFIX, replica_id: str | None = None
+    ) -> None:
         self._owns = isinstance(redis, str)
         self._redis: Redis = (
             Redis.from_url(redis, socket_connect_timeout=2.0, retry=Retry(NoBackoff(), 0))
@@ -45,6 +75,8 @@ class RedisRecordingCatalog:
             else redis
         )
         self._prefix = prefix
+        self._replica = replica_id
+        self._fail_replica = self._redis.register_script(_FAIL_REPLICA)
 
     async def put(self, entry: RecordingEntry) -> None:
         key = f"{self._prefix}e:{entry.session_id}"
@@ -57,6 +89,12 @@ class RedisRecordingCatalog:
                 else:
                     pipe.set(key, encode_entry(entry))
                     pipe.zadd(index, {entry.session_id: entry.started_at})
+                if self._replica is not None:
+                    making = f"{self._prefix}w:{self._replica}"
+                    if entry.state in _UNFINISHED:
+                        pipe.sadd(making, entry.session_id)
+                    else:
+                        pipe.srem(making, entry.session_id)
                 await pipe.execute()
         except RedisError as exc:
             raise RecordingCatalogError(f"the recordings catalog could not be written: {exc}") from exc
@@ -67,6 +105,15 @@ class RedisRecordingCatalog:
         except RedisError as exc:
             raise RecordingCatalogError(f"the recordings catalog could not be read: {exc}") from exc
         return None if raw is None else decode_entry(raw)
+
+    async def fail_replica(self, replica_id: str, code: str, reason: str, now: float) -> list[RecordingEntry]:
+        try:
+            moved = await self._fail_replica(
+                keys=[f"{self._prefix}w:{replica_id}"], args=[f"{self._prefix}e:", code, reason, repr(now)]
+            )
+        except RedisError as exc:
+            raise RecordingCatalogError(f"the recordings catalog could not be written: {exc}") from exc
+        return [decode_entry(raw) for raw in moved]
 
     async def of_owner(self, owner: str, since: float, after: str | None, limit: int) -> list[RecordingEntry]:
         start = parse_cursor(after) if after is not None else (since, "")

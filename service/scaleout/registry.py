@@ -35,6 +35,7 @@ from transport.base import CallerRoom
 __all__ = [
     "CreatePayload",
     "RegistryStream",
+    "body_webhook_url",
     "decode_payload",
     "encode_body",
     "encode_payload",
@@ -144,8 +145,9 @@ def decode_payload(raw: bytes) -> CreatePayload:
     )
 
 
-def encode_body(snapshot: SessionSnapshot) -> str:
-    """The registry body of a snapshot (compact JSON; join details included, so Redis must be trusted)."""
+def encode_body(snapshot: SessionSnapshot, *, webhook_url: str | None = None) -> str:
+    """The registry body of a snapshot (compact JSON; join details included, so Redis must be trusted), with the
+    create's own webhook endpoint (`body_webhook_url`: where the replica that declares it lost sends its end)."""
     return json.dumps(
         {
             "state": snapshot.state.value,
@@ -161,10 +163,16 @@ def encode_body(snapshot: SessionSnapshot) -> str:
             "max_seconds": snapshot.max_seconds,
             "ends_at": snapshot.ends_at,
             "record": snapshot.record,  # the recording itself is the owning replica's (served there only)
+            "webhook_url": webhook_url,
         },
         separators=(",", ":"),
         default=str,
     )
+
+
+def body_webhook_url(raw: str | None) -> str | None:
+    """The create's own webhook endpoint a body (`encode_body`) carries, if any."""
+    return _text(_decode_body(raw).get("webhook_url"))
 
 
 def failed_body(raw: str | None, state: SessionState, code: str, message: str) -> str:

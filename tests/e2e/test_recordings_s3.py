@@ -2,8 +2,10 @@
 `tests/support/seaweedfs.py`): the client's calls (put, multipart, list, presigned GET, delete) and a read-only
 identity refused; the recording store's upload, local clean-up, retention in the bucket and a refused upload; and
 two real `lingstream serve` replicas on one redis-server, where a recording made on one is fetched from the other
-through a 302 to a presigned URL, listed there, hidden from another key, and a replica whose identity the bucket
-refuses fails its recording with `recording_failed` while its session ends normally.
+through a 302 to a presigned URL, listed there, hidden from another key, a replica whose identity the bucket
+refuses fails its recording with `recording_failed` while its session ends normally, and a replica SIGKILLed while
+it records leaves no recording `recording` (or `uploading`) for good: the replica that reaps it fails the recording
+(`recording_failed`, a signed `recording.failed`) beside the session's `session.ended` (`replica_lost`).
 
 Heavy (a server process, and the replicas): run under the e2e lock, `flock /tmp/e2e.lock pytest tests/e2e/...`.
 """
@@ -14,6 +16,7 @@ import contextlib
 import functools
 import io
 import os
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -35,7 +38,8 @@ from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
 from tests.support.seaweedfs import WEED, SeaweedS3
 from tests.support.serving import spawn_replica
 from tests.support.waits import until
-from transport.client import ServiceClient
+from tests.support.webhook_receiver import WebhookReceiver, webhook_receiver
+from transport.client import SIGNATURE_HEADER, ServiceClient, verify_webhook
 
 pytestmark = [
     pytest.mark.slow,
@@ -48,6 +52,7 @@ MIB = 1024 * 1024
 SIZE = (8, 8, 10)
 KEY_A = "key-alpha-0123456789abcdef"
 KEY_B = "key-beta-0123456789abcdefg"
+HOOK_SECRET = "whsec-recordings-0123456789"
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +217,9 @@ async def _list(s3: SeaweedS3, prefix: str) -> list[Any]:
 # ------------------------------------------------------------------------------------------------ two replicas
 
 
-def _replica(tmp_path: Path, name: str, redis_url: str, s3: SeaweedS3, credentials: Credentials) -> tuple[str, Any]:
+def _replica(
+    tmp_path: Path, name: str, redis_url: str, s3: SeaweedS3, credentials: Credentials, hooks: str
+) -> tuple[str, Any]:
     log = tmp_path / f"{name}.log"
     process, port = spawn_replica(
         log,
@@ -227,6 +234,8 @@ def _replica(tmp_path: Path, name: str, redis_url: str, s3: SeaweedS3, credentia
         LINGSTREAM_RECORDINGS_S3_ACCESS_KEY_ID=credentials.access_key_id,
         LINGSTREAM_RECORDINGS_S3_SECRET_ACCESS_KEY=credentials.secret_access_key,
         LINGSTREAM_RECORDINGS_S3_URL_TTL="60",
+        LINGSTREAM_WEBHOOK_URLS=hooks,
+        LINGSTREAM_WEBHOOK_SECRET=HOOK_SECRET,
     )
     return f"http://127.0.0.1:{port}", (process, log)
 
@@ -241,28 +250,30 @@ async def test_a_recording_made_on_one_replica_is_served_by_another_through_the_
 ) -> None:
     """r1 uploads with the admin identity; r2 signs with the read-only one, so the bucket refuses r2's uploads (its
     presigned GETs still work: that identity may read)."""
-    with RedisServer(tmp_path) as redis:
-        r1, (p1, log1) = _replica(tmp_path, "r1", redis.url, s3, s3.admin)
-        r2, (p2, log2) = _replica(tmp_path, "r2", redis.url, s3, s3.reader)
-        try:
-            async with httpx.AsyncClient(timeout=15.0) as http:
-                for url in (r1, r2):
-                    await until(
-                        functools.partial(_ready, http, url),
-                        f"{url} to be ready",
-                        within=40.0,
-                        ignoring=(httpx.TransportError,),
-                    )
-                await _served_elsewhere(http, r1, r2, tmp_path)
-                await _refused_upload(http, r1, r2)
-        except BaseException:
-            for log in (log1, log2):
-                sys.stderr.write(f"--- {log.name}\n{log.read_text(errors='replace')[-6000:]}\n")
-            raise
-        finally:
-            for process in (p1, p2):
-                process.kill()
-                process.wait(timeout=10)
+    async with webhook_receiver() as receiver:
+        with RedisServer(tmp_path) as redis:
+            r1, (p1, log1) = _replica(tmp_path, "r1", redis.url, s3, s3.admin, receiver.url)
+            r2, (p2, log2) = _replica(tmp_path, "r2", redis.url, s3, s3.reader, receiver.url)
+            try:
+                async with httpx.AsyncClient(timeout=15.0) as http:
+                    for url in (r1, r2):
+                        await until(
+                            functools.partial(_ready, http, url),
+                            f"{url} to be ready",
+                            within=40.0,
+                            ignoring=(httpx.TransportError,),
+                        )
+                    await _served_elsewhere(http, r1, r2, tmp_path)
+                    await _refused_upload(http, r1, r2)
+                    await _lost_with_its_replica(http, r1, r2, p1, receiver)
+            except BaseException:
+                for log in (log1, log2):
+                    sys.stderr.write(f"--- {log.name}\n{log.read_text(errors='replace')[-6000:]}\n")
+                raise
+            finally:
+                for process in (p1, p2):
+                    process.kill()
+                    process.wait(timeout=10)
     for log in (log1, log2):
         assert "Traceback" not in log.read_text(errors="replace")
 
@@ -369,3 +380,48 @@ async def _refused_upload(http: httpx.AsyncClient, r1: str, r2: str) -> None:
         "failed",
         "recording_failed",
     )
+
+
+async def _lost_with_its_replica(
+    http: httpx.AsyncClient, r1: str, r2: str, p1: subprocess.Popen[bytes], receiver: WebhookReceiver
+) -> None:
+    """r1 is SIGKILLed while it records: r2 reaps it once its liveness TTL ran out and fails the recording."""
+    created = await http.post(f"{r1}/v1/sessions", json={"record": True}, headers=_auth(KEY_A))
+    assert created.status_code == 201, created.text
+    session: str = created.json()["id"]
+
+    async def frames_in() -> bool:
+        body = (await http.get(f"{r1}/v1/sessions/{session}", headers=_auth(KEY_A))).json()
+        return bool(body.get("recording") and body["recording"]["frames"] > 0)
+
+    await until(frames_in, f"frames in the recording of {session}", within=60.0)
+    path = f"/v1/sessions/{session}/recording"
+    assert (await http.get(f"{r2}{path}", headers=_auth(KEY_A))).status_code == 409  # in progress, as r1 said
+    p1.kill()
+    p1.wait(timeout=10)
+    answer: httpx.Response | None = None
+
+    async def failed() -> bool:
+        nonlocal answer
+        answer = await http.get(f"{r2}{path}", headers=_auth(KEY_A))
+        return answer.status_code == 404
+
+    await until(failed, f"r2 to fail the recording of {session}", within=30.0)
+    assert answer is not None
+    assert answer.json()["error"]["code"] == "recording_failed"
+    assert "(r1) was lost" in answer.json()["error"]["message"]
+    listed = (await http.get(f"{r2}/v1/recordings", headers=_auth(KEY_A))).json()["recordings"]
+    assert [(item["state"], item["code"]) for item in listed if item["session_id"] == session] == [
+        ("failed", "recording_failed")
+    ]
+
+    def told(kind: str) -> list[dict[str, Any]]:
+        return [event for event in receiver.events(kind) if event["data"]["session_id"] == session]
+
+    await receiver.wait_for(lambda: told("recording.failed") and told("session.ended"), "r2's two events", 30.0)
+    delivered = next(r for r in receiver.answered_2xx if r.event["id"] == told("recording.failed")[0]["id"])
+    event = verify_webhook(HOOK_SECRET, delivered.body, delivered.headers[SIGNATURE_HEADER])
+    recording = event["data"]["recording"]  # type: ignore[index]
+    assert (recording["state"], recording["code"]) == ("failed", "recording_failed")
+    assert told("session.ended")[0]["data"]["reason"] == "replica_lost"
+    assert len(told("recording.failed")) == 1

@@ -1,10 +1,11 @@
-"""A replica killed with a webhook delivery pending: another replica delivers it (issue #35).
+"""A replica killed with a webhook delivery pending: another replica delivers it, and ends its session (issue #35).
 
 Two real `lingstream serve` replicas on one real redis-server (fake workers through the test-only hook) post their
 webhooks to a real receiver on loopback. The receiver leaves every request unanswered while replica r1 sends the
 `session.running` event of a session it runs; r1 is then SIGKILLed (its lease on the delivery is never settled),
 the receiver starts answering, and r2 delivers the same event (same id, signed) once r1's lease and its liveness
-TTL ran out — the deliveries live in Redis, not in the replica that queued them.
+TTL ran out — the deliveries live in Redis, not in the replica that queued them. r2 also reaps r1 and declares the
+session lost with it: its `session.ended` (failed, `replica_lost`, signed) arrives once, from r2.
 """
 
 from __future__ import annotations
@@ -95,6 +96,20 @@ async def test_a_delivery_pending_on_a_killed_replica_is_delivered_by_another(tm
                     assert event["data"]["session_id"] == sid  # type: ignore[index]
                     assert took < ATTEMPT_TIMEOUT_S + 5 + TTL_S + 5  # the lease, the TTL, r2's polling
 
+                    await receiver.wait_for(
+                        lambda: any(r.event["type"] == "session.ended" for r in receiver.answered_2xx),
+                        "r2 to send the lost session's end",
+                        within_s=30.0,
+                    )
+                    ended = next(r for r in receiver.answered_2xx if r.event["type"] == "session.ended")
+                    lost = verify_webhook(SECRET, ended.body, ended.headers[SIGNATURE_HEADER])
+                    data = lost["data"]
+                    assert isinstance(data, dict)
+                    assert (data["session_id"], data["status"], data["reason"]) == (sid, "failed", "replica_lost")
+                    assert data["error"]["code"] == "replica_lost"
+                    assert data["running_seconds"] > 0
+                    assert data["frames"] is None  # counted on r1, lost with it
+
                     async def r2_counted() -> bool:  # r2 counts the delivery once it read the receiver's answer
                         text = (await client.get(r2[1] + "/metrics")).text
                         return 'lingstream_webhook_deliveries_total{result="delivered"}' in text
@@ -105,4 +120,5 @@ async def test_a_delivery_pending_on_a_killed_replica_is_delivered_by_another(tm
                     if process.poll() is None:
                         process.kill()
                     process.wait(timeout=10)
+            assert len({event["id"] for event in receiver.events("session.ended")}) == 1  # r2 reaped it once
             assert "Traceback" not in _output(r2[2])

@@ -17,7 +17,8 @@ __all__ = ["MAINTENANCE_SCRIPTS"]
 # Refreshes BY's liveness key and info, expires due tickets, reaps every replica whose liveness key is gone,
 # re-asserts BY's slots (re-creating them if Redis lost its data), then admits the head onto BY while it has room.
 # Result: {existed (BY's key had not lapsed), epoch, reaped replica ids, lost tickets (BY's sessions that were
-# reaped or forgotten), unknown tickets (held by BY in Redis but not in BY's list), next deadline in ms or -1}.
+# reaped or forgotten), unknown tickets (held by BY in Redis but not in BY's list), next deadline in ms or -1,
+# reaped tickets (the sessions of the replicas this call reaped, each reported by this call only)}.
 _MAINTAIN = r"""
 local existed = alive(BY)
 redis.call('SET', rkey(BY), NOW, 'PX', ARGV[7])
@@ -84,7 +85,7 @@ for _, id in ipairs(held) do
   if not mine[id] then unknown[#unknown + 1] = snapshot(id) end
 end
 admit_queued()
-return reply('ok', {existed and 1 or 0, epoch, dead, lost, unknown, next_deadline()})
+return reply('ok', {existed and 1 or 0, epoch, dead, lost, unknown, next_deadline(), REAPED})
 """
 
 # drain: ARGV[5] carries BY's info with draining = 1. BY stops admitting; when no other live replica admits any

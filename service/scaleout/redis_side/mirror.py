@@ -70,6 +70,8 @@ class ReplicaMirror:
         self._listeners: list[Callable[[SharedAdmissionEvent], None]] = []
         self._close_listeners: list[Callable[[CloseRequest], None]] = []
         self._pause_listeners: list[Callable[[PauseRequest], None]] = []
+        self._reaped_listeners: list[Callable[[SharedTicketView], None]] = []
+        self._replica_listeners: list[Callable[[str], None]] = []
         self._totals: Counter[str] = Counter()
         self._counted: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._info = ""
@@ -90,6 +92,22 @@ class ReplicaMirror:
     def on_pause_requested(self, listener: Callable[[PauseRequest], None]) -> Callable[[], None]:
         self._pause_listeners.append(listener)
         return lambda: self._pause_listeners.remove(listener) if listener in self._pause_listeners else None
+
+    def on_reaped(self, listener: Callable[[SharedTicketView], None]) -> Callable[[], None]:
+        self._reaped_listeners.append(listener)
+        return lambda: self._reaped_listeners.remove(listener) if listener in self._reaped_listeners else None
+
+    def on_replica_reaped(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        self._replica_listeners.append(listener)
+        return lambda: self._replica_listeners.remove(listener) if listener in self._replica_listeners else None
+
+    def apply_replica_reaped(self, replica_id: str) -> None:
+        """This replica's `maintain` reaped `replica_id` (once in the deployment: the reap is one atomic script)."""
+        for listener in tuple(self._replica_listeners):
+            try:
+                listener(replica_id)
+            except Exception:
+                logger.exception("redis admission replica-reaped hook %r failed for %s", listener, replica_id)
 
     def watch(self, ticket_id: str) -> Callable[[], None]:
         self._watched[ticket_id] += 1
@@ -250,6 +268,15 @@ class ReplicaMirror:
         if view.ticket_id in self._held:
             self._fresh(view)
             self._deliver(SharedEventKind.LOST, view, "")
+
+    def apply_reaped(self, view: SharedTicketView) -> None:
+        """This replica's `maintain` reaped another replica and declared `view`'s session lost with it: only this
+        replica hears it (the LOST event goes to every replica), so its listeners act once for the deployment."""
+        for listener in tuple(self._reaped_listeners):
+            try:
+                listener(view)
+            except Exception:
+                logger.exception("redis admission reaped hook %r failed for %s", listener, view.ticket_id)
 
     def apply_unknown(self, view: SharedTicketView) -> None:
         """`maintain` found a slot held here that no reply reported (a lost reply): deliver its admission."""

@@ -21,7 +21,7 @@ local SEQ, EPOCH, WATCH, SEEN = P .. 'seq', P .. 'epoch', P .. 'watch', P .. 'se
 local ORPHANS, CKPT = P .. 'orphans', P .. 'ckpt:h:'
 local clock = redis.call('TIME')
 local NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local EVENTS, TAKEN = {}, {}
+local EVENTS, TAKEN, REAPED = {}, {}, {}
 
 local function tkey(id) return P .. 't:' .. id end
 local function pkey(id) return P .. 'p:' .. id end
@@ -296,18 +296,24 @@ end
 
 -- Every slot replica r holds is reclaimed; r leaves the registry. A session r marked adoptable (`ad`) whose
 -- checkpoint exists becomes an orphan (unless r leaves by itself), any other is marked failed. Their running time
--- counts up to r's last heartbeat (the last moment it was known alive; now when r leaves by itself).
+-- counts up to r's last heartbeat (the last moment it was known alive, kept as the ticket's `seen`; now when r
+-- leaves by itself). This is one of the two places a session is declared lost with its replica (the other: an
+-- orphan no replica adopted, in `adopt`): each failed ticket is added to REAPED once (the script is atomic, so of
+-- several racing reapers exactly one releases it), and `maintain` returns them to its caller, which sends their
+-- `session.ended`. An orphan is not declared lost here.
 local function reap(r)
   local seen = tonumber(redis.call('HGET', SEEN, r)) or NOW
   if r == BY then seen = NOW end
   for _, id in ipairs(redis.call('HKEYS', hkey(r))) do
     local f = redis.call('HMGET', tkey(id), 'state', 'ad')
     if f[1] == 'admitted' then
+      redis.call('HSET', tkey(id), 'seen', math.min(seen, NOW))
       if r ~= BY and f[2] == '1' and redis.call('EXISTS', CKPT .. id) == 1 then
         usage_run(id, math.min(seen, NOW))
         orphan(id, r)
       else
         release_slot(id, r, 'replica_lost: ' .. r, nil, math.min(seen, NOW))
+        REAPED[#REAPED + 1] = snapshot(id)
       end
     end
   end

@@ -73,9 +73,10 @@ class SharedTicketView:
     Times are seconds since the epoch on the Redis server's clock. `position` (1 = next, global) and the deadlines
     only while QUEUED; `worker` and `replica` (the owner: the replica that holds the slot and runs the model
     session) once ADMITTED; `origin` is the replica the create arrived on; `failure` is set when the owner was lost
-    ("replica_lost: <id>"). `status`, `status_reason` and `body` are the registry: what the owner last published
-    (admission itself writes queued/admitted/expired/cancelled/closed/failed); `body` is None in events. `version`
-    grows with every change of the ticket.
+    ("replica_lost: <id>"), and `last_seen_at` then is that replica's last heartbeat (its running time counts to
+    there). `status`, `status_reason` and `body` are the registry: what the owner last published (admission itself
+    writes queued/admitted/expired/cancelled/closed/failed); `body` is None in events. `version` grows with every
+    change of the ticket.
     """
 
     ticket_id: str
@@ -97,6 +98,7 @@ class SharedTicketView:
     status_reason: str | None = None
     body: str | None = None
     version: int = 0
+    last_seen_at: float | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -212,6 +214,7 @@ def decode_view(fields: Mapping[str, bytes]) -> SharedTicketView:
         status_reason=text("status_reason"),
         body=text("body"),
         version=number("v") or 0,
+        last_seen_at=seconds("seen"),
     )
 
 

@@ -8,7 +8,8 @@ import functools
 from collections.abc import Mapping
 from pathlib import Path
 
-from service.runtime.records import SessionEventKind
+from service.runtime.recording_catalog import RecordingEntry
+from service.runtime.records import LostSession, SessionEventKind
 from service.runtime.sessions import Session
 from tests.support.fakes.recording_writers import failing_writer
 from tests.support.fakes.transport_timers import FakeTimers
@@ -30,6 +31,12 @@ class EventLog:
 
     def generated(self, session: Session, frames: int) -> None:
         self.frames[session.id] = self.frames.get(session.id, 0) + frames
+
+    def session_lost(self, lost: LostSession) -> None:
+        self.events.append((lost.snapshot.id, SessionEventKind.ENDED, {"lost": True}))
+
+    def recording_lost(self, entry: RecordingEntry) -> None:
+        self.events.append((entry.session_id, SessionEventKind.RECORDING_FAILED, {"lost": True}))
 
     def kinds(self, session_id: str) -> list[SessionEventKind]:
         return [kind for sid, kind, _ in self.events if sid == session_id]

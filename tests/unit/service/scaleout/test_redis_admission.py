@@ -4,7 +4,9 @@ redis-server. After every step the slot accounting is read from Redis directly, 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,9 +25,10 @@ from service.scaleout.admission import (
     NotTicketOwnerError,
     RedisAdmission,
     SharedEventKind,
+    SharedTicketView,
 )
 from service.scaleout.redis_side.mirror import ReplicaMirror
-from tests.support.redis_cluster import PREFIX, Cluster, EventLog, read_snapshot
+from tests.support.redis_cluster import PREFIX, TTL, Cluster, EventLog, read_snapshot
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -331,6 +334,44 @@ async def test_a_dead_replicas_slots_are_reclaimed_after_its_ttl_and_the_head_go
     c = await cluster.add("c")  # a replica with room: the head goes there
     assert (await c.wait_until_admitted("q")).replica == "c"
     del cluster.replicas["a"]
+    await cluster.check()
+
+
+async def test_racing_reapers_report_each_lost_session_once_with_its_times_and_body(cluster: Cluster) -> None:
+    dead = [await cluster.add(name) for name in ("a1", "a2")]
+    for index, replica in enumerate(dead):
+        body = json.dumps({"webhook_url": f"https://hooks.example/{index}"})
+        await replica.create(f"k{index}", ticket_id=f"x{index}", body=body)
+    reapers = [await cluster.add(name) for name in ("b", "c", "d")]
+    told: list[tuple[str, SharedTicketView]] = []
+
+    def teller(by: str) -> Callable[[SharedTicketView], None]:
+        return lambda view: told.append((by, view))
+
+    for reaper in reapers:
+        reaper.on_sessions_reaped(teller(reaper.replica_id))
+    for replica in dead:
+        await replica.aclose(deregister=False)  # SIGKILL: the heartbeats stop, nothing is released
+    async with asyncio.timeout(10):  # every reaper's own loop, and bursts of passes at once on top
+        while len(cluster.logs["b"].of(SharedEventKind.LOST)) < 2:
+            await asyncio.gather(*(reaper.tick() for reaper in reapers))
+    for _ in range(3):
+        await asyncio.gather(*(reaper.tick() for reaper in reapers))
+
+    assert sorted(view.ticket_id for _, view in told) == ["x0", "x1"]  # once each in the deployment
+    for by, view in told:
+        dead_id = f"a{int(view.ticket_id[1:]) + 1}"
+        assert (view.state, view.failure, view.replica) == (TicketState.RELEASED, f"replica_lost: {dead_id}", dead_id)
+        assert view.owner == f"k{view.ticket_id[1:]}"
+        assert json.loads(view.body or "{}")["webhook_url"] == f"https://hooks.example/{view.ticket_id[1:]}"
+        assert view.admitted_at is not None
+        assert view.last_seen_at is not None
+        assert view.ended_at is not None
+        assert view.last_seen_at <= view.ended_at  # it ran until its replica's last heartbeat (admitted maybe after)
+        assert view.ended_at - view.last_seen_at >= TTL - 0.2  # reaped once the liveness key lapsed
+        assert by in {"b", "c", "d"}
+    for name in ("a1", "a2"):
+        del cluster.replicas[name]
     await cluster.check()
 
 

@@ -1,6 +1,7 @@
 """Webhook delivery through the real service (fake workers) to a real HTTP receiver on loopback: retried until it
 answers 2xx with the same event id, each attempt signed so that the client's helper verifies it; a receiver that
-never answers holds up no session; the deployment's and a create's own endpoints; the delivery metrics."""
+never answers holds up no session; the deployment's and a create's own endpoints; the delivery metrics; the ended
+event of a session lost with another replica."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from types import MappingProxyType
 
+from service.api_keys import key_id
+from service.runtime.records import LostSession
+from service.runtime.sessions import SessionSnapshot, SessionState
 from service.webhooks import Delivery, MemoryOutbox, RetryPolicy, WebhookDispatcher, WebhookEmitter, WebhookTargets
 from tests.support.service_harness import RecordingTransport, metric, running_service
 from tests.support.webhook_receiver import webhook_receiver
@@ -149,3 +154,38 @@ async def test_a_failed_sessions_ended_event_carries_its_error_code() -> None:
         assert data["status"] == "failed"
         assert data["error"]["code"] == (await svc.client.get(f"/v1/sessions/{sid}")).json()["error"]["code"]
         assert "the fake model broke" in data["error"]["message"]
+
+
+async def test_a_session_lost_with_its_replica_ends_failed_with_its_times_and_unknown_frames() -> None:
+    snapshot = SessionSnapshot(
+        id="lost-1",
+        state=SessionState.FAILED,
+        reason="replica_lost: r1",
+        queue_position=None,
+        created_at=1000.0,
+        updated_at=1030.0,
+        transport=None,
+        config=MappingProxyType({}),
+        width=0,
+        height=0,
+        fps=0.0,
+        error=("replica_lost", "the replica that ran the session (r1) stopped responding; the session was lost"),
+        sequence=3,
+    )
+    async with webhook_receiver() as receiver, fast_webhooks(receiver.url) as emitter:
+        lost = LostSession(snapshot, "key-a", None, running_from=1002.5, lost_at=1020.0)
+        emitter.session_lost(lost)
+        await receiver.wait_for(lambda: receiver.events("session.ended"), "the ended event")
+        (delivered,) = receiver.answered_2xx
+        event = verify_webhook(SECRET, delivered.body, delivered.headers[SIGNATURE_HEADER])
+        assert event["type"] == "session.ended"
+        assert event["data"] == {
+            "session_id": "lost-1",
+            "key_id": key_id("key-a"),
+            "status": "failed",
+            "reason": "replica_lost",
+            "error": {"code": "replica_lost", "message": snapshot.error[1]},  # type: ignore[index]
+            "queued_seconds": 2.5,
+            "running_seconds": 17.5,  # to the lost replica's last heartbeat
+            "frames": None,  # counted on the lost replica
+        }
