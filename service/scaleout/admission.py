@@ -307,9 +307,10 @@ class RedisAdmission:
         return self._mirror.on_pause_requested(listener)
 
     def on_sessions_reaped(self, listener: Callable[[SharedTicketView], None]) -> Callable[[], None]:
-        """Register `listener` for each session this replica's maintenance declares lost with another replica
-        (failed `replica_lost`, `last_seen_at` set): told here only, once per session in the deployment (the reap
-        is one atomic script; a racing reaper finds nothing left to reap). A listener told nothing is lost: a
+        """Register `listener` for each session this replica declares lost with another replica (failed
+        `replica_lost`, `last_seen_at` set): reaped by its maintenance, or an orphan its `adopt` failed (no
+        checkpoint, or no adopter in time). Told here only, once per session in the deployment (each is one atomic
+        script; a racing caller finds nothing left to fail). A listener told nothing is lost: a
         replica that dies between the script's reply and its listeners leaves those sessions unreported."""
         return self._mirror.on_reaped(listener)
 
@@ -418,10 +419,10 @@ class RedisAdmission:
         (adopted here, failed)."""
         reply = await self._link.call("adopt", round(max_wait_s * 1000), most)
         adopted, failed = reply.result
-        return (
-            [decode_view(decode_fields(flat)) for flat in adopted],
-            [decode_view(decode_fields(flat)) for flat in failed],
-        )
+        lost = [decode_view(decode_fields(flat)) for flat in failed]
+        for view in lost:  # declared lost here, once in the deployment: their `session.ended` goes out from here
+            self._mirror.apply_reaped(view)
+        return [decode_view(decode_fields(flat)) for flat in adopted], lost
 
     async def request_close(self, ticket_id: str, mode: str = "drain") -> SharedTicketView:
         """DELETE from any replica: a queued ticket is cancelled; for an admitted one a close request goes to its

@@ -1,7 +1,8 @@
 """Adoption on replica loss and hand-off, at the level of the Lua scripts on a real redis-server (issue #33;
 docs/continuity.md): a lost replica's adoptable sessions with a checkpoint wait as orphans instead of failing;
 racing adopters, exactly one wins and the slot moves with it; orphans go ahead of the queue; one without its
-checkpoint, or that waits too long, fails `replica_lost` as before; one stopped while waiting ends closed; nobody
+checkpoint, or that waits too long, fails `replica_lost` as before (told once, as lost, to the adopt caller's
+reaped listeners); one stopped while waiting ends closed; nobody
 adopts while Redis is unreachable; a drained owner hands off; the stale owner that comes back learns it lost the
 session. Every step keeps the admission invariants (`Cluster.check`), orphans included."""
 
@@ -13,7 +14,7 @@ import pytest
 
 from admission import AdmissionConfig, TicketState
 from service.errors import AdmissionUnavailableError
-from service.scaleout.admission import NotTicketOwnerError, RedisAdmission, SharedEventKind
+from service.scaleout.admission import NotTicketOwnerError, RedisAdmission, SharedEventKind, SharedTicketView
 from tests.support.redis_cluster import PREFIX, Cluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -90,8 +91,11 @@ async def test_an_orphan_whose_checkpoint_is_gone_or_that_waits_too_long_fails(c
         await _checkpointed(cluster, a, tid)
     b = await cluster.add("b", config=AdmissionConfig(num_workers=1, max_sessions_per_worker=1, queue_size=8))
     await b.create("k", ticket_id="busy")  # b has no free slot: nobody can adopt
+    told: list[SharedTicketView] = []
+    b.on_sessions_reaped(told.append)  # the sessions b declares lost (their session.ended goes out from b)
     await _lose(cluster, "a")
     await _orphaned(cluster, b, "y")
+    assert told == []  # an orphan is not lost (yet)
     await cluster.raw.delete(f"{PREFIX}ckpt:h:x")  # expired while it waited
     adopted, failed = await b.adopt(30.0, 4)
     assert adopted == []
@@ -102,6 +106,8 @@ async def test_an_orphan_whose_checkpoint_is_gone_or_that_waits_too_long_fails(c
     adopted, failed = await b.adopt(0.1, 4)
     assert [(v.ticket_id, v.state, v.status) for v in failed] == [("y", TicketState.RELEASED, "failed")]
     assert failed[0].failure == "replica_lost: a (no replica adopted the session in time)"
+    assert [view.ticket_id for view in told] == ["x", "y"]  # each once, when it failed
+    assert all(view.last_seen_at is not None for view in told)  # a's last heartbeat, kept by the reaper
     assert (await cluster.check()).orphans == []
 
 
