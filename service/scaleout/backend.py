@@ -178,7 +178,7 @@ class RedisAdmissionBackend:
             self._admission.on_close_requested(self._on_close_request),
             self._admission.on_pause_requested(self._on_pause_request),
             self._admission.on_sessions_reaped(self._on_reaped),
-            self._admission.on_replicas_reaped(self._started_host_replica_lost),
+            self._admission.on_replicas_reaped(self._on_replica_reaped),
         ]
         await self._admission.start()
         self._tasks.spawn(self._refresh_forever(), name="shared-statistics")
@@ -506,7 +506,8 @@ class RedisAdmissionBackend:
             )
         )
 
-    def _started_host_replica_lost(self, replica_id: str) -> None:
+    def _on_replica_reaped(self, replica_id: str) -> None:
+        """This replica's maintenance reaped `replica_id` (once in the deployment): its unfinished recordings fail."""
         self._started_host().replica_lost(replica_id)
 
     def _on_lost(self, host: AdmissionHost, session: Session, view: SharedTicketView) -> None:
