@@ -10,4 +10,7 @@ echo "== ruff"
 ruff format --check .
 ruff check .
 echo "== mypy"; mypy
-echo "== pytest"; pytest "$@"
+# On LINGSTREAM_TEST_WORKERS processes (default 3: most e2e modules wait on real time, not on the CPU), a module to
+# a worker so a module's servers start once; 0 runs it in this one process. Arguments go to pytest as they are.
+workers="${LINGSTREAM_TEST_WORKERS:-3}"
+echo "== pytest ($workers workers)"; pytest -n "$workers" --dist loadfile "$@"

@@ -21,7 +21,10 @@ exit 0
 """
 
 
-def _run(tmp_path: Path, fail: str) -> tuple[int, list[str]]:
+PYTEST = "pytest -n 3 --dist loadfile -q"  # the default: 3 workers, a module to a worker, then the caller's arguments
+
+
+def _run(tmp_path: Path, fail: str, **env: str) -> tuple[int, list[str]]:
     (tmp_path / "scripts").mkdir()
     shutil.copy(REPO / "scripts" / "test.sh", tmp_path / "scripts" / "test.sh")
     (tmp_path / "scripts" / "setup.sh").write_text("exit 0\n")
@@ -34,7 +37,7 @@ def _run(tmp_path: Path, fail: str) -> tuple[int, list[str]]:
     calls.touch()
     run = subprocess.run(
         ["bash", str(tmp_path / "scripts" / "test.sh"), "-q"],
-        env={"PATH": "/usr/bin:/bin", "CALLS": str(calls), "FAIL": fail},
+        env={"PATH": "/usr/bin:/bin", "CALLS": str(calls), "FAIL": fail, **env},
         capture_output=True,
         text=True,
         timeout=30,
@@ -46,7 +49,13 @@ def _run(tmp_path: Path, fail: str) -> tuple[int, list[str]]:
 def test_all_checks_pass_through_to_pytest_with_its_arguments(tmp_path: Path) -> None:
     code, calls = _run(tmp_path, fail="")
     assert code == 0
-    assert calls == ["ruff format --check .", "ruff check .", "mypy ", "pytest -q"]
+    assert calls == ["ruff format --check .", "ruff check .", "mypy ", PYTEST]
+
+
+def test_the_number_of_workers_is_a_setting_and_0_runs_in_one_process(tmp_path: Path) -> None:
+    code, calls = _run(tmp_path, fail="", LINGSTREAM_TEST_WORKERS="0")
+    assert code == 0
+    assert calls[-1] == "pytest -n 0 --dist loadfile -q"
 
 
 @pytest.mark.parametrize(
@@ -55,7 +64,7 @@ def test_all_checks_pass_through_to_pytest_with_its_arguments(tmp_path: Path) ->
         ("ruff format", ["ruff format --check ."]),
         ("ruff check", ["ruff format --check .", "ruff check ."]),
         ("mypy ", ["ruff format --check .", "ruff check .", "mypy "]),
-        ("pytest -q", ["ruff format --check .", "ruff check .", "mypy ", "pytest -q"]),
+        ("pytest -n", ["ruff format --check .", "ruff check .", "mypy ", PYTEST]),
     ],
 )
 def test_a_failing_check_fails_the_run_and_stops_it(tmp_path: Path, fail: str, ran: list[str]) -> None:
