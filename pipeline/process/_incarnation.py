@@ -67,6 +67,7 @@ class Incarnation:
         self.running = False
         self.broken: str | None = None  # why a rank failed while STARTING, even after `ready` resolved
         self.ready_at: float | None = None
+        self.spawner: asyncio.Future[None] | None = None  # `spawn_ranks` on its thread
         self.closer: asyncio.Future[None] | None = None
 
 

@@ -1,8 +1,8 @@
 """The ranks of one incarnation as processes: spawning them (with their pipes, queues and TCP store) and ending them.
 
-Package-private (only `pipeline.process.worker` uses it). Both run off the event loop: `spawn_ranks` from the loop
-(process start is quick), `close_ranks` on a thread (`asyncio.to_thread`: it waits for exits). The watcher thread
-that reads the ranks' replies is `pipeline.process._watcher`; the bookkeeping they fill is
+Package-private (only `pipeline.process.worker` uses it). Both run on a thread (`asyncio.to_thread`), off the event
+loop: `spawn_ranks` may wait for the forkserver to start (`pipeline.process.starter`), `close_ranks` for exits. The
+watcher thread that reads the ranks' replies is `pipeline.process._watcher`; the bookkeeping they fill is
 `pipeline.process._incarnation.Incarnation`.
 """
 
@@ -17,12 +17,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.queues import Queue
 
-import torch.multiprocessing as torch_mp
-
 from pipeline.process._child import worker_main
 from pipeline.process._incarnation import Incarnation, drain_requests, kill_process, terminate_process
 from pipeline.process._protocol import STOP, Bootstrap, Request, TCPStore
 from pipeline.process.records import ParallelWorkerConfig, WorkerContext
+from pipeline.process.starter import process_context, rank_process
 
 __all__ = ["await_exits", "close_ranks", "has_exited", "spawn_ranks"]
 
@@ -32,7 +31,7 @@ logger = logging.getLogger(__name__)
 def spawn_ranks(config: ParallelWorkerConfig, inc: Incarnation, watch: Callable[[Incarnation], None]) -> None:
     """Start the incarnation's ranks (and, with more than one, the TCP store they meet on), then its watcher thread
     running `watch(inc)`. Raises what starting a process raises; what was started is in `inc` for `close_ranks`."""
-    ctx = torch_mp.get_context("spawn")
+    ctx = process_context(config)
     bootstrap: Bootstrap | None = None
     if config.world_size > 1:
         timeout = timedelta(seconds=config.start_timeout_s)
@@ -50,11 +49,12 @@ def spawn_ranks(config: ParallelWorkerConfig, inc: Incarnation, watch: Callable[
         context = WorkerContext(
             config.name, rank, config.world_size, device, config.torch_threads, inc.number, config.options
         )
-        process = ctx.Process(
-            target=worker_main,
-            args=(context, config.stage_factory, requests, reply_w, bootstrap),
-            name=f"lingstream-{config.name}-{inc.number}-r{rank}",
-            daemon=True,  # the interpreter's exit handler ends forgotten workers instead of waiting for them
+        process = rank_process(
+            config,
+            ctx,
+            worker_main,
+            (context, config.stage_factory, requests, reply_w, bootstrap),
+            f"lingstream-{config.name}-{inc.number}-r{rank}",
         )
         try:
             process.start()

@@ -104,6 +104,13 @@ class ParallelWorkerConfig:
     restart_backoff_max_s: float = 30.0
     restart_backoff_reset_s: float = 60.0
     """An incarnation that ran this long before it died restarts after the initial back-off again."""
+    start_method: str = "forkserver"
+    """How the ranks' processes start (`pipeline.process.starter`): "forkserver" (forked from a server that
+    imported torch and the stage's modules once: a restart in well under a second) or "spawn" (a fresh interpreter
+    per rank, which imports them itself: seconds)."""
+    preload: tuple[str, ...] = ()
+    """Modules the forkserver imports once for every rank, besides torch and the stage factory's module (the model
+    code the factory imports when it builds the stage). They must not initialise CUDA or start threads at import."""
     call_timeout_s: float | None = None
     """How long the ranks may work on one call or release (timed from when the operation ahead of it finished, so
     queued work does not count) before the worker declares the incarnation stuck: a rank that never answers (a hung
@@ -135,6 +142,10 @@ class ParallelWorkerConfig:
         ):
             if not getattr(self, field_name) > 0:
                 raise PipelineSpecError(f"worker {self.name!r}: {field_name} must be positive")
+        if self.start_method not in ("forkserver", "spawn"):
+            raise PipelineSpecError(
+                f"worker {self.name!r}: start_method must be 'forkserver' or 'spawn', not {self.start_method!r}"
+            )
         if self.call_timeout_s is not None and not self.call_timeout_s > 0:
             raise PipelineSpecError(f"worker {self.name!r}: call_timeout_s must be positive (or None: no limit)")
         if self.restart_backoff_max_s < self.restart_backoff_initial_s:

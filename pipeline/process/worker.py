@@ -1,8 +1,9 @@
 """Process-backed stage runtime: `ParallelWorker` runs one `Stage` in a group of spawned worker processes.
 
-The worker owns `world_size` processes (one rank per entry of `devices`), started with torch.multiprocessing's
-"spawn" context; with more than one rank they form a torch.distributed process group (gloo on CPU, nccl on CUDA)
-over a TCP store that the parent hosts on a free loopback port. Each child builds its stage with a picklable,
+The worker owns `world_size` processes (one rank per entry of `devices`), forked from a forkserver that imported
+torch and the stage's modules once (`pipeline.process.starter`), or spawned (`ParallelWorkerConfig.start_method`);
+with more than one rank they form a torch.distributed process group (gloo on CPU, nccl on CUDA) over a TCP store
+that the parent hosts on a free loopback port. Each child builds its stage with a picklable,
 module-level `stage_factory(WorkerContext)` and then serves requests from its own bounded queue; every call goes to
 every rank and rank 0's artifacts are the result. Replies come back on one pipe per rank, and one parent thread per
 incarnation multiplexes those pipes with the process sentinels (`multiprocessing.connection.wait`), so a reply
@@ -273,7 +274,9 @@ class ParallelWorker:
                 on_exit=self._on_exit,
                 on_broken=self._on_broken,
             )
-            spawn_ranks(self._config, inc, watcher.run)
+            # Off the loop: the first start through the forkserver waits for it to import torch (seconds).
+            inc.spawner = asyncio.ensure_future(asyncio.to_thread(spawn_ranks, self._config, inc, watcher.run))
+            await asyncio.shield(inc.spawner)
         except Exception as exc:
             failure = f"could not spawn the ranks: {describe_exception(exc)}"
         else:
@@ -300,8 +303,15 @@ class ParallelWorker:
             inc.running = False
             if not inc.ready.done():
                 inc.ready.set_result("it was closed before every rank was ready")
-            inc.closer = asyncio.ensure_future(asyncio.to_thread(self._close_logged, inc, graceful))
+            inc.closer = asyncio.ensure_future(self._close_after_spawn(inc, graceful))
         await asyncio.shield(inc.closer)
+
+    async def _close_after_spawn(self, inc: Incarnation, graceful: bool) -> None:
+        if inc.spawner is not None:  # a start still spawning (its caller was cancelled): close what it started
+            await asyncio.wait([inc.spawner])
+            if not inc.spawner.cancelled():
+                inc.spawner.exception()  # retrieved: `_launch` reports it when it is still waiting
+        await asyncio.to_thread(self._close_logged, inc, graceful)
 
     def _close_logged(self, inc: Incarnation, graceful: bool) -> None:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ class CounterStage:
         self._ctx = ctx
         self._counts: dict[str, int] = {}
         self._released: list[str] = []
+        self._preloaded = frozenset(sys.modules)
 
     def process(self, call: StageCall) -> Mapping[str, object]:
         op = call.inputs.get("op", "count")
@@ -54,6 +56,9 @@ class CounterStage:
                 time.sleep(GATE_TIMEOUT_S)
                 return {"unblocked": False}
             return {"unblocked": self._event("gate").wait(GATE_TIMEOUT_S)}
+        if op == "modules":  # what the rank found imported when it started (the forkserver's preload, no main)
+            main_file = getattr(sys.modules["__main__"], "__file__", None)  # the parent's main, when it was run here
+            return {"main_file": main_file, "torch": "torch" in self._preloaded}
         if op == "released":
             return {"released": list(self._released)}
         if op == "unpicklable":

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import signal
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -191,6 +193,30 @@ async def test_graceful_stop_finishes_the_call_in_flight_and_leaves_nothing_behi
     assert leftover == []
     with pytest.raises(ActorUnavailableError, match="it is stopped"):
         await worker.invoke(call())
+
+
+@in_module_loop
+async def test_a_killed_rank_restarts_from_the_forkserver_without_the_parents_main() -> None:
+    # The restart that bounds a worker-loss recovery (issue #33): a fork of the server that imported torch, which
+    # does not run the parent's `__main__` again (a service's main imports the whole service).
+    config = ParallelWorkerConfig(name="forked", stage_factory=counter_stage, restart_backoff_initial_s=0.05)
+    worker = ParallelWorker(config)
+    await worker.start()
+    try:
+        first = await worker.invoke(call(op="modules"))
+        assert first == {"main_file": None, "torch": True}
+        os.kill(worker.pids[0], signal.SIGKILL)
+        killed = time.monotonic()
+        await until(lambda: worker.incarnation == 2 and worker.healthy, "the group to restart", within=WAIT_S)
+        print(f"kill to the restarted group ready: {time.monotonic() - killed:.3f} s")
+        assert await worker.invoke(call(op="modules")) == {"main_file": None, "torch": True}
+    finally:
+        await worker.aclose()
+
+
+def test_config_rejects_an_unknown_start_method() -> None:
+    with pytest.raises(PipelineSpecError, match="start_method must be 'forkserver' or 'spawn'"):
+        ParallelWorkerConfig(name="w", stage_factory=counter_stage, start_method="fork")
 
 
 @pytest.mark.parametrize(
