@@ -263,9 +263,15 @@ class StreamingPipelineOrchestrator:
         return accepted
 
     async def submit(self, session_id: str, items: Mapping[str, tuple[int, object]]) -> None:
-        """Like `try_submit`, but waits for room. Raises `SessionClosedError` if the session stops accepting."""
+        """Like `try_submit`, but waits for room. Raises `SessionClosedError` if the session stops accepting, also
+        when it failed and was released (forgotten) while this waited: the caller learns why from its close report."""
         while not self.try_submit(session_id, items):
             await self._wait(NoticeKind.ROOM, session_id)
+            report = self._reports.get(session_id)
+            if report is not None and not self._core.has_session(session_id):
+                raise SessionClosedError(
+                    f"session {session_id!r} was closed while waiting to submit: {report.failure or 'closed'}"
+                )
 
     def add_stage_listener(self, stage_id: str, listener: StageListener) -> None:
         """Call `listener(session_id, sequence_id)` on the loop each time `stage_id` delivers a result.

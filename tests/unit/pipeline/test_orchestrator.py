@@ -16,6 +16,7 @@ from pipeline import (
     OutputItem,
     OutputStream,
     PipelineSessionState,
+    SessionClosedError,
     SessionFailedError,
     SessionPoisonedError,
     StageCall,
@@ -316,6 +317,28 @@ async def test_actor_death_fails_dependent_sessions_and_new_sessions_run_after_r
         actor.gated = False
         await orch.submit("fresh", {"input": (0, "ok")})
         assert (await anext(fresh)).payload == "ok"
+
+
+async def test_a_submit_waiting_for_room_when_its_session_fails_and_is_released_raises_session_closed() -> None:
+    # A chunk loop waits for room while a worker dies under its session: the orchestrator fails and releases the
+    # session, and the waiting submit must say the session closed (what a re-seed recovers from), not that the id
+    # is unknown (issue #33: seen as a "chunk loop crashed" that ended a recoverable session).
+    actors = fake_actors("only", gated=True)
+    actor = actors["only"]
+    async with StreamingPipelineOrchestrator(linear_spec("only", capacity=1), dict(actors)) as orch:
+        orch.open_session("s")
+        await orch.submit("s", {"input": (0, 0)})
+        await orch.submit("s", {"input": (1, 1)})  # 0 is in flight, 1 waits on the edge
+        waiter = asyncio.create_task(orch.submit("s", {"input": (2, 2)}))
+        await actor.call_started.wait()
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        actor.die("SIGKILL")
+        # Which message depends on whether the waiter wakes while the release runs or after it (as it did in
+        # the service); either way it is the close, never `UnknownSessionError`.
+        with pytest.raises(SessionClosedError, match=r"closed while waiting to submit: .*died|is releasing"):
+            await waiter
+        assert (await orch.close_session("s")).failure is not None
 
 
 async def test_thread_actors_never_run_two_calls_of_one_stage_at_once() -> None:
