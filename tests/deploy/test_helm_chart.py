@@ -25,6 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
+from service.settings import load_settings
+
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk is missing: pip install -e '.[dev]'")
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is missing: pip install -e '.[dev]'"
@@ -530,6 +532,24 @@ def test_settings_reach_the_pod_through_the_configmap(chart: Any) -> None:
     # Unset settings are left to the service's defaults.
     assert "LINGSTREAM_QUEUE_SIZE" not in data
     assert "LINGSTREAM_CORS_ORIGINS" not in data
+
+
+def test_worker_loss_recovery_settings_reach_the_service_and_stay_unset_by_default(
+    chart: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    values = {"config": {"stagePlacement": "processes", "recoveryAttempts": 0, "recoveryTimeout": 12.5}}
+    data = only(render(chart, values), "ConfigMap")["data"]
+    assert (data["LINGSTREAM_RECOVERY_ATTEMPTS"], data["LINGSTREAM_RECOVERY_TIMEOUT"]) == ("0", "12.5")  # 0 is off
+    for name in ("LINGSTREAM_RECOVERY_ATTEMPTS", "LINGSTREAM_RECOVERY_TIMEOUT"):
+        monkeypatch.setenv(name, data[name])
+    settings = load_settings()  # as the pod reads them
+    assert (settings.recovery_attempts, settings.recovery_timeout) == (0, 12.5)
+    defaults = only(render(chart, {}), "ConfigMap")["data"]
+    assert "LINGSTREAM_RECOVERY_ATTEMPTS" not in defaults
+    assert "LINGSTREAM_RECOVERY_TIMEOUT" not in defaults
+    for wrong in ({"recoveryAttempts": 21}, {"recoveryAttempts": 1.5}, {"recoveryTimeout": 0}):
+        with pytest.raises(helm.HelmValuesError):
+            chart.validate_schema({"config": wrong})
 
 
 def test_key_quotas_are_rendered_as_the_service_reads_them(chart: Any) -> None:
