@@ -126,7 +126,7 @@ def start_forkserver(modules: tuple[str, ...] = ()) -> float:
         if server._forkserver_pid == before:  # type: ignore[attr-defined]
             return 0.0
         # The server imports its modules before it accepts: a first child returning means it serves.
-        probe = torch_mp.get_context("forkserver").Process(target=_probe, name="lingstream-forkserver-probe")
+        probe = _RankProcess(target=_probe, name="lingstream-forkserver-probe")
         probe.start()
         probe.join()
         elapsed = time.perf_counter() - started
