@@ -233,7 +233,7 @@ class Settings(BaseSettings):
         ge=0,
         le=20,
         description="Re-seeds in a row a session gets when its model worker fails under it (processes placement, "
-        "reference model; docs/continuity.md); 0: a failed worker fails its sessions (model_failure).",
+        "either model; docs/continuity.md); 0: a failed worker fails its sessions (model_failure).",
     )
     recovery_timeout: float = Field(
         default=30.0,

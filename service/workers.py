@@ -266,10 +266,11 @@ def _world_model(options: WorkerOptions) -> WorldModel:
 
 def recovery_budget(options: WorkerOptions) -> RecoveryBudget | None:
     """How hard the worker rebuilds a session whose worker group failed (docs/continuity.md): with `processes`
-    placement and the reference model (the model whose re-seed is exact), `LINGSTREAM_RECOVERY_ATTEMPTS` re-seeds
-    within `LINGSTREAM_RECOVERY_TIMEOUT`; None (a failure fails the session) on threads, for `lingbot-fast` (its KV
-    cache re-seed is a later slice) and with 0 attempts."""
-    if options.stage_placement != "processes" or options.model != "reference" or options.recovery_attempts < 1:
+    placement, `LINGSTREAM_RECOVERY_ATTEMPTS` re-seeds within `LINGSTREAM_RECOVERY_TIMEOUT`; None (a failure fails
+    the session) on threads and with 0 attempts. The reference model re-seeds exactly; LingBot-World-Fast without its
+    history (an empty KV cache whose positions continue the session's: the picture goes on from the reference image
+    and the pose, a visible jump rather than an error)."""
+    if options.stage_placement != "processes" or options.recovery_attempts < 1:
         return None
     from pipeline.lingbot.policy.recovery import RecoveryBudget
 

@@ -13,7 +13,7 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -32,11 +32,11 @@ from pipeline.lingbot.reference.model import ReferenceWorldModel
 from service.settings import Settings
 from service.workers import process_placement, worker_options
 from tests.support.reliability import WAIT_S, running_app, samples, total, wait_status
-from tests.support.service_harness import RecordingTransport
+from tests.support.service_harness import FramesTransport
 from tests.support.sharded_world import FAULT_CHUNK, KILL_ONCE_SEED, FaultyShardedFactory
 from tests.support.waits import until
 from tests.support.worker_stages import SPAWN
-from transport.base import SessionPort, StateStatus
+from transport.base import StateStatus
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 
@@ -62,31 +62,6 @@ def recovering_workers(settings: Settings) -> list[LingBotService]:
             LingBotService(placement, lease=ExecutionLease(), history=options.session_history, recovery=budget)
         )
     return workers
-
-
-class FramesTransport(RecordingTransport):
-    """A `RecordingTransport` that also keeps every whole chunk the session hands its transport."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.chunks: dict[str, list[ChunkOutput]] = {}
-        self._frame_readers: list[asyncio.Task[None]] = []
-
-    async def attach(self, port: SessionPort) -> Mapping[str, object]:
-        self.chunks[port.session_id] = []
-        self._frame_readers.append(asyncio.create_task(self._frames(port)))
-        return await super().attach(port)
-
-    async def _frames(self, port: SessionPort) -> None:
-        async for item in port.chunks():
-            if isinstance(item, ChunkOutput):
-                self.chunks[port.session_id].append(item)
-
-    async def aclose(self) -> None:
-        for task in self._frame_readers:
-            task.cancel()
-        await asyncio.gather(*self._frame_readers, return_exceptions=True)
-        await super().aclose()
 
 
 def replay(config: LingBotSessionConfig, chunks: list[ChunkOutput]) -> list[np.ndarray[Any, Any]]:

@@ -13,6 +13,7 @@ import httpx
 from fastapi import FastAPI
 
 from admission import AdmissionController
+from pipeline.bidirectional import ChunkOutput
 from service.app import create_app, runtime_of
 from service.runtime.memory_backend import MemoryAdmissionBackend
 from service.runtime.recordings import WriterFactory
@@ -302,3 +303,28 @@ def metric(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"no sample {name!r} in /metrics")
+
+
+class FramesTransport(RecordingTransport):
+    """A `RecordingTransport` that also keeps every whole chunk the session hands its transport."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chunks: dict[str, list[ChunkOutput]] = {}
+        self._frame_readers: list[asyncio.Task[None]] = []
+
+    async def attach(self, port: SessionPort) -> Mapping[str, object]:
+        self.chunks[port.session_id] = []
+        self._frame_readers.append(asyncio.create_task(self._frames(port)))
+        return await super().attach(port)
+
+    async def _frames(self, port: SessionPort) -> None:
+        async for item in port.chunks():
+            if isinstance(item, ChunkOutput):
+                self.chunks[port.session_id].append(item)
+
+    async def aclose(self) -> None:
+        for task in self._frame_readers:
+            task.cancel()
+        await asyncio.gather(*self._frame_readers, return_exceptions=True)
+        await super().aclose()

@@ -225,6 +225,8 @@ def _worker_config(
         devices=group.devices,
         torch_threads=torch_threads,
         options={"group": options},
+        # The model code the factory builds the parts with, imported once by the forkserver, not by every rank.
+        preload=(type(placement.factory).__module__,),
         start_timeout_s=placement.start_timeout_s,
         stop_timeout_s=placement.stop_timeout_s,
         call_timeout_s=placement.call_timeout_s,
