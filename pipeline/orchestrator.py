@@ -264,14 +264,15 @@ class StreamingPipelineOrchestrator:
 
     async def submit(self, session_id: str, items: Mapping[str, tuple[int, object]]) -> None:
         """Like `try_submit`, but waits for room. Raises `SessionClosedError` if the session stops accepting, also
-        when it failed and was released (forgotten) while this waited: the caller learns why from its close report."""
-        while not self.try_submit(session_id, items):
-            await self._wait(NoticeKind.ROOM, session_id)
+        when it failed and was released (forgotten) before or while this waited, as a chunk loop waiting for its
+        lease grant or for room finds it after a worker died: the caller learns why from its close report."""
+        while True:
             report = self._reports.get(session_id)
             if report is not None and not self._core.has_session(session_id):
-                raise SessionClosedError(
-                    f"session {session_id!r} was closed while waiting to submit: {report.failure or 'closed'}"
-                )
+                raise SessionClosedError(f"session {session_id!r} was closed: {report.failure or 'closed'}")
+            if self.try_submit(session_id, items):
+                return
+            await self._wait(NoticeKind.ROOM, session_id)
 
     def add_stage_listener(self, stage_id: str, listener: StageListener) -> None:
         """Call `listener(session_id, sequence_id)` on the loop each time `stage_id` delivers a result.

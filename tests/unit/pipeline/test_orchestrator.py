@@ -147,7 +147,7 @@ async def test_stage_failure_fails_only_its_session_and_emitted_outputs_stay_rea
         assert orch.session_state("good") is PipelineSessionState.OPEN
         await orch.submit("good", {"input": (4, 4)})
         assert (await anext(good)).payload == 4
-        with pytest.raises(UnknownSessionError):  # released and forgotten
+        with pytest.raises(SessionClosedError, match="was closed"):  # released; closed while its report is kept
             await orch.submit("bad", {"input": (9, 9)})
 
 
@@ -336,9 +336,12 @@ async def test_a_submit_waiting_for_room_when_its_session_fails_and_is_released_
         actor.die("SIGKILL")
         # Which message depends on whether the waiter wakes while the release runs or after it (as it did in
         # the service); either way it is the close, never `UnknownSessionError`.
-        with pytest.raises(SessionClosedError, match=r"closed while waiting to submit: .*died|is releasing"):
+        with pytest.raises(SessionClosedError, match=r"was closed: .*died|is releasing"):
             await waiter
         assert (await orch.close_session("s")).failure is not None
+        # A submit that comes after the release (the chunk loop waited for its lease grant meanwhile) says the same.
+        with pytest.raises(SessionClosedError, match=r"session 's' was closed: .*died"):
+            await orch.submit("s", {"input": (2, 2)})
 
 
 async def test_thread_actors_never_run_two_calls_of_one_stage_at_once() -> None:
