@@ -1,4 +1,5 @@
-"""Benchmark of sessions that outlive their model worker (issue #33, docs/continuity.md). About 3 minutes on 2 cores.
+"""Benchmark of sessions that outlive their model worker (issue #33, docs/continuity.md). About 15 s on 2 cores
+(13.5 s measured at a load of 3.6; about 3 minutes while restarted ranks were spawned, before the forkserver).
 
 `--quick` (a smoke run of about 15 s, for the tests: its recovery figures are not the ones to compare) kills no
 process: the session runs on threads and its denoise stage raises once (cause `stage_failed`), so the re-seed path
