@@ -199,7 +199,7 @@ function listen(current) {
 function sessionOptions() {
   return {
     jitterBufferTargetMs: jitterTargetMs,
-    livekit: () => {
+    livekitClient: () => {
       if (!pageConfig.livekit_client) throw new Error("the livekit-client bundle is not installed on this server");
       return import(pageConfig.livekit_client);
     },

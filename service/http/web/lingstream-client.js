@@ -361,7 +361,7 @@ var EmbeddedLink = class {
       await pc.setLocalDescription(await pc.createOffer());
       await gathered(pc);
       if (!current() || pc.localDescription === null) return;
-      const token = this.details.viewer_token || null;
+      const token = "viewer_token" in this.details ? this.details.viewer_token : null;
       const { body } = await this.api.offer(this.details.offer_url, pc.localDescription.sdp, token);
       if (!current()) return;
       await pc.setRemoteDescription(body);
@@ -776,6 +776,9 @@ var LiveKitLink = class {
       this.rejoinLater();
     });
     this.room = room;
+    if (details.token === null) {
+      throw new Error("the join details carry no token: the caller tokens its controller (a room it owns)");
+    }
     await room.connect(details.url, details.token, { autoSubscribe: true });
     if (!current()) {
       await room.disconnect();
@@ -789,7 +792,7 @@ var LiveKitLink = class {
   stateFromAttributes(attributes) {
     const state = attributes["lingstream.state"];
     this.attributes = { ...attributes };
-    if (state) this.handlers.onStatus({ v: 1, type: "state", state, from: "attributes" });
+    if (state) this.handlers.onStatus({ v: 1, type: "state", state, detail: null, from: "attributes" });
   }
   // One worker for every room of this link (a rejoin makes a new room); null where workers cannot be had.
   frameMetadataWorker() {
@@ -826,9 +829,10 @@ var LiveKitLink = class {
   }
   send(message, reliable) {
     const room = this.room;
-    if (room === null || room.state !== "connected") return false;
+    const topic = "control_topic" in this.details ? this.details.control_topic : null;
+    if (room === null || room.state !== "connected" || topic === null) return false;
     const payload = this.encoder.encode(JSON.stringify(message));
-    room.localParticipant.publishData(payload, { reliable, topic: this.details.control_topic }).catch((error) => console.warn("lingstream: sending control failed", error));
+    room.localParticipant.publishData(payload, { reliable, topic }).catch((error) => console.warn("lingstream: sending control failed", error));
     return true;
   }
   /**
@@ -883,7 +887,7 @@ function utf8Bytes(text) {
 }
 var defaultLoader = () => import("livekit-client");
 async function createSession(options) {
-  const { baseUrl, apiKey, tokenProvider, livekit, frameMetadataWorker, jitterBufferTargetMs, fetch: fetch2, clock, logger, ...body } = options;
+  const { baseUrl, apiKey, tokenProvider, livekitClient, frameMetadataWorker, jitterBufferTargetMs, fetch: fetch2, clock, logger, ...body } = options;
   const api = new Api({ baseUrl, apiKey, fetch: fetch2 });
   let credential = apiKey ? "key" : "none";
   if (tokenProvider !== void 0) {
@@ -1156,7 +1160,7 @@ var Session = class {
         const fresh = fetched ?? await this.freshDetails(id);
         if (fresh.kind !== "livekit") throw new Error(`the join details are for ${fresh.kind}`);
         link = new LiveKitLink(
-          this.options.livekit ?? defaultLoader,
+          this.options.livekitClient ?? defaultLoader,
           fresh,
           refresh,
           this.handlers(),

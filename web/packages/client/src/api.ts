@@ -6,7 +6,7 @@
 // across reloads does so itself.
 
 import { ApiError } from "./errors.js";
-import type { CreateSessionBody, JoinDetails, SessionSnapshot, ViewerAnswer } from "./types.js";
+import type { CreateSessionBody, EmbeddedViewer, LiveKitViewer, SessionSnapshot, ShareLink } from "./types.js";
 
 export type FetchLike = (input: string, init?: RequestInit) => Promise<Response>;
 
@@ -144,12 +144,12 @@ export class Api {
    * Join details of one more viewer (a place among the session's MAX_VIEWERS): LiveKit, a watch-only token for a new
    * identity; embedded, a viewer credential and the watch URL.
    */
-  createViewer(id: string): Promise<{ status: number; body: JoinDetails }> {
+  createViewer(id: string): Promise<{ status: number; body: EmbeddedViewer | LiveKitViewer }> {
     return this.request("POST", `/v1/sessions/${encodeURIComponent(id)}/viewers`);
   }
 
   /** A share link: a watch URL whose watch-only token admits one viewer per use (within MAX_VIEWERS). */
-  share(id: string): Promise<{ status: number; body: ViewerAnswer }> {
+  share(id: string): Promise<{ status: number; body: ShareLink }> {
     return this.request("POST", `/v1/sessions/${encodeURIComponent(id)}/viewers`, { share: true });
   }
 

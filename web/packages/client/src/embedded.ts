@@ -7,7 +7,7 @@
 import type { Api } from "./api.js";
 import { ApiError } from "./errors.js";
 import type { Link, LinkHandlers } from "./link.js";
-import type { EmbeddedJoin, JoinDetails, StatusMessage } from "./types.js";
+import type { EmbeddedJoin, EmbeddedViewer, JoinDetails, StatusMessage } from "./types.js";
 
 const GATHER_TIMEOUT_MS = 3000;
 const DISCONNECTED_GRACE_MS = 2000;
@@ -38,7 +38,7 @@ export class EmbeddedLink implements Link {
   /** refresh: fresh viewer details (viewers only: a viewer whose credential expired gets a new one). */
   constructor(
     private readonly api: Api,
-    private details: EmbeddedJoin,
+    private details: EmbeddedJoin | EmbeddedViewer,
     private readonly handlers: LinkHandlers,
     private readonly refresh: (() => Promise<JoinDetails>) | null = null,
   ) {}
@@ -91,7 +91,7 @@ export class EmbeddedLink implements Link {
       await pc.setLocalDescription(await pc.createOffer());
       await gathered(pc);
       if (!current() || pc.localDescription === null) return;
-      const token = this.details.viewer_token || null;
+      const token = "viewer_token" in this.details ? this.details.viewer_token : null;
       const { body } = await this.api.offer(this.details.offer_url, pc.localDescription.sdp, token);
       if (!current()) return;
       await pc.setRemoteDescription(body);

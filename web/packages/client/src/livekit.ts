@@ -14,7 +14,7 @@
 
 import { ApiError } from "./errors.js";
 import type { CommandAnswer, Link, LinkHandlers } from "./link.js";
-import type { JoinDetails, LiveKitJoin, StatusMessage } from "./types.js";
+import type { JoinDetails, LiveKitJoin, LiveKitViewer, StatusMessage } from "./types.js";
 
 export type LiveKitModule = typeof import("livekit-client");
 
@@ -59,7 +59,7 @@ export class LiveKitLink implements Link {
 
   constructor(
     private readonly load: () => Promise<LiveKitModule>,
-    private details: LiveKitJoin,
+    private details: LiveKitJoin | LiveKitViewer,
     private readonly refresh: () => Promise<JoinDetails>,
     private readonly handlers: LinkHandlers,
     private readonly makeWorker: (() => Worker | null) | null = null,
@@ -114,6 +114,9 @@ export class LiveKitLink implements Link {
       this.rejoinLater();
     });
     this.room = room;
+    if (details.token === null) {
+      throw new Error("the join details carry no token: the caller tokens its controller (a room it owns)");
+    }
     await room.connect(details.url, details.token, { autoSubscribe: true });
     if (!current()) {
       await room.disconnect();
@@ -129,7 +132,7 @@ export class LiveKitLink implements Link {
     // The attributes as a `state` status: the session handles both the same way (the newest wins).
     const state = attributes["lingstream.state"];
     this.attributes = { ...attributes };
-    if (state) this.handlers.onStatus({ v: 1, type: "state", state, from: "attributes" });
+    if (state) this.handlers.onStatus({ v: 1, type: "state", state, detail: null, from: "attributes" });
   }
 
   // One worker for every room of this link (a rejoin makes a new room); null where workers cannot be had.
@@ -170,10 +173,12 @@ export class LiveKitLink implements Link {
 
   send(message: unknown, reliable: boolean): boolean {
     const room = this.room;
-    if (room === null || room.state !== "connected") return false;
+    // A viewer's details name no control topic: it sends nothing.
+    const topic = "control_topic" in this.details ? this.details.control_topic : null;
+    if (room === null || room.state !== "connected" || topic === null) return false;
     const payload = this.encoder.encode(JSON.stringify(message));
     room.localParticipant
-      .publishData(payload, { reliable, topic: this.details.control_topic })
+      .publishData(payload, { reliable, topic })
       .catch((error: unknown) => console.warn("lingstream: sending control failed", error));
     return true;
   }

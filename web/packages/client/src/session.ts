@@ -98,7 +98,7 @@ export interface SessionOptions {
   /** A client token provider (docs/integrate.md): asked once, for the create. */
   tokenProvider?: TokenProvider;
   /** Loads livekit-client (a peer dependency) when a session is on LiveKit; default: `import("livekit-client")`. */
-  livekit?: () => Promise<LiveKitModule>;
+  livekitClient?: () => Promise<LiveKitModule>;
   /** A worker reading LiveKit frame metadata (livekit-client's `livekit-client.fm.worker.mjs`); none by default. */
   frameMetadataWorker?: () => Worker | null;
   /** Ask the receiver to hold at most about this much video (ms) before showing it; default the browser's choice. */
@@ -123,7 +123,7 @@ const defaultLoader = (): Promise<LiveKitModule> => import("livekit-client");
  * the create is refused (429 with `retryAfter` when every slot is taken and the queue is full).
  */
 export async function createSession(options: CreateOptions): Promise<Session> {
-  const { baseUrl, apiKey, tokenProvider, livekit, frameMetadataWorker, jitterBufferTargetMs, fetch, clock, logger, ...body } =
+  const { baseUrl, apiKey, tokenProvider, livekitClient, frameMetadataWorker, jitterBufferTargetMs, fetch, clock, logger, ...body } =
     options;
   const api = new Api({ baseUrl, apiKey, fetch });
   let credential: Credential = apiKey ? "key" : "none";
@@ -431,7 +431,7 @@ export class Session {
         const fresh = fetched ?? (await this.freshDetails(id)); // tokens are short-lived: the create's may be stale
         if (fresh.kind !== "livekit") throw new Error(`the join details are for ${fresh.kind}`);
         link = new LiveKitLink(
-          this.options.livekit ?? defaultLoader,
+          this.options.livekitClient ?? defaultLoader,
           fresh,
           refresh,
           this.handlers(),

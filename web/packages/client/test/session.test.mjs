@@ -24,7 +24,7 @@ test("a session follows its queue, joins once it runs, and reports chunks and th
   const session = await createSession({
     fetch,
     tokenProvider: async () => "client-token",
-    livekit: livekit.load,
+    livekitClient: livekit.load,
     clock: fastClock(),
     logger: quiet,
     config: { width: 128, height: 96 },
@@ -82,7 +82,7 @@ test("a listener that throws is logged once and the session goes on", async () =
   const livekit = fakeLiveKit();
   const logged = [];
   const logger = { warn() {}, error: (...args) => logged.push(args) };
-  const session = await createSession({ fetch, apiKey: "key", livekit: livekit.load, clock: fastClock(), logger });
+  const session = await createSession({ fetch, apiKey: "key", livekitClient: livekit.load, clock: fastClock(), logger });
   session.on("chunk", () => {
     throw new TypeError("a bug in the app");
   });
@@ -109,7 +109,7 @@ test("close() returns within its bound when the link never finishes closing", as
   const stream = new EventStream();
   const { fetch } = service({ stream });
   const livekit = fakeLiveKit({ hangOnDisconnect: true });
-  const session = await createSession({ fetch, apiKey: "key", livekit: livekit.load, clock: fastClock(50), logger: quiet });
+  const session = await createSession({ fetch, apiKey: "key", livekitClient: livekit.load, clock: fastClock(50), logger: quiet });
   const open = opened(session);
   session.join(null);
   stream.push(snapshot("running"));
@@ -126,7 +126,7 @@ test("commands on LiveKit are calls answered with the state; a refusal is an err
   const stream = new EventStream();
   const { fetch } = service({ stream });
   const livekit = fakeLiveKit();
-  const session = await createSession({ fetch, apiKey: "key", livekit: livekit.load, clock: fastClock(), logger: quiet });
+  const session = await createSession({ fetch, apiKey: "key", livekitClient: livekit.load, clock: fastClock(), logger: quiet });
   const open = opened(session);
   session.join(null);
   stream.push(snapshot("running"));
