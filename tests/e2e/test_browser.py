@@ -10,9 +10,14 @@ Waits are on conditions (`wait_for_function`), never fixed sleeps; the two fixed
 from __future__ import annotations
 
 import contextlib
+import functools
+import http.server
+import json
 import os
+import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,10 +68,58 @@ class Service:
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+def example_port() -> int:
+    """The port the React example is served on (another origin than the service's: the service allows it by CORS)."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, example_port: int) -> Iterator[Service]:
     """A real `lingstream serve` (LingBotService, embedded transport, loopback) with one session slot."""
-    with _serve(tmp_path_factory.mktemp("serve") / "serve.log") as running:
+    cors = f"http://127.0.0.1:{example_port}"
+    with _serve(tmp_path_factory.mktemp("serve") / "serve.log", LINGSTREAM_CORS_ORIGINS=cors) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def example_app(tmp_path_factory: pytest.TempPathFactory, example_port: int) -> Iterator[str]:
+    """web/examples/react-world built from the *packed* SDK packages (`npm pack` of @lingstream/client and
+    @lingstream/react, each built by tsc first) and served on its own origin by a static file server."""
+    web = ROOT / "web"
+    if shutil.which("npm") is None or not (web / "node_modules" / ".bin" / "tsc").exists():
+        pytest.skip("needs npm and the SDK toolchain in web/node_modules (scripts/setup.sh installs them)")
+    work = tmp_path_factory.mktemp("example")
+
+    def run(args: list[str], cwd: Path) -> str:
+        done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=180, check=False)
+        assert done.returncode == 0, f"{' '.join(args)}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+        return done.stdout
+
+    run(["npm", "run", "--silent", "build:client"], web)
+    run(["npm", "run", "--silent", "build:react"], web)
+    tarballs = [
+        work
+        / json.loads(run(["npm", "pack", "--json", "--pack-destination", str(work)], web / "packages" / name))[0][
+            "filename"
+        ]
+        for name in ("client", "react")
+    ]
+    out = work / "site"
+    run(["node", "examples/react-world/build.mjs", *map(str, tarballs), str(out)], web)
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", example_port), functools.partial(Quiet, directory=out))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{example_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
 
 
 @contextlib.contextmanager
@@ -360,3 +413,40 @@ def test_the_prompt_box_steers_the_picture_and_pause_holds_it(open_page: Callabl
     page.keyboard.up("w")
     page.click("#stop")
     page.wait_for_function("window.lingstream.ended")
+
+
+def test_the_react_example_built_from_the_packed_packages_runs_a_session(
+    browser: Browser, service: Service, example_app: str
+) -> None:
+    """The example React app (useLingstream + <WorldView/>), from another origin, runs a session end to end: queue and
+    state, video of the requested size, a held key applied, pause, and the stop's reason (issue #36)."""
+    context = browser.new_context()
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    session_id = None
+    try:
+        page.goto(f"{example_app}/?service={service.url}&width={WIDTH}&height={HEIGHT}")
+        page.wait_for_function("window.world && window.world.status === 'running'")
+        session_id = page.evaluate("window.world.session.id")
+        page.wait_for_function("window.world.stats && window.world.stats.frames > 0")
+        size = page.evaluate(
+            "(() => { const v = document.getElementById('world'); return [v.videoWidth, v.videoHeight]; })()"
+        )
+        assert size == [WIDTH, HEIGHT]
+        page.dispatch_event("#forward", "pointerdown")
+        page.wait_for_function("(window.world.session.lastChunk || {keys: []}).keys.includes('w')")
+        page.dispatch_event("#forward", "pointerup")
+        page.click("#pause")
+        page.wait_for_function("window.world.status === 'paused'")
+        assert page.inner_text("#status") == "paused"
+        page.click("#stop")
+        page.wait_for_function("window.world.done !== null")
+        assert page.evaluate("window.world.done") == "client_stop"
+        assert "client_stop" in page.inner_text("#done")
+        assert errors == []
+    finally:
+        context.close()
+        if session_id is not None:
+            cancel_over_http(service.url)([session_id])
