@@ -829,8 +829,8 @@ var LiveKitLink = class {
   }
   send(message, reliable) {
     const room = this.room;
-    const topic = "control_topic" in this.details ? this.details.control_topic : null;
-    if (room === null || room.state !== "connected" || topic === null) return false;
+    const topic = "control_topic" in this.details ? this.details.control_topic : void 0;
+    if (room === null || room.state !== "connected") return false;
     const payload = this.encoder.encode(JSON.stringify(message));
     room.localParticipant.publishData(payload, { reliable, topic }).catch((error) => console.warn("lingstream: sending control failed", error));
     return true;

@@ -173,9 +173,10 @@ export class LiveKitLink implements Link {
 
   send(message: unknown, reliable: boolean): boolean {
     const room = this.room;
-    // A viewer's details name no control topic: it sends nothing.
-    const topic = "control_topic" in this.details ? this.details.control_topic : null;
-    if (room === null || room.state !== "connected" || topic === null) return false;
+    // A viewer's details name no control topic; what it sends goes untopiced and the service ignores it (a viewer
+    // cannot control: docs/control-protocol.md), as it would anything a viewer sends.
+    const topic = "control_topic" in this.details ? this.details.control_topic : undefined;
+    if (room === null || room.state !== "connected") return false;
     const payload = this.encoder.encode(JSON.stringify(message));
     room.localParticipant
       .publishData(payload, { reliable, topic })
