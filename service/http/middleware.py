@@ -121,7 +121,10 @@ class StrictCORSMiddleware(CORSMiddleware):
     async def simple_response(
         self, scope: StarletteScope, receive: StarletteReceive, send: StarletteSend, request_headers: Headers
     ) -> None:
-        if self.is_allowed_origin(origin=request_headers["origin"]):
+        # Starlette calls this for requests without an Origin too (a health check, a server-side client): those are
+        # passed through untouched.
+        origin = request_headers.get("origin")
+        if origin is not None and self.is_allowed_origin(origin=origin):
             await super().simple_response(scope, receive, send, request_headers)
         else:
             await self.app(scope, receive, send)

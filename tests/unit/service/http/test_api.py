@@ -426,6 +426,10 @@ async def test_cors_answers_only_configured_origins() -> None:
         assert allowed.headers["access-control-allow-origin"] == "https://app.example"
         other = await svc.client.get("/v1/sessions", headers={"Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in other.headers
+        # A request without an Origin (a health check, a server-side client) is answered as usual.
+        plain = await svc.client.get("/v1/sessions")
+        assert plain.status_code == 200
+        assert "access-control-allow-origin" not in plain.headers
     async with running_service() as svc:
         off = await svc.client.get("/v1/sessions", headers={"Origin": "https://app.example"})
         assert "access-control-allow-origin" not in off.headers
