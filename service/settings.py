@@ -260,6 +260,12 @@ class Settings(BaseSettings):
     model_sink_frames: int = Field(
         default=6, ge=0, le=1020, description="lingbot-fast latent frames at a session's start that are never evicted."
     )
+    compile: Literal["off", "default", "max"] = Field(
+        default="off",
+        description="lingbot-fast: torch.compile of the DiT's blocks. off: eager; default: inductor (fused "
+        "element-wise kernels); max: inductor's max-autotune (GEMM autotuning, CUDA graphs where it can). Compiles "
+        "at a worker's first chunks (minutes on a CPU): give LINGSTREAM_WORKER_START_TIMEOUT room.",
+    )
     reconnect_grace: float = Field(default=20.0, gt=0, le=3600, description="Seconds a departed browser may return.")
     video_codec: Literal["vp8", "h264"] = "vp8"
     video_bitrate: int = Field(default=2_000_000, ge=50_000, le=100_000_000, description="Video bits per second.")
@@ -680,6 +686,11 @@ class Settings(BaseSettings):
 
     def _check_model(self) -> None:
         if self.model != "lingbot-fast":
+            if self.compile != "off":
+                raise ValueError(
+                    f"LINGSTREAM_COMPILE={self.compile} compiles the lingbot-fast DiT; the reference model has none "
+                    "(set LINGSTREAM_MODEL=lingbot-fast or LINGSTREAM_COMPILE=off)"
+                )
             return
         if self.model_path is None:
             raise ValueError(

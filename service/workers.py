@@ -93,6 +93,8 @@ class WorkerOptions:
     model_dtype: str = "auto"
     model_window_frames: int = 18
     model_sink_frames: int = 6
+    compile: str = "off"
+    """`LINGSTREAM_COMPILE` (lingbot-fast)."""
     recovery_attempts: int = 3
     """`LINGSTREAM_RECOVERY_ATTEMPTS` (0: no recovery)."""
     recovery_timeout: float = 30.0
@@ -120,6 +122,7 @@ def worker_options(settings: Settings) -> list[WorkerOptions]:
             model_dtype=settings.model_dtype,
             model_window_frames=settings.model_window_frames,
             model_sink_frames=settings.model_sink_frames,
+            compile=settings.compile,
             recovery_attempts=settings.recovery_attempts,
             recovery_timeout=settings.recovery_timeout,
         )
@@ -174,6 +177,7 @@ def lingbot_fast_options(options: WorkerOptions) -> LingBotFastOptions:
         dtype=options.model_dtype,
         window_frames=options.model_window_frames,
         sink_frames=options.model_sink_frames,
+        compile=options.compile,
         denoise_ranks=options.denoise_ranks if options.stage_placement == "processes" else 1,
     )
 

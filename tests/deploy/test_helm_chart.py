@@ -984,7 +984,12 @@ def test_dashboard_queries_only_series_the_service_documents() -> None:
 
 def test_lingbot_fast_mounts_its_weights_read_only_and_sets_the_variables(chart: Any) -> None:
     values = {
-        "model": {"name": "lingbot-fast", "persistentVolumeClaim": "lingbot-weights", "dtype": "bfloat16"},
+        "model": {
+            "name": "lingbot-fast",
+            "persistentVolumeClaim": "lingbot-weights",
+            "dtype": "bfloat16",
+            "compile": "max",
+        },
         "gpu": {"count": 1},
     }
     docs = render(chart, values)
@@ -992,6 +997,7 @@ def test_lingbot_fast_mounts_its_weights_read_only_and_sets_the_variables(chart:
     assert data["LINGSTREAM_MODEL"] == "lingbot-fast"
     assert data["LINGSTREAM_MODEL_PATH"] == "/models/lingbot-fast"
     assert data["LINGSTREAM_MODEL_DTYPE"] == "bfloat16"
+    assert data["LINGSTREAM_COMPILE"] == "max"
     assert "LINGSTREAM_MODEL_WINDOW_FRAMES" not in data
     mount = next(m for m in main_container(docs)["volumeMounts"] if m["name"] == "model")
     assert mount == {"name": "model", "mountPath": "/models/lingbot-fast", "readOnly": True}
@@ -1014,10 +1020,16 @@ def test_lingbot_fast_from_a_host_path_with_its_cache_sizes(chart: Any) -> None:
     docs = render(chart, values)
     data = only(docs, "ConfigMap")["data"]
     assert (data["LINGSTREAM_MODEL_WINDOW_FRAMES"], data["LINGSTREAM_MODEL_SINK_FRAMES"]) == ("24", "3")
+    assert "LINGSTREAM_COMPILE" not in data  # null: the service's default, off
     volume = next(v for v in pod_spec(docs)["volumes"] if v["name"] == "model")
     assert volume["hostPath"] == {"path": "/data/lingbot", "type": "Directory"}
     mount = next(m for m in main_container(docs)["volumeMounts"] if m["name"] == "model")
     assert mount["subPath"] == "fast"
+
+
+def test_the_schema_refuses_a_compile_mode_the_service_does_not_know(chart: Any) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"model": {"name": "lingbot-fast", "hostPath": "/data/lingbot", "compile": "fast"}})
 
 
 def test_the_reference_model_mounts_nothing_and_sets_no_model_variables(chart: Any) -> None:

@@ -48,6 +48,7 @@ from pipeline.lingbot.models.checkpoint import (
     read_specs,
     write_tiny_checkpoint,
 )
+from pipeline.lingbot.models.compiled import COMPILE_MODES, CompileMode, compile_blocks
 from pipeline.lingbot.models.config import LINGBOT_FAST_14B, TINY_DIT, DiTConfig
 from pipeline.lingbot.models.dit import LingBotFastDiT
 from pipeline.lingbot.models.errors import (
@@ -102,6 +103,7 @@ from pipeline.lingbot.models.world import (
 )
 
 __all__ = [
+    "COMPILE_MODES",
     "CONTEXT_EXHAUSTED_REASON",
     "DEFAULT_MAX_PREFIX_FRAMES",
     "DEFAULT_PROMPT",
@@ -131,6 +133,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointLayout",
     "ChunkEstimate",
+    "CompileMode",
     "DiTConfig",
     "FastSchedule",
     "KVCache",
@@ -159,6 +162,7 @@ __all__ = [
     "check_model_dir",
     "check_parallel",
     "compare_specs",
+    "compile_blocks",
     "count_eviction",
     "count_forward",
     "denoise_chunk",

@@ -39,6 +39,7 @@ from pipeline.lingbot.models.checkpoint import (
     read_specs,
     write_tiny_checkpoint,
 )
+from pipeline.lingbot.models.compiled import COMPILE_MODES
 from pipeline.lingbot.models.config import LINGBOT_FAST_14B, TINY_DIT, DiTConfig
 from pipeline.lingbot.models.errors import CheckpointError, ModelConfigError
 from pipeline.lingbot.models.text import TEXT_ENCODER_WEIGHTS, write_tiny_text_encoder
@@ -76,10 +77,14 @@ class LingBotFastOptions:
     denoise_ranks: int = 1
     """Ranks of the DiT group (Ulysses context parallelism, `parallel.py`): what the memory plan and the session
     limits plan for; each rank's denoiser takes its place in the group from its `ModelShard`."""
+    compile: str = "off"
+    """`torch.compile` of the DiT's blocks: one of `COMPILE_MODES` (`compiled.py`)."""
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ModelConfigError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.compile not in COMPILE_MODES:
+            raise ModelConfigError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
         if self.denoise_ranks < 1:
             raise ModelConfigError(f"denoise_ranks must be >= 1, got {self.denoise_ranks}")
         if self.text_cache_size < 1 or self.max_prefix_frames < 1:

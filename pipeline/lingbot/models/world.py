@@ -48,6 +48,7 @@ from pipeline.lingbot.models.bundle import (
 )
 from pipeline.lingbot.models.cache import CacheStatistics, KVCache, TextKV
 from pipeline.lingbot.models.checkpoint import load_dit
+from pipeline.lingbot.models.compiled import compile_blocks
 from pipeline.lingbot.models.dit import LingBotFastDiT
 from pipeline.lingbot.models.errors import ModelConfigError
 from pipeline.lingbot.models.parallel import SINGLE_RANK, Ulysses, check_parallel
@@ -348,6 +349,7 @@ def load_denoiser(options: LingBotFastOptions, device: str, parallel: Ulysses = 
     config = read_dit_config(options.root / DIT_DIR)
     check_parallel(config, parallel.world_size)
     dit = load_dit(options.root / DIT_DIR, config, dtype=dtype, device=device, parallel=parallel)
+    compile_blocks(dit, options.compile)  # LINGSTREAM_COMPILE; compiles at the first forward of each shape
     text_encoder = None
     if parallel.rank == 0:
         text_encoder = load_text_encoder(

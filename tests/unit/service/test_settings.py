@@ -12,7 +12,7 @@ from service.config_records import ServiceConfig
 from service.errors import SettingsError
 from service.settings import Settings, load_settings
 from service.transports import embedded_config, livekit_config
-from service.workers import worker_options
+from service.workers import lingbot_fast_options, worker_options
 
 
 def test_defaults_bind_loopback_and_match_the_documented_contract() -> None:
@@ -135,6 +135,8 @@ INVALID = [
     ("LINGSTREAM_MODEL_DTYPE", "int8", "LINGSTREAM_MODEL_DTYPE"),
     ("LINGSTREAM_MODEL_WINDOW_FRAMES", "2", "LINGSTREAM_MODEL_WINDOW_FRAMES"),
     ("LINGSTREAM_MODEL_SINK_FRAMES", "-1", "LINGSTREAM_MODEL_SINK_FRAMES"),
+    ("LINGSTREAM_COMPILE", "fast", "LINGSTREAM_COMPILE"),
+    ("LINGSTREAM_COMPILE", "max", "LINGSTREAM_COMPILE=max compiles the lingbot-fast DiT"),
     ("LIVEKIT_URL", "ftp://lk.example", "LIVEKIT_URL"),
     ("LIVEKIT_URL", "wss://lk.example", "LIVEKIT_API_KEY"),
 ]
@@ -255,6 +257,10 @@ def test_lingbot_fast_settings_are_read_and_checked_together(monkeypatch: pytest
     settings = load_settings()
     assert (settings.model, settings.model_path, settings.model_dtype) == ("lingbot-fast", tmp_path, "bfloat16")
     assert (settings.model_window_frames, settings.model_sink_frames) == (18, 6)
+    assert settings.compile == "off"
+    monkeypatch.setenv("LINGSTREAM_COMPILE", "max")
+    options = worker_options(load_settings())[0]
+    assert lingbot_fast_options(options).compile == "max"  # what load_denoiser compiles the DiT's blocks with
     monkeypatch.setenv("LINGSTREAM_MODEL_SINK_FRAMES", "16")
     with pytest.raises(SettingsError, match=r"LINGSTREAM_MODEL_SINK_FRAMES \(16\) \+ a chunk of 3"):
         load_settings()
