@@ -12,9 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
-import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -40,6 +38,7 @@ from tests.support.browser.pages import (
 )
 from tests.support.browser.pages import grab as _grab
 from tests.support.browser.pages import wait_frames as _wait_frames
+from tests.support.sdk import WEB, built_packages, run, sdk_toolchain_missing
 from tests.support.serving import ROOT, free_port, lingstream, wait_until_ready
 
 try:
@@ -85,27 +84,22 @@ def service(tmp_path_factory: pytest.TempPathFactory, example_port: int) -> Iter
 def example_app(tmp_path_factory: pytest.TempPathFactory, example_port: int) -> Iterator[str]:
     """web/examples/react-world built from the *packed* SDK packages (`npm pack` of @lingstream/client and
     @lingstream/react, each built by tsc first) and served on its own origin by a static file server."""
-    web = ROOT / "web"
-    if shutil.which("npm") is None or not (web / "node_modules" / ".bin" / "tsc").exists():
-        pytest.skip("needs npm and the SDK toolchain in web/node_modules (scripts/setup.sh installs them)")
+    missing = sdk_toolchain_missing()
+    if missing is not None:
+        pytest.skip(missing)
     work = tmp_path_factory.mktemp("example")
-
-    def run(args: list[str], cwd: Path) -> str:
-        done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=180, check=False)
-        assert done.returncode == 0, f"{' '.join(args)}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
-        return done.stdout
-
-    run(["npm", "run", "--silent", "build:client"], web)
-    run(["npm", "run", "--silent", "build:react"], web)
-    tarballs = [
-        work
-        / json.loads(run(["npm", "pack", "--json", "--pack-destination", str(work)], web / "packages" / name))[0][
-            "filename"
-        ]
-        for name in ("client", "react")
-    ]
     out = work / "site"
-    run(["node", "examples/react-world/build.mjs", *map(str, tarballs), str(out)], web)
+    with built_packages(work) as packages:
+        run(
+            [
+                "node",
+                "examples/react-world/build.mjs",
+                str(packages.client_tarball),
+                str(packages.react_tarball),
+                str(out),
+            ],
+            WEB,
+        )
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, format: str, *args: object) -> None:

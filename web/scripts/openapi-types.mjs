@@ -3,12 +3,13 @@
 // `--dist` beside the built declarations in dist/, so the package's REST and control-protocol types are those types
 // and ship with it: the package holds no hand-written copy of the API's shapes. The build scripts run it.
 //
-//   node scripts/openapi-types.mjs [--dist]      (from web/)
+//   node scripts/openapi-types.mjs [--dist] [CLIENT_DIR]      (from web/; CLIENT_DIR: a copy of packages/client)
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 
 const web = fileURLToPath(new URL("..", import.meta.url));
-const client = `${web}packages/client/`;
+const given = process.argv.slice(2).find((arg) => !arg.startsWith("--"));
+const client = given ? `${given.replace(/\/+$/, "")}/` : `${web}packages/client/`;
 const text =
   "// Copied from web/openapi/lingstream.d.ts by web/scripts/openapi-types.mjs: do not edit.\n" +
   readFileSync(`${web}openapi/lingstream.d.ts`, "utf8");

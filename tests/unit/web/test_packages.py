@@ -7,61 +7,47 @@ web/node_modules (TypeScript, esbuild); without them they skip with the reason.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import tarfile
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-WEB = ROOT / "web"
+from tests.support.sdk import WEB, BuiltPackages, built_packages, run, sdk_toolchain_missing
+
+ROOT = WEB.parent
 CLIENT = WEB / "packages" / "client"
 REACT = WEB / "packages" / "react"
-TSC = WEB / "node_modules" / ".bin" / "tsc"
 PAGE_BUILD = ROOT / "service" / "http" / "web" / "lingstream-client.js"
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("node") is None or shutil.which("npm") is None or not TSC.exists(),
-    reason="needs node, npm and the SDK toolchain in web/node_modules (scripts/setup.sh installs them)",
-)
-
-
-def _run(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
-    assert done.returncode == 0, (
-        f"{' '.join(args)} exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    )
-    return done
+pytestmark = pytest.mark.skipif(sdk_toolchain_missing() is not None, reason=str(sdk_toolchain_missing()))
 
 
 @pytest.fixture(scope="module")
-def built() -> None:
-    """Both packages type-checked and built into their dist/ (tsc: strict, declarations), the client against the types
-    generated from the OpenAPI document (web/openapi/)."""
-    _run(["npm", "run", "--silent", "build:client"], WEB)
-    _run(["npm", "run", "--silent", "build:react"], WEB)
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltPackages]:
+    with built_packages(tmp_path_factory.mktemp("packed")) as packages:
+        yield packages
 
 
-def test_the_client_unit_tests_pass_under_nodes_test_runner(built: None) -> None:
-    tests = sorted(str(path.relative_to(CLIENT)) for path in (CLIENT / "test").glob("*.test.mjs"))
+def test_the_client_unit_tests_pass_under_nodes_test_runner(built: BuiltPackages) -> None:
+    tests = sorted(str(path.relative_to(built.client)) for path in (built.client / "test").glob("*.test.mjs"))
     assert tests, "no test files"
-    done = _run(["node", "--test", "--test-timeout=20000", *tests], CLIENT)
-    assert "# fail 0" in done.stdout, done.stdout[-3000:]
-    passed = int(done.stdout.rsplit("# pass ", 1)[1].split()[0])
-    assert passed >= 10, done.stdout[-3000:]
+    done = run(["node", "--test", "--test-timeout=20000", *tests], built.client)
+    assert "# fail 0" in done, done[-3000:]
+    passed = int(done.rsplit("# pass ", 1)[1].split()[0])
+    assert passed >= 10, done[-3000:]
 
 
 def test_the_pages_committed_client_equals_a_fresh_build(tmp_path: Path) -> None:
     fresh = tmp_path / "lingstream-client.js"
-    _run(["node", "scripts/build-page.mjs", str(fresh)], WEB)
+    run(["node", "scripts/build-page.mjs", str(fresh)], WEB)
     assert PAGE_BUILD.read_text() == fresh.read_text(), (
         "service/http/web/lingstream-client.js is stale: run `npm run build:page` in web/ and commit it"
     )
 
 
-def test_the_packages_versions_are_the_services(built: None) -> None:
+def test_the_packages_versions_are_the_services() -> None:
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     client = json.loads((CLIENT / "package.json").read_text())
     react = json.loads((REACT / "package.json").read_text())
@@ -69,16 +55,16 @@ def test_the_packages_versions_are_the_services(built: None) -> None:
     assert react["version"] == version
     assert react["peerDependencies"]["@lingstream/client"] == version
     assert f'VERSION = "{version}"' in (CLIENT / "src" / "version.ts").read_text()
+    assert f'VERSION = "{version}"' in (REACT / "src" / "index.ts").read_text()
 
 
-def test_both_packages_pack_with_their_built_module_and_declarations(built: None, tmp_path: Path) -> None:
-    for package, name in ((CLIENT, "lingstream-client"), (REACT, "lingstream-react")):
-        done = _run(["npm", "pack", "--json", "--pack-destination", str(tmp_path)], package)
-        filename = json.loads(done.stdout)[0]["filename"]
-        with tarfile.open(tmp_path / filename) as tar:
+def test_both_packages_pack_with_their_built_module_and_declarations(built: BuiltPackages) -> None:
+    version = json.loads((CLIENT / "package.json").read_text())["version"]
+    for tarball, name in ((built.client_tarball, "lingstream-client"), (built.react_tarball, "lingstream-react")):
+        assert tarball.name == f"{name}-{version}.tgz"
+        with tarfile.open(tarball) as tar:
             names = set(tar.getnames())
-        assert filename == f"{name}-{json.loads((package / 'package.json').read_text())['version']}.tgz"
         assert {"package/package.json", "package/dist/index.js", "package/dist/index.d.ts"} <= names, names
-        if package is CLIENT:
-            assert "package/dist/openapi.gen.d.ts" in names, "the generated API types ship with the client"
-        assert not any("/src/" in name or "/test/" in name for name in names), names
+        assert not any("/src/" in entry or "/test/" in entry for entry in names), names
+    with tarfile.open(built.client_tarball) as tar:
+        assert "package/dist/openapi.gen.d.ts" in tar.getnames(), "the generated API types ship with the client"

@@ -1,0 +1,69 @@
+"""The TypeScript SDK packages (web/packages/, issue #36) built and packed for a test, in a private copy: the suite runs
+modules on several pytest-xdist workers, and two modules building into the packages' own dist/ at once would race.
+The copy lives under web/.build/ (ignored by git) so that TypeScript and esbuild find web/node_modules by walking up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.serving import ROOT
+
+__all__ = ["WEB", "BuiltPackages", "built_packages", "sdk_toolchain_missing"]
+
+WEB = ROOT / "web"
+_TSC = WEB / "node_modules" / ".bin" / "tsc"
+
+
+def sdk_toolchain_missing() -> str | None:
+    """Why the SDK packages cannot be built here, or None."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        return "needs node and npm"
+    if not _TSC.exists():
+        return "needs the SDK toolchain in web/node_modules (scripts/setup.sh installs it)"
+    return None
+
+
+def run(args: list[str], cwd: Path, timeout: float = 180) -> str:
+    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, (
+        f"{' '.join(args)} exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    )
+    return done.stdout
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltPackages:
+    client: Path  # the built copy of web/packages/client (with dist/)
+    react: Path
+    client_tarball: Path
+    react_tarball: Path
+
+
+@contextlib.contextmanager
+def built_packages(pack_into: Path) -> Iterator[BuiltPackages]:
+    """Both packages type-checked and built by tsc (the client against the types generated from the OpenAPI document)
+    in a private copy, and `npm pack`ed into `pack_into`; the copy is removed afterwards."""
+    stage = WEB / ".build" / uuid.uuid4().hex
+    try:
+        for name in ("client", "react"):
+            shutil.copytree(WEB / "packages" / name, stage / name, ignore=shutil.ignore_patterns("dist", "*.gen.d.ts"))
+        client, react = stage / "client", stage / "react"
+        run(["node", "scripts/openapi-types.mjs", str(client)], WEB)
+        run([str(_TSC), "-p", str(client / "tsconfig.json")], WEB)
+        run(["node", "scripts/openapi-types.mjs", "--dist", str(client)], WEB)
+        run([str(_TSC), "-p", str(react / "tsconfig.json")], WEB)
+        tarballs = []
+        for package in (client, react):
+            packed = run(["npm", "pack", "--json", "--pack-destination", str(pack_into)], package)
+            tarballs.append(pack_into / json.loads(packed)[0]["filename"])
+        yield BuiltPackages(client, react, tarballs[0], tarballs[1])
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
