@@ -293,6 +293,12 @@ class CheckpointingService(Protocol):
     """A `BidirectionalService` whose sessions can be read at their last chunk boundary (optional capability): what
     another replica needs to rebuild the session when this one is gone (docs/continuity.md)."""
 
+    @property
+    def resumable(self) -> bool:
+        """Whether `create_session` goes on from this worker's checkpoints (`PreparedSession.resume`, read back by
+        the implementation's own reader), so another replica may adopt its sessions."""
+        ...
+
     def checkpoint(self, session_id: str) -> PortableCheckpoint | None:
         """The session's newest checkpoint (None: an unknown session, or one that has none). On the event loop,
         never waits."""

@@ -202,11 +202,12 @@ class AdmissionBackend(Protocol):
         sends the counts in the background, coalesced)."""
         ...
 
-    def save_checkpoint(self, session: Session, checkpoint: PortableCheckpoint) -> None:
+    def save_checkpoint(self, session: Session, checkpoint: PortableCheckpoint, *, resumable: bool) -> None:
         """The admitted `session` reached a chunk boundary; `checkpoint` describes it there (docs/continuity.md). A
         shared backend keeps it where another replica can rebuild the session from it (written in the background,
-        newest wins, dropped after the release); one instance's admission keeps nothing (the worker holds it). Never
-        raises, never waits."""
+        newest wins, dropped after the release) and, when the worker is `resumable`, lets another replica adopt the
+        session if this one is lost; one instance's admission keeps nothing (the worker holds it). Never raises,
+        never waits."""
         ...
 
     async def usage(self, owner: str, since: float) -> UsageReport:

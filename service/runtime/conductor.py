@@ -261,7 +261,7 @@ class SessionConductor:
         if isinstance(worker, CheckpointingService):
             checkpoint = worker.checkpoint(session.id)
             if checkpoint is not None:
-                self._backend.save_checkpoint(session, checkpoint)
+                self._backend.save_checkpoint(session, checkpoint, resumable=worker.resumable)
         self._events.generated(session, int(frames))
 
     def ended(self, session: Session) -> None:

@@ -128,7 +128,7 @@ class MemoryAdmissionBackend:
     def record_chunk(self, session: Session, frames: int) -> None:
         self._meter.chunk(session.id, session.owner, frames)
 
-    def save_checkpoint(self, session: Session, checkpoint: PortableCheckpoint) -> None:
+    def save_checkpoint(self, session: Session, checkpoint: PortableCheckpoint, *, resumable: bool) -> None:
         """One instance: the worker keeps the checkpoint on the session itself; nothing to do here."""
 
     async def usage(self, owner: str, since: float) -> UsageReport:

@@ -103,6 +103,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_PREFIX = "lingstream:admission:"
+DEFAULT_ADOPTION_WAIT_S = 30.0
+"""How long a session whose replica was lost waits for a replica to adopt it before it fails `replica_lost`."""
 CHECKPOINT_TTL_REPLICA_TTLS = 3
 """A session's checkpoint outlives its last write by this many replica TTLs: long enough for the reaper to notice a
 dead replica (one TTL) and an adopter to read it, short enough that a lost delete leaves little behind."""
@@ -136,6 +138,7 @@ class RedisAdmissionBackend:
         *,
         clock: Clock | None = None,
         prefix: str = DEFAULT_PREFIX,
+        adoption_wait_s: float = DEFAULT_ADOPTION_WAIT_S,
     ) -> None:
         self._replica = shared.replica_id
         self._admission = RedisAdmission(
@@ -158,7 +161,11 @@ class RedisAdmissionBackend:
             ttl_s=CHECKPOINT_TTL_REPLICA_TTLS * shared.replica_ttl_s,
             prefix=f"{self._admission.prefix}ckpt:",
         )
-        self._checkpoint_writer = CheckpointWriter(self._checkpoints)
+        self._checkpoint_writer = CheckpointWriter(self._checkpoints, on_written=self._checkpoint_written)
+        self._resumable: set[str] = set()  # sessions run here whose worker goes on from checkpoints
+        self._marked: set[str] = set()  # ... that admission knows another replica may adopt
+        self._adoption_wait_s = adoption_wait_s
+        self._orphans_seen = asyncio.Event()
 
     @property
     def admission(self) -> RedisAdmission:
@@ -184,6 +191,7 @@ class RedisAdmissionBackend:
         self._tasks.spawn(self._refresh_forever(), name="shared-statistics")
         self._tasks.spawn(self._flush_usage_forever(), name="usage-flush")
         self._tasks.spawn(self._checkpoint_writer.run(), name="checkpoint-writer")
+        self._tasks.spawn(self._adopt_forever(), name="adoption")
         logger.info("shared admission: replica %s (liveness TTL %g s)", self._replica, self._refresh_s * 3)
 
     def stop_admitting(self) -> None:
@@ -279,6 +287,8 @@ class RedisAdmissionBackend:
     def release(self, session: Session) -> None:
         self._ownership.release(session)
         self._checkpoint_writer.discard(session.id)
+        self._resumable.discard(session.id)
+        self._marked.discard(session.id)
 
     # ---------------------------------------------------------------------------------------------- usage
 
@@ -287,11 +297,44 @@ class RedisAdmissionBackend:
         self._generated[session.owner] = (chunks + 1, total + frames)
         self._flush.set()
 
-    def save_checkpoint(self, session: Session, checkpoint: PortableCheckpoint) -> None:
+    def save_checkpoint(self, session: Session, checkpoint: PortableCheckpoint, *, resumable: bool) -> None:
         """Written to Redis in the background (`CheckpointWriter`: newest wins, one write in flight per session, a
-        bounded rate), where another replica can rebuild the session from it; deleted after its release."""
+        bounded rate), where another replica can rebuild the session from it; deleted after its release. Once the
+        first one of a `resumable` session is written, admission marks the session adoptable."""
         if not session.terminal:
+            if resumable:
+                self._resumable.add(session.id)
             self._checkpoint_writer.offer(checkpoint)
+
+    def _checkpoint_written(self, session_id: str) -> None:
+        if session_id in self._resumable and session_id not in self._marked:
+            self._marked.add(session_id)
+            self._spawn(self._mark_adoptable(session_id), name=f"adoptable-{session_id}")
+
+    async def _mark_adoptable(self, session_id: str) -> None:
+        try:
+            if not await self._admission.mark_adoptable(session_id):
+                logger.info("session %s: not adoptable (no longer held here, or its request is gone)", session_id)
+        except CALL_ERRORS as exc:
+            logger.debug("session %s: marking it adoptable failed (next checkpoint): %r", session_id, exc)
+            self._marked.discard(session_id)
+
+    async def _adopt_forever(self) -> None:
+        """Every heartbeat interval, and at once when a session is orphaned: adopt what this replica has room for
+        (ahead of the queue), failing orphans that waited too long (docs/continuity.md). The sessions adopted here
+        are started from their `adopted` events, whichever call's reply or stream read brings them."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._refresh_s):
+                    await self._orphans_seen.wait()
+            self._orphans_seen.clear()
+            host = self._host
+            if self._stopped_admitting or host is None or host.closing or not self._admission.available:
+                continue
+            try:
+                await self._admission.adopt(self._adoption_wait_s, 8)
+            except CALL_ERRORS as exc:
+                logger.debug("adopting orphaned sessions failed: %r", exc)
 
     def checkpoint_statistics(self) -> CheckpointWriterStatistics:
         """What this replica's checkpoint writer did (bytes and seconds per write: docs/continuity.md)."""
@@ -440,6 +483,14 @@ class RedisAdmissionBackend:
         host = self._started_host()
         session = host.session(tid)
         kind = event.kind
+        if kind is SharedEventKind.ORPHANED:
+            self._orphans_seen.set()  # a session lost its replica: adopt it if there is room here
+        elif kind is SharedEventKind.ADOPTED and view.replica == self._replica:
+            if session is None and not self._ownership.knows(tid):
+                self._ownership.adopt(host, view, resume=self._checkpoints)
+            elif session is not None and session.terminal:  # this replica ran it once and still remembers it
+                logger.error("session %s adopted here, where its old record remains: it is not started", tid)
+            return
         if kind is SharedEventKind.ADMITTED:
             if view.replica != self._replica:
                 if session is not None and session.state is SessionState.QUEUED:

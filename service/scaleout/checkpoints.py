@@ -164,7 +164,8 @@ class CheckpointWriter:
     order they were made (a delete after a write is never overtaken by it). Backpressure: newest wins; a checkpoint
     offered while an older one of the same session waits replaces it (`coalesced`), so at most one wish per session
     is ever kept and a slow Redis costs freshness, not memory. Rate: rounds start at least `min_interval_s` apart,
-    so no session is written more often than that. Failures: a wish whose call failed (Redis unreachable) is kept
+    so no session is written more often than that. `on_written(session_id)` is told after each write that succeeded.
+    Failures: a wish whose call failed (Redis unreachable) is kept
     unless a newer one replaced it meanwhile, and the next round waits `retry_s`; the TTL bounds what a delete that
     never got through leaves behind. Cancellation: cancelling `run` drops the round in flight and what is pending;
     Redis keeps what was written, until its TTL.
@@ -177,6 +178,7 @@ class CheckpointWriter:
         min_interval_s: float = 0.25,
         retry_s: float = 1.0,
         timer: Callable[[], float] = time.perf_counter,
+        on_written: Callable[[str], None] | None = None,
     ) -> None:
         if min_interval_s < 0 or retry_s <= 0:
             raise ValueError(f"need min_interval_s >= 0 and retry_s > 0, got {min_interval_s} and {retry_s}")
@@ -184,6 +186,7 @@ class CheckpointWriter:
         self._min_interval = min_interval_s
         self._retry = retry_s
         self._timer = timer
+        self._on_written = on_written
         self._pending: dict[str, PortableCheckpoint | None] = {}  # None: delete
         self._wake = asyncio.Event()
         self._busy = False
@@ -266,6 +269,8 @@ class CheckpointWriter:
             self._seconds += self._timer() - started
             self._writes += 1
             self._bytes += written
+            if self._on_written is not None:
+                self._on_written(session_id)
         except CheckpointStoreError as exc:
             self._failures += 1
             logger.debug("session %s: checkpoint not written (kept for the next round): %s", session_id, exc)

@@ -12,6 +12,7 @@ the registry reads.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from service.runtime.fanout import Subscription
 from service.runtime.sessions import Session, SessionSnapshot, SessionState
 from service.runtime.tasks import TaskSet
 from service.scaleout.admission import RedisAdmission, SharedTicketView
+from service.scaleout.checkpoints import CheckpointStoreError, RedisCheckpointStore
 from service.scaleout.registry import decode_payload, encode_body, failed_body, payload_caller_room, payload_records
 
 __all__ = ["CALL_ERRORS", "Ownership", "spawn_unless_closed"]
@@ -95,11 +97,13 @@ class Ownership:
         if owned.writer is None:
             subscription.close()
 
-    def adopt(self, host: AdmissionHost, view: SharedTicketView) -> None:
-        """A ticket created on another replica was admitted onto a slot here: start it in the background."""
+    def adopt(self, host: AdmissionHost, view: SharedTicketView, *, resume: RedisCheckpointStore | None = None) -> None:
+        """A ticket created on another replica was admitted onto a slot here: start it in the background. With
+        `resume`, it is a running session whose replica was lost (or handed it off) adopted here: it is rebuilt from
+        its checkpoint in that store and goes on where it stood (docs/continuity.md)."""
         tid = view.ticket_id
         self._adopting.add(tid)
-        if spawn_unless_closed(self._tasks, self._adopt(host, view), name=f"adopt-{tid}") is None:
+        if spawn_unless_closed(self._tasks, self._adopt(host, view, resume), name=f"adopt-{tid}") is None:
             self._adopting.discard(tid)
 
     def close_when_adopted(self, ticket_id: str, mode: CloseMode) -> None:
@@ -160,9 +164,10 @@ class Ownership:
                 return
             owned.published = snapshot.sequence
 
-    async def _adopt(self, host: AdmissionHost, view: SharedTicketView) -> None:
-        """A session created on another replica was admitted here: rebuild it from its payload, then run it as if
-        it had been created here. If that fails, it is failed in the registry and its slot goes back."""
+    async def _adopt(self, host: AdmissionHost, view: SharedTicketView, resume: RedisCheckpointStore | None) -> None:
+        """A session created on another replica was admitted here: rebuild it from its payload (and, with
+        `resume`, its checkpoint), then run it as if it had been created here. If that fails, it is failed in the
+        registry and its slot goes back."""
         tid = view.ticket_id
         try:
             try:
@@ -175,6 +180,14 @@ class Ownership:
                 caller_room = payload_caller_room(payload)
                 record = payload_records(payload)
                 prepared = await host.prepare(request.config, request.image)
+                if resume is not None:
+                    try:
+                        checkpoint = await resume.get(tid)
+                    except CheckpointStoreError as exc:
+                        raise _NotAdopted("replica_lost", f"its checkpoint could not be read: {exc}") from exc
+                    if checkpoint is None:
+                        raise _NotAdopted("replica_lost", "its replica was lost and its checkpoint is gone")
+                    prepared = dataclasses.replace(prepared, resume=checkpoint)
                 if host.closing:
                     raise _NotAdopted("shutdown", "the replica that admitted it was shutting down")
             except asyncio.CancelledError:
@@ -199,7 +212,10 @@ class Ownership:
             self._adopting.discard(tid)
         pending = self._pending_closes.pop(tid, None)
         with session_context(tid):
-            logger.info("session %s (created on replica %s) adopted", tid, view.origin)
+            if resume is not None:
+                logger.info("session %s adopted: it goes on here from its checkpoint", tid)
+            else:
+                logger.info("session %s (created on replica %s) adopted", tid, view.origin)
             self.own(session)
             host.admission_event(session, AdmissionEvent(AdmissionEventKind.ADMITTED, view.as_ticket_view()))
             if pending is not None:

@@ -343,14 +343,14 @@ class ServiceMetrics:
         self._recovery = histogram(
             "lingstream.session.recovery",
             "A model worker's failure under a session to the first chunk after the session was rebuilt from its "
-            "checkpoint (docs/continuity.md), by cause.",
+            "checkpoint (docs/continuity.md), by cause; replica_lost: from the adopter's restore to its first chunk.",
             RECOVERY_BUCKETS,
         )
         self._recovered = meter.create_counter(
             "lingstream.sessions.recovered",
             unit="{session}",
-            description="Sessions rebuilt from their checkpoint after their model worker failed under them, by cause "
-            "(worker_lost, stage_failed).",
+            description="Sessions rebuilt from their checkpoint after their model worker failed under them, or "
+            "adopted after their replica was lost, by cause (worker_lost, stage_failed, replica_lost).",
         )
         self._chunks = meter.create_counter(
             "lingstream.chunks", unit="{chunk}", description="Chunks the service received from its model workers."

@@ -53,11 +53,16 @@ def environment(**extra: str) -> dict[str, str]:
 
 
 def spawn_replica(
-    log: Path, *, redis_url: str, replica_id: str, **settings: str
+    log: Path,
+    *,
+    redis_url: str,
+    replica_id: str,
+    worker_factory: str | None = "tests.support.fakes.world:paced_fake_workers",
+    **settings: str,
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """A `lingstream serve` replica on the Redis backend with one paced fake-world slot, its output in `log`, not
-    waited for; `settings` add to or override its environment (`LINGSTREAM_REPLICA_TTL=...`). Returns it and its
-    port."""
+    """A `lingstream serve` replica on the Redis backend with one paced fake-world slot (`worker_factory` None: the
+    service's own workers, the reference model by default), its output in `log`, not waited for; `settings` add to
+    or override its environment (`LINGSTREAM_REPLICA_TTL=...`). Returns it and its port."""
     port = free_port()
     defaults = {
         "LINGSTREAM_HOST": "127.0.0.1",
@@ -68,14 +73,9 @@ def spawn_replica(
         "LINGSTREAM_MAX_SESSIONS_PER_WORKER": "1",
     }
     env = environment(**(defaults | settings))
-    command = [
-        *lingstream(),
-        "serve",
-        "--port",
-        str(port),
-        "--worker-factory",
-        "tests.support.fakes.world:paced_fake_workers",
-    ]
+    command = [*lingstream(), "serve", "--port", str(port)]
+    if worker_factory is not None:
+        command += ["--worker-factory", worker_factory]
     with log.open("wb") as sink:
         return subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink), port
 

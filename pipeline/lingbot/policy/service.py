@@ -58,6 +58,10 @@ _READY_POLL_S = 0.05
 """How often a recovering session looks whether its workers are back (the process actors report no event for it)."""
 
 
+ADOPTION_CAUSE = "replica_lost"
+"""The recovery cause of a session opened from another replica's checkpoint (`PreparedSession.resume`)."""
+
+
 class LingBotService:
     """One model worker's LingBot sessions (see `pipeline.bidirectional.BidirectionalService` for the contract).
 
@@ -257,7 +261,14 @@ class LingBotService:
             tracker = RecoveryTracker(self._recovery)
             self._trackers[session_id] = tracker
             session.on_chunk = lambda: self._chunk_out(session, tracker)
+        if isinstance(resume, SessionCheckpoint):
+            self._count_adoption(session, self._clock.now())
         self._loops[session_id] = asyncio.get_running_loop().create_task(self._drive(session))
+
+    @property
+    def resumable(self) -> bool:
+        """`CheckpointingService`: `create_session` goes on from a `SessionCheckpoint` (`PreparedSession.resume`)."""
+        return True
 
     def checkpoint(self, session_id: str) -> SessionCheckpoint | None:
         """The session's checkpoint at its last chunk boundary (`CheckpointingService`; None: unknown here)."""
@@ -413,6 +424,22 @@ class LingBotService:
         self._recovered[name] = self._recovered.get(name, 0) + 1
         logger.info("session %s: rebuilt in %.2f s (%s, attempt %d)", session.session_id, seconds, name, attempt)
         self._notify(RecoveryNotice(session.session_id, False, name, attempt, seconds))
+
+    def _count_adoption(self, session: LingBotSession, started: float) -> None:
+        """An adopted session's first chunk completes its recovery from the loss of its replica: counted (cause
+        `replica_lost`, seconds from its restore here) and told to the listeners, before the chunk's own callback."""
+        after = session.on_chunk
+
+        def first_chunk() -> None:
+            session.on_chunk = after
+            seconds = self._clock.now() - started
+            self._recovered[ADOPTION_CAUSE] = self._recovered.get(ADOPTION_CAUSE, 0) + 1
+            logger.info("session %s: adopted, first chunk %.2f s after its restore", session.session_id, seconds)
+            self._notify(RecoveryNotice(session.session_id, False, ADOPTION_CAUSE, 1, seconds))
+            if after is not None:
+                after()
+
+        session.on_chunk = first_chunk
 
     def _notify(self, notice: RecoveryNotice) -> None:
         for listener in self._recovery_listeners:

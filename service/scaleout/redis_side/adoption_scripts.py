@@ -1,6 +1,7 @@
 """The Lua bodies of adoption (issue #33; docs/continuity.md): a running session outlives its replica.
 
-An owner marks each session it can be rebuilt elsewhere (`adoptable`, once its checkpoint is in Redis). When the
+An owner marks each session it can be rebuilt elsewhere (`adoptable`, once its checkpoint is in Redis; the
+create payload, the request an adopter prepares again, is then kept until the session ends). When the
 owner's liveness lapses the reaper (`reap` in the prelude) does not fail a marked session whose checkpoint exists:
 it leaves the owner's slot and waits in `orphans` (state still admitted, status `recovering`). A draining owner
 puts its own sessions there (`hand_off`). Any replica with a free slot takes orphans, oldest first, ahead of the
@@ -19,12 +20,14 @@ from types import MappingProxyType
 
 __all__ = ["ADOPTION_SCRIPTS"]
 
-# adoptable: ARGV[7] id. BY's admitted session may be adopted if BY is lost. Codes: ok, elsewhere, unknown.
+# adoptable: ARGV[7] id. BY's admitted session may be adopted if BY is lost: marked, and its create payload (the
+# request an adopter prepares again) kept until the session ends. Codes: ok, no_payload, elsewhere, unknown.
 _ADOPTABLE = r"""
 local id = ARGV[7]
 local f = redis.call('HMGET', tkey(id), 'state', 'replica')
 if not f[1] then return reply('unknown', {}) end
 if f[1] ~= 'admitted' or f[2] ~= BY or is_orphan(id) then return reply('elsewhere', {}) end
+if redis.call('PERSIST', pkey(id)) == 0 and redis.call('EXISTS', pkey(id)) == 0 then return reply('no_payload', {}) end
 redis.call('HSET', tkey(id), 'ad', '1')
 return reply('ok', {})
 """
@@ -36,7 +39,9 @@ local id = ARGV[7]
 local f = redis.call('HMGET', tkey(id), 'state', 'replica')
 if not f[1] then return reply('unknown', {}) end
 if f[1] ~= 'admitted' or f[2] ~= BY or is_orphan(id) then return reply('elsewhere', snapshot(id)) end
-if redis.call('EXISTS', CKPT .. id) == 0 then return reply('no_checkpoint', snapshot(id)) end
+if redis.call('EXISTS', CKPT .. id) == 0 or redis.call('EXISTS', pkey(id)) == 0 then
+  return reply('no_checkpoint', snapshot(id))
+end
 usage_run(id, NOW)
 redis.call('HSET', tkey(id), 'ad', '1', 'handed', BY)
 orphan(id, BY)
@@ -53,7 +58,7 @@ local adopted, failed = {}, {}
 for _, id in ipairs(redis.call('ZRANGE', ORPHANS, 0, -1)) do
   local f = redis.call('HMGET', tkey(id), 'orphaned', 'replica')
   local why = nil
-  if redis.call('EXISTS', CKPT .. id) == 0 then
+  if redis.call('EXISTS', CKPT .. id) == 0 or redis.call('EXISTS', pkey(id)) == 0 then
     why = 'replica_lost: ' .. tostring(f[2]) .. ' (no checkpoint to rebuild the session from)'
   elseif NOW - (tonumber(f[1]) or NOW) > max_wait then
     why = 'replica_lost: ' .. tostring(f[2]) .. ' (no replica adopted the session in time)'

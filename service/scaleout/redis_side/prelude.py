@@ -295,12 +295,12 @@ local function end_orphan(id, failure)
 end
 
 -- Every slot replica r holds is reclaimed; r leaves the registry. A session r marked adoptable (`ad`) whose
--- checkpoint exists becomes an orphan (unless r leaves by itself), any other is marked failed. Their running time
--- counts up to r's last heartbeat (the last moment it was known alive, kept as the ticket's `seen`; now when r
--- leaves by itself). This is one of the two places a session is declared lost with its replica (the other: an
--- orphan no replica adopted, in `adopt`): each failed ticket is added to REAPED once (the script is atomic, so of
--- several racing reapers exactly one releases it), and `maintain` returns them to its caller, which sends their
--- `session.ended`. An orphan is not declared lost here.
+-- checkpoint and payload exist becomes an orphan (unless r leaves by itself), any other is marked failed. Their
+-- running time counts up to r's last heartbeat (the last moment it was known alive, kept as the ticket's `seen`;
+-- now when r leaves by itself). This is one of the two places a session is declared lost with its replica (the
+-- other: an orphan no replica adopted, in `adopt`): each failed ticket is added to REAPED once (the script is
+-- atomic, so of several racing reapers exactly one releases it), and `maintain` returns them to its caller, which
+-- sends their `session.ended`. An orphan is not declared lost here.
 local function reap(r)
   local seen = tonumber(redis.call('HGET', SEEN, r)) or NOW
   if r == BY then seen = NOW end
@@ -308,7 +308,8 @@ local function reap(r)
     local f = redis.call('HMGET', tkey(id), 'state', 'ad')
     if f[1] == 'admitted' then
       redis.call('HSET', tkey(id), 'seen', math.min(seen, NOW))
-      if r ~= BY and f[2] == '1' and redis.call('EXISTS', CKPT .. id) == 1 then
+      local whole = redis.call('EXISTS', CKPT .. id) == 1 and redis.call('EXISTS', pkey(id)) == 1
+      if r ~= BY and f[2] == '1' and whole then
         usage_run(id, math.min(seen, NOW))
         orphan(id, r)
       else

@@ -57,6 +57,8 @@ if w ~= nil then
   redis.call('HSET', key, 'state', 'admitted', 'replica', BY, 'worker', w, 'admitted', NOW, 'status', 'admitted')
   redis.call('HSET', hkey(BY), id, w)
   redis.call('SADD', krkey(owner), id)
+  -- kept a while: if the owner marks the session adoptable (issue #33), an adopter prepares it again from this
+  if ARGV[15] == '1' then redis.call('SET', pkey(id), ARGV[16], 'PX', PAYLOAD_TTL) end
   emit('admitted', id)
 else
   local qdl, hb = NOW + tonumber(ARGV[11]), tonumber(ARGV[12])

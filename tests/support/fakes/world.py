@@ -219,6 +219,11 @@ class FakeWorld:
         if self.pace_s is not None:
             session.pacer = asyncio.get_running_loop().create_task(self._pace(session), name=f"fake-pace-{session_id}")
 
+    @property
+    def resumable(self) -> bool:
+        """Its checkpoints are for the wiring's tests: no session goes on from one, so none is adopted."""
+        return False
+
     def checkpoint(self, session_id: str) -> FakeCheckpoint | None:
         """`CheckpointingService`: the session at its last chunk handed to the reader (its prompt and control seq;
         no image)."""

@@ -21,9 +21,12 @@ pytestmark = pytest.mark.timeout(60)
 
 
 async def _checkpointed(cluster: Cluster, replica: RedisAdmission, ticket_id: str) -> None:
-    """What the owner does once its session's first checkpoint is in Redis: the checkpoint, then the mark."""
+    """What the owner does once its session's first checkpoint is in Redis: the checkpoint, then the mark (which
+    keeps the create payload, here written by hand: these tickets were created without one)."""
     await cluster.raw.set(f"{PREFIX}ckpt:h:{ticket_id}", b"{}", px=60_000)
+    await cluster.raw.set(f"{PREFIX}p:{ticket_id}", b"{}", px=60_000)
     assert await replica.mark_adoptable(ticket_id)
+    assert await cluster.raw.pttl(f"{PREFIX}p:{ticket_id}") == -1  # kept while the session runs
 
 
 async def _lose(cluster: Cluster, name: str) -> None:
@@ -73,6 +76,7 @@ async def test_a_session_not_marked_or_without_a_checkpoint_fails_replica_lost_a
         await a.create("k", ticket_id=tid)
     await _checkpointed(cluster, a, "marked")
     await cluster.raw.set(f"{PREFIX}ckpt:h:unmarked", b"{}")  # a checkpoint, but the owner never marked it
+    assert not await a.mark_adoptable("nobody")
     await _checkpointed(cluster, a, "stale")
     b = await cluster.add("b", config=AdmissionConfig(num_workers=1, max_sessions_per_worker=3, queue_size=8))
     await cluster.raw.delete(f"{PREFIX}ckpt:h:stale")  # its checkpoint expired before the reaper came
@@ -180,6 +184,7 @@ async def test_a_draining_owner_hands_off_and_a_stale_owner_learns_its_session_w
     b = await cluster.add("b")
     assert await a.hand_off("x") == "no_checkpoint"  # nothing to rebuild from: it stays a's
     await cluster.raw.set(f"{PREFIX}ckpt:h:x", b"{}")
+    await cluster.raw.set(f"{PREFIX}p:x", b"{}")
     assert await a.hand_off("x") == "ok"
     assert a.held() == {}
     assert (await cluster.check()).orphans == ["x"]

@@ -277,6 +277,8 @@ async def test_a_session_adopted_by_another_worker_from_its_checkpoint_bytes_mak
     assert 3 <= start <= last
 
     adopter = _service(None, None)
+    notices: list[RecoveryNotice] = []
+    adopter.add_recovery_listener(notices.append)
     await adopter.start()
     try:
         other = dataclasses.replace(adopter.prepare(SMALL, None), resume=carried)
@@ -288,6 +290,9 @@ async def test_a_session_adopted_by_another_worker_from_its_checkpoint_bytes_mak
         for before, after in zip(clean[start:], resumed, strict=True):
             assert np.array_equal(before.frames, after.frames), f"chunk {before.index} differs"
             assert after.first_frame_index == before.first_frame_index
+        assert [(n.session_id, n.recovering, n.cause) for n in notices] == [("s", False, "replica_lost")]
+        assert notices[0].recovery_s is not None
+        assert adopter.recovery_statistics() == ({"replica_lost": 1}, 0)
         after_all = adopter.checkpoint("s")
         assert after_all is not None
         assert after_all.next_chunk == last + 1

@@ -1,0 +1,180 @@
+"""A session outlives its replica (issue #33; docs/continuity.md): two real `lingstream serve` replicas on one real
+redis-server, the reference model on threads, the embedded transport. The replica running a session is SIGKILLed;
+the other adopts it from its Redis checkpoint (same id, its slot moved in one script), and the Python client,
+connecting again through the surviving replica with the same session id and API key, gets frames of the chunks
+after the checkpoint, not a new session from chunk 0. That the reference model's frames after adoption are the
+frames of an unbroken run, bit for bit, is proven at the worker (`tests/unit/pipeline/lingbot/policy/
+test_reseed.py`): here they cross a lossy video codec.
+
+Its own module, not a test of `test_scaleout.py`: those replicas run fake workers, which cannot be rebuilt from a
+checkpoint; this one needs the reference model (each replica's start costs a torch import)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.support.serving import spawn_replica
+from tests.support.waits import until
+from transport.client import LiveStream, ServiceClient, connect
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not on PATH (scripts/setup.sh installs it)"),
+]
+
+TTL_S = 1.5
+PREFIX = "lingstream:admission:"
+KEY = "adoption-test-key-0123456789abcd"
+CONFIG = {"width": 64, "height": 48, "chunk_size": 1, "hud": False, "seed": 11}
+STARTUP_S = 90.0
+
+
+@dataclass
+class Replica:
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+async def _ready(http: httpx.AsyncClient, replica: Replica) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if replica.process.poll() is not None:
+            pytest.fail(f"replica {replica.name} exited with {replica.process.returncode}:\n{replica.output()}")
+        with contextlib.suppress(httpx.TransportError):
+            if (await http.get(replica.url + "/readyz")).status_code == 200:
+                return
+        await asyncio.sleep(0.1)  # polling a subprocess with a deadline
+    pytest.fail(f"replica {replica.name} was not ready in {STARTUP_S} s:\n{replica.output()}")
+
+
+@contextlib.asynccontextmanager
+async def _replicas(tmp_path: Path) -> AsyncIterator[tuple[Redis, dict[str, Replica]]]:
+    with RedisServer(tmp_path) as server:
+        raw = Redis.from_url(server.url)
+        replicas: dict[str, Replica] = {}
+        for name in ("r1", "r2"):
+            log = tmp_path / f"{name}.log"
+            process, port = spawn_replica(
+                log,
+                redis_url=server.url,
+                replica_id=name,
+                worker_factory=None,
+                LINGSTREAM_REPLICA_TTL=str(TTL_S),
+                LINGSTREAM_API_KEYS=KEY,
+                LINGSTREAM_TORCH_THREADS="1",
+            )
+            replicas[name] = Replica(name, process, port, log)
+        try:
+            async with httpx.AsyncClient(timeout=15.0) as http:
+                await asyncio.gather(*(_ready(http, replica) for replica in replicas.values()))
+            yield raw, replicas
+        except BaseException:
+            for replica in replicas.values():
+                print(f"--- {replica.name}\n{replica.output()[-8000:]}")
+            raise
+        finally:
+            for replica in replicas.values():
+                if replica.process.poll() is None:
+                    replica.process.kill()
+                replica.process.wait(timeout=10)
+            await raw.aclose()
+
+
+async def _chunks_seen(stream: LiveStream, count: int, within: float) -> list[int]:
+    """Chunk indices of the frames received until `count` distinct chunks came."""
+    seen: list[int] = []
+    async with asyncio.timeout(within):
+        while len(seen) < count:
+            frame = await stream.next_frame()
+            assert frame is not None, f"the stream ended: {stream.done}"
+            if frame.chunk is not None and frame.chunk.index not in seen:
+                seen.append(frame.chunk.index)
+    return seen
+
+
+async def test_a_killed_replicas_session_is_adopted_and_its_client_gets_the_next_chunks_through_the_other(
+    tmp_path: Path,
+) -> None:
+    async with _replicas(tmp_path) as (raw, replicas):
+        first, second = replicas["r1"], replicas["r2"]
+        async with ServiceClient(first.url, api_key=KEY) as on_first:
+            created = await on_first.create(config=CONFIG)
+            sid = created.id
+            info = await on_first.wait_streaming(sid)
+            stream = await connect(on_first, info)
+            try:
+                await stream.send_keys(["w", "l"])
+                before = await _chunks_seen(stream, 3, within=60)
+            finally:
+                await stream.aclose()
+        assert (await raw.hget(f"{PREFIX}t:{sid}", "replica")) == b"r1"
+        await until(lambda: raw.hget(f"{PREFIX}t:{sid}", "ad"), "the session marked adoptable", within=10)
+
+        header = await raw.get(f"{PREFIX}ckpt:h:{sid}")
+        assert header is not None
+        killed_at = time.monotonic()
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait(timeout=10)
+        checkpoint = json.loads(await raw.get(f"{PREFIX}ckpt:h:{sid}") or header)
+        resume_at = checkpoint["next_chunk"]
+        assert resume_at > max(before) - 2  # written at the chunk boundaries as they came
+
+        async with ServiceClient(second.url, api_key=KEY) as on_second:
+            # Until the reaper sees r1's liveness lapse, the registry still says r1 runs it; then it is an orphan
+            # (recovering) and r2 adopts it. A client that lost its connection asks again until it can join.
+            await until(lambda: _on(raw, sid, b"r2"), "the session adopted by r2", within=TTL_S + 20)
+            info = await on_second.wait_streaming(sid)
+            adopted_s = time.monotonic() - killed_at
+            assert info.id == sid
+            assert await raw.hgetall(f"{PREFIX}held:r2") == {sid.encode(): b"0"}
+            stream = await connect(on_second, info)
+            try:
+                await stream.send_keys(["w", "l"])
+                after = await _chunks_seen(stream, 2, within=60)
+                assert min(after) >= resume_at, (before, resume_at, after)  # it went on; no chunk 0 again
+                done = await stream.stop()
+                assert done.reason == "client_stop", done
+            finally:
+                await stream.aclose()
+            ended = await on_second.get(sid)
+            assert ended.status == "closed", ended
+            metrics = (await on_second.request("GET", "/metrics")).text
+            assert 'lingstream_sessions_recovered_total{cause="replica_lost"} 1.0' in metrics
+        print(f"adopted and streaming again {adopted_s:.2f} s after the kill (TTL {TTL_S} s)")
+        await until(lambda: _no_slots(raw), "every slot back, no orphan left", within=10)
+        assert "Traceback" not in second.output()
+
+
+async def _on(raw: Redis, sid: str, replica: bytes) -> bool:
+    fields = await raw.hmget(f"{PREFIX}t:{sid}", ["replica", "state"])
+    return fields == [replica, b"admitted"] and await raw.zscore(f"{PREFIX}orphans", sid) is None
+
+
+async def _no_slots(raw: Redis) -> bool:
+    held = [key async for key in raw.scan_iter(match=f"{PREFIX}held:*")]
+    orphans = await raw.zcard(f"{PREFIX}orphans")
+    checkpoints = [key async for key in raw.scan_iter(match=f"{PREFIX}ckpt:*")]
+    return not held and orphans == 0 and not checkpoints
