@@ -10,7 +10,8 @@ echo "== ruff"
 ruff format --check .
 ruff check .
 echo "== mypy"; mypy
-# On LINGSTREAM_TEST_WORKERS processes (default 3: most e2e modules wait on real time, not on the CPU), a module to
-# a worker so a module's servers start once; 0 runs it in this one process. Arguments go to pytest as they are.
-workers="${LINGSTREAM_TEST_WORKERS:-3}"
+# On LINGSTREAM_TEST_WORKERS processes (default 2, one a core: the e2e modules wait on real time, but the suite as a
+# whole kept 1.3 cores busy on 3 workers), a module to a worker so a module's servers start once; 0 runs it in this
+# one process. Arguments go to pytest as they are.
+workers="${LINGSTREAM_TEST_WORKERS:-2}"
 echo "== pytest ($workers workers)"; pytest -n "$workers" --dist loadfile "$@"

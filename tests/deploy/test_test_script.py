@@ -21,7 +21,7 @@ exit 0
 """
 
 
-PYTEST = "pytest -n 3 --dist loadfile -q"  # the default: 3 workers, a module to a worker, then the caller's arguments
+PYTEST = "pytest -n 2 --dist loadfile -q"  # the default: 2 workers, a module to a worker, then the caller's arguments
 
 
 def _run(tmp_path: Path, fail: str, **env: str) -> tuple[int, list[str]]:

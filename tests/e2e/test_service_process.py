@@ -104,7 +104,8 @@ async def test_drain_command_waits_for_running_sessions_then_sigterm_exits_at_on
             service.process.send_signal(signal.SIGTERM)
             returncode = await asyncio.to_thread(service.process.wait, 15)
             assert returncode == 0, service.output()
-            assert time.monotonic() - signalled < 5
+            # At once: not after the drain timeout's full wait again (the process's own exit took 6.6 s at load 10).
+            assert time.monotonic() - signalled < 10
 
 
 def test_drain_command_exits_one_when_the_service_is_unreachable() -> None:

@@ -47,6 +47,7 @@ waited for); frames still buffered stay readable until drained.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -72,6 +73,7 @@ logger = logging.getLogger(__name__)
 _FRAME_BUFFER = 64
 _CONNECT_TIMEOUT_S = 20.0
 _CLOSE_TIMEOUT_S = 5.0
+_LABEL_WAIT_S = 0.5  # how long a frame that overtook its chunk's status waits for it (LiveKit frame ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +136,7 @@ class LiveStream:
         self._frames: deque[_Arrived] = deque()
         self._frame_buffer = frame_buffer
         self._frame_arrived = asyncio.Event()
+        self._status_arrived = asyncio.Event()  # a chunk status (or the end) came: a frame waiting for its label
         self._tracker = ChunkTracker(info.fps)
         self._seq = time.time_ns() // 1_000_000
         self._prompt_seq = self._seq  # prompts count on their own (the service keeps the newest of each kind)
@@ -187,6 +190,7 @@ class LiveStream:
                 self.last_chunk = message
                 self._chunks += 1
                 self._tracker.status(message, time.monotonic())
+                self._status_arrived.set()
             case StateStatus(state=state):
                 self.state = state
             case ErrorStatus():
@@ -195,6 +199,7 @@ class LiveStream:
                 self.done = message
                 self._done_event.set()
                 self._frame_arrived.set()  # a reader waiting for frames learns that none will come
+                self._status_arrived.set()
         self._notify(message)
 
     def on_link_lost(self, why: str) -> None:
@@ -332,7 +337,15 @@ class LiveStream:
             await self._frame_arrived.wait()
         arrived = self._frames.popleft()
         if arrived.frame_id is not None:
-            # Labelled as it is read, exactly: statuses that came after the frame count too.
+            # Labelled as it is read, exactly: statuses that came after the frame count too. A frame that overtook
+            # its chunk's status (video and data travel apart) waits a moment for it, never taking the previous
+            # chunk's label; past `_LABEL_WAIT_S` (the status was lost) it is labelled None.
+            if self._tracker.awaits_status(arrived.frame_id) and self.done is None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_LABEL_WAIT_S):
+                        while self._tracker.awaits_status(arrived.frame_id) and self.done is None:
+                            self._status_arrived.clear()
+                            await self._status_arrived.wait()
             chunk, first = self._tracker.label_id(arrived.frame_id)
             return ReceivedFrame(
                 arrived.image, arrived.at, None, chunk, first and not arrived.repeat, arrived.repeat, arrived.frame_id

@@ -45,7 +45,10 @@ class ChunkTracker:
     whether it is a keep-warm repeat (an id not newer than the newest one received: a repeat carries the id of the
     frame it repeats), and `label_id(id)` names its chunk, any time later: the status with the greatest
     `first_frame_id` not above the id. A frame between a known chunk and a later known one whose statuses in between
-    were lost (LiveKit sends small `chunk` statuses lossy) is labelled None rather than guessed.
+    were lost (LiveKit sends small `chunk` statuses lossy) is labelled None rather than guessed. So is a frame past
+    the newest known chunk's end (its first frame id plus the chunk length learnt from the last two consecutive
+    statuses): the frame overtook its own chunk's status (video and data travel apart), which `awaits_status(id)`
+    says, so a reader can wait for that status a moment rather than take the previous chunk's label.
 
     Without RTP timestamps or frame ids (LiveKit without frame metadata), `frame(None, at)` gives each status, in
     order, to the next frame that arrives.
@@ -66,6 +69,7 @@ class ChunkTracker:
         "_recent_frames",
         "_recent_statuses",
         "_sorted",
+        "_span",
     )
 
     def __init__(self, fps: float | None = None) -> None:
@@ -83,6 +87,7 @@ class ChunkTracker:
         self._by_id: dict[int, ChunkStatus] = {}
         self._ids: list[int] = []  # the known statuses' first frame ids, sorted
         self._newest_id: int | None = None
+        self._span: int | None = None  # frames in a chunk: between the last two consecutive chunks' first frame ids
 
     @property
     def offset(self) -> int | None:
@@ -108,6 +113,10 @@ class ChunkTracker:
                 if len(self._ids) > _KEPT_STATUSES:
                     del self._by_id[self._ids.pop(0)]
             self._by_id[chunk.first_frame_id] = chunk
+            if len(self._ids) >= 2 and self._ids[-1] == chunk.first_frame_id:  # the newest: learn the chunk length
+                previous = self._by_id[self._ids[-2]]
+                if previous.index == chunk.index - 1:
+                    self._span = chunk.first_frame_id - self._ids[-2]
         pts = chunk.first_frame_pts
         if pts is None:
             return  # no frame was stamped for it (none left to pace, or it went out early): it labels no frame
@@ -158,7 +167,16 @@ class ChunkTracker:
         chunk = self._by_id[self._ids[at]]
         if at + 1 < len(self._ids) and self._by_id[self._ids[at + 1]].index != chunk.index + 1:
             return None, False  # the next chunk's status was lost: the frame may be its, or a later one's
+        if self.awaits_status(frame_id):
+            return None, False  # past the newest known chunk: its own chunk's status has not come yet
         return chunk, frame_id == chunk.first_frame_id
+
+    def awaits_status(self, frame_id: int) -> bool:
+        """Whether the frame stamped `frame_id` lies past the newest known chunk's end (its chunk's status is still
+        on its way, or lost); False while the chunk length is not known yet (fewer than two consecutive statuses)."""
+        if not self._ids or self._span is None:
+            return False
+        return frame_id >= self._ids[-1] + self._span
 
     def label(self, rtp: int) -> tuple[ChunkStatus | None, bool, int | None]:
         """The chunk a frame with this RTP timestamp shows, whether it is that chunk's first frame, and the frame's

@@ -483,3 +483,42 @@ async def test_commands_over_a_command_link_answer_the_state_and_refusals_raise_
     plain = LiveStream(_info())
     plain.attach_link(RecordingLink())
     assert await plain.pause() is None  # a packet (embedded): no answer
+
+
+def test_a_frame_past_the_newest_known_chunk_awaits_its_status_instead_of_taking_the_previous_label() -> None:
+    tracker = ChunkTracker()
+    tracker.status(_id_status(0, 0), 0.0)
+    assert not tracker.awaits_status(9)  # one status: the chunk length is not known yet
+    tracker.status(_id_status(1, 4), 0.0)  # chunks of 4 frames: chunk 1 is frames 4..7
+    assert [tracker.awaits_status(i) for i in (4, 7, 8, 11)] == [False, False, True, True]
+    assert tracker.label_id(7)[0] == _id_status(1, 4)
+    assert tracker.label_id(8) == (None, False)  # chunk 2's first frame overtook chunk 2's status
+    tracker.status(_id_status(2, 8), 0.0)
+    assert not tracker.awaits_status(8)
+    assert tracker.label_id(8) == (_id_status(2, 8), True)
+
+
+async def test_a_livekit_reader_waits_a_moment_for_the_status_its_frame_overtook() -> None:
+    stream = LiveStream(_info())
+    stream.attach_link(RecordingLink())
+    stream.on_status(encode_status(_id_status(0, 0)))
+    stream.on_status(encode_status(_id_status(1, 2)))
+    for frame_id in (2, 3, 4):
+        stream.on_frame(np.full((8, 8, 3), frame_id, np.uint8), None, frame_id)
+    read = [await stream.next_frame(), await stream.next_frame()]
+    waiting = asyncio.create_task(stream.next_frame())  # frame 4: chunk 2's, whose status is still on its way
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    stream.on_status(encode_status(_id_status(2, 4)))
+    frame = await waiting
+    assert frame is not None
+    assert frame.chunk is not None
+    assert [(f.frame_id, f.chunk.index if f.chunk else None) for f in read if f] == [(2, 1), (3, 1)]
+    assert (frame.frame_id, frame.chunk.index, frame.first_of_chunk) == (4, 2, True)
+    stream.on_frame(np.zeros((8, 8, 3), np.uint8), None, 6)  # chunk 3's first frame; its status was lost
+    started = asyncio.get_running_loop().time()
+    lost = await stream.next_frame()
+    assert lost is not None
+    assert lost.chunk is None  # labelled None after the bounded wait, not chunk 2
+    assert asyncio.get_running_loop().time() - started < 2.0
+    await stream.aclose()
