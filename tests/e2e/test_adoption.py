@@ -15,10 +15,8 @@ import asyncio
 import contextlib
 import json
 import signal
-import subprocess
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -26,7 +24,7 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
-from tests.support.serving import spawn_replica
+from tests.support.serving import Replica, spawn_replica
 from tests.support.waits import until
 from transport.client import LiveStream, ServiceClient, connect
 
@@ -41,21 +39,6 @@ PREFIX = "lingstream:admission:"
 KEY = "adoption-test-key-0123456789abcd"
 CONFIG = {"width": 64, "height": 48, "chunk_size": 1, "hud": False, "seed": 11}
 STARTUP_S = 90.0
-
-
-@dataclass
-class Replica:
-    name: str
-    process: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
 
 
 async def _ready(http: httpx.AsyncClient, replica: Replica) -> None:

@@ -12,7 +12,6 @@ import contextlib
 import functools
 import json
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -26,7 +25,7 @@ from redis.asyncio import Redis
 
 from service.settings import load_settings
 from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
-from tests.support.serving import spawn_replica
+from tests.support.serving import Replica, spawn_replica
 from tests.support.waits import until
 
 pytestmark = [
@@ -46,21 +45,6 @@ STARTUP_S = 90.0  # a replica's readiness: 40 s was passed at load 10 with the s
 def _text(value: bytes | str) -> str:
     """A Redis key or field (bytes: the client does not decode replies) as text."""
     return value.decode() if isinstance(value, bytes) else value
-
-
-@dataclass
-class Replica:
-    name: str
-    process: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
 
 
 @dataclass

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -50,6 +51,23 @@ def environment(**extra: str) -> dict[str, str]:
     env.update({"LINGSTREAM_TEST_HOOKS": "1", "PYTHONPATH": str(ROOT), "LINGSTREAM_LOG_FORMAT": "json"})
     env.update(extra)
     return env
+
+
+@dataclass
+class Replica:
+    """A replica `spawn_replica` started, by the name it was given (its `LINGSTREAM_REPLICA_ID`)."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
 
 
 def spawn_replica(
