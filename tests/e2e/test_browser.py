@@ -10,12 +10,9 @@ Waits are on conditions (`wait_for_function`), never fixed sleeps; the two fixed
 from __future__ import annotations
 
 import contextlib
-import functools
-import http.server
 import os
 import signal
 import subprocess
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +35,7 @@ from tests.support.browser.pages import (
 )
 from tests.support.browser.pages import grab as _grab
 from tests.support.browser.pages import wait_frames as _wait_frames
-from tests.support.sdk import WEB, built_packages, run, sdk_toolchain_missing
+from tests.support.sdk import sdk_toolchain_missing, served_example
 from tests.support.serving import ROOT, free_port, lingstream, wait_until_ready
 
 try:
@@ -82,38 +79,12 @@ def service(tmp_path_factory: pytest.TempPathFactory, example_port: int) -> Iter
 
 @pytest.fixture(scope="module")
 def example_app(tmp_path_factory: pytest.TempPathFactory, example_port: int) -> Iterator[str]:
-    """web/examples/react-world built from the *packed* SDK packages (`npm pack` of @lingstream/client and
-    @lingstream/react, each built by tsc first) and served on its own origin by a static file server."""
+    """web/examples/react-world built from the packed SDK packages, on its own origin (`served_example`)."""
     missing = sdk_toolchain_missing()
     if missing is not None:
         pytest.skip(missing)
-    work = tmp_path_factory.mktemp("example")
-    out = work / "site"
-    with built_packages(work) as packages:
-        run(
-            [
-                "node",
-                "examples/react-world/build.mjs",
-                str(packages.client_tarball),
-                str(packages.react_tarball),
-                str(out),
-            ],
-            WEB,
-        )
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", example_port), functools.partial(Quiet, directory=out))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{example_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with served_example(tmp_path_factory.mktemp("example"), "127.0.0.1", example_port) as origin:
+        yield origin
 
 
 @contextlib.contextmanager

@@ -83,7 +83,8 @@ async def _viewer_sees(url: str, token: str, service: str, state: str, then: Any
     changed = asyncio.Event()
     room.on("participant_attributes_changed", lambda *_: changed.set())
     room.on("participant_connected", lambda *_: changed.set())
-    await room.connect(url, token, rtc.RoomOptions(auto_subscribe=False))
+    # 30 s, not the SDK's default: "signal failure: transport timed out" seen with the suite on 2 workers.
+    await room.connect(url, token, rtc.RoomOptions(auto_subscribe=False, connect_timeout=30.0))
     try:
         wanted = [state] if then is None else [state, then[1]]
         seen: dict[str, str] = {}

@@ -6,9 +6,12 @@ The copy lives under web/.build/ (ignored by git) so that TypeScript and esbuild
 from __future__ import annotations
 
 import contextlib
+import functools
+import http.server
 import json
 import shutil
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +19,7 @@ from pathlib import Path
 
 from tests.support.serving import ROOT
 
-__all__ = ["WEB", "BuiltPackages", "built_packages", "sdk_toolchain_missing"]
+__all__ = ["WEB", "BuiltPackages", "built_packages", "sdk_toolchain_missing", "served_example"]
 
 WEB = ROOT / "web"
 _TSC = WEB / "node_modules" / ".bin" / "tsc"
@@ -67,3 +70,36 @@ def built_packages(pack_into: Path) -> Iterator[BuiltPackages]:
         yield BuiltPackages(client, react, tarballs[0], tarballs[1])
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def served_example(work: Path, host: str, port: int) -> Iterator[str]:
+    """web/examples/react-world built under `work` from the *packed* SDK packages (`npm pack` of @lingstream/client
+    and @lingstream/react, each built by tsc first) and served on its own origin, `http://host:port`, by a static file
+    server on a thread (its socket made here: in the caller's network namespace). Yields the origin."""
+    out = work / "site"
+    with built_packages(work) as packages:
+        run(
+            [
+                "node",
+                "examples/react-world/build.mjs",
+                str(packages.client_tarball),
+                str(packages.react_tarball),
+                str(out),
+            ],
+            WEB,
+        )
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((host, port), functools.partial(Quiet, directory=out))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
