@@ -10,7 +10,6 @@ namespace cannot be made or livekit-server is not installed.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import time
 from collections.abc import Iterator
@@ -18,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from livekit import api, rtc
+from livekit import api
 
 from tests.support.livekit_stack import LiveKitStack, another_replica, livekit_stack
+from tests.support.livekit_viewer import viewer_sees
 
 pytestmark = [
     pytest.mark.slow,
@@ -76,35 +76,6 @@ def _create(replica: LiveKitStack, url: str, token: str) -> Any:
         return client.post("/v1/sessions", json=body)
 
 
-async def _viewer_sees(url: str, token: str, service: str, state: str, then: Any = None) -> dict[str, str]:
-    """Join as a late viewer; return the service participant's attributes once its state reads `state` (and, given
-    `then`, after calling it and seeing the state it leads to, `then[1]`)."""
-    room = rtc.Room()
-    changed = asyncio.Event()
-    room.on("participant_attributes_changed", lambda *_: changed.set())
-    room.on("participant_connected", lambda *_: changed.set())
-    # 30 s, not the SDK's default: "signal failure: transport timed out" seen with the suite on 2 workers.
-    await room.connect(url, token, rtc.RoomOptions(auto_subscribe=False, connect_timeout=30.0))
-    try:
-        wanted = [state] if then is None else [state, then[1]]
-        seen: dict[str, str] = {}
-        async with asyncio.timeout(_WAIT):
-            for target in wanted:
-                while True:
-                    participant = room.remote_participants.get(service)
-                    if participant is not None and participant.attributes.get("lingstream.state") == target:
-                        seen = dict(participant.attributes)
-                        assert participant.kind == rtc.ParticipantKind.PARTICIPANT_KIND_AGENT
-                        break
-                    changed.clear()
-                    await changed.wait()
-                if then is not None and target == state:
-                    await asyncio.to_thread(then[0])
-        return seen
-    finally:
-        await room.disconnect()
-
-
 def test_a_callers_token_session_carries_its_state_in_attributes_for_late_viewers(
     stacks: tuple[LiveKitStack, LiveKitStack], tmp_path: Path
 ) -> None:
@@ -137,18 +108,17 @@ def test_a_callers_token_session_carries_its_state_in_attributes_for_late_viewer
 
     viewer = _token(stack, "viewer-1", "agent-room", can_publish=False, can_publish_data=False)
 
-    def pause() -> None:
-        with replica.client() as client:
-            assert client.post(f"/v1/sessions/{session_id}/pause").status_code in (200, 202)
-
-    seen = asyncio.run(_viewer_sees(url, viewer, "world-1", "running", then=(pause, "paused")))
+    pause = f"{replica.url}/v1/sessions/{session_id}/pause"
+    seen = viewer_sees(url, viewer, "world-1", "running", then_post=pause, then_state="paused")
+    assert seen["then_status"] in ("200", "202"), seen
+    assert seen["kind_is_agent"] == "True", seen
     assert seen["lingstream.session_id"] == session_id
     assert seen["lingstream.controller"] == "user-1"
     assert seen["lk.publish_on_behalf"] == "agent-1"
     assert 0 < float(seen["lingstream.ends_at"]) - time.time() <= 600
     # A viewer joining now reads the paused state at once: attributes reach late joiners.
     later = _token(stack, "viewer-2", "agent-room", can_publish=False, can_publish_data=False)
-    assert asyncio.run(_viewer_sees(url, later, "world-1", "paused"))["lingstream.session_id"] == session_id
+    assert viewer_sees(url, later, "world-1", "paused")["lingstream.session_id"] == session_id
 
     # One session per room, across deployments: the other `lingstream serve` on this server knows nothing of the
     # session, joins, finds the first's lingstream.session_id attribute there, and leaves.
