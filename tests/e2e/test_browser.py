@@ -35,7 +35,7 @@ from tests.support.browser.pages import (
 )
 from tests.support.browser.pages import grab as _grab
 from tests.support.browser.pages import wait_frames as _wait_frames
-from tests.support.sdk import sdk_toolchain_missing, served_example
+from tests.support.sdk import play_react_example, sdk_toolchain_missing, served_example
 from tests.support.serving import ROOT, free_port, lingstream, wait_until_ready
 
 try:
@@ -390,28 +390,11 @@ def test_the_react_example_built_from_the_packed_packages_runs_a_session(
     page.set_default_timeout(WAIT_MS)
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    session_id = None
+    started: list[str] = []
     try:
-        page.goto(f"{example_app}/?service={service.url}&width={WIDTH}&height={HEIGHT}")
-        page.wait_for_function("window.world && window.world.status === 'running'")
-        session_id = page.evaluate("window.world.session.id")
-        page.wait_for_function("window.world.stats && window.world.stats.frames > 0")
-        size = page.evaluate(
-            "(() => { const v = document.getElementById('world'); return [v.videoWidth, v.videoHeight]; })()"
-        )
-        assert size == [WIDTH, HEIGHT]
-        page.dispatch_event("#forward", "pointerdown")
-        page.wait_for_function("(window.world.session.lastChunk || {keys: []}).keys.includes('w')")
-        page.dispatch_event("#forward", "pointerup")
-        page.click("#pause")
-        page.wait_for_function("window.world.status === 'paused'")
-        assert page.inner_text("#status") == "paused"
-        page.click("#stop")
-        page.wait_for_function("window.world.done !== null")
-        assert page.evaluate("window.world.done") == "client_stop"
-        assert "client_stop" in page.inner_text("#done")
+        play_react_example(page, example_app, service.url, (WIDTH, HEIGHT), started)
         assert errors == []
     finally:
         context.close()
-        if session_id is not None:
-            cancel_over_http(service.url)([session_id])
+        if started:
+            cancel_over_http(service.url)(started)

@@ -16,7 +16,7 @@ import pytest
 from tests.support.browser.chromium import BROWSER_SKIPS, launch_chromium
 from tests.support.livekit_stack import LiveKitStack, livekit_stack
 from tests.support.netns import HOST_A
-from tests.support.sdk import sdk_toolchain_missing, served_example
+from tests.support.sdk import play_react_example, sdk_toolchain_missing, served_example
 from tests.support.serving import free_port
 
 if TYPE_CHECKING:  # playwright is a dev extra; BROWSER_SKIPS skips the module without it
@@ -69,34 +69,21 @@ def test_the_react_example_built_from_the_packed_packages_runs_a_session_over_li
     page.set_default_timeout(WAIT_MS)
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    session_id = None
-    try:
-        page.goto(f"{example}/?service={stack.url}&width={WIDTH}&height={HEIGHT}")
-        page.wait_for_function("window.world && window.world.status === 'running'")
-        session_id = page.evaluate("window.world.session.id")
+    started: list[str] = []
+
+    def joined(session_id: str) -> None:
         assert page.evaluate("window.world.session.transport") == "livekit"
-        page.wait_for_function("window.world.stats && window.world.stats.frames > 0")
-        size = page.evaluate(
-            "(() => { const v = document.getElementById('world'); return [v.videoWidth, v.videoHeight]; })()"
-        )
-        assert size == [WIDTH, HEIGHT]
         with stack.client() as client:
             details = client.get(f"/v1/sessions/{session_id}").json()["transport"]
         members = stack.real.participants(details["room"])
         assert details["service_identity"] in members  # the service publishes into the room the app joined
         assert len(members) == 2, members
-        page.dispatch_event("#forward", "pointerdown")
-        page.wait_for_function("(window.world.session.lastChunk || {keys: []}).keys.includes('w')")
-        page.dispatch_event("#forward", "pointerup")
-        page.click("#pause")
-        page.wait_for_function("window.world.status === 'paused'")
-        assert page.inner_text("#status") == "paused"
-        page.click("#stop")
-        page.wait_for_function("window.world.done !== null")
-        assert page.evaluate("window.world.done") == "client_stop"
+
+    try:
+        play_react_example(page, example, stack.url, (WIDTH, HEIGHT), started, joined)
         assert errors == []
     finally:
         context.close()
-        if session_id is not None:
-            with stack.client() as client:
+        with stack.client() as client:
+            for session_id in started:
                 client.delete(f"/v1/sessions/{session_id}", params={"mode": "cancel"})

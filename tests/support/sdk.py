@@ -13,13 +13,17 @@ import shutil
 import subprocess
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.support.serving import ROOT
 
-__all__ = ["WEB", "BuiltPackages", "built_packages", "sdk_toolchain_missing", "served_example"]
+if TYPE_CHECKING:  # playwright is a dev extra
+    from playwright.sync_api import Page
+
+__all__ = ["WEB", "BuiltPackages", "built_packages", "play_react_example", "sdk_toolchain_missing", "served_example"]
 
 WEB = ROOT / "web"
 _TSC = WEB / "node_modules" / ".bin" / "tsc"
@@ -103,3 +107,38 @@ def served_example(work: Path, host: str, port: int) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+def play_react_example(
+    page: Page,
+    origin: str,
+    service_url: str,
+    size: tuple[int, int],
+    started: list[str],
+    joined: Callable[[str], None] | None = None,
+) -> None:
+    """Drive the served example app (`origin`) against the service at `service_url` end to end: running, video of
+    `size`, `joined(session_id)` (the transport's own checks), a held key applied, pause, and the stop's reason
+    `client_stop`. The session's id goes into `started` as soon as it is known (the caller cancels it on failure)."""
+    width, height = size
+    page.goto(f"{origin}/?service={service_url}&width={width}&height={height}")
+    page.wait_for_function("window.world && window.world.status === 'running'")
+    session_id: str = page.evaluate("window.world.session.id")
+    started.append(session_id)
+    page.wait_for_function("window.world.stats && window.world.stats.frames > 0")
+    shown = page.evaluate(
+        "(() => { const v = document.getElementById('world'); return [v.videoWidth, v.videoHeight]; })()"
+    )
+    assert shown == [width, height]
+    if joined is not None:
+        joined(session_id)
+    page.dispatch_event("#forward", "pointerdown")
+    page.wait_for_function("(window.world.session.lastChunk || {keys: []}).keys.includes('w')")
+    page.dispatch_event("#forward", "pointerup")
+    page.click("#pause")
+    page.wait_for_function("window.world.status === 'paused'")
+    assert page.inner_text("#status") == "paused"
+    page.click("#stop")
+    page.wait_for_function("window.world.done !== null")
+    assert page.evaluate("window.world.done") == "client_stop"
+    assert "client_stop" in page.inner_text("#done")
