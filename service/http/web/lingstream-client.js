@@ -42,6 +42,25 @@ async function readJson(response) {
     return null;
   }
 }
+function refusal(response, data) {
+  const error = data?.error ?? {};
+  return new ApiError(
+    response.status,
+    error.code || `http_${response.status}`,
+    error.message || response.statusText || `HTTP ${response.status}`,
+    response.headers.get("Retry-After")
+  );
+}
+function query(params) {
+  const given = Object.entries(params).filter(([, value]) => value !== null && value !== void 0);
+  if (given.length === 0) return "";
+  return `?${new URLSearchParams(given.map(([name, value]) => [name, String(value)])).toString()}`;
+}
+function sinceParam(since) {
+  if (since === void 0) return void 0;
+  return since instanceof Date ? since.toISOString() : String(since);
+}
+var path = (id) => `/v1/sessions/${encodeURIComponent(id)}`;
 var Api = class {
   baseUrl;
   key;
@@ -61,8 +80,8 @@ var Api = class {
   useToken(token) {
     this.token = token || null;
   }
-  url(path) {
-    return /^[a-z]+:\/\//i.test(path) ? path : `${this.baseUrl}${path}`;
+  url(path2) {
+    return /^[a-z]+:\/\//i.test(path2) ? path2 : `${this.baseUrl}${path2}`;
   }
   headers(json, key = this.credential) {
     const headers = {};
@@ -71,22 +90,14 @@ var Api = class {
     return headers;
   }
   /** `key`: the bearer credential (the current one unless given: a viewer's offer carries its viewer credential). */
-  async request(method, path, body, key = this.credential) {
-    const response = await this.doFetch(this.url(path), {
+  async request(method, path2, body, key = this.credential) {
+    const response = await this.doFetch(this.url(path2), {
       method,
       headers: this.headers(body !== void 0, key),
       body: body === void 0 ? void 0 : JSON.stringify(body)
     });
     const data = await readJson(response);
-    if (!response.ok) {
-      const error = data?.error ?? {};
-      throw new ApiError(
-        response.status,
-        error.code || `http_${response.status}`,
-        error.message || response.statusText || `HTTP ${response.status}`,
-        response.headers.get("Retry-After")
-      );
-    }
+    if (!response.ok) throw refusal(response, data);
     return { status: response.status, body: data };
   }
   createSession(body) {
@@ -103,6 +114,65 @@ var Api = class {
   }
   resumeSession(id) {
     return this.request("POST", `/v1/sessions/${encodeURIComponent(id)}/resume`);
+  }
+  /** `GET /v1/sessions`: this credential's live and remembered sessions, oldest first. */
+  listSessions() {
+    return this.request("GET", "/v1/sessions");
+  }
+  /**
+   * `GET /v1/recordings`: one page of this key's recordings started at `since` or later (default: every one kept),
+   * oldest first; pass the page's `next_cursor` as `cursor` for the next (null on the last page).
+   */
+  listRecordings(options = {}) {
+    const params = { since: sinceParam(options.since), cursor: options.cursor, limit: options.limit };
+    return this.request("GET", `/v1/recordings${query(params)}`);
+  }
+  /** Every recording `listRecordings` pages through, one page (`limit` each) per request. */
+  async *recordings(options = {}) {
+    let cursor = null;
+    do {
+      const page = (await this.listRecordings({ ...options, cursor })).body;
+      yield* page.recordings;
+      cursor = page.next_cursor;
+    } while (cursor);
+  }
+  /**
+   * `GET /v1/sessions/{id}/recording`: the ended session's MP4 as the fetch `Response` (its body not yet read:
+   * `.blob()` in a page, `.arrayBuffer()`, or `.body`, a stream, to write a file in Node). A recording in an object
+   * store answers a redirect to a presigned URL, which fetch follows (a cross-origin redirect drops our
+   * Authorization header, as it should). 409 `recording_not_ready` while it is still being finished: retry.
+   */
+  recording(id) {
+    return this.download(`${path(id)}/recording`);
+  }
+  /** `GET /v1/sessions/{id}/recording/controls`: the recording's control trace (JSON Lines), as `recording` does. */
+  recordingControls(id) {
+    return this.download(`${path(id)}/recording/controls`);
+  }
+  /** A GET whose answer is a file: the `Response` when it is one, else the refusal as an `ApiError`. */
+  async download(target) {
+    const response = await this.doFetch(this.url(target), { method: "GET", headers: this.headers(false) });
+    if (!response.ok) throw refusal(response, await readJson(response));
+    return response;
+  }
+  /**
+   * `GET /v1/usage`: this key's usage since `since` (counted from the start of its hour; default: the 35 days kept)
+   * and its quota.
+   */
+  usage(since) {
+    return this.request("GET", `/v1/usage${query({ since: sinceParam(since) })}`);
+  }
+  /**
+   * `POST /v1/client_tokens`, with the API key whatever token this `Api` holds: for an app's backend (Node) that
+   * mints short-lived client tokens for its browsers (docs/integrate.md); a browser never holds the key. 404
+   * `tokens_not_configured` without LINGSTREAM_TOKEN_SECRET.
+   */
+  createClientToken(body = {}) {
+    return this.request("POST", "/v1/client_tokens", body, this.key);
+  }
+  /** `DELETE /v1/sessions/{id}/viewers/{share_id}`: the share link's watch token is refused from now on. */
+  revokeShare(id, shareId) {
+    return this.request("DELETE", `${path(id)}/viewers/${encodeURIComponent(shareId)}`);
   }
   /** Best effort while a page is being closed: `keepalive` lets the request outlive the page. */
   endOnUnload(id) {
@@ -134,8 +204,9 @@ var Api = class {
       headers: this.headers(false),
       signal
     });
-    if (!response.ok || response.body === null) {
-      throw new ApiError(response.status, `http_${response.status}`, "the event stream failed");
+    if (!response.ok) throw refusal(response, await readJson(response));
+    if (response.body === null) {
+      throw new ApiError(response.status, `http_${response.status}`, "the event stream has no body");
     }
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     const parser = new EventStreamParser();

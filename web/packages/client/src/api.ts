@@ -6,7 +6,20 @@
 // across reloads does so itself.
 
 import { ApiError } from "./errors.js";
-import type { CreateSessionBody, EmbeddedViewer, LiveKitViewer, SessionSnapshot, ShareLink } from "./types.js";
+import type {
+  ClientToken,
+  ClientTokenRequest,
+  CreateSessionBody,
+  EmbeddedViewer,
+  LiveKitViewer,
+  RecordingItem,
+  RecordingList,
+  SessionList,
+  SessionSnapshot,
+  ShareLink,
+  ShareRevoked,
+  Usage,
+} from "./types.js";
 
 export type FetchLike = (input: string, init?: RequestInit) => Promise<Response>;
 
@@ -48,6 +61,37 @@ async function readJson(response: Response): Promise<unknown> {
     return null;
   }
 }
+
+/** The `ApiError` of a refusal: its stable code and message from the service's error body when it has one. */
+function refusal(response: Response, data: unknown): ApiError {
+  const error = ((data as { error?: { code?: string; message?: string } } | null)?.error ?? {}) as {
+    code?: string;
+    message?: string;
+  };
+  return new ApiError(
+    response.status,
+    error.code || `http_${response.status}`,
+    error.message || response.statusText || `HTTP ${response.status}`,
+    response.headers.get("Retry-After"),
+  );
+}
+
+/** `?name=value&...` of the parameters given (none: ""). */
+function query(params: Record<string, string | number | null | undefined>): string {
+  const given = Object.entries(params).filter(([, value]) => value !== null && value !== undefined);
+  if (given.length === 0) return "";
+  return `?${new URLSearchParams(given.map(([name, value]) => [name, String(value)])).toString()}`;
+}
+
+/** A time for `since`: RFC 3339 with an offset, Unix seconds, or a Date. */
+export type Since = string | number | Date;
+
+function sinceParam(since: Since | undefined): string | undefined {
+  if (since === undefined) return undefined;
+  return since instanceof Date ? since.toISOString() : String(since);
+}
+
+const path = (id: string) => `/v1/sessions/${encodeURIComponent(id)}`;
 
 export class Api {
   readonly baseUrl: string;
@@ -96,18 +140,7 @@ export class Api {
       body: body === undefined ? undefined : JSON.stringify(body),
     });
     const data = (await readJson(response)) as T;
-    if (!response.ok) {
-      const error = ((data as { error?: { code?: string; message?: string } } | null)?.error ?? {}) as {
-        code?: string;
-        message?: string;
-      };
-      throw new ApiError(
-        response.status,
-        error.code || `http_${response.status}`,
-        error.message || response.statusText || `HTTP ${response.status}`,
-        response.headers.get("Retry-After"),
-      );
-    }
+    if (!response.ok) throw refusal(response, data);
     return { status: response.status, body: data };
   }
 
@@ -129,6 +162,76 @@ export class Api {
 
   resumeSession(id: string): Promise<{ status: number; body: SessionSnapshot }> {
     return this.request("POST", `/v1/sessions/${encodeURIComponent(id)}/resume`);
+  }
+
+  /** `GET /v1/sessions`: this credential's live and remembered sessions, oldest first. */
+  listSessions(): Promise<{ status: number; body: SessionList }> {
+    return this.request("GET", "/v1/sessions");
+  }
+
+  /**
+   * `GET /v1/recordings`: one page of this key's recordings started at `since` or later (default: every one kept),
+   * oldest first; pass the page's `next_cursor` as `cursor` for the next (null on the last page).
+   */
+  listRecordings(
+    options: { since?: Since; cursor?: string | null; limit?: number } = {},
+  ): Promise<{ status: number; body: RecordingList }> {
+    const params = { since: sinceParam(options.since), cursor: options.cursor, limit: options.limit };
+    return this.request("GET", `/v1/recordings${query(params)}`);
+  }
+
+  /** Every recording `listRecordings` pages through, one page (`limit` each) per request. */
+  async *recordings(options: { since?: Since; limit?: number } = {}): AsyncGenerator<RecordingItem> {
+    let cursor: string | null = null;
+    do {
+      const page: RecordingList = (await this.listRecordings({ ...options, cursor })).body;
+      yield* page.recordings;
+      cursor = page.next_cursor;
+    } while (cursor);
+  }
+
+  /**
+   * `GET /v1/sessions/{id}/recording`: the ended session's MP4 as the fetch `Response` (its body not yet read:
+   * `.blob()` in a page, `.arrayBuffer()`, or `.body`, a stream, to write a file in Node). A recording in an object
+   * store answers a redirect to a presigned URL, which fetch follows (a cross-origin redirect drops our
+   * Authorization header, as it should). 409 `recording_not_ready` while it is still being finished: retry.
+   */
+  recording(id: string): Promise<Response> {
+    return this.download(`${path(id)}/recording`);
+  }
+
+  /** `GET /v1/sessions/{id}/recording/controls`: the recording's control trace (JSON Lines), as `recording` does. */
+  recordingControls(id: string): Promise<Response> {
+    return this.download(`${path(id)}/recording/controls`);
+  }
+
+  /** A GET whose answer is a file: the `Response` when it is one, else the refusal as an `ApiError`. */
+  async download(target: string): Promise<Response> {
+    const response = await this.doFetch(this.url(target), { method: "GET", headers: this.headers(false) });
+    if (!response.ok) throw refusal(response, await readJson(response));
+    return response;
+  }
+
+  /**
+   * `GET /v1/usage`: this key's usage since `since` (counted from the start of its hour; default: the 35 days kept)
+   * and its quota.
+   */
+  usage(since?: Since): Promise<{ status: number; body: Usage }> {
+    return this.request("GET", `/v1/usage${query({ since: sinceParam(since) })}`);
+  }
+
+  /**
+   * `POST /v1/client_tokens`, with the API key whatever token this `Api` holds: for an app's backend (Node) that
+   * mints short-lived client tokens for its browsers (docs/integrate.md); a browser never holds the key. 404
+   * `tokens_not_configured` without LINGSTREAM_TOKEN_SECRET.
+   */
+  createClientToken(body: ClientTokenRequest = {}): Promise<{ status: number; body: ClientToken }> {
+    return this.request("POST", "/v1/client_tokens", body, this.key);
+  }
+
+  /** `DELETE /v1/sessions/{id}/viewers/{share_id}`: the share link's watch token is refused from now on. */
+  revokeShare(id: string, shareId: string): Promise<{ status: number; body: ShareRevoked }> {
+    return this.request("DELETE", `${path(id)}/viewers/${encodeURIComponent(shareId)}`);
   }
 
   /** Best effort while a page is being closed: `keepalive` lets the request outlive the page. */
@@ -154,7 +257,11 @@ export class Api {
   }
 
   /** An SDP offer; a viewer's goes with its viewer credential instead of the current one. */
-  offer(url: string, sdp: string, viewerToken: string | null = null): Promise<{ status: number; body: RTCSessionDescriptionInit }> {
+  offer(
+    url: string,
+    sdp: string,
+    viewerToken: string | null = null,
+  ): Promise<{ status: number; body: RTCSessionDescriptionInit }> {
     return this.request("POST", url, { sdp, type: "offer" }, viewerToken === null ? this.credential : viewerToken);
   }
 
@@ -164,8 +271,9 @@ export class Api {
       headers: this.headers(false),
       signal,
     });
-    if (!response.ok || response.body === null) {
-      throw new ApiError(response.status, `http_${response.status}`, "the event stream failed");
+    if (!response.ok) throw refusal(response, await readJson(response));
+    if (response.body === null) {
+      throw new ApiError(response.status, `http_${response.status}`, "the event stream has no body");
     }
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     const parser = new EventStreamParser();

@@ -1,7 +1,7 @@
 // @lingstream/client: run a lingstream world in a web page (docs/client.md, "TypeScript").
 
 export { Api, EventStreamParser, tokenEndpoint } from "./api.js";
-export type { ApiOptions, FetchLike, TokenProvider } from "./api.js";
+export type { ApiOptions, FetchLike, Since, TokenProvider } from "./api.js";
 export { systemClock } from "./clock.js";
 export type { Clock } from "./clock.js";
 export { CONTROL_KEYS, Controls, KEY_MAP, RESEND_MS } from "./controls.js";

@@ -31,6 +31,19 @@ export type CreateSessionBody = Partial<Schemas["CreateSessionRequest"]>;
 
 /** The answer to `POST /v1/sessions/{id}/viewers` with `{"share": true}`. */
 export type ShareLink = Schemas["ShareLink"];
+/** The answer to `DELETE /v1/sessions/{id}/viewers/{share_id}`. */
+export type ShareRevoked = Schemas["ShareRevokedBody"];
+
+/** `GET /v1/sessions`: the key's live and remembered sessions. */
+export type SessionList = Schemas["SessionList"];
+/** `GET /v1/recordings`: one page of the key's recordings (`next_cursor` for the next). */
+export type RecordingList = Schemas["RecordingList"];
+export type RecordingItem = Schemas["RecordingItem"];
+/** `GET /v1/usage`: the key's usage and quota. */
+export type Usage = Schemas["UsageBody"];
+/** What `POST /v1/client_tokens` takes (every field has a default) and answers. */
+export type ClientTokenRequest = Partial<Schemas["ClientTokenRequest"]>;
+export type ClientToken = Schemas["ClientTokenBody"];
 
 export type ControlKey = "w" | "a" | "s" | "d" | "i" | "j" | "k" | "l";
 
