@@ -130,6 +130,8 @@ class PlayReport:
     errors: list[str]
     recording: str | None = None  # --record: where the service's recording was saved
     recording_controls: str | None = None
+    reconnects: int = 0
+    """Connections the stream took again by itself after losing its replica (docs/client.md)."""
     labels: str = "exact"
     """How frames were matched to their chunks: `exact` (by RTP timestamp on the embedded transport, by LiveKit frame
     id) or `arrival` (some frame by arrival order: a LiveKit service that stamps no frames)."""
@@ -353,6 +355,7 @@ async def play(
         recording=None if saved is None else str(saved[0]),
         recording_controls=None if saved is None else str(saved[1]),
         labels="arrival" if recorder.by_arrival else "exact",
+        reconnects=stats.reconnects,
     )
 
 

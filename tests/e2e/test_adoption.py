@@ -24,9 +24,11 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.support.front_door import FrontDoor
 from tests.support.serving import Replica, spawn_replica
 from tests.support.waits import until
-from transport.client import LiveStream, ServiceClient, connect
+from transport.base import StateStatus
+from transport.client import LiveStream, ReconnectPolicy, ServiceClient, connect
 
 pytestmark = [
     pytest.mark.slow,
@@ -39,6 +41,8 @@ PREFIX = "lingstream:admission:"
 KEY = "adoption-test-key-0123456789abcd"
 CONFIG = {"width": 64, "height": 48, "chunk_size": 1, "hud": False, "seed": 11}
 STARTUP_S = 90.0
+# The client's own reconnect, with a budget for this test's TTL (the default, 45 s, covers the default 10 s TTL).
+POLICY = ReconnectPolicy(budget_s=TTL_S + 40, stall_s=2.0)
 
 
 async def _ready(http: httpx.AsyncClient, replica: Replica) -> None:
@@ -98,57 +102,71 @@ async def _chunks_seen(stream: LiveStream, count: int, within: float) -> list[in
     return seen
 
 
-async def test_a_killed_replicas_session_is_adopted_and_its_client_gets_the_next_chunks_through_the_other(
-    tmp_path: Path,
-) -> None:
-    async with _replicas(tmp_path) as (raw, replicas):
+async def test_a_killed_replicas_session_is_adopted_and_its_client_follows_it_by_itself(tmp_path: Path) -> None:
+    async with _replicas(tmp_path) as (raw, replicas), FrontDoor([replicas["r1"].port, replicas["r2"].port]) as door:
         first, second = replicas["r1"], replicas["r2"]
-        async with ServiceClient(first.url, api_key=KEY) as on_first:
-            created = await on_first.create(config=CONFIG)
+        async with ServiceClient(door.url, api_key=KEY) as service:
+            created = await service.create(config=CONFIG)  # through the front door: r1 takes it
             sid = created.id
-            info = await on_first.wait_streaming(sid)
-            stream = await connect(on_first, info)
+            stream = await connect(service, await service.wait_streaming(sid), reconnect=POLICY)
+            states: list[tuple[float, StateStatus]] = []
+            stream.add_status_listener(
+                lambda m: states.append((time.monotonic(), m)) if isinstance(m, StateStatus) else None
+            )
             try:
                 await stream.send_keys(["w", "l"])
                 before = await _chunks_seen(stream, 3, within=60)
-            finally:
-                await stream.aclose()
-        assert (await raw.hget(f"{PREFIX}t:{sid}", "replica")) == b"r1"
-        await until(lambda: raw.hget(f"{PREFIX}t:{sid}", "ad"), "the session marked adoptable", within=10)
+                assert (await raw.hget(f"{PREFIX}t:{sid}", "replica")) == b"r1"
+                await until(lambda: raw.hget(f"{PREFIX}t:{sid}", "ad"), "the session marked adoptable", within=10)
+                header = await raw.get(f"{PREFIX}ckpt:h:{sid}")
+                assert header is not None
+                killed_at = time.monotonic()
+                first.process.send_signal(signal.SIGKILL)
+                first.process.wait(timeout=10)
+                checkpoint = json.loads(await raw.get(f"{PREFIX}ckpt:h:{sid}") or header)
+                resume_at = checkpoint["next_chunk"]
+                assert resume_at > max(before) - 2  # written at the chunk boundaries as they came
 
-        header = await raw.get(f"{PREFIX}ckpt:h:{sid}")
-        assert header is not None
-        killed_at = time.monotonic()
-        first.process.send_signal(signal.SIGKILL)
-        first.process.wait(timeout=10)
-        checkpoint = json.loads(await raw.get(f"{PREFIX}ckpt:h:{sid}") or header)
-        resume_at = checkpoint["next_chunk"]
-        assert resume_at > max(before) - 2  # written at the chunk boundaries as they came
-
-        async with ServiceClient(second.url, api_key=KEY) as on_second:
-            # Until the reaper sees r1's liveness lapse, the registry still says r1 runs it; then it is an orphan
-            # (recovering) and r2 adopts it. A client that lost its connection asks again until it can join.
-            await until(lambda: _on(raw, sid, b"r2"), "the session adopted by r2", within=TTL_S + 20)
-            info = await on_second.wait_streaming(sid)
-            adopted_s = time.monotonic() - killed_at
-            assert info.id == sid
-            assert await raw.hgetall(f"{PREFIX}held:r2") == {sid.encode(): b"0"}
-            stream = await connect(on_second, info)
-            try:
-                await stream.send_keys(["w", "l"])
-                after = await _chunks_seen(stream, 2, within=60)
+                # Nothing more is done by hand: the same stream notices the silence, asks the service (the front
+                # door now reaches r2 only), is refused until r2 adopted the session, joins it there, sends its
+                # held keys again, and its frames go on.
+                after: list[int] = []
+                async with asyncio.timeout(TTL_S + 60):
+                    while len(after) < 2:
+                        frame = await stream.next_frame()
+                        assert frame is not None, f"the stream ended: {stream.done} {stream.errors}"
+                        chunk = frame.chunk
+                        if chunk is not None and frame.received_at > _rejoined_at(states) and chunk.index not in after:
+                            after.append(chunk.index)
+                recovered_s = time.monotonic() - killed_at
                 assert min(after) >= resume_at, (before, resume_at, after)  # it went on; no chunk 0 again
+                assert await _on(raw, sid, b"r2")
+                assert await raw.hgetall(f"{PREFIX}held:r2") == {sid.encode(): b"0"}
+                stats = stream.statistics()
+                assert stats.reconnects == 1, stats
+                told = [(s.state, s.detail) for at, s in states if at > killed_at]
+                assert told[0][0] == "recovering", told  # surfaced to the caller, then running again
+                assert ("running", "reconnected") in told, told
+                assert door.connections[second.port] > 0
                 done = await stream.stop()
                 assert done.reason == "client_stop", done
             finally:
                 await stream.aclose()
-            ended = await on_second.get(sid)
+            ended = await service.get(sid)
             assert ended.status == "closed", ended
-            metrics = (await on_second.request("GET", "/metrics")).text
+            metrics = (await service.request("GET", "/metrics")).text
             assert 'lingstream_sessions_recovered_total{cause="replica_lost"} 1.0' in metrics
-        print(f"adopted and streaming again {adopted_s:.2f} s after the kill (TTL {TTL_S} s)")
+        print(f"states after the kill: {told}")
+        print(
+            f"the client joined the adopted session by itself {stats.last_recovery_s:.2f} s after giving its "
+            f"connection up; first frame of a later chunk {recovered_s:.2f} s after the kill (TTL {TTL_S} s)"
+        )
         await until(lambda: _no_slots(raw), "every slot back, no orphan left", within=10)
         assert "Traceback" not in second.output()
+
+
+def _rejoined_at(states: list[tuple[float, StateStatus]]) -> float:
+    return next((at for at, state in states if state.detail == "reconnected"), float("inf"))
 
 
 async def _on(raw: Redis, sid: str, replica: bytes) -> bool:

@@ -49,11 +49,13 @@ from transport.client.errors import (
     error_classes,
 )
 from transport.client.links import CommandLink, EmbeddedLink, Link, LiveKitLink, default_ice_addresses
+from transport.client.reconnect import RECONNECT_TIMEOUT, ReconnectPolicy
 from transport.client.stream import LiveStream, ReceivedFrame, StreamStatistics, connect
 from transport.client.tracker import ChunkTracker
 from transport.webhook_signature import SIGNATURE_HEADER, WebhookSignatureError, verify_webhook
 
 __all__ = [
+    "RECONNECT_TIMEOUT",
     "SIGNATURE_HEADER",
     "STREAMING_STATUSES",
     "TERMINAL_STATUSES",
@@ -72,6 +74,7 @@ __all__ = [
     "LiveStream",
     "RateLimitedError",
     "ReceivedFrame",
+    "ReconnectPolicy",
     "RecordingError",
     "RecordingInfo",
     "RoomInUseError",

@@ -25,6 +25,7 @@ import av
 import numpy as np
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.stats import RTCRemoteOutboundRtpStreamStats
 
 from transport.client.api import ServiceClient
 from transport.client.errors import ConnectError, ControlRefusedError
@@ -44,6 +45,7 @@ _PACKET_INSTEAD = frozenset({1400, 1403, 1501})
 # LiveKit's RPC error when the callee left the room before its answer arrived (the SDK learns of the departure by
 # signalling, which can overtake the answer's data packet): after a `stop`, the session is over, as asked.
 _RECIPIENT_DISCONNECTED = 1503
+_REPORT_POLL_S = 0.5  # how often an embedded link reads its receiver's statistics for the service's RTCP reports
 
 
 class Link(Protocol):
@@ -87,6 +89,7 @@ class EmbeddedLink:
         self._pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self._channel: RTCDataChannel | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._reports: asyncio.Task[None] | None = None
         self._closed = False
 
     @classmethod
@@ -130,6 +133,22 @@ class EmbeddedLink:
                 await opened.wait()
         except TimeoutError:
             raise ConnectError(f"the control channel did not open within {within:g} s") from None
+        self._reports = asyncio.get_running_loop().create_task(self._sender_reports(), name="client-sender-reports")
+
+    async def _sender_reports(self) -> None:
+        """Tell the stream each time an RTCP sender report of the service arrived: its video sender sends one every
+        0.5-1.5 s as long as the peer connection lives, frames or not (a paused session, a model resting while no
+        key is held), so a stream that hears none for seconds has lost its service (the automatic reconnect's
+        liveness; `LiveStream.on_alive`). aiortc has no event for an RTCP packet: its receiver's statistics are
+        read every `_REPORT_POLL_S`, the arrival time of the newest report in them."""
+        newest: object = None
+        while True:
+            await asyncio.sleep(_REPORT_POLL_S)
+            for receiver in self._pc.getReceivers():
+                for stats in (await receiver.getStats()).values():
+                    if isinstance(stats, RTCRemoteOutboundRtpStreamStats) and stats.timestamp != newest:
+                        newest = stats.timestamp
+                        self._stream.on_alive()
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "video" and self._reader is None:
@@ -146,11 +165,11 @@ class EmbeddedLink:
 
     def _on_state(self) -> None:
         if self._pc.connectionState in ("failed", "closed"):
-            self._lost(f"the peer connection {self._pc.connectionState}")
+            self._lost(f"the peer connection {self._pc.connectionState}", failed=self._pc.connectionState == "failed")
 
-    def _lost(self, why: str) -> None:
+    def _lost(self, why: str, *, failed: bool = False) -> None:
         if not self._closed:
-            self._stream.on_link_lost(why)
+            self._stream.on_link_lost(why, failed=failed)
 
     async def send(self, payload: bytes, *, reliable: bool) -> None:
         channel = self._channel
@@ -161,6 +180,10 @@ class EmbeddedLink:
     async def aclose(self) -> None:
         self._closed = True
         reader, self._reader = self._reader, None
+        reports, self._reports = self._reports, None
+        if reports is not None:
+            reports.cancel()
+            await asyncio.gather(reports, return_exceptions=True)
         await self._pc.close()
         if reader is not None:
             reader.cancel()

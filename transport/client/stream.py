@@ -39,6 +39,17 @@ traceback; `statistics().listener_errors` counts every raise) and the stream goe
 exception would escape into the SDK's task that delivered the message (aiortc's DTLS task), which kills the data
 channel: the session then reads as "connection lost" and closing it hangs.
 
+Reconnecting (embedded transport; `connect(..., reconnect=ReconnectPolicy())`, the default): when the replica
+running the session dies, the stream joins the session again by itself, through the service (any replica routes
+it), with the same session id and credential, and goes on: the same object, its frames' chunk labels continuing
+(each connection labels its frames with a tracker of its own: RTP timestamps count from each connection's first
+frame). Meanwhile `state` is `recovering` (a `state` status with a `detail` goes to the listeners), controls sent
+are held (the newest snapshot, up to 16 other messages) and delivered on the new connection, and the held keys go
+again as a fresh snapshot. When and how long it tries is `transport.client.reconnect`'s (the pure core, its
+docstring has the rules); a session that ended meanwhile ends the stream with its reason (and its error), a budget
+spent with `done` reading `connection lost: ...` and an `error` status `reconnect_timeout`.
+`statistics().reconnects` counts the connections taken again.
+
 Cancellation: `aclose()` closes the link (peer connection or room) and cancels and awaits its reader tasks, within
 `close_timeout` seconds whatever state the link is in (a wedged peer connection is abandoned with a warning, not
 waited for); frames still buffered stay readable until drained.
@@ -51,7 +62,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -61,8 +72,9 @@ import numpy.typing as npt
 from pipeline.bidirectional import ControlMessage, ControlState, Pause, ResetPose, Resume, SetPrompt, Stop
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
 from transport.client.api import ServiceClient, SessionInfo
-from transport.client.errors import ConnectError, ControlRefusedError
+from transport.client.errors import ClientError, ConnectError, ControlRefusedError
 from transport.client.links import CommandLink, EmbeddedLink, Link, LiveKitLink, default_ice_addresses
+from transport.client.reconnect import End, Join, Probe, Reconnector, ReconnectPhase, ReconnectPolicy, SessionView, Wait
 from transport.client.tracker import ChunkTracker
 from transport.protocol import MAX_SEQ, ProtocolError, decode_status, encode_control
 
@@ -74,6 +86,11 @@ _FRAME_BUFFER = 64
 _CONNECT_TIMEOUT_S = 20.0
 _CLOSE_TIMEOUT_S = 5.0
 _LABEL_WAIT_S = 0.5  # how long a frame that overtook its chunk's status waits for it (LiveKit frame ids)
+_HELD_CONTROLS = 16  # messages other than key snapshots kept while reconnecting (drop oldest)
+
+_RECONNECT = ReconnectPolicy()
+
+Rejoin = Callable[["LiveStream", SessionInfo], Awaitable[Link]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +120,9 @@ class _Arrived:
     first: bool
     frame_id: int | None = None
     repeat: bool = False  # judged on arrival (frame ids only)
+    tracker: ChunkTracker | None = (
+        None  # the tracker of the connection it came over (RTP timestamps are per connection)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +133,8 @@ class StreamStatistics:
     errors: int
     controls_sent: int
     listener_errors: int = 0  # raises of status listeners (each logged once per listener, then ignored)
+    reconnects: int = 0  # connections taken again by the automatic reconnect
+    last_recovery_s: float | None = None  # from giving the last lost connection up to joining again
 
 
 class LiveStream:
@@ -154,6 +176,14 @@ class LiveStream:
         self._frames_dropped = 0
         self._chunks = 0
         self._controls_sent = 0
+        self._reconnector: Reconnector | None = None
+        self._service: ServiceClient | None = None
+        self._rejoin: Rejoin | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._held_keys: ControlState | None = None  # the newest snapshot sent or held (sent again after a rejoin)
+        self._held: deque[ControlMessage] = deque(maxlen=_HELD_CONTROLS)
+        self._told_recovering = False
 
     # -- wiring (called by the link) ------------------------------------------------------------------------------
 
@@ -166,13 +196,26 @@ class LiveStream:
         closed."""
         return self._link
 
+    def reconnect_with(self, policy: ReconnectPolicy, service: ServiceClient, rejoin: Rejoin) -> None:
+        """Join the session again by itself when its connection is lost (module docstring): `rejoin(stream, info)`
+        opens a new link from the session's latest details. `connect` calls it; it starts the watcher task, which
+        `aclose()` ends."""
+        if self._watcher is not None:
+            raise RuntimeError("the stream reconnects already")
+        self._reconnector = Reconnector(policy, time.monotonic())
+        self._service = service
+        self._rejoin = rejoin
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(), name=f"client-reconnect-{self.info.id}")
+
     def on_frame(self, image: npt.NDArray[np.uint8], rtp: int | None, frame_id: int | None = None) -> None:
         now = time.monotonic()
+        if self._reconnector is not None:
+            self._reconnector.activity(now)
         if frame_id is not None:
-            arrived = _Arrived(image, now, None, None, False, frame_id, self._tracker.frame_id(frame_id))
+            arrived = _Arrived(image, now, None, None, False, frame_id, self._tracker.frame_id(frame_id), self._tracker)
         else:
             chunk, first = self._tracker.frame(rtp, now)
-            arrived = _Arrived(image, now, rtp, chunk, first)
+            arrived = _Arrived(image, now, rtp, chunk, first, tracker=self._tracker)
         if len(self._frames) >= self._frame_buffer:
             self._frames.popleft()
             self._frames_dropped += 1
@@ -180,11 +223,18 @@ class LiveStream:
         self._frames_received += 1
         self._frame_arrived.set()
 
+    def on_alive(self) -> None:
+        """A sign of life from the service other than a frame or a status (an RTCP sender report, embedded)."""
+        if self._reconnector is not None:
+            self._reconnector.activity(time.monotonic())
+
     def on_status(self, data: bytes | str) -> None:
         message = decode_status(data)
         if isinstance(message, ProtocolError):
             logger.warning("a status message from the service was not understood: %s", message.message)
             return
+        if self._reconnector is not None:
+            self._reconnector.activity(time.monotonic())
         match message:
             case ChunkStatus():
                 self.last_chunk = message
@@ -197,20 +247,130 @@ class LiveStream:
                 self.errors.append(message)
             case DoneStatus():
                 self.done = message
+                if self._reconnector is not None:
+                    self._reconnector.ended(message.reason)
+                    self._wake.set()
                 self._done_event.set()
                 self._frame_arrived.set()  # a reader waiting for frames learns that none will come
                 self._status_arrived.set()
         self._notify(message)
 
-    def on_link_lost(self, why: str) -> None:
-        """The link ended for good (the room or peer connection closed); readers stop waiting."""
+    def on_link_lost(self, why: str, *, failed: bool = False) -> None:
+        """The link ended (the room or peer connection closed, or `failed`). Without the automatic reconnect, for
+        good: readers stop waiting. With it, the reconnect decides (module docstring)."""
         logger.info("session %s: the connection ended: %s", self.info.id, why)
         if self.done is not None:
+            return
+        reconnector = self._reconnector
+        if reconnector is not None and reconnector.phase is not ReconnectPhase.ENDED:
+            reconnector.link_lost(time.monotonic(), why, failed=failed)
+            self._wake.set()
             return
         self.done = DoneStatus(f"connection lost: {why}")
         self._done_event.set()
         self._frame_arrived.set()
         self._notify(self.done)
+
+    # -- the automatic reconnect (transport.client.reconnect decides, this does) ---------------------------------
+
+    async def _watch(self) -> None:
+        reconnector = self._reconnector
+        assert reconnector is not None
+        latest = self.info
+        while True:
+            now = time.monotonic()
+            step = reconnector.next_step(now)
+            if reconnector.phase is ReconnectPhase.RECOVERING and not self._told_recovering:
+                self._told_recovering = True
+                self._set_state(StateStatus("recovering", f"reconnecting: {reconnector.lost_why}"))
+            match step:
+                case Wait(until=until):
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(max(0.0, until - now)):
+                            await self._wake.wait()
+                case Probe():
+                    try:
+                        latest = await self._probe()
+                    except ClientError as exc:
+                        reconnector.probe_failed(time.monotonic(), str(exc))
+                    else:
+                        view = SessionView(latest.status, latest.reason, latest.error, latest.streaming)
+                        reconnector.probed(time.monotonic(), view)
+                case Join():
+                    await self._join_again(reconnector, latest)
+                case End(reason=reason, error=error):
+                    await self._end_reconnect(reason, error)
+                    return
+
+    async def _probe(self) -> SessionInfo:
+        assert self._service is not None
+        async with asyncio.timeout(self._close_timeout + 5.0):
+            try:
+                return await self._service.get(self.info.id)
+            except TimeoutError as exc:
+                raise ConnectError("the service did not answer in time") from exc
+
+    async def _drop_link(self) -> None:
+        link, self._link = self._link, None
+        if link is None:
+            return
+        try:
+            async with asyncio.timeout(self._close_timeout):
+                await link.aclose()
+        except TimeoutError:
+            logger.warning(
+                "session %s: the lost connection did not close within %g s; abandoned",
+                self.info.id,
+                self._close_timeout,
+            )
+
+    async def _join_again(self, reconnector: Reconnector, latest: SessionInfo) -> None:
+        assert self._rejoin is not None
+        await self._drop_link()
+        self._tracker = ChunkTracker(self.info.fps)  # RTP timestamps count from the new connection's first frame
+        try:
+            link = await self._rejoin(self, latest)
+        except ClientError as exc:
+            logger.info("session %s: joining again failed: %s", self.info.id, exc)
+            reconnector.join_failed(time.monotonic(), str(exc))
+            return
+        self._link = link
+        reconnector.joined(time.monotonic())
+        self._told_recovering = False
+        logger.info(
+            "session %s: joined again after %.2f s (reconnect %d)",
+            self.info.id,
+            reconnector.last_recovery_s or 0.0,
+            reconnector.reconnects,
+        )
+        self._set_state(StateStatus(latest.status, "reconnected"))
+        held, self._held = list(self._held), deque(maxlen=_HELD_CONTROLS)
+        try:
+            if self._held_keys is not None:  # the keys held now, as a snapshot newer than any the checkpoint has
+                await self.send_keys(self._held_keys.keys)
+            for message in held:
+                await self.send(message)
+        except ConnectError as exc:
+            logger.info("session %s: the held controls could not be sent yet: %s", self.info.id, exc)
+
+    async def _end_reconnect(self, reason: str, error: tuple[str, str] | None) -> None:
+        await self._drop_link()
+        if self.done is not None:
+            return
+        if error is not None:
+            failure = ErrorStatus(*error)
+            self.errors.append(failure)
+            self._notify(failure)
+        self.done = DoneStatus(reason)
+        self._done_event.set()
+        self._frame_arrived.set()
+        self._status_arrived.set()
+        self._notify(self.done)
+
+    def _set_state(self, status: StateStatus) -> None:
+        self.state = status.state
+        self._notify(status)
 
     def _notify(self, message: StatusMessage) -> None:
         """Every listener, each isolated: this runs inside the SDK's task that delivered the message."""
@@ -248,6 +408,15 @@ class LiveStream:
     # -- control ------------------------------------------------------------------------------------------------
 
     async def send(self, message: ControlMessage, *, reliable: bool = True) -> None:
+        """Send one control message. While the stream reconnects it is held and sent on the new connection (key
+        snapshots: the newest one only)."""
+        if isinstance(message, ControlState):
+            self._held_keys = message
+        reconnector = self._reconnector
+        if reconnector is not None and reconnector.phase is ReconnectPhase.RECOVERING and self.done is None:
+            if not isinstance(message, ControlState):
+                self._held.append(message)
+            return
         if self._link is None:
             raise ConnectError("the stream is not connected")
         await self._link.send(encode_control(message), reliable=reliable)
@@ -340,21 +509,23 @@ class LiveStream:
             # Labelled as it is read, exactly: statuses that came after the frame count too. A frame that overtook
             # its chunk's status (video and data travel apart) waits a moment for it, never taking the previous
             # chunk's label; past `_LABEL_WAIT_S` (the status was lost) it is labelled None.
-            if self._tracker.awaits_status(arrived.frame_id) and self.done is None:
+            tracker = arrived.tracker or self._tracker
+            if tracker.awaits_status(arrived.frame_id) and self.done is None:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(_LABEL_WAIT_S):
-                        while self._tracker.awaits_status(arrived.frame_id) and self.done is None:
+                        while tracker.awaits_status(arrived.frame_id) and self.done is None:
                             self._status_arrived.clear()
                             await self._status_arrived.wait()
-            chunk, first = self._tracker.label_id(arrived.frame_id)
+            chunk, first = tracker.label_id(arrived.frame_id)
             return ReceivedFrame(
                 arrived.image, arrived.at, None, chunk, first and not arrived.repeat, arrived.repeat, arrived.frame_id
             )
         if arrived.rtp is None:
             return ReceivedFrame(arrived.image, arrived.at, None, arrived.chunk, arrived.first)
         # Labelled as it is read: statuses that came after the frame, and a better fitted offset, count too.
-        chunk, first, pts = self._tracker.label(arrived.rtp)
-        repeat = pts is not None and self._tracker.is_repeat(pts, self.info.fps)
+        tracker = arrived.tracker or self._tracker
+        chunk, first, pts = tracker.label(arrived.rtp)
+        repeat = pts is not None and tracker.is_repeat(pts, self.info.fps)
         return ReceivedFrame(arrived.image, arrived.at, pts, chunk, first, repeat)
 
     async def frames(self) -> AsyncIterator[ReceivedFrame]:
@@ -370,12 +541,20 @@ class LiveStream:
             errors=len(self.errors),
             controls_sent=self._controls_sent,
             listener_errors=self._listener_errors,
+            reconnects=0 if self._reconnector is None else self._reconnector.reconnects,
+            last_recovery_s=None if self._reconnector is None else self._reconnector.last_recovery_s,
         )
 
     async def aclose(self) -> None:
         """Close the link within `close_timeout` seconds, whatever its state: a link still closing then is
         abandoned (logged), not waited for. A stream closed before its `done` reads `done` as closed by the
         client. Idempotent."""
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        if self._reconnector is not None:
+            self._reconnector.ended("connection closed by the client")
         link, self._link = self._link, None
         try:
             if link is not None:
@@ -410,13 +589,16 @@ async def connect(
     frame_buffer: int = _FRAME_BUFFER,
     connect_timeout: float = _CONNECT_TIMEOUT_S,
     close_timeout: float = _CLOSE_TIMEOUT_S,
+    reconnect: ReconnectPolicy | None = _RECONNECT,
 ) -> LiveStream:
     """Join a streaming session (`info` from `ServiceClient.wait_streaming`) over the transport its details name.
 
     `ice_addresses` (embedded): the host candidate addresses; "auto" picks `default_ice_addresses(service.url)`,
     None gathers on every interface but loopback. `livekit_token`: a token the caller minted for the identity it
     named in the create (`livekit.controller_identity`); by default the controller token of the details.
-    `close_timeout` bounds the stream's `aclose()`. Raises `ConnectError`, or the `ApiError` of a refused offer."""
+    `close_timeout` bounds the stream's `aclose()`. `reconnect` (embedded): the bounds of the automatic reconnect
+    after a lost connection (module docstring); None: a lost connection ends the stream. Raises `ConnectError`, or
+    the `ApiError` of a refused offer."""
     details = info.transport
     if details is None:
         raise ConnectError(f"session {info.id} has no join details (status {info.status})")
@@ -426,6 +608,15 @@ async def connect(
     if kind == "embedded":
         addresses = default_ice_addresses(service.url) if ice_addresses == "auto" else ice_addresses
         link = await EmbeddedLink.open(service, stream, details, host_addresses=addresses, within=connect_timeout)
+        if reconnect is not None:
+
+            async def rejoin(stream: LiveStream, latest: SessionInfo) -> Link:
+                again = latest.transport if latest.transport is not None else details
+                return await EmbeddedLink.open(service, stream, again, host_addresses=addresses, within=connect_timeout)
+
+            stream.attach_link(link)
+            stream.reconnect_with(reconnect, service, rejoin)
+            return stream
     elif kind == "livekit":
         link = await LiveKitLink.open(stream, details, token=livekit_token, within=connect_timeout)
     else:
