@@ -111,8 +111,8 @@ def test_data_from_a_participant_that_is_not_the_controller_is_ignored(
     stack: LiveKitStack, session: dict[str, Any]
 ) -> None:
     room = session["transport"]["room"]
-    # A participant of the room with data rights but another identity: the stand-in delivers its packets (as a real
-    # server would), and the service must not apply them.
+    # A participant of the room with data rights but another identity: the server delivers its packets, and the
+    # service must not apply them.
     intruder = TokenIssuer(stack.real.api_key, stack.real.api_secret).controller(session["id"], room)
     report = _client(
         "foreign", session["transport"]["url"], intruder.token, "--service", session["transport"]["service_identity"]

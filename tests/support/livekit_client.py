@@ -14,7 +14,9 @@ Scenarios:
 - `labels URL=service-url TOKEN=session-id`: the Python client (`transport.client.connect`, the real SDK) joins the
   session, reads frames while it runs, pauses and resumes it by RPC (the keep-warm repeats between), tries bad
   RPC payloads and too many prompts, then stops it by RPC; `frames` lists every frame received with its labels
-  (`frame_id`, `chunk`, `first_frame_id`, `first`, `repeat`) and its mean grey `level`.
+  (`frame_id`, `chunk`, `first_frame_id`, `first`, `repeat`) and the mean grey of its top half (`level`) and of its
+  bottom half (`level_high`), away from the edge between them (`framed_fake_workers` paints two digits of the
+  frame's index there).
 - `publish`: try to publish a video track for 3 s (`published`, or the `error`).
 - `churn`: join and leave again `--times` times, each with a fresh room (`joins`: how many joins succeeded).
 - `hold`: join, print `{"joined": true}` (or the report with the SDK's `error`) at once, stay in the room until
@@ -148,6 +150,12 @@ async def _rpc_error(room: rtc.Room, service: str, method: str, payload: str) ->
     return {"answer": answer}
 
 
+def _band_level(image: Any, top: float, bottom: float) -> float:
+    """The mean grey of the rows from `top` to `bottom` (fractions of the height) of a frame."""
+    height = image.shape[0]
+    return float(image[int(height * top) : int(height * bottom)].mean())
+
+
 async def _labels(service_url: str, session_id: str) -> dict[str, Any]:
     # The client under test, imported only in this process (it loads livekit.rtc when it joins).
     from transport.client import ControlRefusedError, LiveKitLink, ServiceClient, connect
@@ -169,7 +177,8 @@ async def _labels(service_url: str, session_id: str) -> dict[str, Any]:
                         "first_frame_id": None if chunk is None else chunk.first_frame_id,
                         "first": frame.first_of_chunk,
                         "repeat": frame.repeat,
-                        "level": float(frame.image.mean()),
+                        "level": _band_level(frame.image, 1 / 8, 3 / 8),
+                        "level_high": _band_level(frame.image, 5 / 8, 7 / 8),
                     }
                 )
 

@@ -106,12 +106,16 @@ class FakeWorld:
         noise: bool = False,
         level_step: int = 1,
         frames_per_chunk: int = 1,
+        second_digit: bool = False,
     ) -> None:
         self.pace_s = pace_s
         self.noise = noise
         # Frame i of the session's video is flat grey level i * level_step (mod 256); chunk k holds frames
-        # k * frames_per_chunk onwards (with one frame per chunk: chunk k is level k * level_step).
+        # k * frames_per_chunk onwards (with one frame per chunk: chunk k is level k * level_step). With
+        # `second_digit` the bottom half carries the next digit of i in base 256 / level_step (level_step times
+        # i // (256 / level_step), mod 256), so a decoded frame tells i modulo (256 / level_step) ** 2.
         self.level_step = level_step
+        self.second_digit = second_digit
         self.frames_per_chunk = frames_per_chunk
         self.max_image_bytes = max_image_bytes
         self.frame_size = frame_size
@@ -307,8 +311,12 @@ class FakeWorld:
         if self.noise:  # incompressible frames (a recording grows fast), the same for the same chunk index
             frames = np.random.default_rng(index).integers(0, 256, (count, size, size, 3), dtype=np.uint8)
         else:
-            levels = (np.arange(first, first + count) * self.level_step) % 256
+            ids = np.arange(first, first + count)
+            levels = (ids * self.level_step) % 256
             frames = np.broadcast_to(levels.astype(np.uint8)[:, None, None, None], (count, size, size, 3)).copy()
+            if self.second_digit:
+                digits = (ids // (256 // self.level_step) * self.level_step) % 256
+                frames[:, size // 2 :] = digits.astype(np.uint8)[:, None, None, None]
         return ChunkOutput(
             session_id=session.id,
             index=index,
@@ -364,10 +372,12 @@ def stepped_fake_workers(settings: Settings) -> list[FakeWorld]:
 
 def framed_fake_workers(settings: Settings) -> list[FakeWorld]:
     """Workers whose chunks are 4 frames of 64x64, paced for 16 fps (a chunk every 250 ms), frame i of the session's
-    video flat grey level 16 i (mod 256): a decoded frame tells its frame index modulo 16, so a test checks each
-    frame's id (LiveKit frame metadata) and chunk against the picture itself."""
+    video two flat grey halves: the top at level 16 (i mod 16), the bottom at 16 (i // 16 mod 16). A decoded frame
+    tells its frame index modulo 256, so a test checks each frame's id (LiveKit frame metadata) and chunk against the
+    picture itself."""
     return [
-        FakeWorld(pace_s=0.25, level_step=16, frames_per_chunk=4, frame_size=64) for _ in range(settings.num_workers)
+        FakeWorld(pace_s=0.25, level_step=16, frames_per_chunk=4, frame_size=64, second_digit=True)
+        for _ in range(settings.num_workers)
     ]
 
 
