@@ -14,7 +14,10 @@ Playwright's keyboard (the page's own control handling sends the snapshot), and 
 - release: after a random time, release both; wait for `w` dark: `release_*`.
 
 `hud_photon_*` is what the page's own HUD reported meanwhile as *Control → photon* (its last 20 figures, every
-applied snapshot, held-key repeats included), to check the HUD against the pixels.
+applied snapshot, held-key repeats included), to check the HUD against the pixels. The page ends each at the first
+presented frame of the chunk that applied the snapshot, found exactly on either transport: by RTP timestamp
+(`first_frame_pts`) on the embedded one, by LiveKit frame metadata (`first_frame_id`) on LiveKit, where
+`livekit_frames_by_id` counts the frames the page presented with the service's frame id (0 elsewhere).
 
 At the session defaults (416x240, 16 fps, chunk_size 3: 12 frames a chunk) and again with chunk_size 1 (4 frames),
 keys prefixed `chunk1_`, each with the session's default `schedule` (just in time) and then, side by side in the same
@@ -326,6 +329,7 @@ async def _session(
         if pid is not None:
             figures["idle_cpu_pct"].append(cpu[""])
     figures["hud_photon"] = await page.evaluate("window.lingstream.photonsMs")
+    figures["frames_by_id"] = [float(await page.evaluate("window.lingstream.framesById"))]
     figures["underrun_pct"] = [await _underrun_pct(page, chunk_size)]
     target = await page.evaluate("window.lingstream.jitterBufferTarget")
     figures["receiver_target_ms"] = [-1.0 if target is None else float(target)]
@@ -378,7 +382,7 @@ async def _alternate(
 def _summary(prefix: str, figures: dict[str, list[float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, values in figures.items():
-        if name in ("underrun_pct", "receiver_target_ms"):
+        if name in ("underrun_pct", "receiver_target_ms", "frames_by_id"):
             out[f"{prefix}{name}"] = values[0]
             continue
         if name == "idle_cpu_pct":

@@ -238,6 +238,8 @@ LATENCY_LIVEKIT_FIGURES = frozenset(
         "keepwarm_off_first_press_after_idle_p90_ms",
         "keepwarm_off_idle_cpu_pct",
         "trials",
+        "hud_photon_p50_ms",
+        "frames_by_id",
     )
 )
 
@@ -335,6 +337,10 @@ def test_quick_run_exits_0_and_reports_its_figures(name: str) -> None:
     if name == "latency" and LiveKitStack.skip_reason() is None:
         expected |= LATENCY_LIVEKIT_FIGURES
     assert expected <= figures.keys(), f"missing figures: {sorted(expected - figures.keys())}"
+    if name == "latency" and LiveKitStack.skip_reason() is None:
+        # LiveKit's Control → photon is exact: the page matched the frames it presented by their frame ids.
+        assert figures["livekit_frames_by_id"] > 0, figures
+        assert figures["livekit_hud_photon_p50_ms"] > 0, figures
     if name == "latency":  # the page's `?jitter_ms=0` reached Chromium's receiver; without it the browser chooses
         assert figures["jitter0_receiver_target_ms"] == 0
         assert figures["receiver_target_ms"] == -1
