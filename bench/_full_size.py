@@ -61,6 +61,7 @@ from pipeline.lingbot.models import (
     Ulysses,
     denoise_chunk,
 )
+from pipeline.lingbot.models.attention import attention_capability, select_attention
 from pipeline.lingbot.models.workload import (
     FLASHDREAMS_MS_PER_CHUNK,
     calibration_forward,
@@ -228,6 +229,7 @@ def build_dit(sizes: FullSize, device: torch.device, parallel: Ulysses = SINGLE_
         dit = LingBotFastDiT(sizes.dit, parallel)
     built = _materialise(dit, device, sizes.dtype, seed)
     assert isinstance(built, LingBotFastDiT)
+    built.set_attention(select_attention("auto", attention_capability(device)))  # as the service's default runs it
     return built
 
 
@@ -427,6 +429,7 @@ def run_session(
         figures.update(
             umt5_encode_ms=encode_ms,
             sdpa_backend=sdpa_backend(sizes, device),
+            attention=dit.attention.name,
             resolution=f"{sizes.width}x{sizes.height}",
             dit_parameters=sum(param.numel() for param in dit.parameters()),
         )

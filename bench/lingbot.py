@@ -447,7 +447,7 @@ async def fast_session(
 
 def lingbot_fast(
     model_path: Path | None, device: str, dtype: str, resolution: str, chunks: int, first_frame_rounds: int
-) -> dict[str, float]:
+) -> dict[str, float | str]:
     """The LingBot-World-Fast figures: the model in `model_path`, or a tiny random one written now."""
     from pipeline.lingbot.models import LingBotFastOptions, LingBotFastWorldModel, write_tiny_model
 
@@ -459,7 +459,7 @@ def lingbot_fast(
         asyncio.run(fast_session(model, spans, width, height, 2))  # warm-up: first-call costs stay out
         results = asyncio.run(fast_session(model, spans, width, height, max(2, chunks)))
         first = first_frame(model, width, height, max(2, chunks // 2), first_frame_rounds, "lingbot_fast_")
-        return results | asyncio.run(first)
+        return results | asyncio.run(first) | {"lingbot_fast_attention": model.denoiser.dit.attention.name}
 
 
 def camera(chunks: int, device: str) -> dict[str, float]:

@@ -57,7 +57,7 @@ from service.telemetry.otel import Telemetry, TelemetryMiddleware
 from service.telemetry.webhook_series import webhook_results
 from service.tokens import MemoryTokenStore, TokenCodec, TokenPolicy, TokenStore
 from service.webhooks.setup import build_webhooks, webhook_targets
-from service.workers import build_workers, model_memory
+from service.workers import build_workers, model_memory, model_start
 from transport.base import Transport
 from transport.errors import TransportError
 from transport.session.timers import Timers
@@ -153,6 +153,7 @@ def create_app(
     workers = list(factory(settings))
     # The real workers checked the model at start (cached); a test's fake workers have no model to estimate.
     memory = model_memory(settings) if factory is build_workers else None
+    start = model_start(settings, workers) if factory is build_workers else None
     objects, catalog = _recording_storage(settings, config)
     if config.shared_admission is None:
         runtime = ServiceRuntime(
@@ -219,6 +220,7 @@ def create_app(
     app.state.webhooks = webhooks
     _add_contract_components(app)
     app.state.model_memory = memory.to_mapping() if memory is not None else None
+    app.state.model_start = start
     app.state.telemetry = telemetry
     app.state.transport = transport
     app.state.authenticator = authenticator

@@ -266,6 +266,20 @@ class Settings(BaseSettings):
         "element-wise kernels); max: inductor's max-autotune (GEMM autotuning, CUDA graphs where it can). Compiles "
         "at a worker's first chunks (minutes on a CPU): give LINGSTREAM_WORKER_START_TIMEOUT room.",
     )
+    attention: Literal["auto", "cudnn", "flash", "efficient", "math", "fa3", "sage"] = Field(
+        default="auto",
+        description="lingbot-fast: the DiT's attention kernel. auto: on SM90+ FA3 when installed, else PyTorch SDPA "
+        "with the priority cuDNN > FlashAttention > memory-efficient > math; older GPUs: SDPA's own order; CPU: SDPA. "
+        "cudnn|flash|efficient|math: that SDPA backend only; fa3|sage: FlashAttention-3 / SageAttention (installed).",
+    )
+    warmup_chunks: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="lingbot-fast: chunks of a throwaway 832x480 session each DiT rank runs before it reports ready. "
+        "Unset: with LINGSTREAM_COMPILE on, enough to fill the attention window and turn the ring once (10 at "
+        "window 18 / sink 6), else 0. Counts against LINGSTREAM_WORKER_START_TIMEOUT.",
+    )
     reconnect_grace: float = Field(default=20.0, gt=0, le=3600, description="Seconds a departed browser may return.")
     video_codec: Literal["vp8", "h264"] = "vp8"
     video_bitrate: int = Field(default=2_000_000, ge=50_000, le=100_000_000, description="Video bits per second.")
@@ -690,6 +704,11 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"LINGSTREAM_COMPILE={self.compile} compiles the lingbot-fast DiT; the reference model has none "
                     "(set LINGSTREAM_MODEL=lingbot-fast or LINGSTREAM_COMPILE=off)"
+                )
+            if self.attention != "auto" or self.warmup_chunks is not None:
+                raise ValueError(
+                    "LINGSTREAM_ATTENTION and LINGSTREAM_WARMUP_CHUNKS are for the lingbot-fast DiT; the reference "
+                    "model has none (set LINGSTREAM_MODEL=lingbot-fast, or leave them unset)"
                 )
             return
         if self.model_path is None:

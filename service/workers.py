@@ -40,23 +40,26 @@ from service.errors import SettingsError
 from service.settings import Settings
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from pipeline.lingbot.config import LingBotSessionConfig
     from pipeline.lingbot.graph.actors import ProcessPlacement
     from pipeline.lingbot.models import LingBotFastOptions, MemoryEstimate
+    from pipeline.lingbot.models.attention import AttentionPlan
     from pipeline.lingbot.policy.recovery import RecoveryBudget
     from pipeline.lingbot.seam import WorldModel, WorldModelFactory
 
 __all__ = [
     "WORKER_ENVIRONMENT",
     "WorkerOptions",
+    "attention_plan",
     "build_workers",
     "check_devices",
     "check_model",
     "lingbot_fast_options",
     "load_factory",
     "model_memory",
+    "model_start",
     "process_placement",
     "recovery_budget",
     "worker_options",
@@ -95,6 +98,10 @@ class WorkerOptions:
     model_sink_frames: int = 6
     compile: str = "off"
     """`LINGSTREAM_COMPILE` (lingbot-fast)."""
+    attention: str = "auto"
+    """`LINGSTREAM_ATTENTION` (lingbot-fast)."""
+    warmup_chunks: int | None = None
+    """`LINGSTREAM_WARMUP_CHUNKS` (lingbot-fast; None: automatic)."""
     recovery_attempts: int = 3
     """`LINGSTREAM_RECOVERY_ATTEMPTS` (0: no recovery)."""
     recovery_timeout: float = 30.0
@@ -123,6 +130,8 @@ def worker_options(settings: Settings) -> list[WorkerOptions]:
             model_window_frames=settings.model_window_frames,
             model_sink_frames=settings.model_sink_frames,
             compile=settings.compile,
+            attention=settings.attention,
+            warmup_chunks=settings.warmup_chunks,
             recovery_attempts=settings.recovery_attempts,
             recovery_timeout=settings.recovery_timeout,
         )
@@ -178,6 +187,8 @@ def lingbot_fast_options(options: WorkerOptions) -> LingBotFastOptions:
         window_frames=options.model_window_frames,
         sink_frames=options.model_sink_frames,
         compile=options.compile,
+        attention=options.attention,
+        warmup_chunks=options.warmup_chunks,
         denoise_ranks=options.denoise_ranks if options.stage_placement == "processes" else 1,
     )
 
@@ -233,6 +244,38 @@ def _checked_estimate(options: WorkerOptions) -> MemoryEstimate:
             "LINGSTREAM_MODEL_WINDOW_FRAMES, or use a device with more memory."
         )
     return estimate
+
+
+def attention_plan(options: WorkerOptions) -> AttentionPlan | None:
+    """lingbot-fast: the attention the DiT will run on the worker's first device (`LINGSTREAM_ATTENTION`, selected
+    as each DiT rank selects it at load, on the same machine); None for the reference model. Raises
+    `SettingsError` for a kernel the device cannot run or that is not installed."""
+    if options.model != "lingbot-fast":
+        return None
+    from pipeline.lingbot.models.attention import attention_capability, select_attention
+
+    try:
+        return select_attention(options.attention, attention_capability(options.devices[0]))
+    except ValueError as exc:  # ModelConfigError
+        raise SettingsError(f"cannot start: LINGSTREAM_ATTENTION={options.attention}: {exc}") from None
+
+
+def model_start(settings: Settings, workers: Sequence[BidirectionalService]) -> dict[str, object] | None:
+    """What `/readyz` shows of the first lingbot-fast worker's start: its attention (`attention_plan`) and its
+    warm-up (`LINGSTREAM_WARMUP_CHUNKS`): the chunks run and, on threads, the seconds they took (on processes each
+    DiT rank warms up in its own process and logs its seconds; `seconds` is null). None for the reference model."""
+    options = worker_options(settings)[0]
+    plan = attention_plan(options)
+    if plan is None:
+        return None
+    from pipeline.lingbot.policy.service import LingBotService
+
+    fast = lingbot_fast_options(options)
+    warmup: dict[str, object] = {"chunks": fast.warm_up_chunks(), "seconds": None, "resolution": None}
+    first = workers[0] if workers else None
+    if isinstance(first, LingBotService) and first.warmed_up is not None:
+        warmup = first.warmed_up.to_mapping()
+    return {"compile": options.compile, "attention": plan.to_mapping(), "warmup": warmup}
 
 
 def model_memory(settings: Settings) -> MemoryEstimate | None:
@@ -319,6 +362,7 @@ def build_workers(settings: Settings) -> list[BidirectionalService]:
     first, so a bad directory fails the start with its problem named).
     """
     try:
+        from pipeline.lingbot.models.world import LingBotFastWorldModel
         from pipeline.lingbot.policy.service import LingBotService
     except ImportError as exc:
         raise SettingsError(
@@ -328,6 +372,7 @@ def build_workers(settings: Settings) -> list[BidirectionalService]:
     check_devices(options_list)
     for options in options_list:
         check_model(options)  # refuses a directory that does not load or sessions that do not fit
+        attention_plan(options)  # refuses a kernel the device cannot run
     if any(options.stage_placement == "processes" for options in options_list):
         for name, value in WORKER_ENVIRONMENT.items():
             os.environ.setdefault(name, value)
@@ -336,8 +381,11 @@ def build_workers(settings: Settings) -> list[BidirectionalService]:
         if options.stage_placement == "processes":
             model: WorldModel | ProcessPlacement = process_placement(options)
             threads = None  # each rank sets its own; the service process only schedules
+            warmed_up = None  # each DiT rank warms up in its process before it reports ready, and logs it
         else:
-            model = _world_model(options)
+            world = _world_model(options)
+            model = world
+            warmed_up = world.denoiser.warmed_up if isinstance(world, LingBotFastWorldModel) else None
             threads = options.torch_threads
         workers.append(
             LingBotService(
@@ -350,6 +398,7 @@ def build_workers(settings: Settings) -> list[BidirectionalService]:
                 check_config=_session_limits(options),
                 progressive_decode=options.progressive_decode,
                 recovery=recovery_budget(options),
+                warmed_up=warmed_up,
             )
         )
     return workers

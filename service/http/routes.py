@@ -627,8 +627,14 @@ async def health() -> HealthBody:
 async def ready(request: Request, runtime: Runtime) -> Response:
     readiness = runtime.readiness()
     if readiness.ready:
+        body: dict[str, object] = {"status": "ready"}
         memory: dict[str, object] | None = request.app.state.model_memory
-        return JSONResponse({"status": "ready"} if memory is None else {"status": "ready", "model_memory": memory})
+        start: dict[str, object] | None = request.app.state.model_start
+        if memory is not None:
+            body["model_memory"] = memory
+        if start is not None:
+            body["model_start"] = start
+        return JSONResponse(body)
     return JSONResponse(error_body(readiness.code or "not_ready", readiness.reason or "not ready"), status_code=503)
 
 

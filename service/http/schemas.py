@@ -315,10 +315,37 @@ class ModelMemoryBody(BaseModel):
     resolution: str = Field(description="The planning resolution, WIDTHxHEIGHT.")
 
 
+class ModelWarmUpBody(BaseModel):
+    """The warm-up chunks a lingbot-fast worker ran before it reported ready (LINGSTREAM_WARMUP_CHUNKS)."""
+
+    chunks: int
+    seconds: float | None = Field(description="How long they took (null on processes: each DiT rank logs its own).")
+    resolution: str | None = Field(description="The throwaway session's WIDTHxHEIGHT.")
+
+
+class ModelAttentionBody(BaseModel):
+    """The attention kernel the DiT runs (LINGSTREAM_ATTENTION)."""
+
+    backend: str = Field(description="sdpa (PyTorch's own choice), cudnn, flash, efficient, math, fa3 or sage.")
+    kernel: Literal["sdpa", "fa3", "sage"]
+    sdpa_order: list[str] = Field(description="SDPA's backends in priority order (empty: PyTorch's default).")
+
+
+class ModelStartBody(BaseModel):
+    """How the first lingbot-fast worker started: compile mode, attention and warm-up."""
+
+    compile: Literal["off", "default", "max"]
+    attention: ModelAttentionBody
+    warmup: ModelWarmUpBody
+
+
 class HealthBody(BaseModel):
     status: Literal["ok", "ready"]
     model_memory: ModelMemoryBody | None = Field(
         default=None, description="/readyz with LINGSTREAM_MODEL=lingbot-fast: the memory estimate it started with."
+    )
+    model_start: ModelStartBody | None = Field(
+        default=None, description="/readyz with LINGSTREAM_MODEL=lingbot-fast: its attention and warm-up."
     )
 
 

@@ -64,6 +64,8 @@ def service(
         LINGSTREAM_TORCH_THREADS="1",
         LINGSTREAM_STAGE_PLACEMENT=placement,
         LINGSTREAM_DENOISE_RANKS=ranks,
+        LINGSTREAM_ATTENTION="math",
+        LINGSTREAM_WARMUP_CHUNKS="1",  # one 832x480 chunk of the tiny model (~7 s on one thread) before ready
         LINGSTREAM_RECORDINGS_DIR=str(workdir / "recordings"),
     ) as served:
         # Each DiT rank imports the model stack and loads the DiT in its own process: allow more on a loaded machine.
@@ -72,7 +74,9 @@ def service(
     assert "Traceback" not in served.output(), served.output()[-4000:]
 
 
-def test_readyz_shows_the_memory_estimate_it_started_with(service: Served, request: pytest.FixtureRequest) -> None:
+def test_readyz_shows_the_memory_estimate_attention_and_warm_up_it_started_with(
+    service: Served, request: pytest.FixtureRequest
+) -> None:
     body = httpx.get(f"{service.url}/readyz", timeout=5.0).json()
     assert body["status"] == "ready"
     memory = body["model_memory"]
@@ -80,6 +84,15 @@ def test_readyz_shows_the_memory_estimate_it_started_with(service: Served, reque
     assert memory["fits_sessions"] >= 1
     assert memory["model_bytes"] + memory["session_bytes"] <= memory["usable_bytes"] < memory["device_bytes"]
     assert memory["denoise_ranks"] == int(PLACEMENTS[request.node.callspec.params["service"]][1])
+    start = body["model_start"]
+    assert start["compile"] == "off"
+    assert start["attention"] == {"backend": "math", "kernel": "sdpa", "sdpa_order": ["math"]}
+    warmup = start["warmup"]
+    if PLACEMENTS[request.node.callspec.params["service"]][0] == "threads":
+        assert (warmup["chunks"], warmup["resolution"]) == (1, "832x480")
+        assert warmup["seconds"] > 0
+    else:  # every DiT rank warms up in its own process before it reports ready (load_denoiser); its seconds stay there
+        assert warmup == {"chunks": 1, "seconds": None, "resolution": None}
 
 
 # Sessions the tiny model's default cache (window 18, sink 6) and memory plan (832x480) cannot hold, each with the

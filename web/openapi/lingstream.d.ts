@@ -458,6 +458,29 @@ export interface components {
             status: "ok" | "ready";
             /** @description /readyz with LINGSTREAM_MODEL=lingbot-fast: the memory estimate it started with. */
             model_memory?: components["schemas"]["ModelMemoryBody"] | null;
+            /** @description /readyz with LINGSTREAM_MODEL=lingbot-fast: its attention and warm-up. */
+            model_start?: components["schemas"]["ModelStartBody"] | null;
+        };
+        /**
+         * ModelAttentionBody
+         * @description The attention kernel the DiT runs (LINGSTREAM_ATTENTION).
+         */
+        ModelAttentionBody: {
+            /**
+             * Backend
+             * @description sdpa (PyTorch's own choice), cudnn, flash, efficient, math, fa3 or sage.
+             */
+            backend: string;
+            /**
+             * Kernel
+             * @enum {string}
+             */
+            kernel: "sdpa" | "fa3" | "sage";
+            /**
+             * Sdpa Order
+             * @description SDPA's backends in priority order (empty: PyTorch's default).
+             */
+            sdpa_order: string[];
         };
         /**
          * ModelMemoryBody
@@ -495,6 +518,37 @@ export interface components {
              * @description The planning resolution, WIDTHxHEIGHT.
              */
             resolution: string;
+        };
+        /**
+         * ModelStartBody
+         * @description How the first lingbot-fast worker started: compile mode, attention and warm-up.
+         */
+        ModelStartBody: {
+            /**
+             * Compile
+             * @enum {string}
+             */
+            compile: "off" | "default" | "max";
+            attention: components["schemas"]["ModelAttentionBody"];
+            warmup: components["schemas"]["ModelWarmUpBody"];
+        };
+        /**
+         * ModelWarmUpBody
+         * @description The warm-up chunks a lingbot-fast worker ran before it reported ready (LINGSTREAM_WARMUP_CHUNKS).
+         */
+        ModelWarmUpBody: {
+            /** Chunks */
+            chunks: number;
+            /**
+             * Seconds
+             * @description How long they took (null on processes: each DiT rank logs its own).
+             */
+            seconds: number | null;
+            /**
+             * Resolution
+             * @description The throwaway session's WIDTHxHEIGHT.
+             */
+            resolution: string | null;
         };
         /** QuotaBody */
         QuotaBody: {
@@ -1329,7 +1383,10 @@ export type ErrorBody = components['schemas']['ErrorBody'];
 export type ErrorDetail = components['schemas']['ErrorDetail'];
 export type HttpValidationError = components['schemas']['HTTPValidationError'];
 export type HealthBody = components['schemas']['HealthBody'];
+export type ModelAttentionBody = components['schemas']['ModelAttentionBody'];
 export type ModelMemoryBody = components['schemas']['ModelMemoryBody'];
+export type ModelStartBody = components['schemas']['ModelStartBody'];
+export type ModelWarmUpBody = components['schemas']['ModelWarmUpBody'];
 export type QuotaBody = components['schemas']['QuotaBody'];
 export type RecordingBody = components['schemas']['RecordingBody'];
 export type RecordingItem = components['schemas']['RecordingItem'];

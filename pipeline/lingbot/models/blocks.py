@@ -16,7 +16,8 @@ block's forward reuses them, bit for bit the values it would compute itself.
 
 `norm1`/`norm2` are LayerNorms without parameters, `norm3` has them; queries and keys get an RMSNorm over the
 whole width before they are split into heads. Attention is PyTorch's SDPA (flash or memory-efficient kernels where
-the device has them). Parameter names are the checkpoint's (`blocks.N.self_attn.q.weight`, ...).
+the device has them), or the kernel the worker chose (`attention.py`: `kernel` on each attention module, set by
+`LingBotFastDiT.set_attention`). Parameter names are the checkpoint's (`blocks.N.self_attn.q.weight`, ...).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.lingbot.models.attention import attend
 from pipeline.lingbot.models.cache import CacheSlot, LayerKV
 from pipeline.lingbot.models.config import DiTConfig
 from pipeline.lingbot.models.parallel import SINGLE_RANK, Ulysses
@@ -90,6 +92,8 @@ class _Attention(nn.Module):
         super().__init__()
         dim = config.dim
         self.heads = config.num_heads
+        self.kernel = "sdpa"
+        """The attention kernel (`AttentionPlan.kernel`); SDPA's backend is chosen around the forward."""
         self.q = nn.Linear(dim, dim)
         self.k = nn.Linear(dim, dim)
         self.v = nn.Linear(dim, dim)
@@ -120,7 +124,7 @@ class SelfAttention(_Attention):
         # Unmasked attention does not depend on the keys' order: the ring's is fine as it lies.
         keys = layer.k[:, : slot.visible].transpose(1, 2).to(q.dtype)
         values = layer.v[:, : slot.visible].transpose(1, 2).to(q.dtype)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values)
+        out = attend(q.transpose(1, 2), keys, values, self.kernel)
         result: torch.Tensor = self.o(parallel.to_tokens(out.transpose(1, 2)).flatten(2))
         return result
 
@@ -135,7 +139,7 @@ class CrossAttention(_Attention):
 
     def forward(self, x: torch.Tensor, text: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         q = self._heads(self.norm_q(self.q(x))).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, text[0], text[1])
+        out = attend(q, text[0], text[1], self.kernel)
         result: torch.Tensor = self.o(out.transpose(1, 2).flatten(2))
         return result
 

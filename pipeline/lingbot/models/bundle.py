@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from pipeline.lingbot.config import SPATIAL_COMPRESSION
+from pipeline.lingbot.models.attention import ATTENTION_CHOICES
 from pipeline.lingbot.models.cache import CacheConfig
 from pipeline.lingbot.models.checkpoint import (
     DIT_WEIGHTS,
@@ -44,6 +45,7 @@ from pipeline.lingbot.models.config import LINGBOT_FAST_14B, TINY_DIT, DiTConfig
 from pipeline.lingbot.models.errors import CheckpointError, ModelConfigError
 from pipeline.lingbot.models.text import TEXT_ENCODER_WEIGHTS, write_tiny_text_encoder
 from pipeline.lingbot.models.vae import DEFAULT_MAX_PREFIX_FRAMES, VAE_CONFIG, write_tiny_vae
+from pipeline.lingbot.models.warmup import WARM_UP_CHUNK_SIZE, auto_warm_up_chunks
 
 __all__ = [
     "DIT_DIR",
@@ -79,12 +81,21 @@ class LingBotFastOptions:
     limits plan for; each rank's denoiser takes its place in the group from its `ModelShard`."""
     compile: str = "off"
     """`torch.compile` of the DiT's blocks: one of `COMPILE_MODES` (`compiled.py`)."""
+    attention: str = "auto"
+    """The blocks' attention kernel: one of `ATTENTION_CHOICES` (`attention.py`)."""
+    warmup_chunks: int | None = None
+    """Chunks of a throwaway session run before the denoiser is ready (`warmup.py`); None: enough to fill the window
+    and turn the ring once when compiling, else 0."""
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ModelConfigError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.compile not in COMPILE_MODES:
             raise ModelConfigError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
+        if self.attention not in ATTENTION_CHOICES:
+            raise ModelConfigError(f"attention must be one of {', '.join(ATTENTION_CHOICES)}, got {self.attention!r}")
+        if self.warmup_chunks is not None and self.warmup_chunks < 0:
+            raise ModelConfigError(f"warmup_chunks must be >= 0, got {self.warmup_chunks}")
         if self.denoise_ranks < 1:
             raise ModelConfigError(f"denoise_ranks must be >= 1, got {self.denoise_ranks}")
         if self.text_cache_size < 1 or self.max_prefix_frames < 1:
@@ -99,6 +110,12 @@ class LingBotFastOptions:
     def cache_config(self, chunk_frames: int) -> CacheConfig:
         """The rolling cache for sessions of `chunk_frames` latent frames per chunk (window and sink in frames)."""
         return CacheConfig(chunk_frames=chunk_frames, window_frames=self.window_frames, sink_frames=self.sink_frames)
+
+    def warm_up_chunks(self) -> int:
+        """The warm-up chunks to run: `warmup_chunks`, or the automatic count for `compile` (`warmup.py`)."""
+        if self.warmup_chunks is not None:
+            return self.warmup_chunks
+        return auto_warm_up_chunks(self.cache_config(WARM_UP_CHUNK_SIZE), self.compile)
 
     @property
     def root(self) -> Path:

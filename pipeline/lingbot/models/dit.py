@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.lingbot.errors import ModelInputError
+from pipeline.lingbot.models.attention import AttentionPlan
 from pipeline.lingbot.models.blocks import CameraModulation, DiTBlock, OutputHead, linear_fp32
 from pipeline.lingbot.models.cache import CacheConfig, CacheSlot, KVCache, TextKV
 from pipeline.lingbot.models.config import DiTConfig
@@ -63,6 +64,7 @@ class LingBotFastDiT(nn.Module):
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
         self.blocks = nn.ModuleList(DiTBlock(config) for _ in range(config.num_layers))
         self.head = OutputHead(config)
+        self._attention = AttentionPlan("sdpa")
 
     @property
     def config(self) -> DiTConfig:
@@ -72,6 +74,18 @@ class LingBotFastDiT(nn.Module):
     def parallel(self) -> Ulysses:
         """This rank's place in the DiT group (`SINGLE_RANK` unsharded)."""
         return self._parallel
+
+    @property
+    def attention(self) -> AttentionPlan:
+        """The attention the blocks run (`set_attention`; by default SDPA as PyTorch chooses)."""
+        return self._attention
+
+    def set_attention(self, plan: AttentionPlan) -> None:
+        """Run every block's attention as `plan` says (`attention.select_attention`), from the next forward."""
+        for block in self._blocks():
+            block.self_attn.kernel = plan.kernel
+            block.cross_attn.kernel = plan.kernel
+        self._attention = plan
 
     @property
     def dtype(self) -> torch.dtype:
@@ -171,8 +185,11 @@ class LingBotFastDiT(nn.Module):
         start, stop = parallel.token_range(cos.shape[0])
         angles = (cos[start:stop], sin[start:stop])
         cameras = camera.layers if camera is not None else (None,) * len(cache.layers)
-        for block, layer, text_kv, block_camera in zip(self._blocks(), cache.layers, text.layers, cameras, strict=True):
-            x = block(x, time_mod, text_kv, angles, layer, slot, block_camera, parallel)
+        with self._attention.context():
+            for block, layer, text_kv, block_camera in zip(
+                self._blocks(), cache.layers, text.layers, cameras, strict=True
+            ):
+                x = block(x, time_mod, text_kv, angles, layer, slot, block_camera, parallel)
         return self._unpatchify(parallel.gather_tokens(self.head(x, time_emb).float()), grid)
 
     def _unpatchify(self, x: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:

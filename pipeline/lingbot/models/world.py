@@ -26,17 +26,19 @@ no state of its own between calls (the caches are per session), so the encode an
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from pipeline.lingbot.camera import CameraChunk, map_rays, plucker_map
+from pipeline.lingbot.camera import CameraChunk, CameraController, map_rays, plucker_map
 from pipeline.lingbot.chunks import ChunkPlan
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.continuity import ResumePoint
 from pipeline.lingbot.errors import ModelInputError, ModelSessionError
+from pipeline.lingbot.models.attention import attention_capability, select_attention
 from pipeline.lingbot.models.bundle import (
     DIT_DIR,
     TEXT_ENCODER_DIR,
@@ -51,10 +53,12 @@ from pipeline.lingbot.models.checkpoint import load_dit
 from pipeline.lingbot.models.compiled import compile_blocks
 from pipeline.lingbot.models.dit import LingBotFastDiT
 from pipeline.lingbot.models.errors import ModelConfigError
+from pipeline.lingbot.models.memory_plan import PLAN_HEIGHT, PLAN_WIDTH
 from pipeline.lingbot.models.parallel import SINGLE_RANK, Ulysses, check_parallel
 from pipeline.lingbot.models.sampler import denoise_chunk
 from pipeline.lingbot.models.text import UMT5TextEncoder, load_text_encoder
 from pipeline.lingbot.models.vae import StreamingVAE, load_vae
+from pipeline.lingbot.models.warmup import WarmUp, warm_up_config, warm_up_controls, warm_up_latent
 from pipeline.lingbot.reference.model import default_scene
 from pipeline.lingbot.seam import (
     LATENT_CHANNELS,
@@ -77,6 +81,8 @@ __all__ = [
     "LingBotFastWorldModel",
     "load_streaming_vae",
 ]
+
+logger = logging.getLogger(__name__)
 
 MASK_CHANNELS = 4
 """The first-frame mask's channels: the 4 video frames a latent frame folds."""
@@ -149,6 +155,7 @@ class LingBotFastDenoiser:
         self._options = options
         self._sessions: SessionTable[_DenoiseSession] = SessionTable("denoise")
         self._timer = stage_timer(dit.device)  # CUDA events on a GPU: the call's time is its kernels' time
+        self._warmed_up: WarmUp | None = None
 
     @property
     def dit(self) -> LingBotFastDiT:
@@ -158,6 +165,11 @@ class LingBotFastDenoiser:
     def device(self) -> torch.device:
         return self._dit.device
 
+    @property
+    def warmed_up(self) -> WarmUp | None:
+        """The last `warm_up` (None: none ran)."""
+        return self._warmed_up
+
     def statistics(self) -> StageStatistics:
         return self._sessions.statistics()
 
@@ -166,12 +178,15 @@ class LingBotFastDenoiser:
         return self._sessions.get(session_id).cache.statistics()
 
     def create_cache(self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor) -> None:
+        self._sessions.add(session_id, self._new_state(config, base_latent))
+
+    def _new_state(self, config: LingBotSessionConfig, base_latent: torch.Tensor) -> _DenoiseSession:
         validate_base_latent(base_latent, config)
         device = self._dit.device
         cache_config = self._options.cache_config(config.chunk_size)
         cache = self._dit.new_cache(cache_config, config.latent_height, config.latent_width)
         generator = torch.Generator(device=device).manual_seed(config.seed)
-        state = _DenoiseSession(
+        return _DenoiseSession(
             config=config,
             plan=config.chunk_plan,
             base_latent=base_latent.detach().to(device, torch.float32).clone(),
@@ -179,7 +194,6 @@ class LingBotFastDenoiser:
             rays=map_rays(config.camera_intrinsics(), device),
             generator=generator,
         )
-        self._sessions.add(session_id, state)
 
     def reseed_cache(
         self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor, resume: ResumePoint
@@ -203,9 +217,34 @@ class LingBotFastDenoiser:
         self, session_id: str, chunk_index: int, chunk_size: int, control: CameraChunk, *, prompt: str
     ) -> torch.Tensor:
         state = self._sessions.get(session_id)
+        span = self._timer.start()
+        result = self._denoise(state, chunk_index, chunk_size, control, prompt)
+        self._sessions.record(span.stop())
+        return result
+
+    def warm_up(self, config: LingBotSessionConfig, chunks: int) -> WarmUp:
+        """Runs `chunks` chunks of a throwaway session of `config` (the camera walking and turning, the session's
+        prompt), so that compiled code and kernels for its shapes exist before the worker reports ready
+        (`warmup.py`). Leaves nothing behind: the session is no table's, its cache and generator are dropped, the
+        statistics do not count it; only the prompt's umt5 states stay in the per-worker text cache. Under Ulysses
+        every rank must call it alike (the forwards' collectives). Returns what it did."""
+        started = time.perf_counter()
+        state = self._new_state(config, warm_up_latent(config, self._dit.device))
+        camera = CameraController(config.pose_steps(), config.camera_intrinsics())
+        for index in range(chunks):
+            control = camera.chunk_control(warm_up_controls(index), index, config.chunk_size).camera
+            self._denoise(state, index, config.chunk_size, control, config.prompt)
+        if self._dit.device.type == "cuda":
+            torch.cuda.synchronize(self._dit.device)
+        del state
+        self._warmed_up = WarmUp(chunks, time.perf_counter() - started, f"{config.width}x{config.height}")
+        return self._warmed_up
+
+    def _denoise(
+        self, state: _DenoiseSession, chunk_index: int, chunk_size: int, control: CameraChunk, prompt: str
+    ) -> torch.Tensor:
         check_chunk_order("denoise", state.plan, chunk_index, chunk_size, state.next_chunk)
         validate_control(control, state.config, chunk_size)
-        span = self._timer.start()
         device = self._dit.device
         if state.text is None or prompt != state.prompt:
             state.text = self._dit.encode_text(self._prompt_states(prompt))
@@ -226,7 +265,6 @@ class LingBotFastDenoiser:
         x0 = denoise_chunk(self._dit, state.cache, state.text, condition, noise, state.generator, camera)
         result = x0[0].contiguous()
         state.next_chunk += 1
-        self._sessions.record(span.stop())
         return result
 
     def _prompt_states(self, prompt: str) -> torch.Tensor:
@@ -350,6 +388,7 @@ def load_denoiser(options: LingBotFastOptions, device: str, parallel: Ulysses = 
     check_parallel(config, parallel.world_size)
     dit = load_dit(options.root / DIT_DIR, config, dtype=dtype, device=device, parallel=parallel)
     compile_blocks(dit, options.compile)  # LINGSTREAM_COMPILE; compiles at the first forward of each shape
+    dit.set_attention(select_attention(options.attention, attention_capability(device)))
     text_encoder = None
     if parallel.rank == 0:
         text_encoder = load_text_encoder(
@@ -360,7 +399,19 @@ def load_denoiser(options: LingBotFastOptions, device: str, parallel: Ulysses = 
             dtype=dtype,
             cache_size=options.text_cache_size,
         )
-    return LingBotFastDenoiser(dit, text_encoder, options)
+    denoiser = LingBotFastDenoiser(dit, text_encoder, options)
+    chunks = options.warm_up_chunks()
+    if chunks > 0:  # before the stage exists, so before the worker reports ready (warmup.py)
+        report = denoiser.warm_up(warm_up_config(PLAN_WIDTH, PLAN_HEIGHT, chunks), chunks)
+        logger.info(
+            "lingbot-fast warm-up: %d chunks at %s in %.1f s (compile %s, attention %s)",
+            report.chunks,
+            report.resolution,
+            report.seconds,
+            options.compile,
+            dit.attention.name,
+        )
+    return denoiser
 
 
 class LingBotFastWorldModel:

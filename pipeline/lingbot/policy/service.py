@@ -14,7 +14,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from types import MappingProxyType
-from typing import Literal, overload
+from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -46,6 +46,9 @@ from pipeline.lingbot.policy.session import ChunkLease, LingBotSession
 from pipeline.lingbot.seam import WorldModel
 from pipeline.orchestrator import StreamingPipelineOrchestrator
 from pipeline.process import WorkerStatistics
+
+if TYPE_CHECKING:
+    from pipeline.lingbot.models.warmup import WarmUp
 
 __all__ = ["LingBotService"]
 
@@ -122,6 +125,7 @@ class LingBotService:
         check_config: Callable[[LingBotSessionConfig], None] | None = None,
         progressive_decode: bool = True,
         recovery: RecoveryBudget | None = None,
+        warmed_up: WarmUp | None = None,
     ) -> None:
         if history < 1:
             raise ValueError(f"history must be at least 1, got {history}")
@@ -152,6 +156,7 @@ class LingBotService:
         self._recovery_listeners: list[RecoveryListener] = []
         self._recovered: dict[str, int] = {}
         self._unrecovered = 0
+        self._warmed_up = warmed_up
 
     @property
     def orchestrator(self) -> StreamingPipelineOrchestrator:
@@ -170,6 +175,11 @@ class LingBotService:
     def progressive_decode(self) -> bool:
         """Whether chunks are handed over in parts as they are decoded (the class docstring)."""
         return self._actors.progressive_decode
+
+    @property
+    def warmed_up(self) -> WarmUp | None:
+        """The model's warm-up before this worker was built (`models/warmup.py`; None: none, or not known here)."""
+        return self._warmed_up
 
     @property
     def recovery(self) -> RecoveryBudget | None:

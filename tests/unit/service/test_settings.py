@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.lingbot.models.attention import AttentionPlan
 from service.cli import main
 from service.config_records import ServiceConfig
 from service.errors import SettingsError
 from service.settings import Settings, load_settings
 from service.transports import embedded_config, livekit_config
-from service.workers import lingbot_fast_options, worker_options
+from service.workers import attention_plan, lingbot_fast_options, worker_options
 
 
 def test_defaults_bind_loopback_and_match_the_documented_contract() -> None:
@@ -137,6 +138,10 @@ INVALID = [
     ("LINGSTREAM_MODEL_SINK_FRAMES", "-1", "LINGSTREAM_MODEL_SINK_FRAMES"),
     ("LINGSTREAM_COMPILE", "fast", "LINGSTREAM_COMPILE"),
     ("LINGSTREAM_COMPILE", "max", "LINGSTREAM_COMPILE=max compiles the lingbot-fast DiT"),
+    ("LINGSTREAM_ATTENTION", "xformers", "LINGSTREAM_ATTENTION"),
+    ("LINGSTREAM_ATTENTION", "cudnn", "LINGSTREAM_ATTENTION and LINGSTREAM_WARMUP_CHUNKS are for the lingbot-fast"),
+    ("LINGSTREAM_WARMUP_CHUNKS", "-1", "LINGSTREAM_WARMUP_CHUNKS"),
+    ("LINGSTREAM_WARMUP_CHUNKS", "2", "LINGSTREAM_ATTENTION and LINGSTREAM_WARMUP_CHUNKS are for the lingbot-fast"),
     ("LIVEKIT_URL", "ftp://lk.example", "LIVEKIT_URL"),
     ("LIVEKIT_URL", "wss://lk.example", "LIVEKIT_API_KEY"),
 ]
@@ -261,6 +266,17 @@ def test_lingbot_fast_settings_are_read_and_checked_together(monkeypatch: pytest
     monkeypatch.setenv("LINGSTREAM_COMPILE", "max")
     options = worker_options(load_settings())[0]
     assert lingbot_fast_options(options).compile == "max"  # what load_denoiser compiles the DiT's blocks with
+    assert lingbot_fast_options(options).warm_up_chunks() == 10  # compiling: the window filled, the ring turned
+    assert attention_plan(options) == AttentionPlan("sdpa")  # the CPU: PyTorch's own SDPA choice
+    monkeypatch.setenv("LINGSTREAM_ATTENTION", "math")
+    monkeypatch.setenv("LINGSTREAM_WARMUP_CHUNKS", "3")
+    options = worker_options(load_settings())[0]
+    assert (lingbot_fast_options(options).attention, lingbot_fast_options(options).warm_up_chunks()) == ("math", 3)
+    monkeypatch.setenv("LINGSTREAM_ATTENTION", "cudnn")
+    with pytest.raises(SettingsError, match="LINGSTREAM_ATTENTION=cudnn: attention cudnn runs on CUDA devices only"):
+        attention_plan(worker_options(load_settings())[0])
+    monkeypatch.delenv("LINGSTREAM_ATTENTION")
+    monkeypatch.delenv("LINGSTREAM_WARMUP_CHUNKS")
     monkeypatch.setenv("LINGSTREAM_MODEL_SINK_FRAMES", "16")
     with pytest.raises(SettingsError, match=r"LINGSTREAM_MODEL_SINK_FRAMES \(16\) \+ a chunk of 3"):
         load_settings()
