@@ -148,8 +148,10 @@ class StreamingPipelineOrchestrator:
     bounded per session; `try_submit` is all-or-nothing and returns False when full, `submit` waits for room.
     Cancellation: cancelling `submit` leaves nothing submitted; cancelling a reader loses nothing (items stay
     readable); `close_session(mode=CANCEL)` discards queued work and waits for in-flight calls (their results are
-    dropped); with DRAIN every accepted sequence is delivered first. A stage error fails only its session; a dead
-    actor fails the sessions whose state it held, and the actor restarts by itself.
+    dropped); with DRAIN every accepted sequence is delivered first. A stage error fails only its session, once the
+    session's calls for earlier sequences settled (so with sequence k on one stage and k + 1 on another, k's outputs
+    still come before k + 1's failure); a dead actor fails the sessions whose state it held at once, and the actor
+    restarts by itself.
     """
 
     def __init__(
@@ -177,6 +179,7 @@ class StreamingPipelineOrchestrator:
         self._core = SchedulerCore(self._graph, _ActorsView(self._actors), self._clock, metrics_window=metrics_window)
         self._cancel_timeout = cancel_timeout
         self._tasks: set[asyncio.Task[None]] = set()
+        self._held_failures: dict[int, str] = {}  # stage errors waiting for their session's earlier sequences
         self._callbacks_out = 0  # `start_call`s whose outcome has not come back
         self._waiters: dict[tuple[NoticeKind, str], list[asyncio.Future[None]]] = {}
         self._streams: dict[str, OutputStream] = {}
@@ -411,6 +414,10 @@ class StreamingPipelineOrchestrator:
     def _advance(self) -> None:
         """Start what the core dispatches and deliver its notices. Never recurses: it only schedules."""
         loop = asyncio.get_running_loop()
+        for invocation_id, reason in list(self._held_failures.items()):
+            if not self._core.earlier_in_flight(invocation_id):
+                del self._held_failures[invocation_id]
+                self._core.fail(invocation_id, reason)
         for dispatch in self._core.pump():
             call = dispatch.call
             context = self._context_of(call.session_id)
@@ -458,13 +465,18 @@ class StreamingPipelineOrchestrator:
                         listener(call.session_id, call.sequence_id)
                     except Exception:
                         logger.exception("stage listener for %s failed", call.stage_id)
-        elif isinstance(error, StageFailedError):
-            self._core.fail(dispatch.invocation_id, str(error))
         elif isinstance(error, ActorDiedError | ActorUnavailableError):
             self._core.fail(dispatch.invocation_id, f"stage {call.stage_id!r}: {type(error).__name__}: {error}")
         else:
-            logger.error("actor %s raised outside its contract", call.stage_id, exc_info=error)
-            self._core.fail(dispatch.invocation_id, f"stage {call.stage_id!r}: {type(error).__name__}: {error}")
+            if isinstance(error, StageFailedError):
+                reason = str(error)
+            else:
+                logger.error("actor %s raised outside its contract", call.stage_id, exc_info=error)
+                reason = f"stage {call.stage_id!r}: {type(error).__name__}: {error}"
+            if self._core.earlier_in_flight(dispatch.invocation_id):
+                self._held_failures[dispatch.invocation_id] = reason  # failed once the earlier sequences settle
+            else:
+                self._core.fail(dispatch.invocation_id, reason)
         self._advance()
 
     def _death_listener(self, stage_id: str) -> DeathListener:

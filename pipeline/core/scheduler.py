@@ -328,6 +328,21 @@ class SchedulerCore:
         self._close.fail(session, reason)
         return ResultKind.DELIVERED
 
+    def earlier_in_flight(self, invocation_id: int) -> bool:
+        """Whether the session of call `invocation_id` still waits for a call of an earlier sequence (any stage).
+
+        The driver holds a stage error back until those settle, so a pipelined session (sequence k decoding while
+        k + 1 runs upstream) still delivers what came before the failing sequence, as a session with one sequence in
+        flight would. False for a call already settled or a session that no longer takes results."""
+        inv = self._invocations.get(invocation_id)
+        if inv is None or inv.session.state not in ACCEPTS_RESULTS:
+            return False
+        for other_id in inv.session.invocations:
+            other = self._invocations.get(other_id)
+            if other is not None and not other.cancelled and other.sequence_id < inv.sequence_id:
+                return True
+        return False
+
     def _settle(self, invocation_id: int, now: float) -> tuple[Invocation, CoreSession] | ResultKind:
         """Finish a call's bookkeeping; classify it as duplicate, orphaned or stale, or return it to be used."""
         inv = self._invocations.pop(invocation_id, None)

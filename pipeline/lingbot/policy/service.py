@@ -3,7 +3,8 @@
 It owns the worker's orchestrator (encode, denoise and decode actors, built by `pipeline.lingbot.graph.actors` from a
 `WorldModel` on threads or a `ProcessPlacement` on worker processes) and one `LingBotSession` policy plus one
 chunk-loop task per session. Its cross-session policy is the execution lease (`ChunkLease`, e.g.
-`admission.ExecutionLease`): one grant per whole chunk, round-robin across sessions.
+`admission.ExecutionLease`): one grant per chunk's DiT (its decode runs after the grant, beside the next DiT call),
+round-robin across sessions.
 """
 
 from __future__ import annotations
@@ -105,6 +106,10 @@ class LingBotService:
     session with its failure, as without recovery. A stop or close while recovering ends the session without a failure;
     a cancel (close with CANCEL, `aclose`) cancels the recovery where it stands. docs/continuity.md has the design.
 
+    `chunks_in_flight` (2 by default): how many chunks of one session may be in flight at once; 2 lets chunk k + 1
+    denoise while chunk k decodes (the lease grants only the DiT: `session.py`), 1 is the order before issue #32 (one
+    chunk from control to frames, then the next). Sessions on the just-in-time real-time schedule keep 1.
+
     `history` bounds what stays of finished sessions: this many summaries (so a repeated `close_session` answers
     the same) and as many orchestrator close reports; the oldest are forgotten first.
     """
@@ -126,6 +131,7 @@ class LingBotService:
         progressive_decode: bool = True,
         recovery: RecoveryBudget | None = None,
         warmed_up: WarmUp | None = None,
+        chunks_in_flight: int = 2,
     ) -> None:
         if history < 1:
             raise ValueError(f"history must be at least 1, got {history}")
@@ -137,6 +143,9 @@ class LingBotService:
         self._realtime = realtime
         self._release_retry_s = release_retry_s
         self._check_config = check_config
+        if chunks_in_flight < 1:
+            raise ValueError(f"chunks_in_flight must be at least 1, got {chunks_in_flight}")
+        self._chunks_in_flight = chunks_in_flight
         self._retries: dict[str, asyncio.Task[None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._actors = build_actors(model, edge_capacity, on_part=self._post_part if progressive_decode else None)
@@ -256,7 +265,14 @@ class LingBotService:
         image = prepared.image if isinstance(prepared.image, torch.Tensor) else None
         pace = config.chunk_media_s if self._realtime else None
         session = LingBotSession(
-            session_id, config, image, self._orchestrator, self._clock, self._lease, pace_ahead_s=pace
+            session_id,
+            config,
+            image,
+            self._orchestrator,
+            self._clock,
+            self._lease,
+            pace_ahead_s=pace,
+            chunks_in_flight=self._chunks_in_flight,
         )
         resume = prepared.resume
         if resume is None:
@@ -347,9 +363,12 @@ class LingBotService:
         if session is not None:
             session.take_part(chunk_index, offset, frames)
 
-    def _on_denoised(self, session_id: str, _sequence_id: int) -> None:
+    def _on_denoised(self, session_id: str, sequence_id: int) -> None:
         session = self._sessions.get(session_id)
-        if session is not None and self._orchestrator.session_state(session_id).value == "open":
+        if session is None:
+            return
+        session.denoised(sequence_id)  # its lease grant goes back while the chunk decodes
+        if self._orchestrator.session_state(session_id).value == "open":
             session.refill()
 
     async def _drive(self, session: LingBotSession) -> None:

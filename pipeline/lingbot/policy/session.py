@@ -10,20 +10,31 @@ Condition prefetch (lookahead 2), independent of control admission::
 
 The latency anchor is `control`, so a prefetched condition never starts the control-to-output clock.
 
-The chunk loop runs one chunk per execution-lease grant: it waits until the session has something to generate (chunk 0,
-a held key, a new snapshot, a pose reset, a new prompt), takes the lease, submits the chunk's control with the newest
-snapshot and the newest prompt (each chunk reports both), waits for the chunk's frames, gives the lease back, then hands
-the chunk to the reader through a bounded queue (capacity 2, the producer waits: a reader that stops reading stops the
-session's generation, never the lease). In real-time mode a chunk starts just in time (`playout.py`): ready a small
+The chunk loop runs one chunk's DiT per execution-lease grant (issue #32: the lease grants the DiT, not the decode): it
+waits until the session has something to generate (chunk 0, a held key, a new snapshot, a pose reset, a new prompt),
+takes the lease, submits the chunk's control with the newest snapshot and the newest prompt (each chunk reports both),
+waits until the chunk's denoise is done (`denoised`, told by the service's stage listener; or its frames, whichever
+comes first), and gives the lease back while the chunk decodes. So another session's DiT, or this session's next
+chunk, runs beside the decode. Up to `max_in_flight` chunks of one session are in flight (submitted, not yet handed
+out): `chunks_in_flight`, 2 by default (denoise k + 1 while chunk k decodes), 1 with the just-in-time schedule
+(below). A second task
+(the collector) takes the chunks' frames from the orchestrator in order and hands them to the reader through a
+bounded queue (capacity 2, the collector waits: a reader that stops reading stops the session's generation, never
+the lease). Both tasks belong to `run`: when either fails, the other is cancelled; a cancel of `run` cancels both
+and awaits them. In real-time mode a chunk starts just in time (`playout.py`): ready a small
 margin before the previous chunk's playback ends, so a key shows up after about one generation time plus the wait for
 the next chunk start, not behind a buffer of video generated ahead; under-runs are counted (`playout_statistics`) and
-each chunk carries `playout_lead` (and `underrun` when it came late) in its timings. Cancellation of the loop at any
-await leaves the orchestrator session for `close` to cancel and release.
+each chunk carries `playout_lead` (and `underrun` when it came late) in its timings. The just-in-time schedule
+dates chunk k + 1 from chunk k's playback end, which is known once chunk k is out, so such a session keeps one chunk
+in flight (the lease is still given back when its DiT is done). Cancellation of the loop at any await leaves the
+orchestrator session for `close` to cancel and release.
 
 Progressive decode: where the decode stage hands a chunk over in parts (`stages.DecodeStage`), the service passes
 each part to `take_part` on the loop as it comes; the session queues it for the reader at once (`ChunkPart`, ahead
-of its chunk, never waiting for room: a session has one chunk in flight, so at most one chunk's parts wait) and
-the whole chunk follows as before. The playout schedule sees when each part came (`playout.py`), and the chunk's
+of its chunk, never waiting for room) and the whole chunk follows as before. A part of chunk k + 1 that comes before
+chunk k was handed out (decoded, but the collector is behind) is held and queued right after chunk k, so the reader
+still sees every chunk's parts after the chunk before it and ahead of the chunk itself (at most one chunk's parts
+are held: two chunks in flight). The playout schedule sees when each part came (`playout.py`), and the chunk's
 `control_to_first_frame` timing is the control's submission to its first frames (its first part; the whole chunk
 without parts). If the chunk fails after some parts, the session fails as for any failed chunk, and the parts the
 reader had not taken yet are dropped with it.
@@ -89,7 +100,8 @@ _OUT_CAPACITY = 2
 
 
 class ChunkLease(Protocol):
-    """The cross-session policy seam: one grant = one whole chunk (admission.ExecutionLease satisfies it)."""
+    """The cross-session policy seam: one grant = one chunk's DiT, from its control's submission until its denoise
+    is done; its decode runs after the grant (admission.ExecutionLease satisfies it)."""
 
     def grant(self, session_id: str) -> AbstractAsyncContextManager[None]: ...
 
@@ -127,9 +139,9 @@ class _ChunkQueue:
         self._ended = False
         self._failure: str | None = None
 
-    def allow_one_more(self) -> None:
-        """The session is stopping: the chunk in progress may go in even if the reader is behind (bounded: +1)."""
-        self._capacity += 1
+    def allow_more(self, count: int) -> None:
+        """The session is stopping: the chunks in flight (`count` at most) may go in even if the reader is behind."""
+        self._capacity += count
         self._changed.set()
 
     async def put(self, chunk: ChunkOutput) -> None:
@@ -187,7 +199,10 @@ class LingBotSession:
         lease: ChunkLease | None = None,
         *,
         pace_ahead_s: float | None = None,
+        chunks_in_flight: int = 2,
     ) -> None:
+        if chunks_in_flight < 1:
+            raise ValueError(f"chunks_in_flight must be at least 1, got {chunks_in_flight}")
         self.session_id = session_id
         self.config = config
         self._image = image
@@ -215,6 +230,15 @@ class LingBotSession:
         self._playout: PlayoutScheduler | None = None
         if pace_ahead_s is not None and config.schedule == "just_in_time":
             self._playout = PlayoutScheduler(PlayoutConfig(fps=float(config.fps)))
+        self.max_in_flight = 1 if self._playout is not None else chunks_in_flight
+        """Chunks of this session in flight at once (submitted, not yet handed to the reader): the module docstring."""
+        self._in_flight: deque[int] = deque()  # their chunk indices, oldest first
+        self._held_parts: list[ChunkPart] = []  # parts of a chunk whose predecessor is not handed out yet
+        self._denoised = -1  # the newest orchestrator sequence id whose denoise is done
+        self._submitted_seq = -1  # the newest snapshot seq / prompt seq submitted (what wants_chunk compares to)
+        self._submitted_prompt_seq = -1
+        self._producing = False
+        self._step = asyncio.Event()  # a chunk was submitted, denoised or handed out
         self.chunks_emitted = 0
         self.stale_controls = 0
         self.invalid_controls = 0
@@ -256,6 +280,11 @@ class LingBotSession:
         start = checkpoint.next_chunk
         self._stream = self._orchestrator.open_session(self.session_id)
         self._submitted.clear()
+        self._in_flight.clear()
+        self._held_parts.clear()
+        self._denoised = -1
+        self._submitted_seq = self._applied_seq  # the chunks in flight are lost: they are generated again
+        self._submitted_prompt_seq = self._applied_prompt_seq
         self._seq_base = start
         self.next_condition_index = start
         self.next_control_index = start
@@ -273,6 +302,7 @@ class LingBotSession:
         self._prompt, self._prompt_seq = checkpoint.prompt, checkpoint.prompt_seq
         self._applied_prompt_seq = checkpoint.prompt_seq
         self._latest, self._applied_seq = checkpoint.latest, checkpoint.applied_seq
+        self._submitted_seq, self._submitted_prompt_seq = self._applied_seq, self._applied_prompt_seq
         self._camera.place(checkpoint.pose)
         self._frames_emitted = checkpoint.frames_emitted
         self.checkpoint = checkpoint
@@ -287,7 +317,7 @@ class LingBotSession:
         """Finish the chunk in progress, then end (a `Stop` control or a drain)."""
         if not self._stop_requested:
             self._stop_requested = True
-            self._out.allow_one_more()
+            self._out.allow_more(self.max_in_flight)
         self._wake.set()
 
     def end_output(self, failure: str | None) -> None:
@@ -310,7 +340,18 @@ class LingBotSession:
             return
         record.parts.append((self._clock.now(), len(frames)))
         first = self._plan.first_frame_of_chunk(chunk_index) + offset
-        self._out.put_part(ChunkPart(self.session_id, chunk_index, frames, float(self.config.fps), first, offset))
+        part = ChunkPart(self.session_id, chunk_index, frames, float(self.config.fps), first, offset)
+        if self._in_flight and self._in_flight[0] != chunk_index:
+            self._held_parts.append(part)  # the chunk before it is not handed out yet: queued right after it
+        else:
+            self._out.put_part(part)
+
+    def denoised(self, sequence_id: int) -> None:
+        """The denoise of orchestrator sequence `sequence_id` is done (the service's stage listener, on the loop):
+        the chunk's lease grant can go back while it decodes."""
+        if sequence_id > self._denoised:
+            self._denoised = sequence_id
+            self._step.set()
 
     # -- control ---------------------------------------------------------------------------------------------
 
@@ -349,10 +390,10 @@ class LingBotSession:
     def wants_chunk(self) -> bool:
         if self.is_finished() or self._paused:
             return False
-        if self.next_control_index == 0 or self._reset_pending or self._prompt_seq > self._applied_prompt_seq:
+        if self.next_control_index == 0 or self._reset_pending or self._prompt_seq > self._submitted_prompt_seq:
             return True
         latest = self._latest
-        return latest is not None and (not latest.idle or latest.seq > self._applied_seq)
+        return latest is not None and (not latest.idle or latest.seq > self._submitted_seq)
 
     # -- prefetch --------------------------------------------------------------------------------------------
 
@@ -382,28 +423,80 @@ class LingBotSession:
     # -- the chunk loop --------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Generate chunks until the plan is done, a stop is requested, or the session fails."""
+        """Generate chunks until the plan is done, a stop is requested, or the session fails: the producer (lease,
+        control, denoise) and the collector (frames to the reader) as two tasks (module docstring). Returns once
+        every chunk in flight was handed out, or the session failed; on cancel, both tasks are cancelled and
+        awaited."""
+        loop = asyncio.get_running_loop()
+        self._producing = True
+        producer = loop.create_task(self._produce(), name=f"lingbot-produce-{self.session_id}")
+        collector = loop.create_task(self._collect(), name=f"lingbot-collect-{self.session_id}")
+        try:
+            done, _ = await asyncio.wait({producer, collector}, return_when=asyncio.FIRST_EXCEPTION)
+            if producer in done and not producer.cancelled() and producer.exception() is None:
+                await asyncio.wait({collector})  # the chunks still in flight are handed out
+        finally:
+            for task in (producer, collector):
+                task.cancel()
+            await asyncio.gather(producer, collector, return_exceptions=True)
+        for task in (collector, producer):  # the collector's failure carries the session's reason
+            failure = None if task.cancelled() else task.exception()
+            if isinstance(failure, SessionFailedError):
+                self.failure = failure.reason
+                logger.warning("session %s failed: %s", self.session_id, failure.reason)
+                return
+            if isinstance(failure, SessionClosedError):
+                # The orchestrator closed the session under the loop (it failed: e.g. an actor died while this loop
+                # waited to submit). Its close report carries the reason, which the service's close reads.
+                logger.info("session %s: closed while generating: %s", self.session_id, failure)
+                return
+            if failure is not None:
+                raise failure
+
+    async def _produce(self) -> None:
         try:
             while not self.is_finished():
                 if not self.wants_chunk():
                     self._wake.clear()
                     await self._wake.wait()
                     continue
+                await self._room()
                 await self._pace()
                 if self.is_finished():
                     break
                 if not self.wants_chunk():  # paused while it waited for the chunk's start
                     continue
-                chunk = await self._one_chunk()
-                if chunk is not None:
-                    await self._out.put(chunk)
-        except SessionFailedError as exc:
-            self.failure = exc.reason
-            logger.warning("session %s failed: %s", self.session_id, exc.reason)
-        except SessionClosedError as exc:
-            # The orchestrator closed the session under the loop (it failed: e.g. an actor died while this loop
-            # waited to submit). Its close report carries the reason, which the service's close reads.
-            logger.info("session %s: closed while generating: %s", self.session_id, exc)
+                await self._start_chunk()
+        finally:
+            self._producing = False
+            self._step.set()
+
+    async def _room(self) -> None:
+        """Wait until fewer than `max_in_flight` chunks are in flight."""
+        while len(self._in_flight) >= self.max_in_flight:
+            self._step.clear()
+            await self._step.wait()
+
+    async def _collect(self) -> None:
+        """Hand the chunks in flight to the reader in order; ends when the producer ended and none is left."""
+        while True:
+            while not self._in_flight:
+                if not self._producing:
+                    return
+                self._step.clear()
+                await self._step.wait()
+            chunk = await self._next_chunk()
+            await self._out.put(chunk)
+            self._handed_out()
+
+    def _handed_out(self) -> None:
+        self._in_flight.popleft()
+        if self._in_flight:
+            head = self._in_flight[0]
+            for part in [p for p in self._held_parts if p.index == head]:
+                self._out.put_part(part)
+            self._held_parts = [p for p in self._held_parts if p.index != head]
+        self._step.set()
 
     async def _pace(self) -> None:
         """Real-time mode: wait until the next chunk is due. Offline generation passes `pace_ahead_s=None`.
@@ -433,11 +526,11 @@ class LingBotSession:
             except TimeoutError:
                 return
 
-    async def _one_chunk(self) -> ChunkOutput | None:
-        """One chunk under one lease grant; None when the session was paused while it waited for the grant (the
-        grant goes back unused: a paused session does no model work)."""
-        stream = self._stream
-        if stream is None:
+    async def _start_chunk(self) -> bool:
+        """Submit the next chunk under one lease grant and hold the grant until its denoise is done (or its frames
+        came, whichever first); False when the session was paused while it waited for the grant (the grant goes back
+        unused: a paused session does no model work)."""
+        if self._stream is None:
             raise RuntimeError("the session is not open")
         wanted_at = self._clock.now()
         if self._playout is not None:
@@ -449,7 +542,7 @@ class LingBotSession:
             if self._paused:
                 if self._playout is not None:
                     self._playout.abandon()
-                return None
+                return False
             granted_at = self._clock.now()
             index = self.next_control_index
             latest = self._latest
@@ -477,8 +570,23 @@ class LingBotSession:
                 self._prompt_seq,
                 reset_pose,
             )
-            item = await anext(stream)
+            if latest is not None:
+                self._submitted_seq = max(self._submitted_seq, latest.seq)
+            self._submitted_prompt_seq = max(self._submitted_prompt_seq, self._prompt_seq)
+            self._in_flight.append(index)
+            self._step.set()
+            while self._denoised < sequence and index in self._in_flight:
+                self._step.clear()
+                await self._step.wait()
         self.refill()
+        return True
+
+    async def _next_chunk(self) -> ChunkOutput:
+        """The next chunk's frames from the orchestrator, as the reader gets them."""
+        stream = self._stream
+        if stream is None:
+            raise RuntimeError("the session is not open")
+        item = await anext(stream)
         return self._to_chunk(item.payload)
 
     def _take_checkpoint(self, next_chunk: int = 0) -> None:

@@ -151,6 +151,60 @@ async def test_stage_failure_fails_only_its_session_and_emitted_outputs_stay_rea
             await orch.submit("bad", {"input": (9, 9)})
 
 
+async def test_a_stage_error_waits_for_the_earlier_sequences_in_flight_downstream() -> None:
+    """Sequence 0 decodes while sequence 1's denoise fails (issue #32: two chunks in flight): 0 still comes out,
+    then the failure; with nothing earlier in flight the failure is at once (the other test above)."""
+
+    def fragile(call: StageCall) -> Mapping[str, object]:
+        if call.sequence_id == 1:
+            raise ValueError("bad latent")
+        return {"a0": call.inputs["input"]}
+
+    denoise = FakeActor("denoise", fragile)
+    decode = FakeActor("decode", passthrough(("out",)), gated=True)
+    async with StreamingPipelineOrchestrator(
+        linear_spec("denoise", "decode"), {"denoise": denoise, "decode": decode}
+    ) as orch:
+        stream = orch.open_session("s")
+        await orch.submit("s", {"input": (0, "zero")})
+        await until(lambda: ("s", 0) in decode.pending, "decode of sequence 0 running")
+        await orch.submit("s", {"input": (1, "one")})
+        await until(lambda: denoise.failures == 1, "denoise of sequence 1 failed")
+        assert orch.session_state("s") is PipelineSessionState.OPEN  # held until sequence 0 settles
+        decode.finish("s", 0)
+        assert (await anext(stream)).payload == "zero"
+        with pytest.raises(SessionFailedError, match="bad latent"):
+            await anext(stream)
+        report = await orch.close_session("s")
+        assert report.failure is not None
+        assert "at sequence 1" in report.failure
+        assert report.slot_leaks == 0
+
+
+async def test_a_held_stage_error_fails_at_once_when_the_earlier_sequence_fails_too() -> None:
+    def fragile(call: StageCall) -> Mapping[str, object]:
+        if call.sequence_id == 1:
+            raise ValueError("bad latent")
+        return {"a0": call.inputs["input"]}
+
+    denoise = FakeActor("denoise", fragile)
+    decode = FakeActor("decode", passthrough(("out",)), gated=True)
+    async with StreamingPipelineOrchestrator(
+        linear_spec("denoise", "decode"), {"denoise": denoise, "decode": decode}
+    ) as orch:
+        stream = orch.open_session("s")
+        await orch.submit("s", {"input": (0, "zero")})
+        await until(lambda: ("s", 0) in decode.pending, "decode of sequence 0 running")
+        await orch.submit("s", {"input": (1, "one")})
+        await until(lambda: denoise.failures == 1, "denoise of sequence 1 failed")
+        decode.finish("s", 0, RuntimeError("decode broke"))
+        with pytest.raises(SessionFailedError, match="decode broke"):
+            await anext(stream)
+        report = await orch.close_session("s")
+        assert report.slot_leaks == 0
+        assert orch.statistics().calls_running == 0
+
+
 async def test_close_reports_are_kept_for_the_newest_sessions_only() -> None:
     actors = fake_actors("encode", "denoise", "decode")
     async with StreamingPipelineOrchestrator(linear_spec(), actors, kept_reports=2) as orch:

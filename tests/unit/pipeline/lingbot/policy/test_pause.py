@@ -60,9 +60,10 @@ async def test_a_paused_session_takes_no_lease_turn_and_the_other_session_gets_i
         service.push_control("a", Pause())
         service.push_control("a", SetPrompt(0, "night"))  # kept for after the resume
         service.push_control("a", ControlState(1, frozenset({"l"})))
-        # At most the chunk it was generating (or waiting for) still comes; then a has no place in the lease. b's
-        # chunks are the clock: each one is a lease turn, so two of them mean a's turn (if it had one) is over.
-        await b.wait_for(len(b.chunks) + 2)
+        # At most the chunks it had in flight (two: one decoding, one denoising) or was waiting for still come; then a
+        # has no place in the lease. b's chunks are the clock: each one is a lease turn, and b keeps two chunks in
+        # flight too, so four of them mean a's turn (if it had one) and a's decodes are over.
+        await b.wait_for(len(b.chunks) + 4)
         assert "a" not in lease.statistics().waiters
         assert lease.statistics().holder != "a"
         a_grants = lease.statistics().grants_per_session["a"]

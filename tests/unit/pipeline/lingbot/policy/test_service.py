@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -228,6 +228,7 @@ class ScriptedOrchestrator:
         self.condition_room = True
         self.submissions: list[dict[str, int]] = []
         self._frames: list[OutputItem] = []
+        self.denoised: Callable[[int], None] | None = None  # the service's stage listener: a control's DiT is done
 
     def open_session(self, session_id: str) -> AsyncIterator[OutputItem]:
         async def stream() -> AsyncIterator[OutputItem]:
@@ -245,6 +246,8 @@ class ScriptedOrchestrator:
             snapshot = items[CONTROL][1].snapshot  # type: ignore[attr-defined]
             frames = FramesArtifact(index, torch.zeros(1, 2, 2, 3, dtype=torch.uint8).numpy(), snapshot)
             self._frames.append(OutputItem(session_id, index, "frames", frames))
+            if self.denoised is not None:
+                self.denoised(index)
         return True
 
     async def submit(self, session_id: str, items: dict[str, tuple[int, object]]) -> None:
@@ -255,10 +258,11 @@ async def test_prefetch_submits_two_conditions_at_start_and_refills_to_the_windo
     orch = ScriptedOrchestrator()
     config = LingBotSessionConfig.from_mapping(SMALL)
     session = LingBotSession("s", config, None, orch, FakeClock())  # type: ignore[arg-type]
+    orch.denoised = session.denoised
     session.open()
     assert orch.submissions == [{CONDITION_REQUEST: 0}, {CONDITION_REQUEST: 1}]
     assert (session.next_condition_index, session.next_control_index) == (LOOKAHEAD, 0)
-    await session._one_chunk()  # control 0 alone: its condition was prefetched; then refill condition 2
+    assert await session._start_chunk()  # control 0 alone: its condition was prefetched; then refill condition 2
     assert orch.submissions[2:] == [{CONTROL: 0}, {CONDITION_REQUEST: 2}]
     assert session.next_condition_index - session.next_control_index == LOOKAHEAD
 
@@ -268,10 +272,12 @@ async def test_a_starved_prefetch_is_admitted_atomically_with_its_control() -> N
     orch.condition_room = False
     config = LingBotSessionConfig.from_mapping(SMALL)
     session = LingBotSession("s", config, None, orch, FakeClock())  # type: ignore[arg-type]
+    orch.denoised = session.denoised
     session.open()
     assert orch.submissions == []  # backpressure refused both prefetches
     orch.condition_room = True
-    chunk = await session._one_chunk()
+    assert await session._start_chunk()
+    chunk = await session._next_chunk()
     assert orch.submissions[0] == {CONTROL: 0, CONDITION_REQUEST: 0}  # one all-or-nothing submission
     assert chunk is not None
     assert chunk.index == 0
