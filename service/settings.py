@@ -280,6 +280,11 @@ class Settings(BaseSettings):
         "Unset: with LINGSTREAM_COMPILE on, enough to fill the attention window and turn the ring once (10 at "
         "window 18 / sink 6), else 0. Counts against LINGSTREAM_WORKER_START_TIMEOUT.",
     )
+    decoder: Literal["wan", "tiny"] = Field(
+        default="wan",
+        description="lingbot-fast: the decode stage's decoder. wan: the Wan VAE (quality); tiny: the TAEHV-style "
+        "streaming decoder from the model directory's tiny_decoder/ (much cheaper; same frame contract).",
+    )
     reconnect_grace: float = Field(default=20.0, gt=0, le=3600, description="Seconds a departed browser may return.")
     video_codec: Literal["vp8", "h264"] = "vp8"
     video_bitrate: int = Field(default=2_000_000, ge=50_000, le=100_000_000, description="Video bits per second.")
@@ -709,6 +714,11 @@ class Settings(BaseSettings):
                 raise ValueError(
                     "LINGSTREAM_ATTENTION and LINGSTREAM_WARMUP_CHUNKS are for the lingbot-fast DiT; the reference "
                     "model has none (set LINGSTREAM_MODEL=lingbot-fast, or leave them unset)"
+                )
+            if self.decoder != "wan":
+                raise ValueError(
+                    f"LINGSTREAM_DECODER={self.decoder} chooses lingbot-fast's decoder; the reference model has its "
+                    "own (set LINGSTREAM_MODEL=lingbot-fast or LINGSTREAM_DECODER=wan)"
                 )
             return
         if self.model_path is None:

@@ -102,6 +102,8 @@ class WorkerOptions:
     """`LINGSTREAM_ATTENTION` (lingbot-fast)."""
     warmup_chunks: int | None = None
     """`LINGSTREAM_WARMUP_CHUNKS` (lingbot-fast; None: automatic)."""
+    decoder: str = "wan"
+    """`LINGSTREAM_DECODER` (lingbot-fast)."""
     recovery_attempts: int = 3
     """`LINGSTREAM_RECOVERY_ATTEMPTS` (0: no recovery)."""
     recovery_timeout: float = 30.0
@@ -132,6 +134,7 @@ def worker_options(settings: Settings) -> list[WorkerOptions]:
             compile=settings.compile,
             attention=settings.attention,
             warmup_chunks=settings.warmup_chunks,
+            decoder=settings.decoder,
             recovery_attempts=settings.recovery_attempts,
             recovery_timeout=settings.recovery_timeout,
         )
@@ -189,6 +192,7 @@ def lingbot_fast_options(options: WorkerOptions) -> LingBotFastOptions:
         compile=options.compile,
         attention=options.attention,
         warmup_chunks=options.warmup_chunks,
+        decoder=options.decoder,
         denoise_ranks=options.denoise_ranks if options.stage_placement == "processes" else 1,
     )
 
@@ -217,7 +221,7 @@ def _checked_estimate(options: WorkerOptions) -> MemoryEstimate:
         )
 
         fast = lingbot_fast_options(options)
-        summary = check_model_dir(fast.root)
+        summary = check_model_dir(fast.root, decoder=fast.decoder)
     except ImportError as exc:
         raise SettingsError(
             f"cannot start: LINGSTREAM_MODEL=lingbot-fast needs the lingbot extra (pip install 'lingstream[lingbot]'): "

@@ -989,6 +989,7 @@ def test_lingbot_fast_mounts_its_weights_read_only_and_sets_the_variables(chart:
             "persistentVolumeClaim": "lingbot-weights",
             "dtype": "bfloat16",
             "compile": "max",
+            "decoder": "tiny",
         },
         "gpu": {"count": 1},
     }
@@ -998,6 +999,7 @@ def test_lingbot_fast_mounts_its_weights_read_only_and_sets_the_variables(chart:
     assert data["LINGSTREAM_MODEL_PATH"] == "/models/lingbot-fast"
     assert data["LINGSTREAM_MODEL_DTYPE"] == "bfloat16"
     assert data["LINGSTREAM_COMPILE"] == "max"
+    assert data["LINGSTREAM_DECODER"] == "tiny"
     assert "LINGSTREAM_MODEL_WINDOW_FRAMES" not in data
     mount = next(m for m in main_container(docs)["volumeMounts"] if m["name"] == "model")
     assert mount == {"name": "model", "mountPath": "/models/lingbot-fast", "readOnly": True}
@@ -1021,6 +1023,7 @@ def test_lingbot_fast_from_a_host_path_with_its_cache_sizes(chart: Any) -> None:
     data = only(docs, "ConfigMap")["data"]
     assert (data["LINGSTREAM_MODEL_WINDOW_FRAMES"], data["LINGSTREAM_MODEL_SINK_FRAMES"]) == ("24", "3")
     assert "LINGSTREAM_COMPILE" not in data  # null: the service's default, off
+    assert "LINGSTREAM_DECODER" not in data  # null: the service's default, the Wan VAE
     volume = next(v for v in pod_spec(docs)["volumes"] if v["name"] == "model")
     assert volume["hostPath"] == {"path": "/data/lingbot", "type": "Directory"}
     mount = next(m for m in main_container(docs)["volumeMounts"] if m["name"] == "model")
@@ -1030,6 +1033,8 @@ def test_lingbot_fast_from_a_host_path_with_its_cache_sizes(chart: Any) -> None:
 def test_the_schema_refuses_a_compile_mode_the_service_does_not_know(chart: Any) -> None:
     with pytest.raises(helm.HelmValuesError):
         chart.validate_schema({"model": {"name": "lingbot-fast", "hostPath": "/data/lingbot", "compile": "fast"}})
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"model": {"name": "lingbot-fast", "hostPath": "/data/lingbot", "decoder": "taehv"}})
 
 
 def test_the_reference_model_mounts_nothing_and_sets_no_model_variables(chart: Any) -> None:

@@ -12,9 +12,15 @@ __all__ = ["write_tiny_checkpoint"]
 
 
 def write_tiny_checkpoint(directory: Path) -> Path:
-    """`lingstream tiny-checkpoint DIRECTORY`, checked: it succeeds and writes the four parts of the layout."""
+    """`lingstream tiny-checkpoint DIRECTORY`, checked: it succeeds and writes the layout's five parts."""
     done = run_lingstream("tiny-checkpoint", str(directory), timeout=120)
     assert done.returncode == 0, done.stderr
     assert "wrote a tiny random LingBot-World-Fast model" in done.stdout
-    assert sorted(path.name for path in directory.iterdir()) == ["dit", "text_encoder", "tokenizer", "vae"]
+    assert sorted(path.name for path in directory.iterdir()) == [
+        "dit",
+        "text_encoder",
+        "tiny_decoder",
+        "tokenizer",
+        "vae",
+    ]
     return directory

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pipeline.lingbot.models.blocks import CameraModulation
 from pipeline.lingbot.models.bundle import (
+    DECODERS,
     DIT_DIR,
     DTYPES,
     TEXT_ENCODER_DIR,
@@ -76,6 +77,15 @@ from pipeline.lingbot.models.text import (
     load_text_encoder,
     write_tiny_text_encoder,
 )
+from pipeline.lingbot.models.tiny_decoder import (
+    TINY_DECODER_DIR,
+    StreamingTinyDecoder,
+    TinyDecoderConfig,
+    TinyVideoDecoder,
+    check_tiny_decoder,
+    load_tiny_decoder,
+    write_tiny_decoder,
+)
 from pipeline.lingbot.models.vae import (
     DEFAULT_MAX_PREFIX_FRAMES,
     TINY_VAE_CONFIG,
@@ -105,6 +115,7 @@ from pipeline.lingbot.models.world import (
 __all__ = [
     "COMPILE_MODES",
     "CONTEXT_EXHAUSTED_REASON",
+    "DECODERS",
     "DEFAULT_MAX_PREFIX_FRAMES",
     "DEFAULT_PROMPT",
     "DENOISE_RANKS_VARIABLE",
@@ -120,6 +131,7 @@ __all__ = [
     "SINGLE_RANK",
     "TEXT_ENCODER_DIR",
     "TEXT_ENCODER_WEIGHTS",
+    "TINY_DECODER_DIR",
     "TINY_DIT",
     "TINY_UMT5_CONFIG",
     "TINY_VAE_CONFIG",
@@ -150,9 +162,12 @@ __all__ = [
     "ModelContextExhaustedError",
     "ModelDirSummary",
     "PrefixEncoding",
+    "StreamingTinyDecoder",
     "StreamingVAE",
     "TensorSpec",
     "TextKV",
+    "TinyDecoderConfig",
+    "TinyVideoDecoder",
     "UMT5TextEncoder",
     "Ulysses",
     "VAEStatistics",
@@ -161,6 +176,7 @@ __all__ = [
     "bytes_per_session",
     "check_model_dir",
     "check_parallel",
+    "check_tiny_decoder",
     "compare_specs",
     "compile_blocks",
     "count_eviction",
@@ -174,6 +190,7 @@ __all__ = [
     "load_dit",
     "load_strict",
     "load_text_encoder",
+    "load_tiny_decoder",
     "load_vae",
     "locate_checkpoint",
     "read_dit_config",
@@ -182,6 +199,7 @@ __all__ = [
     "session_limits",
     "tiny_vae",
     "write_tiny_checkpoint",
+    "write_tiny_decoder",
     "write_tiny_model",
     "write_tiny_text_encoder",
     "write_tiny_vae",

@@ -8,6 +8,7 @@ start-up, and a tiny random one in the same layout.
         vae/            config.json + diffusion_pytorch_model.safetensors: diffusers' AutoencoderKLWan (vae.py)
         text_encoder/   config.json + model.safetensors (or sharded): transformers' UMT5EncoderModel (text.py)
         tokenizer/      what AutoTokenizer loads offline: tokenizer.json, or umt5's spiece.model and its configs
+        tiny_decoder/   model.safetensors: the TAEHV-style decoder (tiny_decoder.py); only for decoder="tiny"
 
 The DiT is LingBot-World-Fast's own checkpoint; the VAE, the umt5 encoder and the tokenizer are Wan2.1's, the same
 files the Wan2.1 / Wan2.2 image-to-video *Diffusers* repositories ship in their `vae/`, `text_encoder/` and
@@ -44,10 +45,12 @@ from pipeline.lingbot.models.compiled import COMPILE_MODES
 from pipeline.lingbot.models.config import LINGBOT_FAST_14B, TINY_DIT, DiTConfig
 from pipeline.lingbot.models.errors import CheckpointError, ModelConfigError
 from pipeline.lingbot.models.text import TEXT_ENCODER_WEIGHTS, write_tiny_text_encoder
+from pipeline.lingbot.models.tiny_decoder import TINY_DECODER_DIR, check_tiny_decoder, write_tiny_decoder
 from pipeline.lingbot.models.vae import DEFAULT_MAX_PREFIX_FRAMES, VAE_CONFIG, write_tiny_vae
 from pipeline.lingbot.models.warmup import WARM_UP_CHUNK_SIZE, auto_warm_up_chunks
 
 __all__ = [
+    "DECODERS",
     "DIT_DIR",
     "DTYPES",
     "TEXT_ENCODER_DIR",
@@ -61,6 +64,8 @@ __all__ = [
 ]
 
 DIT_DIR, VAE_DIR, TEXT_ENCODER_DIR, TOKENIZER_DIR = "dit", "vae", "text_encoder", "tokenizer"
+DECODERS = ("wan", "tiny")
+"""`LINGSTREAM_DECODER` values: the Wan VAE (the default, for quality) or the tiny streaming decoder."""
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """`LINGSTREAM_MODEL_DTYPE` values besides "auto"."""
 
@@ -86,10 +91,15 @@ class LingBotFastOptions:
     warmup_chunks: int | None = None
     """Chunks of a throwaway session run before the denoiser is ready (`warmup.py`); None: enough to fill the window
     and turn the ring once when compiling, else 0."""
+    decoder: str = "wan"
+    """The decode stage's decoder, one of `DECODERS`: "wan" (the Wan VAE) or "tiny" (`tiny_decoder.py`, from
+    `tiny_decoder/`); the reference image is always encoded by the Wan VAE."""
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ModelConfigError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.decoder not in DECODERS:
+            raise ModelConfigError(f"decoder must be one of {', '.join(DECODERS)}, got {self.decoder!r}")
         if self.compile not in COMPILE_MODES:
             raise ModelConfigError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
         if self.attention not in ATTENTION_CHOICES:
@@ -155,9 +165,10 @@ def read_dit_config(directory: Path | str) -> DiTConfig:
         raise CheckpointError(f"{path} does not describe a DiT: {exc}") from exc
 
 
-def check_model_dir(root: Path | str) -> ModelDirSummary:
+def check_model_dir(root: Path | str, *, decoder: str = "wan") -> ModelDirSummary:
     """Checks the whole directory from headers and configs (module docstring); raises one `CheckpointError` per
-    part naming what is wrong. Loads no weights (the tokenizer is loaded: it is small)."""
+    part naming what is wrong. Loads no weights (the tokenizer is loaded: it is small). With `decoder="tiny"` the
+    `tiny_decoder/` weights too (their latent channels the VAE's)."""
     base = Path(root)
     if not base.is_dir():
         raise CheckpointError(f"model directory {base} does not exist")
@@ -178,6 +189,13 @@ def check_model_dir(root: Path | str) -> ModelDirSummary:
     if d_model != dit.text_dim:
         raise CheckpointError(f"the text encoder's width {d_model} is not the DiT's text_dim {dit.text_dim}")
     _check_tokenizer(base / TOKENIZER_DIR)
+    if decoder == "tiny":
+        tiny, _ = check_tiny_decoder(base / TINY_DECODER_DIR)
+        if tiny.latent_channels != z_dim:
+            raise CheckpointError(
+                f"the tiny decoder takes {tiny.latent_channels} latent channels, the VAE makes {z_dim} "
+                f"({base / TINY_DECODER_DIR})"
+            )
     return ModelDirSummary(dit, _count(dit_specs), vae_count, text_count)
 
 
@@ -238,7 +256,7 @@ def write_tiny_model(
     directory: Path | str, *, seed: int = 0, dit: DiTConfig = TINY_DIT, vae_config: dict[str, Any] | None = None
 ) -> Path:
     """Random weights for every part in the layout above (`TINY_DIT`, `tiny_vae`, a 2-layer umt5, a byte-level
-    tokenizer): what `lingstream tiny-checkpoint DIR` writes. Returns the directory."""
+    tokenizer, a small tiny decoder): what `lingstream tiny-checkpoint DIR` writes. Returns the directory."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     write_tiny_checkpoint(root / DIT_DIR, dit, seed=seed)
@@ -246,4 +264,5 @@ def write_tiny_model(
     (root / DIT_DIR / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     write_tiny_vae(root / VAE_DIR, seed=seed, config=vae_config)
     write_tiny_text_encoder(root / TEXT_ENCODER_DIR, root / TOKENIZER_DIR, d_model=dit.text_dim, seed=seed)
+    write_tiny_decoder(root / TINY_DECODER_DIR, seed=seed)
     return root

@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -57,6 +58,7 @@ from pipeline.lingbot.models.memory_plan import PLAN_HEIGHT, PLAN_WIDTH
 from pipeline.lingbot.models.parallel import SINGLE_RANK, Ulysses, check_parallel
 from pipeline.lingbot.models.sampler import denoise_chunk
 from pipeline.lingbot.models.text import UMT5TextEncoder, load_text_encoder
+from pipeline.lingbot.models.tiny_decoder import TINY_DECODER_DIR, StreamingTinyDecoder, load_tiny_decoder
 from pipeline.lingbot.models.vae import StreamingVAE, load_vae
 from pipeline.lingbot.models.warmup import WarmUp, warm_up_config, warm_up_controls, warm_up_latent
 from pipeline.lingbot.reference.model import default_scene
@@ -79,6 +81,8 @@ __all__ = [
     "LingBotFastEncoder",
     "LingBotFastFactory",
     "LingBotFastWorldModel",
+    "StreamingDecoder",
+    "load_streaming_decoder",
     "load_streaming_vae",
 ]
 
@@ -299,10 +303,27 @@ class _DecodeSession:
     next_chunk: int = 0
 
 
-class LingBotFastDecoder:
-    """`ChunkDecoder`: the session's latents through the streamed VAE decoder, to uint8 RGB frames on the CPU."""
+class StreamingDecoder(Protocol):
+    """What `LingBotFastDecoder` decodes with: the Wan VAE (`StreamingVAE`) or the tiny decoder
+    (`StreamingTinyDecoder`), each with per-session state and the same frame contract (`decode_chunk`: normalised
+    latents `[16, n, h, w]` -> video `[3, T, H, W]` in [-1, 1], T = 4(n - 1) + 1 for a session's first chunk, 4n
+    after)."""
 
-    def __init__(self, vae: StreamingVAE) -> None:
+    @property
+    def device(self) -> torch.device: ...
+
+    def open(self, session_id: str) -> None: ...
+
+    def release(self, session_id: str) -> None: ...
+
+    def decode_chunk(self, session_id: str, latent: torch.Tensor) -> torch.Tensor: ...
+
+
+class LingBotFastDecoder:
+    """`ChunkDecoder`: the session's latents through a streamed decoder (the Wan VAE's, or the tiny one), to uint8
+    RGB frames on the CPU."""
+
+    def __init__(self, vae: StreamingDecoder) -> None:
         self._vae = vae
         self._sessions: SessionTable[_DecodeSession] = SessionTable("decode")
         self._timer = stage_timer(vae.device)
@@ -381,6 +402,17 @@ def load_streaming_vae(options: LingBotFastOptions, device: str) -> StreamingVAE
     return StreamingVAE(load_vae(options.root / VAE_DIR, device=device, dtype=dtype), device=device, dtype=dtype)
 
 
+def load_streaming_decoder(
+    options: LingBotFastOptions, device: str, vae: StreamingVAE | None = None
+) -> StreamingDecoder:
+    """The decode stage's decoder as `options.decoder` says: the Wan VAE (`vae` when one is loaded already) or the
+    tiny decoder from `tiny_decoder/`."""
+    if options.decoder == "tiny":
+        dtype = options.torch_dtype(device)
+        return StreamingTinyDecoder(load_tiny_decoder(options.root / TINY_DECODER_DIR), device=device, dtype=dtype)
+    return vae if vae is not None else load_streaming_vae(options, device)
+
+
 def load_denoiser(options: LingBotFastOptions, device: str, parallel: Ulysses = SINGLE_RANK) -> LingBotFastDenoiser:
     """The denoiser of rank `parallel.rank` (the umt5 encoder on rank 0 only)."""
     dtype = options.torch_dtype(device)
@@ -425,12 +457,12 @@ class LingBotFastWorldModel:
     @classmethod
     def load(cls, options: LingBotFastOptions, device: str = "cpu") -> LingBotFastWorldModel:
         """Checks the directory (headers), then loads every part strictly onto `device`."""
-        check_model_dir(options.root)
+        check_model_dir(options.root, decoder=options.decoder)
         vae = load_streaming_vae(options, device)
         return cls(
             LingBotFastEncoder(vae, max_prefix_frames=options.max_prefix_frames),
             load_denoiser(options, device),
-            LingBotFastDecoder(vae),
+            LingBotFastDecoder(load_streaming_decoder(options, device, vae)),
         )
 
     @property
@@ -464,4 +496,4 @@ class LingBotFastFactory:
         return load_denoiser(self.options, shard.device, Ulysses(shard.rank, shard.world_size))
 
     def decoder(self, shard: ModelShard) -> LingBotFastDecoder:
-        return LingBotFastDecoder(load_streaming_vae(self.options, shard.device))
+        return LingBotFastDecoder(load_streaming_decoder(self.options, shard.device))

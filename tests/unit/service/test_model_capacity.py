@@ -59,6 +59,21 @@ def test_a_broken_directory_is_refused_naming_the_variable(tmp_path: Path) -> No
         check_model(options(tmp_path / "absent", 1))
 
 
+def test_the_tiny_decoder_without_its_weights_stops_the_start_naming_both_variables(tmp_path: Path) -> None:
+    import dataclasses
+    import shutil
+
+    from pipeline.lingbot.models import TINY_DECODER_DIR, write_tiny_model
+
+    root = write_tiny_model(tmp_path / "model")
+    tiny = dataclasses.replace(options(root, 1), decoder="tiny")
+    assert check_model(tiny) is not None
+    shutil.rmtree(root / TINY_DECODER_DIR)
+    assert check_model(options(root, 1)) is not None  # the Wan VAE decoder needs none
+    with pytest.raises(SettingsError, match=r"LINGSTREAM_MODEL_PATH=.*LINGSTREAM_DECODER=tiny needs the tiny decoder"):
+        check_model(dataclasses.replace(tiny, model_window_frames=1023))  # new options: not the cached answer
+
+
 def test_the_reference_model_has_no_estimate() -> None:
     reference = WorkerOptions(0, 1, 1, "cpu", None, 1, 1)
     assert check_model(reference) is None

@@ -142,6 +142,8 @@ INVALID = [
     ("LINGSTREAM_ATTENTION", "cudnn", "LINGSTREAM_ATTENTION and LINGSTREAM_WARMUP_CHUNKS are for the lingbot-fast"),
     ("LINGSTREAM_WARMUP_CHUNKS", "-1", "LINGSTREAM_WARMUP_CHUNKS"),
     ("LINGSTREAM_WARMUP_CHUNKS", "2", "LINGSTREAM_ATTENTION and LINGSTREAM_WARMUP_CHUNKS are for the lingbot-fast"),
+    ("LINGSTREAM_DECODER", "taehv", "LINGSTREAM_DECODER"),
+    ("LINGSTREAM_DECODER", "tiny", "LINGSTREAM_DECODER=tiny chooses lingbot-fast's decoder"),
     ("LIVEKIT_URL", "ftp://lk.example", "LIVEKIT_URL"),
     ("LIVEKIT_URL", "wss://lk.example", "LIVEKIT_API_KEY"),
 ]
@@ -277,6 +279,9 @@ def test_lingbot_fast_settings_are_read_and_checked_together(monkeypatch: pytest
         attention_plan(worker_options(load_settings())[0])
     monkeypatch.delenv("LINGSTREAM_ATTENTION")
     monkeypatch.delenv("LINGSTREAM_WARMUP_CHUNKS")
+    assert lingbot_fast_options(options).decoder == "wan"  # the Wan VAE by default
+    monkeypatch.setenv("LINGSTREAM_DECODER", "tiny")
+    assert lingbot_fast_options(worker_options(load_settings())[0]).decoder == "tiny"
     monkeypatch.setenv("LINGSTREAM_MODEL_SINK_FRAMES", "16")
     with pytest.raises(SettingsError, match=r"LINGSTREAM_MODEL_SINK_FRAMES \(16\) \+ a chunk of 3"):
         load_settings()
