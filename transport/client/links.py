@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from transport.client.stream import LiveStream
 
 __all__ = ["CommandLink", "EmbeddedLink", "Link", "LiveKitLink", "default_ice_addresses"]
+
+logger = logging.getLogger(__name__)
 
 # LiveKit's RPC errors after which the command goes as a packet instead: a method the service participant does not
 # have (an older service), a server without RPC, no acknowledgement in time (the call never arrived). Sending the
@@ -144,8 +147,13 @@ class EmbeddedLink:
         newest: object = None
         while True:
             await asyncio.sleep(_REPORT_POLL_S)
-            for receiver in self._pc.getReceivers():
-                for stats in (await receiver.getStats()).values():
+            try:
+                reports = [await receiver.getStats() for receiver in self._pc.getReceivers()]
+            except Exception as exc:  # aiortc's statistics of a closing connection: stop listening, frames remain
+                logger.debug("the service's sender reports cannot be read any more: %r", exc)
+                return
+            for report in reports:
+                for stats in report.values():
                     if isinstance(stats, RTCRemoteOutboundRtpStreamStats) and stats.timestamp != newest:
                         newest = stats.timestamp
                         self._stream.on_alive()
@@ -206,8 +214,10 @@ class LiveKitLink:
         self._status_topic = str(details.get("status_topic") or "lingstream.status")
         self._video: Any = None
         self._reader: asyncio.Task[None] | None = None
+        self._retiring: set[asyncio.Task[None]] = set()  # replaced tracks' readers being closed
         self._track_ready = asyncio.Event()
         self._closed = False
+        self.track_switches = 0  # video tracks of the service identity that replaced the one read before
 
     @classmethod
     async def open(
@@ -261,14 +271,29 @@ class LiveKitLink:
                 self._stream.on_status(bytes(packet.data))
 
     def _on_track(self, track: Any, _publication: Any, participant: Any) -> None:
+        """The service identity's video track, read from now on. A later one replaces it: the session was adopted
+        by another replica, which joined the room again as the same identity and published anew
+        (docs/continuity.md); the frames go on in the same stream, their frame ids continuing the session's."""
         rtc = self._rtc
         if participant.identity != self._service_identity or track.kind != rtc.TrackKind.KIND_VIDEO:
             return
-        if self._reader is not None:
-            return
+        previous = (self._reader, self._video)
         self._video = rtc.VideoStream(track, format=rtc.VideoBufferType.RGB24)
         self._reader = asyncio.get_running_loop().create_task(self._read(self._video), name="client-livekit-video")
         self._track_ready.set()
+        if previous[0] is not None:
+            self.track_switches += 1
+            retire = asyncio.get_running_loop().create_task(self._retire(*previous), name="client-livekit-retire")
+            self._retiring.add(retire)
+            retire.add_done_callback(self._retiring.discard)
+
+    @staticmethod
+    async def _retire(reader: asyncio.Task[None] | None, video: Any) -> None:
+        if reader is not None:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+        if video is not None:
+            await video.aclose()
 
     async def _read(self, video: Any) -> None:
         async for event in video:
@@ -309,6 +334,7 @@ class LiveKitLink:
     async def aclose(self) -> None:
         # Streams first, then the room: the SDK's native side may abort at exit otherwise.
         self._closed = True
+        await asyncio.gather(*self._retiring, return_exceptions=True)
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.cancel()

@@ -10,11 +10,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from aiortc import RTCPeerConnection, RTCSessionDescription, VideoStreamTrack
 
 from pipeline.bidirectional import ControlState, Pause
 from transport.base import ChunkStatus, DoneStatus, StateStatus, StatusMessage
 from transport.client import LiveStream, SessionInfo, UnreachableError
 from transport.client.errors import ConnectError
+from transport.client.links import EmbeddedLink
 from transport.client.reconnect import (
     RECONNECT_TIMEOUT,
     End,
@@ -292,3 +294,70 @@ async def test_a_stream_that_cannot_join_again_within_its_budget_ends_with_recon
     assert [e.code for e in stream.errors] == [RECONNECT_TIMEOUT]
     assert tries >= 3
     await stream.aclose()
+
+
+class _IdleTrack(VideoStreamTrack):
+    """A service's video that sends a few frames, then none (a paused session, a model resting)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = 0
+
+    async def recv(self) -> Any:
+        if self.sent >= 3:
+            await asyncio.Event().wait()
+        self.sent += 1
+        return await super().recv()
+
+
+class _AnsweringService:
+    """The offer route of a service, with a real aiortc peer connection that sends `_IdleTrack` and echoes nothing."""
+
+    def __init__(self) -> None:
+        self.pc = RTCPeerConnection()
+
+    async def answer_offer(self, _url: str, sdp: str, *, within: float | None = None) -> str:
+        self.pc.addTrack(_IdleTrack())
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        return str(self.pc.localDescription.sdp)
+
+
+class _CountingStream:
+    def __init__(self) -> None:
+        self.alive = 0
+        self.frames = 0
+        self.heard = asyncio.Event()
+
+    def on_alive(self) -> None:
+        self.alive += 1
+        if self.alive >= 3:
+            self.heard.set()
+
+    def on_frame(self, *_args: object) -> None:
+        self.frames += 1
+
+    def on_status(self, _data: object) -> None: ...
+
+    def on_link_lost(self, _why: str, *, failed: bool = False) -> None: ...
+
+
+async def test_an_embedded_link_hears_the_services_sender_reports_while_no_frame_comes() -> None:
+    # The liveness the reconnect reads besides frames: aiortc's video sender sends an RTCP sender report every
+    # 0.5-1.5 s for as long as the peer connection lives, frames or not.
+    service = _AnsweringService()
+    stream = _CountingStream()
+    link = await EmbeddedLink.open(
+        service,  # type: ignore[arg-type]
+        stream,  # type: ignore[arg-type]
+        {"offer_url": "/v1/sessions/s1/webrtc"},
+        host_addresses=("127.0.0.1",),
+        within=10.0,
+    )
+    try:
+        async with asyncio.timeout(15):
+            await stream.heard.wait()  # three reports
+        assert stream.frames <= 3  # while the video sent three frames at most
+    finally:
+        await link.aclose()
+        await service.pc.close()
