@@ -128,7 +128,8 @@ class RedisAdmission:
     long a silent replica keeps its slots; `heartbeat_interval_s` (default a third of it) paces the maintenance
     pass. `finished_ttl_s` is how long finished tickets stay readable; `payload_ttl_s` how long a payload outlives
     admission; `events_maxlen` bounds the event stream (overflow: trim the oldest); `backoff_s` is the reconnect
-    back-off (first, max); `call_timeout_s` bounds every Redis call.
+    back-off (first, max); `call_timeout_s` bounds every Redis call; `connect_timeout_s` bounds opening a connection of
+    the client made from a URL (a caller's own client keeps its own).
     """
 
     def __init__(
@@ -146,6 +147,7 @@ class RedisAdmission:
         events_maxlen: int = 10_000,
         backoff_s: tuple[float, float] = (0.05, 2.0),
         call_timeout_s: float = 5.0,
+        connect_timeout_s: float = 2.0,
     ) -> None:
         interval = replica_ttl_s / 3 if heartbeat_interval_s is None else heartbeat_interval_s
         if not replica_id or any(ch.isspace() for ch in replica_id):
@@ -153,14 +155,18 @@ class RedisAdmission:
         if not 0 < interval < replica_ttl_s:
             raise AdmissionConfigError(f"need 0 < heartbeat_interval_s ({interval}) < replica_ttl_s ({replica_ttl_s})")
         valid = finished_ttl_s > 0 and payload_ttl_s > 0 and call_timeout_s > 0 and events_maxlen >= 100
-        if not (valid and 0 < backoff_s[0] <= backoff_s[1]):
-            raise AdmissionConfigError("a TTL, call_timeout_s, events_maxlen (>= 100) or backoff_s is invalid")
+        if not (valid and connect_timeout_s > 0 and 0 < backoff_s[0] <= backoff_s[1]):
+            raise AdmissionConfigError(
+                "a TTL, call_timeout_s, events_maxlen (>= 100), backoff_s or connect_timeout_s is invalid"
+            )
         self._owns_client = isinstance(redis, str)
         if isinstance(redis, str):
             # No client retries: an outage must surface at once (the maintenance task retries with back-off). No
             # socket timeout: redis-py then bounds writes with asyncio.wait_for, which on Python 3.11 can swallow a
             # cancellation; every call here is bounded by `call_timeout_s` instead.
-            redis = Redis.from_url(redis, socket_timeout=None, socket_connect_timeout=2.0, retry=Retry(NoBackoff(), 0))
+            redis = Redis.from_url(
+                redis, socket_timeout=None, socket_connect_timeout=connect_timeout_s, retry=Retry(NoBackoff(), 0)
+            )
         kwargs = redis.connection_pool.connection_kwargs
         if kwargs.get("decode_responses"):
             raise AdmissionConfigError("the Redis client must not decode responses (payloads are bytes)")

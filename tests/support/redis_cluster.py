@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from admission import (
     AdmissionConfig,
@@ -95,13 +93,13 @@ class Cluster:
     replicas: dict[str, RedisAdmission] = field(default_factory=dict)
     logs: dict[str, EventLog] = field(default_factory=dict)
     closes: dict[str, CloseLog] = field(default_factory=dict)
-    clients: list[Redis] = field(default_factory=list)  # replicas' own clients made here (connect_timeout_s)
 
     async def add(
         self, name: str, *, start: bool = True, connect_timeout_s: float | None = None, **options: Any
     ) -> RedisAdmission:
-        """A replica named `name` with its own client: the service's (from the URL, a 2 s connect timeout) unless
-        `connect_timeout_s` says otherwise (a test that opens a storm of connections from one loaded event loop)."""
+        """A replica named `name` with its own client, made by `RedisAdmission` from the URL as the service's is (a 2 s
+        connect timeout, unless `connect_timeout_s` says otherwise: a test that opens a storm of connections from one
+        loaded event loop)."""
         config = options.pop("config", self.config)
         settings: dict[str, Any] = {
             "prefix": PREFIX,
@@ -110,16 +108,9 @@ class Cluster:
             "backoff_s": (0.02, 0.2),
         }
         settings.update(options)
-        redis: str | Redis = self.server.url
         if connect_timeout_s is not None:
-            redis = Redis.from_url(
-                self.server.url,
-                socket_timeout=None,
-                socket_connect_timeout=connect_timeout_s,
-                retry=Retry(NoBackoff(), 0),
-            )
-            self.clients.append(redis)
-        replica = RedisAdmission(redis, name, config, **settings)
+            settings["connect_timeout_s"] = connect_timeout_s
+        replica = RedisAdmission(self.server.url, name, config, **settings)
         self.replicas[name] = replica
         self.logs[name] = EventLog()
         self.closes[name] = CloseLog()
@@ -257,6 +248,4 @@ async def open_cluster(server: RedisServer, config: AdmissionConfig) -> AsyncIte
     finally:
         for replica in cluster.replicas.values():
             await replica.aclose()
-        for client in cluster.clients:
-            await client.aclose()
         await raw.aclose()

@@ -98,6 +98,7 @@ async def test_the_registry_body_given_at_create_is_what_get_reads(replica: Redi
         ({"replica_ttl_s": 3.0, "heartbeat_interval_s": 3.0}, r"need 0 < heartbeat_interval_s \(3.0\) < replica_ttl_s"),
         ({"finished_ttl_s": 0.5, "payload_ttl_s": 0.0}, "a TTL, call_timeout_s"),
         ({"events_maxlen": 99}, "a TTL, call_timeout_s, events_maxlen"),
+        ({"connect_timeout_s": 0.0}, "backoff_s or connect_timeout_s is invalid"),
     ],
 )
 def test_settings_out_of_range_are_refused(options: dict[str, object], message: str) -> None:
@@ -109,6 +110,18 @@ def test_settings_out_of_range_are_refused(options: dict[str, object], message: 
 
 def test_boundary_settings_are_accepted() -> None:
     RedisAdmission("redis://127.0.0.1:1/0", "a", AdmissionConfig(), finished_ttl_s=0.5, events_maxlen=100)
+
+
+async def test_the_client_made_from_a_url_opens_connections_within_the_connect_timeout() -> None:
+    default = RedisAdmission("redis://127.0.0.1:1/0", "a", AdmissionConfig())
+    patient = RedisAdmission("redis://127.0.0.1:1/0", "b", AdmissionConfig(), connect_timeout_s=15.0)
+    try:
+        timeouts = [r.redis.connection_pool.connection_kwargs["socket_connect_timeout"] for r in (default, patient)]
+        assert timeouts == [2.0, 15.0]
+        assert [r.redis.connection_pool.connection_kwargs["socket_timeout"] for r in (default, patient)] == [None, None]
+    finally:
+        await default.aclose()
+        await patient.aclose()
 
 
 async def test_a_closed_backend_cannot_start_again(redis_server: RedisServer) -> None:
