@@ -131,14 +131,14 @@ async def one_kill(app: App, transport: FrameTimes, rng: random.Random) -> tuple
     frames = transport.frames[sid]
     await until(lambda: len(frames) >= 6, "frames before the kill", within=120)
     await asyncio.sleep(rng.uniform(0.0, 0.5))
-    group = worker.worker_statistics()["denoise_decode"]
+    group = worker.worker_statistics()["denoise"]
     seen = len(frames)
     os.kill(group.pids[0], signal.SIGKILL)
     killed = time.monotonic()
     last_before = frames[seen - 1]
 
     def restarted() -> bool:
-        return worker.worker_statistics()["denoise_decode"].incarnation > group.incarnation and worker.ready
+        return worker.worker_statistics()["denoise"].incarnation > group.incarnation and worker.ready
 
     await until(restarted, "the group to restart", within=120)
     restart = time.monotonic() - killed

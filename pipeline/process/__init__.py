@@ -10,7 +10,7 @@ This subpackage loads torch; `import pipeline` does not, so import it where proc
 
 from __future__ import annotations
 
-from pipeline.process.actor import ParallelWorkerStageActor
+from pipeline.process.actor import ParallelWorkerStageActor, WorkerLaneActor
 from pipeline.process.records import (
     ParallelWorkerConfig,
     PartListener,
@@ -40,6 +40,7 @@ __all__ = [
     "TensorRef",
     "TensorRefCarrier",
     "WorkerContext",
+    "WorkerLaneActor",
     "WorkerState",
     "WorkerStatistics",
     "WorkerTensorChannel",

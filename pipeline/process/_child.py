@@ -4,8 +4,11 @@
 this module to find it, so it and everything it calls stay module level. A rank ignores SIGINT (the parent stops
 the ranks in order), exits at once if the parent dies, joins the process group when there is more than one rank,
 builds its stage with the `stage_factory`, reports ready, and then serves its request queue in order until a stop
-request, replying on its own pipe. While a call runs, `_PartWriter` (the stage's `WorkerContext.parts`) writes the
-call's partial replies to that pipe ahead of its final reply (`pipeline.process._protocol`). Package-private:
+request, replying on its own pipe. With two lanes (`WorkerContext.lanes`), a reader thread takes the requests off the
+queue and hands lane 1's calls to a second thread (its own CUDA stream on a CUDA device), which serves them in order
+beside the main thread's; a stop lets that thread finish what it was handed, then ends it. While a call runs,
+`_PartWriter` (the stage's `WorkerContext.parts`) writes the call's partial replies to that pipe ahead of its final
+reply (`pipeline.process._protocol`). Package-private:
 `pipeline.process.worker` starts `worker_main`.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import queue
 import signal
 import threading
 import traceback
@@ -85,6 +89,9 @@ def worker_main(
             send(Reply(context.rank, START_FAILED, error=describe_exception(exc), detail=traceback.format_exc()))
             return
         send(Reply(context.rank, READY))
+        if context.lanes > 1:
+            _serve_lanes(stage, requests, context, parts, send)
+            return
         while True:
             request = requests.get()
             if request.kind == STOP:
@@ -95,6 +102,52 @@ def worker_main(
             with contextlib.suppress(Exception):
                 torch.distributed.destroy_process_group()
         replies.close()
+
+
+def _serve_lanes(
+    stage: Stage,
+    requests: Queue[Request],
+    context: WorkerContext,
+    parts: _PartWriter,
+    send: Callable[[Reply], None],
+) -> None:
+    """Serve lane 0 on this thread and lane 1 on a second one; a reader thread feeds both, so a lane-1 call starts
+    while a lane-0 call runs. Both local queues are bounded by what the parent lets through (its request queue's
+    size); STOP reaches both, and lane 1 finishes its queued calls before this returns."""
+    lane0: queue.Queue[Request] = queue.Queue()
+    lane1: queue.Queue[Request] = queue.Queue()
+
+    def read() -> None:
+        while True:
+            request = requests.get()
+            if request.kind == STOP:
+                lane1.put(request)
+                lane0.put(request)
+                return
+            (lane1 if request.lane == 1 else lane0).put(request)
+
+    def serve_lane1() -> None:
+        stream = None
+        if context.device.startswith("cuda"):
+            stream = torch.cuda.Stream(torch.device(context.device))  # type: ignore[no-untyped-call]
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            while True:
+                request = lane1.get()
+                if request.kind == STOP:
+                    return
+                send(_serve(stage, request, context.rank, parts))
+
+    reader = threading.Thread(target=read, name="lingstream-requests", daemon=True)
+    second = threading.Thread(target=serve_lane1, name="lingstream-lane1", daemon=True)
+    second.start()
+    reader.start()
+    while True:
+        request = lane0.get()
+        if request.kind == STOP:
+            break
+        send(_serve(stage, request, context.rank, parts))
+    second.join()
+    reader.join()
 
 
 def _join_process_group(context: WorkerContext, bootstrap: Bootstrap) -> None:
@@ -111,19 +164,19 @@ class _PartWriter:
     def __init__(self, rank: int, send: Callable[[Reply], None]) -> None:
         self._rank = rank
         self._send = send
-        self._op_id: int | None = None  # the call in flight (`during`)
+        self._local = threading.local()  # the call in flight on this thread (`during`): one per lane
 
     @contextlib.contextmanager
     def during(self, op_id: int) -> Iterator[None]:
-        """Parts sent inside this block belong to call `op_id`."""
-        self._op_id = op_id
+        """Parts sent inside this block, on this thread, belong to call `op_id`."""
+        self._local.op_id = op_id
         try:
             yield
         finally:
-            self._op_id = None
+            self._local.op_id = None
 
     def send(self, part: object) -> None:
-        op_id = self._op_id
+        op_id: int | None = getattr(self._local, "op_id", None)
         if op_id is None:
             raise RuntimeError("a part can only be sent while the stage runs a call")
         if self._rank != 0:

@@ -27,12 +27,31 @@ __all__: list[str] = []
 class Operation:
     """One call or release handed to every rank of one incarnation; owned by the event loop."""
 
-    __slots__ = ("call", "errors", "future", "kind", "op_id", "parts_broken", "remaining", "session_id", "value")
+    __slots__ = (
+        "call",
+        "errors",
+        "future",
+        "kind",
+        "lane",
+        "op_id",
+        "parts_broken",
+        "remaining",
+        "session_id",
+        "value",
+    )
 
     def __init__(
-        self, op_id: int, kind: str, session_id: str, call: StageCall | None, future: asyncio.Future[object], ranks: int
+        self,
+        op_id: int,
+        kind: str,
+        session_id: str,
+        call: StageCall | None,
+        future: asyncio.Future[object],
+        ranks: int,
+        lane: int = 0,
     ) -> None:
         self.op_id = op_id
+        self.lane = lane
         self.kind = kind
         self.session_id = session_id
         self.call = call

@@ -60,6 +60,7 @@ class Request:
     op_id: int = 0
     payload: bytes = b""  # a call: the StageCall, pickled in the parent so pickling errors surface in invoke()
     session_id: str = ""
+    lane: int = 0  # a call's lane (`ParallelWorkerConfig.lanes`); releases and stops run on lane 0
 
 
 @dataclass(frozen=True, slots=True)

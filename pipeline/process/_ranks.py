@@ -40,14 +40,21 @@ def spawn_ranks(config: ParallelWorkerConfig, inc: Incarnation, watch: Callable[
         backend = "nccl" if config.devices[0].startswith("cuda") else "gloo"
         bootstrap = Bootstrap(inc.store.port, backend, config.start_timeout_s)
     # Room for every call and release the parent lets through, plus the stop request.
-    queue_size = config.capacity + config.max_pending_releases + 1
+    queue_size = config.capacity * config.lanes + config.max_pending_releases + 1
     for rank, device in enumerate(config.devices):
         requests: Queue[Request] = ctx.Queue(maxsize=queue_size)
         reply_r, reply_w = ctx.Pipe(duplex=False)
         inc.request_queues.append(requests)
         inc.reply_conns.append(reply_r)
         context = WorkerContext(
-            config.name, rank, config.world_size, device, config.torch_threads, inc.number, config.options
+            config.name,
+            rank,
+            config.world_size,
+            device,
+            config.torch_threads,
+            inc.number,
+            config.options,
+            lanes=config.lanes,
         )
         process = rank_process(
             config,

@@ -72,6 +72,8 @@ class WorkerContext:
     incarnation: int
     options: Mapping[str, object]
     parts: PartSender = _NO_PARTS
+    lanes: int = 1
+    """`ParallelWorkerConfig.lanes`: with 2, the rank runs lane 1's calls on a second thread beside lane 0's."""
 
 
 StageFactory = Callable[[WorkerContext], Stage]
@@ -89,7 +91,13 @@ class ParallelWorkerConfig:
     torch_threads: int = 1
     """`torch.set_num_threads` in every rank."""
     capacity: int = 1
-    """Calls in flight at once. Ranks run calls serially, so more than 1 only queues calls inside the children."""
+    """Calls in flight at once, per lane. A lane runs its calls serially, so more than 1 only queues calls inside the
+    children."""
+    lanes: int = 1
+    """Call lanes (1 or 2). Lane 0 runs on each rank's main thread; with 2, lane 1's calls run on a second thread of
+    every rank beside lane 0's (on a CUDA device with its own CUDA stream), each lane in its own submission order.
+    A stage that takes lane-1 calls must make them safe beside lane 0's (e.g. a co-located decode beside the DiT,
+    `pipeline.lingbot.graph.group_stages`); releases run on lane 0."""
     max_pending_releases: int = 8
     """`release_session` calls in flight at once; further ones wait for a slot."""
     options: Mapping[str, object] = field(default_factory=dict)
@@ -132,6 +140,8 @@ class ParallelWorkerConfig:
         for field_name in ("torch_threads", "capacity", "max_pending_releases"):
             if getattr(self, field_name) < 1:
                 raise PipelineSpecError(f"worker {self.name!r}: {field_name} must be at least 1")
+        if self.lanes not in (1, 2):
+            raise PipelineSpecError(f"worker {self.name!r}: lanes must be 1 or 2, got {self.lanes}")
         for field_name in (
             "start_timeout_s",
             "stop_timeout_s",

@@ -82,7 +82,9 @@ class ParallelWorker:
         await worker.aclose()
 
     Ordering: every rank serves its requests in submission order, one at a time; results resolve in that order.
-    Calls and releases share that order, so a release sent after a call runs after it.
+    Calls and releases share that order, so a release sent after a call runs after it. With two lanes
+    (`ParallelWorkerConfig.lanes`) each lane keeps that order for its own calls (releases are lane 0's), and a call
+    of lane 1 runs beside lane 0's: results of different lanes resolve in the order they finish.
 
     Backpressure: at most `capacity` calls are in flight; one more is rejected at once with
     `ActorUnavailableError` (the orchestrator never exceeds `capacity`). Releases wait for one of
@@ -118,6 +120,7 @@ class ParallelWorker:
         self._ops: dict[int, Operation] = {}
         self._op_ids = itertools.count(1)
         self._calls_in_flight = 0
+        self._lane_calls = [0] * config.lanes  # calls in flight per lane
         self._release_slots = asyncio.Semaphore(config.max_pending_releases)
         self._supervisor: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
@@ -407,6 +410,7 @@ class ParallelWorker:
         del self._ops[op.op_id]
         if op.kind == CALL:
             self._calls_in_flight -= 1
+            self._lane_calls[op.lane] -= 1
         else:
             self._release_slots.release()
         self._arm_watchdog()
@@ -506,17 +510,20 @@ class ParallelWorker:
 
     # --- requests ---
 
-    async def invoke(self, call: StageCall) -> Mapping[str, object]:
-        """Run `call` on every rank and return rank 0's artifacts.
+    async def invoke(self, call: StageCall, *, lane: int = 0) -> Mapping[str, object]:
+        """Run `call` on every rank (on `lane`: `ParallelWorkerConfig.lanes`) and return rank 0's artifacts.
 
         Raises `StageFailedError` (a rank's stage raised, or the inputs/artifacts are not picklable; the worker stays
-        healthy), `ActorDiedError` (the incarnation died meanwhile) or `ActorUnavailableError` (not running, or at
-        capacity). Cancelling does not interrupt the ranks; see the class docstring.
+        healthy), `ActorDiedError` (the incarnation died meanwhile) or `ActorUnavailableError` (not running, or the
+        lane at capacity). Cancelling does not interrupt the ranks; see the class docstring.
         """
+        if not 0 <= lane < self._config.lanes:
+            raise ValueError(f"worker {self.name!r} has {self._config.lanes} lane(s), not lane {lane}")
         inc = self._running_incarnation()
-        if self._calls_in_flight >= self.capacity:
+        if self._lane_calls[lane] >= self.capacity:
+            where = f" on lane {lane}" if self._config.lanes > 1 else ""
             raise ActorUnavailableError(
-                f"worker {self.name!r} is at capacity: {self._calls_in_flight} call(s) in flight"
+                f"worker {self.name!r} is at capacity: {self._lane_calls[lane]} call(s) in flight{where}"
                 f" (capacity {self.capacity}); wait for one to finish"
             )
         try:
@@ -529,8 +536,9 @@ class ParallelWorker:
                 f"the inputs are not picklable: {describe_exception(exc)}",
             ) from exc
         self._calls_in_flight += 1
+        self._lane_calls[lane] += 1
         self._calls += 1
-        op = self._submit(inc, CALL, payload, call.session_id, call)
+        op = self._submit(inc, CALL, payload, call.session_id, call, lane)
         return cast(Mapping[str, object], await op.future)
 
     async def release_session(self, session_id: str) -> None:
@@ -555,14 +563,14 @@ class ParallelWorker:
         return self._current
 
     def _submit(
-        self, inc: Incarnation, kind: str, payload: bytes, session_id: str, call: StageCall | None
+        self, inc: Incarnation, kind: str, payload: bytes, session_id: str, call: StageCall | None, lane: int = 0
     ) -> Operation:
         loop = asyncio.get_running_loop()
-        op = Operation(next(self._op_ids), kind, session_id, call, loop.create_future(), len(inc.processes))
+        op = Operation(next(self._op_ids), kind, session_id, call, loop.create_future(), len(inc.processes), lane)
         self._ops[op.op_id] = op
         if self._watchdog is None:
             self._arm_watchdog()
-        request = Request(kind, op.op_id, payload, session_id)
+        request = Request(kind, op.op_id, payload, session_id, lane)
         for rank, requests in enumerate(inc.request_queues):
             try:
                 requests.put_nowait(request)

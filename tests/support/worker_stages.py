@@ -270,3 +270,39 @@ class EchoStage:
 
 def echo_stage(ctx: WorkerContext) -> EchoStage:
     return EchoStage(ctx)
+
+
+class LaneStage:
+    """Two call lanes in one rank: a `wait` call (lane 0) waits until the `signal` call (lane 1) of sequence
+    `inputs["for"]` ran, up to `within` seconds, and says whether it saw it; a `signal` call sends one part (rank 0)
+    and records its sequence."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        import threading
+
+        self._ctx = ctx
+        self._changed = threading.Condition()
+        self._order: list[int] = []
+
+    def process(self, call: StageCall) -> Mapping[str, object]:
+        import threading
+
+        op = call.inputs["op"]
+        if op == "wait":
+            wanted = int(cast(int, call.inputs["for"]))
+            within = float(cast(float, call.inputs.get("within", GATE_TIMEOUT_S)))
+            with self._changed:
+                seen = self._changed.wait_for(lambda: wanted in self._order, within)
+            return {"out": {"seen": seen, "thread": threading.current_thread().name}}
+        self._ctx.parts.send({"part_of": call.sequence_id})
+        with self._changed:
+            self._order.append(call.sequence_id)
+            self._changed.notify_all()
+        return {"out": {"order": list(self._order), "thread": threading.current_thread().name}}
+
+    def release(self, session_id: str) -> None:
+        return None
+
+
+def lane_stage(ctx: WorkerContext) -> LaneStage:
+    return LaneStage(ctx)

@@ -14,11 +14,16 @@ Processes (`ProcessPlacement`: a `PlacementPlan` from `placement.plan_placement`
 
     plan group          orchestrator stage     consumes -> produces                 ranks
     vae_encode          encode                 condition_request -> condition       encode config's devices
-    dit                 denoise_decode         condition + control -> frames        dit config's devices
-      (decode co-located: the DiT and decode configs name the same devices and world size)
-    -- otherwise --
     dit                 denoise                condition + control -> latent        dit config's devices
+    -- decode co-located (the DiT and decode configs name the same devices and world size) --
+    dit, lane 1         decode                 latent -> frames                     the same ranks (rank 0 decodes)
+    -- otherwise --
     vae_decode          decode                 latent -> frames                     decode config's devices
+
+Co-located, the DiT group's worker has two call lanes (`ParallelWorkerConfig.lanes`): the `denoise` actor owns it
+and sends its calls on lane 0; the `decode` actor is the owner's `WorkerLaneActor`, whose calls run on lane 1, a
+second thread of each rank (its own CUDA stream on a GPU). So chunk k decodes while chunk k + 1's DiT runs, the same
+overlap as on threads (issue #32), and the CUDA contexts and the latent stay in the group.
 
 How tensors cross (the service process only ever holds references and the final frames):
 
@@ -28,7 +33,8 @@ How tensors cross (the service process only ever holds references and the final 
     DiT ranks: sharded denoise, all-gather of the chunk
     DiT rank 0 ──latent chunk: `latent` channel (every chunk)──► decode rank 0
     service ◄──latent: RemoteLatent(TensorRef)── DiT                   ──► decode
-    (co-located: DiT rank 0 decodes the chunk where it is; there is no latent artifact and no latent channel)
+    (co-located: DiT rank 0 keeps the chunk's latent; the latent artifact is a `LocalLatent` (no tensor), the
+    decode call on lane 1 takes the latent where it is; there is no latent channel)
     service ◄──frame parts (uint8, partial replies)── the decoding rank 0          (progressive decode)
     service ◄──frames (uint8, the call's reply)── the decoding rank 0
     (both in shared memory: with parts, views of one segment per chunk that the reply sends whole)
@@ -64,7 +70,6 @@ from pipeline.lingbot.errors import ModelSessionError
 from pipeline.lingbot.graph.group_stages import FramesPart, GroupOptions, GroupRole, build_group_stage
 from pipeline.lingbot.graph.placement import DECODE_STAGE, DENOISE_STAGE, ENCODE_STAGE, PlacementPlan, WorkerGroupPlan
 from pipeline.lingbot.graph.stages import (
-    DENOISE_DECODE_STAGE,
     DecodeStage,
     DenoiseStage,
     EncodeStage,
@@ -133,7 +138,8 @@ class LingBotActors:
     denoise_stage: str
     """The stage whose results refill the session's condition prefetch (the one that runs the DiT)."""
     workers: Mapping[str, ParallelWorkerStageActor] = field(default_factory=dict)
-    """The process actors by stage (empty for threads)."""
+    """The process groups' owning actors by stage (empty for threads): `encode`, `denoise` and, when decode has a
+    group of its own, `decode` (co-located, the `decode` actor is the DiT group's lane view, not an owner)."""
     channels: tuple[WorkerTensorChannel, ...] = ()
     progressive_decode: bool = False
     """Whether the decode stage hands chunks over in parts: a sink was given and, on threads, the decoder is a
@@ -183,26 +189,31 @@ def _process_actors(placement: ProcessPlacement, edge_capacity: int, on_part: Pa
         latent = WorkerTensorChannel(
             "latent", capacity=in_flight, stash_size=2 * in_flight, send_timeout_s=timeout, receive_timeout_s=timeout
         )
-    dit_role = GroupRole.DENOISE_DECODE if plan.decode_colocated else GroupRole.DENOISE
-    dit_stage = DENOISE_DECODE_STAGE if plan.decode_colocated else DENOISE_STAGE
-    decode_stage = DENOISE_DECODE_STAGE if plan.decode_colocated else DECODE_STAGE
+    colocated = plan.decode_colocated
+    dit_role = GroupRole.DENOISE_DECODE if colocated else GroupRole.DENOISE
+    decoding_group = DENOISE_STAGE if colocated else DECODE_STAGE  # the worker whose rank 0 decodes
     roles = [
         (plan.group_of(ENCODE_STAGE), ENCODE_STAGE, GroupRole.ENCODE),
-        (plan.group_of(DENOISE_STAGE), dit_stage, dit_role),
+        (plan.group_of(DENOISE_STAGE), DENOISE_STAGE, dit_role),
     ]
-    if not plan.decode_colocated:
+    if not colocated:
         roles.append((plan.group_of(DECODE_STAGE), DECODE_STAGE, GroupRole.DECODE))
     workers: dict[str, ParallelWorkerStageActor] = {}
     for group, stage, role in roles:
         runtime = plan.stage(group.stages[0]).runtime
-        progressive = on_part is not None and stage == decode_stage
+        progressive = on_part is not None and stage == decoding_group
         options = GroupOptions(role, placement.factory, runtime.dtype, base, latent, timeout, progressive)
-        workers[stage] = ParallelWorkerStageActor(_worker_config(placement, group, runtime.torch_threads, options))
+        lanes = 2 if role is GroupRole.DENOISE_DECODE else 1
+        config = _worker_config(placement, group, runtime.torch_threads, options, lanes)
+        workers[stage] = ParallelWorkerStageActor(config)
     if on_part is not None:
-        workers[decode_stage].add_part_listener(_forward_parts(on_part))
+        workers[decoding_group].add_part_listener(_forward_parts(on_part))
+    actors: dict[str, StageActor] = dict(workers)
+    if colocated:
+        actors[DECODE_STAGE] = workers[DENOISE_STAGE].lane_actor(DECODE_STAGE)
     channels = (base,) if latent is None else (base, latent)
-    spec = lingbot_pipeline_spec(edge_capacity, decode_in_denoise=plan.decode_colocated)
-    return LingBotActors(spec, dict(workers), dit_stage, workers, channels, progressive_decode=on_part is not None)
+    spec = lingbot_pipeline_spec(edge_capacity)
+    return LingBotActors(spec, actors, DENOISE_STAGE, workers, channels, progressive_decode=on_part is not None)
 
 
 def _forward_parts(sink: PartSink) -> PartListener:
@@ -217,10 +228,11 @@ def _forward_parts(sink: PartSink) -> PartListener:
 
 
 def _worker_config(
-    placement: ProcessPlacement, group: WorkerGroupPlan, torch_threads: int, options: GroupOptions
+    placement: ProcessPlacement, group: WorkerGroupPlan, torch_threads: int, options: GroupOptions, lanes: int
 ) -> ParallelWorkerConfig:
     return ParallelWorkerConfig(
         name=group.name,
+        lanes=lanes,
         stage_factory=build_group_stage,
         devices=group.devices,
         torch_threads=torch_threads,

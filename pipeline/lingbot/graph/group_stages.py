@@ -12,6 +12,13 @@ arrive in the service process as a plain `FramesArtifact` whose frames are a vie
 a group receives every call (`ParallelWorker`); only rank 0 encodes, decodes, sends and receives, and its artifacts
 are the call's result; in the DiT group every rank runs the (sharded) denoiser.
 
+Decode co-located in the DiT group (`GroupRole.DENOISE_DECODE`, issue #32): the group serves two stages, `denoise`
+on its first call lane and `decode` on its second (`ParallelWorkerConfig.lanes`: a second thread of each rank, its
+own CUDA stream on a GPU), so chunk k decodes while chunk k + 1's DiT runs, as on threads. The denoise call keeps the
+latent in rank 0 (`_LatentStash`, with a CUDA event recorded after the DiT's kernels) and returns a `LocalLatent`
+(metadata only); the decode call takes it there, its stream waiting on that event first. The stash holds at most
+what the `latent` edge lets through (its capacity per session) and drops a session's entries at its release.
+
 Progressive decode (`GroupOptions.progressive_decode`, a `ProgressiveDecoder`): the decoding rank hands each part of
 a chunk to the parent as it is decoded, through the worker's partial replies (`WorkerContext.parts`): a
 `SharedPart` carries its frames as a view of the chunk's one shared-memory buffer (`ChunkParts`) and arrives in the
@@ -22,6 +29,7 @@ buffer.
 from __future__ import annotations
 
 import enum
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -38,6 +46,7 @@ from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.continuity import ResumePoint
 from pipeline.lingbot.controls import ControlSnapshot
 from pipeline.lingbot.errors import ModelSessionError
+from pipeline.lingbot.graph.placement import DECODE_STAGE
 from pipeline.lingbot.graph.stages import (
     CONTROL,
     FRAMES,
@@ -60,6 +69,7 @@ __all__ = [
     "FramesPart",
     "GroupOptions",
     "GroupRole",
+    "LocalLatent",
     "RemoteCondition",
     "RemoteLatent",
     "SharedFrames",
@@ -77,7 +87,7 @@ class GroupRole(enum.Enum):
 
     ENCODE = "encode"  # VAE encode; sends each session's base latent to the DiT group
     DENOISE = "denoise"  # the DiT; sends each latent chunk to the decode group
-    DENOISE_DECODE = "denoise_decode"  # the DiT with decode co-located: rank 0 decodes in place
+    DENOISE_DECODE = "denoise_decode"  # the DiT with decode co-located: decode calls on the group's second lane
     DECODE = "decode"  # VAE decode of latents received from the DiT group
 
 
@@ -124,6 +134,52 @@ class RemoteLatent:
 
     def tensor_refs(self) -> tuple[TensorRef, ...]:
         return (self.latent,)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalLatent:
+    """The `latent` artifact when decode is co-located: the latent stays in the DiT group's rank 0 (module
+    docstring); this says which one the decode call takes."""
+
+    chunk_index: int
+    snapshot: ControlSnapshot
+    config: LingBotSessionConfig | None = None  # only for the session's first chunk (0, or a re-seed's first)
+    denoise_s: float = 0.0
+
+
+class _LatentStash:
+    """Rank 0's latents between a denoise call (lane 0) and its decode call (lane 1), by session and chunk; thread
+    safe. Each entry carries the CUDA event its producer's stream recorded after the latent was written (None on
+    the CPU), which the consumer's stream waits on before it reads the latent."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, int], tuple[torch.Tensor, torch.cuda.Event | None]] = {}
+
+    def put(self, session_id: str, chunk_index: int, latent: torch.Tensor) -> None:
+        event = None
+        if latent.is_cuda:
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(torch.cuda.current_stream(latent.device))
+        with self._lock:
+            self._entries[(session_id, chunk_index)] = (latent, event)
+
+    def take(self, session_id: str, chunk_index: int) -> torch.Tensor:
+        with self._lock:
+            entry = self._entries.pop((session_id, chunk_index), None)
+        if entry is None:
+            raise ModelSessionError(f"session {session_id!r}: no latent of chunk {chunk_index} in the DiT group")
+        latent, event = entry
+        if event is not None:
+            stream = torch.cuda.current_stream(latent.device)
+            stream.wait_event(event)
+            latent.record_stream(stream)
+        return latent
+
+    def discard(self, session_id: str) -> None:
+        with self._lock:
+            for key in [key for key in self._entries if key[0] == session_id]:
+                del self._entries[key]
 
 
 class SharedFrames:
@@ -303,12 +359,16 @@ class DenoiseGroupStage:
         shard = ModelShard(ctx.device, ctx.rank, ctx.world_size, options.dtype)
         self._denoise = DenoiseStage(options.factory.denoiser(shard))
         self._decode: tuple[DecodeStage, ChunkParts | None] | None = None
-        if options.role is GroupRole.DENOISE_DECODE and ctx.rank == 0:
+        self._colocated = options.role is GroupRole.DENOISE_DECODE
+        self._stash = _LatentStash()
+        if self._colocated and ctx.rank == 0:
             self._decode = _decode_stage(ctx, options, ModelShard(ctx.device, 0, 1, options.dtype))
         elif options.role is GroupRole.DENOISE and options.latent is None:
             raise ModelSessionError("a DiT group without co-located decode needs the latent channel")
 
     def process(self, call: StageCall) -> Mapping[str, object]:
+        if call.stage_id == DECODE_STAGE:
+            return self._decode_local(call)
         remote = call.inputs["condition"]
         if not isinstance(remote, RemoteCondition):
             raise ModelSessionError(f"denoise expects a RemoteCondition, got {type(remote).__name__}")
@@ -320,8 +380,10 @@ class DenoiseGroupStage:
             return {}
         if not isinstance(artifact, LatentArtifact):
             raise ModelSessionError(f"denoise produced {type(artifact).__name__}, not a LatentArtifact")
-        if self._decode is not None:
-            return {FRAMES: _decode(self._decode, call, artifact)}
+        if self._colocated:
+            self._stash.put(call.session_id, artifact.chunk_index, artifact.latent)
+            local = LocalLatent(artifact.chunk_index, artifact.snapshot, artifact.config, artifact.denoise_s)
+            return {"latent": local}
         channel = cast(WorkerTensorChannel, self._options.latent)
         started = time.perf_counter()
         key = _key(call.session_id, artifact.chunk_index, "latent")
@@ -335,6 +397,19 @@ class DenoiseGroupStage:
             send_s=time.perf_counter() - started,
         )
         return {"latent": sent}
+
+    def _decode_local(self, call: StageCall) -> Mapping[str, object]:
+        """A co-located decode call (lane 1): the chunk's latent from the stash (rank 0), decoded to frames."""
+        if self._decode is None:
+            if not self._colocated:
+                raise ModelSessionError("decode called on a DiT group without co-located decode")
+            return {}  # ranks 1..N-1: rank 0 decodes
+        local = call.inputs["latent"]
+        if not isinstance(local, LocalLatent):
+            raise ModelSessionError(f"co-located decode expects a LocalLatent, got {type(local).__name__}")
+        tensor = self._stash.take(call.session_id, local.chunk_index)
+        latent = LatentArtifact(local.chunk_index, tensor, local.snapshot, local.config, local.denoise_s)
+        return {FRAMES: _decode(self._decode, call, latent)}
 
     def _base_latent(self, session_id: str, ref: TensorRef) -> torch.Tensor:
         """Rank 0 receives the base latent; with more ranks it broadcasts it (after a flag saying whether it could,
@@ -363,6 +438,7 @@ class DenoiseGroupStage:
 
     def release(self, session_id: str) -> None:
         self._denoise.release(session_id)
+        self._stash.discard(session_id)
         if self._decode is not None:
             self._decode[0].release(session_id)
         if self._rank == 0:

@@ -4,9 +4,10 @@
                                                   │
                                                 latent ─► decode ─► frames (output)
 
-When decode is co-located in the DiT's worker group (`processes` placement, `pipeline.lingbot.processes`), the
-graph has one stage `denoise_decode` in place of `denoise` and `decode`, and no `latent` artifact: the latent
-never leaves the group, so the scheduler never sees it.
+The graph is the same on every placement. When decode is co-located in the DiT's worker group (`processes`
+placement, `pipeline.lingbot.graph.actors`), `denoise` and `decode` are two stages of that one group, the decode's
+calls on the group's second lane (beside the next chunk's DiT call), and the `latent` artifact carries no tensor:
+the latent stays in the group's rank 0 (`group_stages.LocalLatent`).
 
 Every edge is bounded (capacity 2 is the reference value) and `latency_anchor_artifact = "control"`, so a
 prefetched condition never starts the control-to-output clock. The reference-image prefix is encoded once, by the
@@ -58,7 +59,6 @@ from pipeline.spec import StreamingEdgeSpec, StreamingPipelineSpec, StreamingSta
 __all__ = [
     "CONDITION_REQUEST",
     "CONTROL",
-    "DENOISE_DECODE_STAGE",
     "FRAMES",
     "ConditionArtifact",
     "ConditionRequest",
@@ -75,7 +75,6 @@ __all__ = [
 CONDITION_REQUEST = "condition_request"
 CONTROL = "control"
 FRAMES = "frames"
-DENOISE_DECODE_STAGE = "denoise_decode"
 """The one stage of a DiT worker group that also decodes (decode co-located by the placement plan)."""
 
 
@@ -138,25 +137,8 @@ a worker process's decode stage sends the parts as partial replies: `pipeline.li
 block."""
 
 
-def lingbot_pipeline_spec(
-    edge_capacity: int = 2, output_capacity: int = 2, *, decode_in_denoise: bool = False
-) -> StreamingPipelineSpec:
-    """The LingBot graph; with `decode_in_denoise`, denoise and decode are one stage (`DENOISE_DECODE_STAGE`)."""
-    if decode_in_denoise:
-        return StreamingPipelineSpec(
-            stages=(
-                StreamingStageSpec("encode", consumes=(CONDITION_REQUEST,), produces=("condition",)),
-                StreamingStageSpec(DENOISE_DECODE_STAGE, consumes=("condition", CONTROL), produces=(FRAMES,)),
-            ),
-            edges=(
-                StreamingEdgeSpec(CONDITION_REQUEST, target="encode", capacity=edge_capacity),
-                StreamingEdgeSpec("condition", target=DENOISE_DECODE_STAGE, source="encode", capacity=edge_capacity),
-                StreamingEdgeSpec(CONTROL, target=DENOISE_DECODE_STAGE, capacity=edge_capacity),
-            ),
-            outputs=(FRAMES,),
-            output_capacity=output_capacity,
-            latency_anchor_artifact=CONTROL,
-        )
+def lingbot_pipeline_spec(edge_capacity: int = 2, output_capacity: int = 2) -> StreamingPipelineSpec:
+    """The LingBot graph (module docstring), the same on every placement."""
     return StreamingPipelineSpec(
         stages=(
             StreamingStageSpec("encode", consumes=(CONDITION_REQUEST,), produces=("condition",)),

@@ -177,7 +177,8 @@ class LingBotService:
 
     @property
     def stages(self) -> tuple[str, ...]:
-        """The orchestrator's stages as placed (e.g. `denoise_decode` when decode is co-located with the DiT)."""
+        """The orchestrator's stages: encode, denoise, decode on every placement (a co-located decode runs on the
+        DiT group's second call lane)."""
         return tuple(self._actors.actors)
 
     @property

@@ -94,7 +94,8 @@ async def services() -> AsyncIterator[Services]:
 
 @in_module_loop
 async def test_the_plan_becomes_one_process_group_per_worker_group(services: Services) -> None:
-    assert services.one_rank.stages == ("encode", "denoise_decode")  # same devices and world size: co-located
+    assert services.one_rank.stages == ("encode", "denoise", "decode")
+    assert set(services.one_rank.worker_statistics()) == {"encode", "denoise"}  # co-located: decode on its lane 1
     assert services.two_ranks.stages == ("encode", "denoise", "decode")
     groups = services.two_ranks.worker_statistics()
     assert {stage: stats.world_size for stage, stats in groups.items()} == {"encode": 1, "denoise": 2, "decode": 1}
@@ -245,6 +246,7 @@ async def test_on_cuda_the_process_groups_compute_the_threads_frames() -> None:
         groups: dict[str, Any] = dict(processes.worker_statistics())
     finally:
         await asyncio.gather(threads.aclose(), processes.aclose())
-    assert groups["denoise_decode"].world_size == ranks  # same devices for DiT and decode: co-located
+    assert groups["denoise"].world_size == ranks  # same devices for DiT and decode: co-located
+    assert "decode" not in groups
     for got_frames, want in zip(got.frames, expected.frames, strict=True):
         assert int(np.abs(got_frames.astype(np.int16) - want.astype(np.int16)).max()) <= 1

@@ -123,7 +123,7 @@ async def test_a_decode_failure_mid_chunk_in_the_worker_fails_the_session_and_re
 @in_module_loop
 async def test_a_decoding_rank_killed_mid_chunk_fails_the_session_after_the_parts_it_sent(fresh: Held) -> None:
     service = fresh.service
-    deaths = service.worker_statistics()["denoise_decode"].deaths
+    deaths = service.worker_statistics()["denoise"].deaths
     outputs = await first_chunk_and_the_held_part(service, "kill-c")
     first = await anext(outputs)
     assert isinstance(first, ChunkPart)
@@ -135,7 +135,7 @@ async def test_a_decoding_rank_killed_mid_chunk_fails_the_session_after_the_part
     summary = await service.close_session("kill-c")
     assert summary.chunks == 1
     assert summary.slot_leaks == 0
-    assert service.worker_statistics()["denoise_decode"].deaths == deaths + 1
+    assert service.worker_statistics()["denoise"].deaths == deaths + 1
     assert first.frames.shape == (4, 48, 64, 3)  # the part read before the death is still whole and readable
     assert int(first.frames.sum()) > 0
 
