@@ -196,3 +196,31 @@ async def test_a_decode_failure_while_the_next_chunk_denoises_fails_the_session_
         assert probe.denoiser.statistics().open_sessions == 0
     finally:
         await service.aclose()
+
+
+async def test_the_tiny_lingbot_fast_models_frames_equal_one_chunk_in_flight(tmp_path: Any) -> None:
+    pytest.importorskip("diffusers", reason="the lingbot extra (diffusers) is not installed")
+    pytest.importorskip("transformers", reason="the lingbot extra (transformers) is not installed")
+    from pipeline.lingbot.models import LingBotFastOptions, LingBotFastWorldModel, write_tiny_model
+
+    root = write_tiny_model(tmp_path / "model", seed=0)
+    config = {"width": 64, "height": 32, "hud": False}
+
+    async def chunks(in_flight: int) -> list[ChunkOutput]:
+        world = LingBotFastWorldModel.load(LingBotFastOptions(str(root)))
+        service = LingBotService(world, realtime=False, chunks_in_flight=in_flight, torch_threads=1)
+        await service.start()
+        try:
+            await service.create_session("s", service.prepare(config, None))
+            service.push_control("s", ControlState(1, frozenset({"w", "j"})))
+            outputs = service.outputs("s")
+            got = [await anext(outputs) for _ in range(3)]
+            await service.close_session("s", CloseMode.CANCEL)
+            return got
+        finally:
+            await service.aclose()
+
+    before, overlapped = await chunks(1), await chunks(2)
+    assert [c.frames.shape[0] for c in overlapped] == [9, 12, 12]
+    for old, new in zip(before, overlapped, strict=True):
+        assert np.array_equal(old.frames, new.frames), f"chunk {old.index} differs"
