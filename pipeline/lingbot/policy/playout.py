@@ -27,6 +27,14 @@ gains from the first part where the later parts keep pace with playback. The mar
 (`margin_fraction` of the p95 of `ready - started`): how much a chunk's generation time varies follows all of its
 work, not its first part's, and the later parts must still keep pace when it runs slow.
 
+Two chunks in flight (issue #32: chunk k + 1's DiT runs while chunk k decodes). While chunk k is still being
+generated, chunk k + 1's start is dated from where chunk k's playback is expected to end: ready `p95` after its start
+(or when the stream before it ends, if later), then its frames long (`due(frames_in_flight=...)`). When generation
+keeps up with playback that is after chunk k is ready anyway (nothing changes); when it does not, chunk k + 1 starts
+while chunk k decodes, which is what the overlap is for. Each `started` is one chunk: `ready` completes the oldest
+started chunk, `abandon` forgets the newest, `abandon_all` every one (a re-seed). A chunk started while another is
+being generated counts as continuing the stream (its lateness is an under-run).
+
 Pure: no awaits, no threads; every call takes the time, so a test drives it with any clock.
 """
 
@@ -99,10 +107,11 @@ class PlayoutScheduler:
     """The just-in-time chunk schedule of one session (see the module docstring).
 
     Per chunk, in order: `due()` says when to start it (a time on the caller's clock; at or before `now` means at
-    once), `started(now)` when the session begins it (before waiting for the lease), `ready(now, frames)` when its
-    frames are out, or `abandon()` when it was not generated after all. `started` twice without `ready` keeps the
-    first time (the chunk is still the same one). `ready(now, frames, parts=[(ready_at, frames), ...])` for a chunk
-    handed over in parts (progressive decode, the module docstring).
+    once; `due(frames_in_flight=n)` while a started chunk of n frames is not ready yet), `started(now)` when the
+    session begins it (before waiting for the lease), `ready(now, frames)` when its frames are out (the oldest
+    started chunk), or `abandon()` when the newest started one was not generated after all.
+    `ready(now, frames, parts=[(ready_at, frames), ...])` for a chunk handed over in parts (progressive decode, the
+    module docstring).
     """
 
     def __init__(self, config: PlayoutConfig) -> None:
@@ -110,8 +119,7 @@ class PlayoutScheduler:
         self._generation: deque[float] = deque(maxlen=config.window)
         self._complete: deque[float] = deque(maxlen=config.window)
         self._end: float | None = None
-        self._started_at: float | None = None
-        self._continuing = False
+        self._starts: deque[tuple[float, bool]] = deque()  # started, not ready: (when, continues the stream)
         self._chunks = 0
         self._frames = 0
         self._underruns = 0
@@ -137,29 +145,45 @@ class PlayoutScheduler:
             return config.max_margin_s
         return min(config.max_margin_s, max(config.min_margin_s, config.margin_fraction * p95))
 
-    def due(self) -> float:
-        """When the next chunk should start: its generation then ends a margin before the previous one's playback."""
+    def due(self, frames_in_flight: int = 0) -> float:
+        """When the next chunk should start: its generation then ends a margin before the previous one's playback.
+        With a chunk of `frames_in_flight` frames started and not ready yet, that one's playback end is estimated
+        from its start (the module docstring)."""
         p95 = self.generation_p95()
-        if self._end is None or p95 is None:
+        if p95 is None:
             return -math.inf
-        return self._end - p95 - self.margin()
+        end = self._end
+        if self._starts:
+            expected_ready = self._starts[-1][0] + p95
+            end = (expected_ready if end is None else max(expected_ready, end)) + frames_in_flight / self._config.fps
+        if end is None:
+            return -math.inf
+        return end - p95 - self.margin()
+
+    @property
+    def in_flight(self) -> int:
+        """Chunks started and not ready (nor abandoned) yet."""
+        return len(self._starts)
 
     def started(self, now: float) -> None:
-        if self._started_at is not None:
-            return
-        self._started_at = now
-        self._continuing = self._end is not None and now < self._end
+        continuing = bool(self._starts) or (self._end is not None and now < self._end)
+        self._starts.append((now, continuing))
 
     def abandon(self) -> None:
-        """The chunk `started` was not generated after all (the session paused while it waited): forget its start."""
-        self._started_at = None
-        self._continuing = False
+        """The newest started chunk was not generated after all (the session paused while it waited): forget its
+        start."""
+        if self._starts:
+            self._starts.pop()
+
+    def abandon_all(self) -> None:
+        """No started chunk will be ready (a re-seed starts over): forget every start."""
+        self._starts.clear()
 
     def ready(self, now: float, frames: int, *, parts: Sequence[tuple[float, int]] = ()) -> ChunkPlayout:
         """The chunk is complete at `now` with `frames` frames; `parts`: when each part of it was ready and how many
         frames it held, in order (empty: one part, ready `now`). Parts that hold fewer than `frames` are completed by
         a last part ready `now`."""
-        if self._started_at is None:
+        if not self._starts:
             raise RuntimeError("ready() without started(): the scheduler did not see this chunk begin")
         if frames < 0:
             raise ValueError(f"frames must not be negative, got {frames}")
@@ -170,14 +194,14 @@ class PlayoutScheduler:
         if covered < frames or not timeline:
             timeline.append((now, frames - covered))
         fps = self._config.fps
-        started_at = self._started_at
+        started_at, continuing = self._starts.popleft()
         self._generation.append(max(0.0, max(at - started_at - before / fps for at, before in _offsets(timeline))))
         self._complete.append(max(0.0, now - started_at))
         previous_end = self._end
         first_at = timeline[0][0]
         starts_at = first_at if previous_end is None else max(first_at, previous_end)
         stall = 0.0
-        if self._continuing and previous_end is not None and first_at > previous_end:
+        if continuing and previous_end is not None and first_at > previous_end:
             stall += first_at - previous_end
         cursor = starts_at
         for at, count in timeline:
@@ -195,8 +219,6 @@ class PlayoutScheduler:
         ends_at = cursor
         lead = max(0.0, starts_at - first_at)
         self._end = ends_at
-        self._started_at = None
-        self._continuing = False
         self._chunks += 1
         self._frames += frames
         self._max_lead = max(self._max_lead, lead)

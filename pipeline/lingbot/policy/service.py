@@ -108,7 +108,8 @@ class LingBotService:
 
     `chunks_in_flight` (2 by default): how many chunks of one session may be in flight at once; 2 lets chunk k + 1
     denoise while chunk k decodes (the lease grants only the DiT: `session.py`), 1 is the order before issue #32 (one
-    chunk from control to frames, then the next). Sessions on the just-in-time real-time schedule keep 1.
+    chunk from control to frames, then the next). In real time the just-in-time schedule dates the second from where
+    the first's playback should end (`playout.py`).
 
     `history` bounds what stays of finished sessions: this many summaries (so a repeated `close_session` answers
     the same) and as many orchestrator close reports; the oldest are forgotten first.

@@ -16,18 +16,18 @@ takes the lease, submits the chunk's control with the newest snapshot and the ne
 waits until the chunk's denoise is done (`denoised`, told by the service's stage listener; or its frames, whichever
 comes first), and gives the lease back while the chunk decodes. So another session's DiT, or this session's next
 chunk, runs beside the decode. Up to `max_in_flight` chunks of one session are in flight (submitted, not yet handed
-out): `chunks_in_flight`, 2 by default (denoise k + 1 while chunk k decodes), 1 with the just-in-time schedule
-(below). A second task
+out): `chunks_in_flight`, 2 by default (denoise k + 1 while chunk k decodes). A second task
 (the collector) takes the chunks' frames from the orchestrator in order and hands them to the reader through a
 bounded queue (capacity 2, the collector waits: a reader that stops reading stops the session's generation, never
 the lease). Both tasks belong to `run`: when either fails, the other is cancelled; a cancel of `run` cancels both
 and awaits them. In real-time mode a chunk starts just in time (`playout.py`): ready a small
 margin before the previous chunk's playback ends, so a key shows up after about one generation time plus the wait for
 the next chunk start, not behind a buffer of video generated ahead; under-runs are counted (`playout_statistics`) and
-each chunk carries `playout_lead` (and `underrun` when it came late) in its timings. The just-in-time schedule
-dates chunk k + 1 from chunk k's playback end, which is known once chunk k is out, so such a session keeps one chunk
-in flight (the lease is still given back when its DiT is done). Cancellation of the loop at any await leaves the
-orchestrator session for `close` to cancel and release.
+each chunk carries `playout_lead` (and `underrun` when it came late) in its timings. While chunk k is still in
+flight, the schedule dates chunk k + 1 from where chunk k's playback is expected to end (`playout.py`), and the date
+is taken again whenever a chunk is handed out; so a session that generates faster than real time starts chunk k + 1
+after chunk k is ready as before, and one that does not starts it while chunk k decodes. Cancellation of the loop at
+any await leaves the orchestrator session for `close` to cancel and release.
 
 Progressive decode: where the decode stage hands a chunk over in parts (`stages.DecodeStage`), the service passes
 each part to `take_part` on the loop as it comes; the session queues it for the reader at once (`ChunkPart`, ahead
@@ -230,7 +230,7 @@ class LingBotSession:
         self._playout: PlayoutScheduler | None = None
         if pace_ahead_s is not None and config.schedule == "just_in_time":
             self._playout = PlayoutScheduler(PlayoutConfig(fps=float(config.fps)))
-        self.max_in_flight = 1 if self._playout is not None else chunks_in_flight
+        self.max_in_flight = chunks_in_flight
         """Chunks of this session in flight at once (submitted, not yet handed to the reader): the module docstring."""
         self._in_flight: deque[int] = deque()  # their chunk indices, oldest first
         self._held_parts: list[ChunkPart] = []  # parts of a chunk whose predecessor is not handed out yet
@@ -290,7 +290,7 @@ class LingBotSession:
         self.next_control_index = start
         self._resume = checkpoint.resume_point if start > 0 else None
         if self._playout is not None:
-            self._playout.abandon()  # the failed chunk's start would count the recovery as generation time
+            self._playout.abandon_all()  # the failed chunks' starts would count the recovery as generation time
         self.refill()
 
     def restore(self, checkpoint: SessionCheckpoint) -> None:
@@ -491,6 +491,7 @@ class LingBotSession:
 
     def _handed_out(self) -> None:
         self._in_flight.popleft()
+        self._wake.set()  # a pacing wait takes its date again (`_pace`)
         if self._in_flight:
             head = self._in_flight[0]
             for part in [p for p in self._held_parts if p.index == head]:
@@ -508,21 +509,23 @@ class LingBotSession:
         """
         if self._pace_ahead_s is None:
             return
-        if self._playout is not None:
-            due = self._playout.due()
-        elif self._media_origin is None:
-            return
-        else:
-            first_frame = self._plan.first_frame_of_chunk(self.next_control_index)
-            due = self._media_origin + first_frame / self.config.fps - self._pace_ahead_s
         while not self._stop_requested:
+            self._wake.clear()  # before the date is taken: a chunk handed out after it wakes the wait below
+            if self._playout is not None:
+                in_flight = sum(self._plan.frames_in_chunk(index) for index in self._in_flight)
+                due = self._playout.due(frames_in_flight=in_flight)
+            elif self._media_origin is None:
+                return
+            else:
+                first_frame = self._plan.first_frame_of_chunk(self.next_control_index)
+                due = self._media_origin + first_frame / self.config.fps - self._pace_ahead_s
             delay = due - self._clock.now()
             if delay <= 0:
                 return
-            self._wake.clear()
             try:
+                # a stop, a control or a chunk handed out may arrive meanwhile: the date is taken again
                 async with asyncio.timeout(delay):
-                    await self._wake.wait()  # a stop may arrive meanwhile; new controls wait for the deadline
+                    await self._wake.wait()
             except TimeoutError:
                 return
 

@@ -116,6 +116,25 @@ async def test_the_next_chunk_denoises_while_the_previous_decodes_and_the_frames
         assert (old.first_frame_index, old.applied_seq, old.keys) == (new.first_frame_index, new.applied_seq, new.keys)
 
 
+async def test_in_real_time_a_chunk_running_late_lets_the_next_one_start_while_it_decodes() -> None:
+    """The just-in-time schedule (the service's default): chunk 1's decode is held, so it runs later than its
+    playback slot; chunk 2 is then due (from where chunk 1's playback was expected to end) and starts while chunk 1
+    still decodes. A schedule that waited for chunk 1 to be out would leave the hold to time out."""
+    probe = OverlapProbe()
+    service = LingBotService(probe, lease=ExecutionLease())  # realtime, just in time
+    await service.start()
+    try:
+        await service.create_session("s", service.prepare(SMALL, None))
+        service.push_control("s", ControlState(1, frozenset({"w"})))
+        outputs = service.outputs("s")
+        chunks = [await anext(outputs) for _ in range(3)]
+        assert probe.overlapped is True
+        assert [c.index for c in chunks] == [0, 1, 2]
+        assert "underrun" in chunks[1].timings  # chunk 1 came late: counted, as before
+    finally:
+        await service.aclose()
+
+
 async def test_one_chunk_in_flight_never_overlaps() -> None:
     probe = OverlapProbe(hold_s=0.5)  # the hold gives up after 0.5 s: chunk 2 never starts while chunk 1 decodes
     chunks = await _chunks(probe, 3, chunks_in_flight=1)

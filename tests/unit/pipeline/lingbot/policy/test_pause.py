@@ -72,7 +72,8 @@ async def test_a_paused_session_takes_no_lease_turn_and_the_other_session_gets_i
         await b.wait_for(len(b.chunks) + 4)  # b goes on, alone
         stats = lease.statistics()
         assert stats.grants_per_session["a"] == a_grants
-        assert stats.grants_per_session["b"] >= b_grants + 4
+        # four more chunks of b: at least two more grants (two of them may have been granted before: in flight)
+        assert stats.grants_per_session["b"] >= b_grants + 2
         assert len(a.chunks) == a_chunks
         assert not service._sessions["a"].wants_chunk()
 

@@ -134,14 +134,51 @@ def test_chunk_size_one_schedules_four_frame_chunks_just_in_time() -> None:
     assert end - now == pytest.approx(4 / FPS + 0.03)
 
 
-def test_started_twice_keeps_the_first_time_and_ready_without_started_raises() -> None:
+def test_each_start_is_one_chunk_ready_completes_the_oldest_and_abandon_forgets_the_newest() -> None:
     scheduler = PlayoutScheduler(PlayoutConfig(fps=FPS))
     with pytest.raises(RuntimeError, match="without started"):
         scheduler.ready(1.0, 12)
     scheduler.started(1.0)
     scheduler.started(1.5)
-    scheduler.ready(2.0, 12)
+    scheduler.started(1.7)
+    scheduler.abandon()  # the newest (1.7) was not generated: paused while it waited for the lease
+    assert scheduler.in_flight == 2
+    scheduler.ready(2.0, 12)  # the oldest, started at 1.0
     assert scheduler.generation_p95() == pytest.approx(1.0)
+    scheduler.ready(2.9, 12)  # then the one started at 1.5: 1.4 s
+    assert scheduler.generation_p95() == pytest.approx(1.0 + 0.95 * 0.4)  # the p95 of 1.0 and 1.4
+    scheduler.started(3.0)
+    scheduler.started(3.1)
+    scheduler.abandon_all()  # a re-seed: neither will be ready
+    assert scheduler.in_flight == 0
+
+
+def test_with_a_chunk_in_flight_the_next_is_dated_from_where_its_playback_should_end() -> None:
+    config = PlayoutConfig(fps=FPS, min_margin_s=0.05, max_margin_s=0.05)
+    slow = PlayoutScheduler(config)  # 1.2 s to generate 0.75 s of video: the next chunk starts during this one
+    slow.started(0.0)
+    slow.ready(1.2, 12)
+    slow.started(1.2)
+    # expected ready 1.2 + 1.2 = 2.4 (after the stream's end at 1.95), playback to 3.15; due 3.15 - 1.2 - 0.05
+    assert slow.due(frames_in_flight=12) == pytest.approx(1.9)
+    assert slow.due(frames_in_flight=12) < 1.2 + 1.2  # before the chunk in flight is ready: the overlap
+    fast = PlayoutScheduler(config)  # 0.3 s per 0.75 s chunk: nothing changes, the next starts after it is ready
+    fast.started(0.0)
+    fast.ready(0.3, 12)
+    fast.started(0.3)
+    # the stream ends at 1.05; expected ready 0.6 plays from 1.05 to 1.8; due 1.8 - 0.3 - 0.05
+    assert fast.due(frames_in_flight=12) == pytest.approx(1.45)
+    assert fast.due(frames_in_flight=12) > 0.3 + 0.3
+
+
+def test_a_chunk_started_while_another_is_generated_continues_the_stream() -> None:
+    scheduler = PlayoutScheduler(PlayoutConfig(fps=FPS))
+    scheduler.started(0.0)  # chunk 0
+    scheduler.started(0.1)  # chunk 1, while chunk 0 is generated: the stream is meant to go on after chunk 0
+    assert scheduler.ready(1.0, 12).underrun_frames == 0  # chunk 0 plays 1.0 .. 1.75
+    late = scheduler.ready(2.0, 12)  # chunk 1 came 0.25 s after the stream ran dry
+    assert late.underrun_s == pytest.approx(0.25)
+    assert late.underrun_frames == 4
 
 
 @pytest.mark.parametrize(
