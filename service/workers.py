@@ -40,7 +40,7 @@ from service.errors import SettingsError
 from service.settings import Settings
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from pipeline.lingbot.config import LingBotSessionConfig
     from pipeline.lingbot.graph.actors import ProcessPlacement
@@ -50,8 +50,10 @@ if TYPE_CHECKING:
     from pipeline.lingbot.seam import WorldModel, WorldModelFactory
 
 __all__ = [
+    "CUDA_ALLOCATOR_ENVIRONMENT",
     "WORKER_ENVIRONMENT",
     "WorkerOptions",
+    "allocator_environment",
     "attention_plan",
     "build_workers",
     "check_devices",
@@ -67,6 +69,13 @@ __all__ = [
 
 WORKER_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE"}
 """Set (unless already set) before the first worker process spawns; the processes inherit it."""
+CUDA_ALLOCATOR_ENVIRONMENT = {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+"""Set before CUDA is first used in this process (`build_workers` starts with it) when a worker's stages run on
+threads on a CUDA device, unless PYTORCH_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF is set already: segments that grow
+in place instead of fixed blocks, so the sessions' caches and the chunks' transients do not fragment the device.
+Not on processes: the latents cross between worker groups by CUDA IPC, which torch refuses for expandable segments
+unless TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=1 (untested here: for a GPU run to show)."""
+_ALLOCATOR_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +337,17 @@ def recovery_budget(options: WorkerOptions) -> RecoveryBudget | None:
     return RecoveryBudget(attempts=options.recovery_attempts, timeout_s=options.recovery_timeout)
 
 
+def allocator_environment(options: list[WorkerOptions], environ: Mapping[str, str]) -> dict[str, str]:
+    """What `build_workers` sets before CUDA starts (`CUDA_ALLOCATOR_ENVIRONMENT`): the expandable segments when
+    every worker runs its stages on threads and one of them on a CUDA device, and the environment does not choose
+    the allocator's settings itself; else nothing."""
+    cuda = any(device != "cpu" for option in options for device in option.devices)
+    threads = all(option.stage_placement == "threads" for option in options)
+    if not cuda or not threads or any(name in environ for name in _ALLOCATOR_VARIABLES):
+        return {}
+    return dict(CUDA_ALLOCATOR_ENVIRONMENT)
+
+
 def check_devices(options: list[WorkerOptions]) -> None:
     """Raise `SettingsError` when a model worker names a CUDA device this machine does not have."""
     wanted = [(option, device) for option in options for device in option.devices if device != "cpu"]
@@ -373,6 +393,7 @@ def build_workers(settings: Settings) -> list[BidirectionalService]:
             f"cannot start: the LingBot model worker (pipeline.lingbot.LingBotService) is not importable: {exc}"
         ) from None
     options_list = worker_options(settings)
+    os.environ.update(allocator_environment(options_list, os.environ))  # before CUDA is first used
     check_devices(options_list)
     for options in options_list:
         check_model(options)  # refuses a directory that does not load or sessions that do not fit

@@ -302,6 +302,18 @@ class WebhookAck(BaseModel):
     received: Literal[True] = True
 
 
+class ModelMemoryParts(BaseModel):
+    """The estimate's parts in bytes, measured from the modules' shapes on the meta device (docs/lingbot-fast.md)."""
+
+    attention_cache_bytes: int = Field(description="Per session: the DiT's K/V window and the prompt's K/V.")
+    decoder_cache_bytes: int = Field(description="Per session: the VAE decoder's feature cache.")
+    camera_modulation_bytes: int = Field(description="Once: one chunk's camera modulation.")
+    dit_transient_bytes: int = Field(description="Once: the peak of a steady-state DiT forward.")
+    decode_transient_bytes: int = Field(description="Once: the peak of a VAE decoder step.")
+    encode_transient_bytes: int = Field(description="Once: the peak of the reference prefix encode.")
+    context_bytes: int = Field(description="Once: the CUDA context and workspaces (a stated estimate; 0 on CPU).")
+
+
 class ModelMemoryBody(BaseModel):
     """LINGSTREAM_MODEL=lingbot-fast's memory estimate on the first worker's device (docs/lingbot-fast.md)."""
 
@@ -311,8 +323,13 @@ class ModelMemoryBody(BaseModel):
     session_bytes: int = Field(description="One session's attention cache at the planning resolution.")
     device_bytes: int
     usable_bytes: int = Field(description="The share of the device the estimate plans with (90%).")
-    fits_sessions: int = Field(description="Sessions that fit beside the weights.")
+    fits_sessions: int = Field(description="Sessions that fit beside the weights and what the worker needs once.")
     resolution: str = Field(description="The planning resolution, WIDTHxHEIGHT.")
+    denoise_ranks: int = Field(default=1, description="P: the figures are one DiT rank's.")
+    once_bytes: int = Field(
+        default=0, description="What the worker needs once: camera modulation, transients, CUDA context."
+    )
+    parts: ModelMemoryParts | None = None
 
 
 class ModelWarmUpBody(BaseModel):

@@ -82,7 +82,21 @@ def test_readyz_shows_the_memory_estimate_attention_and_warm_up_it_started_with(
     memory = body["model_memory"]
     assert (memory["device"], memory["dtype"], memory["resolution"]) == ("cpu", "float32", "832x480")
     assert memory["fits_sessions"] >= 1
-    assert memory["model_bytes"] + memory["session_bytes"] <= memory["usable_bytes"] < memory["device_bytes"]
+    assert memory["model_bytes"] + memory["once_bytes"] + memory["session_bytes"] <= memory["usable_bytes"]
+    assert memory["usable_bytes"] < memory["device_bytes"]
+    parts = memory["parts"]
+    assert parts["decoder_cache_bytes"] > 0  # the tiny VAE's, measured on meta at 832x480
+    assert memory["session_bytes"] == parts["attention_cache_bytes"] + parts["decoder_cache_bytes"]
+    assert parts["context_bytes"] == 0  # the CPU
+    assert memory["once_bytes"] == sum(
+        parts[name]
+        for name in (
+            "camera_modulation_bytes",
+            "dit_transient_bytes",
+            "decode_transient_bytes",
+            "encode_transient_bytes",
+        )
+    )
     assert memory["denoise_ranks"] == int(PLACEMENTS[request.node.callspec.params["service"]][1])
     start = body["model_start"]
     assert start["compile"] == "off"

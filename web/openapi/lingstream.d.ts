@@ -510,7 +510,7 @@ export interface components {
             usable_bytes: number;
             /**
              * Fits Sessions
-             * @description Sessions that fit beside the weights.
+             * @description Sessions that fit beside the weights and what the worker needs once.
              */
             fits_sessions: number;
             /**
@@ -518,6 +518,60 @@ export interface components {
              * @description The planning resolution, WIDTHxHEIGHT.
              */
             resolution: string;
+            /**
+             * Denoise Ranks
+             * @description P: the figures are one DiT rank's.
+             * @default 1
+             */
+            denoise_ranks: number;
+            /**
+             * Once Bytes
+             * @description What the worker needs once: camera modulation, transients, CUDA context.
+             * @default 0
+             */
+            once_bytes: number;
+            parts?: components["schemas"]["ModelMemoryParts"] | null;
+        };
+        /**
+         * ModelMemoryParts
+         * @description The estimate's parts in bytes, measured from the modules' shapes on the meta device (docs/lingbot-fast.md).
+         */
+        ModelMemoryParts: {
+            /**
+             * Attention Cache Bytes
+             * @description Per session: the DiT's K/V window and the prompt's K/V.
+             */
+            attention_cache_bytes: number;
+            /**
+             * Decoder Cache Bytes
+             * @description Per session: the VAE decoder's feature cache.
+             */
+            decoder_cache_bytes: number;
+            /**
+             * Camera Modulation Bytes
+             * @description Once: one chunk's camera modulation.
+             */
+            camera_modulation_bytes: number;
+            /**
+             * Dit Transient Bytes
+             * @description Once: the peak of a steady-state DiT forward.
+             */
+            dit_transient_bytes: number;
+            /**
+             * Decode Transient Bytes
+             * @description Once: the peak of a VAE decoder step.
+             */
+            decode_transient_bytes: number;
+            /**
+             * Encode Transient Bytes
+             * @description Once: the peak of the reference prefix encode.
+             */
+            encode_transient_bytes: number;
+            /**
+             * Context Bytes
+             * @description Once: the CUDA context and workspaces (a stated estimate; 0 on CPU).
+             */
+            context_bytes: number;
         };
         /**
          * ModelStartBody
@@ -1385,6 +1439,7 @@ export type HttpValidationError = components['schemas']['HTTPValidationError'];
 export type HealthBody = components['schemas']['HealthBody'];
 export type ModelAttentionBody = components['schemas']['ModelAttentionBody'];
 export type ModelMemoryBody = components['schemas']['ModelMemoryBody'];
+export type ModelMemoryParts = components['schemas']['ModelMemoryParts'];
 export type ModelStartBody = components['schemas']['ModelStartBody'];
 export type ModelWarmUpBody = components['schemas']['ModelWarmUpBody'];
 export type QuotaBody = components['schemas']['QuotaBody'];

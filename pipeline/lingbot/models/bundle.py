@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,9 @@ class ModelDirSummary:
     dit_parameters: int
     vae_parameters: int
     text_encoder_parameters: int
+    vae_config: Mapping[str, Any] | None = field(default=None, compare=False)
+    """The VAE's config.json (the memory plan measures its decoder's cache from it); None: the published Wan2.1
+    VAE's (diffusers' defaults)."""
 
 
 def read_dit_config(directory: Path | str) -> DiTConfig:
@@ -179,7 +183,7 @@ def check_model_dir(root: Path | str, *, decoder: str = "wan") -> ModelDirSummar
     dit_layout = locate_checkpoint(base / DIT_DIR, DIT_WEIGHTS)
     dit_specs = read_specs(dit_layout)
     check_specs(dit, dit_specs, dit_layout.directory)
-    vae_count, z_dim = _check_vae(base / VAE_DIR)
+    vae_count, z_dim, vae_config = _check_vae(base / VAE_DIR)
     if dit.out_dim != z_dim or dit.in_dim != 2 * z_dim + 4:
         raise CheckpointError(
             f"the DiT (in_dim {dit.in_dim}, out_dim {dit.out_dim}) does not fit the VAE's {z_dim} latent channels "
@@ -196,10 +200,10 @@ def check_model_dir(root: Path | str, *, decoder: str = "wan") -> ModelDirSummar
                 f"the tiny decoder takes {tiny.latent_channels} latent channels, the VAE makes {z_dim} "
                 f"({base / TINY_DECODER_DIR})"
             )
-    return ModelDirSummary(dit, _count(dit_specs), vae_count, text_count)
+    return ModelDirSummary(dit, _count(dit_specs), vae_count, text_count, vae_config)
 
 
-def _check_vae(folder: Path) -> tuple[int, int]:
+def _check_vae(folder: Path) -> tuple[int, int, dict[str, Any]]:
     from diffusers import AutoencoderKLWan
 
     try:
@@ -216,7 +220,7 @@ def _check_vae(folder: Path) -> tuple[int, int]:
     specs = read_specs(layout)
     expected = {name: TensorSpec(tuple(t.shape), t.dtype) for name, t in model.state_dict().items()}
     compare_specs(expected, specs, folder, "the Wan VAE in its config.json")
-    return _count(specs), int(model.config.z_dim)
+    return _count(specs), int(model.config.z_dim), config
 
 
 def _check_text_encoder(folder: Path) -> tuple[int, int]:

@@ -1,30 +1,37 @@
-"""How many LingBot-World-Fast sessions fit on a device: the weights once, plus each session's attention cache.
+"""How many LingBot-World-Fast sessions fit on a device: the weights and what the worker needs once, plus each
+session's caches.
 
     model bytes    = (DiT + VAE + umt5 encoder parameters) x the run dtype's size
-    session bytes  = the DiT's self-attention cache (window x tokens per latent frame, K and V, every layer) plus
-                     its prompt's cross-attention K/V (`cache.bytes_per_session`), at the planning resolution
-    fits           = floor((usable - model bytes) / session bytes),  usable = device bytes x `usable_share` (0.9)
+    once bytes     = one chunk's camera modulation + the DiT forward's, a decoder step's and the prefix encode's
+                     transients + the CUDA context (`memory_parts.py`: measured on `meta` from the real shapes; the
+                     context a stated constant)
+    session bytes  = the DiT's self-attention cache (window x tokens per latent frame, K and V, every layer) plus its
+                     prompt's cross-attention K/V (`cache.bytes_per_session`) plus the VAE decoder's feature cache
+                     (`memory_parts.decoder_memory`), at the planning resolution
+    fits           = floor((usable - model bytes - once bytes) / session bytes),  usable = device x `USABLE_SHARE` (0.9)
 
 Everything is counted on the denoise device (the threads placement puts every part there; with processes the VAE
-may sit elsewhere, so the estimate errs on the safe side). With a DiT group of P ranks (`LINGSTREAM_DENOISE_RANKS`,
-Ulysses context parallelism, `parallel.py`) the figures are per rank: every rank holds the whole DiT (and rank 0 the
-umt5 encoder and the VAE, counted as if on every rank), but a session's self-attention cache divides by P, each rank
-caching its heads; the prompt's text K/V stay whole on every rank. Not counted: activations (one chunk's,
-transient; the largest is the chunk's camera modulation, `blocks.CameraModulation`, 3.8 GB at full size in bf16,
-divided by P) and the VAE decoder's per-session feature cache (two frames of each causal convolution's input); the
-10% held back is for them and for the allocator.
+may sit elsewhere, so the estimate errs on the safe side), and the three transients as if they coincided (a prefix
+encode for a new session while another session's chunk denoises and the previous one decodes). With a DiT group of
+P ranks (`LINGSTREAM_DENOISE_RANKS`, Ulysses context parallelism, `parallel.py`) the figures are per rank: every
+rank holds the whole DiT (and rank 0 the umt5 encoder and the VAE, counted as if on every rank), but a session's
+self-attention cache, the camera modulation and the forward's transient divide by P (rank 0's share measured); the
+prompt's text K/V stay whole on every rank. The 10% held back is for the allocator's rounding and fragmentation
+(`expandable_segments` is set for CUDA, `service/workers.py`).
 
-The planning resolution is the model's published 832x480 (1 560 tokens per latent frame): full size, window 18,
-bf16 gives 37.1 GB of weights for the DiT alone and 23.4 GB per session, so one H100 (80 GB) holds one session, an
-H200 (141 GB) three. A session asked at a larger size would need proportionally more (1280x720: 2.3x), so
-`session_limits` refuses more pixels than the planning resolution at create (422), as it refuses a chunk the cache
-window cannot hold beside its sink.
+The planning resolution is the model's published 832x480 (1 560 tokens per latent frame). Full size, window 18,
+bf16: 48.7 GB of weights (the DiT 37.1), 12.3 GB once (camera modulation 3.8, DiT forward 1.1, decode 3.7, encode
+2.7, context 1.0) and 25.3 GB per session (attention 23.4, decoder cache 1.9), so one 80 GiB H100 (76.5 GB usable)
+holds no session at this window (86.4 GB with one: the issue's "≈78-80 GB" without the transients) and needs a
+shorter window or a DiT group; an H200 (141 GB) holds two. A session asked at a larger size would need
+proportionally more (1280x720: 2.3x), so `session_limits` refuses more pixels than the planning resolution at
+create (422), as it refuses a chunk the cache window cannot hold beside its sink.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,6 +39,7 @@ from pipeline.lingbot.config import SPATIAL_COMPRESSION, LingBotSessionConfig
 from pipeline.lingbot.errors import SessionConfigError
 from pipeline.lingbot.models.bundle import LingBotFastOptions, ModelDirSummary
 from pipeline.lingbot.models.cache import bytes_per_session
+from pipeline.lingbot.models.memory_parts import WorkerMemory, worker_memory
 from pipeline.lingbot.models.parallel import DENOISE_RANKS_VARIABLE, check_parallel
 
 __all__ = [
@@ -64,21 +72,37 @@ class MemoryEstimate:
     height: int
     denoise_ranks: int = 1
     """P: `session_bytes` is what each of the DiT group's ranks holds per session."""
+    once_bytes: int = 0
+    """What the worker needs once besides the weights (`parts.once_bytes`)."""
+    attention_cache_bytes: int = 0
+    """The part of `session_bytes` that is the DiT's K/V (self-attention cache and the prompt's)."""
+    parts: WorkerMemory | None = field(default=None, compare=False)
 
     def total_bytes(self, sessions: int) -> int:
-        return self.model_bytes + sessions * self.session_bytes
+        return self.model_bytes + self.once_bytes + sessions * self.session_bytes
 
     def to_mapping(self) -> dict[str, object]:
+        parts = self.parts
         return {
             "device": self.device,
             "dtype": self.dtype,
             "model_bytes": self.model_bytes,
             "session_bytes": self.session_bytes,
+            "once_bytes": self.once_bytes,
             "device_bytes": self.device_bytes,
             "usable_bytes": self.usable_bytes,
             "fits_sessions": self.fits_sessions,
             "resolution": f"{self.width}x{self.height}",
             "denoise_ranks": self.denoise_ranks,
+            "parts": {
+                "attention_cache_bytes": self.attention_cache_bytes,
+                "decoder_cache_bytes": parts.decoder_cache_bytes if parts else 0,
+                "camera_modulation_bytes": parts.camera_modulation_bytes if parts else 0,
+                "dit_transient_bytes": parts.dit_transient_bytes if parts else 0,
+                "decode_transient_bytes": parts.decode_transient_bytes if parts else 0,
+                "encode_transient_bytes": parts.encode_transient_bytes if parts else 0,
+                "context_bytes": parts.context_bytes if parts else 0,
+            },
         }
 
 
@@ -109,10 +133,15 @@ def estimate_memory(
     check_parallel(
         summary.dit, ranks, summary.dit.frame_tokens(height // SPATIAL_COMPRESSION, width // SPATIAL_COMPRESSION)
     )
-    session = bytes_per_session(summary.dit, height, width, dtype, options.cache_config(3), ranks=ranks)
+    cache = options.cache_config(3)
+    attention = bytes_per_session(summary.dit, height, width, dtype, cache, ranks=ranks)
+    cuda = torch.device(device).type == "cuda"
+    parts = worker_memory(summary.dit, summary.vae_config or {}, width, height, dtype, cache, ranks=ranks, cuda=cuda)
+    session = attention + parts.decoder_cache_bytes
+    once = parts.once_bytes
     total = device_bytes(device) if capacity is None else capacity
     usable = int(total * USABLE_SHARE)
-    fits = max(0, (usable - model) // session) if session > 0 else 0
+    fits = max(0, (usable - model - once) // session) if session > 0 else 0
     return MemoryEstimate(
         device=device,
         dtype=str(dtype).removeprefix("torch."),
@@ -124,6 +153,9 @@ def estimate_memory(
         width=width,
         height=height,
         denoise_ranks=ranks,
+        once_bytes=once,
+        attention_cache_bytes=attention,
+        parts=parts,
     )
 
 

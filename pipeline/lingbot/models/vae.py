@@ -231,6 +231,15 @@ class StreamingVAE:
             self._decoded += 1
         return video
 
+    def cache_bytes(self, session_id: str) -> int:
+        """The bytes of the session's decode feature cache now (0 before its first chunk); the memory plan's
+        `memory_parts.decoder_memory` measures the same on `meta`."""
+        with self._lock:
+            state = self._sessions.get(session_id)
+        if state is None:
+            raise ModelSessionError(f"vae: no decode cache for session {session_id!r}")
+        return sum(t.numel() * t.element_size() for t in state.feature_cache if isinstance(t, torch.Tensor))
+
     def statistics(self) -> VAEStatistics:
         with self._lock:
             return VAEStatistics(len(self._sessions), self._encodes, self._decoded)

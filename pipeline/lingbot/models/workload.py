@@ -74,6 +74,9 @@ __all__ = [
     "count_forward",
     "effective_flops",
     "estimate_table",
+    "fake_group",
+    "meta_dit",
+    "steady_state",
 ]
 
 _ATEN = torch.ops.aten
@@ -328,7 +331,7 @@ def _attention_flops(inputs: list[torch.Tensor]) -> int:
 # --- the full-size DiT on meta ----------------------------------------------------------------------------------
 
 
-def _steady_state(
+def steady_state(
     dit: LingBotFastDiT, width: int, height: int, cache: CacheConfig
 ) -> tuple[KVCache, TextKV, torch.Tensor, torch.Tensor]:
     """A cache with its window full, the prompt's K/V, and the next chunk's latents and camera map, on the model's
@@ -346,13 +349,14 @@ def _steady_state(
     return kv, text, latents, control
 
 
-def _meta_dit(config: DiTConfig, dtype: torch.dtype, ranks: int = 1) -> LingBotFastDiT:
+def meta_dit(config: DiTConfig, dtype: torch.dtype, ranks: int = 1) -> LingBotFastDiT:
+    """The DiT of `config` on `meta` in `dtype` (rank 0 of `ranks` under Ulysses): shapes only."""
     with torch.device("meta"):
         return LingBotFastDiT(config, Ulysses(0, ranks)).to(dtype)
 
 
 @contextmanager
-def _group(world_size: int) -> Iterator[None]:
+def fake_group(world_size: int) -> Iterator[None]:
     """A process group of `world_size` for rank 0's collectives to dispatch through: torch's `fake` backend (it
     moves nothing; meta tensors have nothing to move), unless a group is already initialised."""
     if world_size == 1 or dist.is_initialized():
@@ -383,9 +387,9 @@ def count_forward(
     Ulysses layout (`parallel.py`), its collectives dispatched through a fake group. `camera_cached`: the forward
     given the chunk's camera modulation, made before counting (`count_camera_modulation` counts it), as the
     sampler's forwards are; otherwise given the Plücker map, computing the modulation itself."""
-    model = dit if dit is not None else _meta_dit(config, dtype, ranks)
-    with _group(model.parallel.world_size):
-        kv, text, latents, control = _steady_state(model, width, height, cache)
+    model = dit if dit is not None else meta_dit(config, dtype, ranks)
+    with fake_group(model.parallel.world_size):
+        kv, text, latents, control = steady_state(model, width, height, cache)
         slot = kv.begin_chunk()
         timestep = torch.full((1,), 999.0, device=model.device)
         counter = WorkloadCounter()
@@ -411,8 +415,8 @@ def count_camera_modulation(
 ) -> Workload:
     """A chunk's camera modulation (`LingBotFastDiT.camera_modulation`: the camera embedding and every block's
     injector, scale and shift), made once per chunk since the camera cache; on `meta` unless `dit` is given."""
-    model = dit if dit is not None else _meta_dit(config, dtype)
-    control = _steady_state(model, width, height, cache)[3]
+    model = dit if dit is not None else meta_dit(config, dtype)
+    control = steady_state(model, width, height, cache)[3]
     counter = WorkloadCounter()
     with torch.inference_mode(), counter:
         model.camera_modulation(control)
@@ -430,8 +434,8 @@ def count_eviction(
 ) -> Workload:
     """The steady-state `begin_chunk`, on `meta`: the chunk's RoPE angles, made once for its forwards; the ring
     cache's eviction moves no key (the sliding cache before it copied every layer's K and V down: 46 GB)."""
-    model = dit if dit is not None else _meta_dit(config, dtype)
-    kv = _steady_state(model, width, height, cache)[0]
+    model = dit if dit is not None else meta_dit(config, dtype)
+    kv = steady_state(model, width, height, cache)[0]
     counter = WorkloadCounter()
     with torch.inference_mode(), counter:
         kv.begin_chunk()

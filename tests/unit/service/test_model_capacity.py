@@ -22,7 +22,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
-def options(path: Path, sessions: int, window: int = 1024, ranks: int = 1) -> WorkerOptions:
+def options(path: Path, sessions: int, window: int = 512, ranks: int = 1) -> WorkerOptions:
     return WorkerOptions(
         worker_index=0,
         num_workers=1,
@@ -51,7 +51,7 @@ def test_sessions_that_fit_pass_and_one_more_is_refused_with_the_figures(tiny: P
     message = str(refused.value)
     assert f"LINGSTREAM_MAX_SESSIONS_PER_WORKER={fits + 1} does not fit on cpu" in message
     assert f"at most {fits} session(s)" in message
-    assert "window 1024 latent frames" in message
+    assert "window 512 latent frames" in message
 
 
 def test_a_broken_directory_is_refused_naming_the_variable(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from service.config_records import ServiceConfig
 from service.errors import SettingsError
 from service.settings import Settings, load_settings
 from service.transports import embedded_config, livekit_config
-from service.workers import attention_plan, lingbot_fast_options, worker_options
+from service.workers import WorkerOptions, allocator_environment, attention_plan, lingbot_fast_options, worker_options
 
 
 def test_defaults_bind_loopback_and_match_the_documented_contract() -> None:
@@ -289,3 +290,14 @@ def test_lingbot_fast_settings_are_read_and_checked_together(monkeypatch: pytest
     monkeypatch.setenv("LINGSTREAM_STAGE_PLACEMENT", "processes")
     monkeypatch.setenv("LINGSTREAM_DENOISE_RANKS", "2")
     assert load_settings().denoise_ranks == 2  # Ulysses context parallelism: the heads rule is checked at start
+
+
+def test_expandable_segments_are_set_for_cuda_threads_workers_unless_the_environment_chose() -> None:
+    cpu = WorkerOptions(0, 1, 1, "cpu", None, 1, 1)
+    gpu = dataclasses.replace(cpu, device="cuda:0", devices=("cuda:0",))
+    processes = dataclasses.replace(gpu, stage_placement="processes")
+    assert allocator_environment([gpu], {}) == {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+    assert allocator_environment([cpu], {}) == {}
+    assert allocator_environment([gpu, processes], {}) == {}  # latents cross groups by CUDA IPC
+    assert allocator_environment([gpu], {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}) == {}
+    assert allocator_environment([gpu], {"PYTORCH_ALLOC_CONF": "expandable_segments:False"}) == {}

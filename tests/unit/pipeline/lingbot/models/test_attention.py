@@ -146,3 +146,39 @@ def test_the_model_runs_under_the_chosen_sdpa_backend_within_bounds_of_the_defau
     scale = float(default.abs().max())
     assert float((math - default).abs().max()) <= 1e-5 * scale  # ...within float32 rounding
     assert tiny_model.attention == AttentionPlan("sdpa")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu-check.sh runs it on one)")
+def test_on_cuda_the_automatic_choice_and_each_sdpa_backend_stay_within_bf16_rounding_of_math(
+    tiny_model: LingBotFastDiT,
+) -> None:
+    """The auto plan on this GPU, and every SDPA backend the GPU can run alone, against math, in bf16."""
+    model = tiny_model.to(device="cuda:0", dtype=torch.bfloat16)
+    capability = attention_capability("cuda:0")
+    try:
+
+        def run(plan: AttentionPlan) -> torch.Tensor:
+            with _attention(model, plan):
+                cache = model.new_cache(CacheConfig(window_frames=6, sink_frames=3), LATENT_H, LATENT_W)
+                text = model.encode_text(text_context(TINY_DIT).to("cuda:0"))
+                chunk = chunk_inputs(TINY_DIT, 1)[0]
+                latents = torch.cat([chunk.noise, chunk.condition], dim=1).to("cuda:0")
+                with torch.inference_mode():
+                    out: torch.Tensor = model(
+                        latents, torch.tensor([500.0]), text, cache, cache.begin_chunk(), chunk.control.to("cuda:0")
+                    )
+                return out.float().cpu()
+
+        reference = run(select_attention("math", capability))
+        scale = float(reference.abs().max())
+        auto = run(select_attention("auto", capability))
+        assert float((auto - reference).abs().max()) <= 2e-2 * scale
+        for name in ("cudnn", "flash", "efficient"):
+            try:
+                other = run(select_attention(name, capability))
+            except RuntimeError:  # this GPU or these shapes have no such kernel: forced, it fails loudly
+                continue
+            assert float((other - reference).abs().max()) <= 2e-2 * scale, name
+    finally:
+        tiny_model.to(device="cpu", dtype=torch.float32)

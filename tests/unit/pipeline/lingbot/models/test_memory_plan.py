@@ -1,5 +1,5 @@
-"""The memory estimate: the published model's figures (weights, per-session cache, sessions per GPU) from the
-parameter counts of meta-device models, and the arithmetic of what fits."""
+"""The memory estimate: the published model's figures (weights, the parts measured on meta, per-session caches,
+sessions per GPU) from meta-device models, and the arithmetic of what fits."""
 
 from __future__ import annotations
 
@@ -51,15 +51,36 @@ def test_the_published_model_in_bf16(full_size: ModelDirSummary) -> None:
     assert estimate.dtype == "bfloat16"
     assert full_size.dit_parameters * 2 / GB == pytest.approx(37.08, abs=0.01)
     assert estimate.model_bytes / GB == pytest.approx(48.7, abs=0.2)  # + the VAE (0.25 GB) and umt5-xxl (11.4 GB)
-    assert estimate.session_bytes / GB == pytest.approx(23.42, abs=0.01)
-    assert estimate.fits_sessions == 1  # an 80 GiB H100
+    assert estimate.attention_cache_bytes / GB == pytest.approx(23.42, abs=0.01)
+    parts = estimate.parts
+    assert parts is not None
+    assert parts.decoder_cache_bytes / GB == pytest.approx(1.89, abs=0.01)  # the Wan VAE decoder's feature cache
+    assert estimate.session_bytes == estimate.attention_cache_bytes + parts.decoder_cache_bytes
+    assert parts.camera_modulation_bytes / GB == pytest.approx(3.83, abs=0.01)
+    assert parts.dit_transient_bytes / GB == pytest.approx(0.79, abs=0.01)
+    assert parts.decode_transient_bytes / GB == pytest.approx(3.74, abs=0.01)
+    assert parts.encode_transient_bytes / GB == pytest.approx(2.66, abs=0.01)
+    assert estimate.once_bytes / GB == pytest.approx(12.01, abs=0.01)  # the above and a 1 GB context
+    assert estimate.total_bytes(1) / GB == pytest.approx(86.0, abs=0.1)
+    assert estimate.fits_sessions == 0  # an 80 GiB H100 (77.3 GB usable) holds no session at window 18
     h200 = estimate_memory(full_size, LingBotFastOptions("."), "cuda:0", capacity=141 * 10**9)
-    assert h200.fits_sessions == 3
+    assert h200.fits_sessions == 2
     shorter = estimate_memory(
         full_size, LingBotFastOptions(".", window_frames=9, sink_frames=3), "cuda:0", capacity=141 * 10**9
     )
-    assert shorter.session_bytes < estimate.session_bytes / 1.9
-    assert shorter.fits_sessions == 6
+    assert shorter.attention_cache_bytes < estimate.attention_cache_bytes / 1.9
+    assert shorter.fits_sessions == 4
+    mapping = estimate.to_mapping()
+    assert mapping["once_bytes"] == estimate.once_bytes
+    assert mapping["parts"] == {
+        "attention_cache_bytes": estimate.attention_cache_bytes,
+        "decoder_cache_bytes": parts.decoder_cache_bytes,
+        "camera_modulation_bytes": parts.camera_modulation_bytes,
+        "dit_transient_bytes": parts.dit_transient_bytes,
+        "decode_transient_bytes": parts.decode_transient_bytes,
+        "encode_transient_bytes": parts.encode_transient_bytes,
+        "context_bytes": parts.context_bytes,
+    }
 
 
 def test_on_the_cpu_the_default_is_float32(full_size: ModelDirSummary) -> None:
@@ -74,8 +95,11 @@ def test_what_fits_is_what_is_left_after_the_weights_divided_by_a_session() -> N
     estimate = estimate_memory(summary, LingBotFastOptions("."), "cpu", capacity=10**9)
     assert estimate.model_bytes == 4 * 1110
     assert estimate.usable_bytes == 9 * 10**8
-    assert estimate.fits_sessions == (estimate.usable_bytes - estimate.model_bytes) // estimate.session_bytes
-    assert estimate.total_bytes(3) == estimate.model_bytes + 3 * estimate.session_bytes
+    assert estimate.once_bytes > 0  # the published VAE's transients (no VAE config given); no context on the CPU
+    assert estimate.fits_sessions == max(
+        0, (estimate.usable_bytes - estimate.model_bytes - estimate.once_bytes) // estimate.session_bytes
+    )
+    assert estimate.total_bytes(3) == estimate.model_bytes + estimate.once_bytes + 3 * estimate.session_bytes
 
 
 def test_sessions_above_the_planned_pixels_or_with_a_chunk_the_window_cannot_hold_are_refused() -> None:
@@ -107,5 +131,6 @@ def test_each_rank_of_a_dit_group_holds_its_share_of_a_session() -> None:
     eight = estimate_memory(summary, LingBotFastOptions(".", denoise_ranks=8), "cpu", capacity=10**12)
     text = 2 * LINGBOT_FAST_14B.num_layers * LINGBOT_FAST_14B.text_len * LINGBOT_FAST_14B.dim * 4  # float32
     assert eight.denoise_ranks == 8
-    assert eight.session_bytes == (one.session_bytes - text) // 8 + text
+    assert eight.attention_cache_bytes == (one.attention_cache_bytes - text) // 8 + text
+    assert eight.session_bytes - eight.attention_cache_bytes == one.session_bytes - one.attention_cache_bytes
     assert eight.fits_sessions > 4 * one.fits_sessions

@@ -331,6 +331,20 @@ def test_the_tiny_model_runs_in_bfloat16_on_cuda(model_dir: Path, world: LingBot
     close_session(cuda, "gpu")
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu-check.sh runs it on one)")
+def test_on_cuda_the_prefix_encode_hands_its_cached_blocks_back(model_dir: Path) -> None:
+    """`encode_reference` empties the allocator's cache after the prefix encode: what stays reserved is what is
+    still allocated (the weights, the latent), rounded to the allocator's 2 MB segments."""
+    cuda = LingBotFastWorldModel.load(LingBotFastOptions(str(model_dir)), "cuda:0")
+    config = dataclasses.replace(CONFIG, width=832, height=480)
+    cuda.encoder.create_cache("e", config)
+    cuda.encoder.encode_reference("e", None)
+    device = torch.device("cuda:0")
+    assert torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) < 4 * 2**20
+    cuda.encoder.release_cache("e")
+
+
 def test_decoding_per_latent_frame_gives_the_whole_chunks_frames_bit_for_bit(world: LingBotFastWorldModel) -> None:
     """The decode seam's parts (one latent frame each, the session's VAE feature cache carried between them) are the
     whole chunk's frames: a second session decodes the same latents whole."""
