@@ -990,6 +990,8 @@ def test_lingbot_fast_mounts_its_weights_read_only_and_sets_the_variables(chart:
             "dtype": "bfloat16",
             "compile": "max",
             "decoder": "tiny",
+            "attention": "cudnn",
+            "warmupChunks": 0,
         },
         "gpu": {"count": 1},
     }
@@ -1000,6 +1002,7 @@ def test_lingbot_fast_mounts_its_weights_read_only_and_sets_the_variables(chart:
     assert data["LINGSTREAM_MODEL_DTYPE"] == "bfloat16"
     assert data["LINGSTREAM_COMPILE"] == "max"
     assert data["LINGSTREAM_DECODER"] == "tiny"
+    assert (data["LINGSTREAM_ATTENTION"], data["LINGSTREAM_WARMUP_CHUNKS"]) == ("cudnn", "0")
     assert "LINGSTREAM_MODEL_WINDOW_FRAMES" not in data
     mount = next(m for m in main_container(docs)["volumeMounts"] if m["name"] == "model")
     assert mount == {"name": "model", "mountPath": "/models/lingbot-fast", "readOnly": True}
@@ -1024,6 +1027,8 @@ def test_lingbot_fast_from_a_host_path_with_its_cache_sizes(chart: Any) -> None:
     assert (data["LINGSTREAM_MODEL_WINDOW_FRAMES"], data["LINGSTREAM_MODEL_SINK_FRAMES"]) == ("24", "3")
     assert "LINGSTREAM_COMPILE" not in data  # null: the service's default, off
     assert "LINGSTREAM_DECODER" not in data  # null: the service's default, the Wan VAE
+    assert "LINGSTREAM_ATTENTION" not in data
+    assert "LINGSTREAM_WARMUP_CHUNKS" not in data  # null: automatic
     volume = next(v for v in pod_spec(docs)["volumes"] if v["name"] == "model")
     assert volume["hostPath"] == {"path": "/data/lingbot", "type": "Directory"}
     mount = next(m for m in main_container(docs)["volumeMounts"] if m["name"] == "model")
@@ -1035,6 +1040,10 @@ def test_the_schema_refuses_a_compile_mode_the_service_does_not_know(chart: Any)
         chart.validate_schema({"model": {"name": "lingbot-fast", "hostPath": "/data/lingbot", "compile": "fast"}})
     with pytest.raises(helm.HelmValuesError):
         chart.validate_schema({"model": {"name": "lingbot-fast", "hostPath": "/data/lingbot", "decoder": "taehv"}})
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"model": {"name": "lingbot-fast", "hostPath": "/data/lingbot", "attention": "xformers"}})
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"model": {"name": "lingbot-fast", "hostPath": "/data/lingbot", "warmupChunks": -1}})
 
 
 def test_the_reference_model_mounts_nothing_and_sets_no_model_variables(chart: Any) -> None:
