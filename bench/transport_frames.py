@@ -46,7 +46,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from bench._common import CHROMIUM, CHROMIUM_ARGS, Server, report
 from pipeline.bidirectional import ChunkOutput, ControlMessage
 from pipeline.metrics import percentile
-from transport.base import CallerRoom, StatusMessage
+from transport.base import CallerRoom, ResumedRoom, StatusMessage
 from transport.embedded.config import EmbeddedConfig
 from transport.embedded.rtc import ice_host_addresses
 from transport.embedded.transport import EmbeddedTransport
@@ -175,6 +175,7 @@ class _Port:
     def __init__(self, width: int, height: int) -> None:
         self.session_id = "bench"
         self.caller_room: CallerRoom | None = None
+        self.resumed_room: ResumedRoom | None = None
         self.ends_at: float | None = None
         self.width = width
         self.height = height

@@ -217,6 +217,9 @@ class PreparedSession:
     resume: object | None = None
     """A checkpoint to go on from instead of starting (a session adopted from a lost replica, docs/continuity.md):
     the implementation's own record (`SessionCheckpoint` for LingBot); None: a new session."""
+    down_s: float = 0.0
+    """With `resume`: how long the session had been without a replica when it was handed to this worker (from its
+    lost replica's last heartbeat); its recovery time counts from there, not from the restore."""
 
 
 @dataclass(frozen=True, slots=True)

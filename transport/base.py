@@ -46,6 +46,7 @@ __all__ = [
     "ReceivesWebhooks",
     "ReconnectKind",
     "RenewsJoinDetails",
+    "ResumedRoom",
     "SessionPort",
     "StateStatus",
     "StatusMessage",
@@ -172,6 +173,18 @@ class CallerRoom:
         return self.token is not None
 
 
+@dataclass(frozen=True, slots=True)
+class ResumedRoom:
+    """The LiveKit room of a session adopted from a lost replica (docs/continuity.md): the adopter joins this room
+    again, as the same service participant, taking control from the same controller identity, so that the clients
+    already in the room keep their connection and only switch to the new video track. Read from the join details
+    the lost replica published."""
+
+    room: str
+    controller_identity: str
+    service_identity: str
+
+
 class SessionPort(Protocol):
     """One running session as a transport sees it (implemented by the service)."""
 
@@ -181,6 +194,11 @@ class SessionPort(Protocol):
     @property
     def caller_room(self) -> CallerRoom | None:
         """The caller's LiveKit room to publish into (None: the transport makes its own, if it has rooms)."""
+        ...
+
+    @property
+    def resumed_room(self) -> ResumedRoom | None:
+        """The LiveKit room an adopted session goes on in (None: a new session, or one without a room)."""
         ...
 
     @property

@@ -15,7 +15,7 @@ from pipeline.bidirectional import BidirectionalService, ChunkItem, CloseMode, C
 from pipeline.errors import UnknownSessionError
 from service.errors import ServiceError, lookup
 from service.runtime.sessions import Session, SessionState
-from transport.base import CallerRoom, StateStatus, StatusMessage
+from transport.base import CallerRoom, ResumedRoom, StateStatus, StatusMessage
 from transport.errors import ControlRejectedError
 
 __all__ = ["LiveSessionPort"]
@@ -64,6 +64,10 @@ class LiveSessionPort:
     @property
     def caller_room(self) -> CallerRoom | None:
         return self._session.caller_room
+
+    @property
+    def resumed_room(self) -> ResumedRoom | None:
+        return self._session.resumed_room
 
     @property
     def ends_at(self) -> float | None:

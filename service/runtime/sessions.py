@@ -36,6 +36,7 @@ from transport.base import (
     ChunkStatus,
     DoneStatus,
     ErrorStatus,
+    ResumedRoom,
     StateStatus,
     StatusMessage,
     WarningStatus,
@@ -200,6 +201,7 @@ class Session:
         "_reason",
         "_record",
         "_recording",
+        "_resumed_room",
         "_sequence",
         "_service_draining",
         "_state",
@@ -242,6 +244,7 @@ class Session:
         self._prepared = prepared
         self._record = record  # created with "record": true (and recording configured)
         self._caller_room = caller_room  # the caller's LiveKit room to publish into, if it named one
+        self._resumed_room: ResumedRoom | None = None  # adopted: the lost replica's room, joined again
         self._webhook_url = webhook_url  # the create's own webhook endpoint (checked against the allow-list)
         self._created_at = time.time() if created_at is None else created_at
         self._updated_at = self._created_at
@@ -303,6 +306,15 @@ class Session:
     @property
     def caller_room(self) -> CallerRoom | None:
         return self._caller_room
+
+    @property
+    def resumed_room(self) -> ResumedRoom | None:
+        return self._resumed_room
+
+    def resumes_room(self, room: ResumedRoom) -> None:
+        """Adopted from a lost replica whose session streamed in `room`: the transport joins it again (before the
+        session is attached; docs/continuity.md)."""
+        self._resumed_room = room
 
     @property
     def webhook_url(self) -> str | None:

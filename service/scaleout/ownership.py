@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -28,7 +29,15 @@ from service.runtime.sessions import Session, SessionSnapshot, SessionState
 from service.runtime.tasks import TaskSet
 from service.scaleout.admission import RedisAdmission, SharedTicketView
 from service.scaleout.checkpoints import CheckpointStoreError, RedisCheckpointStore
-from service.scaleout.registry import decode_payload, encode_body, failed_body, payload_caller_room, payload_records
+from service.scaleout.registry import (
+    body_resumed_room,
+    decode_payload,
+    encode_body,
+    failed_body,
+    payload_caller_room,
+    payload_records,
+)
+from transport.base import ResumedRoom
 
 __all__ = ["CALL_ERRORS", "Ownership", "spawn_unless_closed"]
 
@@ -169,6 +178,8 @@ class Ownership:
         `resume`, its checkpoint), then run it as if it had been created here. If that fails, it is failed in the
         registry and its slot goes back."""
         tid = view.ticket_id
+        began = time.monotonic()
+        room: ResumedRoom | None = None
         try:
             try:
                 if host.closing:
@@ -187,7 +198,8 @@ class Ownership:
                         raise _NotAdopted("replica_lost", f"its checkpoint could not be read: {exc}") from exc
                     if checkpoint is None:
                         raise _NotAdopted("replica_lost", "its replica was lost and its checkpoint is gone")
-                    prepared = dataclasses.replace(prepared, resume=checkpoint)
+                    prepared = dataclasses.replace(prepared, resume=checkpoint, down_s=_down_s(view, began))
+                    room = await self._resumed_room(tid)
                 if host.closing:
                     raise _NotAdopted("shutdown", "the replica that admitted it was shutting down")
             except asyncio.CancelledError:
@@ -208,6 +220,8 @@ class Ownership:
                 caller_room=caller_room,
                 webhook_url=request.webhook_url,
             )
+            if resume is not None and room is not None:
+                session.resumes_room(room)
         finally:
             self._adopting.discard(tid)
         pending = self._pending_closes.pop(tid, None)
@@ -221,6 +235,17 @@ class Ownership:
             if pending is not None:
                 host.request_close(session, pending, "client_deleted")
 
+    async def _resumed_room(self, session_id: str) -> ResumedRoom | None:
+        """The LiveKit room the lost replica's session streamed in (its published join details), which the adopter
+        joins again; None without one, or when the registry cannot say (the session then gets a room of its own,
+        which its clients do not know: logged)."""
+        try:
+            current = await self._admission.get(session_id)
+        except CALL_ERRORS as exc:
+            logger.warning("session %s: its room could not be read back, it gets a new one: %r", session_id, exc)
+            return None
+        return body_resumed_room(current.body)
+
     async def _give_back(self, session_id: str, code: str, message: str) -> None:
         """An admitted ticket this replica will not run: recorded as failed (closed at shutdown), slot back."""
         state = SessionState.CLOSED if code == "shutdown" else SessionState.FAILED
@@ -231,6 +256,15 @@ class Ownership:
         except CALL_ERRORS as exc:
             logger.debug("session %s: recording that it was not started failed: %r", session_id, exc)
         await self.release_now(session_id)
+
+
+def _down_s(view: SharedTicketView, began: float) -> float:
+    """How long the adopted session has been without a replica: from its lost replica's last heartbeat to the
+    adoption (both on the Redis server's clock), plus the time since the adopted event reached this replica (`began`,
+    monotonic). 0 when the view does not say (an older Redis side)."""
+    if view.last_seen_at is None or view.adopted_at is None:
+        return 0.0
+    return max(0.0, view.adopted_at - view.last_seen_at) + (time.monotonic() - began)
 
 
 class _NotAdopted(Exception):

@@ -30,11 +30,12 @@ from admission import AdmissionClosedError, TicketState, UnknownTicketError
 from service.errors import AdmissionUnavailableError
 from service.runtime.sessions import TERMINAL_STATES, SessionSnapshot, SessionState
 from service.scaleout.redis_side.records import SharedTicketView
-from transport.base import CallerRoom
+from transport.base import CallerRoom, ResumedRoom
 
 __all__ = [
     "CreatePayload",
     "RegistryStream",
+    "body_resumed_room",
     "body_webhook_url",
     "decode_payload",
     "encode_body",
@@ -173,6 +174,19 @@ def encode_body(snapshot: SessionSnapshot, *, webhook_url: str | None = None) ->
 def body_webhook_url(raw: str | None) -> str | None:
     """The create's own webhook endpoint a body (`encode_body`) carries, if any."""
     return _text(_decode_body(raw).get("webhook_url"))
+
+
+def body_resumed_room(raw: str | None) -> ResumedRoom | None:
+    """The LiveKit room a session streamed in, from the join details its (lost) replica published in the body:
+    what an adopter joins again (`SessionPort.resumed_room`). None without LiveKit details, and for a caller's room
+    (`room_owner` caller: not joined again yet, docs/continuity.md)."""
+    details = _decode_body(raw).get("transport")
+    if not isinstance(details, dict) or details.get("kind") != "livekit" or details.get("room_owner") == "caller":
+        return None
+    room, controller, service = details.get("room"), details.get("identity"), details.get("service_identity")
+    if not (isinstance(room, str) and isinstance(controller, str) and isinstance(service, str)):
+        return None
+    return ResumedRoom(room, controller, service)
 
 
 def failed_body(raw: str | None, state: SessionState, code: str, message: str) -> str:

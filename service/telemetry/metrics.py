@@ -343,7 +343,8 @@ class ServiceMetrics:
         self._recovery = histogram(
             "lingstream.session.recovery",
             "A model worker's failure under a session to the first chunk after the session was rebuilt from its "
-            "checkpoint (docs/continuity.md), by cause; replica_lost: from the adopter's restore to its first chunk.",
+            "checkpoint (docs/continuity.md), by cause; replica_lost: from the lost replica's last heartbeat to the "
+            "adopter's first chunk.",
             RECOVERY_BUCKETS,
         )
         self._recovered = meter.create_counter(

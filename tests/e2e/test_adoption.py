@@ -156,13 +156,21 @@ async def test_a_killed_replicas_session_is_adopted_and_its_client_follows_it_by
             assert ended.status == "closed", ended
             metrics = (await service.request("GET", "/metrics")).text
             assert 'lingstream_sessions_recovered_total{cause="replica_lost"} 1.0' in metrics
-        print(f"states after the kill: {told}")
+            # Counted from r1's last heartbeat: the reaper waited at least one TTL after it before orphaning.
+            recovery_s = _sample(metrics, 'lingstream_session_recovery_seconds_sum{cause="replica_lost"}')
+            assert TTL_S <= recovery_s < TTL_S + 60, recovery_s
+        print(f"states after the kill: {told}; recovery_seconds{{replica_lost}} {recovery_s:.2f} s")
         print(
             f"the client joined the adopted session by itself {stats.last_recovery_s:.2f} s after giving its "
             f"connection up; first frame of a later chunk {recovered_s:.2f} s after the kill (TTL {TTL_S} s)"
         )
         await until(lambda: _no_slots(raw), "every slot back, no orphan left", within=10)
         assert "Traceback" not in second.output()
+
+
+def _sample(metrics: str, name: str) -> float:
+    line = next(line for line in metrics.splitlines() if line.startswith(name + " "))
+    return float(line.rsplit(" ", 1)[1])
 
 
 def _rejoined_at(states: list[tuple[float, StateStatus]]) -> float:

@@ -7,6 +7,11 @@ service participant (`LiveKitSessionBinding`) and returns what the browser needs
 reconnects after its token expired; `viewer_details` mints a watch-only token. `handle_webhook` verifies a LiveKit
 webhook and hands the room event to the session it concerns. `detach` leaves and deletes the room.
 
+A session adopted from a lost replica (`SessionPort.resumed_room`, docs/continuity.md) goes on in that replica's
+room: `attach` joins it again as the same service identity (the server drops the lost participant for the
+duplicate) and takes control from the same controller identity, so the clients in the room keep their connection
+and switch to the new track. (Not for a caller's room yet: `resumed_room` is None there, docs/continuity.md.)
+
 A caller's room (`SessionPort.caller_room`, a create's `"livekit": {"room": ...}`): the room must exist
 (`RoomNotFoundError`) and hold no other session of this service (`RoomInUseError`); `check_caller_room` says so
 before admission, `attach` checks again. The service joins it with its own identity and publishes there; control is
@@ -277,31 +282,39 @@ class LiveKitTransport:
         caller = await self.check_caller_room(port.caller_room)
         caller_token = self._read_caller_token(caller) if caller is not None and caller.with_token else None
         key = self._room_key(caller) if caller is not None else None
+        resumed = port.resumed_room if caller is None else None
         self._attaching.add(session_id)
         try:
             if caller is None:
-                room = room_name_for(session_id, self._config.room_prefix)
+                # An adopted session goes on in its lost replica's room (creating a room that exists is a no-op;
+                # one the server closed meanwhile, emptied, is made again under the same name).
+                room = resumed.room if resumed is not None else room_name_for(session_id, self._config.room_prefix)
                 metadata = json.dumps({"session_id": session_id}, separators=(",", ":"))
                 await self._admin().create_room(room, metadata=metadata)
             else:
                 room = caller.name
                 self._joining_rooms.add(room if key is None else key)
-            controller = (
-                caller.controller_identity
-                if caller is not None and caller.controller_identity is not None
-                else TokenIssuer.new_identity(ParticipantRole.CONTROLLER, session_id)
-            )
+            if resumed is not None:
+                controller = resumed.controller_identity
+            elif caller is not None and caller.controller_identity is not None:
+                controller = caller.controller_identity
+            else:
+                controller = TokenIssuer.new_identity(ParticipantRole.CONTROLLER, session_id)
+            if caller_token is not None:
+                service_identity = caller_token.identity
+            elif resumed is not None:
+                # The same identity: the server drops the lost replica's participant at once (a duplicate
+                # identity) instead of after its departure timeout, and clients keep following that identity.
+                service_identity = resumed.service_identity
+            else:
+                service_identity = TokenIssuer.new_identity(ParticipantRole.SERVICE, session_id)
             try:
                 binding = LiveKitSessionBinding(
                     port,
                     config=self._config,
                     room_name=room,
                     controller_identity=controller,
-                    service_identity=(
-                        caller_token.identity
-                        if caller_token is not None
-                        else TokenIssuer.new_identity(ParticipantRole.SERVICE, session_id)
-                    ),
+                    service_identity=service_identity,
                     tokens=None if caller_token is not None else self._project_tokens(),
                     room_factory=self._room_factory,
                     timers=self._timers,

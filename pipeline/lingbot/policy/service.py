@@ -290,7 +290,7 @@ class LingBotService:
             self._trackers[session_id] = tracker
             session.on_chunk = lambda: self._chunk_out(session, tracker)
         if isinstance(resume, SessionCheckpoint):
-            self._count_adoption(session, self._clock.now())
+            self._count_adoption(session, self._clock.now() - max(0.0, prepared.down_s))
         self._loops[session_id] = asyncio.get_running_loop().create_task(self._drive(session))
 
     @property
@@ -458,14 +458,19 @@ class LingBotService:
 
     def _count_adoption(self, session: LingBotSession, started: float) -> None:
         """An adopted session's first chunk completes its recovery from the loss of its replica: counted (cause
-        `replica_lost`, seconds from its restore here) and told to the listeners, before the chunk's own callback."""
+        `replica_lost`, seconds from `started`: its lost replica's last heartbeat, `PreparedSession.down_s` before
+        its restore here) and told to the listeners, before the chunk's own callback."""
         after = session.on_chunk
 
         def first_chunk() -> None:
             session.on_chunk = after
             seconds = self._clock.now() - started
             self._recovered[ADOPTION_CAUSE] = self._recovered.get(ADOPTION_CAUSE, 0) + 1
-            logger.info("session %s: adopted, first chunk %.2f s after its restore", session.session_id, seconds)
+            logger.info(
+                "session %s: adopted, first chunk %.2f s after its replica's last heartbeat",
+                session.session_id,
+                seconds,
+            )
             self._notify(RecoveryNotice(session.session_id, False, ADOPTION_CAUSE, 1, seconds))
             if after is not None:
                 after()

@@ -99,6 +99,7 @@ class SharedTicketView:
     body: str | None = None
     version: int = 0
     last_seen_at: float | None = None
+    adopted_at: float | None = None  # when a replica adopted it (after its own was lost or handed it off)
 
     @property
     def is_terminal(self) -> bool:
@@ -215,6 +216,7 @@ def decode_view(fields: Mapping[str, bytes]) -> SharedTicketView:
         body=text("body"),
         version=number("v") or 0,
         last_seen_at=seconds("seen"),
+        adopted_at=seconds("adopted"),
     )
 
 

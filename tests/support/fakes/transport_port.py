@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.bidirectional import ChunkItem, ChunkOutput, ChunkPart, ControlMessage, Pause, Resume, Stop
-from transport.base import CallerRoom, StatusMessage
+from transport.base import CallerRoom, ResumedRoom, StatusMessage
 from transport.errors import ControlRejectedError
 
 _END = object()
@@ -72,6 +72,7 @@ class FakeSessionPort:
     ) -> None:
         self._session_id = session_id
         self._caller_room = caller_room
+        self.resumed_room_value: ResumedRoom | None = None  # what `resumed_room` says (a test may set it)
         self.ends_at_value = ends_at  # what `ends_at` says (a test may change it)
         self._width = width
         self._height = height
@@ -97,6 +98,10 @@ class FakeSessionPort:
     @property
     def caller_room(self) -> CallerRoom | None:
         return self._caller_room
+
+    @property
+    def resumed_room(self) -> ResumedRoom | None:
+        return self.resumed_room_value
 
     @property
     def ends_at(self) -> float | None:

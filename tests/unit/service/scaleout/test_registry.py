@@ -14,6 +14,7 @@ from service.runtime.sessions import SessionSnapshot, SessionState
 from service.scaleout.redis_side.records import SharedTicketView
 from service.scaleout.registry import (
     CreatePayload,
+    body_resumed_room,
     decode_payload,
     encode_body,
     encode_payload,
@@ -23,7 +24,7 @@ from service.scaleout.registry import (
     remote_snapshot,
 )
 from service.settings import load_settings
-from transport.base import CallerRoom
+from transport.base import CallerRoom, ResumedRoom
 
 URL = "redis://:secret-password@127.0.0.1:6379/0"
 
@@ -205,3 +206,21 @@ def test_a_session_not_started_by_its_replica_reads_failed_with_the_message() ->
     snapshot = remote_snapshot(_view(TicketState.RELEASED, status="failed", status_reason="create_failed", body=body))
     assert snapshot.state is SessionState.FAILED
     assert snapshot.error == ("create_failed", "expired")
+
+
+def test_an_adopter_reads_the_room_and_identities_to_join_again_from_the_lost_replicas_published_details() -> None:
+    details = {
+        "kind": "livekit",
+        "room": "lingstream-s1",
+        "identity": "ctl-s1-abc",
+        "service_identity": "svc-s1-def",
+        "token": "t",
+        "room_owner": "service",
+    }
+    body = json.dumps({"state": "running", "transport": details})
+    assert body_resumed_room(body) == ResumedRoom("lingstream-s1", "ctl-s1-abc", "svc-s1-def")
+    caller = json.dumps({"transport": {**details, "room_owner": "caller"}})
+    embedded = json.dumps({"transport": {"kind": "embedded", "offer_url": "/v1/sessions/s1/webrtc"}})
+    partial = json.dumps({"transport": {**details, "service_identity": None}})
+    for other in (caller, embedded, partial, json.dumps({"transport": None}), None, "not json"):
+        assert body_resumed_room(other) is None, other

@@ -14,7 +14,7 @@ from pipeline.bidirectional import ControlState
 from tests.support.fakes.livekit import FakeRoomFactory, FakeRoomService, TwirpCall, sign_webhook, webhook_body
 from tests.support.fakes.transport_port import FakeSessionPort
 from tests.support.fakes.transport_timers import FakeTimers
-from transport.base import CallerRoom, ReconnectKind
+from transport.base import CallerRoom, ReconnectKind, ResumedRoom
 from transport.errors import (
     RoomInUseError,
     RoomJoinError,
@@ -88,6 +88,29 @@ async def test_attach_creates_the_room_and_returns_controller_join_details(setup
     # The service participant joined that room with its own token.
     (_, token, _) = setup.factory.current.connects[0]
     assert _claims(token).identity == details["service_identity"]
+
+
+async def test_an_adopted_session_joins_its_lost_replicas_room_again_as_the_same_participants(setup: Setup) -> None:
+    lost = await setup.transport.attach(FakeSessionPort("s1"))
+    # Another replica (its own transport, the same LiveKit server) adopts the session from its checkpoint.
+    factory = FakeRoomFactory(KEY, SECRET)
+    adopter = LiveKitTransport(setup.transport.config, room_factory=factory, timers=FakeTimers())
+    await adopter.start()
+    try:
+        port = FakeSessionPort("s1")
+        port.resumed_room_value = ResumedRoom(str(lost["room"]), str(lost["identity"]), str(lost["service_identity"]))
+        details = await adopter.attach(port)
+        assert (details["room"], details["identity"], details["service_identity"]) == (
+            lost["room"],
+            lost["identity"],
+            lost["service_identity"],
+        )
+        assert _claims(details["token"]).identity == lost["identity"]  # the client's controller, unchanged
+        assert list(setup.server.rooms) == ["lingstream-s1"]  # no second room
+        (_, token, _) = factory.current.connects[0]
+        assert _claims(token).identity == lost["service_identity"]  # the server drops the lost one for it
+    finally:
+        await adopter.aclose()
 
 
 async def test_each_session_gets_its_own_room_and_identities(setup: Setup) -> None:

@@ -284,7 +284,9 @@ async def test_a_session_adopted_by_another_worker_from_its_checkpoint_bytes_mak
         other = dataclasses.replace(adopter.prepare(SMALL, None), resume=carried)
         with pytest.raises(ValueError, match="checkpoint of session 's'"):
             await adopter.create_session("t", other)
-        await adopter.create_session("s", dataclasses.replace(adopter.prepare(SMALL, None), resume=carried))
+        # Its replica was last heard of 12.5 s before: the recovery counts from there, not from the restore.
+        adopted = dataclasses.replace(adopter.prepare(SMALL, None), resume=carried, down_s=12.5)
+        await adopter.create_session("s", adopted)
         resumed = await _chunks(adopter, last)  # no control sent again: the held keys came with the checkpoint
         assert [c.index for c in resumed] == list(range(start, last + 1))
         for before, after in zip(clean[start:], resumed, strict=True):
@@ -292,6 +294,7 @@ async def test_a_session_adopted_by_another_worker_from_its_checkpoint_bytes_mak
             assert after.first_frame_index == before.first_frame_index
         assert [(n.session_id, n.recovering, n.cause) for n in notices] == [("s", False, "replica_lost")]
         assert notices[0].recovery_s is not None
+        assert 12.5 <= notices[0].recovery_s < 12.5 + 60
         assert adopter.recovery_statistics() == ({"replica_lost": 1}, 0)
         after_all = adopter.checkpoint("s")
         assert after_all is not None
