@@ -46,7 +46,12 @@ from pipeline.lingbot.models.compiled import COMPILE_MODES
 from pipeline.lingbot.models.config import LINGBOT_FAST_14B, TINY_DIT, DiTConfig
 from pipeline.lingbot.models.errors import CheckpointError, ModelConfigError
 from pipeline.lingbot.models.text import TEXT_ENCODER_WEIGHTS, write_tiny_text_encoder
-from pipeline.lingbot.models.tiny_decoder import TINY_DECODER_DIR, check_tiny_decoder, write_tiny_decoder
+from pipeline.lingbot.models.tiny_decoder import (
+    TINY_DECODER_DIR,
+    TinyDecoderConfig,
+    check_tiny_decoder,
+    write_tiny_decoder,
+)
 from pipeline.lingbot.models.vae import DEFAULT_MAX_PREFIX_FRAMES, VAE_CONFIG, write_tiny_vae
 from pipeline.lingbot.models.warmup import WARM_UP_CHUNK_SIZE, auto_warm_up_chunks
 
@@ -144,6 +149,8 @@ class ModelDirSummary:
     vae_config: Mapping[str, Any] | None = field(default=None, compare=False)
     """The VAE's config.json (the memory plan measures its decoder's cache from it); None: the published Wan2.1
     VAE's (diffusers' defaults)."""
+    tiny_decoder: TinyDecoderConfig | None = field(default=None, compare=False)
+    """The tiny decoder's sizes when it was checked (`decoder="tiny"`): the memory plan measures its memory instead."""
 
 
 def read_dit_config(directory: Path | str) -> DiTConfig:
@@ -193,6 +200,7 @@ def check_model_dir(root: Path | str, *, decoder: str = "wan") -> ModelDirSummar
     if d_model != dit.text_dim:
         raise CheckpointError(f"the text encoder's width {d_model} is not the DiT's text_dim {dit.text_dim}")
     _check_tokenizer(base / TOKENIZER_DIR)
+    tiny: TinyDecoderConfig | None = None
     if decoder == "tiny":
         tiny, _ = check_tiny_decoder(base / TINY_DECODER_DIR)
         if tiny.latent_channels != z_dim:
@@ -200,7 +208,7 @@ def check_model_dir(root: Path | str, *, decoder: str = "wan") -> ModelDirSummar
                 f"the tiny decoder takes {tiny.latent_channels} latent channels, the VAE makes {z_dim} "
                 f"({base / TINY_DECODER_DIR})"
             )
-    return ModelDirSummary(dit, _count(dit_specs), vae_count, text_count, vae_config)
+    return ModelDirSummary(dit, _count(dit_specs), vae_count, text_count, vae_config, tiny)
 
 
 def _check_vae(folder: Path) -> tuple[int, int, dict[str, Any]]:

@@ -2,7 +2,8 @@
 from the real modules' shapes on `meta` (nothing allocated, no weights read): the memory plan's other parts.
 
     decoder cache       per session: the Wan VAE decoder's feature cache (the last 2 input frames of every causal
-                        convolution) after a steady-state latent frame; 1.89 GB at 832x480 in bf16
+                        convolution) after a steady-state latent frame; 1.89 GB at 832x480 in bf16 (with
+                        `LINGSTREAM_DECODER=tiny`, the tiny decoder's memory blocks' last inputs instead)
     camera modulation   per chunk in flight: every block's camera (scale, shift), `CameraModulation` (3.8 GB at
                         full size, 832x480, bf16; divided by P under Ulysses); the denoise stage runs one chunk at
                         a time, so once per worker
@@ -40,6 +41,7 @@ from pipeline.lingbot.config import SPATIAL_COMPRESSION
 from pipeline.lingbot.models.cache import PUBLISHED_CACHE, CacheConfig
 from pipeline.lingbot.models.config import DiTConfig
 from pipeline.lingbot.models.dit import LingBotFastDiT
+from pipeline.lingbot.models.tiny_decoder import TinyDecoderConfig, TinyVideoDecoder
 from pipeline.lingbot.models.workload import fake_group, meta_dit, steady_state
 
 __all__ = [
@@ -49,6 +51,7 @@ __all__ = [
     "decoder_memory",
     "dit_memory",
     "encoder_peak_bytes",
+    "tiny_decoder_memory",
     "worker_memory",
 ]
 
@@ -193,6 +196,30 @@ def decoder_memory(
     return _cache_bytes(cache), peak
 
 
+def tiny_decoder_memory(
+    config: TinyDecoderConfig, width: int, height: int, dtype: torch.dtype, *, module: TinyVideoDecoder | None = None
+) -> tuple[int, int]:
+    """`decoder_memory` for the tiny decoder (`LINGSTREAM_DECODER=tiny`): (its per-session memory, the peak of one
+    latent frame's call) in the steady state, streamed as `StreamingTinyDecoder` does; on `meta` unless `module`."""
+    if module is None:
+        with torch.device("meta"):
+            module = TinyVideoDecoder(config).to(dtype)
+    device = next(module.parameters()).device
+    memory = module.new_memory()
+    peak = 0
+    with torch.inference_mode():
+        for _ in range(3):
+            latent = torch.zeros(
+                1, config.latent_channels, height // SPATIAL_COMPRESSION, width // SPATIAL_COMPRESSION,
+                device=device, dtype=dtype,
+            )  # fmt: skip
+            meter = PeakMemory()
+            with meter:
+                module.decode(latent, memory)
+            peak = meter.peak
+    return _cache_bytes(list(memory)), peak
+
+
 def encoder_peak_bytes(vae_config: Mapping[str, Any], width: int, height: int, dtype: torch.dtype) -> int:
     """The peak of the prefix encode's first two steps (the reference frame, then 4 zero frames: every later step
     is the second's shape), its cache included, on `meta`."""
@@ -242,11 +269,13 @@ def worker_memory(
     *,
     ranks: int = 1,
     cuda: bool = True,
+    tiny_decoder: TinyDecoderConfig | None = None,
 ) -> WorkerMemory:
-    """Every part (module docstring) for the model's DiT `config` and VAE `vae_config` at `width`x`height` (seconds
-    at full size on `meta`: remembered per arguments)."""
+    """Every part (module docstring) for the model's DiT `config` and VAE `vae_config` at `width`x`height`; with
+    `tiny_decoder`, the decoder parts are the tiny decoder's (the Wan VAE still encodes). Seconds at full size on
+    `meta`: remembered per arguments."""
     vae_json = json.dumps(dict(vae_config), sort_keys=True, default=str)
-    return _worker_memory(config, vae_json, width, height, dtype, cache, ranks, cuda)
+    return _worker_memory(config, vae_json, width, height, dtype, cache, ranks, cuda, tiny_decoder)
 
 
 @functools.lru_cache(maxsize=16)
@@ -259,9 +288,13 @@ def _worker_memory(
     cache: CacheConfig,
     ranks: int,
     cuda: bool,
+    tiny_decoder: TinyDecoderConfig | None,
 ) -> WorkerMemory:
     vae_config = json.loads(vae_json)
-    decoder_cache, decode_peak = decoder_memory(vae_config, width, height, dtype)
+    if tiny_decoder is not None:
+        decoder_cache, decode_peak = tiny_decoder_memory(tiny_decoder, width, height, dtype)
+    else:
+        decoder_cache, decode_peak = decoder_memory(vae_config, width, height, dtype)
     camera, forward_peak = dit_memory(config, width, height, dtype, cache, ranks=ranks)
     return WorkerMemory(
         decoder_cache_bytes=decoder_cache,

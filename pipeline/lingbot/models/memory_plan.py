@@ -7,7 +7,8 @@ session's caches.
                      context a stated constant)
     session bytes  = the DiT's self-attention cache (window x tokens per latent frame, K and V, every layer) plus its
                      prompt's cross-attention K/V (`cache.bytes_per_session`) plus the VAE decoder's feature cache
-                     (`memory_parts.decoder_memory`), at the planning resolution
+                     (`memory_parts.decoder_memory`; the tiny decoder's memory with `LINGSTREAM_DECODER=tiny`), at the
+                     planning resolution
     fits           = floor((usable - model bytes - once bytes) / session bytes),  usable = device x `USABLE_SHARE` (0.9)
 
 Everything is counted on the denoise device (the threads placement puts every part there; with processes the VAE
@@ -136,7 +137,10 @@ def estimate_memory(
     cache = options.cache_config(3)
     attention = bytes_per_session(summary.dit, height, width, dtype, cache, ranks=ranks)
     cuda = torch.device(device).type == "cuda"
-    parts = worker_memory(summary.dit, summary.vae_config or {}, width, height, dtype, cache, ranks=ranks, cuda=cuda)
+    tiny = summary.tiny_decoder if options.decoder == "tiny" else None
+    parts = worker_memory(
+        summary.dit, summary.vae_config or {}, width, height, dtype, cache, ranks=ranks, cuda=cuda, tiny_decoder=tiny
+    )
     session = attention + parts.decoder_cache_bytes
     once = parts.once_bytes
     total = device_bytes(device) if capacity is None else capacity

@@ -3,6 +3,8 @@ sessions per GPU) from meta-device models, and the arithmetic of what fits."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -134,3 +136,18 @@ def test_each_rank_of_a_dit_group_holds_its_share_of_a_session() -> None:
     assert eight.attention_cache_bytes == (one.attention_cache_bytes - text) // 8 + text
     assert eight.session_bytes - eight.attention_cache_bytes == one.session_bytes - one.attention_cache_bytes
     assert eight.fits_sessions > 4 * one.fits_sessions
+
+
+def test_with_the_tiny_decoder_a_session_holds_its_small_memory_instead_of_the_wan_decoders_cache(
+    full_size: ModelDirSummary,
+) -> None:
+    from pipeline.lingbot.models.tiny_decoder import TinyDecoderConfig
+
+    summary = dataclasses.replace(full_size, tiny_decoder=TinyDecoderConfig())
+    wan = estimate_memory(summary, LingBotFastOptions("."), "cuda:0", capacity=80 * 2**30)
+    tiny = estimate_memory(summary, LingBotFastOptions(".", decoder="tiny"), "cuda:0", capacity=80 * 2**30)
+    assert tiny.attention_cache_bytes == wan.attention_cache_bytes
+    assert (wan.session_bytes - tiny.session_bytes) / GB == pytest.approx(1.89 - 0.067, abs=0.01)
+    assert (wan.once_bytes - tiny.once_bytes) / GB == pytest.approx(3.74 - 0.50, abs=0.01)
+    assert tiny.total_bytes(1) / GB == pytest.approx(81.0, abs=0.1)  # still more than an H100's 77.3 usable
+    assert tiny.fits_sessions == 0
