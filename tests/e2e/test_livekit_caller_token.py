@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 from livekit import api
 
-from tests.support.livekit_stack import LiveKitStack, another_replica, livekit_stack
-from tests.support.livekit_viewer import viewer_sees
+from tests.support.livekit_stack import LiveKitStack, another_replica, livekit_stack, run_client
 
 pytestmark = [
     pytest.mark.slow,
@@ -76,6 +75,16 @@ def _create(replica: LiveKitStack, url: str, token: str) -> Any:
         return client.post("/v1/sessions", json=body)
 
 
+def _viewer(url: str, token: str, *states: str, then_post: str | None = None) -> dict[str, Any]:
+    """A late viewer (a process of its own: tests/support/livekit_client.py's `viewer`): the service participant
+    world-1's attributes (`seen`) once its state read the first of `states`, or, with `then_post` POSTed once it
+    did (`then_status`), once it read the second."""
+    options = [option for state in states for option in ("--state", state)]
+    if then_post is not None:
+        options += ["--then-post", then_post]
+    return run_client("viewer", url, token, "--service", "world-1", *options, within_s=90.0)
+
+
 def test_a_callers_token_session_carries_its_state_in_attributes_for_late_viewers(
     stacks: tuple[LiveKitStack, LiveKitStack], tmp_path: Path
 ) -> None:
@@ -109,8 +118,9 @@ def test_a_callers_token_session_carries_its_state_in_attributes_for_late_viewer
     viewer = _token(stack, "viewer-1", "agent-room", can_publish=False, can_publish_data=False)
 
     pause = f"{replica.url}/v1/sessions/{session_id}/pause"
-    seen = viewer_sees(url, viewer, "world-1", "running", then_post=pause, then_state="paused")
-    assert seen["then_status"] in ("200", "202"), seen
+    report = _viewer(url, viewer, "running", "paused", then_post=pause)
+    assert report["then_status"] in (200, 202), report
+    seen = report["seen"]
     assert seen["kind_is_agent"] == "True", seen
     assert seen["lingstream.session_id"] == session_id
     assert seen["lingstream.controller"] == "user-1"
@@ -118,7 +128,7 @@ def test_a_callers_token_session_carries_its_state_in_attributes_for_late_viewer
     assert 0 < float(seen["lingstream.ends_at"]) - time.time() <= 600
     # A viewer joining now reads the paused state at once: attributes reach late joiners.
     later = _token(stack, "viewer-2", "agent-room", can_publish=False, can_publish_data=False)
-    assert viewer_sees(url, later, "world-1", "paused")["lingstream.session_id"] == session_id
+    assert _viewer(url, later, "paused")["seen"]["lingstream.session_id"] == session_id
 
     # One session per room, across deployments: the other `lingstream serve` on this server knows nothing of the
     # session, joins, finds the first's lingstream.session_id attribute there, and leaves.

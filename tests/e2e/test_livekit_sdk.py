@@ -24,7 +24,7 @@ import httpx
 import pytest
 from livekit import api
 
-from tests.support.livekit_stack import LiveKitStack, livekit_stack
+from tests.support.livekit_stack import LiveKitStack, livekit_stack, run_client
 from tests.support.serving import ROOT
 from transport.livekit.tokens import TokenIssuer
 
@@ -61,17 +61,7 @@ def session(stack: LiveKitStack) -> Iterator[dict[str, Any]]:
 
 
 def _client(scenario: str, url: str, token: str, *options: str) -> dict[str, Any]:
-    run = subprocess.run(
-        [sys.executable, "-m", "tests.support.livekit_client", scenario, url, token, *options],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=CLIENT_S,
-        check=False,
-    )
-    assert run.returncode == 0, f"the client exited {run.returncode}:\n{run.stderr[-4000:]}"
-    report: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
-    return report
+    return run_client(scenario, url, token, *options, within_s=CLIENT_S)
 
 
 def _wait_status(stack: LiveKitStack, session_id: str, statuses: set[str], within: float = 30.0) -> dict[str, Any]:

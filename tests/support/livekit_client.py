@@ -1,5 +1,7 @@
-"""A LiveKit participant in a process of its own, for tests/e2e/test_livekit_sdk.py: the real `livekit` Python SDK
-joins a room with the token it is given and plays one scenario; the last line it prints is a JSON report.
+"""A LiveKit participant in a process of its own, the one way a test runs one (tests/e2e/test_livekit_sdk.py,
+test_livekit_caller_token.py): the real `livekit` Python SDK joins a room with the token it is given and plays one
+scenario; the last line it prints is a JSON report. A test starts it with `tests.support.livekit_stack.run_client`
+(from the thread inside the test's network namespace, so the child is born there).
 
     python -m tests.support.livekit_client SCENARIO URL TOKEN [--topic-control T] [--topic-status S]
 
@@ -24,6 +26,10 @@ Scenarios:
 - `watch`: as the session's controller, hold `w` (a snapshot resent every 0.25 s, as a page does) and count the
   frames of the service's video track: print `{"joined": true}` once the first frame is in, then count until stdin
   closes (`frames`, and `max_gap_s`, the longest wait between two frames in that time).
+- `viewer --service S --state A [--state B] [--then-post URL]`: a late viewer that subscribes to nothing: waits until
+  participant S's `lingstream.state` attribute reads A and reports S's attributes then (`seen`, with
+  `kind_is_agent`); with `--then-post`, POSTs that URL once A was seen (`then_status`: its HTTP status) and reports
+  the attributes once the state reads B instead.
 
 `livekit.rtc` is imported here only, in this process: the test process never loads the FFI (it forks). Every stream
 and the room are closed before the process exits, and it exits through `exit_process`, never Python's finalization
@@ -41,6 +47,7 @@ import sys
 import time
 from typing import Any
 
+import httpx
 from livekit import rtc
 
 from transport.livekit.ffi_exit import exit_process
@@ -293,6 +300,29 @@ async def _watch(room: rtc.Room, control: str) -> dict[str, Any]:
     }
 
 
+async def _viewer(room: rtc.Room, service: str, states: list[str], then_post: str | None) -> dict[str, Any]:
+    changed = asyncio.Event()
+    room.on("participant_attributes_changed", lambda *_: changed.set())
+    room.on("participant_connected", lambda *_: changed.set())
+    seen: dict[str, str] = {}
+    report: dict[str, Any] = {}
+    async with asyncio.timeout(_WAIT_S):
+        for number, target in enumerate(states):
+            while True:
+                participant = room.remote_participants.get(service)
+                if participant is not None and participant.attributes.get("lingstream.state") == target:
+                    seen = dict(participant.attributes)
+                    seen["kind_is_agent"] = str(participant.kind == rtc.ParticipantKind.PARTICIPANT_KIND_AGENT)
+                    break
+                changed.clear()
+                await changed.wait()
+            if number == 0 and then_post is not None:
+                async with httpx.AsyncClient(timeout=10.0) as client:
+                    answer = await client.post(then_post)
+                report["then_status"] = answer.status_code
+    return report | {"seen": seen}
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.scenario == "churn":
         return await _churn(args.url, args.token, args.times)
@@ -303,7 +333,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     room.on("data_received", statuses.on_data)
     report: dict[str, Any] = {"scenario": args.scenario, "joined": False}
     try:
-        options = rtc.RoomOptions(auto_subscribe=args.scenario == "watch", connect_timeout=10.0)
+        # A viewer may join while another module's stack loads the machine: 30 s ("signal failure: transport timed
+        # out" at 10 s on the 2-worker suite).
+        connect_timeout = 30.0 if args.scenario == "viewer" else 10.0
+        options = rtc.RoomOptions(auto_subscribe=args.scenario == "watch", connect_timeout=connect_timeout)
         await room.connect(args.url, args.token, options)
     except rtc.ConnectError as exc:
         report["error"] = exc.message
@@ -323,6 +356,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 report |= await _publish(room)
             case "watch":
                 report |= await _watch(room, args.topic_control)
+            case "viewer":
+                report |= await _viewer(room, args.service, args.state, args.then_post)
     except TimeoutError:
         report["error"] = "timed out"
     finally:
@@ -334,9 +369,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
-        "scenario", choices=["join", "control", "foreign", "publish", "hold", "churn", "labels", "watch"]
+        "scenario", choices=["join", "control", "foreign", "publish", "hold", "churn", "labels", "watch", "viewer"]
     )
-    parser.add_argument("--service", help="foreign: the service participant's identity, to call it by RPC")
+    parser.add_argument("--service", help="foreign, viewer: the service participant's identity")
+    parser.add_argument("--state", action="append", default=[], help="viewer: the states to wait for, in order")
+    parser.add_argument("--then-post", help="viewer: a URL to POST once the first state was seen")
     parser.add_argument("--times", type=int, default=5, help="churn: how many joins")
     parser.add_argument("url")
     parser.add_argument("token")

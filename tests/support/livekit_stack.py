@@ -12,14 +12,17 @@ namespaces, no livekit-server) for a skip.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -28,7 +31,7 @@ from tests.support.livekit_server_real import LiveKitServerProcess, livekit_serv
 from tests.support.netns import HOST_A, PrivateNetwork, private_network_support
 from tests.support.serving import ROOT, free_port, lingstream
 
-__all__ = ["LiveKitStack", "another_replica", "livekit_stack", "metric", "standin_stack"]
+__all__ = ["LiveKitStack", "another_replica", "livekit_stack", "metric", "run_client", "standin_stack"]
 
 _READY_S = 90.0
 
@@ -80,6 +83,23 @@ def metric(text: str, name: str, **labels: str) -> float:
         if all(found.get(key) == value for key, value in labels.items()):
             total += float(match.group(2))
     return total
+
+
+def run_client(scenario: str, url: str, token: str, *options: str, within_s: float = 60.0) -> dict[str, Any]:
+    """Run one scenario of `tests/support/livekit_client.py` (a LiveKit participant in a process of its own, so this
+    process never loads `livekit.rtc`) and return its JSON report. Call it from the thread inside the stack's
+    namespace: the child is born there."""
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.support.livekit_client", scenario, url, token, *options],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=within_s,
+        check=False,
+    )
+    assert run.returncode == 0, f"the {scenario} client exited {run.returncode}:\n{run.stderr[-4000:]}"
+    report: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    return report
 
 
 def _wait_ready(stack: LiveKitStack) -> None:
