@@ -96,3 +96,37 @@ def test_loading_with_warm_up_chunks_runs_them_at_the_planning_resolution_before
     assert report.seconds > 0
     assert report.to_mapping() == {"chunks": 1, "seconds": round(report.seconds, 3), "resolution": "832x480"}
     assert warm_up_config(832, 480, 2).chunk_plan.num_chunks == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_after_the_automatic_warm_up_a_compiled_session_compiles_nothing_new(model_dir: Path) -> None:
+    """compile on (dynamo's capture, the "eager" backend: the guards and recompiles are dynamo's, whatever the
+    backend): the automatic warm-up (10 chunks at window 18 / sink 6) leaves every shape of a session's steady
+    state compiled, so a session at the same size after it, through the window's filling and the ring's turns,
+    captures no new graph. Without the warm-up the same session does. (Dynamo's own graphs need only the first 2
+    chunks: it makes the slot's offsets symbolic at their first change — tried, 2 warm-up chunks pass here too; the
+    rest of the 10 is for what a GPU shows, `max`'s CUDA graphs recorded per ring position.)"""
+    from torch._dynamo.utils import counters
+
+    from pipeline.lingbot.models import compile_blocks
+
+    options = LingBotFastOptions(str(model_dir), compile="default")
+    chunks = options.warm_up_chunks()
+    assert chunks == 10
+    torch._dynamo.reset()
+    cold = LingBotFastWorldModel.load(LingBotFastOptions(str(model_dir)))
+    compile_blocks(cold.denoiser.dit, "default", backend="eager")
+    before = counters["stats"]["unique_graphs"]
+    frames(cold, "cold", 7)
+    assert counters["stats"]["unique_graphs"] > before  # a cold session compiles while its window fills
+
+    torch._dynamo.reset()
+    warm = LingBotFastWorldModel.load(LingBotFastOptions(str(model_dir)))
+    compile_blocks(warm.denoiser.dit, "default", backend="eager")
+    warm.denoiser.warm_up(dataclasses.replace(CONFIG, prompt="", frame_num=4 * 3 * chunks - 3), chunks)
+    before = counters["stats"]["unique_graphs"]
+    frames(warm, "warm", 7)
+    assert counters["stats"]["unique_graphs"] == before
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    torch._dynamo.reset()
