@@ -244,8 +244,11 @@ def _checked_estimate(options: WorkerOptions) -> MemoryEstimate:
         raise SettingsError(f"cannot start: {exc}") from None
     try:
         estimate = estimate_memory(summary, fast, device)
-    except ValueError as exc:  # ModelConfigError
-        raise SettingsError(f"cannot start: LINGSTREAM_MODEL_PATH={options.model_path}: {exc}") from None
+    except ValueError as exc:  # ModelConfigError: the model's sizes, or a cache its sessions could not build
+        raise SettingsError(
+            f"cannot start: LINGSTREAM_MODEL_PATH={options.model_path} with LINGSTREAM_MODEL_WINDOW_FRAMES="
+            f"{options.model_window_frames} / _SINK_FRAMES={options.model_sink_frames}: {exc}"
+        ) from None
     wanted = options.max_sessions_per_worker
     if estimate.fits_sessions < wanted:
         raise SettingsError(

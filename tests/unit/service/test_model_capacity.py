@@ -74,6 +74,15 @@ def test_the_tiny_decoder_without_its_weights_stops_the_start_naming_both_variab
         check_model(dataclasses.replace(tiny, model_window_frames=1023))  # new options: not the cached answer
 
 
+def test_a_window_whose_sessions_could_not_build_their_cache_stops_the_start(tiny: Path) -> None:
+    """The estimate builds a session's cache (on meta) as a session would: a window the RoPE table cannot re-base
+    under (1024 of the tiny model's 1024 positions) is a start error naming the window, not a failure per session."""
+    with pytest.raises(
+        SettingsError, match=r"LINGSTREAM_MODEL_WINDOW_FRAMES=1024 / _SINK_FRAMES=6: CacheConfig: a re-base"
+    ):
+        check_model(options(tiny, 1, window=1024))
+
+
 def test_the_reference_model_has_no_estimate() -> None:
     reference = WorkerOptions(0, 1, 1, "cpu", None, 1, 1)
     assert check_model(reference) is None
