@@ -2,9 +2,10 @@
 redis-server, the reference model on threads, the embedded transport. The replica running a session is SIGKILLed;
 the other adopts it from its Redis checkpoint (same id, its slot moved in one script), and the Python client,
 connecting again through the surviving replica with the same session id and API key, gets frames of the chunks
-after the checkpoint, not a new session from chunk 0. That the reference model's frames after adoption are the
-frames of an unbroken run, bit for bit, is proven at the worker (`tests/unit/pipeline/lingbot/policy/
-test_reseed.py`): here they cross a lossy video codec.
+after the checkpoint, not a new session from chunk 0. The served page, in Chromium behind a front door (one origin
+for both replicas, as a load balancer), does the same by itself: `@lingstream/client`'s embedded link rejoins.
+That the reference model's frames after adoption are the frames of an unbroken run, bit for bit, is proven at the
+worker (`tests/unit/pipeline/lingbot/policy/test_reseed.py`): here they cross a lossy video codec.
 
 Its own module, not a test of `test_scaleout.py`: those replicas run fake workers, which cannot be rebuilt from a
 checkpoint; this one needs the reference model (each replica's start costs a torch import)."""
@@ -16,16 +17,19 @@ import contextlib
 import json
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from redis.asyncio import Redis
 
+from tests.support.browser.chromium import BROWSER_SKIPS, launch_chromium
+from tests.support.browser.pages import start_session, wait_frames
 from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
-from tests.support.front_door import FrontDoor
-from tests.support.serving import Replica, spawn_replica
+from tests.support.front_door import FrontDoor, ThreadedFrontDoor
+from tests.support.serving import Replica, spawn_replica, wait_until_ready
 from tests.support.waits import until
 from transport.base import StateStatus
 from transport.client import LiveStream, ReconnectPolicy, ServiceClient, connect
@@ -37,6 +41,10 @@ pytestmark = [
 ]
 
 TTL_S = 1.5
+# The page's test: a checkpoint lives three TTLs, and its orphan waits for the survivor's slot (held by a second
+# session until the page has been refused once; Chromium notices the dead peer after several seconds): 1.5 s would
+# let the checkpoint lapse first (the session then fails `replica_lost ... no checkpoint`, as the page duly shows).
+PAGE_TTL_S = 6.0
 PREFIX = "lingstream:admission:"
 KEY = "adoption-test-key-0123456789abcd"
 CONFIG = {"width": 64, "height": 48, "chunk_size": 1, "hud": False, "seed": 11}
@@ -187,3 +195,127 @@ async def _no_slots(raw: Redis) -> bool:
     orphans = await raw.zcard(f"{PREFIX}orphans")
     checkpoints = [key async for key in raw.scan_iter(match=f"{PREFIX}ckpt:*")]
     return not held and orphans == 0 and not checkpoints
+
+
+def _in_chromium(test: Callable[..., None]) -> Callable[..., None]:
+    for mark in (pytest.mark.browser, *BROWSER_SKIPS):
+        test = mark(test)
+    return test
+
+
+@_in_chromium
+def test_the_page_rejoins_by_itself_when_its_replica_is_killed(tmp_path: Path) -> None:
+    """The page keeps playing the same session through the loss of its replica: no new create, no error shown,
+    `recovering` then frames of the chunks after the checkpoint on a new peer connection to the adopter.
+
+    The adoption is held back until the page has tried to rejoin and been refused (409: the registry names the dead
+    replica, or the orphan is on no transport yet), which a page must ride out: a second session fills the survivor's
+    one slot meanwhile, and the test frees it once the page's connection line shows the refusal. Without that order
+    the page's loss detection (Chromium notices a dead peer after some seconds) could outlast the adoption and the
+    refusal path would go untried."""
+    with RedisServer(tmp_path) as server:
+        raw = redis.Redis.from_url(server.url)
+        replicas: dict[str, Replica] = {}
+        try:
+            for name in ("r1", "r2"):
+                log = tmp_path / f"{name}.log"
+                process, port = spawn_replica(
+                    log,
+                    redis_url=server.url,
+                    replica_id=name,
+                    worker_factory=None,
+                    LINGSTREAM_REPLICA_TTL=str(PAGE_TTL_S),
+                    LINGSTREAM_TORCH_THREADS="1",
+                )
+                replicas[name] = Replica(name, process, port, log)
+            for replica in replicas.values():
+                wait_until_ready(replica.url, replica.process, replica.output, within_s=STARTUP_S)
+            first, second = replicas["r1"], replicas["r2"]
+            with ThreadedFrontDoor([first.port, second.port]) as door, launch_chromium() as browser:
+                page = browser.new_context().new_page()
+                page.set_default_timeout(60_000)
+                page_errors: list[str] = []
+                page.on("pageerror", lambda error: page_errors.append(str(error)))
+                page.goto(door.url)
+                page.wait_for_function("window.lingstream !== undefined")
+                start_session(page, CONFIG["width"], CONFIG["height"])
+                wait_frames(page, 10)
+                sid = page.evaluate("window.lingstream.sessionId")
+                assert raw.hget(f"{PREFIX}t:{sid}", "replica") == b"r1"
+                deadline = time.monotonic() + 15
+                while not raw.hget(f"{PREFIX}t:{sid}", "ad"):
+                    assert time.monotonic() < deadline, "the session was not marked adoptable"
+                    time.sleep(0.05)  # polling Redis against a deadline
+                blocker = httpx.post(f"{second.url}/v1/sessions", json={"config": CONFIG}, timeout=15).json()["id"]
+                assert raw.hget(f"{PREFIX}t:{blocker}", "replica") == b"r2", "the blocker holds the survivor's slot"
+                page.evaluate(
+                    """() => { window.seenStates = []; window.seenLines = [];
+                       window.lingstream.session.on("state", ({ state }) => window.seenStates.push(state));
+                       window.lingstream.session.on("connection", ({ text }) => window.seenLines.push(text)); }"""
+                )
+                generation = page.evaluate("window.lingstream.generation")
+
+                killed_at = time.monotonic()
+                first.process.send_signal(signal.SIGKILL)
+                first.process.wait(timeout=10)
+                frames_at_kill = page.evaluate("window.lingstream.frames")
+                resume_at = json.loads(raw.get(f"{PREFIX}ckpt:h:{sid}") or b"{}")["next_chunk"]
+
+                # A hiccup: recovering; the page's tries are refused while nobody has adopted the session; once the
+                # survivor has room it adopts it and the same session plays again on a new peer connection.
+                seen = "() => ({ states: seenStates, lines: seenLines, errors: window.lingstream.session.errors })"
+                try:
+                    page.wait_for_function("window.seenStates.includes('recovering')", timeout=30_000)
+                    page.wait_for_function(
+                        "window.seenLines.some((line) => line.startsWith('offer refused: 409'))", timeout=30_000
+                    )
+                except Exception:
+                    print(f"the page saw: {page.evaluate(seen)}; Redis: {raw.hgetall(f'{PREFIX}t:{sid}')}")
+                    raise
+                assert raw.hget(f"{PREFIX}t:{sid}", "replica") != b"r2", "adopted before the page was refused"
+                cancelled = httpx.delete(f"{second.url}/v1/sessions/{blocker}", params={"mode": "cancel"}, timeout=15)
+                assert cancelled.status_code == 200, cancelled.text
+                try:
+                    page.wait_for_function(
+                        """([frames, chunk, generation]) => window.lingstream.state === "running"
+                           && window.lingstream.generation > generation && window.lingstream.frames > frames + 10
+                           && window.lingstream.lastChunk !== null && window.lingstream.lastChunk.index >= chunk""",
+                        arg=[frames_at_kill, resume_at, generation],
+                        timeout=45_000,
+                    )
+                except Exception:
+                    print(f"the page saw: {page.evaluate(seen)}; Redis: {raw.hgetall(f'{PREFIX}t:{sid}')}")
+                    raise
+                rejoined_s = time.monotonic() - killed_at
+                assert page.evaluate("window.lingstream.sessionId") == sid
+                assert raw.hget(f"{PREFIX}t:{sid}", "replica") == b"r2"
+                assert page.evaluate("window.lingstream.session.errors") == []
+                assert not page.evaluate("document.getElementById('message').classList.contains('error')")
+                assert page.evaluate("window.lingstream.ended") is False
+                listed = httpx.get(f"{door.url}/v1/sessions", timeout=10).json()["sessions"]
+                assert sorted(body["id"] for body in listed) == sorted([sid, blocker]), "the page created no other"
+                metrics = httpx.get(f"{second.url}/metrics", timeout=10).text
+                assert 'lingstream_sessions_recovered_total{cause="replica_lost"} 1.0' in metrics
+
+                page_lines_refused = page.evaluate(
+                    "window.seenLines.filter((line) => line.startsWith('offer refused')).length"
+                )
+                page.click("#stop")
+                page.wait_for_function("window.lingstream.done === 'client_stop'")
+                assert page_errors == []
+            refused = page_lines_refused
+            print(
+                f"the page played again {rejoined_s:.2f} s after the kill (TTL {PAGE_TTL_S} s; {refused} refused tries "
+                f"before the survivor had room); routed {door.connections}"
+            )
+            assert "Traceback" not in second.output()
+        except BaseException:
+            for replica in replicas.values():
+                print(f"--- {replica.name}\n{replica.output()[-8000:]}")
+            raise
+        finally:
+            for replica in replicas.values():
+                if replica.process.poll() is None:
+                    replica.process.kill()
+                replica.process.wait(timeout=10)
+            raw.close()

@@ -6,6 +6,9 @@ on the test's event loop, on loopback.
     async with FrontDoor([r1.port, r2.port]) as door:
         client = ServiceClient(door.url)
 
+`ThreadedFrontDoor` is the same on an event loop of its own, on a thread, for a synchronous test (Playwright's sync
+API drives the page in Chromium: the browser's WebRTC media still goes to the replica's own candidates).
+
 Why not a real proxy: the property a test needs is only "a connection the dead replica refuses goes to a live one",
 which a dozen lines give without a binary to install; a real load balancer's health checks would only delay it.
 """
@@ -14,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Sequence
 from types import TracebackType
 
-__all__ = ["FrontDoor"]
+__all__ = ["FrontDoor", "ThreadedFrontDoor"]
 
 _PIPE_BYTES = 1 << 16
 
@@ -85,3 +89,35 @@ async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> Non
         pass
     finally:
         sink.close()
+
+
+class ThreadedFrontDoor:
+    """A `FrontDoor` on its own event loop and thread, for synchronous tests: `with ThreadedFrontDoor(ports)`."""
+
+    def __init__(self, ports: Sequence[int]) -> None:
+        self._door = FrontDoor(ports)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="front-door", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return self._door.url
+
+    @property
+    def connections(self) -> dict[int, int]:
+        return self._door.connections
+
+    def __enter__(self) -> ThreadedFrontDoor:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._door.__aenter__(), self._loop).result(timeout=10)
+        return self
+
+    def __exit__(
+        self, _type: type[BaseException] | None, _exc: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self._door.__aexit__(None, None, None), self._loop).result(timeout=10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.close()

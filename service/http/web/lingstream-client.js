@@ -349,10 +349,105 @@ var Controls = class {
   }
 };
 
+// packages/client/src/types.ts
+var TERMINAL_STATES = /* @__PURE__ */ new Set(["closed", "expired", "failed", "cancelled"]);
+var STREAMING_STATES = /* @__PURE__ */ new Set(["running", "paused", "recovering", "draining"]);
+
+// packages/client/src/rejoin.ts
+var REJOIN_BUDGET_MS = 6e4;
+var REJOIN_BACKOFF_MS = [0, 500, 1e3, 2e3, 3e3];
+var OPEN_TIMEOUT_MS = 1e4;
+var FINAL_REFUSALS = /* @__PURE__ */ new Set([401, 403, 404]);
+var Rejoin = class {
+  /** A link that has never connected starts in an outage at `now`: its first connection takes the same path. */
+  constructor(now, budgetMs = REJOIN_BUDGET_MS, backoffMs = REJOIN_BACKOFF_MS) {
+    this.budgetMs = budgetMs;
+    this.backoffMs = backoffMs;
+    this.since = now;
+  }
+  budgetMs;
+  backoffMs;
+  phase = "probing";
+  /** Outages so far, and tries in the current one (probes). */
+  outages = 0;
+  tries = 0;
+  since;
+  /** How long the current outage has lasted (0 when connected). */
+  outageMs(now) {
+    return this.phase === "connected" || this.phase === "ended" ? 0 : now - this.since;
+  }
+  /** The first connection: offer at once (the session streams: that is why it is joined). */
+  start() {
+    this.phase = "offering";
+    return { action: "offer", openWithinMs: OPEN_TIMEOUT_MS };
+  }
+  /** The control path opened: the outage (if any) is over. */
+  opened() {
+    if (this.phase === "ended") return;
+    this.phase = "connected";
+    this.tries = 0;
+  }
+  /**
+   * The peer connection failed, its data channel closed, or an offer did not open in time. From CONNECTED this
+   * starts an outage (probe at once); while OFFERING it is one more failed try (probe after the backoff); while
+   * PROBING nothing changes (a probe is already due).
+   */
+  lost(now) {
+    if (this.phase === "ended" || this.phase === "probing") return { action: "none" };
+    if (this.phase === "connected") {
+      this.outages += 1;
+      this.since = now;
+    }
+    return this.probeLater(now);
+  }
+  /** The service's answer to a probe or an offer. */
+  answered(now, answer) {
+    if (this.phase === "ended" || this.phase === "connected") return { action: "none" };
+    if (answer.kind === "session") {
+      if (TERMINAL_STATES.has(answer.status)) {
+        this.phase = "ended";
+        return { action: "over" };
+      }
+      if (answer.status === "queued") return this.probeLater(now);
+      this.phase = "offering";
+      return { action: "offer", openWithinMs: OPEN_TIMEOUT_MS };
+    }
+    if (answer.kind === "refused" && FINAL_REFUSALS.has(answer.status)) {
+      this.phase = "ended";
+      return { action: "give_up", code: answer.code, message: answer.message };
+    }
+    return this.probeLater(now);
+  }
+  /** The caller lets go (the session ends or closes): nothing more is asked. */
+  end() {
+    this.phase = "ended";
+  }
+  probeLater(now) {
+    const left = this.since + this.budgetMs - now;
+    if (left <= 0) {
+      this.phase = "ended";
+      return {
+        action: "give_up",
+        code: "connection_lost",
+        message: `not reconnected within ${Math.round(this.budgetMs / 1e3)} s`
+      };
+    }
+    const wait = this.backoffMs[Math.min(this.tries, this.backoffMs.length - 1)] ?? 0;
+    this.tries += 1;
+    this.phase = "probing";
+    return { action: "probe", afterMs: Math.min(wait, left) };
+  }
+};
+
 // packages/client/src/embedded.ts
 var GATHER_TIMEOUT_MS = 3e3;
 var DISCONNECTED_GRACE_MS = 2e3;
-var RETRY_MS = [500, 1e3, 2e3, 4e3, 4e3, 4e3];
+function answerOf(error) {
+  if (error instanceof ApiError) {
+    return { kind: "refused", status: error.status, code: error.code, message: error.message };
+  }
+  return { kind: "unreachable", message: error instanceof Error ? error.message : String(error) };
+}
 function gathered(pc) {
   if (pc.iceGatheringState === "complete") return Promise.resolve();
   return new Promise((resolve) => {
@@ -366,29 +461,89 @@ function gathered(pc) {
   });
 }
 var EmbeddedLink = class {
-  /** refresh: fresh viewer details (viewers only: a viewer whose credential expired gets a new one). */
-  constructor(api, details, handlers, refresh = null) {
+  constructor(api, details, handlers, options) {
     this.api = api;
     this.details = details;
     this.handlers = handlers;
-    this.refresh = refresh;
+    this.clock = options.clock ?? systemClock;
+    this.sessionId = options.sessionId;
+    this.refresh = options.refresh ?? null;
+    this.rejoin = new Rejoin(this.clock.now(), options.rejoinBudgetMs);
   }
   api;
   details;
   handlers;
-  refresh;
   kind = "embedded";
   pc = null;
   generation = 0;
+  rejoin;
   channel = null;
   closed = false;
+  /** The one pending step: a probe, an offer's open deadline, or the disconnected grace. */
   timer = null;
-  failures = 0;
-  /** Offer a new peer connection (the first one, or a rebind replacing the current one). */
+  clock;
+  sessionId;
+  refresh;
+  /** The newest snapshot a probe read, handed to the session when the link opens again. */
+  probed = null;
+  /** The first connection; later ones follow from `Rejoin`'s steps. */
   async connect() {
+    await this.step(this.rejoin.start());
+  }
+  async step(step) {
     if (this.closed) return;
-    if (this.timer !== null) clearTimeout(this.timer);
+    this.clearTimer();
+    switch (step.action) {
+      case "probe":
+        this.timer = this.clock.setTimeout(() => {
+          this.timer = null;
+          void this.probe();
+        }, step.afterMs);
+        return;
+      case "offer":
+        await this.offer(step.openWithinMs);
+        return;
+      case "over":
+        if (this.probed !== null) this.handlers.onSnapshot?.(this.probed);
+        return;
+      case "give_up":
+        this.handlers.onFatal(new Error(step.message), step.code);
+        return;
+      case "none":
+        return;
+    }
+  }
+  clearTimer() {
+    if (this.timer !== null) this.clock.clearTimeout(this.timer);
     this.timer = null;
+  }
+  // The peer connection or its channel died (or did not open in time): an outage starts, or goes on.
+  lost(why) {
+    if (this.closed) return;
+    const starts = this.rejoin.phase === "connected";
+    const step = this.rejoin.lost(this.clock.now());
+    if (starts && step.action !== "none") this.handlers.onLost?.(why);
+    void this.step(step);
+  }
+  // Ask the service whether the session is still on.
+  async probe() {
+    let answer;
+    try {
+      const { body } = await this.api.getSession(this.sessionId);
+      this.probed = body;
+      answer = { kind: "session", status: body.status, reason: body.reason ?? null };
+    } catch (error) {
+      answer = answerOf(error);
+    }
+    if (this.closed) return;
+    this.handlers.onState(
+      answer.kind === "session" ? `reconnecting: the session is ${answer.status}` : `reconnecting: ${answer.kind === "refused" ? `${answer.status} ${answer.code}` : answer.message}`
+    );
+    await this.step(this.rejoin.answered(this.clock.now(), answer));
+  }
+  /** Offer a new peer connection (the first one, or a rebind replacing the current one). */
+  async offer(openWithinMs) {
+    if (this.closed) return;
     const generation = ++this.generation;
     if (this.pc) this.pc.close();
     const pc = new RTCPeerConnection({ iceServers: [] });
@@ -398,7 +553,15 @@ var EmbeddedLink = class {
     const channel = pc.createDataChannel(this.details.data_channel || "control");
     this.channel = channel;
     channel.onopen = () => {
-      if (current()) this.handlers.onOpen();
+      if (!current()) return;
+      this.clearTimer();
+      const wasOut = this.rejoin.outages > 0;
+      this.rejoin.opened();
+      if (wasOut && this.probed !== null) this.handlers.onSnapshot?.(this.probed);
+      this.handlers.onOpen();
+    };
+    channel.onclose = () => {
+      if (current()) this.lost(`the control channel closed (peer connection ${generation})`);
     };
     channel.onmessage = (event) => {
       if (!current()) return;
@@ -418,16 +581,21 @@ var EmbeddedLink = class {
       if (!current()) return;
       const state = pc.connectionState;
       this.handlers.onState(`${state} (peer connection ${generation})`);
-      if (state === "connected") {
-        this.failures = 0;
-        if (this.timer !== null) clearTimeout(this.timer);
-        this.timer = null;
+      if (state === "connected" && this.rejoin.phase === "connected") {
+        this.clearTimer();
       } else if (state === "failed") {
-        this.reconnectLater(0);
-      } else if (state === "disconnected") {
-        this.reconnectLater(DISCONNECTED_GRACE_MS);
+        this.lost(`the peer connection failed (${generation})`);
+      } else if (state === "disconnected" && this.rejoin.phase === "connected" && this.timer === null) {
+        this.timer = this.clock.setTimeout(() => {
+          this.timer = null;
+          if (current() && pc.connectionState !== "connected") this.lost(`the peer connection stayed disconnected`);
+        }, DISCONNECTED_GRACE_MS);
       }
     };
+    this.timer = this.clock.setTimeout(() => {
+      this.timer = null;
+      if (current() && this.rejoin.phase === "offering") this.lost(`peer connection ${generation} did not open`);
+    }, openWithinMs);
     try {
       await pc.setLocalDescription(await pc.createOffer());
       await gathered(pc);
@@ -438,31 +606,25 @@ var EmbeddedLink = class {
       await pc.setRemoteDescription(body);
     } catch (error) {
       if (!current()) return;
-      const status = error instanceof ApiError ? error.status : 0;
-      if (status === 404 || status === 409) {
-        this.handlers.onFatal(error);
-        return;
-      }
-      if (status === 401 && this.refresh !== null) {
+      if (error instanceof ApiError && error.status === 401 && this.refresh !== null) {
         try {
           const fresh = await this.refresh();
           if (fresh.kind === "embedded") this.details = fresh;
+          this.handlers.onState("offer refused (401): the viewer's credential was renewed");
+          await this.step(this.rejoin.answered(this.clock.now(), { kind: "unreachable", message: "renewed" }));
+          return;
         } catch (refreshError) {
+          this.rejoin.end();
           this.handlers.onFatal(refreshError);
           return;
         }
       }
-      this.handlers.onState(`offer failed: ${error.message}`);
-      this.reconnectLater(RETRY_MS[Math.min(this.failures++, RETRY_MS.length - 1)]);
+      const answer = answerOf(error);
+      this.handlers.onState(
+        answer.kind === "refused" ? `offer refused: ${answer.status} ${answer.code}` : `offer failed: ${answer.message}`
+      );
+      await this.step(this.rejoin.answered(this.clock.now(), answer));
     }
-  }
-  reconnectLater(delay) {
-    if (this.closed || this.timer !== null) return;
-    this.timer = setTimeout(() => {
-      this.timer = null;
-      const state = this.pc ? this.pc.connectionState : "closed";
-      if (!this.closed && state !== "connected") void this.connect();
-    }, delay);
   }
   send(message) {
     if (this.channel === null || this.channel.readyState !== "open") return false;
@@ -471,8 +633,8 @@ var EmbeddedLink = class {
   }
   close() {
     this.closed = true;
-    if (this.timer !== null) clearTimeout(this.timer);
-    this.timer = null;
+    this.rejoin.end();
+    this.clearTimer();
     if (this.pc) this.pc.close();
     this.channel = null;
     return Promise.resolve();
@@ -942,10 +1104,6 @@ var LiveKitLink = class {
   }
 };
 
-// packages/client/src/types.ts
-var TERMINAL_STATES = /* @__PURE__ */ new Set(["closed", "expired", "failed", "cancelled"]);
-var STREAMING_STATES = /* @__PURE__ */ new Set(["running", "paused", "recovering", "draining"]);
-
 // packages/client/src/session.ts
 var MAX_PROMPT_BYTES = 512;
 var HISTORY = 64;
@@ -958,7 +1116,19 @@ function utf8Bytes(text) {
 }
 var defaultLoader = () => import("livekit-client");
 async function createSession(options) {
-  const { baseUrl, apiKey, tokenProvider, livekitClient, frameMetadataWorker, jitterBufferTargetMs, fetch: fetch2, clock, logger, ...body } = options;
+  const {
+    baseUrl,
+    apiKey,
+    tokenProvider,
+    livekitClient,
+    frameMetadataWorker,
+    jitterBufferTargetMs,
+    rejoinBudgetMs,
+    fetch: fetch2,
+    clock,
+    logger,
+    ...body
+  } = options;
   const api = new Api({ baseUrl, apiKey, fetch: fetch2 });
   let credential = apiKey ? "key" : "none";
   if (tokenProvider !== void 0) {
@@ -1185,10 +1355,17 @@ var Session = class {
         this.connection = text;
         this.emit("connection", { phase: "state", text });
       }),
-      onFatal: (error) => this.guard(() => {
-        this.fail("connection_lost", `the connection cannot be restored: ${error.message}`);
+      onFatal: (error, code) => this.guard(() => {
+        this.fail(code ?? "connection_lost", `the connection cannot be restored: ${error.message}`);
         this.finish();
-      })
+      }),
+      onLost: (why) => this.guard(() => {
+        if (this.terminal) return;
+        this.state = "recovering";
+        this.detail = `reconnecting: ${why}`;
+        this.emit("state", { state: this.state, detail: this.detail });
+      }),
+      onSnapshot: (snapshot) => this.guard(() => this.onSnapshot(snapshot))
     };
   }
   fail(code, message) {
@@ -1220,12 +1397,13 @@ var Session = class {
       const refresh = () => this.freshDetails(id);
       let link;
       if (details.kind === "embedded") {
+        const embedded = { sessionId: id, clock: this.clock, rejoinBudgetMs: this.options.rejoinBudgetMs };
         if (this.role === "viewer") {
           const own = fetched ?? await this.freshDetails(id);
           if (own.kind !== "embedded") throw new Error(`the viewer's details are for ${own.kind}`);
-          link = new EmbeddedLink(this.api, own, this.handlers(), refresh);
+          link = new EmbeddedLink(this.api, own, this.handlers(), { ...embedded, refresh });
         } else {
-          link = new EmbeddedLink(this.api, details, this.handlers());
+          link = new EmbeddedLink(this.api, details, this.handlers(), embedded);
         }
       } else if (details.kind === "livekit") {
         const fresh = fetched ?? await this.freshDetails(id);
@@ -1482,8 +1660,12 @@ export {
   LingstreamError,
   LiveKitLink,
   MAX_PROMPT_BYTES,
+  OPEN_TIMEOUT_MS,
+  REJOIN_BACKOFF_MS,
+  REJOIN_BUDGET_MS,
   REPEAT_TICKS,
   RESEND_MS,
+  Rejoin,
   STREAMING_STATES,
   Session,
   TERMINAL_STATES,

@@ -1,7 +1,7 @@
 // What a session asks of a transport link (embedded WebRTC or LiveKit): connect, send control, close; and what a link
 // tells the session through its handlers.
 
-import type { StatusMessage } from "./types.js";
+import type { SessionSnapshot, StatusMessage } from "./types.js";
 
 export interface LinkHandlers {
   /** The control path opened (again): the session sends its held keys. */
@@ -10,8 +10,12 @@ export interface LinkHandlers {
   onStream(stream: MediaStream, receiver: RTCRtpReceiver | null): void;
   /** A line on the connection's state, for people. */
   onState(text: string): void;
-  /** The link cannot be restored (the session is gone or ending). */
-  onFatal(error: Error): void;
+  /** The link cannot be restored: `code` is the service's refusal (`session_not_found`, ...) or `connection_lost`. */
+  onFatal(error: Error, code?: string): void;
+  /** The link lost its connection while the session may go on: it is reconnecting (embedded: `Rejoin`). */
+  onLost?(why: string): void;
+  /** The session as the service described it while the link reconnected (at the reopen, or when it is over). */
+  onSnapshot?(snapshot: SessionSnapshot): void;
 }
 
 /** A refusal of a discrete command by the service (LiveKit RPC): its stable code and message. */

@@ -103,6 +103,11 @@ export interface SessionOptions {
   frameMetadataWorker?: () => Worker | null;
   /** Ask the receiver to hold at most about this much video (ms) before showing it; default the browser's choice. */
   jitterBufferTargetMs?: number | null;
+  /**
+   * Embedded transport: how long the link may try to rejoin after losing its connection (a network blip, the loss
+   * of the replica that ran the session) before giving up with `connection_lost`; default REJOIN_BUDGET_MS (60 s).
+   */
+  rejoinBudgetMs?: number;
   fetch?: FetchLike;
   clock?: Clock;
   logger?: Logger;
@@ -123,8 +128,19 @@ const defaultLoader = (): Promise<LiveKitModule> => import("livekit-client");
  * the create is refused (429 with `retryAfter` when every slot is taken and the queue is full).
  */
 export async function createSession(options: CreateOptions): Promise<Session> {
-  const { baseUrl, apiKey, tokenProvider, livekitClient, frameMetadataWorker, jitterBufferTargetMs, fetch, clock, logger, ...body } =
-    options;
+  const {
+    baseUrl,
+    apiKey,
+    tokenProvider,
+    livekitClient,
+    frameMetadataWorker,
+    jitterBufferTargetMs,
+    rejoinBudgetMs,
+    fetch,
+    clock,
+    logger,
+    ...body
+  } = options;
   const api = new Api({ baseUrl, apiKey, fetch });
   let credential: Credential = apiKey ? "key" : "none";
   if (tokenProvider !== undefined) {
@@ -381,11 +397,20 @@ export class Session {
           this.connection = text;
           this.emit("connection", { phase: "state", text });
         }),
-      onFatal: (error) =>
+      onFatal: (error, code) =>
         this.guard(() => {
-          this.fail("connection_lost", `the connection cannot be restored: ${error.message}`);
+          this.fail(code ?? "connection_lost", `the connection cannot be restored: ${error.message}`);
           this.finish();
         }),
+      onLost: (why) =>
+        this.guard(() => {
+          // A hiccup, not an error: the link rejoins through the service (any replica) while the session goes on.
+          if (this.terminal) return;
+          this.state = "recovering";
+          this.detail = `reconnecting: ${why}`;
+          this.emit("state", { state: this.state, detail: this.detail });
+        }),
+      onSnapshot: (snapshot) => this.guard(() => this.onSnapshot(snapshot)),
     };
   }
 
@@ -420,12 +445,13 @@ export class Session {
       const refresh = (): Promise<JoinDetails> => this.freshDetails(id);
       let link: Link;
       if (details.kind === "embedded") {
+        const embedded = { sessionId: id, clock: this.clock, rejoinBudgetMs: this.options.rejoinBudgetMs };
         if (this.role === "viewer") {
           const own = fetched ?? (await this.freshDetails(id));
           if (own.kind !== "embedded") throw new Error(`the viewer's details are for ${own.kind}`);
-          link = new EmbeddedLink(this.api, own, this.handlers(), refresh);
+          link = new EmbeddedLink(this.api, own, this.handlers(), { ...embedded, refresh });
         } else {
-          link = new EmbeddedLink(this.api, details, this.handlers());
+          link = new EmbeddedLink(this.api, details, this.handlers(), embedded);
         }
       } else if (details.kind === "livekit") {
         const fresh = fetched ?? (await this.freshDetails(id)); // tokens are short-lived: the create's may be stale
