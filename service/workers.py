@@ -276,22 +276,33 @@ def attention_plan(options: WorkerOptions) -> AttentionPlan | None:
         raise SettingsError(f"cannot start: LINGSTREAM_ATTENTION={options.attention}: {exc}") from None
 
 
-def model_start(settings: Settings, workers: Sequence[BidirectionalService]) -> dict[str, object] | None:
-    """What `/readyz` shows of the first lingbot-fast worker's start: its attention (`attention_plan`) and its
-    warm-up (`LINGSTREAM_WARMUP_CHUNKS`): the chunks run and, on threads, the seconds they took (on processes each
-    DiT rank warms up in its own process and logs its seconds; `seconds` is null). None for the reference model."""
+def model_start(settings: Settings, workers: Sequence[BidirectionalService]) -> Callable[[], dict[str, object]] | None:
+    """What `/readyz` shows of the first lingbot-fast worker's start, as a function it calls: the compile mode, the
+    attention (`attention_plan`) and the warm-up (`LINGSTREAM_WARMUP_CHUNKS`): the chunks run, their resolution and
+    seconds — on threads measured while the worker was built, on processes reported by the DiT group's rank 0 when
+    it became ready (`pipeline.process.ReportsReady`), so null until then. None for the reference model."""
     options = worker_options(settings)[0]
     plan = attention_plan(options)
     if plan is None:
         return None
+    from pipeline.lingbot.models.warmup import WarmUp
     from pipeline.lingbot.policy.service import LingBotService
 
-    fast = lingbot_fast_options(options)
-    warmup: dict[str, object] = {"chunks": fast.warm_up_chunks(), "seconds": None, "resolution": None}
+    chunks = lingbot_fast_options(options).warm_up_chunks()
     first = workers[0] if workers else None
-    if isinstance(first, LingBotService) and first.warmed_up is not None:
-        warmup = first.warmed_up.to_mapping()
-    return {"compile": options.compile, "attention": plan.to_mapping(), "warmup": warmup}
+
+    def current() -> dict[str, object]:
+        warmup: dict[str, object] = {"chunks": chunks, "seconds": None, "resolution": None}
+        if isinstance(first, LingBotService):
+            report = first.warmed_up
+            if report is None:
+                reports = (stats.ready_report for stats in first.worker_statistics().values())
+                report = next((item for item in reports if isinstance(item, WarmUp)), None)
+            if report is not None:
+                warmup = report.to_mapping()
+        return {"compile": options.compile, "attention": plan.to_mapping(), "warmup": warmup}
+
+    return current
 
 
 def model_memory(settings: Settings) -> MemoryEstimate | None:

@@ -46,7 +46,7 @@ from pipeline.process._protocol import (
     TCPStore,
     describe_exception,
 )
-from pipeline.process.records import StageFactory, WorkerContext
+from pipeline.process.records import ReportsReady, StageFactory, WorkerContext
 
 __all__: list[str] = []
 
@@ -85,10 +85,13 @@ def worker_main(
             stage = factory(context)
             if not isinstance(stage, Stage):
                 raise TypeError(f"stage_factory returned {type(stage).__name__}, which has no process()/release()")
+            report = None  # rank 0 answers for the group (ReportsReady)
+            if context.rank == 0 and isinstance(stage, ReportsReady):
+                report = bytes(ForkingPickler.dumps(stage.ready_report()))
         except Exception as exc:
             send(Reply(context.rank, START_FAILED, error=describe_exception(exc), detail=traceback.format_exc()))
             return
-        send(Reply(context.rank, READY))
+        send(Reply(context.rank, READY, payload=report))
         if context.lanes > 1:
             _serve_lanes(stage, requests, context, parts, send)
             return

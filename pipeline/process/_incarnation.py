@@ -86,6 +86,7 @@ class Incarnation:
         self.running = False
         self.broken: str | None = None  # why a rank failed while STARTING, even after `ready` resolved
         self.ready_at: float | None = None
+        self.ready_report: object = None  # rank 0's stage's `ReportsReady.ready_report()`
         self.spawner: asyncio.Future[None] | None = None  # `spawn_ranks` on its thread
         self.closer: asyncio.Future[None] | None = None
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from pipeline.actor import Stage, StageCall
 from pipeline.errors import PipelineSpecError
@@ -21,6 +21,7 @@ __all__ = [
     "ParallelWorkerConfig",
     "PartListener",
     "PartSender",
+    "ReportsReady",
     "StageFactory",
     "WorkerContext",
     "WorkerState",
@@ -197,6 +198,15 @@ WORKER_TRANSITIONS: Mapping[WorkerState, frozenset[WorkerState]] = {
 _TERMINAL_STATES = frozenset({WorkerState.STOPPED})
 
 
+@runtime_checkable
+class ReportsReady(Protocol):
+    """A stage with something to say once it is built (e.g. how long its model warmed up): rank 0's
+    `ready_report()`, pickled, rides on its "ready" reply and is kept as `WorkerStatistics.ready_report` of that
+    incarnation. A report that cannot be pickled fails the start like a stage factory that raised."""
+
+    def ready_report(self) -> object: ...
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerStatistics:
     """A snapshot of one `ParallelWorker`.
@@ -227,3 +237,5 @@ class WorkerStatistics:
     backoff_s: float
     parts: int
     dropped_parts: int
+    ready_report: object = None
+    """What rank 0's stage reported when it was built (`ReportsReady`), for the incarnation now running; None: none."""

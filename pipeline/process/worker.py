@@ -190,6 +190,7 @@ class ParallelWorker:
             backoff_s=self._backoff_s,
             parts=self._parts,
             dropped_parts=self._dropped_parts,
+            ready_report=self._current.ready_report if self._current is not None else None,
         )
 
     def add_death_listener(self, listener: DeathListener) -> None:
@@ -328,6 +329,8 @@ class ParallelWorker:
 
     def _on_reply(self, inc: Incarnation, reply: Reply, value: object) -> None:
         if reply.kind == READY:
+            if reply.rank == 0:
+                inc.ready_report = value
             inc.ranks_ready.add(reply.rank)
             if len(inc.ranks_ready) == len(inc.processes) and not inc.ready.done():
                 inc.ready.set_result(None)

@@ -34,7 +34,7 @@ import ipaddress
 import math
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -629,11 +629,11 @@ async def ready(request: Request, runtime: Runtime) -> Response:
     if readiness.ready:
         body: dict[str, object] = {"status": "ready"}
         memory: dict[str, object] | None = request.app.state.model_memory
-        start: dict[str, object] | None = request.app.state.model_start
+        start: Callable[[], dict[str, object]] | None = request.app.state.model_start
         if memory is not None:
             body["model_memory"] = memory
         if start is not None:
-            body["model_start"] = start
+            body["model_start"] = start()
         return JSONResponse(body)
     return JSONResponse(error_body(readiness.code or "not_ready", readiness.reason or "not ready"), status_code=503)
 

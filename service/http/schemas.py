@@ -336,7 +336,7 @@ class ModelWarmUpBody(BaseModel):
     """The warm-up chunks a lingbot-fast worker ran before it reported ready (LINGSTREAM_WARMUP_CHUNKS)."""
 
     chunks: int
-    seconds: float | None = Field(description="How long they took (null on processes: each DiT rank logs its own).")
+    seconds: float | None = Field(description="How long they took (null while a processes worker is not ready).")
     resolution: str | None = Field(description="The throwaway session's WIDTHxHEIGHT.")
 
 

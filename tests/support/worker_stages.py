@@ -104,6 +104,26 @@ def all_reduce_stage(ctx: WorkerContext) -> AllReduceStage:
     return AllReduceStage(ctx)
 
 
+class ReportingStage:
+    """`ReportsReady`: says which rank built it and with which options (only rank 0's report reaches the parent)."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
+
+    def ready_report(self) -> object:
+        return {"rank": self._ctx.rank, "world_size": self._ctx.world_size, "pid": os.getpid()}
+
+    def process(self, call: StageCall) -> Mapping[str, object]:
+        return {"rank": self._ctx.rank}
+
+    def release(self, session_id: str) -> None:
+        return None
+
+
+def reporting_stage(ctx: WorkerContext) -> ReportingStage:
+    return ReportingStage(ctx)
+
+
 class ProducerStage:
     """Sends `arange(n) * scale` (on the rank's device) through the channel and returns only its `TensorRef`."""
 

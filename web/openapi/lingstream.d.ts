@@ -595,7 +595,7 @@ export interface components {
             chunks: number;
             /**
              * Seconds
-             * @description How long they took (null on processes: each DiT rank logs its own).
+             * @description How long they took (null while a processes worker is not ready).
              */
             seconds: number | null;
             /**

@@ -58,7 +58,7 @@ from pipeline.lingbot.graph.stages import (
     LatentArtifact,
 )
 from pipeline.lingbot.seam import ChunkCondition, ModelShard, WorldModelFactory
-from pipeline.process import PartSender, TensorRef, WorkerContext, WorkerTensorChannel
+from pipeline.process import PartSender, ReportsReady, TensorRef, WorkerContext, WorkerTensorChannel
 
 __all__ = [
     "LATENT_CHANNEL_TIMING",
@@ -357,7 +357,8 @@ class DenoiseGroupStage:
         self._world_size = ctx.world_size
         self._device = torch.device(ctx.device)
         shard = ModelShard(ctx.device, ctx.rank, ctx.world_size, options.dtype)
-        self._denoise = DenoiseStage(options.factory.denoiser(shard))
+        self._denoiser = options.factory.denoiser(shard)
+        self._denoise = DenoiseStage(self._denoiser)
         self._decode: tuple[DecodeStage, ChunkParts | None] | None = None
         self._colocated = options.role is GroupRole.DENOISE_DECODE
         self._stash = _LatentStash()
@@ -365,6 +366,10 @@ class DenoiseGroupStage:
             self._decode = _decode_stage(ctx, options, ModelShard(ctx.device, 0, 1, options.dtype))
         elif options.role is GroupRole.DENOISE and options.latent is None:
             raise ModelSessionError("a DiT group without co-located decode needs the latent channel")
+
+    def ready_report(self) -> object:
+        """`ReportsReady`: the denoiser's, when it has one (LingBot-World-Fast: its warm-up, `models/warmup.py`)."""
+        return self._denoiser.ready_report() if isinstance(self._denoiser, ReportsReady) else None
 
     def process(self, call: StageCall) -> Mapping[str, object]:
         if call.stage_id == DECODE_STAGE:

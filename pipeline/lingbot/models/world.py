@@ -178,6 +178,10 @@ class LingBotFastDenoiser:
         """The last `warm_up` (None: none ran)."""
         return self._warmed_up
 
+    def ready_report(self) -> WarmUp | None:
+        """`pipeline.process.ReportsReady`: on the processes placement, the warm-up reaches the service this way."""
+        return self._warmed_up
+
     def statistics(self) -> StageStatistics:
         return self._sessions.statistics()
 

@@ -27,6 +27,7 @@ from tests.support.worker_stages import (
     exploding_factory,
     make_gates,
     pids_gone,
+    reporting_stage,
 )
 
 # Every async test shares the module loop, which owns the module-scoped worker.
@@ -148,6 +149,24 @@ async def test_failed_first_start_raises_and_leaves_no_process() -> None:
 
     assert worker.state is WorkerState.STOPPED
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("lingstream-exploding")]
+
+
+@in_module_loop
+async def test_rank_0s_ready_report_rides_on_its_ready_reply_and_stays_with_the_incarnation(
+    worker: ParallelWorker,
+) -> None:
+    assert worker.statistics().ready_report is None  # a stage that reports nothing
+    reporting = ParallelWorker(
+        ParallelWorkerConfig(name="reporting", stage_factory=reporting_stage, devices=("cpu", "cpu"))
+    )
+    await reporting.start()
+    try:
+        report = reporting.statistics().ready_report
+        assert isinstance(report, dict)
+        assert (report["rank"], report["world_size"]) == (0, 2)
+        assert report["pid"] == reporting.statistics().pids[0]
+    finally:
+        await reporting.aclose()
 
 
 @in_module_loop
