@@ -19,6 +19,12 @@ Scenarios:
   (`frame_id`, `chunk`, `first_frame_id`, `first`, `repeat`) and the mean grey of its top half (`level`) and of its
   bottom half (`level_high`), away from the edge between them (`framed_fake_workers` paints two digits of the
   frame's index there).
+- `follow URL=service-url TOKEN=session-id`: the Python client (`transport.client.connect` over LiveKit) joins the
+  session, holds `w` (sent every 0.5 s), prints `{"joined": true}` once a frame is in, then reads a line from stdin:
+  the monotonic time its replica was killed (CLOCK_MONOTONIC is the machine's, shared by processes). It reads on, on
+  the same stream, until frames of two later chunks arrived after that time (or `_FOLLOW_S` passed), then stops the
+  session by RPC. Reports the chunks before and after, the first frame after the kill (`first_after_s`), the link's
+  `track_switches` (the adopter's new track) and `done`.
 - `publish`: try to publish a video track for 3 s (`published`, or the `error`).
 - `churn`: join and leave again `--times` times, each with a fresh room (`joins`: how many joins succeeded).
 - `hold`: join, print `{"joined": true}` (or the report with the SDK's `error`) at once, stay in the room until
@@ -53,6 +59,7 @@ from livekit import rtc
 from transport.livekit.ffi_exit import exit_process
 
 _WAIT_S = 20.0
+_FOLLOW_S = 60.0  # follow: how long after the kill the frames may take to come back
 MALFORMED: dict[str, bytes] = {
     "malformed_json": b"{not json",
     "unknown_type": b'{"v":1,"type":"warp"}',
@@ -251,6 +258,72 @@ async def _churn(url: str, token: str, times: int) -> dict[str, Any]:
     return {"scenario": "churn", "joined": joins > 0, "joins": joins, "errors": errors}
 
 
+async def _follow(service_url: str, session_id: str) -> dict[str, Any]:
+    from transport.client import LiveKitLink, ServiceClient, connect
+
+    report: dict[str, Any] = {"scenario": "follow"}
+    arrivals: list[tuple[float, int, bool]] = []  # (received_at, chunk index, repeat)
+    arrived = asyncio.Event()
+    async with ServiceClient(service_url) as service:
+        stream = await connect(service, await service.get(session_id))
+        link = stream.link
+        assert isinstance(link, LiveKitLink)
+
+        async def read() -> None:
+            async for frame in stream.frames():
+                if frame.chunk is not None:
+                    arrivals.append((frame.received_at, frame.chunk.index, frame.repeat))
+                    arrived.set()
+
+        async def hold() -> None:
+            while True:  # as a page does: the held keys again every half second (snapshots are idempotent)
+                await stream.send_keys(["w"])
+                await asyncio.sleep(0.5)
+
+        reader = asyncio.create_task(read())
+        holder = asyncio.create_task(hold())
+        try:
+            try:
+                async with asyncio.timeout(_WAIT_S):
+                    await arrived.wait()
+            except TimeoutError:
+                report |= {"joined": False, "error": "no labelled frame in time", "state": stream.state}
+                report |= {"statistics": str(stream.statistics()), "done_early": str(stream.done)}
+                print(json.dumps(report), flush=True)
+                return report
+            report["joined"] = True
+            print(json.dumps({"joined": True}), flush=True)
+            killed_at = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
+            last = max(c for at, c, _ in arrivals if at <= killed_at)
+
+            def new_chunks() -> list[tuple[float, int]]:  # later than any before the kill: the adopter's
+                return [(at, c) for at, c, r in arrivals if at > killed_at and not r and c > last]
+
+            deadline = time.monotonic() + _FOLLOW_S
+            while len({c for _, c in new_chunks()}) < 2 and time.monotonic() < deadline:
+                arrived.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                        await arrived.wait()
+            after = new_chunks()
+            report["before"] = sorted({c for at, c, _ in arrivals if at <= killed_at})
+            sequence = [c for at, c, r in arrivals if at > killed_at and not r]
+            report["sequence"] = [c for i, c in enumerate(sequence) if i == 0 or c != sequence[i - 1]]
+            report["after"] = sorted({c for _, c in after})
+            report["first_after_s"] = None if not after else round(after[0][0] - killed_at, 3)
+            report["track_switches"] = link.track_switches
+            report["done_early"] = None if stream.done is None else stream.done.reason
+            holder.cancel()
+            async with asyncio.timeout(_WAIT_S):
+                report["done"] = (await stream.stop()).reason
+        finally:
+            holder.cancel()
+            await asyncio.gather(holder, return_exceptions=True)
+            await stream.aclose()
+            await asyncio.gather(reader, return_exceptions=True)
+    return report
+
+
 async def _watch(room: rtc.Room, control: str) -> dict[str, Any]:
     arrivals: list[float] = []
     first = asyncio.Event()
@@ -328,6 +401,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         return await _churn(args.url, args.token, args.times)
     if args.scenario == "labels":
         return await _labels(args.url, args.token)
+    if args.scenario == "follow":
+        return await _follow(args.url, args.token)
     room = rtc.Room()
     statuses = _Statuses(args.topic_status)
     room.on("data_received", statuses.on_data)
@@ -369,7 +444,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
-        "scenario", choices=["join", "control", "foreign", "publish", "hold", "churn", "labels", "watch", "viewer"]
+        "scenario",
+        choices=["join", "control", "foreign", "publish", "hold", "churn", "labels", "watch", "viewer", "follow"],
     )
     parser.add_argument("--service", help="foreign, viewer: the service participant's identity")
     parser.add_argument("--state", action="append", default=[], help="viewer: the states to wait for, in order")

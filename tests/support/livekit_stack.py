@@ -31,7 +31,7 @@ from tests.support.livekit_server_real import LiveKitServerProcess, livekit_serv
 from tests.support.netns import HOST_A, PrivateNetwork, private_network_support
 from tests.support.serving import ROOT, free_port, lingstream
 
-__all__ = ["LiveKitStack", "another_replica", "livekit_stack", "metric", "run_client", "standin_stack"]
+__all__ = ["LiveKitStack", "another_replica", "livekit_stack", "metric", "run_client", "serve_replica", "standin_stack"]
 
 _READY_S = 90.0
 
@@ -157,6 +157,15 @@ def another_replica(stack: LiveKitStack, workdir: Path, **settings: str) -> Iter
     that entered `livekit_stack`): another replica, or another deployment, sharing the server; it gets no webhooks
     (the server sends them to the first). Drained and stopped on exit."""
     with _serve(stack.server, free_port(), workdir / "serve-2.log", settings) as replica:
+        yield replica
+
+
+@contextlib.contextmanager
+def serve_replica(server: LiveKitServerProcess, log: Path, **settings: str) -> Iterator[LiveKitStack]:
+    """One more `lingstream serve` on `server`, inside the calling thread's namespace (entered by the caller, with
+    `PrivateNetwork`, as a test that composes its own stack does: replicas on Redis started in the namespace).
+    Webhooks go to none of them. Drained and stopped on exit unless the test killed it."""
+    with _serve(server, free_port(), log, settings) as replica:
         yield replica
 
 
