@@ -73,6 +73,7 @@ def test_on_the_cpu_it_measures_steady_state_chunks_of_the_tiny_model_at_one_ran
     assert figures["dit_parameters"] == sum(p.numel() for p in LingBotFastDiT(TINY_CP_DIT).parameters())
     assert figures["flashdreams_h100_ms_per_chunk_p8"] == 393.0
     assert "cp_equal" not in figures  # nothing to compare with one rank only
+    assert figures["attention"] == "sdpa"  # LINGSTREAM_ATTENTION=auto on the CPU: PyTorch's own SDPA choice
 
 
 @pytest.mark.slow
