@@ -90,6 +90,7 @@ class ServiceConfig:
     readable by GET (the oldest are forgotten first; the admission tickets and worker records behind them too).
     `recordings` is set when `RECORDINGS_DIR` is (sessions may then be created with `"record": true`).
     `max_session_seconds` caps every session's running time (None: no cap); `max_pause` is the longest pause.
+    `drain_mode` is what a drain does with running sessions: "wait" for them, or "hand_off" to other replicas.
     """
 
     admission: AdmissionConfig
@@ -104,6 +105,7 @@ class ServiceConfig:
     recordings: RecordingLimits | None = None
     max_session_seconds: float | None = None
     max_pause: float = 300.0
+    drain_mode: str = "wait"
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServiceConfig:
@@ -148,6 +150,7 @@ class ServiceConfig:
             ),
             max_session_seconds=settings.max_session_seconds,
             max_pause=settings.max_pause,
+            drain_mode=settings.drain_mode,
         )
 
 

@@ -158,6 +158,11 @@ class Settings(BaseSettings):
         default=30.0, gt=0, le=86_400, description="Seconds a queued client may stay silent before losing its place."
     )
     drain_timeout: float = Field(default=60.0, gt=0, le=86_400, description="Seconds running sessions get on drain.")
+    drain_mode: Literal["wait", "hand_off"] = Field(
+        default="wait",
+        description="On drain (SIGTERM): wait for running sessions to end, or hand them off to other replicas with "
+        "room (the redis backend; sessions with nowhere to go wait as with 'wait').",
+    )
     max_session_seconds: float | None = Field(
         default=None,
         gt=0,

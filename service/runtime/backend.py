@@ -40,7 +40,7 @@ from typing import Protocol
 
 from admission import AdmissionEvent
 from pipeline.bidirectional import CloseMode, PortableCheckpoint, PreparedSession
-from service.runtime.records import AdmissionReport, LostSession, RuntimeTuning, SnapshotStream
+from service.runtime.records import AdmissionReport, HandOffRoom, LostSession, RuntimeTuning, SnapshotStream
 from service.runtime.sessions import Session, SessionSnapshot
 from service.usage.ledger import UsageReport, UsageTotals
 from transport.base import CallerRoom
@@ -190,7 +190,14 @@ class AdmissionBackend(Protocol):
         ...
 
     def release(self, session: Session) -> None:
-        """The admitted session ended (its final state is set): its slot goes back. Called exactly once."""
+        """The admitted session ended (its final state is set): its slot goes back. Called exactly once. A session
+        that ended here because it was handed off (`session.handing_off`) is given to admission for another replica
+        to adopt instead: its last checkpoint written first, its slot moving with it (a shared backend)."""
+        ...
+
+    async def hand_off_room(self, session: Session) -> HandOffRoom:
+        """The instance drains with `LINGSTREAM_DRAIN_MODE=hand_off`: can its running `session` go on on another
+        replica now? One instance's admission: never. Never raises (an unreachable admission: not yet)."""
         ...
 
     # ---------------------------------------------------------------------------------------------- usage

@@ -28,6 +28,7 @@ from service.runtime.limits import PAUSED_TOO_LONG, LimitsConfig, SessionDeadlin
 from service.runtime.pausing import set_paused
 from service.runtime.recordings import RecordingStore
 from service.runtime.records import (
+    HandOffRoom,
     LostSession,
     NoEvents,
     RuntimeTuning,
@@ -225,6 +226,20 @@ class SessionConductor:
         for session in self._table.admitted():
             self._mark_service_draining(session)
 
+    async def hand_off(self, session: Session) -> bool | None:
+        """The service drains with hand-off: if another replica has room for the running `session` now, stop it
+        here to be adopted there (True); False: no room yet, ask again; None: it cannot be handed off from here.
+        The runner stops it (cancel), then its release gives it to admission (docs/continuity.md)."""
+        room = await self._backend.hand_off_room(session)
+        if room is HandOffRoom.NEVER:
+            return None
+        if room is HandOffRoom.NOT_YET:
+            return False
+        if not session.hand_off("the service is draining; the session moves to another replica"):
+            return None  # it closed or paused meanwhile
+        logger.info("session %s: handed off (another replica has room for it)", session.id)
+        return True
+
     def _expired(self, session: Session, reason: str) -> None:
         """A session reached its time limit, or stayed paused too long: it ends now, its slot goes back at once."""
         self.request_close(session, CloseMode.CANCEL, reason)
@@ -265,9 +280,14 @@ class SessionConductor:
         self._events.generated(session, int(frames))
 
     def ended(self, session: Session) -> None:
-        """The session reached its final state (its runner finished it, or it left the queue)."""
+        """The session reached its final state (its runner finished it, or it left the queue). One handed off
+        ended only here: it leaves the table uncounted (the registry answers for it) and no `session.ended` goes
+        out (the adopter's end is the session's)."""
         self._deadlines.ended(session)
         self._observer.session_ended(session)
+        if session.handing_off:
+            self._table.drop(session.id)
+            return
         self._events.session_event(session, SessionEventKind.ENDED)
         self._table.ended(session)
 

@@ -7,18 +7,24 @@ then `run` waits for the sessions to end by themselves until `grace` before the 
 deadline cancels what is still open; a session that does not end within `shutdown_close_s` after that is logged and
 left to `aclose()`. Then the drain is complete (`complete`, `wait`), which is when the server exits. `run` is a task
 the runtime owns: cancelling it (at `aclose()`) stops the waits, and `aclose()` marks the drain complete itself.
+
+With `hand_off` (`LINGSTREAM_DRAIN_MODE=hand_off`, a shared admission; docs/continuity.md) `run` first hands the
+running sessions to other replicas: every `tuning.hand_off_retry_s` it offers each running session to `hand_off`
+(which asks admission for room elsewhere and, if there is, stops the session here to be adopted there), until none
+is left or half the drain timeout has passed. Only then are the sessions still here told that the service drains
+(`announce`), and the wait above runs for them: with nowhere to go, the drain is today's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from pipeline.bidirectional import CloseMode
 from service.runtime.records import DrainStatus, RuntimeTuning
 from service.runtime.session_table import SessionTable
-from service.runtime.sessions import Session
+from service.runtime.sessions import Session, SessionState
 
 __all__ = ["Drain"]
 
@@ -34,11 +40,16 @@ class Drain:
         tuning: RuntimeTuning,
         table: SessionTable,
         request_close: Callable[[Session, CloseMode, str], None],
+        *,
+        hand_off: Callable[[Session], Awaitable[bool | None]] | None = None,
+        announce: Callable[[], None] = lambda: None,
     ) -> None:
         self._timeout_s = timeout_s
         self._tuning = tuning
         self._table = table
         self._request_close = request_close
+        self._hand_off = hand_off
+        self._announce = announce
         self._deadline: float | None = None
         self._complete = asyncio.Event()
 
@@ -46,6 +57,11 @@ class Drain:
     def started(self) -> bool:
         """A drain began (it stays begun, through the runtime's close)."""
         return self._deadline is not None
+
+    @property
+    def hands_off(self) -> bool:
+        """Running sessions are handed to other replicas before anything else (then `announce` tells the rest)."""
+        return self._hand_off is not None
 
     @property
     def complete(self) -> bool:
@@ -80,6 +96,9 @@ class Drain:
         deadline = self._deadline
         if deadline is None:  # pragma: no cover - begin() sets it before the runtime spawns this
             return
+        if self._hand_off is not None:
+            await self._hand_off_running(self._hand_off, deadline - self._timeout_s / 2)
+            self._announce()
         grace = min(self._tuning.drain_close_grace_s, self._timeout_s / 4)
         if not await self._table.wait_idle(deadline - grace):
             for session in self._table.admitted():
@@ -92,3 +111,22 @@ class Drain:
                     logger.error("drain: %d session(s) did not close after cancel", self._table.live_count)
         logger.warning("drain complete")
         self._complete.set()
+
+    async def _hand_off_running(self, hand_off: Callable[[Session], Awaitable[bool | None]], until: float) -> None:
+        """Offer each running session to `hand_off` (True: handed off; False: no room yet; None: never from here)
+        every `hand_off_retry_s` until none is left to offer or `until` (loop time). A session that closes, pauses
+        or cannot go is left to the wait; one still starting or recovering is offered once it runs."""
+        loop = asyncio.get_running_loop()
+        done: set[str] = set()
+        while True:
+            left = [s for s in self._table.admitted() if s.id not in done and not s.terminal]
+            for session in left:
+                if session.close_mode is not None or session.state is SessionState.PAUSED:
+                    done.add(session.id)
+                elif session.state is SessionState.RUNNING:
+                    outcome = await hand_off(session)
+                    if outcome is not False:
+                        done.add(session.id)
+            if all(s.id in done for s in left) or loop.time() >= until:
+                return
+            await asyncio.sleep(self._tuning.hand_off_retry_s)  # asking admission again for room elsewhere

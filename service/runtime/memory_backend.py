@@ -26,7 +26,7 @@ from admission import (
 from pipeline.bidirectional import CloseMode, PortableCheckpoint
 from service.errors import DrainingError, QueueFullError, QuotaExceededError, SessionNotFoundError
 from service.runtime.backend import AdmissionHost
-from service.runtime.records import AdmissionReport, SnapshotStream
+from service.runtime.records import AdmissionReport, HandOffRoom, SnapshotStream
 from service.runtime.sessions import Session, SessionSnapshot
 from service.usage.ledger import UsageLedger, UsageReport, UsageTotals
 from service.usage.meter import UsageMeter
@@ -122,6 +122,10 @@ class MemoryAdmissionBackend:
 
     def release(self, session: Session) -> None:
         self._controller.release(session.id)
+
+    async def hand_off_room(self, session: Session) -> HandOffRoom:
+        """One instance: there is no other replica to hand a session to."""
+        return HandOffRoom.NEVER
 
     # ---------------------------------------------------------------------------------------------- usage
 

@@ -28,6 +28,7 @@ from service.usage.ledger import UsageTotals
 __all__ = [
     "AdmissionReport",
     "DrainStatus",
+    "HandOffRoom",
     "LostSession",
     "NoEvents",
     "Readiness",
@@ -57,6 +58,8 @@ class RuntimeTuning:
       (at most a quarter of the drain timeout); at the deadline they are cancelled.
     - `shutdown_close_s`: at shutdown, how long sessions get to close (cancel) before their runners are cancelled.
     - `admission_tick_s`: the admission driver's expiry check interval.
+    - `hand_off_retry_s`: a draining replica that hands its sessions off (`LINGSTREAM_DRAIN_MODE=hand_off`) asks
+      this often whether another replica has room for the ones still here, until half the drain timeout passed.
     - `recording_queue_bytes`: how far (bytes of frames) a session's recording may fall behind its stream before it
       is dropped (`recording_overrun`; the stream goes on).
     """
@@ -69,6 +72,7 @@ class RuntimeTuning:
     drain_close_grace_s: float = 5.0
     shutdown_close_s: float = 10.0
     admission_tick_s: float = 0.5
+    hand_off_retry_s: float = 0.5
     recording_queue_bytes: int = 128 * 1024 * 1024
     buffers: SessionBuffers = dataclasses.field(default_factory=SessionBuffers)
 
@@ -80,6 +84,17 @@ class Readiness:
     ready: bool
     code: str | None = None
     reason: str | None = None
+
+
+class HandOffRoom(enum.Enum):
+    """Whether a draining replica can hand a running session to another replica (docs/continuity.md)."""
+
+    # Another live replica, not draining, has a free slot for it now: stop it here and hand it off.
+    READY = "ready"
+    # None has room now (or admission cannot be reached): keep running it here and ask again.
+    NOT_YET = "not_yet"
+    # It can never be handed off from here (one instance; its worker cannot rebuild it; it is not in Redis yet).
+    NEVER = "never"
 
 
 @dataclass(frozen=True, slots=True)

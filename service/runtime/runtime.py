@@ -182,7 +182,14 @@ class ServiceRuntime:
             tuning=tuning,
             recordings=self._recordings,
         )
-        self._drain = Drain(config.drain_timeout, tuning, self._table, self._conductor.request_close)
+        self._drain = Drain(
+            config.drain_timeout,
+            tuning,
+            self._table,
+            self._conductor.request_close,
+            hand_off=self._conductor.hand_off if config.drain_mode == "hand_off" else None,
+            announce=self._conductor.drain_started,
+        )
         self._intake = SessionIntake(
             config=config,
             tuning=tuning,
@@ -408,13 +415,15 @@ class ServiceRuntime:
         self._lifecycle.move(RuntimeState.DRAINING)
         self._drain.begin()
         logger.warning(
-            "draining (%s): %d running session(s) get up to %g s; queued sessions are cancelled",
+            "draining (%s): %d running session(s) %s up to %g s; queued sessions are cancelled",
             reason,
             len(self._table.admitted()),
+            "are handed to other replicas with room, or get" if self._drain.hands_off else "get",
             self._config.drain_timeout,
         )
         self._backend.stop_admitting()
-        self._conductor.drain_started()
+        if not self._drain.hands_off:
+            self._conductor.drain_started()  # else once the hand-offs are over (`Drain.run`)
         self._tasks.spawn(self._drain.run(), name="drain")
 
     @property

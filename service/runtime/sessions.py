@@ -121,6 +121,10 @@ _SLOT_STATES = frozenset(
 )
 
 
+_CLIENT_STOPS = frozenset({"client_stop", "client_deleted"})
+"""The close reasons that are its client's own wish (kept across a hand-off), not the replica letting go of it."""
+
+
 def require_transition(session_id: str, old: SessionState, new: SessionState) -> None:
     """Raise `SessionTransitionError` unless the table allows `old -> new`."""
     if new not in TRANSITIONS[old]:
@@ -195,6 +199,7 @@ class Session:
         "_created_at",
         "_ends_at",
         "_failure",
+        "_handing_off",
         "_holds_slot",
         "_position",
         "_prepared",
@@ -205,6 +210,7 @@ class Session:
         "_sequence",
         "_service_draining",
         "_state",
+        "_stop_after_hand_off",
         "_transport_details",
         "_updated_at",
         "_warning",
@@ -261,6 +267,8 @@ class Session:
         self._close_reason: str | None = None
         self._holds_slot = False
         self._service_draining = False
+        self._handing_off = False
+        self._stop_after_hand_off: tuple[CloseMode, str] | None = None
         self.close_requested = Flag()
         self.escalated = Flag()
         self.settled = Flag()
@@ -362,6 +370,16 @@ class Session:
         return self._holds_slot
 
     @property
+    def handing_off(self) -> bool:
+        """Its replica drains and hands it to another (`hand_off`): its end here is not the session's end."""
+        return self._handing_off
+
+    @property
+    def stop_after_hand_off(self) -> tuple[CloseMode, str] | None:
+        """A stop its client asked for while it was being handed off (mode, reason): for the adopter to carry out."""
+        return self._stop_after_hand_off
+
+    @property
     def service_draining(self) -> bool:
         """The instance drains and told this session so (it ends by the drain's deadline)."""
         return self._service_draining
@@ -404,7 +422,8 @@ class Session:
             self._reason = reason
         if new is not SessionState.QUEUED:
             self._position = None
-        self._publish_snapshot()
+        if not (self._handing_off and new in TERMINAL_STATES):  # its end here is not the session's: not published
+            self._publish_snapshot()
         if new is SessionState.RUNNING:
             self.settled.set()
         if new in TERMINAL_STATES:
@@ -439,6 +458,12 @@ class Session:
         """
         if self.terminal or self.state is SessionState.QUEUED:
             return False
+        if self._handing_off:
+            # It stops here to go on elsewhere: a client's own stop is kept for the adopter; the rest (its reader's
+            # end, its transport's "client gone") is this replica letting go of it.
+            if reason in _CLIENT_STOPS and self._stop_after_hand_off is None:
+                self._stop_after_hand_off = (mode, reason)
+            return False
         if self.close_mode is None:
             self._close_mode = mode
             self._close_reason = reason
@@ -452,6 +477,22 @@ class Session:
             return False
         if self.state is not SessionState.DRAINING:
             self.move(SessionState.DRAINING, reason=reason, detail=f"closing ({mode.value})")
+        return True
+
+    def hand_off(self, detail: str) -> bool:
+        """Its replica drains and hands it to another (docs/continuity.md, "Hand-off on drain"): a running session
+        no close was asked of moves to RECOVERING (`detail` tells the client why) and its runner stops it here with
+        a cancel (a chunk in flight is dropped: the adopter generates it again from the last checkpoint). Its end
+        here publishes no `done` (the client follows the session to its adopter), and a stop its client asks for
+        from now on is kept (`stop_after_hand_off`). Returns whether it will be handed off."""
+        if self.state is not SessionState.RUNNING or self.close_mode is not None:
+            return False
+        self._handing_off = True
+        self._close_mode = CloseMode.CANCEL
+        self._close_reason = "handed_off"
+        self.close_requested.set()
+        self.escalated.set()
+        self.move(SessionState.RECOVERING, reason="handed_off", detail=detail)
         return True
 
     def admitted(self, worker: int | None) -> None:
@@ -515,6 +556,14 @@ class Session:
         # A finished session stays readable for a while: keep its figures, not its reference image.
         if self.prepared.image is not None:
             self._prepared = dataclasses.replace(self._prepared, image=None)
+        if self._handing_off and self.state is SessionState.CLOSED:
+            # It goes on elsewhere: the client hears no end, only its connection closing; it follows the session.
+            self.snapshots.close()
+            self.statuses.close()
+            self.chunks.close()
+            self.settled.set()
+            self.ended.set()
+            return
         if self.state is SessionState.FAILED:
             code, message = self.failure or ("failed", "the session failed")
             self.statuses.publish(ErrorStatus(code, message))

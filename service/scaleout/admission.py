@@ -412,10 +412,18 @@ class RedisAdmission:
         reply = await self._link.call("adoptable", ticket_id)
         return reply.code == "ok"
 
+    async def hand_off_room(self, ticket_id: str) -> str:
+        """Whether this replica's admitted session could be handed off now (it writes nothing): "ok" when a live
+        replica other than this one, not draining, has a free healthy slot beyond the orphans already waiting;
+        "nowhere" when none has; "no_checkpoint", "elsewhere" or "unknown" as `hand_off`."""
+        reply = await self._link.call("hand_off", ticket_id, "check")
+        return reply.code
+
     async def hand_off(self, ticket_id: str) -> str:
         """Give this replica's admitted session up for adoption now (a drain; it stopped generating and its checkpoint
-        is in Redis). Returns "ok" (it waits for an adopter), "no_checkpoint", "elsewhere" or "unknown"."""
-        reply = await self._link.call("hand_off", ticket_id)
+        is in Redis): it waits in `orphans` for an adopter, ahead of the queue (status `recovering`, reason
+        `replica_draining`). Returns "ok", "no_checkpoint", "elsewhere" or "unknown"."""
+        reply = await self._link.call("hand_off", ticket_id, "go")
         return reply.code
 
     async def adopt(self, max_wait_s: float, most: int) -> tuple[list[SharedTicketView], list[SharedTicketView]]:

@@ -74,7 +74,13 @@ from service.errors import (
 )
 from service.logs import session_context
 from service.runtime.backend import AdmissionHost
-from service.runtime.records import AdmissionReport, LostSession, SharedAdmissionStatistics, SnapshotStream
+from service.runtime.records import (
+    AdmissionReport,
+    HandOffRoom,
+    LostSession,
+    SharedAdmissionStatistics,
+    SnapshotStream,
+)
 from service.runtime.sessions import Session, SessionSnapshot, SessionState
 from service.runtime.tasks import TaskSet
 from service.scaleout.admission import (
@@ -148,7 +154,6 @@ class RedisAdmissionBackend:
         self._host: AdmissionHost | None = None
         self._unsubscribe: list[Callable[[], None]] = []
         self._tasks = TaskSet("shared-admission")
-        self._ownership = Ownership(self._admission, self._tasks)
         self._followers: dict[str, set[asyncio.Event]] = {}
         self._beating: set[str] = set()
         self._stopped_admitting = False
@@ -162,6 +167,7 @@ class RedisAdmissionBackend:
             prefix=f"{self._admission.prefix}ckpt:",
         )
         self._checkpoint_writer = CheckpointWriter(self._checkpoints, on_written=self._checkpoint_written)
+        self._ownership = Ownership(self._admission, self._tasks, self._checkpoint_writer)
         self._resumable: set[str] = set()  # sessions run here whose worker goes on from checkpoints
         self._marked: set[str] = set()  # ... that admission knows another replica may adopt
         self._adoption_wait_s = adoption_wait_s
@@ -285,10 +291,26 @@ class RedisAdmissionBackend:
         self._spawn(self._cancel(session.id), name=f"cancel-{session.id}")
 
     def release(self, session: Session) -> None:
-        self._ownership.release(session)
-        self._checkpoint_writer.discard(session.id)
+        self._ownership.release(session)  # or, handed off, its hand-off (which keeps the checkpoint for the adopter)
+        if not session.handing_off:
+            self._checkpoint_writer.discard(session.id)
         self._resumable.discard(session.id)
         self._marked.discard(session.id)
+
+    async def hand_off_room(self, session: Session) -> HandOffRoom:
+        """Only a session whose worker goes on from checkpoints and that admission marked adoptable can go; then
+        room is a free healthy slot on another live replica that is not draining, beyond the orphans already
+        waiting (one script call that writes nothing)."""
+        if session.id not in self._marked or not self._admission.available:
+            return HandOffRoom.NOT_YET if session.id in self._resumable else HandOffRoom.NEVER
+        try:
+            code = await self._admission.hand_off_room(session.id)
+        except CALL_ERRORS as exc:
+            logger.info("session %s: cannot ask for room to hand it off: %r", session.id, exc)
+            return HandOffRoom.NOT_YET
+        if code == "ok":
+            return HandOffRoom.READY
+        return HandOffRoom.NOT_YET if code in ("nowhere", "no_checkpoint") else HandOffRoom.NEVER
 
     # ---------------------------------------------------------------------------------------------- usage
 

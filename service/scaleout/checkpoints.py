@@ -190,6 +190,7 @@ class CheckpointWriter:
         self._pending: dict[str, PortableCheckpoint | None] = {}  # None: delete
         self._wake = asyncio.Event()
         self._busy = False
+        self._in_flight: frozenset[str] = frozenset()  # the sessions of the round in flight
         self._round_done = asyncio.Event()
         self._writes = 0
         self._bytes = 0
@@ -212,6 +213,13 @@ class CheckpointWriter:
         """The session ended here: delete its checkpoint with the next round (instead of any write still waiting)."""
         self._pending[session_id] = None
         self._wake.set()
+
+    async def written(self, session_id: str) -> None:
+        """Wait until nothing is pending for the session and no round carrying its wish is in flight: its newest
+        checkpoint is in Redis (or its keys deleted). `run` must be running; bound it with a timeout (through an
+        outage it waits for Redis)."""
+        while session_id in self._pending or session_id in self._in_flight:
+            await self._round_done.wait()
 
     async def flushed(self) -> None:
         """Wait until nothing is pending and no round is in flight (`run` must be running; bound it with a
@@ -239,10 +247,12 @@ class CheckpointWriter:
                 continue
             round_, self._pending = self._pending, {}
             self._busy = True
+            self._in_flight = frozenset(round_)
             try:
                 failed = await self._round(round_)
             finally:
                 self._busy = False
+                self._in_flight = frozenset()
                 done, self._round_done = self._round_done, asyncio.Event()
                 done.set()
             await asyncio.sleep(self._retry if failed else self._min_interval)  # the next round starts no sooner

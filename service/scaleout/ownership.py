@@ -4,9 +4,11 @@ A ticket admitted onto this replica's slot is *owned* here: if another replica t
 *adopted* (its payload read, the runtime asked to `prepare` it again and `register` the `Session`); then one writer
 task per session publishes every status change to the registry (always the newest snapshot) and, after the
 terminal one, releases the slot, so that any replica reading at the release sees the end. A close request that
-arrives while the session is being adopted waits here and is applied once it is registered. This is the part of
-`RedisAdmissionBackend` that writes; the backend's facade (`service.scaleout.backend`) routes events and answers
-the registry reads.
+arrives while the session is being adopted waits here and is applied once it is registered. A session that ended
+here because the replica drains and hands it off (`Session.handing_off`) is not released: its last checkpoint is
+written, then admission orphans it for another replica to adopt (`hand_off`), its end here never published. This
+is the part of `RedisAdmissionBackend` that writes; the backend's facade (`service.scaleout.backend`) routes events
+and answers the registry reads.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from service.runtime.fanout import Subscription
 from service.runtime.sessions import Session, SessionSnapshot, SessionState
 from service.runtime.tasks import TaskSet
 from service.scaleout.admission import RedisAdmission, SharedTicketView
-from service.scaleout.checkpoints import CheckpointStoreError, RedisCheckpointStore
+from service.scaleout.checkpoints import CheckpointStoreError, CheckpointWriter, RedisCheckpointStore
 from service.scaleout.registry import (
     body_resumed_room,
     decode_payload,
@@ -47,6 +49,8 @@ T = TypeVar("T")
 
 # What a call to Redis may fail with once started: an outage, a refusal by the owner check, a closed backend.
 CALL_ERRORS = (AdmissionUnavailableError, NotTicketOwnerError, AdmissionError)
+HAND_OFF_RETRY_S = 0.25
+"""How soon a hand-off that could not reach Redis is tried again (until the backend closes)."""
 
 
 def spawn_unless_closed(tasks: TaskSet, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T] | None:
@@ -78,9 +82,10 @@ class Ownership:
     (`republish`), a slot that could not be released is reclaimed by Redis when this replica deregisters.
     """
 
-    def __init__(self, admission: RedisAdmission, tasks: TaskSet) -> None:
+    def __init__(self, admission: RedisAdmission, tasks: TaskSet, checkpoints: CheckpointWriter) -> None:
         self._admission = admission
         self._tasks = tasks
+        self._checkpoints = checkpoints
         self._owned: dict[str, _Owned] = {}
         self._adopting: set[str] = set()
         self._pending_closes: dict[str, CloseMode] = {}
@@ -124,7 +129,7 @@ class Ownership:
         """The runtime is done with the session: give its slot back, after its writer published the end."""
         owned = self._owned.get(session.id)
         if owned is None or owned.writer is None or owned.writer.done():
-            spawn_unless_closed(self._tasks, self.release_now(session.id), name=f"release-{session.id}")
+            spawn_unless_closed(self._tasks, self._let_go(session), name=f"release-{session.id}")
         # else: its writer publishes the final status, then releases (in that order: see `_write_statuses`)
 
     def republish(self) -> None:
@@ -152,10 +157,61 @@ class Ownership:
             await self._publish_latest(owned)
         finally:
             if session.terminal:
-                await self.release_now(session.id)
+                await self._let_go(session)
+
+    async def _let_go(self, session: Session) -> None:
+        """The session ended here: its slot goes back, or, handed off, it goes to another replica."""
+        if session.handing_off:
+            await self._hand_off(session)
+        else:
+            await self.release_now(session.id)
+
+    async def _hand_off(self, session: Session) -> None:
+        """The runner stopped the handed-off session (no chunk after its last checkpoint): once that checkpoint is
+        in Redis, admission orphans it (`hand_off`), and the first replica with room adopts it from there, ahead of
+        the queue. A stop its client asked for meanwhile follows it there. Through an outage the hand-off is tried
+        again until the backend closes (then, this replica's liveness lapsing, the reaper orphans it all the same:
+        it is marked adoptable and its checkpoint outlives the replica TTL). If admission refuses it (its
+        checkpoint or request is gone), it ends `replica_lost` and its slot goes back."""
+        sid = session.id
+        try:
+            code = await self._hand_off_call(sid)
+            if code == "ok":
+                logger.info("session %s handed off: it waits for a replica with room to adopt it", sid)
+                stop = session.stop_after_hand_off
+                if stop is not None:
+                    logger.info("session %s: the stop its client asked for during the hand-off follows it", sid)
+                    try:
+                        await self._admission.request_close(sid, stop[0].value)
+                    except CALL_ERRORS as exc:
+                        logger.warning("session %s: its client's stop did not reach admission: %r", sid, exc)
+            elif code is not None:
+                logger.warning("session %s could not be handed off (%s): it ends here", sid, code)
+                self._checkpoints.discard(sid)
+                if code == "no_checkpoint":
+                    message = "its replica drained and could not hand it to another (no checkpoint in Redis)"
+                    await self._give_back(sid, "replica_lost", message)
+        finally:
+            self._owned.pop(sid, None)
+
+    async def _hand_off_call(self, session_id: str) -> str | None:
+        """`hand_off` once the session's newest checkpoint is written; its code, or None on a refusal that is not
+        an outage (logged)."""
+        while True:
+            try:
+                await self._checkpoints.written(session_id)
+                return await self._admission.hand_off(session_id)
+            except AdmissionUnavailableError as exc:
+                logger.warning("session %s: hand-off not made (Redis unreachable), trying again: %r", session_id, exc)
+            except CALL_ERRORS as exc:
+                logger.error("session %s: hand-off refused: %r", session_id, exc)
+                return None
+            await asyncio.sleep(HAND_OFF_RETRY_S)
 
     async def _publish_latest(self, owned: _Owned) -> None:
         async with owned.lock:
+            if owned.session.handing_off and owned.session.terminal:
+                return  # it ended here only: the registry keeps `recovering` until its adopter runs it
             snapshot = owned.session.snapshot()
             if snapshot.sequence == owned.published or not self._admission.available:
                 return  # unchanged, or Redis is away (everything is written again once it is back)

@@ -17,7 +17,7 @@ import contextlib
 import json
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -31,12 +31,13 @@ from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
 from tests.support.front_door import FrontDoor, ThreadedFrontDoor
 from tests.support.serving import Replica, spawn_replica, wait_until_ready
 from tests.support.waits import until
+from tests.support.watching import SessionWatch, rejoined_at, watch_session
 from transport.base import StateStatus
 from transport.client import LiveStream, ReconnectPolicy, ServiceClient, connect
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.timeout(180),
+    pytest.mark.timeout(400),
     pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not on PATH (scripts/setup.sh installs it)"),
 ]
 
@@ -65,27 +66,41 @@ async def _ready(http: httpx.AsyncClient, replica: Replica) -> None:
     pytest.fail(f"replica {replica.name} was not ready in {STARTUP_S} s:\n{replica.output()}")
 
 
+def _spawn(tmp_path: Path, redis_url: str, name: str, **settings: str) -> Replica:
+    log = tmp_path / f"{name}.log"
+    process, port = spawn_replica(
+        log,
+        redis_url=redis_url,
+        replica_id=name,
+        worker_factory=None,
+        LINGSTREAM_REPLICA_TTL=str(TTL_S),
+        LINGSTREAM_API_KEYS=KEY,
+        LINGSTREAM_TORCH_THREADS="1",
+        **settings,
+    )
+    return Replica(name, process, port, log)
+
+
 @contextlib.asynccontextmanager
-async def _replicas(tmp_path: Path) -> AsyncIterator[tuple[Redis, dict[str, Replica]]]:
+async def _replicas(
+    tmp_path: Path, names: tuple[str, ...] = ("r1", "r2"), **settings: str
+) -> AsyncIterator[tuple[Redis, dict[str, Replica], Callable[[str], Replica]]]:
+    """Replicas `names` on one redis-server, ready; the third value starts another one (in the same dict, not waited
+    for). Every replica is killed at the end, and on a failure their output is printed."""
     with RedisServer(tmp_path) as server:
         raw = Redis.from_url(server.url)
         replicas: dict[str, Replica] = {}
-        for name in ("r1", "r2"):
-            log = tmp_path / f"{name}.log"
-            process, port = spawn_replica(
-                log,
-                redis_url=server.url,
-                replica_id=name,
-                worker_factory=None,
-                LINGSTREAM_REPLICA_TTL=str(TTL_S),
-                LINGSTREAM_API_KEYS=KEY,
-                LINGSTREAM_TORCH_THREADS="1",
-            )
-            replicas[name] = Replica(name, process, port, log)
+
+        def spawn(name: str) -> Replica:
+            replica = replicas[name] = _spawn(tmp_path, server.url, name, **settings)
+            return replica
+
+        for name in names:
+            spawn(name)
         try:
             async with httpx.AsyncClient(timeout=15.0) as http:
                 await asyncio.gather(*(_ready(http, replica) for replica in replicas.values()))
-            yield raw, replicas
+            yield raw, replicas, spawn
         except BaseException:
             for replica in replicas.values():
                 print(f"--- {replica.name}\n{replica.output()[-8000:]}")
@@ -111,7 +126,7 @@ async def _chunks_seen(stream: LiveStream, count: int, within: float) -> list[in
 
 
 async def test_a_killed_replicas_session_is_adopted_and_its_client_follows_it_by_itself(tmp_path: Path) -> None:
-    async with _replicas(tmp_path) as (raw, replicas), FrontDoor([replicas["r1"].port, replicas["r2"].port]) as door:
+    async with _replicas(tmp_path) as (raw, replicas, _), FrontDoor([replicas["r1"].port, replicas["r2"].port]) as door:
         first, second = replicas["r1"], replicas["r2"]
         async with ServiceClient(door.url, api_key=KEY) as service:
             created = await service.create(config=CONFIG)  # through the front door: r1 takes it
@@ -144,7 +159,7 @@ async def test_a_killed_replicas_session_is_adopted_and_its_client_follows_it_by
                         frame = await stream.next_frame()
                         assert frame is not None, f"the stream ended: {stream.done} {stream.errors}"
                         chunk = frame.chunk
-                        if chunk is not None and frame.received_at > _rejoined_at(states) and chunk.index not in after:
+                        if chunk is not None and frame.received_at > rejoined_at(states) and chunk.index not in after:
                             after.append(chunk.index)
                 recovered_s = time.monotonic() - killed_at
                 assert min(after) >= resume_at, (before, resume_at, after)  # it went on; no chunk 0 again
@@ -179,10 +194,6 @@ async def test_a_killed_replicas_session_is_adopted_and_its_client_follows_it_by
 def _sample(metrics: str, name: str) -> float:
     line = next(line for line in metrics.splitlines() if line.startswith(name + " "))
     return float(line.rsplit(" ", 1)[1])
-
-
-def _rejoined_at(states: list[tuple[float, StateStatus]]) -> float:
-    return next((at for at, state in states if state.detail == "reconnected"), float("inf"))
 
 
 async def _on(raw: Redis, sid: str, replica: bytes) -> bool:
@@ -319,3 +330,78 @@ def test_the_page_rejoins_by_itself_when_its_replica_is_killed(tmp_path: Path) -
                     replica.process.kill()
                 replica.process.wait(timeout=10)
             raw.close()
+
+
+async def test_a_rolling_restart_of_three_replicas_hands_three_live_sessions_on_and_ends_none(
+    tmp_path: Path,
+) -> None:
+    """Three replicas of one slot each, three sessions live; as a Deployment with `maxSurge: 1` rolls, each replica in
+    turn gets its replacement, then SIGTERM (`LINGSTREAM_DRAIN_MODE=hand_off`): it hands its session to the
+    replacement (the only free slot) and exits 0 once it has. Every session goes on with its id through its hand-off
+    and ends only when its client stops it. Each client reaches the service through its own front door, routed as a
+    Service's endpoints are: the replica running its session, then the replacement once it is ready (the embedded
+    transport's offer must reach the replica that runs the session)."""
+    names = ("r1", "r2", "r3")
+    async with _replicas(tmp_path, names, LINGSTREAM_DRAIN_MODE="hand_off", LINGSTREAM_DRAIN_TIMEOUT="40") as (
+        raw,
+        replicas,
+        spawn,
+    ):
+        async with contextlib.AsyncExitStack() as doors:
+            watches: dict[str, SessionWatch] = {}
+            sigterm_at: dict[str, float] = {}
+            for name in names:
+                door = await doors.enter_async_context(FrontDoor([replicas[name].port]))
+                async with ServiceClient(door.url, api_key=KEY) as service:
+                    sid = (await service.create(config=CONFIG)).id
+                await until(_on_replica(raw, sid, name), f"{sid} admitted on {name}", within=30)
+                watches[name] = SessionWatch(sid, door)
+            async with asyncio.TaskGroup() as group:
+                for watch in watches.values():
+                    group.create_task(watch_session(watch, KEY, POLICY))
+                for watch in watches.values():
+                    await until(_frames(watch, 3), f"frames of {watch.sid}", within=90)
+                for name in names:
+                    old, new, watch = replicas[name], spawn(f"{name}-next"), watches[name]
+                    async with httpx.AsyncClient(timeout=15.0) as http:
+                        await _ready(http, new)
+                    watch.door.route([new.port])  # the endpoints: the ready replacement, not the draining pod
+                    await until(_marked(raw, watch.sid), "marked adoptable", within=10)
+                    sigterm_at[name] = time.monotonic()
+                    old.process.send_signal(signal.SIGTERM)
+                    assert await asyncio.to_thread(old.process.wait, 60) == 0, old.output()[-4000:]
+                    await until(watch.streaming_again(sigterm_at[name]), f"{watch.sid} streaming again", within=60)
+                    assert await _on(raw, watch.sid, new.name.encode())
+                    assert "handed off" in old.output()
+                for watch in watches.values():
+                    watch.stop.set()
+        gaps: list[float] = []
+        for watch in watches.values():
+            assert watch.done is not None, watch
+            assert watch.done.reason == "client_stop", watch
+            assert watch.stream is not None
+            assert watch.stream.statistics().reconnects == 1, watch  # one hand-off each, joined again once
+            told = [state.state for _, state in watch.states]
+            assert "recovering" in told, told  # told before its connection closed
+            chunks = [chunk for _, chunk in watch.frames if chunk >= 0]
+            assert chunks == sorted(chunks), watch.sid  # it went on; no chunk 0 again
+            gaps.append(watch.gap())
+        async with ServiceClient(replicas["r3-next"].url, api_key=KEY) as service:
+            for watch in watches.values():
+                assert (await service.get(watch.sid)).status == "closed"
+        await until(lambda: _no_slots(raw), "every slot back, no orphan left", within=10)
+        print(f"hand-off gaps at the client (last frame before to first after, s): {[round(g, 2) for g in gaps]}")
+        for replica in replicas.values():
+            assert "Traceback" not in replica.output(), replica.name
+
+
+def _on_replica(raw: Redis, sid: str, name: str) -> Callable[[], Awaitable[bool]]:
+    return lambda: _on(raw, sid, name.encode())
+
+
+def _marked(raw: Redis, sid: str) -> Callable[[], Awaitable[object]]:
+    return lambda: raw.hget(f"{PREFIX}t:{sid}", "ad")
+
+
+def _frames(watch: SessionWatch, count: int) -> Callable[[], bool]:
+    return lambda: len(watch.frames) >= count

@@ -42,6 +42,13 @@ class FrontDoor:
         port = self._server.sockets[0].getsockname()[1]
         return f"http://127.0.0.1:{port}"
 
+    def route(self, ports: Sequence[int]) -> None:
+        """New connections go to `ports` from now on (as a Service's endpoints change when pods become ready or
+        drain); connections already forwarded stay where they are."""
+        self._ports = tuple(ports)
+        for port in self._ports:
+            self.connections.setdefault(port, 0)
+
     async def __aenter__(self) -> FrontDoor:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
         return self

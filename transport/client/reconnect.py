@@ -20,7 +20,9 @@ stream of each), it asks the service about the session (`probe`). The service's 
 A connection the link reports *failed* (the peer connection's ICE checks failed) goes straight to joining again. One it
 reports *closed* (the data channel or the peer connection closed from the other side) is first asked about: the service
 closes a controller's connection when another offer rebinds the session (a second client with the same credential took
-over) and when the session ends, so only a session `recovering` (its replica lost, or handed off) is joined again; an
+over) and when the session ends, so only a session `recovering` (its replica lost, or handed off: a draining replica
+tells the client `recovering` over the connection before it closes it, and such a close is joined again even if the
+adopter already runs the session when the service is asked) is joined again; an
 ended one ends the stream with its reason, any other ends it as before (`connection lost`), so that two clients never
 take the session from each other in turn. Joining again: ask the service; an ended session ends the stream; one that
 streams (join details given) is joined (an offer through the service); a refusal (the session is not yet adopted, the
@@ -161,6 +163,7 @@ class Reconnector:
         self._end: End | None = None
         self._join_next = False
         self._closed_why: str | None = None  # the link reported the connection closed: ask before joining again
+        self._told_recovering = False  # the last state the connection told: recovering (a hand-off closes it next)
         self.reconnects = 0
         self.last_recovery_s: float | None = None  # from giving the connection up to joining again
 
@@ -187,6 +190,13 @@ class Reconnector:
         self._last_activity = now
         if self._phase is ReconnectPhase.SUSPECT and not self._busy and self._closed_why is None:
             self._move(ReconnectPhase.CONNECTED)
+
+    def told(self, state: str) -> None:
+        """The service told the session's state over the current connection. `recovering` right before it closes
+        the connection is a hand-off (its replica drains and gives the session to another; docs/continuity.md):
+        that close is joined again whatever the service says when asked (the adopter may already run it), unless
+        the session ended."""
+        self._told_recovering = state == "recovering"
 
     def link_lost(self, now: float, why: str, *, failed: bool) -> None:
         """The link reported the connection over: `failed` (ICE consent lost: join again) or closed from the other
@@ -221,7 +231,7 @@ class Reconnector:
                 self._back_off(now)
             return
         if self._closed_why is not None:
-            if view.status == "recovering":
+            if view.status == "recovering" or self._told_recovering:
                 self._give_up_connection(now, self._closed_why)
             else:
                 self._finish(End(f"connection lost: {self._closed_why}", None))
@@ -255,6 +265,7 @@ class Reconnector:
             return
         assert self._lost_at is not None
         self.reconnects += 1
+        self._told_recovering = False
         self.last_recovery_s = now - self._lost_at
         self._last_activity = now
         self._lost_at = None

@@ -243,6 +243,8 @@ class LiveStream:
                 self._status_arrived.set()
             case StateStatus(state=state):
                 self.state = state
+                if self._reconnector is not None:
+                    self._reconnector.told(state)
             case ErrorStatus():
                 self.errors.append(message)
             case DoneStatus():

@@ -32,19 +32,31 @@ redis.call('HSET', tkey(id), 'ad', '1')
 return reply('ok', {})
 """
 
-# hand_off: ARGV[7] id. BY (draining) gives its admitted session up for adoption now: it must have stopped
-# generating and written the checkpoint first. Codes: ok (now an orphan), no_checkpoint, elsewhere, unknown.
+# hand_off: ARGV[7] id, ARGV[8] "check" or "go". BY (draining) gives its admitted session up for adoption.
+# "check" writes nothing: is there room for it elsewhere, a free healthy slot on a live replica that is not BY and
+# not draining, beyond the orphans already waiting? (ok, or nowhere: BY keeps running it and drains it as before.)
+# "go" orphans it now, after BY stopped generating it and wrote its last checkpoint; it does not look at room again
+# (a slot taken since the check leaves the orphan waiting, ahead of the queue, up to the adopters' bound). Codes:
+# ok, nowhere, no_checkpoint, elsewhere, unknown.
 _HAND_OFF = r"""
-local id = ARGV[7]
+local id, step = ARGV[7], ARGV[8]
 local f = redis.call('HMGET', tkey(id), 'state', 'replica')
 if not f[1] then return reply('unknown', {}) end
 if f[1] ~= 'admitted' or f[2] ~= BY or is_orphan(id) then return reply('elsewhere', snapshot(id)) end
 if redis.call('EXISTS', CKPT .. id) == 0 or redis.call('EXISTS', pkey(id)) == 0 then
   return reply('no_checkpoint', snapshot(id))
 end
+if step == 'check' then
+  local room = -redis.call('ZCARD', ORPHANS)
+  for r, info in pairs(live_replicas()) do
+    if r ~= BY then room = room + free_slots(r, info) end
+  end
+  if room > 0 then return reply('ok', snapshot(id)) end
+  return reply('nowhere', snapshot(id))
+end
 usage_run(id, NOW)
 redis.call('HSET', tkey(id), 'ad', '1', 'handed', BY)
-orphan(id, BY)
+orphan(id, BY, 'replica_draining')
 return reply('ok', snapshot(id))
 """
 

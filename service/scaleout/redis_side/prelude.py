@@ -270,11 +270,12 @@ end
 local function is_orphan(id) return redis.call('ZSCORE', ORPHANS, id) ~= false end
 
 -- The admitted session `id` leaves replica r's slot and waits in `orphans` (by its seq: the oldest admitted is
--- adopted first) for a replica to adopt it: its state stays admitted, its replica r until then.
-local function orphan(id, r)
+-- adopted first) for a replica to adopt it: its state stays admitted, its replica r until then. `why` is its status
+-- reason meanwhile (replica_lost; replica_draining: r handed it off).
+local function orphan(id, r, why)
   redis.call('HDEL', hkey(r), id)
   redis.call('ZADD', ORPHANS, redis.call('HGET', tkey(id), 'seq'), id)
-  redis.call('HSET', tkey(id), 'orphaned', NOW, 'status', 'recovering', 'status_reason', 'replica_lost')
+  redis.call('HSET', tkey(id), 'orphaned', NOW, 'status', 'recovering', 'status_reason', why)
   emit('orphaned', id)
 end
 
@@ -311,7 +312,7 @@ local function reap(r)
       local whole = redis.call('EXISTS', CKPT .. id) == 1 and redis.call('EXISTS', pkey(id)) == 1
       if r ~= BY and f[2] == '1' and whole then
         usage_run(id, math.min(seen, NOW))
-        orphan(id, r)
+        orphan(id, r, 'replica_lost')
       else
         release_slot(id, r, 'replica_lost: ' .. r, nil, math.min(seen, NOW))
         REAPED[#REAPED + 1] = snapshot(id)

@@ -210,3 +210,85 @@ async def test_a_draining_owner_hands_off_and_a_stale_owner_learns_its_session_w
         await c.release("z")  # c stops its copy: b's slot stays b's
     assert b.held() == {"z": 0}
     await cluster.check()
+
+
+async def test_a_draining_owner_hands_off_only_when_another_live_replica_has_room_beyond_the_waiting_orphans(
+    cluster: Cluster,
+) -> None:
+    """`hand_off_room` writes nothing: room is a free healthy slot on a live replica other than the caller that
+    is not draining, less the orphans already waiting for one."""
+    config = AdmissionConfig(num_workers=1, max_sessions_per_worker=2, queue_size=8)
+    a = await cluster.add("a", config=config)
+    for tid in ("x", "y"):
+        await a.create("k", ticket_id=tid)
+        await _checkpointed(cluster, a, tid)
+    assert await a.hand_off_room("x") == "nowhere"  # a's own free slots do not count; no other replica
+    b = await cluster.add("b")
+    await b.create("k", ticket_id="busy")
+    assert await a.hand_off_room("x") == "nowhere"  # b is full
+    c = await cluster.add("c")
+    await c.drain()
+    assert await a.hand_off_room("x") == "nowhere"  # c drains too
+    d = await cluster.add("d")
+    assert await a.hand_off_room("x") == "ok"
+    assert a.held() == {"x": 0, "y": 0}  # the check moved nothing
+    assert await a.hand_off("x") == "ok"
+    assert await a.hand_off_room("y") == "nowhere"  # d's one slot is x's, which waits for it
+    assert await b.hand_off_room("x") == "elsewhere"  # not b's
+    adopted, _ = await d.adopt(30.0, 4)
+    assert [v.ticket_id for v in adopted] == ["x"]
+    assert await a.hand_off_room("y") == "nowhere"
+    await cluster.check()
+
+
+async def test_a_handed_off_session_whose_adopter_dies_mid_adoption_is_orphaned_again_and_adopted_once(
+    cluster: Cluster,
+) -> None:
+    a = await cluster.add("a")
+    await a.create("k", ticket_id="x")
+    await _checkpointed(cluster, a, "x")
+    b = await cluster.add("b")
+    c = await cluster.add("c")
+    assert await a.hand_off("x") == "ok"
+    view = await c.get("x")
+    assert (view.status, view.status_reason) == ("recovering", "replica_draining")
+    adopted, _ = await b.adopt(30.0, 4)
+    assert [v.ticket_id for v in adopted] == ["x"]
+    await _lose(cluster, "b")  # b dies before it rebuilt the session: its slot holds x, its liveness lapses
+    await _orphaned(cluster, c, "x")
+    assert (await c.get("x")).status_reason == "replica_lost"
+    await cluster.check()
+    adopted, _ = await c.adopt(30.0, 4)
+    assert [(v.ticket_id, v.replica) for v in adopted] == [("x", "c")]
+    assert await c.adopt(30.0, 4) == ([], [])  # once
+    assert len(cluster.logs["c"].of(SharedEventKind.ADOPTED)) == 2  # b's, then c's
+    await c.release("x")
+    assert (await c.get("x")).state is TicketState.RELEASED
+    snapshot = await cluster.check()
+    assert (snapshot.orphans, c.held()) == ([], {})
+
+
+async def test_a_hand_off_made_while_redis_is_unreachable_moves_nothing_and_is_made_once_it_is_back(
+    cluster: Cluster,
+) -> None:
+    a = await cluster.add("a", call_timeout_s=0.3)
+    await a.create("k", ticket_id="x")
+    await _checkpointed(cluster, a, "x")
+    b = await cluster.add("b")
+    await cluster.raw.client_pause(1500)
+    with pytest.raises(AdmissionUnavailableError):
+        await a.hand_off_room("x")
+    with pytest.raises(AdmissionUnavailableError):
+        await a.hand_off("x")  # times out at the client: Redis may still run it once the pause ends
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                code = await a.hand_off("x")
+                break
+            except AdmissionUnavailableError:
+                await asyncio.sleep(0.1)
+    assert code in ("ok", "elsewhere")  # "elsewhere": the call that timed out ran after all; orphaned once
+    assert (await cluster.check()).orphans == ["x"]
+    adopted, _ = await b.adopt(30.0, 4)
+    assert [v.ticket_id for v in adopted] == ["x"]
+    await cluster.check()

@@ -137,6 +137,39 @@ def test_a_closed_connection_is_joined_again_only_while_the_session_is_recoverin
     assert unknown.next_step(1.2) == Wait(1.7)
 
 
+def test_a_close_right_after_the_connection_said_recovering_is_a_hand_off_and_is_joined_again() -> None:
+    # A draining replica tells `recovering` over the connection, then closes it; the replica with room may adopt
+    # the session and run it before the client asks: still join again (the session was not taken by a client).
+    handed = Reconnector(POLICY, 0.0)
+    handed.told("recovering")
+    handed.link_lost(1.0, "the peer connection closed", failed=False)
+    assert handed.next_step(1.0) == Probe()
+    handed.probed(1.1, RUNNING)
+    assert handed.phase is ReconnectPhase.RECOVERING
+    assert handed.next_step(1.1) == Probe()
+    handed.probed(1.2, RUNNING)
+    assert handed.next_step(1.2) == Join()
+    handed.joined(1.5)
+    assert (handed.phase, handed.reconnects) == (ReconnectPhase.CONNECTED, 1)
+
+    handed.link_lost(2.0, "the data channel closed", failed=False)  # the new connection was told nothing yet
+    handed.probed(2.1, RUNNING)
+    assert handed.next_step(2.1) == End("connection lost: the data channel closed", None)
+
+    back = Reconnector(POLICY, 0.0)  # recovering, then running again (a worker rebuilt it): a close is a take-over
+    back.told("recovering")
+    back.told("running")
+    back.link_lost(1.0, "the data channel closed", failed=False)
+    back.probed(1.1, RUNNING)
+    assert back.next_step(1.1) == End("connection lost: the data channel closed", None)
+
+    ended = Reconnector(POLICY, 0.0)
+    ended.told("recovering")
+    ended.link_lost(1.0, "the data channel closed", failed=False)
+    ended.probed(1.1, FAILED)
+    assert ended.next_step(1.1) == End("replica_lost: r1", FAILED.error)
+
+
 def test_done_or_a_close_by_the_user_ends_it_and_bad_bounds_are_refused() -> None:
     core = Reconnector(POLICY, 0.0)
     core.ended("client_stop")
