@@ -407,6 +407,18 @@ def test_prestop_drains_and_grace_period_covers_the_drain(chart: Any, drain_time
     assert only(docs, "ConfigMap")["data"]["LINGSTREAM_DRAIN_TIMEOUT"] == str(drain_timeout)
 
 
+def test_the_drain_hands_sessions_off_by_default_on_redis_and_is_today_s_wait_otherwise(chart: Any) -> None:
+    """The chart's default (`config.drainMode: hand_off`) reaches the pods only with the redis backend: one pod has
+    nowhere to hand a session to. `wait` is the value to keep today's drain."""
+    redis = {"admission": {"backend": "redis", "redisUrl": "redis://r:6379/0"}, "replicaCount": 2}
+    assert only(render(chart, redis), "ConfigMap")["data"]["LINGSTREAM_DRAIN_MODE"] == "hand_off"
+    waiting = render(chart, {**redis, "config": {"drainMode": "wait"}})
+    assert only(waiting, "ConfigMap")["data"]["LINGSTREAM_DRAIN_MODE"] == "wait"
+    assert "LINGSTREAM_DRAIN_MODE" not in only(render(chart, {}), "ConfigMap")["data"]
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"config": {"drainMode": "handoff"}})
+
+
 def test_grace_margin_is_configurable(chart: Any) -> None:
     docs = render(chart, {"config": {"drainTimeout": 120}, "terminationGraceMarginSeconds": 30})
     assert pod_spec(docs)["terminationGracePeriodSeconds"] == 150
