@@ -185,3 +185,35 @@ def test_a_closing_session_is_told_of_the_drain_but_keeps_its_close() -> None:
     session.request_close(CloseMode.DRAIN, "client_deleted")
     session.mark_service_draining("the service is draining")
     assert (session.service_draining, session.reason) == (True, "client_deleted")
+
+
+async def test_a_handed_off_session_tells_recovering_stops_here_without_done_and_keeps_its_clients_stop() -> None:
+    session = _session()
+    assert not session.hand_off("not running yet")
+    session.move(SessionState.ADMITTED)
+    session.move(SessionState.RUNNING)
+    with session.snapshots.subscribe() as snapshots, session.statuses.subscribe() as statuses:
+        assert session.hand_off("the service is draining; the session moves to another replica")
+        assert not session.hand_off("twice")
+        assert (session.state, session.close_mode, session.close_reason) == (
+            SessionState.RECOVERING,
+            CloseMode.CANCEL,
+            "handed_off",
+        )
+        assert session.close_requested.is_set()
+        assert session.escalated.is_set()
+        # What the replica does to let go of it is not a stop; its client's own stop is kept for the adopter.
+        assert not session.request_close(CloseMode.DRAIN, "completed")
+        assert not session.request_close(CloseMode.CANCEL, "client_gone: closed")
+        assert session.stop_after_hand_off is None
+        assert not session.request_close(CloseMode.DRAIN, "client_stop")
+        assert not session.request_close(CloseMode.CANCEL, "client_deleted")
+        assert session.stop_after_hand_off == (CloseMode.DRAIN, "client_stop")  # the first one
+        assert session.state is SessionState.RECOVERING
+        session.move(SessionState.CLOSED, reason="handed_off")
+        states = [snap.state async for snap in snapshots]
+        messages = [message async for message in statuses]
+    assert states == [SessionState.RECOVERING]  # its end here is not published
+    assert messages == [StateStatus("recovering", "the service is draining; the session moves to another replica")]
+    assert session.ended.is_set()
+    assert session.handing_off
