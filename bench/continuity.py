@@ -22,6 +22,11 @@ Measures, in one run:
   frozen record built), mean of 2 000, at chunk_size 3; checkpoint_share_of_chunk_period: that over the chunk's
   media duration at 16 fps (the goal: at most 1 %).
 
+- hand_off_recovery_ms_p50 / _p95, rolling_sessions_survived / rolling_sessions_total, replica_loss_recovery_ms_p50 /
+  _p95 and replica_ttl_s: real replicas on a real redis-server, a scripted rolling restart (drain hand-off) and
+  `--replica-kills` SIGKILLed replicas, measured at the Python client (`bench/_replicas.py` says how). `--quick`
+  starts no replica: these are null.
+
 The last line printed is one JSON object with every figure.
 """
 
@@ -41,6 +46,7 @@ import torch
 
 from admission import ExecutionLease, percentile
 from bench._common import report
+from bench._replicas import replica_figures
 from pipeline.bidirectional import ChunkItem, ControlState
 from pipeline.lingbot.camera import CameraChunk, PoseIntegrator
 from pipeline.lingbot.config import LingBotSessionConfig
@@ -246,6 +252,19 @@ def checkpoint_cost(rounds: int = 2000) -> dict[str, Any]:
     }
 
 
+_NO_REPLICAS: dict[str, Any] = dict.fromkeys(
+    (
+        "hand_off_recovery_ms_p50",
+        "hand_off_recovery_ms_p95",
+        "rolling_sessions_survived",
+        "rolling_sessions_total",
+        "replica_loss_recovery_ms_p50",
+        "replica_loss_recovery_ms_p95",
+        "replica_ttl_s",
+    )
+)
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000
 
@@ -254,10 +273,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a stage fault on threads instead of kills (about 15 s)")
     parser.add_argument("--kills", type=int, default=5, help="worker kills, one session each (default 5)")
+    parser.add_argument("--replica-kills", type=int, default=3, help="replica SIGKILLs, one session each (default 3)")
     args = parser.parse_args()
     started = time.perf_counter()
     figures = checkpoint_cost()
     figures.update(asyncio.run(stage_fault() if args.quick else worker_loss(args.kills, random.Random(33))))
+    figures.update(_NO_REPLICAS if args.quick else asyncio.run(replica_figures(args.replica_kills)))
     report(figures, started)
 
 

@@ -104,6 +104,13 @@ FIGURES: dict[str, frozenset[str]] = {
             "checkpoint_image_bytes_832x480",
             "checkpoint_ms_per_chunk",
             "checkpoint_share_of_chunk_period",
+            "hand_off_recovery_ms_p50",
+            "hand_off_recovery_ms_p95",
+            "rolling_sessions_survived",
+            "rolling_sessions_total",
+            "replica_loss_recovery_ms_p50",
+            "replica_loss_recovery_ms_p95",
+            "replica_ttl_s",
             "load_average_1m",
             "bench_seconds",
         }
