@@ -17,7 +17,7 @@ import contextlib
 import json
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -98,19 +98,29 @@ async def _replicas(
         for name in names:
             spawn(name)
         try:
-            async with httpx.AsyncClient(timeout=15.0) as http:
-                await asyncio.gather(*(_ready(http, replica) for replica in replicas.values()))
-            yield raw, replicas, spawn
-        except BaseException:
-            for replica in replicas.values():
-                print(f"--- {replica.name}\n{replica.output()[-8000:]}")
-            raise
+            with _reaped(replicas):
+                async with httpx.AsyncClient(timeout=15.0) as http:
+                    await asyncio.gather(*(_ready(http, replica) for replica in replicas.values()))
+                yield raw, replicas, spawn
         finally:
-            for replica in replicas.values():
-                if replica.process.poll() is None:
-                    replica.process.kill()
-                replica.process.wait(timeout=10)
             await raw.aclose()
+
+
+@contextlib.contextmanager
+def _reaped(replicas: dict[str, Replica]) -> Iterator[None]:
+    """On a failure inside, print every replica's output (pytest hands a fixture no failure); at the end, kill
+    every replica still running."""
+    try:
+        yield
+    except BaseException:
+        for replica in replicas.values():
+            print(f"--- {replica.name}\n{replica.output()[-8000:]}")
+        raise
+    finally:
+        for replica in replicas.values():
+            if replica.process.poll() is None:
+                replica.process.kill()
+            replica.process.wait(timeout=10)
 
 
 async def _chunks_seen(stream: LiveStream, count: int, within: float) -> list[int]:
@@ -228,107 +238,102 @@ def test_the_page_rejoins_by_itself_when_its_replica_is_killed(tmp_path: Path) -
         raw = redis.Redis.from_url(server.url)
         replicas: dict[str, Replica] = {}
         try:
-            for name in ("r1", "r2"):
-                log = tmp_path / f"{name}.log"
-                process, port = spawn_replica(
-                    log,
-                    redis_url=server.url,
-                    replica_id=name,
-                    worker_factory=None,
-                    LINGSTREAM_REPLICA_TTL=str(PAGE_TTL_S),
-                    LINGSTREAM_TORCH_THREADS="1",
-                )
-                replicas[name] = Replica(name, process, port, log)
-            for replica in replicas.values():
-                wait_until_ready(replica.url, replica.process, replica.output, within_s=STARTUP_S)
-            first, second = replicas["r1"], replicas["r2"]
-            with ThreadedFrontDoor([first.port, second.port]) as door, launch_chromium() as browser:
-                page = browser.new_context().new_page()
-                page.set_default_timeout(60_000)
-                page_errors: list[str] = []
-                page.on("pageerror", lambda error: page_errors.append(str(error)))
-                page.goto(door.url)
-                page.wait_for_function("window.lingstream !== undefined")
-                start_session(page, CONFIG["width"], CONFIG["height"])
-                wait_frames(page, 10)
-                sid = page.evaluate("window.lingstream.sessionId")
-                assert raw.hget(f"{PREFIX}t:{sid}", "replica") == b"r1"
-                deadline = time.monotonic() + 15
-                while not raw.hget(f"{PREFIX}t:{sid}", "ad"):
-                    assert time.monotonic() < deadline, "the session was not marked adoptable"
-                    time.sleep(0.05)  # polling Redis against a deadline
-                blocker = httpx.post(f"{second.url}/v1/sessions", json={"config": CONFIG}, timeout=15).json()["id"]
-                assert raw.hget(f"{PREFIX}t:{blocker}", "replica") == b"r2", "the blocker holds the survivor's slot"
-                page.evaluate(
-                    """() => { window.seenStates = []; window.seenLines = [];
-                       window.lingstream.session.on("state", ({ state }) => window.seenStates.push(state));
-                       window.lingstream.session.on("connection", ({ text }) => window.seenLines.push(text)); }"""
-                )
-                generation = page.evaluate("window.lingstream.generation")
-
-                killed_at = time.monotonic()
-                first.process.send_signal(signal.SIGKILL)
-                first.process.wait(timeout=10)
-                frames_at_kill = page.evaluate("window.lingstream.frames")
-                resume_at = json.loads(raw.get(f"{PREFIX}ckpt:h:{sid}") or b"{}")["next_chunk"]
-
-                # A hiccup: recovering; the page's tries are refused while nobody has adopted the session; once the
-                # survivor has room it adopts it and the same session plays again on a new peer connection.
-                seen = "() => ({ states: seenStates, lines: seenLines, errors: window.lingstream.session.errors })"
-                try:
-                    page.wait_for_function("window.seenStates.includes('recovering')", timeout=30_000)
-                    page.wait_for_function(
-                        "window.seenLines.some((line) => line.startsWith('offer refused: 409'))", timeout=30_000
+            with _reaped(replicas):
+                for name in ("r1", "r2"):
+                    log = tmp_path / f"{name}.log"
+                    process, port = spawn_replica(
+                        log,
+                        redis_url=server.url,
+                        replica_id=name,
+                        worker_factory=None,
+                        LINGSTREAM_REPLICA_TTL=str(PAGE_TTL_S),
+                        LINGSTREAM_TORCH_THREADS="1",
                     )
-                except Exception:
-                    print(f"the page saw: {page.evaluate(seen)}; Redis: {raw.hgetall(f'{PREFIX}t:{sid}')}")
-                    raise
-                assert raw.hget(f"{PREFIX}t:{sid}", "replica") != b"r2", "adopted before the page was refused"
-                cancelled = httpx.delete(f"{second.url}/v1/sessions/{blocker}", params={"mode": "cancel"}, timeout=15)
-                assert cancelled.status_code == 200, cancelled.text
-                try:
-                    page.wait_for_function(
-                        """([frames, chunk, generation]) => window.lingstream.state === "running"
-                           && window.lingstream.generation > generation && window.lingstream.frames > frames + 10
-                           && window.lingstream.lastChunk !== null && window.lingstream.lastChunk.index >= chunk""",
-                        arg=[frames_at_kill, resume_at, generation],
-                        timeout=45_000,
+                    replicas[name] = Replica(name, process, port, log)
+                for replica in replicas.values():
+                    wait_until_ready(replica.url, replica.process, replica.output, within_s=STARTUP_S)
+                first, second = replicas["r1"], replicas["r2"]
+                with ThreadedFrontDoor([first.port, second.port]) as door, launch_chromium() as browser:
+                    page = browser.new_context().new_page()
+                    page.set_default_timeout(60_000)
+                    page_errors: list[str] = []
+                    page.on("pageerror", lambda error: page_errors.append(str(error)))
+                    page.goto(door.url)
+                    page.wait_for_function("window.lingstream !== undefined")
+                    start_session(page, CONFIG["width"], CONFIG["height"])
+                    wait_frames(page, 10)
+                    sid = page.evaluate("window.lingstream.sessionId")
+                    assert raw.hget(f"{PREFIX}t:{sid}", "replica") == b"r1"
+                    deadline = time.monotonic() + 15
+                    while not raw.hget(f"{PREFIX}t:{sid}", "ad"):
+                        assert time.monotonic() < deadline, "the session was not marked adoptable"
+                        time.sleep(0.05)  # polling Redis against a deadline
+                    blocker = httpx.post(f"{second.url}/v1/sessions", json={"config": CONFIG}, timeout=15).json()["id"]
+                    assert raw.hget(f"{PREFIX}t:{blocker}", "replica") == b"r2", "the blocker holds the survivor's slot"
+                    page.evaluate(
+                        """() => { window.seenStates = []; window.seenLines = [];
+                           window.lingstream.session.on("state", ({ state }) => window.seenStates.push(state));
+                           window.lingstream.session.on("connection", ({ text }) => window.seenLines.push(text)); }"""
                     )
-                except Exception:
-                    print(f"the page saw: {page.evaluate(seen)}; Redis: {raw.hgetall(f'{PREFIX}t:{sid}')}")
-                    raise
-                rejoined_s = time.monotonic() - killed_at
-                assert page.evaluate("window.lingstream.sessionId") == sid
-                assert raw.hget(f"{PREFIX}t:{sid}", "replica") == b"r2"
-                assert page.evaluate("window.lingstream.session.errors") == []
-                assert not page.evaluate("document.getElementById('message').classList.contains('error')")
-                assert page.evaluate("window.lingstream.ended") is False
-                listed = httpx.get(f"{door.url}/v1/sessions", timeout=10).json()["sessions"]
-                assert sorted(body["id"] for body in listed) == sorted([sid, blocker]), "the page created no other"
-                metrics = httpx.get(f"{second.url}/metrics", timeout=10).text
-                assert 'lingstream_sessions_recovered_total{cause="replica_lost"} 1.0' in metrics
+                    generation = page.evaluate("window.lingstream.generation")
 
-                page_lines_refused = page.evaluate(
-                    "window.seenLines.filter((line) => line.startsWith('offer refused')).length"
+                    killed_at = time.monotonic()
+                    first.process.send_signal(signal.SIGKILL)
+                    first.process.wait(timeout=10)
+                    frames_at_kill = page.evaluate("window.lingstream.frames")
+                    resume_at = json.loads(raw.get(f"{PREFIX}ckpt:h:{sid}") or b"{}")["next_chunk"]
+
+                    # A hiccup: recovering; the page's tries are refused while nobody has adopted the session; once the
+                    # survivor has room it adopts it and the same session plays again on a new peer connection.
+                    seen = "() => ({ states: seenStates, lines: seenLines, errors: window.lingstream.session.errors })"
+                    try:
+                        page.wait_for_function("window.seenStates.includes('recovering')", timeout=30_000)
+                        page.wait_for_function(
+                            "window.seenLines.some((line) => line.startsWith('offer refused: 409'))", timeout=30_000
+                        )
+                    except Exception:
+                        print(f"the page saw: {page.evaluate(seen)}; Redis: {raw.hgetall(f'{PREFIX}t:{sid}')}")
+                        raise
+                    assert raw.hget(f"{PREFIX}t:{sid}", "replica") != b"r2", "adopted before the page was refused"
+                    cancelled = httpx.delete(
+                        f"{second.url}/v1/sessions/{blocker}", params={"mode": "cancel"}, timeout=15
+                    )
+                    assert cancelled.status_code == 200, cancelled.text
+                    try:
+                        page.wait_for_function(
+                            """([frames, chunk, generation]) => window.lingstream.state === "running"
+                               && window.lingstream.generation > generation && window.lingstream.frames > frames + 10
+                               && window.lingstream.lastChunk !== null && window.lingstream.lastChunk.index >= chunk""",
+                            arg=[frames_at_kill, resume_at, generation],
+                            timeout=45_000,
+                        )
+                    except Exception:
+                        print(f"the page saw: {page.evaluate(seen)}; Redis: {raw.hgetall(f'{PREFIX}t:{sid}')}")
+                        raise
+                    rejoined_s = time.monotonic() - killed_at
+                    assert page.evaluate("window.lingstream.sessionId") == sid
+                    assert raw.hget(f"{PREFIX}t:{sid}", "replica") == b"r2"
+                    assert page.evaluate("window.lingstream.session.errors") == []
+                    assert not page.evaluate("document.getElementById('message').classList.contains('error')")
+                    assert page.evaluate("window.lingstream.ended") is False
+                    listed = httpx.get(f"{door.url}/v1/sessions", timeout=10).json()["sessions"]
+                    assert sorted(body["id"] for body in listed) == sorted([sid, blocker]), "the page created no other"
+                    metrics = httpx.get(f"{second.url}/metrics", timeout=10).text
+                    assert 'lingstream_sessions_recovered_total{cause="replica_lost"} 1.0' in metrics
+
+                    page_lines_refused = page.evaluate(
+                        "window.seenLines.filter((line) => line.startsWith('offer refused')).length"
+                    )
+                    page.click("#stop")
+                    page.wait_for_function("window.lingstream.done === 'client_stop'")
+                    assert page_errors == []
+                refused = page_lines_refused
+                print(
+                    f"the page played again {rejoined_s:.2f} s after the kill (TTL {PAGE_TTL_S} s; {refused} refused "
+                    f"tries before the survivor had room); routed {door.connections}"
                 )
-                page.click("#stop")
-                page.wait_for_function("window.lingstream.done === 'client_stop'")
-                assert page_errors == []
-            refused = page_lines_refused
-            print(
-                f"the page played again {rejoined_s:.2f} s after the kill (TTL {PAGE_TTL_S} s; {refused} refused tries "
-                f"before the survivor had room); routed {door.connections}"
-            )
-            assert "Traceback" not in second.output()
-        except BaseException:
-            for replica in replicas.values():
-                print(f"--- {replica.name}\n{replica.output()[-8000:]}")
-            raise
+                assert "Traceback" not in second.output()
         finally:
-            for replica in replicas.values():
-                if replica.process.poll() is None:
-                    replica.process.kill()
-                replica.process.wait(timeout=10)
             raw.close()
 
 
