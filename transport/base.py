@@ -273,6 +273,9 @@ class BindingStatistics:
     `frames_unsent`: frames the pacer released while no connection could take them. `track_dropped`: frames the
     video track's own queue dropped because its sender was behind (None: this kind has no such queue).
     `reconnects`: returns counted by kind, for the kinds this binding has. `viewers`: the session's viewers.
+    `controls`: the controller's messages handed to the session, by `(via, type)`: `via` `packet` (a data packet or
+    data channel message) or `rpc` (a LiveKit RPC call), `type` the message's wire type
+    (`ControlStatistics.forwarded_by`).
     """
 
     pacer: PacerStatistics
@@ -280,6 +283,7 @@ class BindingStatistics:
     track_dropped: int | None
     reconnects: Mapping[ReconnectKind, int]
     viewers: ViewerFigures = ViewerFigures()
+    controls: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 class TransportStatistics(Protocol):

@@ -97,6 +97,7 @@ class _SessionFigures:
     idle_sent: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     reconnects: Counter[str] = field(default_factory=Counter)
+    controls: Counter[tuple[str, str]] = field(default_factory=Counter)
     viewers: int = 0
     viewer_dropped: int | None = None
     viewer_refused: int | None = None
@@ -131,6 +132,7 @@ class ServiceMetrics:
         self._retired_idle_sent = 0
         self._retired_dropped: Counter[str] = Counter()
         self._retired_reconnects: Counter[str] = Counter()
+        self._retired_controls: Counter[tuple[str, str]] = Counter()
         self._retired_viewer_dropped: int | None = None
         self._retired_viewer_refused: int | None = None
         self._last = _EMPTY
@@ -266,6 +268,7 @@ class ServiceMetrics:
         self._retired_idle_sent += figures.idle_sent
         self._retired_dropped.update(figures.dropped)
         self._retired_reconnects.update(figures.reconnects)
+        self._retired_controls.update(figures.controls)
         self._retired_viewer_dropped = _add(self._retired_viewer_dropped, figures.viewer_dropped)
         self._retired_viewer_refused = _add(self._retired_viewer_refused, figures.viewer_refused)
 
@@ -387,6 +390,7 @@ class ServiceMetrics:
         idle_sent = self._retired_idle_sent
         dropped = Counter(self._retired_dropped)
         reconnects = Counter(self._retired_reconnects)
+        controls = Counter(self._retired_controls)
         viewers = 0
         viewer_dropped, viewer_refused = self._retired_viewer_dropped, self._retired_viewer_refused
         for figures in self._sessions.values():
@@ -394,6 +398,7 @@ class ServiceMetrics:
             idle_sent += figures.idle_sent
             dropped.update(figures.dropped)
             reconnects.update(figures.reconnects)
+            controls.update(figures.controls)
             viewers += figures.viewers
             viewer_dropped = _add(viewer_dropped, figures.viewer_dropped)
             viewer_refused = _add(viewer_refused, figures.viewer_refused)
@@ -407,6 +412,7 @@ class ServiceMetrics:
             viewer_frames_dropped=viewer_dropped,
             viewer_controls_refused=viewer_refused,
             idle_frames_sent=idle_sent,
+            controls=dict(controls),
         )
 
     def _read_binding(self, session_id: str, figures: _SessionFigures) -> None:
@@ -429,6 +435,7 @@ class ServiceMetrics:
             figures.dropped["track"] = stats.track_dropped
         for kind, count in stats.reconnects.items():
             figures.reconnects[kind.value] = count
+        figures.controls = Counter(stats.controls)
         figures.viewers = stats.viewers.watching
         figures.viewer_dropped = stats.viewers.frames_dropped
         figures.viewer_refused = stats.viewers.controls_refused

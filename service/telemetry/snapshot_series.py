@@ -1,13 +1,13 @@
 """The series read from one `StatisticsSnapshot` per collection: the model workers (their statistics, their
 orchestrators' diagnostics, their execution leases: `observe_workers`) and the running sessions and the transport
-(the real-time factor, frames, reconnects, viewers: `observe_sessions`). `ServiceMetrics` takes the snapshots on the
-event loop and hands these a reader; the records are defined here. docs/metrics.md lists the series.
+(the real-time factor, frames, reconnects, controls, viewers: `observe_sessions`). `ServiceMetrics` takes the
+snapshots on the event loop and hands these a reader; the records are defined here. docs/metrics.md lists the series.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opentelemetry.metrics import Meter, Observation
 
@@ -44,6 +44,7 @@ class TransportFigures:
     viewer_frames_dropped: int | None = None
     viewer_controls_refused: int | None = None
     idle_frames_sent: int = 0
+    controls: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +191,13 @@ def observe_sessions(meter: Meter, read: Callable[[], StatisticsSnapshot]) -> No
         [callback(transport, lambda t: (Observation(n, {"kind": k}) for k, n in t.reconnects.items()))],
         unit="{reconnect}",
         description="Transport reconnects by kind (sdk_resume, rejoin, controller_return, peer_return).",
+    )
+    meter.create_observable_counter(
+        "lingstream.transport.controls",
+        [callback(transport, lambda t: (Observation(n, {"via": v, "type": k}) for (v, k), n in t.controls.items()))],
+        unit="{message}",
+        description="Controllers' messages handed to their sessions, by how they came (packet: a data packet or "
+        "data channel message; rpc: a LiveKit RPC call) and wire type (control_state, prompt, stop, ...).",
     )
     meter.create_observable_gauge(
         "lingstream.viewers",

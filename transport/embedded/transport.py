@@ -219,6 +219,7 @@ class EmbeddedTransport:
                 frames_dropped=stats.viewers.frames_dropped,
                 controls_refused=stats.viewers.controls_refused,
             ),
+            controls=stats.control.forwarded_by,
         )
 
     @property

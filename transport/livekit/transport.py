@@ -469,6 +469,7 @@ class LiveKitTransport:
                 ReconnectKind.CONTROLLER_RETURN: stats.controller_returns,
             },
             viewers=ViewerFigures(watching=stats.viewers.watching),
+            controls=stats.control.forwarded_by,
         )
 
     def statistics(self) -> LiveKitTransportStatistics:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pipeline.bidirectional import ControlMessage, SetPrompt
@@ -68,6 +68,10 @@ class ControlStatistics:
     calls: int = 0
     """Discrete commands that expected an answer (`ControlIntake.call`, LiveKit RPC); their refusals are counted in
     `rejected` / `refused` and `rejected_by_code` like those of messages."""
+    forwarded_by: Mapping[tuple[str, str], int] = field(default_factory=lambda: MappingProxyType({}))
+    """`forwarded` by how each message came and its wire type: `("packet", "control_state")`, `("rpc", "stop")`, ...
+    (`packet`: `receive`, a data packet or data channel message; `rpc`: `call`). Tells a client's RPC use from its
+    packet fallback."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,11 +152,12 @@ class ControlIntake:
         self._error_replies = 0
         self._error_replies_suppressed = 0
         self._calls = 0
+        self._forwarded_by: dict[tuple[str, str], int] = {}
 
     def receive(self, data: bytes | str) -> None:
         """Take one message from the client; a refusal is answered with an `error` status (rate-limited)."""
         self._received += 1
-        outcome = self._take(decode_control(data, max_bytes=self._max_bytes))
+        outcome = self._take(decode_control(data, max_bytes=self._max_bytes), "packet")
         if isinstance(outcome, CallRefusal) and outcome is not _PUSH_FAILED:  # a push failure is logged, not told
             self._send_error(outcome.code, ErrorStatus(code=outcome.code, message=outcome.message))
 
@@ -167,14 +172,14 @@ class ControlIntake:
                 ProtocolErrorCode.INVALID_MESSAGE,
                 f"this call takes a {kind!r} message, not {control_type(message)!r}",
             )
-        outcome = self._take(message)
+        outcome = self._take(message, "rpc")
         if isinstance(outcome, CallRefusal) and outcome is not _PUSH_FAILED:
             self._rejected[outcome.code] = self._rejected.get(outcome.code, 0) + 1
         return outcome
 
-    def _take(self, message: ControlMessage | ProtocolError) -> CallAnswer | CallRefusal:
+    def _take(self, message: ControlMessage | ProtocolError, via: str) -> CallAnswer | CallRefusal:
         """The rules both paths share: bounds, the prompt rate, newest wins, the session's own refusal. Counts
-        everything but the refusal itself (each path counts and answers it its own way)."""
+        everything but the refusal itself (each path counts and answers it its own way); `via` names the path."""
         if isinstance(message, ProtocolError):
             return CallRefusal(str(message.code), message.message)
         if isinstance(message, SetPrompt) and not self._prompts.take():
@@ -194,6 +199,8 @@ class ControlIntake:
             logger.warning("session %s refused a control message", self._port.session_id, exc_info=True)
             return _PUSH_FAILED
         self._forwarded += 1
+        key = (via, control_type(message))
+        self._forwarded_by[key] = self._forwarded_by.get(key, 0) + 1
         return CallAnswer(self._port.state)
 
     def ignore(self) -> None:
@@ -223,4 +230,5 @@ class ControlIntake:
             prompts_rate_limited=self._prompts_rate_limited,
             refused=self._refused,
             calls=self._calls,
+            forwarded_by=MappingProxyType(dict(self._forwarded_by)),
         )

@@ -87,6 +87,7 @@ def test_every_worker_and_transport_series_reads_the_field_it_is_named_for() -> 
         track_dropped=next(values),
         reconnects={kind: next(values) for kind in ReconnectKind},
         viewers=viewers,
+        controls={("packet", "control_state"): next(values), ("rpc", "stop"): next(values)},
     )
     sessions = next(values)
     worker = SimpleNamespace(statistics=lambda: service)
@@ -139,6 +140,10 @@ def test_every_worker_and_transport_series_reads_the_field_it_is_named_for() -> 
         **{
             _key("lingstream_transport_reconnects_total", kind=kind.value): count
             for kind, count in binding.reconnects.items()
+        },
+        **{
+            _key("lingstream_transport_controls_total", via=via, type=kind): count
+            for (via, kind), count in binding.controls.items()
         },
         _key("lingstream_viewers", transport="embedded"): viewers.watching,
         _key("lingstream_viewers_frames_dropped_total", transport="embedded"): viewers.frames_dropped,

@@ -77,6 +77,7 @@ class BindingFigures:
     rejoins: int = 0
     sdk_reconnects: int = 0
     viewers: ViewerFigures = dataclasses.field(default_factory=ViewerFigures)
+    controls: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
 
 
 class BindingTransport(RecordingTransport):
@@ -108,7 +109,12 @@ class BindingTransport(RecordingTransport):
         )
         reconnects = {ReconnectKind.REJOIN: figures.rejoins, ReconnectKind.SDK_RESUME: figures.sdk_reconnects}
         return BindingStatistics(
-            pacer=pacer, frames_unsent=0, track_dropped=None, reconnects=reconnects, viewers=figures.viewers
+            pacer=pacer,
+            frames_unsent=0,
+            track_dropped=None,
+            reconnects=reconnects,
+            viewers=figures.viewers,
+            controls=dict(figures.controls),
         )
 
 
@@ -284,7 +290,7 @@ async def test_a_queued_session_records_its_wait_and_both_spans_show_the_queue()
     assert [event.name for event in queued[0].events] == ["queued", "admitted"]
 
 
-async def test_transport_frames_and_reconnects_are_summed_over_live_and_ended_sessions() -> None:
+async def test_transport_frames_reconnects_and_controls_are_summed_over_live_and_ended_sessions() -> None:
     transport = BindingTransport()
     async with service(transport=transport, max_sessions_per_worker=2) as svc:
         ended = await _run_chunks(svc, 1)
@@ -293,11 +299,13 @@ async def test_transport_frames_and_reconnects_are_summed_over_live_and_ended_se
         transport.figures[ended].idle_frames_sent = 40
         transport.figures[ended].dropped_late = 2
         transport.figures[ended].rejoins = 1
+        transport.figures[ended].controls = {("rpc", "stop"): 1, ("packet", "control_state"): 4}
         await svc.client.delete(f"/v1/sessions/{ended}")
         transport.figures[ended].frames_sent = 1000  # after the end: no longer read
         transport.figures[live].frames_sent = 5
         transport.figures[live].idle_frames_sent = 2
         transport.figures[live].sdk_reconnects = 3
+        transport.figures[live].controls = {("packet", "control_state"): 2, ("packet", "stop"): 1}
         text = await svc.scrape()
     assert metric(text, "lingstream_transport_frames_sent_total") == 12
     assert metric(text, "lingstream_transport_idle_frames_sent_total") == 42  # repeats: never generated frames
@@ -305,6 +313,9 @@ async def test_transport_frames_and_reconnects_are_summed_over_live_and_ended_se
     assert metric(text, 'lingstream_transport_frames_dropped_total{reason="unsent"}') == 0
     assert metric(text, 'lingstream_transport_reconnects_total{kind="rejoin"}') == 1
     assert metric(text, 'lingstream_transport_reconnects_total{kind="sdk_resume"}') == 3
+    assert metric(text, 'lingstream_transport_controls_total{type="control_state",via="packet"}') == 6
+    assert metric(text, 'lingstream_transport_controls_total{type="stop",via="rpc"}') == 1
+    assert metric(text, 'lingstream_transport_controls_total{type="stop",via="packet"}') == 1
     assert metric(text, "lingstream_transport_sessions") == 1
 
 

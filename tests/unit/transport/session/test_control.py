@@ -10,7 +10,7 @@ from tests.support.fakes.clock import FakeClock
 from tests.support.fakes.transport_port import FakeSessionPort
 from transport.base import ErrorStatus, StatusMessage
 from transport.errors import ControlRejectedError
-from transport.session.control import PROMPT_BURST, PROMPT_RATE, ControlIntake
+from transport.session.control import PROMPT_BURST, PROMPT_RATE, CallAnswer, CallRefusal, ControlIntake
 
 # docs/control-protocol.md: error replies come in bursts of 10, then 5 per second.
 BURST = 10
@@ -94,6 +94,28 @@ def test_every_message_is_counted_once_by_its_outcome() -> None:
     assert (stats.received, stats.forwarded, stats.push_failures, stats.ignored, stats.rejected) == (7, 2, 2, 2, 1)
     assert (stats.inbox.accepted, stats.inbox.stale, stats.inbox.duplicates, stats.inbox.commands) == (3, 1, 1, 1)
     assert len(port.controls) == 2
+
+
+def test_forwarded_messages_are_counted_by_the_path_they_came_and_their_type() -> None:
+    port = FakeSessionPort()
+    intake = ControlIntake(port, lambda _: None, clock=FakeClock())
+    intake.receive(_wire(1, "w"))
+    intake.receive(_wire(2, "w", "a"))
+    intake.receive(_wire(2, "w", "a"))  # a duplicate: not forwarded, not counted
+    intake.receive('{"v":1,"type":"stop"}')
+    assert isinstance(intake.call('{"v":1,"type":"prompt","seq":1,"text":"fog"}', "prompt"), CallAnswer)
+    assert isinstance(intake.call('{"v":1,"type":"reset_pose"}', "reset_pose"), CallAnswer)
+    assert isinstance(intake.call('{"v":1,"type":"reset_pose"}', "pause"), CallRefusal)  # refused: not counted
+    assert isinstance(intake.call('{"v":1,"type":"stop"}', "stop"), CallAnswer)
+    stats = intake.statistics()
+    assert dict(stats.forwarded_by) == {
+        ("packet", "control_state"): 2,
+        ("packet", "stop"): 1,
+        ("rpc", "prompt"): 1,
+        ("rpc", "reset_pose"): 1,
+        ("rpc", "stop"): 1,
+    }
+    assert sum(stats.forwarded_by.values()) == stats.forwarded
 
 
 def test_the_configured_size_limit_is_applied() -> None:
