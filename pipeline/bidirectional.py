@@ -219,7 +219,10 @@ class PreparedSession:
     the implementation's own record (`SessionCheckpoint` for LingBot); None: a new session."""
     down_s: float = 0.0
     """With `resume`: how long the session had been without a replica when it was handed to this worker (from its
-    lost replica's last heartbeat); its recovery time counts from there, not from the restore."""
+    lost replica's last heartbeat, or from its hand-off); its recovery time counts from there, not from the restore."""
+    resume_cause: str = "replica_lost"
+    """With `resume`: why the session left its replica, the `cause` its recovery is counted under: "replica_lost"
+    (the replica died) or "replica_draining" (it handed the session off while draining)."""
 
 
 @dataclass(frozen=True, slots=True)

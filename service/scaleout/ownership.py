@@ -254,7 +254,12 @@ class Ownership:
                         raise _NotAdopted("replica_lost", f"its checkpoint could not be read: {exc}") from exc
                     if checkpoint is None:
                         raise _NotAdopted("replica_lost", "its replica was lost and its checkpoint is gone")
-                    prepared = dataclasses.replace(prepared, resume=checkpoint, down_s=_down_s(view, began))
+                    prepared = dataclasses.replace(
+                        prepared,
+                        resume=checkpoint,
+                        down_s=_down_s(view, began),
+                        resume_cause=view.orphan_reason or "replica_lost",
+                    )
                     room = await self._resumed_room(tid)
                 if host.closing:
                     raise _NotAdopted("shutdown", "the replica that admitted it was shutting down")
@@ -315,12 +320,13 @@ class Ownership:
 
 
 def _down_s(view: SharedTicketView, began: float) -> float:
-    """How long the adopted session has been without a replica: from its lost replica's last heartbeat to the
-    adoption (both on the Redis server's clock), plus the time since the adopted event reached this replica (`began`,
-    monotonic). 0 when the view does not say (an older Redis side)."""
-    if view.last_seen_at is None or view.adopted_at is None:
+    """How long the adopted session has been without a replica: from its lost replica's last heartbeat (or, handed
+    off, from its hand-off: `orphaned_at`) to the adoption (both on the Redis server's clock), plus the time since the
+    adopted event reached this replica (`began`, monotonic). 0 when the view does not say (an older Redis side)."""
+    left = view.orphaned_at if view.orphan_reason == "replica_draining" else view.last_seen_at
+    if left is None or view.adopted_at is None:
         return 0.0
-    return max(0.0, view.adopted_at - view.last_seen_at) + (time.monotonic() - began)
+    return max(0.0, view.adopted_at - left) + (time.monotonic() - began)
 
 
 class _NotAdopted(Exception):

@@ -354,7 +354,8 @@ class ServiceMetrics:
             "lingstream.sessions.recovered",
             unit="{session}",
             description="Sessions rebuilt from their checkpoint after their model worker failed under them, or "
-            "adopted after their replica was lost, by cause (worker_lost, stage_failed, replica_lost).",
+            "adopted after their replica was lost or handed them off, by cause (worker_lost, stage_failed, "
+            "replica_lost, replica_draining).",
         )
         self._chunks = meter.create_counter(
             "lingstream.chunks", unit="{chunk}", description="Chunks the service received from its model workers."

@@ -62,10 +62,6 @@ _READY_POLL_S = 0.05
 """How often a recovering session looks whether its workers are back (the process actors report no event for it)."""
 
 
-ADOPTION_CAUSE = "replica_lost"
-"""The recovery cause of a session opened from another replica's checkpoint (`PreparedSession.resume`)."""
-
-
 class LingBotService:
     """One model worker's LingBot sessions (see `pipeline.bidirectional.BidirectionalService` for the contract).
 
@@ -290,7 +286,7 @@ class LingBotService:
             self._trackers[session_id] = tracker
             session.on_chunk = lambda: self._chunk_out(session, tracker)
         if isinstance(resume, SessionCheckpoint):
-            self._count_adoption(session, self._clock.now() - max(0.0, prepared.down_s))
+            self._count_adoption(session, prepared.resume_cause, self._clock.now() - max(0.0, prepared.down_s))
         self._loops[session_id] = asyncio.get_running_loop().create_task(self._drive(session))
 
     @property
@@ -456,22 +452,24 @@ class LingBotService:
         logger.info("session %s: rebuilt in %.2f s (%s, attempt %d)", session.session_id, seconds, name, attempt)
         self._notify(RecoveryNotice(session.session_id, False, name, attempt, seconds))
 
-    def _count_adoption(self, session: LingBotSession, started: float) -> None:
-        """An adopted session's first chunk completes its recovery from the loss of its replica: counted (cause
-        `replica_lost`, seconds from `started`: its lost replica's last heartbeat, `PreparedSession.down_s` before
-        its restore here) and told to the listeners, before the chunk's own callback."""
+    def _count_adoption(self, session: LingBotSession, cause: str, started: float) -> None:
+        """An adopted session's first chunk completes its recovery from leaving its replica: counted under `cause`
+        (`PreparedSession.resume_cause`: replica_lost or replica_draining), seconds from `started` (its lost
+        replica's last heartbeat or its hand-off, `PreparedSession.down_s` before its restore here), and told to the
+        listeners, before the chunk's own callback."""
         after = session.on_chunk
 
         def first_chunk() -> None:
             session.on_chunk = after
             seconds = self._clock.now() - started
-            self._recovered[ADOPTION_CAUSE] = self._recovered.get(ADOPTION_CAUSE, 0) + 1
+            self._recovered[cause] = self._recovered.get(cause, 0) + 1
             logger.info(
-                "session %s: adopted, first chunk %.2f s after its replica's last heartbeat",
+                "session %s: adopted (%s), first chunk %.2f s after it left its replica",
                 session.session_id,
+                cause,
                 seconds,
             )
-            self._notify(RecoveryNotice(session.session_id, False, ADOPTION_CAUSE, 1, seconds))
+            self._notify(RecoveryNotice(session.session_id, False, cause, 1, seconds))
             if after is not None:
                 after()
 

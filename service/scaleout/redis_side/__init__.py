@@ -48,8 +48,9 @@ tag such as `{lingstream}:admission:` keeps them in one Redis Cluster slot):
                                pause requests ("k" = "pause", "id", "replica", "action" = pause | resume, "by")
 
 Ticket hash fields: `id owner state reason origin replica worker seq created admitted ended qdl hbdl v ctok failure
-status status_reason body um ad orphaned handed adopted` (`um`: up to when its running time was counted; `ad`: the
-owner marked it adoptable; `orphaned`/`adopted`: when it lost its replica / was adopted). Times are Redis server
+status status_reason body um ad orphaned why handed adopted` (`um`: up to when its running time was counted; `ad`:
+the owner marked it adoptable; `orphaned`/`adopted`: when it last lost its replica / was adopted; `why`: why it last
+lost it, replica_lost or replica_draining, which its adopter counts its recovery under). Times are Redis server
 milliseconds since the epoch (`TIME`), so replicas' clocks never matter. `v` grows by one with every change that
 emits an event, which lets readers drop stale or repeated events.
 """

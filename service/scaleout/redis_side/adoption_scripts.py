@@ -63,7 +63,8 @@ return reply('ok', snapshot(id))
 # adopt: ARGV[7] how long an orphan may wait for an adopter (ms), [8] the most to adopt in this call. First every
 # orphan whose checkpoint is gone or whose wait is over fails (replica_lost); then BY (alive, not draining) adopts
 # the oldest orphans while it has a free healthy slot: the slot moves to BY in this script, so exactly one replica
-# adopts each. Result: {adopted tickets (BY rebuilds each), failed tickets}.
+# adopts each. Result: {adopted tickets (BY rebuilds each; each keeps `why` and `orphaned`: why and when it lost its
+# replica), failed tickets}.
 _ADOPT = r"""
 local max_wait, most = tonumber(ARGV[7]), tonumber(ARGV[8])
 local adopted, failed = {}, {}
@@ -87,7 +88,7 @@ if ME and not ME.draining and alive(BY) then
     local w = pick(BY, ME)
     if w == nil then break end
     redis.call('ZREM', ORPHANS, id)
-    redis.call('HDEL', tkey(id), 'orphaned', 'handed')
+    redis.call('HDEL', tkey(id), 'handed')  -- `orphaned` and `why` stay: the adopter's recovery cause and start
     redis.call('HSET', tkey(id), 'replica', BY, 'worker', w, 'adopted', NOW, 'um', NOW)
     redis.call('HSET', hkey(BY), id, w)
     emit('adopted', id)

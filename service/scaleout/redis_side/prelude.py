@@ -271,11 +271,12 @@ local function is_orphan(id) return redis.call('ZSCORE', ORPHANS, id) ~= false e
 
 -- The admitted session `id` leaves replica r's slot and waits in `orphans` (by its seq: the oldest admitted is
 -- adopted first) for a replica to adopt it: its state stays admitted, its replica r until then. `why` is its status
--- reason meanwhile (replica_lost; replica_draining: r handed it off).
+-- reason meanwhile (replica_lost; replica_draining: r handed it off), also kept as `why`, which its adopter reads
+-- (with `orphaned`: both outlive the adoption, unlike the status its adopter then publishes).
 local function orphan(id, r, why)
   redis.call('HDEL', hkey(r), id)
   redis.call('ZADD', ORPHANS, redis.call('HGET', tkey(id), 'seq'), id)
-  redis.call('HSET', tkey(id), 'orphaned', NOW, 'status', 'recovering', 'status_reason', why)
+  redis.call('HSET', tkey(id), 'orphaned', NOW, 'why', why, 'status', 'recovering', 'status_reason', why)
   emit('orphaned', id)
 end
 

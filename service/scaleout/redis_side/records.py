@@ -100,6 +100,8 @@ class SharedTicketView:
     version: int = 0
     last_seen_at: float | None = None
     adopted_at: float | None = None  # when a replica adopted it (after its own was lost or handed it off)
+    orphaned_at: float | None = None  # when it last left its replica for an adopter (kept once adopted)
+    orphan_reason: str | None = None  # why: "replica_lost" (reaped) or "replica_draining" (handed off on drain)
 
     @property
     def is_terminal(self) -> bool:
@@ -217,6 +219,8 @@ def decode_view(fields: Mapping[str, bytes]) -> SharedTicketView:
         version=number("v") or 0,
         last_seen_at=seconds("seen"),
         adopted_at=seconds("adopted"),
+        orphaned_at=seconds("orphaned"),
+        orphan_reason=text("why"),
     )
 
 

@@ -59,6 +59,7 @@ async def test_racing_adopters_exactly_one_wins_and_the_slot_moves_with_it(clust
     (winner,) = winners
     (adopted,), failed = results[["b", "c", "d"].index(winner)]
     assert (adopted.ticket_id, adopted.replica, adopted.state, failed) == ("x", winner, TicketState.ADMITTED, [])
+    assert adopted.orphan_reason == "replica_lost"  # the cause its adopter counts its recovery under
     assert cluster.replicas[winner].held() == {"x": 0}
     snapshot = await cluster.check()
     assert snapshot.orphans == []
@@ -252,14 +253,30 @@ async def test_a_handed_off_session_whose_adopter_dies_mid_adoption_is_orphaned_
     assert await a.hand_off("x") == "ok"
     view = await c.get("x")
     assert (view.status, view.status_reason) == ("recovering", "replica_draining")
+    handed_at = view.orphaned_at
+    assert handed_at is not None
     adopted, _ = await b.adopt(30.0, 4)
     assert [v.ticket_id for v in adopted] == ["x"]
+    # The adopter learns why and when the session left its replica (its recovery's cause and start), from the
+    # adopt reply and from the adopted event alike.
+    assert (adopted[0].orphan_reason, adopted[0].orphaned_at) == ("replica_draining", handed_at)
+    assert adopted[0].adopted_at is not None
+    assert adopted[0].adopted_at >= handed_at
+    told = (await cluster.logs["c"].wait_for(SharedEventKind.ADOPTED, "x")).ticket
+    assert (told.replica, told.orphan_reason, told.orphaned_at) == ("b", "replica_draining", handed_at)
     await _lose(cluster, "b")  # b dies before it rebuilt the session: its slot holds x, its liveness lapses
     await _orphaned(cluster, c, "x")
-    assert (await c.get("x")).status_reason == "replica_lost"
+    view = await c.get("x")
+    assert (view.status_reason, view.orphan_reason) == ("replica_lost", "replica_lost")
+    assert view.orphaned_at is not None
+    assert view.orphaned_at > handed_at
     await cluster.check()
     adopted, _ = await c.adopt(30.0, 4)
-    assert [(v.ticket_id, v.replica) for v in adopted] == [("x", "c")]
+    assert [(v.ticket_id, v.replica, v.orphan_reason) for v in adopted] == [("x", "c", "replica_lost")]
+    lost_seen, lost_at = adopted[0].last_seen_at, adopted[0].orphaned_at
+    assert lost_seen is not None
+    assert lost_at is not None
+    assert lost_seen <= lost_at  # b's last heartbeat, then the reaper orphaned x
     assert await c.adopt(30.0, 4) == ([], [])  # once
     assert len(cluster.logs["c"].of(SharedEventKind.ADOPTED)) == 2  # b's, then c's
     await c.release("x")

@@ -300,5 +300,16 @@ async def test_a_session_adopted_by_another_worker_from_its_checkpoint_bytes_mak
         assert after_all is not None
         assert after_all.next_chunk == last + 1
         await adopter.close_session("s", CloseMode.CANCEL)
+        # Handed off on drain rather than lost: counted under its own cause, from its hand-off 2 s before.
+        handed = dataclasses.replace(
+            adopter.prepare(SMALL, None), resume=carried, down_s=2.0, resume_cause="replica_draining"
+        )
+        await adopter.create_session("s", handed)
+        assert [c.index for c in await _chunks(adopter, start)] == [start]
+        assert [(n.recovering, n.cause) for n in notices[1:]] == [(False, "replica_draining")]
+        assert notices[1].recovery_s is not None
+        assert 2.0 <= notices[1].recovery_s < 2.0 + 60
+        assert adopter.recovery_statistics() == ({"replica_lost": 1, "replica_draining": 1}, 0)
+        await adopter.close_session("s", CloseMode.CANCEL)
     finally:
         await adopter.aclose()
