@@ -41,7 +41,7 @@ from service.scaleout.registry import (
 )
 from transport.base import ResumedRoom
 
-__all__ = ["CALL_ERRORS", "Ownership", "spawn_unless_closed"]
+__all__ = ["CALL_ERRORS", "Ownership", "adoption_down_s", "spawn_unless_closed"]
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +257,7 @@ class Ownership:
                     prepared = dataclasses.replace(
                         prepared,
                         resume=checkpoint,
-                        down_s=_down_s(view, began),
+                        down_s=adoption_down_s(view, began),
                         resume_cause=view.orphan_reason or "replica_lost",
                     )
                     room = await self._resumed_room(tid)
@@ -319,7 +319,7 @@ class Ownership:
         await self.release_now(session_id)
 
 
-def _down_s(view: SharedTicketView, began: float) -> float:
+def adoption_down_s(view: SharedTicketView, began: float) -> float:
     """How long the adopted session has been without a replica: from its lost replica's last heartbeat (or, handed
     off, from its hand-off: `orphaned_at`) to the adoption (both on the Redis server's clock), plus the time since the
     adopted event reached this replica (`began`, monotonic). 0 when the view does not say (an older Redis side)."""
