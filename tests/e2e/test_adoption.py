@@ -378,6 +378,11 @@ async def test_a_rolling_restart_of_three_replicas_hands_three_live_sessions_on_
                     await until(watch.streaming_again(sigterm_at[name]), f"{watch.sid} streaming again", within=60)
                     assert await _on(raw, watch.sid, new.name.encode())
                     assert "handed off" in old.output()
+                    async with httpx.AsyncClient(timeout=15.0) as http:
+                        metrics = (await http.get(f"{new.url}/metrics")).text
+                    # counted as a hand-off (the orphan's reason reached the adopter), not as a replica loss
+                    assert _sample(metrics, 'lingstream_sessions_recovered_total{cause="replica_draining"}') == 1.0
+                    assert 'lingstream_sessions_recovered_total{cause="replica_lost"}' not in metrics
                 for watch in watches.values():
                     watch.stop.set()
         gaps: list[float] = []
