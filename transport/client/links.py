@@ -198,6 +198,15 @@ class EmbeddedLink:
             await asyncio.gather(reader, return_exceptions=True)
 
 
+def is_source_placeholder(image: np.ndarray, frame_id: int | None, *, stamped: bool) -> bool:
+    """Whether a LiveKit frame is the SDK's placeholder rather than the session's: a native `VideoSource` sends an
+    all-zero frame every 100 ms until it is given its first one (measured, docs/testing.md), so a subscriber can read
+    black frames before the service captured anything, and after the first chunk status on a loaded machine. The
+    service stamps every frame it captures with its frame id, so a frame with no id and nothing in it, before any
+    stamped frame, is the placeholder; a frame with an id, or any frame once one came, is the session's."""
+    return frame_id is None and not stamped and not image.any()
+
+
 class LiveKitLink:
     """The LiveKit side of a client: the `livekit` SDK in the session's room. `open` joins with `token` (the
     controller token from the join details unless the caller minted its own), waits for the service identity's
@@ -216,6 +225,7 @@ class LiveKitLink:
         self._reader: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()  # replaced tracks' readers being closed
         self._track_ready = asyncio.Event()
+        self._stamped = False  # a frame with the service's frame id has come: no source placeholder comes after it
         self._closed = False
         self.track_switches = 0  # video tracks of the service identity that replaced the one read before
 
@@ -301,6 +311,9 @@ class LiveKitLink:
             image = np.frombuffer(bytes(frame.data), np.uint8).reshape(frame.height, frame.width, 3)
             metadata = event.metadata  # the service stamps every frame with its frame id (LiveKit frame metadata)
             frame_id = int(metadata.frame_id) if metadata is not None and metadata.HasField("frame_id") else None
+            if is_source_placeholder(image, frame_id, stamped=self._stamped):
+                continue
+            self._stamped = self._stamped or frame_id is not None
             self._stream.on_frame(image, None, frame_id)
 
     def _lost(self, why: str) -> None:

@@ -33,6 +33,7 @@ from transport.client import (
     default_ice_addresses,
     error_classes,
 )
+from transport.client.links import is_source_placeholder
 from transport.protocol import decode_control, encode_status
 from transport.session.pacing import REPEAT_PTS_OFFSET, PacedFrame, PacingConfig, PacingCore, SendFrame, frame_pts
 
@@ -522,3 +523,15 @@ async def test_a_livekit_reader_waits_a_moment_for_the_status_its_frame_overtook
     assert lost.chunk is None  # labelled None after the bounded wait, not chunk 2
     assert asyncio.get_running_loop().time() - started < 2.0
     await stream.aclose()
+
+
+def test_only_the_sdks_black_placeholders_before_the_first_stamped_frame_are_skipped_on_livekit() -> None:
+    black = np.zeros((4, 6, 3), np.uint8)
+    picture = black.copy()
+    picture[1, 2, 0] = 1
+    # before any frame with the service's id: a black frame without one is the native source's placeholder
+    assert is_source_placeholder(black, None, stamped=False)
+    # anything else is the session's: a stamped black frame, a picture without an id, any frame after a stamped one
+    assert not is_source_placeholder(black, 0, stamped=False)
+    assert not is_source_placeholder(picture, None, stamped=False)
+    assert not is_source_placeholder(black, None, stamped=True)
