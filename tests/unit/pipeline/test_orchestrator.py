@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import pytest
 
@@ -151,9 +152,12 @@ async def test_stage_failure_fails_only_its_session_and_emitted_outputs_stay_rea
             await orch.submit("bad", {"input": (9, 9)})
 
 
-async def test_a_stage_error_waits_for_the_earlier_sequences_in_flight_downstream() -> None:
-    """Sequence 0 decodes while sequence 1's denoise fails (issue #32: two chunks in flight): 0 still comes out,
-    then the failure; with nothing earlier in flight the failure is at once (the other test above)."""
+@contextlib.asynccontextmanager
+async def _denoise_failed_behind_a_decode() -> AsyncIterator[
+    tuple[StreamingPipelineOrchestrator, OutputStream, FakeActor]
+]:
+    """Two chunks in flight (issue #32): sequence 0 held in a gated decode, then sequence 1's denoise failed. Yields
+    the orchestrator, session "s"'s output stream and the decode actor (`decode.finish("s", 0, ...)` settles 0)."""
 
     def fragile(call: StageCall) -> Mapping[str, object]:
         if call.sequence_id == 1:
@@ -170,6 +174,13 @@ async def test_a_stage_error_waits_for_the_earlier_sequences_in_flight_downstrea
         await until(lambda: ("s", 0) in decode.pending, "decode of sequence 0 running")
         await orch.submit("s", {"input": (1, "one")})
         await until(lambda: denoise.failures == 1, "denoise of sequence 1 failed")
+        yield orch, stream, decode
+
+
+async def test_a_stage_error_waits_for_the_earlier_sequences_in_flight_downstream() -> None:
+    """Sequence 0 decodes while sequence 1's denoise fails (issue #32: two chunks in flight): 0 still comes out,
+    then the failure; with nothing earlier in flight the failure is at once (the other test above)."""
+    async with _denoise_failed_behind_a_decode() as (orch, stream, decode):
         assert orch.session_state("s") is PipelineSessionState.OPEN  # held until sequence 0 settles
         decode.finish("s", 0)
         assert (await anext(stream)).payload == "zero"
@@ -182,21 +193,7 @@ async def test_a_stage_error_waits_for_the_earlier_sequences_in_flight_downstrea
 
 
 async def test_a_held_stage_error_fails_at_once_when_the_earlier_sequence_fails_too() -> None:
-    def fragile(call: StageCall) -> Mapping[str, object]:
-        if call.sequence_id == 1:
-            raise ValueError("bad latent")
-        return {"a0": call.inputs["input"]}
-
-    denoise = FakeActor("denoise", fragile)
-    decode = FakeActor("decode", passthrough(("out",)), gated=True)
-    async with StreamingPipelineOrchestrator(
-        linear_spec("denoise", "decode"), {"denoise": denoise, "decode": decode}
-    ) as orch:
-        stream = orch.open_session("s")
-        await orch.submit("s", {"input": (0, "zero")})
-        await until(lambda: ("s", 0) in decode.pending, "decode of sequence 0 running")
-        await orch.submit("s", {"input": (1, "one")})
-        await until(lambda: denoise.failures == 1, "denoise of sequence 1 failed")
+    async with _denoise_failed_behind_a_decode() as (orch, stream, decode):
         decode.finish("s", 0, RuntimeError("decode broke"))
         with pytest.raises(SessionFailedError, match="decode broke"):
             await anext(stream)
