@@ -42,13 +42,21 @@ async def _orphaned(cluster: Cluster, watcher: RedisAdmission, ticket_id: str) -
             await asyncio.sleep(0.05)
 
 
-async def test_racing_adopters_exactly_one_wins_and_the_slot_moves_with_it(cluster: Cluster) -> None:
+async def _orphan_of(cluster: Cluster, *others: str, **options: float) -> list[RedisAdmission]:
+    """The opening of the loss tests: session x created on replica a and checkpointed (marked adoptable), replicas
+    `others` added (with `options`), then a lost and x orphaned (the first other replica's maintenance pass).
+    Returns the other replicas, in order."""
     a = await cluster.add("a")
     await a.create("k", ticket_id="x")
     await _checkpointed(cluster, a, "x")
-    others = [await cluster.add(name) for name in ("b", "c", "d")]
+    added = [await cluster.add(name, **options) for name in others]
     await _lose(cluster, "a")
-    await _orphaned(cluster, others[0], "x")
+    await _orphaned(cluster, added[0], "x")
+    return added
+
+
+async def test_racing_adopters_exactly_one_wins_and_the_slot_moves_with_it(cluster: Cluster) -> None:
+    others = await _orphan_of(cluster, "b", "c", "d")
     view = await others[0].get("x")
     assert (view.state, view.replica, view.status, view.failure) == (TicketState.ADMITTED, "a", "recovering", None)
     await cluster.check()
@@ -140,12 +148,7 @@ async def test_orphans_go_ahead_of_the_queue(cluster: Cluster) -> None:
 async def test_a_session_stopped_while_waiting_for_an_adopter_ends_closed_and_nobody_adopts_it(
     cluster: Cluster,
 ) -> None:
-    a = await cluster.add("a")
-    await a.create("k", ticket_id="x")
-    await _checkpointed(cluster, a, "x")
-    b = await cluster.add("b")
-    await _lose(cluster, "a")
-    await _orphaned(cluster, b, "x")
+    (b,) = await _orphan_of(cluster, "b")
     await b.request_close("x", "drain")  # the client's DELETE reached b: nobody runs it, it ends now
     view = await b.get("x")
     assert (view.state, view.status, view.failure) == (TicketState.RELEASED, "closed", None)
@@ -155,12 +158,7 @@ async def test_a_session_stopped_while_waiting_for_an_adopter_ends_closed_and_no
 
 
 async def test_nobody_adopts_while_redis_is_unreachable_and_one_does_once_it_is_back(cluster: Cluster) -> None:
-    a = await cluster.add("a")
-    await a.create("k", ticket_id="x")
-    await _checkpointed(cluster, a, "x")
-    b = await cluster.add("b", call_timeout_s=0.3)
-    await _lose(cluster, "a")
-    await _orphaned(cluster, b, "x")
+    (b,) = await _orphan_of(cluster, "b", call_timeout_s=0.3)
     await cluster.raw.client_pause(1500)  # an outage that keeps the data (every client waits)
     with pytest.raises(AdmissionUnavailableError):
         await b.adopt(30.0, 4)  # times out at the client; Redis runs it once the pause ends, or the next call does
