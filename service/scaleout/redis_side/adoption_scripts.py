@@ -55,7 +55,7 @@ if step == 'check' then
   return reply('nowhere', snapshot(id))
 end
 usage_run(id, NOW)
-redis.call('HSET', tkey(id), 'ad', '1', 'handed', BY)
+redis.call('HSET', tkey(id), 'ad', '1')
 orphan(id, BY, 'replica_draining')
 return reply('ok', snapshot(id))
 """
@@ -88,7 +88,7 @@ if ME and not ME.draining and alive(BY) then
     local w = pick(BY, ME)
     if w == nil then break end
     redis.call('ZREM', ORPHANS, id)
-    redis.call('HDEL', tkey(id), 'handed')  -- `orphaned` and `why` stay: the adopter's recovery cause and start
+    -- `orphaned` and `why` stay: the adopter's recovery cause and start
     redis.call('HSET', tkey(id), 'replica', BY, 'worker', w, 'adopted', NOW, 'um', NOW)
     redis.call('HSET', hkey(BY), id, w)
     emit('adopted', id)
