@@ -28,9 +28,11 @@ take the session from each other in turn. Joining again: ask the service; an end
 streams (join details given) is joined (an offer through the service); a refusal (the session is not yet adopted, the
 offer reached a replica that does not run it: `409`, the service unreachable) waits a back-off (`first_delay_s` doubling
 to `max_delay_s`) and tries again, until `budget_s` after the connection was given up; then the stream ends with
-`reconnect_timeout`. The default budget covers the default replica TTL (10 s: the reaper orphans the session one TTL
-after the replica's last heartbeat), the adoption (a replica with room takes it at its next heartbeat) and the adopter's
-start, with room to spare; a service whose `LINGSTREAM_ADOPTION_WAIT_S` is longer should be given a longer budget.
+`reconnect_timeout`. The default budget (60 s, the same as `@lingstream/client`'s `REJOIN_BUDGET_MS`) is the longest a
+session can take to come back on the service's defaults: the replica TTL (10 s: the reaper orphans the session one TTL
+after the replica's last heartbeat), then the adoption wait (30 s: an orphan no replica took by then fails
+`replica_lost`, which the client is told when it asks), then the adopter's rebuild and the new connection (the other
+20 s); a service with a longer `LINGSTREAM_REPLICA_TTL` should be given a longer budget.
 
 Pure: no awaits, no clock of its own. The shell (`transport.client.stream`) tells it what happened, with the time,
 and asks `next_step(now)` what to do; its tests drive it step by step.
@@ -66,7 +68,7 @@ class ReconnectPolicy:
     between tries; `stall_s`: how long a stream may receive nothing before the service is asked about its session;
     `probe_interval_s`: how often it is asked again while the silence goes on (a paused session)."""
 
-    budget_s: float = 45.0
+    budget_s: float = 60.0
     first_delay_s: float = 0.25
     max_delay_s: float = 2.0
     stall_s: float = 3.0

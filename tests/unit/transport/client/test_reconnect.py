@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,7 @@ import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription, VideoStreamTrack
 
 from pipeline.bidirectional import ControlState, Pause
+from service.scaleout.backend import DEFAULT_ADOPTION_WAIT_S
 from transport.base import ChunkStatus, DoneStatus, StateStatus, StatusMessage
 from transport.client import LiveStream, SessionInfo, UnreachableError
 from transport.client.errors import ConnectError
@@ -180,6 +183,17 @@ def test_done_or_a_close_by_the_user_ends_it_and_bad_bounds_are_refused() -> Non
         ReconnectPolicy(budget_s=0)
     with pytest.raises(ValueError, match="max_delay_s"):
         ReconnectPolicy(first_delay_s=3.0, max_delay_s=1.0)
+
+
+def test_the_python_client_and_the_page_give_a_lost_connection_the_same_budget() -> None:
+    """One documented budget (docs/continuity.md): the replica TTL (10 s) plus the adoption wait (30 s) plus the
+    adopter's rebuild and the new connection. The page's constant is read from its source."""
+    source = (Path(__file__).parents[4] / "web/packages/client/src/rejoin.ts").read_text()
+    found = re.search(r"export const REJOIN_BUDGET_MS = ([0-9_]+);", source)
+    assert found is not None, "REJOIN_BUDGET_MS is no longer a literal in rejoin.ts: update this test"
+    page_budget_s = int(found.group(1).replace("_", "")) / 1000
+    assert ReconnectPolicy().budget_s == page_budget_s == 60.0
+    assert ReconnectPolicy().budget_s >= DEFAULT_ADOPTION_WAIT_S + 10.0  # the default REPLICA_TTL
 
 
 # -- the shell: LiveStream with fake links and a fake service ---------------------------------------------------
