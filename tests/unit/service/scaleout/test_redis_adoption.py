@@ -9,6 +9,7 @@ session. Every step keeps the admission invariants (`Cluster.check`), orphans in
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -42,7 +43,7 @@ async def _orphaned(cluster: Cluster, watcher: RedisAdmission, ticket_id: str) -
             await asyncio.sleep(0.05)
 
 
-async def _orphan_of(cluster: Cluster, *others: str, **options: float) -> list[RedisAdmission]:
+async def _orphan_of(cluster: Cluster, *others: str, **options: Any) -> list[RedisAdmission]:
     """The opening of the loss tests: session x created on replica a and checkpointed (marked adoptable), replicas
     `others` added (with `options`), then a lost and x orphaned (the first other replica's maintenance pass).
     Returns the other replicas, in order."""
