@@ -223,6 +223,9 @@ class PreparedSession:
     resume_cause: str = "replica_lost"
     """With `resume`: why the session left its replica, the `cause` its recovery is counted under: "replica_lost"
     (the replica died) or "replica_draining" (it handed the session off while draining)."""
+    paused: bool = False
+    """With `resume`: the session was paused when it left its replica (handed off on a drain): it goes on paused,
+    generating nothing until a `Resume`."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -231,9 +231,10 @@ class SessionConductor:
             self._mark_service_draining(session)
 
     async def hand_off(self, session: Session) -> bool | None:
-        """The service drains with hand-off: if another replica has room for the running `session` now, stop it
-        here to be adopted there (True); False: no room yet, ask again; None: it cannot be handed off from here (on
-        LiveKit: not yet). The runner stops it (cancel), then its release gives it to admission (docs/continuity.md)."""
+        """The service drains with hand-off: if another replica has room for the running or paused `session` now,
+        stop it here to be adopted there (True; a paused one goes on paused there); False: no room yet, ask again;
+        None: it cannot be handed off from here (on LiveKit: not yet). The runner stops it (cancel), then its release
+        gives it to admission (docs/continuity.md)."""
         if not self._hands_off:
             return None
         room = await self._backend.hand_off_room(session)
@@ -241,8 +242,10 @@ class SessionConductor:
             return None
         if room is HandOffRoom.NOT_YET:
             return False
-        if not session.hand_off("the service is draining; the session moves to another replica"):
-            return None  # it closed or paused meanwhile
+        paused = session.state is SessionState.PAUSED
+        detail = "the service is draining; the session moves to another replica" + (" (paused)" if paused else "")
+        if not session.hand_off(detail):
+            return None  # it closed meanwhile
         logger.info("session %s: handed off (another replica has room for it)", session.id)
         return True
 
@@ -268,10 +271,21 @@ class SessionConductor:
         self._observer.enter_session(session)
 
     def _running(self, session: Session) -> None:
-        """The runner moved the session to RUNNING: a service that drains (now, or since it was admitted) says so;
-        its time limit starts."""
+        """The runner moved the session to RUNNING: a session handed over paused goes on paused (its worker created
+        it paused; its pause's deadline counts from its first pause); a service that drains (now, or since it was
+        admitted) says so; its time limit starts."""
         self._deadlines.running(session)
         self._events.session_event(session, SessionEventKind.RUNNING)
+        paused_for = session.paused_for_s
+        if paused_for is not None and session.state is SessionState.RUNNING:
+            left = max(0.0, self._max_pause_s - paused_for)
+            session.move(
+                SessionState.PAUSED,
+                detail=f"paused (handed over from a draining replica); it closes unless resumed within {left:.0f} s",
+            )
+            logger.info("session %s goes on paused (paused %.1f s ago, on the replica it left)", session.id, paused_for)
+            self._events.session_event(session, SessionEventKind.PAUSED)
+            self._deadlines.paused(session, elapsed_s=paused_for)
         if session.service_draining or self._draining:
             self._mark_service_draining(session)
 

@@ -8,11 +8,11 @@ deadline cancels what is still open; a session that does not end within `shutdow
 left to `aclose()`. Then the drain is complete (`complete`, `wait`), which is when the server exits. `run` is a task
 the runtime owns: cancelling it (at `aclose()`) stops the waits, and `aclose()` marks the drain complete itself.
 
-With `hand_off` (`LINGSTREAM_DRAIN_MODE=hand_off`, a shared admission; docs/continuity.md) `run` first hands the
-running sessions to other replicas: every `tuning.hand_off_retry_s` it offers each running session to `hand_off`
-(which asks admission for room elsewhere and, if there is, stops the session here to be adopted there), until none
-is left or half the drain timeout has passed. Only then are the sessions still here told that the service drains
-(`announce`), and the wait above runs for them: with nowhere to go, the drain is today's.
+With `hand_off` (`LINGSTREAM_DRAIN_MODE=hand_off`, a shared admission; docs/continuity.md) `run` first hands the running
+and paused sessions to other replicas (a paused one stays paused there): every `tuning.hand_off_retry_s` it offers each
+such session to `hand_off` (which asks admission for room elsewhere and, if there is, stops the session here to be
+adopted there), until none is left or half the drain timeout has passed. Only then are the sessions still here told that
+the service drains (`announce`), and the wait above runs for them: with nowhere to go, the drain is today's.
 """
 
 from __future__ import annotations
@@ -113,17 +113,17 @@ class Drain:
         self._complete.set()
 
     async def _hand_off_running(self, hand_off: Callable[[Session], Awaitable[bool | None]], until: float) -> None:
-        """Offer each running session to `hand_off` (True: handed off; False: no room yet; None: never from here)
-        every `hand_off_retry_s` until none is left to offer or `until` (loop time). A session that closes, pauses
+        """Offer each running or paused session to `hand_off` (True: handed off; False: no room yet; None: never
+        from here) every `hand_off_retry_s` until none is left to offer or `until` (loop time). A session that closes
         or cannot go is left to the wait; one still starting or recovering is offered once it runs."""
         loop = asyncio.get_running_loop()
         done: set[str] = set()
         while True:
             left = [s for s in self._table.admitted() if s.id not in done and not s.terminal]
             for session in left:
-                if session.close_mode is not None or session.state is SessionState.PAUSED:
+                if session.close_mode is not None:
                     done.add(session.id)
-                elif session.state is SessionState.RUNNING:
+                elif session.state in (SessionState.RUNNING, SessionState.PAUSED):
                     outcome = await hand_off(session)
                     if outcome is not False:
                         done.add(session.id)

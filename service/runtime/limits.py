@@ -3,9 +3,10 @@
 A session that runs with a time limit (`max_seconds`: its own from the create request, else the server's
 `LINGSTREAM_MAX_SESSION_SECONDS`) gets a `warning` status `warning_s` (30) seconds before its end, then it is closed
 with reason `time_limit`. A paused session gets the same warning before `LINGSTREAM_MAX_PAUSE` runs out, then it is
-closed with reason `paused_too_long`; resuming cancels the pause's deadlines. The time limit counts from the moment
-the session starts running (the queue does not count) and goes on while it is paused (a paused session holds its
-slot). A limit shorter than the warning lead warns at once.
+closed with reason `paused_too_long`; resuming cancels the pause's deadlines. A session handed over paused from a
+draining replica keeps its pause's start: its deadline counts from there, not from its arrival. The time limit counts
+from the moment the session starts running (the queue does not count) and goes on while it is paused (a paused session
+holds its slot). A limit shorter than the warning lead warns at once.
 
 `SessionDeadlines` only keeps timers and calls back; the runtime decides what a warning and an expiry do. Timers run
 on the `transport.session.timers.Timers` seam (the event loop in production,
@@ -97,12 +98,17 @@ class SessionDeadlines:
             session, seconds, TIME_LIMIT, f"the session reaches its time limit of {seconds:g} s"
         )
 
-    def paused(self, session: Session) -> None:
+    def paused(self, session: Session, *, elapsed_s: float = 0.0) -> None:
+        """The session paused: it ends `max_pause_s` after its pause began, `elapsed_s` ago (0: now; more: a session
+        handed over paused from a draining replica, whose pause goes on counting). A second call changes nothing."""
         if session.id in self._pauses:
             return
-        seconds = self._config.max_pause_s
+        longest = self._config.max_pause_s
         self._pauses[session.id] = self._start(
-            session, seconds, PAUSED_TOO_LONG, f"the session has been paused for the longest pause ({seconds:g} s)"
+            session,
+            max(0.0, longest - elapsed_s),
+            PAUSED_TOO_LONG,
+            f"the session has been paused for the longest pause ({longest:g} s)",
         )
 
     def resumed(self, session: Session) -> None:

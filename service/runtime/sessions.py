@@ -97,7 +97,13 @@ TRANSITIONS: Mapping[SessionState, frozenset[SessionState]] = MappingProxyType(
             {SessionState.RUNNING, SessionState.DRAINING, SessionState.CLOSED, SessionState.FAILED}
         ),
         SessionState.PAUSED: frozenset(
-            {SessionState.RUNNING, SessionState.DRAINING, SessionState.CLOSED, SessionState.FAILED}
+            {
+                SessionState.RUNNING,
+                SessionState.RECOVERING,  # handed off on a drain: it goes on, paused, on another replica
+                SessionState.DRAINING,
+                SessionState.CLOSED,
+                SessionState.FAILED,
+            }
         ),
         SessionState.DRAINING: frozenset({SessionState.CLOSED, SessionState.FAILED}),
         SessionState.CLOSED: frozenset(),
@@ -201,6 +207,7 @@ class Session:
         "_failure",
         "_handing_off",
         "_holds_slot",
+        "_paused_since",
         "_position",
         "_prepared",
         "_reason",
@@ -268,6 +275,7 @@ class Session:
         self._holds_slot = False
         self._service_draining = False
         self._handing_off = False
+        self._paused_since: float | None = None  # monotonic: when its pause began (here, or before a hand-off)
         self._stop_after_hand_off: tuple[CloseMode, str] | None = None
         self.close_requested = Flag()
         self.escalated = Flag()
@@ -380,6 +388,22 @@ class Session:
         return self._stop_after_hand_off
 
     @property
+    def paused_for_s(self) -> float | None:
+        """How long it has been paused (None: it is not): since its pause here, or, handed off paused, since its
+        pause on the replica it left (`resumes_paused`). Kept through a hand-off (`recovering`) for the adopter."""
+        return None if self._paused_since is None else max(0.0, time.monotonic() - self._paused_since)
+
+    @property
+    def resumes_paused(self) -> bool:
+        """Adopted after a hand-off while paused, not yet running: it goes on paused (`paused_for_s` already counts)."""
+        return self._paused_since is not None and self._state is SessionState.ADMITTED
+
+    def handed_over_paused(self, paused_for_s: float) -> None:
+        """Adopted from a replica that handed it off while paused, `paused_for_s` into its pause: it goes on paused
+        here, its pause's deadline counted from its first pause (before it is admitted and run here)."""
+        self._paused_since = time.monotonic() - max(0.0, paused_for_s)
+
+    @property
     def service_draining(self) -> bool:
         """The instance drains and told this session so (it ends by the drain's deadline)."""
         return self._service_draining
@@ -417,6 +441,10 @@ class Session:
     def move(self, new: SessionState, *, reason: str | None = None, detail: str | None = None) -> None:
         """Change state (checked against the table) and publish it; a terminal state also ends every stream."""
         require_transition(self.id, self.state, new)
+        if new is SessionState.PAUSED and self._paused_since is None:
+            self._paused_since = time.monotonic()
+        elif new is SessionState.RUNNING and self._state is SessionState.PAUSED:
+            self._paused_since = None
         self._state = new
         if reason is not None:
             self._reason = reason
@@ -480,12 +508,13 @@ class Session:
         return True
 
     def hand_off(self, detail: str) -> bool:
-        """Its replica drains and hands it to another (docs/continuity.md, "Hand-off on drain"): a running session
-        no close was asked of moves to RECOVERING (`detail` tells the client why) and its runner stops it here with
-        a cancel (a chunk in flight is dropped: the adopter generates it again from the last checkpoint). Its end
-        here publishes no `done` (the client follows the session to its adopter), and a stop its client asks for
-        from now on is kept (`stop_after_hand_off`). Returns whether it will be handed off."""
-        if self.state is not SessionState.RUNNING or self.close_mode is not None:
+        """Its replica drains and hands it to another (docs/continuity.md, "Hand-off on drain"): a running or paused
+        session no close was asked of moves to RECOVERING (`detail` tells the client why) and its runner stops it
+        here with a cancel (a chunk in flight is dropped: the adopter generates it again from the last checkpoint;
+        a paused one keeps `paused_for_s` for its adopter, which goes on paused). Its end here publishes no `done`
+        (the client follows the session to its adopter), and a stop its client asks for from now on is kept
+        (`stop_after_hand_off`). Returns whether it will be handed off."""
+        if self.state not in (SessionState.RUNNING, SessionState.PAUSED) or self.close_mode is not None:
             return False
         self._handing_off = True
         self._close_mode = CloseMode.CANCEL

@@ -419,11 +419,14 @@ class RedisAdmission:
         reply = await self._link.call("hand_off", ticket_id, "check")
         return reply.code
 
-    async def hand_off(self, ticket_id: str) -> str:
+    async def hand_off(self, ticket_id: str, *, paused_for_s: float | None = None) -> str:
         """Give this replica's admitted session up for adoption now (a drain; it stopped generating and its checkpoint
         is in Redis): it waits in `orphans` for an adopter, ahead of the queue (status `recovering`, reason
-        `replica_draining`). Returns "ok", "no_checkpoint", "elsewhere" or "unknown"."""
-        reply = await self._link.call("hand_off", ticket_id, "go")
+        `replica_draining`). `paused_for_s`: the session is paused, since that long ago; the ticket keeps when its
+        pause began (`SharedTicketView.paused_at`, the Redis clock) and its adopter goes on paused. Returns "ok",
+        "no_checkpoint", "elsewhere" or "unknown"."""
+        paused = "" if paused_for_s is None else str(max(0, round(paused_for_s * 1000)))
+        reply = await self._link.call("hand_off", ticket_id, "go", paused)
         return reply.code
 
     async def adopt(self, max_wait_s: float, most: int) -> tuple[list[SharedTicketView], list[SharedTicketView]]:

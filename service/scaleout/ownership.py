@@ -41,7 +41,7 @@ from service.scaleout.registry import (
 )
 from transport.base import ResumedRoom
 
-__all__ = ["CALL_ERRORS", "Ownership", "adoption_down_s", "spawn_unless_closed"]
+__all__ = ["CALL_ERRORS", "Ownership", "adoption_down_s", "adoption_paused_s", "spawn_unless_closed"]
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class Ownership:
         checkpoint or request is gone), it ends `replica_lost` and its slot goes back."""
         sid = session.id
         try:
-            code = await self._hand_off_call(sid)
+            code = await self._hand_off_call(session)
             if code == "ok":
                 logger.info("session %s handed off: it waits for a replica with room to adopt it", sid)
                 stop = session.stop_after_hand_off
@@ -194,13 +194,14 @@ class Ownership:
         finally:
             self._owned.pop(sid, None)
 
-    async def _hand_off_call(self, session_id: str) -> str | None:
-        """`hand_off` once the session's newest checkpoint is written; its code, or None on a refusal that is not
-        an outage (logged)."""
+    async def _hand_off_call(self, session: Session) -> str | None:
+        """`hand_off` once the session's newest checkpoint is written (a paused one says how long it has been
+        paused, for its adopter); its code, or None on a refusal that is not an outage (logged)."""
+        session_id = session.id
         while True:
             try:
                 await self._checkpoints.written(session_id)
-                return await self._admission.hand_off(session_id)
+                return await self._admission.hand_off(session_id, paused_for_s=session.paused_for_s)
             except AdmissionUnavailableError as exc:
                 logger.warning("session %s: hand-off not made (Redis unreachable), trying again: %r", session_id, exc)
             except CALL_ERRORS as exc:
@@ -259,6 +260,7 @@ class Ownership:
                         resume=checkpoint,
                         down_s=adoption_down_s(view, began),
                         resume_cause=view.orphan_reason or "replica_lost",
+                        paused=view.paused_at is not None,
                     )
                     room = await self._resumed_room(tid)
                 if host.closing:
@@ -283,6 +285,9 @@ class Ownership:
             )
             if resume is not None and room is not None:
                 session.resumes_room(room)
+            paused_for = adoption_paused_s(view, began) if resume is not None else None
+            if paused_for is not None:
+                session.handed_over_paused(paused_for)
         finally:
             self._adopting.discard(tid)
         pending = self._pending_closes.pop(tid, None)
@@ -327,6 +332,16 @@ def adoption_down_s(view: SharedTicketView, began: float) -> float:
     if left is None or view.adopted_at is None:
         return 0.0
     return max(0.0, view.adopted_at - left) + (time.monotonic() - began)
+
+
+def adoption_paused_s(view: SharedTicketView, began: float) -> float | None:
+    """How long the adopted session has been paused, if it was handed off paused (`paused_at`): from its pause to
+    the adoption (both on the Redis server's clock) plus the time since the adopted event reached this replica
+    (`began`, monotonic). None: it was not paused."""
+    if view.paused_at is None:
+        return None
+    adopted = view.adopted_at if view.adopted_at is not None else view.paused_at
+    return max(0.0, adopted - view.paused_at) + (time.monotonic() - began)
 
 
 class _NotAdopted(Exception):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -50,7 +51,8 @@ PREFIX = "lingstream:admission:"
 KEY = "adoption-test-key-0123456789abcd"
 CONFIG = {"width": 64, "height": 48, "chunk_size": 1, "hud": False, "seed": 11}
 STARTUP_S = 90.0
-# The client's own reconnect, with a budget for this test's TTL (the default, 45 s, covers the default 10 s TTL).
+PAUSED = "r2"  # the rolling restart: r2's session is paused when its replica is drained
+# The client's own reconnect, with a budget for this test's TTL (the default, 60 s, covers the default 10 s TTL).
 POLICY = ReconnectPolicy(budget_s=TTL_S + 40, stall_s=2.0)
 
 
@@ -345,7 +347,9 @@ async def test_a_rolling_restart_of_three_replicas_hands_three_live_sessions_on_
     replacement (the only free slot) and exits 0 once it has. Every session goes on with its id through its hand-off
     and ends only when its client stops it. Each client reaches the service through its own front door, routed as a
     Service's endpoints are: the replica running its session, then the replacement once it is ready (the embedded
-    transport's offer must reach the replica that runs the session)."""
+    transport's offer must reach the replica that runs the session). r2's session is paused when its turn comes: it
+    is handed off too, goes on paused on the adopter (its pause counted from its first pause) and plays once
+    resumed."""
     names = ("r1", "r2", "r3")
     async with _replicas(tmp_path, names, LINGSTREAM_DRAIN_MODE="hand_off", LINGSTREAM_DRAIN_TIMEOUT="40") as (
         raw,
@@ -370,11 +374,17 @@ async def test_a_rolling_restart_of_three_replicas_hands_three_live_sessions_on_
                     old, new, watch = replicas[name], spawn(f"{name}-next"), watches[name]
                     async with httpx.AsyncClient(timeout=15.0) as http:
                         await _ready(http, new)
-                    watch.door.route([new.port])  # the endpoints: the ready replacement, not the draining pod
                     await until(_marked(raw, watch.sid), "marked adoptable", within=10)
+                    if name == PAUSED:  # its player paused it before the rollout reached its replica
+                        async with ServiceClient(watch.door.url, api_key=KEY) as service:
+                            assert (await service.pause(watch.sid)).status == "paused"
+                        paused_at = time.monotonic()
+                    watch.door.route([new.port])  # the endpoints: the ready replacement, not the draining pod
                     sigterm_at[name] = time.monotonic()
                     old.process.send_signal(signal.SIGTERM)
                     assert await asyncio.to_thread(old.process.wait, 60) == 0, old.output()[-4000:]
+                    if name == PAUSED:
+                        await _resumed_paused_on(new, watch, sigterm_at[name], paused_at)
                     await until(watch.streaming_again(sigterm_at[name]), f"{watch.sid} streaming again", within=60)
                     assert await _on(raw, watch.sid, new.name.encode())
                     assert "handed off" in old.output()
@@ -395,7 +405,8 @@ async def test_a_rolling_restart_of_three_replicas_hands_three_live_sessions_on_
             assert "recovering" in told, told  # told before its connection closed
             chunks = [chunk for _, chunk in watch.frames if chunk >= 0]
             assert chunks == sorted(chunks), watch.sid  # it went on; no chunk 0 again
-            gaps.append(watch.gap())
+            if watch is not watches[PAUSED]:  # the paused one's gap is its pause
+                gaps.append(watch.gap())
         async with ServiceClient(replicas["r3-next"].url, api_key=KEY) as service:
             for watch in watches.values():
                 assert (await service.get(watch.sid)).status == "closed"
@@ -403,6 +414,27 @@ async def test_a_rolling_restart_of_three_replicas_hands_three_live_sessions_on_
         print(f"hand-off gaps at the client (last frame before to first after, s): {[round(g, 2) for g in gaps]}")
         for replica in replicas.values():
             assert "Traceback" not in replica.output(), replica.name
+
+
+async def _resumed_paused_on(new: Replica, watch: SessionWatch, sigterm_at: float, paused_at: float) -> None:
+    """The session handed off while paused goes on paused on `new`: its client joins it there and is told `paused`,
+    no frame comes, its pause counts from its first pause (the adopter's log says how long ago); resumed, it plays."""
+    await until(lambda: watch.rejoined_at(sigterm_at) < float("inf"), f"{watch.sid} joined again", within=60)
+    async with ServiceClient(new.url, api_key=KEY) as service:
+        await until(lambda: _status_is(service, watch.sid, "paused"), f"{watch.sid} paused on {new.name}", within=30)
+        joined = watch.rejoined_at(sigterm_at)
+        await until(
+            lambda: any(at >= joined and s.state == "paused" for at, s in watch.states), "told paused", within=10
+        )
+        assert watch.frames_after(joined) == 0  # paused: nothing generated since it moved
+        logged = re.search(r"goes on paused \(paused ([0-9.]+) s ago", new.output())
+        assert logged is not None, new.output()[-4000:]
+        assert float(logged.group(1)) >= sigterm_at - paused_at  # from its first pause, not from its arrival
+        assert (await service.resume(watch.sid)).status == "running"
+
+
+async def _status_is(service: ServiceClient, sid: str, status: str) -> bool:
+    return (await service.get(sid)).status == status
 
 
 def _on_replica(raw: Redis, sid: str, name: str) -> Callable[[], Awaitable[bool]]:

@@ -26,6 +26,7 @@ from pipeline.bidirectional import (
     ChunkOutput,
     CloseMode,
     ControlMessage,
+    Pause,
     PreparedSession,
     RecoveryListener,
     RecoveryNotice,
@@ -273,6 +274,8 @@ class LingBotService:
             chunks_in_flight=self._chunks_in_flight,
         )
         resume = prepared.resume
+        if resume is not None and prepared.paused:
+            session.push(Pause())  # handed off paused: it asks for no chunk until a Resume
         if resume is None:
             session.open()
         elif isinstance(resume, SessionCheckpoint):
@@ -286,7 +289,8 @@ class LingBotService:
             self._trackers[session_id] = tracker
             session.on_chunk = lambda: self._chunk_out(session, tracker)
         if isinstance(resume, SessionCheckpoint):
-            self._count_adoption(session, prepared.resume_cause, self._clock.now() - max(0.0, prepared.down_s))
+            started = self._clock.now() - max(0.0, prepared.down_s)
+            self._count_adoption(session, prepared.resume_cause, started, at_once=prepared.paused)
         self._loops[session_id] = asyncio.get_running_loop().create_task(self._drive(session))
 
     @property
@@ -452,28 +456,30 @@ class LingBotService:
         logger.info("session %s: rebuilt in %.2f s (%s, attempt %d)", session.session_id, seconds, name, attempt)
         self._notify(RecoveryNotice(session.session_id, False, name, attempt, seconds))
 
-    def _count_adoption(self, session: LingBotSession, cause: str, started: float) -> None:
+    def _count_adoption(self, session: LingBotSession, cause: str, started: float, *, at_once: bool) -> None:
         """An adopted session's first chunk completes its recovery from leaving its replica: counted under `cause`
         (`PreparedSession.resume_cause`: replica_lost or replica_draining), seconds from `started` (its lost
         replica's last heartbeat or its hand-off, `PreparedSession.down_s` before its restore here), and told to the
-        listeners, before the chunk's own callback."""
+        listeners, before the chunk's own callback. `at_once` (adopted paused): its restore completes it, now; its
+        first chunk waits for its client's resume, which is no part of the recovery."""
+        if at_once:
+            self._adopted(session.session_id, cause, started)
+            return
         after = session.on_chunk
 
         def first_chunk() -> None:
             session.on_chunk = after
-            seconds = self._clock.now() - started
-            self._recovered[cause] = self._recovered.get(cause, 0) + 1
-            logger.info(
-                "session %s: adopted (%s), first chunk %.2f s after it left its replica",
-                session.session_id,
-                cause,
-                seconds,
-            )
-            self._notify(RecoveryNotice(session.session_id, False, cause, 1, seconds))
+            self._adopted(session.session_id, cause, started)
             if after is not None:
                 after()
 
         session.on_chunk = first_chunk
+
+    def _adopted(self, session_id: str, cause: str, started: float) -> None:
+        seconds = self._clock.now() - started
+        self._recovered[cause] = self._recovered.get(cause, 0) + 1
+        logger.info("session %s: adopted (%s), back %.2f s after it left its replica", session_id, cause, seconds)
+        self._notify(RecoveryNotice(session_id, False, cause, 1, seconds))
 
     def _notify(self, notice: RecoveryNotice) -> None:
         for listener in self._recovery_listeners:

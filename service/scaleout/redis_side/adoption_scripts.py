@@ -32,12 +32,14 @@ redis.call('HSET', tkey(id), 'ad', '1')
 return reply('ok', {})
 """
 
-# hand_off: ARGV[7] id, ARGV[8] "check" or "go". BY (draining) gives its admitted session up for adoption.
+# hand_off: ARGV[7] id, ARGV[8] "check" or "go", [9] with "go": how long the session has been paused (ms; "" or
+# absent: it is not paused). BY (draining) gives its admitted session up for adoption.
 # "check" writes nothing: is there room for it elsewhere, a free healthy slot on a live replica that is not BY and
 # not draining, beyond the orphans already waiting? (ok, or nowhere: BY keeps running it and drains it as before.)
 # "go" orphans it now, after BY stopped generating it and wrote its last checkpoint; it does not look at room again
-# (a slot taken since the check leaves the orphan waiting, ahead of the queue, up to the adopters' bound). Codes:
-# ok, nowhere, no_checkpoint, elsewhere, unknown.
+# (a slot taken since the check leaves the orphan waiting, ahead of the queue, up to the adopters' bound); a paused
+# session keeps when its pause began (`paused`, this clock) for its adopter. Codes: ok, nowhere, no_checkpoint,
+# elsewhere, unknown.
 _HAND_OFF = r"""
 local id, step = ARGV[7], ARGV[8]
 local f = redis.call('HMGET', tkey(id), 'state', 'replica')
@@ -56,7 +58,8 @@ if step == 'check' then
 end
 usage_run(id, NOW)
 redis.call('HSET', tkey(id), 'ad', '1')
-orphan(id, BY, 'replica_draining')
+local paused_ms = tonumber(ARGV[9] or '')
+orphan(id, BY, 'replica_draining', paused_ms and (NOW - math.max(0, math.floor(paused_ms))) or nil)
 return reply('ok', snapshot(id))
 """
 
@@ -64,7 +67,7 @@ return reply('ok', snapshot(id))
 # orphan whose checkpoint is gone or whose wait is over fails (replica_lost); then BY (alive, not draining) adopts
 # the oldest orphans while it has a free healthy slot: the slot moves to BY in this script, so exactly one replica
 # adopts each. Result: {adopted tickets (BY rebuilds each; each keeps `why` and `orphaned`: why and when it lost its
-# replica), failed tickets}.
+# replica; and `paused`, when its pause began, if it was handed off paused), failed tickets}.
 _ADOPT = r"""
 local max_wait, most = tonumber(ARGV[7]), tonumber(ARGV[8])
 local adopted, failed = {}, {}

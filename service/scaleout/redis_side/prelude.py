@@ -272,11 +272,14 @@ local function is_orphan(id) return redis.call('ZSCORE', ORPHANS, id) ~= false e
 -- The admitted session `id` leaves replica r's slot and waits in `orphans` (by its seq: the oldest admitted is
 -- adopted first) for a replica to adopt it: its state stays admitted, its replica r until then. `why` is its status
 -- reason meanwhile (replica_lost; replica_draining: r handed it off), also kept as `why`, which its adopter reads
--- (with `orphaned`: both outlive the adoption, unlike the status its adopter then publishes).
-local function orphan(id, r, why)
+-- (with `orphaned`: both outlive the adoption, unlike the status its adopter then publishes). `paused`: the
+-- session was paused when r handed it off, since that time (ms, this clock), kept as `paused` for its adopter, which
+-- goes on paused with the pause's deadline counted from there; nil (a running session, a reaped one): no `paused`.
+local function orphan(id, r, why, paused)
   redis.call('HDEL', hkey(r), id)
   redis.call('ZADD', ORPHANS, redis.call('HGET', tkey(id), 'seq'), id)
   redis.call('HSET', tkey(id), 'orphaned', NOW, 'why', why, 'status', 'recovering', 'status_reason', why)
+  if paused then redis.call('HSET', tkey(id), 'paused', paused) else redis.call('HDEL', tkey(id), 'paused') end
   emit('orphaned', id)
 end
 

@@ -102,6 +102,7 @@ class SharedTicketView:
     adopted_at: float | None = None  # when a replica adopted it (after its own was lost or handed it off)
     orphaned_at: float | None = None  # when it last left its replica for an adopter (kept once adopted)
     orphan_reason: str | None = None  # why: "replica_lost" (reaped) or "replica_draining" (handed off on drain)
+    paused_at: float | None = None  # handed off paused: when its pause began (its adopter goes on paused)
 
     @property
     def is_terminal(self) -> bool:
@@ -221,6 +222,7 @@ def decode_view(fields: Mapping[str, bytes]) -> SharedTicketView:
         adopted_at=seconds("adopted"),
         orphaned_at=seconds("orphaned"),
         orphan_reason=text("why"),
+        paused_at=seconds("paused"),
     )
 
 

@@ -1,5 +1,5 @@
-"""`Drain` with hand-off (issue #33, docs/continuity.md): running sessions are offered to `hand_off` first, again
-every `hand_off_retry_s` while there is no room, until half the drain timeout; only then are the rest told the
+"""`Drain` with hand-off (issue #33, docs/continuity.md): running and paused sessions are offered to `hand_off` first,
+again every `hand_off_retry_s` while there is no room, until half the drain timeout; only then are the rest told the
 service drains (`announce`) and waited for as before. Driven with a real `SessionTable` and `Session`s, a hand-off
 callable standing in for the conductor and admission (whose own tests are the rolling restart and the Lua tests)."""
 
@@ -32,8 +32,11 @@ def _end(table: SessionTable, session: Session) -> None:
 
 async def test_sessions_with_room_are_handed_off_the_rest_retried_then_announced_and_waited_for() -> None:
     table = SessionTable(16)
-    roomy, _later, never, paused = (_running(table, s) for s in ("roomy", "later", "never", "paused"))
+    roomy, _later, never, paused, closing = (
+        _running(table, s) for s in ("roomy", "later", "never", "paused", "closing")
+    )
     paused.move(SessionState.PAUSED)
+    closing.request_close(CloseMode.DRAIN, "client_stop")
     offers: list[str] = []
     announced = asyncio.Event()
     closes: list[tuple[str, CloseMode, str]] = []
@@ -62,11 +65,12 @@ async def test_sessions_with_room_are_handed_off_the_rest_retried_then_announced
     assert offers.count("roomy") == 1
     assert offers.count("never") == 1
     assert offers.count("later") == 3  # asked again until there was room
-    assert "paused" not in offers  # a paused session drains as before
-    assert {s.id for s in table.admitted()} == {"never", "paused"}
+    assert offers.count("paused") == 1  # a paused session goes too (it stays paused on its adopter)
+    assert "closing" not in offers  # one whose close was asked for ends here
+    assert {s.id for s in table.admitted()} == {"never", "closing"}
     assert not drain.complete
     _end(table, never)
-    _end(table, paused)
+    _end(table, closing)
     await asyncio.wait_for(run, 2)
     assert drain.complete
     assert closes == []  # they ended before the deadline: nothing was closed

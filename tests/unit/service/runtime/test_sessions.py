@@ -217,3 +217,31 @@ async def test_a_handed_off_session_tells_recovering_stops_here_without_done_and
     assert messages == [StateStatus("recovering", "the service is draining; the session moves to another replica")]
     assert session.ended.is_set()
     assert session.handing_off
+
+
+def test_a_paused_session_is_handed_off_with_how_long_it_has_been_paused_and_its_adopter_goes_on_paused() -> None:
+    session = _session()
+    session.move(SessionState.ADMITTED)
+    session.move(SessionState.RUNNING)
+    assert session.paused_for_s is None
+    session.move(SessionState.PAUSED)
+    paused_for = session.paused_for_s
+    assert paused_for is not None
+    assert 0.0 <= paused_for < 5.0
+    session.move(SessionState.RUNNING)  # resumed: no longer paused
+    assert session.paused_for_s is None
+    session.move(SessionState.PAUSED)
+    assert session.hand_off("the service is draining; the session moves to another replica (paused)")
+    assert session.state is SessionState.RECOVERING
+    assert session.paused_for_s is not None  # kept for its adopter through the hand-off
+
+    adopted = _session()
+    adopted.handed_over_paused(42.0)  # 42 s into its pause on the replica that handed it off
+    assert not adopted.resumes_paused  # not admitted yet
+    adopted.move(SessionState.ADMITTED)
+    assert adopted.resumes_paused
+    adopted.move(SessionState.RUNNING)
+    adopted.move(SessionState.PAUSED)  # the conductor pauses it at once; its pause began 42 s ago, not now
+    counted = adopted.paused_for_s
+    assert counted is not None
+    assert 42.0 <= counted < 47.0

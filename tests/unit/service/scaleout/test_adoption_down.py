@@ -10,10 +10,17 @@ import pytest
 
 from admission import TicketState
 from service.scaleout.admission import SharedTicketView
-from service.scaleout.ownership import adoption_down_s
+from service.scaleout.ownership import adoption_down_s, adoption_paused_s
 
 
-def _view(reason: str | None, *, seen: float | None, orphaned: float | None, adopted: float | None) -> SharedTicketView:
+def _view(
+    reason: str | None,
+    *,
+    seen: float | None,
+    orphaned: float | None,
+    adopted: float | None,
+    paused: float | None = None,
+) -> SharedTicketView:
     return SharedTicketView(
         ticket_id="x",
         owner="k",
@@ -32,6 +39,7 @@ def _view(reason: str | None, *, seen: float | None, orphaned: float | None, ado
         adopted_at=adopted,
         orphaned_at=orphaned,
         orphan_reason=reason,
+        paused_at=paused,
     )
 
 
@@ -43,3 +51,10 @@ def test_a_lost_replicas_session_counts_from_its_last_heartbeat_and_a_handed_off
     handed = _view("replica_draining", seen=100.0, orphaned=500.0, adopted=500.25)
     assert adoption_down_s(handed, now) == pytest.approx(0.25, abs=0.5)
     assert adoption_down_s(_view(None, seen=None, orphaned=None, adopted=102.0), now) == 0.0  # an older Redis side
+
+
+def test_a_session_handed_off_paused_counts_its_pause_from_its_first_pause_and_a_running_one_is_not_paused() -> None:
+    now = time.monotonic()
+    paused = _view("replica_draining", seen=100.0, orphaned=500.0, adopted=500.5, paused=440.0)
+    assert adoption_paused_s(paused, now) == pytest.approx(60.5, abs=0.5)  # paused at 440, adopted at 500.5
+    assert adoption_paused_s(_view("replica_draining", seen=100.0, orphaned=500.0, adopted=500.5), now) is None

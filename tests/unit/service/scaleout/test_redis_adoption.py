@@ -308,3 +308,40 @@ async def test_a_hand_off_made_while_redis_is_unreachable_moves_nothing_and_is_m
     adopted, _ = await b.adopt(30.0, 4)
     assert [v.ticket_id for v in adopted] == ["x"]
     await cluster.check()
+
+
+async def test_a_session_handed_off_paused_carries_when_its_pause_began_to_its_adopter_and_no_further(
+    cluster: Cluster,
+) -> None:
+    """`hand_off(..., paused_for_s=)` keeps the pause's start on the Redis clock (`paused_at`): the adopter reads it
+    from the adopt reply and from the adopted event, counts the pause from there; a later orphaning of the session
+    (running, or reaped) drops it."""
+    a = await cluster.add("a")
+    await a.create("k", ticket_id="x")
+    await _checkpointed(cluster, a, "x")
+    b = await cluster.add("b")
+    assert await a.hand_off("x", paused_for_s=12.5) == "ok"
+    view = await b.get("x")
+    assert (view.status, view.status_reason) == ("recovering", "replica_draining")
+    assert view.orphaned_at is not None
+    assert view.paused_at == pytest.approx(view.orphaned_at - 12.5, abs=0.002)  # 12.5 s before the hand-off
+    adopted, _ = await b.adopt(30.0, 4)
+    assert [(v.ticket_id, v.paused_at) for v in adopted] == [("x", view.paused_at)]
+    told = (await cluster.logs["b"].wait_for(SharedEventKind.ADOPTED, "x")).ticket
+    assert told.paused_at == view.paused_at
+    await cluster.check()
+
+    # b resumed it, then drains in turn and hands it off running: no pause goes with it.
+    c = await cluster.add("c")
+    assert await b.hand_off("x") == "ok"
+    adopted, _ = await c.adopt(30.0, 4)
+    assert [(v.ticket_id, v.paused_at) for v in adopted] == [("x", None)]
+    # Paused again on c, handed off again, and its adopter d dies before rebuilding it: reaped, it is not paused.
+    d = await cluster.add("d")
+    assert await c.hand_off("x", paused_for_s=1.0) == "ok"
+    adopted, _ = await d.adopt(30.0, 4)
+    assert adopted[0].paused_at is not None
+    await _lose(cluster, "d")
+    await _orphaned(cluster, c, "x")
+    assert (await c.get("x")).paused_at is None
+    await cluster.check()

@@ -12,7 +12,15 @@ import pytest
 import torch
 
 from admission import ExecutionLease
-from pipeline.bidirectional import ChunkOutput, CloseMode, ControlState, RecoveryNotice, SessionSummary, Stop
+from pipeline.bidirectional import (
+    ChunkOutput,
+    CloseMode,
+    ControlState,
+    RecoveryNotice,
+    Resume,
+    SessionSummary,
+    Stop,
+)
 from pipeline.errors import SessionFailedError
 from pipeline.lingbot.camera import CameraChunk, CameraPose
 from pipeline.lingbot.config import LingBotSessionConfig
@@ -310,6 +318,22 @@ async def test_a_session_adopted_by_another_worker_from_its_checkpoint_bytes_mak
         assert notices[1].recovery_s is not None
         assert 2.0 <= notices[1].recovery_s < 2.0 + 60
         assert adopter.recovery_statistics() == ({"replica_lost": 1, "replica_draining": 1}, 0)
+        await adopter.close_session("s", CloseMode.CANCEL)
+        # Handed off paused: restored paused, its recovery complete at once (the resume is its client's, no part
+        # of it); no chunk until a Resume, then the chunk an unbroken run made there.
+        paused = dataclasses.replace(handed, paused=True)
+        chunks_before = adopter.statistics().chunks
+        await adopter.create_session("s", paused)
+        assert [(n.recovering, n.cause) for n in notices[2:]] == [(False, "replica_draining")]
+        first = asyncio.ensure_future(anext(adopter.outputs("s")))
+        done, _ = await asyncio.wait({first}, timeout=0.5)
+        assert not done  # the held keys came with the checkpoint, yet nothing comes
+        assert adopter.statistics().chunks == chunks_before
+        adopter.push_control("s", Resume())
+        after_resume = await asyncio.wait_for(first, 30)
+        assert isinstance(after_resume, ChunkOutput)
+        assert after_resume.index == start
+        assert np.array_equal(after_resume.frames, clean[start].frames)
         await adopter.close_session("s", CloseMode.CANCEL)
     finally:
         await adopter.aclose()
