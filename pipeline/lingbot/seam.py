@@ -100,12 +100,14 @@ from pipeline.lingbot.camera import CameraChunk
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.continuity import ResumePoint
 from pipeline.lingbot.errors import ChunkContractError, ModelInputError
+from pipeline.lingbot.history import ChunkRecord, HistorySpec
 
 __all__ = [
     "LATENT_CHANNELS",
     "ChunkCondition",
     "ChunkDecoder",
     "ChunkDenoiser",
+    "HistoricDenoiser",
     "ModelShard",
     "ProgressiveDecoder",
     "ReferenceEncoder",
@@ -215,11 +217,25 @@ class ReseedableDenoiser(ChunkDenoiser, Protocol):
 
 
 @runtime_checkable
+class HistoricDenoiser(ChunkDenoiser, Protocol):
+    """A `ChunkDenoiser` with history (LingBot-World-Fast's KV cache): after each chunk it says what a re-seed needs
+    to rebuild that chunk's part of the history besides its latent (`chunk_record`), and which chunks to keep
+    (`history_spec`); the stages carry the record and the latent to the session's checkpoint (docs/continuity.md)."""
+
+    def history_spec(self, config: LingBotSessionConfig) -> HistorySpec: ...
+
+    def chunk_record(self, session_id: str) -> ChunkRecord | None: ...
+
+
+@runtime_checkable
 class ReseedableDecoder(ChunkDecoder, Protocol):
     """A `ChunkDecoder` that can open a session at a later chunk (re-seed): the next chunk it decodes is
-    `chunk_index`."""
+    `chunk_index`. `prime`: the latent frames before it (`[16, n, h, w]`, from the session's history), for a decoder
+    that carries state between chunks; one without ignores it."""
 
-    def reseed_cache(self, session_id: str, config: LingBotSessionConfig, chunk_index: int) -> None: ...
+    def reseed_cache(
+        self, session_id: str, config: LingBotSessionConfig, chunk_index: int, prime: torch.Tensor | None = None
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,7 @@ from pipeline.lingbot.graph.stages import (
     FramesArtifact,
     LatentArtifact,
 )
+from pipeline.lingbot.history import ChunkHistory, ChunkRecord
 from pipeline.lingbot.seam import ChunkCondition, ModelShard, WorldModelFactory
 from pipeline.process import PartSender, ReportsReady, TensorRef, WorkerContext, WorkerTensorChannel
 
@@ -131,6 +132,8 @@ class RemoteLatent:
     denoise_s: float = 0.0
     send_s: float = 0.0
     """Seconds the DiT's rank 0 spent sending it (added to the receive time in the chunk's timings)."""
+    record: ChunkRecord | None = None  # a model with history's (`LatentArtifact.record`)
+    prime: torch.Tensor | None = None  # a re-seed's first chunk (`LatentArtifact.prime`)
 
     def tensor_refs(self) -> tuple[TensorRef, ...]:
         return (self.latent,)
@@ -145,6 +148,8 @@ class LocalLatent:
     snapshot: ControlSnapshot
     config: LingBotSessionConfig | None = None  # only for the session's first chunk (0, or a re-seed's first)
     denoise_s: float = 0.0
+    record: ChunkRecord | None = None  # a model with history's (`LatentArtifact.record`)
+    prime: torch.Tensor | None = None  # a re-seed's first chunk (`LatentArtifact.prime`)
 
 
 class _LatentStash:
@@ -198,13 +203,20 @@ class SharedFrames:
         shared = self.shared
         if shared is None:
             shared = torch.from_numpy(artifact.frames).share_memory_()  # type: ignore[no-untyped-call]
-        return (_unshare_frames, (artifact.chunk_index, shared, artifact.snapshot, dict(artifact.timings)))
+        history = artifact.history
+        if history is not None:  # the chunk's latent crosses beside its frames, in shared memory too
+            history = ChunkHistory(history.record, history.latent.share_memory_())  # type: ignore[no-untyped-call]
+        return (_unshare_frames, (artifact.chunk_index, shared, artifact.snapshot, dict(artifact.timings), history))
 
 
 def _unshare_frames(
-    chunk_index: int, frames: torch.Tensor, snapshot: ControlSnapshot, timings: dict[str, float]
+    chunk_index: int,
+    frames: torch.Tensor,
+    snapshot: ControlSnapshot,
+    timings: dict[str, float],
+    history: ChunkHistory | None = None,
 ) -> FramesArtifact:
-    return FramesArtifact(chunk_index, frames.numpy(), snapshot, timings)
+    return FramesArtifact(chunk_index, frames.numpy(), snapshot, timings, history)
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,7 +399,14 @@ class DenoiseGroupStage:
             raise ModelSessionError(f"denoise produced {type(artifact).__name__}, not a LatentArtifact")
         if self._colocated:
             self._stash.put(call.session_id, artifact.chunk_index, artifact.latent)
-            local = LocalLatent(artifact.chunk_index, artifact.snapshot, artifact.config, artifact.denoise_s)
+            local = LocalLatent(
+                artifact.chunk_index,
+                artifact.snapshot,
+                artifact.config,
+                artifact.denoise_s,
+                artifact.record,
+                artifact.prime,
+            )
             return {"latent": local}
         channel = cast(WorkerTensorChannel, self._options.latent)
         started = time.perf_counter()
@@ -400,6 +419,8 @@ class DenoiseGroupStage:
             artifact.config,
             denoise_s=artifact.denoise_s,
             send_s=time.perf_counter() - started,
+            record=artifact.record,
+            prime=artifact.prime,
         )
         return {"latent": sent}
 
@@ -413,7 +434,9 @@ class DenoiseGroupStage:
         if not isinstance(local, LocalLatent):
             raise ModelSessionError(f"co-located decode expects a LocalLatent, got {type(local).__name__}")
         tensor = self._stash.take(call.session_id, local.chunk_index)
-        latent = LatentArtifact(local.chunk_index, tensor, local.snapshot, local.config, local.denoise_s)
+        latent = LatentArtifact(
+            local.chunk_index, tensor, local.snapshot, local.config, local.denoise_s, local.record, local.prime
+        )
         return {FRAMES: _decode(self._decode, call, latent)}
 
     def _base_latent(self, session_id: str, ref: TensorRef) -> torch.Tensor:
@@ -470,7 +493,9 @@ class DecodeGroupStage:
         started = time.perf_counter()
         tensor = self._channel.receive(remote.latent, timeout_s=self._options.channel_timeout_s)
         received = time.perf_counter() - started
-        latent = LatentArtifact(remote.chunk_index, tensor, remote.snapshot, remote.config, remote.denoise_s)
+        latent = LatentArtifact(
+            remote.chunk_index, tensor, remote.snapshot, remote.config, remote.denoise_s, remote.record, remote.prime
+        )
         return {FRAMES: _decode(self._inner, call, latent, {LATENT_CHANNEL_TIMING: remote.send_s + received})}
 
     def release(self, session_id: str) -> None:

@@ -43,11 +43,13 @@ from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.continuity import ResumePoint
 from pipeline.lingbot.controls import ControlSnapshot
 from pipeline.lingbot.errors import ModelSessionError
+from pipeline.lingbot.history import ChunkHistory, ChunkRecord
 from pipeline.lingbot.hud import draw_hud
 from pipeline.lingbot.seam import (
     ChunkCondition,
     ChunkDecoder,
     ChunkDenoiser,
+    HistoricDenoiser,
     ProgressiveDecoder,
     ReferenceEncoder,
     ReseedableDecoder,
@@ -118,6 +120,10 @@ class LatentArtifact:
     config: LingBotSessionConfig | None = None  # only for the session's first chunk (0, or a re-seed's first)
     denoise_s: float = 0.0
     """Seconds the denoiser took for this chunk (reported in the chunk's timings as `denoise`)."""
+    record: ChunkRecord | None = None
+    """A model with history: what its re-seed needs of this chunk besides the latent (`HistoricDenoiser`)."""
+    prime: torch.Tensor | None = None
+    """A re-seed's first chunk: the latent frames before it, for the decoder's causal state (`ReseedableDecoder`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +134,8 @@ class FramesArtifact:
     timings: Mapping[str, float] = field(default_factory=dict)
     """Seconds the stages measured for this chunk (`denoise`, `decode`, and with decode in its own worker group
     `latent_channel`: moving the latent between the groups), added to the chunk's `timings`."""
+    history: ChunkHistory | None = None
+    """A model with history: the chunk's record and its latent on the CPU, for the session's checkpoint."""
 
 
 PartSink = Callable[[str, int, int, npt.NDArray[np.uint8]], None]
@@ -230,8 +238,12 @@ class DenoiseStage:
             sid, index, condition.condition.chunk_size, chunk.camera, prompt=control.prompt
         )
         denoise_s = span.stop()
-        first_config = condition.config if condition.base_latent is not None else None
-        return {"latent": LatentArtifact(index, latent, control.snapshot, first_config, denoise_s)}
+        first = condition.base_latent is not None
+        record = self._denoiser.chunk_record(sid) if isinstance(self._denoiser, HistoricDenoiser) else None
+        history = condition.resume.history if first and condition.resume is not None else None
+        prime = history.prime(index) if history is not None else None
+        config = condition.config if first else None
+        return {"latent": LatentArtifact(index, latent, control.snapshot, config, denoise_s, record, prime)}
 
     def release(self, session_id: str) -> None:
         with self._lock:
@@ -265,7 +277,7 @@ class DecodeStage:
             if latent.chunk_index == 0:
                 self._decoder.create_cache(sid, latent.config)
             elif isinstance(self._decoder, ReseedableDecoder):
-                self._decoder.reseed_cache(sid, latent.config, latent.chunk_index)
+                self._decoder.reseed_cache(sid, latent.config, latent.chunk_index, latent.prime)
             else:
                 raise ModelSessionError(
                     f"this model's decoder cannot re-seed session {sid!r} (chunk {latent.chunk_index})"
@@ -278,7 +290,10 @@ class DecodeStage:
             array = self._frames(sid, self._decoder.decode_chunk(sid, latent.chunk_index, latent.latent), latent)
         decode_s = span.stop()
         timings = {"denoise": latent.denoise_s, "decode": decode_s}
-        return {FRAMES: FramesArtifact(latent.chunk_index, array, latent.snapshot, timings)}
+        history = None
+        if latent.record is not None:  # a copy on the CPU, after the decode: off the DiT's path
+            history = ChunkHistory(latent.record, latent.latent.detach().to("cpu", torch.float32, copy=True))
+        return {FRAMES: FramesArtifact(latent.chunk_index, array, latent.snapshot, timings, history)}
 
     def _decode_parts(
         self, decoder: ProgressiveDecoder, sink: PartSink, sid: str, latent: LatentArtifact

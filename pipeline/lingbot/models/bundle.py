@@ -85,6 +85,9 @@ class LingBotFastOptions:
     """"auto" (bfloat16 on CUDA, float32 on the CPU) or one of `DTYPES`."""
     window_frames: int = 18
     sink_frames: int = 6
+    history_lookback_chunks: int = 4
+    """Chunks a session's history keeps before the ones its window holds (`LingBotFastDenoiser.history_spec`): a
+    re-seed replays them first, so the window's oldest chunks are rebuilt against a history of their own."""
     text_cache_size: int = 16
     max_prefix_frames: int = DEFAULT_MAX_PREFIX_FRAMES
     denoise_ranks: int = 1
@@ -114,6 +117,8 @@ class LingBotFastOptions:
             raise ModelConfigError(f"warmup_chunks must be >= 0, got {self.warmup_chunks}")
         if self.denoise_ranks < 1:
             raise ModelConfigError(f"denoise_ranks must be >= 1, got {self.denoise_ranks}")
+        if self.history_lookback_chunks < 0:
+            raise ModelConfigError(f"history_lookback_chunks must be >= 0, got {self.history_lookback_chunks}")
         if self.text_cache_size < 1 or self.max_prefix_frames < 1:
             raise ModelConfigError("text_cache_size and max_prefix_frames must be >= 1")
         self.cache_config(3)  # the window and sink must hold at least the published chunk

@@ -306,8 +306,19 @@ class KVCache:
         could not have got there."""
         if self._chunks or self._stored or self._next_frame:
             raise ModelSessionError("only a fresh cache can continue at a later chunk")
-        if chunk_index < 0 or first_frame < 0:
-            raise ModelSessionError(f"chunk {chunk_index}, frame {first_frame}: must not be negative")
+        self.skip_to(chunk_index, first_frame)
+
+    def skip_to(self, chunk_index: int, first_frame: int) -> None:
+        """Go on at chunk `chunk_index`, latent frame `first_frame`, past chunks that were not written here (a
+        re-seed's prefill whose history lacks the chunks between the sink and the window's oldest, docs/continuity.md):
+        what the cache holds stays, the positions continue as the session's did (re-based as it was). Raises
+        `ModelSessionError` to go back, `ModelContextExhaustedError` where a cache without a window could not get
+        there."""
+        if chunk_index < self._chunks or first_frame < self._next_frame:
+            raise ModelSessionError(
+                f"chunk {chunk_index}, frame {first_frame}: the cache is at chunk {self._chunks}, frame "
+                f"{self._next_frame} already"
+            )
         chunk = self._config.chunk_frames
         if self._config.window_frames is None:
             if first_frame + chunk > min(self._config.capacity_frames, self._rope.frames):
@@ -317,8 +328,7 @@ class KVCache:
         else:
             shift = self._config.rebase_shift(self._rope.frames)
             while first_frame - self._offset + chunk > self._rope.frames:
-                self._offset += shift
-                self._rebases += 1
+                self._rebase(shift)  # moves the sink's keys where the cache holds a sink, as begin_chunk would
         self._chunks = chunk_index
         self._next_frame = first_frame
 

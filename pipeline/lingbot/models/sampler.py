@@ -28,7 +28,7 @@ from pipeline.lingbot.models.cache import KVCache, TextKV
 from pipeline.lingbot.models.dit import LingBotFastDiT
 from pipeline.lingbot.models.errors import ModelConfigError
 
-__all__ = ["FAST_SCHEDULE", "FastSchedule", "denoise_chunk", "fast_schedule", "sample_chunk"]
+__all__ = ["FAST_SCHEDULE", "FastSchedule", "denoise_chunk", "fast_schedule", "prefill_chunk", "sample_chunk"]
 
 Predictor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """`(x_t [B, 16, F, h, w] float32, t [B] float32) -> velocity`, the model with everything else bound."""
@@ -141,3 +141,28 @@ def denoise_chunk(
         x0 = sample_chunk(predict, noise, generator, schedule)
         predict(x0, torch.zeros(noise.shape[0], dtype=torch.float32, device=noise.device))
     return x0
+
+
+def prefill_chunk(
+    model: LingBotFastDiT,
+    cache: KVCache,
+    text: TextKV,
+    condition: torch.Tensor,
+    x0: torch.Tensor,
+    control: torch.Tensor | None = None,
+) -> None:
+    """A chunk already generated, written into the cache again (a re-seed's prefill, docs/continuity.md): only the
+    clean pass of `denoise_chunk`, over its final latent `x0` `[B, 16, F, h, w]` with the same `condition`, camera
+    and text. With the same cache before it, the same inputs and the same slot, it writes exactly the K/V the
+    chunk's own clean pass wrote (the same operations on the same values)."""
+    if x0.ndim != 5 or condition.shape[0] != x0.shape[0] or condition.shape[2:] != x0.shape[2:]:
+        raise ModelInputError(
+            f"latent {list(x0.shape)} and condition {list(condition.shape)} must share batch, frames and size"
+        )
+    with torch.inference_mode():
+        slot = cache.begin_chunk(x0.shape[2])
+        latent = x0.float()
+        cond = condition.to(latent.device, torch.float32)
+        camera = model.camera_modulation(control) if control is not None else None
+        t = torch.zeros(latent.shape[0], dtype=torch.float32, device=latent.device)
+        model(torch.cat([latent, cond], dim=1), t, text, cache, slot, camera=camera)

@@ -39,6 +39,7 @@ from pipeline.lingbot.chunks import ChunkPlan
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.continuity import ResumePoint
 from pipeline.lingbot.errors import ModelInputError, ModelSessionError
+from pipeline.lingbot.history import ChunkHistory, ChunkRecord, HistorySpec
 from pipeline.lingbot.models.attention import attention_capability, select_attention
 from pipeline.lingbot.models.bundle import (
     DIT_DIR,
@@ -56,7 +57,7 @@ from pipeline.lingbot.models.dit import LingBotFastDiT
 from pipeline.lingbot.models.errors import ModelConfigError
 from pipeline.lingbot.models.memory_plan import PLAN_HEIGHT, PLAN_WIDTH
 from pipeline.lingbot.models.parallel import SINGLE_RANK, Ulysses, check_parallel
-from pipeline.lingbot.models.sampler import denoise_chunk
+from pipeline.lingbot.models.sampler import denoise_chunk, prefill_chunk
 from pipeline.lingbot.models.text import UMT5TextEncoder, load_text_encoder
 from pipeline.lingbot.models.tiny_decoder import TINY_DECODER_DIR, StreamingTinyDecoder, load_tiny_decoder
 from pipeline.lingbot.models.vae import StreamingVAE, load_vae
@@ -145,6 +146,7 @@ class _DenoiseSession:
     prompt: str | None = None
     text: TextKV | None = None
     next_chunk: int = 0
+    record: ChunkRecord | None = None  # the newest chunk's, for its history (`chunk_record`)
 
 
 class LingBotFastDenoiser:
@@ -207,20 +209,79 @@ class LingBotFastDenoiser:
             generator=generator,
         )
 
+    def history_spec(self, config: LingBotSessionConfig) -> HistorySpec:
+        """`HistoricDenoiser`: the chunks a session's history keeps: the sink's chunks and the window's, plus
+        `options.history_lookback_chunks` before them (without a window: every chunk the cache can hold)."""
+        cache = self._options.cache_config(config.chunk_size)
+        chunk = cache.chunk_frames
+        if cache.window_frames is None:
+            return HistorySpec(0, -(-cache.capacity_frames // chunk))
+        sink = -(-cache.sink // chunk)
+        window = -(-(cache.capacity_frames - cache.sink) // chunk)
+        return HistorySpec(sink, window + self._options.history_lookback_chunks)
+
+    def chunk_record(self, session_id: str) -> ChunkRecord | None:
+        """`HistoricDenoiser`: the newest chunk's record (its camera, prompt and the generator's state after it)."""
+        return self._sessions.get(session_id).record
+
     def reseed_cache(
         self, session_id: str, config: LingBotSessionConfig, base_latent: torch.Tensor, resume: ResumePoint
     ) -> None:
-        """`ReseedableDenoiser`: go on at `resume.chunk_index` with an empty KV cache whose positions continue the
-        session's (`KVCache.continue_at`) and a generator seeded for that chunk. The chunk attends to itself only,
-        not to the lost history: the picture goes on from the reference and the camera's pose. Rebuilding the history
-        by a prefill of the checkpoint's latents is the next slice (docs/continuity.md)."""
-        self.create_cache(session_id, config, base_latent)
-        state = self._sessions.get(session_id)
+        """`ReseedableDenoiser`: go on at `resume.chunk_index`. With a history (`resume.history`) the KV cache is
+        rebuilt by a prefill: each chunk's clean pass replayed in order over its latent, camera and prompt, at its
+        own positions (`sampler.prefill_chunk`), skipping the chunks the history lacks (`KVCache.skip_to`); the
+        generator takes its state after the newest chunk. A history holding every chunk since 0 rebuilds the cache
+        and the generator exactly, so the session goes on with the frames it would have made; after the ring turned,
+        close (docs/continuity.md). Without one, an empty cache whose positions continue the session's
+        (`KVCache.continue_at`) and a generator seeded for the chunk: the chunk attends to itself only, and the
+        picture goes on from the reference and the camera's pose. Under Ulysses every rank replays alike."""
+        state = self._new_state(config, base_latent)
         start = resume.chunk_index
         check_chunk_order("denoise", state.plan, start, state.plan.chunk_size, start)
-        state.cache.continue_at(start, start * state.plan.chunk_size)
-        state.generator.manual_seed((config.seed * 1_000_003 + start) % (2**63))
+        history = [] if resume.history is None else [c for c in resume.history.chunks if c.chunk_index < start]
+        started = time.perf_counter()
+        for chunk in history:
+            self._prefill(state, chunk)
+        if state.cache.statistics().chunks < start:
+            state.cache.skip_to(start, start * state.plan.chunk_size)
+        newest = history[-1] if history else None
+        if newest is None or newest.chunk_index != start - 1 or not self._restore_generator(state, newest.record):
+            state.generator.manual_seed((config.seed * 1_000_003 + start) % (2**63))
         state.next_chunk = start
+        self._sessions.add(session_id, state)
+        if history:
+            logger.info(
+                "re-seeded at chunk %d with %d chunk(s) of history (%s) in %.3f s",
+                start,
+                len(history),
+                "complete" if resume.history is not None and resume.history.complete else "after the ring turned",
+                time.perf_counter() - started,
+            )
+
+    def _prefill(self, state: _DenoiseSession, chunk: ChunkHistory) -> None:
+        index = chunk.chunk_index
+        frames = int(chunk.latent.shape[1])
+        validate_latent_chunk(chunk.latent, state.config, frames)
+        first_frame = index * state.plan.chunk_size
+        if state.cache.statistics().chunks < index:
+            state.cache.skip_to(index, first_frame)
+        text = self._text(state, chunk.record.prompt)
+        device = self._dit.device
+        with torch.inference_mode():
+            condition = self._condition(state, index, frames)
+            camera = plucker_map(chunk.record.camera, state.rays)
+            x0 = chunk.latent.to(device, torch.float32)[None]
+        prefill_chunk(self._dit, state.cache, text, condition, x0, camera)
+
+    def _restore_generator(self, state: _DenoiseSession, record: ChunkRecord) -> bool:
+        """The generator at its state after `record`'s chunk; False where that state is not this device's kind (a
+        checkpoint written on another device type)."""
+        try:
+            state.generator.set_state(torch.frombuffer(bytearray(record.generator_state), dtype=torch.uint8))
+        except (RuntimeError, ValueError) as exc:
+            logger.warning("the checkpoint's generator state does not fit this device (%s): seeded for the chunk", exc)
+            return False
+        return True
 
     def release_cache(self, session_id: str) -> None:
         self._sessions.remove(session_id)
@@ -258,14 +319,9 @@ class LingBotFastDenoiser:
         check_chunk_order("denoise", state.plan, chunk_index, chunk_size, state.next_chunk)
         validate_control(control, state.config, chunk_size)
         device = self._dit.device
-        if state.text is None or prompt != state.prompt:
-            state.text = self._dit.encode_text(self._prompt_states(prompt))
-            state.prompt = prompt
+        text = self._text(state, prompt)
         with torch.inference_mode():
-            latent_image = slice_condition(state.base_latent, chunk_index, chunk_size)
-            mask = first_frame_mask(chunk_index, chunk_size, device).to(torch.float32)
-            mask = mask[None, :, None, None].expand(MASK_CHANNELS, -1, *latent_image.shape[2:])
-            condition = torch.cat([mask, latent_image], dim=0)[None]
+            condition = self._condition(state, chunk_index, chunk_size)
             camera = plucker_map(control, state.rays)
             h, w = state.config.latent_height, state.config.latent_width
             noise = torch.randn(
@@ -274,10 +330,26 @@ class LingBotFastDenoiser:
                 device=device,
                 dtype=torch.float32,
             )
-        x0 = denoise_chunk(self._dit, state.cache, state.text, condition, noise, state.generator, camera)
+        x0 = denoise_chunk(self._dit, state.cache, text, condition, noise, state.generator, camera)
         result = x0[0].contiguous()
         state.next_chunk += 1
+        state.record = ChunkRecord(
+            chunk_index, control, prompt, bytes(state.generator.get_state().numpy()), self.history_spec(state.config)
+        )
         return result
+
+    def _text(self, state: _DenoiseSession, prompt: str) -> TextKV:
+        if state.text is None or prompt != state.prompt:
+            state.text = self._dit.encode_text(self._prompt_states(prompt))
+            state.prompt = prompt
+        return state.text
+
+    def _condition(self, state: _DenoiseSession, chunk_index: int, chunk_size: int) -> torch.Tensor:
+        """The chunk's condition `[1, 20, F, h, w]`: the first-frame mask, then the base latent's frames."""
+        latent_image = slice_condition(state.base_latent, chunk_index, chunk_size)
+        mask = first_frame_mask(chunk_index, chunk_size, self._dit.device).to(torch.float32)
+        mask = mask[None, :, None, None].expand(MASK_CHANNELS, -1, *latent_image.shape[2:])
+        return torch.cat([mask, latent_image], dim=0)[None]
 
     def _prompt_states(self, prompt: str) -> torch.Tensor:
         """The umt5 states of `prompt`: encoded on rank 0 and broadcast to the DiT group's other ranks (every rank
@@ -348,16 +420,29 @@ class LingBotFastDecoder:
             self._sessions.remove(session_id)
             raise
 
-    def reseed_cache(self, session_id: str, config: LingBotSessionConfig, chunk_index: int) -> None:
+    def reseed_cache(
+        self, session_id: str, config: LingBotSessionConfig, chunk_index: int, prime: torch.Tensor | None = None
+    ) -> None:
         """`ReseedableDecoder`: the next chunk is `chunk_index`. The streamed VAE decodes a session's very first
-        latent frame to one video frame; primed with one zero latent frame (its frame dropped), it decodes every
-        frame after to four, so the re-seeded session keeps the chunk contract (`4 * chunk_size` frames)."""
+        latent frame to one video frame and every frame after to four, so it is primed first (its frames dropped):
+        with `prime`, the latent frames before the chunk (`[16, n, h, w]`, a re-seed's history: all of the session's
+        since frame 0 make its causal feature cache exactly the uninterrupted one's), else with one zero latent
+        frame. Either way the re-seeded session keeps the chunk contract (`4 * chunk_size` frames)."""
         self.create_cache(session_id, config)
         state = self._sessions.get(session_id)
         check_chunk_order("decode", state.plan, chunk_index, state.plan.chunk_size, chunk_index)
         if chunk_index > 0:
-            prime = torch.zeros(LATENT_CHANNELS, 1, config.latent_height, config.latent_width, device=self._vae.device)
-            self._vae.decode_chunk(session_id, prime)
+            shape = (LATENT_CHANNELS, 1, config.latent_height, config.latent_width)
+            if prime is None or prime.shape[1] == 0:
+                prime = torch.zeros(shape, device=self._vae.device)
+            elif (prime.shape[0], *prime.shape[2:]) != (shape[0], *shape[2:]):
+                raise ModelInputError(
+                    f"the decoder's prime must be [16, n, {shape[2]}, {shape[3]}]: {list(prime.shape)}"
+                )
+            with torch.inference_mode():
+                for index in range(prime.shape[1]):  # one latent frame per call, as a chunk decodes
+                    frame = prime[:, index : index + 1].to(self._vae.device, torch.float32)
+                    self._vae.decode_chunk(session_id, frame)
         state.next_chunk = chunk_index
 
     def release_cache(self, session_id: str) -> None:

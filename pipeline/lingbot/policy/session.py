@@ -41,12 +41,13 @@ reader had not taken yet are dropped with it.
 
 Checkpoint and re-seed (docs/continuity.md): each chunk handed to the reader updates `checkpoint` (a frozen
 `continuity.SessionCheckpoint`: the next chunk, the camera pose after the chunk, integrated here from the same snapshots
-the denoise stage used, the prompt and control counters, the stream clock); one is taken at `open` too. After the
-orchestrator session failed (a worker group died, a stage raised), `reseed()` opens a new orchestrator session under
-the same id and goes on from the checkpoint: chunk `next_chunk`'s condition request carries the config, the image and
-the `ResumePoint` (chunk and pose), so the workers rebuild the session's caches there; orchestrator sequence ids start
-again at 0 and map to chunk indices from `next_chunk` on (`_seq_base`). The chunk that failed is generated again with
-the newest controls.
+the denoise stage used, the prompt and control counters, the stream clock, and for a model with history the bounded
+ring of its chunks' latents that came back with their frames, `history.SessionHistory`); one is taken at `open` too.
+After the orchestrator session failed (a worker group died, a stage raised), `reseed()` opens a new orchestrator
+session under the same id and goes on from the checkpoint: chunk `next_chunk`'s condition request carries the config,
+the image and the `ResumePoint` (chunk, pose and history), so the workers rebuild the session's caches there;
+orchestrator sequence ids start again at 0 and map to chunk indices from `next_chunk` on (`_seq_base`). The chunk that
+failed is generated again with the newest controls.
 
 Pause: a paused session wants no chunk, so it asks for no lease turn (the other sessions of the worker share the model
 without it); a pause that lands while it waits for its turn gives the grant back unused. Controls and prompts that
@@ -84,7 +85,7 @@ from pipeline.clock import Clock
 from pipeline.errors import SessionClosedError, SessionFailedError
 from pipeline.lingbot.camera import PoseIntegrator
 from pipeline.lingbot.config import LingBotSessionConfig
-from pipeline.lingbot.continuity import ResumePoint, SessionCheckpoint
+from pipeline.lingbot.continuity import NO_HISTORY, ResumePoint, SessionCheckpoint
 from pipeline.lingbot.controls import ControlSnapshot
 from pipeline.lingbot.errors import ControlError
 from pipeline.lingbot.graph.stages import CONDITION_REQUEST, CONTROL, ConditionRequest, ControlArtifact, FramesArtifact
@@ -247,6 +248,7 @@ class LingBotSession:
         self._frames_emitted = 0
         self._seq_base = 0  # the chunk index of orchestrator sequence id 0 (0, or where a re-seed went on)
         self._resume: ResumePoint | None = None
+        self._history = NO_HISTORY  # a model with history's chunks, bounded by its spec (`history.SessionHistory`)
         self.checkpoint: SessionCheckpoint | None = None
         self.on_chunk: Callable[[], None] | None = None
         """Told (on the loop) each time a chunk is handed to the reader, after its checkpoint was taken."""
@@ -305,6 +307,7 @@ class LingBotSession:
         self._submitted_seq, self._submitted_prompt_seq = self._applied_seq, self._applied_prompt_seq
         self._camera.place(checkpoint.pose)
         self._frames_emitted = checkpoint.frames_emitted
+        self._history = checkpoint.history
         self.checkpoint = checkpoint
         self.reseed()
 
@@ -605,6 +608,7 @@ class LingBotSession:
             latest=self._latest,
             frames_emitted=self._frames_emitted,
             taken_at=self._clock.now(),
+            history=self._history,
         )
 
     def _to_chunk(self, payload: object) -> ChunkOutput:
@@ -638,6 +642,8 @@ class LingBotSession:
             record.snapshot, first_chunk=payload.chunk_index == 0, latent_frames=self._plan.chunk_size
         )
         self._frames_emitted = self._plan.first_frame_of_chunk(payload.chunk_index) + len(payload.frames)
+        if payload.history is not None:
+            self._history = self._history.append(payload.history)
         self._take_checkpoint(payload.chunk_index + 1)
         if self.on_chunk is not None:
             self.on_chunk()

@@ -404,8 +404,11 @@ class ReferenceVAEDecoder:
         grid = torch.stack([xx, yy], dim=-1)[None]
         self._sessions.add(session_id, _DecoderSession(config=config, plan=config.chunk_plan, base_grid=grid))
 
-    def reseed_cache(self, session_id: str, config: LingBotSessionConfig, chunk_index: int) -> None:
-        """`ReseedableDecoder`: the next chunk is `chunk_index` (each latent frame decodes on its own: no history)."""
+    def reseed_cache(
+        self, session_id: str, config: LingBotSessionConfig, chunk_index: int, prime: torch.Tensor | None = None
+    ) -> None:
+        """`ReseedableDecoder`: the next chunk is `chunk_index` (each latent frame decodes on its own: no history, so
+        `prime` is not needed)."""
         self.create_cache(session_id, config)
         state = self._sessions.get(session_id)
         check_chunk_order("decode", state.plan, chunk_index, state.plan.chunk_size, chunk_index)
