@@ -152,6 +152,8 @@ class SessionCheckpoint:
                 (size,) = _HEADER.unpack_from(data, offset)
                 parts[int(index)] = data[offset + _HEADER.size : offset + _HEADER.size + size]
                 offset += _HEADER.size + size
+                if offset > len(data):
+                    raise struct.error(f"chunk {index} needs {offset - len(data)} bytes more")
         except struct.error as exc:
             raise CheckpointVersionError(f"the checkpoint's history is cut short: {exc}") from exc
         if header.get("version") == 1:

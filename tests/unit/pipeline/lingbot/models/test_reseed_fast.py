@@ -1,13 +1,16 @@
-"""LingBot-World-Fast re-seeded after a failed chunk (docs/continuity.md): the tiny real model goes on from its
-re-seeded cache with finite latents and the chunk contract kept (12 frames a chunk after the first 9), with the
-positions of its KV cache continuing the session's; not yet the frames of an uninterrupted run (the history is not
-rebuilt: that prefill is the next slice)."""
+"""LingBot-World-Fast re-seeded after a failed chunk (docs/continuity.md), through the service on threads: without
+history (a denoiser that keeps none) the tiny real model goes on from its re-seeded cache with finite latents and the
+chunk contract kept (12 frames a chunk after the first 9), with the positions of its KV cache continuing the
+session's; with history (the chunks' latents carried back to the session's checkpoint and replayed into the cache)
+its frames after the re-seed are the uninterrupted run's, to the bit. The prefill's own cases (the ring turned, a
+history that lacks chunks) are `test_reseed_history_fast.py`."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,6 +20,7 @@ from pipeline.lingbot.camera import CameraChunk
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.continuity import ResumePoint
 from pipeline.lingbot.errors import ModelSessionError
+from pipeline.lingbot.history import ChunkRecord, HistorySpec
 from pipeline.lingbot.models import TINY_DIT, CacheConfig, KVCache
 from pipeline.lingbot.models.bundle import LingBotFastOptions, write_tiny_model
 from pipeline.lingbot.models.errors import ModelContextExhaustedError
@@ -34,10 +38,13 @@ CONFIG = {"width": 64, "height": 32, "frame_num": 4 * 15 - 3, "seed": 7, "hud": 
 
 
 class FailingOnce:
-    """The tiny model's denoiser, raising once in chunk 2 (a `ReseedableDenoiser`)."""
+    """The tiny model's denoiser, raising once in chunk `fail_at` (a `ReseedableDenoiser`, without history)."""
 
-    def __init__(self, inner: LingBotFastDenoiser) -> None:
+    stored_after_reseed = 3  # the re-seeded cache holds its first chunk only
+
+    def __init__(self, inner: LingBotFastDenoiser, fail_at: int = 2) -> None:
         self.inner = inner
+        self.fail_at = fail_at
         self.failed = False
         self.reseeds: list[ResumePoint] = []
 
@@ -53,18 +60,32 @@ class FailingOnce:
     def denoise_chunk(
         self, session_id: str, chunk_index: int, chunk_size: int, control: CameraChunk, *, prompt: str
     ) -> torch.Tensor:
-        if chunk_index == 2 and not self.failed:
+        if chunk_index == self.fail_at and not self.failed:
             self.failed = True
-            raise RuntimeError("injected fault in chunk 2")
+            raise RuntimeError(f"injected fault in chunk {chunk_index}")
         latent = self.inner.denoise_chunk(session_id, chunk_index, chunk_size, control, prompt=prompt)
         assert bool(torch.isfinite(latent).all()), f"chunk {chunk_index}: non-finite latent"
-        if chunk_index == 2:
+        if chunk_index == self.fail_at:
             stats = self.inner.cache_statistics(session_id)
-            assert stats.stored_frames == 3  # the re-seeded cache holds its first chunk only
+            assert stats.stored_frames == self.stored_after_reseed
         return latent
 
     def release_cache(self, session_id: str) -> None:
         self.inner.release_cache(session_id)
+
+
+class FailingOnceWithHistory(FailingOnce):
+    """The same, keeping the model's history (a `HistoricDenoiser`): the re-seeded cache holds every chunk before."""
+
+    @property
+    def stored_after_reseed(self) -> int:  # type: ignore[override]
+        return 3 * (self.fail_at + 1)
+
+    def history_spec(self, config: LingBotSessionConfig) -> HistorySpec:
+        return self.inner.history_spec(config)
+
+    def chunk_record(self, session_id: str) -> ChunkRecord | None:
+        return self.inner.chunk_record(session_id)
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +93,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("lingbot-fast-reseed"), seed=0)
 
 
-async def test_the_tiny_model_goes_on_from_its_reseeded_cache_keeping_the_chunk_contract(model_dir: Path) -> None:
-    world = LingBotFastWorldModel.load(LingBotFastOptions(str(model_dir)))
-    faulty = FailingOnce(world.denoiser)
-    parts = WorldModelParts(world.encoder, faulty, world.decoder)
+async def _run(world: LingBotFastWorldModel, denoiser: object, notices: list[RecoveryNotice]) -> list[ChunkOutput]:
+    parts = WorldModelParts(world.encoder, denoiser, world.decoder)  # type: ignore[arg-type]
     service = LingBotService(parts, lease=ExecutionLease(), realtime=False, recovery=RecoveryBudget(attempts=2))
-    notices: list[RecoveryNotice] = []
     service.add_recovery_listener(notices.append)
     await service.start()
     try:
@@ -91,10 +109,41 @@ async def test_the_tiny_model_goes_on_from_its_reseeded_cache_keeping_the_chunk_
     finally:
         await service.aclose()
     assert summary.failure is None
+    return chunks
+
+
+@pytest.fixture(scope="module")
+def world(model_dir: Path) -> LingBotFastWorldModel:
+    return LingBotFastWorldModel.load(LingBotFastOptions(str(model_dir)))
+
+
+async def test_the_tiny_model_goes_on_from_its_reseeded_cache_keeping_the_chunk_contract(
+    world: LingBotFastWorldModel,
+) -> None:
+    faulty = FailingOnce(world.denoiser)
+    notices: list[RecoveryNotice] = []
+    chunks = await _run(world, faulty, notices)
     assert [c.index for c in chunks] == [0, 1, 2, 3, 4]
     assert [len(c.frames) for c in chunks] == [9, 12, 12, 12, 12]
     assert all(float(c.frames.astype("float32").std()) > 1.0 for c in chunks)  # pictures, not a flat fill
     assert [r.chunk_index for r in faulty.reseeds] == [2]
+    assert [(n.recovering, n.cause) for n in notices] == [(True, "stage_failed"), (False, "stage_failed")]
+    assert faulty.reseeds[0].history is None  # no history came back: the denoiser keeps none
+
+
+async def test_with_history_the_frames_after_the_reseed_are_the_uninterrupted_runs(
+    world: LingBotFastWorldModel,
+) -> None:
+    clean = await _run(world, world.denoiser, [])
+    faulty = FailingOnceWithHistory(world.denoiser, fail_at=3)
+    notices: list[RecoveryNotice] = []
+    rebuilt = await _run(world, faulty, notices)
+    assert [c.index for c in rebuilt] == [c.index for c in clean] == [0, 1, 2, 3, 4]
+    for before, after in zip(clean, rebuilt, strict=True):
+        assert np.array_equal(before.frames, after.frames), f"chunk {before.index} differs"
+    history = faulty.reseeds[0].history
+    assert history is not None
+    assert history.indices() == (0, 1, 2)  # the latents came back with the frames into the checkpoint
     assert [(n.recovering, n.cause) for n in notices] == [(True, "stage_failed"), (False, "stage_failed")]
 
 
