@@ -284,7 +284,8 @@ class RecoveringService(Protocol):
 class PortableCheckpoint(Protocol):
     """A session at its last chunk boundary, in the form a store outside the worker keeps (docs/continuity.md;
     `pipeline.lingbot.continuity.SessionCheckpoint` is one): `header_bytes` is the small record written at every
-    chunk boundary, `image_data` the session's reference image, written once per session (None: no image)."""
+    chunk boundary, `image_data` the session's reference image, written once per session (None: no image), and
+    `history_part` each chunk of a model's history (`history_indices`), written once per chunk."""
 
     @property
     def session_id(self) -> str: ...
@@ -295,6 +296,14 @@ class PortableCheckpoint(Protocol):
     def header_bytes(self) -> bytes: ...
 
     def image_data(self) -> bytes | None: ...
+
+    def history_indices(self) -> tuple[int, ...]:
+        """The chunks of model history the checkpoint holds (none for a model without history)."""
+        ...
+
+    def history_part(self, chunk_index: int) -> bytes:
+        """One chunk of history serialised: what a store writes once, when the chunk first appears."""
+        ...
 
 
 @runtime_checkable

@@ -111,6 +111,13 @@ class SessionCheckpoint:
         """The image as float32 bytes (None: no image): what a store writes once per session."""
         return None if self.image is None else self.image.detach().to(torch.float32).contiguous().numpy().tobytes()
 
+    def history_indices(self) -> tuple[int, ...]:
+        return self.history.indices()
+
+    def history_part(self, chunk_index: int) -> bytes:
+        """Chunk `chunk_index` of the history serialised (`KeyError` for one it does not hold)."""
+        return self.history.parts()[chunk_index].to_bytes()
+
     def history_parts(self) -> dict[int, bytes]:
         """Each chunk of history serialised (`ChunkHistory.to_bytes`), by chunk index: what a store writes once per
         chunk (the header lists the indices a reader needs)."""

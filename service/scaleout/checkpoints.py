@@ -7,11 +7,16 @@ keeps them in the admission's Redis Cluster slot and its scripts can see whether
     P h:<session id>   string  the checkpoint without its image (`header_bytes`, JSON, about 600 B), written at every
                                chunk boundary
     P i:<session id>   string  the reference image as float32 (`image_data`), written once per session
+    P c:<session id>   hash    a model's history (LingBot-World-Fast: each chunk's clean latent, camera, prompt and
+                               generator state, `history_part`), field = chunk index: each chunk written once, when
+                               it first appears, and deleted when the checkpoint no longer lists it
 
-Both expire `ttl_s` after the last write (`SET ... PX`, and `PEXPIRE` of the image with each header), so a session
-whose replica died leaves its checkpoint readable for that long and then nothing; `delete` drops both at the
-session's end. One MULTI per write: a reader sees a header and the image of the same session, or neither. Which
-sessions' images this store already wrote is remembered in the process (a replica writes its own sessions only).
+All three expire `ttl_s` after the last write (`SET ... PX`, `PEXPIRE` of the image and the history with each
+header), so a session whose replica died leaves its checkpoint readable for that long and then nothing; `delete`
+drops them at the session's end. One MULTI per write: a reader sees a header with the image and the history chunks
+it lists, or nothing of that write. Which sessions' images and history chunks this store already wrote is
+remembered in the process (a replica writes its own sessions only), so a chunk boundary writes the header and the
+one new chunk of history (1.2 MB at 832x480), never the whole ring again.
 
 Errors reach the caller as `CheckpointStoreError`; a checkpoint that cannot be read back (another version, a header
 without its image) reads as None, logged. The store takes any `PortableCheckpoint` and loads the LingBot record
@@ -70,6 +75,7 @@ class RedisCheckpointStore:
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._prefix = prefix
         self._with_image: set[str] = set()
+        self._history: dict[str, frozenset[int]] = {}  # the history chunks written per session
 
     @property
     def prefix(self) -> str:
@@ -80,20 +86,32 @@ class RedisCheckpointStore:
         Returns the bytes written."""
         sid = checkpoint.session_id
         header_key, image_key = self._keys(sid)
+        history_key = self._history_key(sid)
         image = None if sid in self._with_image else checkpoint.image_data()
+        header = checkpoint.header_bytes()
+        indices = frozenset(checkpoint.history_indices())
+        written = self._history.get(sid, frozenset())
+        new = {str(index): checkpoint.history_part(index) for index in sorted(indices - written)}
+        gone = [str(index) for index in sorted(written - indices)]
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.set(header_key, checkpoint.header_bytes(), px=self._ttl_ms)
+                pipe.set(header_key, header, px=self._ttl_ms)
                 if image is not None:
                     pipe.set(image_key, image, px=self._ttl_ms)
                 else:
                     pipe.pexpire(image_key, self._ttl_ms)
+                if gone:
+                    pipe.hdel(history_key, *gone)
+                if new:
+                    pipe.hset(history_key, mapping=new)  # type: ignore[arg-type]
+                pipe.pexpire(history_key, self._ttl_ms)
                 await pipe.execute()
         except RedisError as exc:
             raise CheckpointStoreError(f"checkpoint of session {sid!r} not written: {exc}") from exc
         if image is not None:
             self._with_image.add(sid)
-        return len(checkpoint.header_bytes()) + (len(image) if image is not None else 0)
+        self._history[sid] = indices
+        return len(header) + (len(image) if image is not None else 0) + sum(len(part) for part in new.values())
 
     async def get(self, session_id: str) -> SessionCheckpoint | None:
         """The session's newest checkpoint; None when there is none (never written, expired, deleted) or it cannot
@@ -102,13 +120,17 @@ class RedisCheckpointStore:
         from pipeline.lingbot.errors import CheckpointVersionError
 
         try:
-            header, image = await self._redis.mget(self._keys(session_id))
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.mget(self._keys(session_id))
+                pipe.hgetall(self._history_key(session_id))
+                (header, image), stored = await pipe.execute()
         except RedisError as exc:
             raise CheckpointStoreError(f"checkpoint of session {session_id!r} not read: {exc}") from exc
         if not isinstance(header, bytes) or not isinstance(image, bytes | None):
             return None  # none written (a client that decodes answers would hand str: this store's own never does)
         try:
-            return SessionCheckpoint.from_parts(header, image)
+            history = {int(index): part for index, part in stored.items()}
+            return SessionCheckpoint.from_parts(header, image, history)
         except CheckpointVersionError as exc:
             logger.warning("session %s: its checkpoint cannot be read back: %s", session_id, exc)
             return None
@@ -116,8 +138,9 @@ class RedisCheckpointStore:
     async def delete(self, session_id: str) -> None:
         """Drop the session's checkpoint (at its end); an unknown id is a no-op."""
         self._with_image.discard(session_id)
+        self._history.pop(session_id, None)
         try:
-            await self._redis.delete(*self._keys(session_id))
+            await self._redis.delete(*self._keys(session_id), self._history_key(session_id))
         except RedisError as exc:
             raise CheckpointStoreError(f"checkpoint of session {session_id!r} not deleted: {exc}") from exc
 
@@ -127,6 +150,9 @@ class RedisCheckpointStore:
 
     def _keys(self, session_id: str) -> tuple[str, str]:
         return f"{self._prefix}h:{session_id}", f"{self._prefix}i:{session_id}"
+
+    def _history_key(self, session_id: str) -> str:
+        return f"{self._prefix}c:{session_id}"
 
 
 @dataclass(frozen=True, slots=True)

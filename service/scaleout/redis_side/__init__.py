@@ -43,6 +43,7 @@ tag such as `{lingstream}:admission:` keeps them in one Redis Cluster slot):
                                wait for an adopter (issue #33, `adoption_scripts.py`): in no `held:<r>`
     P ckpt:h:<id>      string  the session's checkpoint header (`service.scaleout.checkpoints`); the reaper orphans a
     P ckpt:i:<id>      string  lost replica's marked (`ad`) sessions only while it exists; and its image
+    P ckpt:c:<id>      hash    its model history, one field per chunk (LingBot-World-Fast's latents)
     P events           stream  every ticket change ("k" = kind, "by" = the deciding replica, the ticket's fields)
                                and close requests ("k" = "close", "id", "replica" = the owner, "mode", "by"),
                                pause requests ("k" = "pause", "id", "replica", "action" = pause | resume, "by")

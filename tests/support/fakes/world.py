@@ -73,6 +73,12 @@ class FakeCheckpoint:
     def image_data(self) -> bytes | None:
         return None
 
+    def history_indices(self) -> tuple[int, ...]:
+        return ()
+
+    def history_part(self, chunk_index: int) -> bytes:
+        raise KeyError(chunk_index)
+
 
 class _FakeSession:
     def __init__(self, session_id: str, prepared: PreparedSession) -> None:

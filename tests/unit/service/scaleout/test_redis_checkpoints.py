@@ -9,15 +9,17 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Coroutine
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 
-from pipeline.lingbot.camera import CameraPose
+from pipeline.lingbot.camera import CameraController, CameraPose
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.continuity import SessionCheckpoint
 from pipeline.lingbot.controls import ControlSnapshot
+from pipeline.lingbot.history import ChunkHistory, ChunkRecord, HistorySpec, SessionHistory
 from service.scaleout.backend import RedisAdmissionBackend
 from service.scaleout.checkpoints import CheckpointStoreError, CheckpointWriter, RedisCheckpointStore
 from tests.support.fakes.redis_server import RedisServer
@@ -225,3 +227,40 @@ async def _next_chunk(header: Coroutine[Any, Any, dict[str, object] | None], chu
 
 async def _gone(header: Coroutine[Any, Any, dict[str, object] | None]) -> bool:
     return await header is None
+
+
+async def test_a_models_history_is_written_once_per_chunk_and_read_back_whole(redis_server: RedisServer) -> None:
+    """LingBot-World-Fast's history (docs/continuity.md): each write adds the chunk that is new and drops what the
+    ring let go, never the whole ring again; another replica reads header, image and history whole."""
+    image = torch.rand(3, 48, 64)
+    camera = CameraController(CONFIG.pose_steps(), CONFIG.camera_intrinsics())
+    spec = HistorySpec(sink_chunks=1, recent_chunks=2)
+    writer = RedisCheckpointStore(redis_server.url, ttl_s=30, prefix="test:hist:")
+    reader = RedisCheckpointStore(redis_server.url, ttl_s=30, prefix="test:hist:")
+    history = SessionHistory()
+    written: list[int] = []
+    expected: list[int] = []
+    try:
+        for chunk in range(5):
+            control = camera.chunk_control(ControlSnapshot.from_keys(chunk, ["w"]), chunk, 3).camera
+            record = ChunkRecord(chunk, control, "a snowy night", bytes(range(16)), spec)
+            history = history.append(ChunkHistory(record, torch.randn(16, 3, 6, 8)))
+            checkpoint = replace(_checkpoint(chunk + 1, image), history=history)
+            expected.append(len(checkpoint.header_bytes()) + len(checkpoint.history_part(chunk)))
+            written.append(await writer.put(checkpoint))
+        expected[0] += 3 * 48 * 64 * 4  # the image, once
+        assert written == expected  # the header and the new chunk of history, never the ring again
+        fields = await writer._redis.hkeys("test:hist:c:s1")
+        assert sorted(int(field) for field in fields) == [0, 3, 4]  # chunks 1 and 2 dropped as the ring let go
+        got = await reader.get("s1")
+        assert got is not None
+        assert got.history.indices() == (0, 3, 4)
+        for mine, theirs in zip(history.chunks, got.history.chunks, strict=True):
+            assert torch.equal(mine.latent, theirs.latent)
+            assert torch.equal(mine.record.camera.relative, theirs.record.camera.relative)
+            assert theirs.record.generator_state == bytes(range(16))
+        await writer.delete("s1")
+        assert await writer._redis.keys("test:hist:*") == []
+    finally:
+        await writer.aclose()
+        await reader.aclose()
