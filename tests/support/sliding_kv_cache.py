@@ -59,6 +59,7 @@ class SlidingKVCache:
             frames=frames,
             writes=((start, tokens),),
             visible=start + tokens,
+            write_index=torch.arange(start, start + tokens),
         )
         self._stored += frames
         self._next_frame += frames

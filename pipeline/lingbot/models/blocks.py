@@ -116,11 +116,10 @@ class SelfAttention(_Attention):
         q = parallel.to_heads(rotate(self._heads(self.norm_q(self.q(x))), angles))
         k = parallel.to_heads(rotate(self._heads(self.norm_k(self.k(x))), angles))
         v = parallel.to_heads(self._heads(self.v(x)))
-        taken = 0
-        for start, tokens in slot.writes:  # one piece, or two where the ring wraps
-            layer.k[:, start : start + tokens] = k[:, taken : taken + tokens]
-            layer.v[:, start : start + tokens] = v[:, taken : taken + tokens]
-            taken += tokens
+        # Where the chunk goes is a device tensor (`cache.py`, static offsets): no Python int of the ring's position
+        # reaches a compiled graph. The same values as slice copies, bit for bit.
+        layer.k.index_copy_(1, slot.write_index, k.to(layer.k.dtype))
+        layer.v.index_copy_(1, slot.write_index, v.to(layer.v.dtype))
         # Unmasked attention does not depend on the keys' order: the ring's is fine as it lies.
         keys = layer.k[:, : slot.visible].transpose(1, 2).to(q.dtype)
         values = layer.v[:, : slot.visible].transpose(1, 2).to(q.dtype)

@@ -40,7 +40,7 @@ Concurrency: a cache belongs to one session and is used by one thread at a time 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -145,6 +145,9 @@ class CacheSlot:
     """`(cache token, tokens)` pieces taking the chunk's tokens in order: one, or two where the ring wraps."""
     visible: int
     """The chunk attends to the cache's tokens `[0, visible)`, itself included (the whole buffer once it is full)."""
+    write_index: torch.Tensor = field(compare=False, repr=False)
+    """`writes` as a device tensor `[tokens]` (int64): the cache token of each of the chunk's tokens, in order. A view
+    of one buffer the cache rewrites per chunk (so its address stays; read it before the next `begin_chunk`)."""
 
     @property
     def tokens(self) -> int:
@@ -224,6 +227,10 @@ class KVCache:
         angles_shape = (config.chunk_frames * frame_tokens, 1, model.head_dim // 2)
         self._cos = torch.zeros(angles_shape, device=device, dtype=torch.float32)
         self._sin = torch.zeros(angles_shape, device=device, dtype=torch.float32)
+        # Where the chunk's tokens go, rewritten in place by every `begin_chunk` from `_token_range` (made once).
+        chunk_tokens = config.chunk_frames * frame_tokens
+        self._token_range = torch.arange(chunk_tokens, device=device)
+        self._write_index = torch.zeros(chunk_tokens, device=device, dtype=torch.long)
         self._sink_frames = config.sink
         self._ring_frames = config.capacity_frames - self._sink_frames
         self._sink_stored = 0
@@ -251,6 +258,18 @@ class KVCache:
     def layers(self) -> tuple[LayerKV, ...]:
         return self._layers
 
+    def mark_static_addresses(self) -> None:
+        """Tell torch.compile that the buffers a forward writes (every layer's K and V) or reads per chunk (the RoPE
+        angles, the write index) keep their addresses for the cache's life (`torch._dynamo.mark_static_address`,
+        unguarded: no recompile per layer or per session). Inductor's CUDA graphs skip a graph that writes into an
+        input that is neither a parameter nor marked so; marked, they capture the block and read these buffers in
+        place instead of copying them into the graph's own inputs at every replay (`compiled.py`, `max`)."""
+        for layer in self._layers:
+            torch._dynamo.mark_static_address(layer.k)
+            torch._dynamo.mark_static_address(layer.v)
+        for buffer in (self._cos, self._sin, self._write_index):
+            torch._dynamo.mark_static_address(buffer)
+
     def begin_chunk(self, frames: int | None = None) -> CacheSlot:
         """Makes room for the next chunk (evicting, re-basing: neither moves a cached key but the sink's on a
         re-base), makes its RoPE angles, and returns its slot. Raises `ModelContextExhaustedError` when a cache
@@ -277,14 +296,16 @@ class KVCache:
             shift = self._config.rebase_shift(self._rope.frames)
             self._rebase(shift)
             position -= shift
+        writes = self._reserve(frames)
         slot = CacheSlot(
             chunk_index=self._chunks,
             first_frame=self._next_frame,
             position=position,
             rope_frame=self._next_frame,
             frames=frames,
-            writes=self._reserve(frames),
+            writes=writes,
             visible=self._stored * self._frame_tokens,
+            write_index=self._make_write_index(writes),
         )
         self._make_angles(slot)
         self._next_frame += frames
@@ -384,6 +405,14 @@ class KVCache:
             else:
                 runs.append([target, 1])
         return tuple((start * self._frame_tokens, length * self._frame_tokens) for start, length in runs)
+
+    def _make_write_index(self, writes: tuple[tuple[int, int], ...]) -> torch.Tensor:
+        taken = 0
+        with torch.inference_mode():  # as `_make_angles`
+            for start, tokens in writes:
+                torch.add(self._token_range[:tokens], start, out=self._write_index[taken : taken + tokens])
+                taken += tokens
+        return self._write_index[:taken]
 
     def _make_angles(self, slot: CacheSlot) -> None:
         if self._patch_grid is None:

@@ -65,6 +65,7 @@ class LingBotFastDiT(nn.Module):
         self.blocks = nn.ModuleList(DiTBlock(config) for _ in range(config.num_layers))
         self.head = OutputHead(config)
         self._attention = AttentionPlan("sdpa")
+        self._static_cache = False
 
     @property
     def config(self) -> DiTConfig:
@@ -88,6 +89,16 @@ class LingBotFastDiT(nn.Module):
         self._attention = plan
 
     @property
+    def static_cache(self) -> bool:
+        """Whether `new_cache` marks a cache's buffers as static addresses (`KVCache.mark_static_addresses`, for
+        CUDA graphs: `compile_blocks` sets it for `max`)."""
+        return self._static_cache
+
+    def set_static_cache(self, static: bool) -> None:
+        """Caches made from now on are marked static (`static_cache`) or not."""
+        self._static_cache = static
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.patch_embedding.weight.dtype
 
@@ -97,11 +108,12 @@ class LingBotFastDiT(nn.Module):
 
     def new_cache(self, cache: CacheConfig, latent_height: int, latent_width: int, *, batch: int = 1) -> KVCache:
         """A session's empty KV cache on this model's device and dtype (under Ulysses: this rank's heads, for every
-        token). Raises `ModelConfigError` when the group does not divide a latent frame's tokens."""
+        token), its buffers marked static where `static_cache` says so. Raises `ModelConfigError` when the group does
+        not divide a latent frame's tokens."""
         frame_tokens = self._config.frame_tokens(latent_height, latent_width)
         check_parallel(self._config, self._parallel.world_size, frame_tokens)
         _, ph, pw = self._config.patch_size
-        return KVCache(
+        kv = KVCache(
             self._config,
             cache,
             frame_tokens=frame_tokens,
@@ -111,6 +123,9 @@ class LingBotFastDiT(nn.Module):
             heads=self._parallel.local_heads(self._config.num_heads),
             patch_grid=(latent_height // ph, latent_width // pw),
         )
+        if self._static_cache:
+            kv.mark_static_addresses()
+        return kv
 
     def encode_text(self, context: torch.Tensor) -> TextKV:
         """The prompt's cross-attention K/V for every layer; `context` `[B, text_len, text_dim]` (umt5 states,

@@ -8,8 +8,10 @@ composite ops are decomposed (SDPA is kept whole: it is one fused kernel on a GP
 
 - kernels: ops that launch device work (views, `empty` and other metadata-only ops excluded; a host->device copy
   counts, it is a copy on the stream);
-- bytes moved: the distinct elements of every input and output of those ops (a broadcast dimension counted once),
-  split GEMM (`mm`, `addmm`, `bmm`, convolutions) / attention (SDPA) / other — eager traffic, before any fusion;
+- bytes moved: the distinct elements of every input and output of those ops (a broadcast dimension counted once;
+  an indexed write into a buffer, `index_copy_`, counts the rows it writes, not the whole buffer: source, index and
+  the written rows, as the slice copy before it counted source and slice), split GEMM (`mm`, `addmm`, `bmm`,
+  convolutions) / attention (SDPA) / other — eager traffic, before any fusion;
 - FLOPs of the GEMMs and of attention (2 per multiply-add);
 - host syncs: scalar reads (`_local_scalar_dense`, what `.item()` becomes), device->host copies, host->device copies
   of CPU tensors made inside the forward (pageable `.to(device)` blocks the host until the stream is done), and
@@ -106,6 +108,8 @@ _NO_KERNEL = frozenset(
 )
 """Ops that allocate or re-describe memory without launching work (views are recognised by their schema)."""
 _DATA_DEPENDENT = frozenset({_ATEN.nonzero.default, _ATEN.masked_select.default})
+_INDEXED_WRITE = _ATEN.index_copy_.default
+"""`buffer.index_copy_(dim, index, source)`: touches the rows it writes, not the buffer it returns."""
 
 FLASHDREAMS_MS_PER_CHUNK = {1: 2157.0, 4: 754.0, 8: 393.0}
 """NVIDIA FlashDreams' published LingBot-World-Fast figures on H100s (ms per chunk of 12 frames, by CP ranks)."""
@@ -260,6 +264,9 @@ class WorkloadCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._ops[str(func.overloadpacket.__name__)] += 1
         seen: set[int] = set()
         moved = 0
+        if func is _INDEXED_WRITE:  # [buffer, index, source] -> buffer: count the source twice (read, written)
+            seen.update(id(tensor) for tensor in (*inputs[:1], *outputs))
+            moved = _touched_bytes(inputs[2])
         for tensor in (*inputs, *outputs):
             if id(tensor) not in seen:
                 seen.add(id(tensor))

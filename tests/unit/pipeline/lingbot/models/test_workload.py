@@ -27,10 +27,10 @@ from pipeline.lingbot.models.workload import (
 FORWARD_PINS = {
     "kernels": 3641,
     "syncs": 0,
-    "bytes": 523180516052,
+    "bytes": 523183511252,
     "gemm_bytes": 86039738752,
     "attention_bytes": 31090278400,
-    "other_bytes": 406050498900,
+    "other_bytes": 406053494100,
     "gemm_flops": 151720620195840,
     "attention_flops": 109617610752000,
     "scalar_reads": 0,
@@ -40,14 +40,16 @@ FORWARD_PINS = {
 }
 """One steady-state forward: no host sync (the RoPE inverse frequencies are on the device from the session's cache
 on, `rope.py`; until then 3 copies and 1 KiB a forward) and no RoPE angles (the cache makes them once per chunk;
-until then 11 kernels and 19 MB a forward)."""
+until then 11 kernels and 19 MB a forward). The chunk's cache offsets arrive as a device index (`slot.write_index`,
+static offsets): each layer's K and V writes read its 4 680 int64s, 3 MB a forward, and write the same rows as the
+slice copies before them."""
 EVICTION_PINS = {
-    "kernels": 13,
+    "kernels": 14,
     "syncs": 0,
-    "bytes": 23992080,
+    "bytes": 24066960,
     "gemm_bytes": 0,
     "attention_bytes": 0,
-    "other_bytes": 23992080,
+    "other_bytes": 24066960,
     "gemm_flops": 0,
     "attention_flops": 0,
     "scalar_reads": 0,
@@ -55,18 +57,18 @@ EVICTION_PINS = {
     "host_to_device": 0,
     "collective_bytes": 0,
 }
-"""The start of a steady-state chunk: the chunk's RoPE angles made once for its 5 forwards, and nothing else — the
-ring cache evicts by writing over its oldest frames, so no cached key moves (the sliding cache it replaced copied
-every layer's K and V down: 160 kernels, 46 GB)."""
+"""The start of a steady-state chunk: the chunk's RoPE angles made once for its 5 forwards and its write index (one
+`add` into the index buffer, 75 kB), and nothing else — the ring cache evicts by writing over its oldest frames, so
+no cached key moves (the sliding cache it replaced copied every layer's K and V down: 160 kernels, 46 GB)."""
 
 
 RANK_FORWARD_8_PINS = {
     "kernels": 3963,
     "syncs": 0,
-    "bytes": 97941905372,
+    "bytes": 97944900572,
     "gemm_bytes": 39816689152,
     "attention_bytes": 4253286400,
-    "other_bytes": 53871929820,
+    "other_bytes": 53874925020,
     "gemm_flops": 18971439267840,
     "attention_flops": 13702201344000,
     "scalar_reads": 0,
