@@ -282,8 +282,8 @@ class Settings(BaseSettings):
         ge=0,
         le=1000,
         description="lingbot-fast: chunks of a throwaway 832x480 session each DiT rank runs before it reports ready. "
-        "Unset: with LINGSTREAM_COMPILE on, enough to fill the attention window and turn the ring once (10 at "
-        "window 18 / sink 6), else 0. Counts against LINGSTREAM_WORKER_START_TIMEOUT.",
+        "Unset: with LINGSTREAM_COMPILE on, enough to fill the attention window and one chunk more (7 at "
+        "window 18 / chunk 3), else 0. Counts against LINGSTREAM_WORKER_START_TIMEOUT.",
     )
     decoder: Literal["wan", "tiny"] = Field(
         default="wan",

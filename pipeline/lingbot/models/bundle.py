@@ -99,7 +99,7 @@ class LingBotFastOptions:
     """The blocks' attention kernel: one of `ATTENTION_CHOICES` (`attention.py`)."""
     warmup_chunks: int | None = None
     """Chunks of a throwaway session run before the denoiser is ready (`warmup.py`); None: enough to fill the window
-    and turn the ring once when compiling, else 0."""
+    and one chunk more when compiling, else 0."""
     decoder: str = "wan"
     """The decode stage's decoder, one of `DECODERS`: "wan" (the Wan VAE) or "tiny" (`tiny_decoder.py`, from
     `tiny_decoder/`); the reference image is always encoded by the Wan VAE."""

@@ -1,18 +1,24 @@
 """Warm-up chunks before a worker reports ready (`LINGSTREAM_WARMUP_CHUNKS`).
 
-With `LINGSTREAM_COMPILE` on, code is compiled at the first forward of each new shape, and a session's shapes keep
-changing until its attention window is full and its ring cache has turned once (`compiled.py`): compiled there, the
-first real session would wait seconds to minutes per new shape. So the denoiser runs `chunks` chunks of a throwaway
-session (`LingBotFastDenoiser.warm_up`) inside `load_denoiser`, which is before the stage reports ready on either
-placement, within `LINGSTREAM_WORKER_START_TIMEOUT`.
+With `LINGSTREAM_COMPILE` on, code is compiled at the first forward of each new shape, and a session's shapes change
+while its attention window fills (`slot.visible` grows) and then never again: the cache's offsets reach the blocks as
+a device tensor, so every ring position and re-base runs the same graph (`compiled.py`, static offsets). Compiled
+there, the first real session would wait seconds to minutes per new shape. So the denoiser runs `chunks` chunks of a
+throwaway session (`LingBotFastDenoiser.warm_up`) inside `load_denoiser`, which is before the stage reports ready on
+either placement, within `LINGSTREAM_WORKER_START_TIMEOUT`.
 
-    chunks (auto)   compile off: 0; on: the chunks that fill the window plus one turn of the ring,
-                    ceil(window / chunk) + ceil((window - sink) / chunk) = 6 + 4 = 10 at window 18, sink 6, chunk 3
+    chunks (auto)   compile off: 0; on: the chunks that fill the window plus the first steady-state chunk,
+                    ceil(window / chunk) + 1 = 6 + 1 = 7 at window 18, chunk 3 (10 before the offsets were static:
+                    the ring's turn, for `max`'s CUDA graphs per ring position)
     session         the planning resolution (832x480, `memory_plan.py`: the largest a session may ask), chunk 3,
                     the walking-and-turning camera, the empty prompt, seed 0
 
-Sessions at other sizes compile at their first chunks. The warm-up leaves no state behind (`warm_up`'s contract;
-tested: a session after it makes frames `torch.equal` to a worker that did not warm up).
+Sessions at other sizes compile at their first chunks. `max`'s CUDA graphs are recorded per layer for the addresses
+of the cache's buffers (`KVCache.mark_static_addresses`): a session whose cache lands at other addresses than the
+warm-up's records its own graphs at its first chunks (compiling nothing); where the caching allocator hands it the
+blocks a finished session freed, the recorded graphs replay — which of the two a GPU shows is not yet measured. The
+warm-up leaves no state behind (`warm_up`'s contract; tested: a session after it makes frames `torch.equal` to a
+worker that did not warm up).
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ def auto_warm_up_chunks(cache: CacheConfig, compile_mode: str) -> int:
     chunk = cache.chunk_frames
     if cache.window_frames is None:  # no ring: the cache grows, a new shape every chunk; warm up one window's worth
         return math.ceil((cache.max_frames or chunk) / chunk)
-    return math.ceil(cache.window_frames / chunk) + math.ceil((cache.window_frames - cache.sink_frames) / chunk)
+    return math.ceil(cache.window_frames / chunk) + 1
 
 
 def warm_up_config(width: int, height: int, chunks: int) -> LingBotSessionConfig:

@@ -269,7 +269,7 @@ def test_lingbot_fast_settings_are_read_and_checked_together(monkeypatch: pytest
     monkeypatch.setenv("LINGSTREAM_COMPILE", "max")
     options = worker_options(load_settings())[0]
     assert lingbot_fast_options(options).compile == "max"  # what load_denoiser compiles the DiT's blocks with
-    assert lingbot_fast_options(options).warm_up_chunks() == 10  # compiling: the window filled, the ring turned
+    assert lingbot_fast_options(options).warm_up_chunks() == 7  # compiling: the window filled, one chunk more
     assert attention_plan(options) == AttentionPlan("sdpa")  # the CPU: PyTorch's own SDPA choice
     monkeypatch.setenv("LINGSTREAM_ATTENTION", "math")
     monkeypatch.setenv("LINGSTREAM_WARMUP_CHUNKS", "3")

@@ -49,22 +49,22 @@ def frames(world: LingBotFastWorldModel, session: str, chunks: int) -> list[torc
 @pytest.mark.parametrize(
     ("cache", "compile_mode", "chunks"),
     [
-        (CacheConfig(chunk_frames=3, window_frames=18, sink_frames=6), "default", 10),
-        (CacheConfig(chunk_frames=3, window_frames=18, sink_frames=6), "max", 10),
+        (CacheConfig(chunk_frames=3, window_frames=18, sink_frames=6), "default", 7),
+        (CacheConfig(chunk_frames=3, window_frames=18, sink_frames=6), "max", 7),
         (CacheConfig(chunk_frames=3, window_frames=18, sink_frames=6), "off", 0),
         (CacheConfig(chunk_frames=3, window_frames=6, sink_frames=3), "default", 3),
         (CacheConfig(chunk_frames=3, window_frames=None, max_frames=12), "default", 4),
     ],
 )
-def test_by_default_a_compiling_worker_warms_up_until_the_window_is_full_and_the_ring_turned(
+def test_by_default_a_compiling_worker_warms_up_until_the_window_is_full_and_one_chunk_more(
     cache: CacheConfig, compile_mode: str, chunks: int
 ) -> None:
     assert auto_warm_up_chunks(cache, compile_mode) == chunks
 
 
 def test_the_options_take_an_explicit_count_or_the_automatic_one_and_refuse_a_negative() -> None:
-    assert LingBotFastOptions("m", compile="max").warm_up_chunks() == 10
-    assert LingBotFastOptions("m", compile="max", window_frames=9, sink_frames=3).warm_up_chunks() == 5
+    assert LingBotFastOptions("m", compile="max").warm_up_chunks() == 7
+    assert LingBotFastOptions("m", compile="max", window_frames=9, sink_frames=3).warm_up_chunks() == 4
     assert LingBotFastOptions("m").warm_up_chunks() == 0
     assert LingBotFastOptions("m", warmup_chunks=2).warm_up_chunks() == 2
     assert LingBotFastOptions("m", compile="default", warmup_chunks=0).warm_up_chunks() == 0
@@ -102,18 +102,17 @@ def test_loading_with_warm_up_chunks_runs_them_at_the_planning_resolution_before
 @pytest.mark.timeout(600)
 def test_after_the_automatic_warm_up_a_compiled_session_compiles_nothing_new(model_dir: Path) -> None:
     """compile on (dynamo's capture, the "eager" backend: the guards and recompiles are dynamo's, whatever the
-    backend): the automatic warm-up (10 chunks at window 18 / sink 6) leaves every shape of a session's steady
-    state compiled, so a session at the same size after it, through the window's filling and the ring's turns,
-    captures no new graph. Without the warm-up the same session does. (Dynamo's own graphs need only the first 2
-    chunks: it makes the slot's offsets symbolic at their first change — tried, 2 warm-up chunks pass here too; the
-    rest of the 10 is for what a GPU shows, `max`'s CUDA graphs recorded per ring position.)"""
+    backend): the automatic warm-up (7 chunks at window 18 / sink 6: the window filled, then one steady-state chunk)
+    leaves every shape of a session's steady state compiled, so a session at the same size after it, through the
+    window's filling, the ring's positions (4 at 18 / 6) and its turn, captures no new graph. Without the warm-up the
+    same session does. (With the cache's offsets static one graph serves every ring position: `compiled.py`.)"""
     from torch._dynamo.utils import counters
 
     from pipeline.lingbot.models import compile_blocks
 
     options = LingBotFastOptions(str(model_dir), compile="default")
     chunks = options.warm_up_chunks()
-    assert chunks == 10
+    assert chunks == 7
     torch._dynamo.reset()
     cold = LingBotFastWorldModel.load(LingBotFastOptions(str(model_dir)))
     compile_blocks(cold.denoiser.dit, "default", backend="eager")
