@@ -12,7 +12,8 @@ buffers are its own addresses). A block writes the chunk's K/V into the cache, a
 graph that writes into an input that is neither a parameter nor a static address; so under `max` the DiT marks every
 cache it makes (`LingBotFastDiT.set_static_cache`, `KVCache.mark_static_addresses`: K, V, the chunk's RoPE angles
 and write index, unguarded, so dynamo does not recompile per layer or per session). Whether the block is then
-captured, 0 skips, is for the GPU to show (`test_compiled.py`'s `gpu` test, scripts/gpu-check.sh; not run yet).
+captured, 0 skips, is for the GPU to show (`test_compiled.py`'s `gpu` test, scripts/gpu-check.sh; not run yet); on
+the CPU, torch's own mutation check of the trees passes the block graphs under `max` and skips them unmarked.
 
 Shapes (static offsets, `cache.py`): where a chunk writes in the cache reaches the block as a device tensor
 (`slot.write_index`), not as Python ints, and once the window is full the chunk attends to the whole buffer
@@ -29,7 +30,8 @@ CPU): a worker should warm up before it reports ready (`warmup.py`; `LINGSTREAM_
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from collections.abc import Callable
+from typing import Any, Literal, get_args
 
 from pipeline.lingbot.models.blocks import DiTBlock
 from pipeline.lingbot.models.dit import LingBotFastDiT
@@ -42,11 +44,11 @@ COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
 _INDUCTOR_MODES = {"default": "default", "max": "max-autotune"}
 
 
-def compile_blocks(dit: LingBotFastDiT, mode: str, *, backend: str = "inductor") -> int:
+def compile_blocks(dit: LingBotFastDiT, mode: str, *, backend: str | Callable[..., Any] = "inductor") -> int:
     """Compiles every transformer block of `dit` in place (`nn.Module.compile`) for `mode`; returns how many. `off`
     compiles nothing; `max` also makes the DiT mark the caches it makes from now on as static addresses (module
-    docstring). `backend` other than inductor (tests: "eager", dynamo's graph capture alone) ignores the
-    mode's inductor options. Raises `ModelConfigError` for a mode not in `COMPILE_MODES`."""
+    docstring). A `backend` other than inductor (a dynamo backend's name or callable; tests: "eager", dynamo's graph
+    capture alone) ignores the mode's inductor options. Raises `ModelConfigError` for a mode not in `COMPILE_MODES`."""
     if mode not in COMPILE_MODES:
         raise ModelConfigError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
     if mode == "off":

@@ -132,6 +132,54 @@ def test_dynamo_captures_every_block_whole_and_no_new_graph_from_the_first_stead
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.filterwarnings(INDUCTOR_IMPORT_WARNING)
+@pytest.mark.parametrize(("mode", "skip"), [("max", None), ("default", "skipping cudagraphs due to mutated inputs")])
+def test_under_max_a_block_writes_only_into_static_inputs_as_cuda_graphs_require(
+    tiny_model: LingBotFastDiT, mode: str, skip: str | None
+) -> None:
+    """The check inductor's CUDA graph trees make of a graph that mutates its inputs
+    (`check_for_mutation_ignore_cuda_graph_managed_tensor`: every mutated input must be a static one), applied on the
+    CPU to the block graphs AOT autograd hands the compiler (its metadata: which inputs are mutated, which static):
+    under `max` the K/V the block writes are static inputs, so nothing is skipped; unmarked (`default`, which uses no
+    CUDA graphs) the same graphs would be skipped for it."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._guards import TracingContext
+    from torch._inductor import config as inductor_config
+    from torch._inductor.cudagraph_utils import check_for_mutation_ignore_cuda_graph_managed_tensor
+    from torch.utils._ordered_set import OrderedSet
+
+    verdicts: list[str | None] = []
+
+    def judge(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> torch.fx.GraphModule:
+        context = TracingContext.get()
+        assert context.fw_metadata is not None
+        info = context.fw_metadata.input_info
+        mutated = OrderedSet(index for index, one in enumerate(info) if one.mutates_data)
+        assert len(mutated) == 2  # the layer's K and V
+        with inductor_config.patch({"triton.cudagraph_trees": True}):
+            verdicts.append(
+                check_for_mutation_ignore_cuda_graph_managed_tensor(
+                    gm, OrderedSet(str(index) for index in mutated), mutated, context.fw_metadata.static_input_indices
+                )
+            )
+        return gm
+
+    model = _twins(tiny_model)[1]
+    compile_blocks(model, mode, backend=aot_autograd(fw_compiler=judge))
+    cache = model.new_cache(CACHE, LATENT_H, LATENT_W)
+    text = model.encode_text(text_context(SHORT_TABLE))
+    generator = torch.Generator().manual_seed(3)
+    for chunk in chunk_inputs(SHORT_TABLE, FIRST_STEADY_CHUNK + 1):
+        denoise_chunk(model, cache, text, chunk.condition, chunk.noise, generator, chunk.control)
+    assert len(verdicts) == 4  # the graphs of the window's filling; the steady state's is among them
+    if skip is None:
+        assert verdicts == [None] * 4
+    else:
+        assert all(verdict is not None and verdict.startswith(skip) for verdict in verdicts), verdicts
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.filterwarnings(INDUCTOR_IMPORT_WARNING)
 def test_inductor_equals_eager_within_1e_6_over_eviction_and_a_rebase(tiny_model: LingBotFastDiT) -> None:
