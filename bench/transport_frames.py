@@ -176,6 +176,7 @@ class _Port:
         self.session_id = "bench"
         self.caller_room: CallerRoom | None = None
         self.resumed_room: ResumedRoom | None = None
+        self.handed_off = False
         self.ends_at: float | None = None
         self.width = width
         self.height = height

@@ -175,10 +175,11 @@ class CallerRoom:
 
 @dataclass(frozen=True, slots=True)
 class ResumedRoom:
-    """The LiveKit room of a session adopted from a lost replica (docs/continuity.md): the adopter joins this room
-    again, as the same service participant, taking control from the same controller identity, so that the clients
-    already in the room keep their connection and only switch to the new video track. Read from the join details
-    the lost replica published."""
+    """The LiveKit room of a session adopted from a lost replica, or handed off by a draining one
+    (docs/continuity.md): the adopter joins this room again, as the same service participant, taking control from
+    the same controller identity, so that the clients already in the room keep their connection and only switch to
+    the new video track. Read from the join details the old replica published; the service's own room or a caller's
+    room joined by name (a caller's token names its own room and identity)."""
 
     room: str
     controller_identity: str
@@ -199,6 +200,13 @@ class SessionPort(Protocol):
     @property
     def resumed_room(self) -> ResumedRoom | None:
         """The LiveKit room an adopted session goes on in (None: a new session, or one without a room)."""
+        ...
+
+    @property
+    def handed_off(self) -> bool:
+        """Whether the session stops here to go on with another replica (a drain's hand-off, docs/continuity.md):
+        its end here is not the session's, so `detach` leaves what the adopter needs standing (a LiveKit room is
+        left, not deleted: the adopter joins it again). Read at `detach`."""
         ...
 
     @property

@@ -96,10 +96,6 @@ class SessionConductor:
         self._max_pause_s = max_pause_s
         self._draining = False
         self._runners: set[asyncio.Task[None]] = set()
-        # A hand-off is proven on the embedded transport only (the client joins the adopter through the service). On
-        # LiveKit the detach deletes the session's room, and the adopter's joining it as the same participant is
-        # not proven against the real server yet: those sessions drain as before.
-        self._hands_off = transport is None or transport.kind == "embedded"
         self._runner = SessionRunner(
             transport,
             tuning,
@@ -233,10 +229,10 @@ class SessionConductor:
     async def hand_off(self, session: Session) -> bool | None:
         """The service drains with hand-off: if another replica has room for the running or paused `session` now,
         stop it here to be adopted there (True; a paused one goes on paused there); False: no room yet, ask again;
-        None: it cannot be handed off from here (on LiveKit: not yet). The runner stops it (cancel), then its release
-        gives it to admission (docs/continuity.md)."""
-        if not self._hands_off:
-            return None
+        None: it cannot be handed off from here. The runner stops it (cancel), then its release gives it to admission
+        (docs/continuity.md). On either transport: the embedded client joins the adopter through the service; on
+        LiveKit the detach leaves the session's room standing (`SessionPort.handed_off`) and the adopter joins it
+        again as the same participant."""
         room = await self._backend.hand_off_room(session)
         if room is HandOffRoom.NEVER:
             return None

@@ -70,6 +70,10 @@ class LiveSessionPort:
         return self._session.resumed_room
 
     @property
+    def handed_off(self) -> bool:
+        return self._session.handing_off
+
+    @property
     def ends_at(self) -> float | None:
         return self._session.ends_at
 

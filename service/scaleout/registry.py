@@ -177,11 +177,11 @@ def body_webhook_url(raw: str | None) -> str | None:
 
 
 def body_resumed_room(raw: str | None) -> ResumedRoom | None:
-    """The LiveKit room a session streamed in, from the join details its (lost) replica published in the body:
-    what an adopter joins again (`SessionPort.resumed_room`). None without LiveKit details, and for a caller's room
-    (`room_owner` caller: not joined again yet, docs/continuity.md)."""
+    """The LiveKit room a session streamed in, from the join details its old replica (lost, or handing it off)
+    published in the body: what an adopter joins again (`SessionPort.resumed_room`), the service's own room or a
+    caller's. None without LiveKit details."""
     details = _decode_body(raw).get("transport")
-    if not isinstance(details, dict) or details.get("kind") != "livekit" or details.get("room_owner") == "caller":
+    if not isinstance(details, dict) or details.get("kind") != "livekit":
         return None
     room, controller, service = details.get("room"), details.get("identity"), details.get("service_identity")
     if not (isinstance(room, str) and isinstance(controller, str) and isinstance(service, str)):

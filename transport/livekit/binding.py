@@ -215,6 +215,11 @@ class LiveKitSessionBinding:
         return self._port.session_id
 
     @property
+    def port(self) -> SessionPort:
+        """The session this binding serves."""
+        return self._port
+
+    @property
     def room_name(self) -> str:
         return self._room_name
 

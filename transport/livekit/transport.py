@@ -5,12 +5,18 @@ service participant (`LiveKitSessionBinding`) and returns what the browser needs
 `{"kind": "livekit", "url", "room", "token", "identity", "expires_at", "service_identity", "control_topic",
 "status_topic", "room_owner"}`. `join_details` re-mints the controller's token (same identity) for a browser that
 reconnects after its token expired; `viewer_details` mints a watch-only token. `handle_webhook` verifies a LiveKit
-webhook and hands the room event to the session it concerns. `detach` leaves and deletes the room.
+webhook and hands the room event to the session it concerns. `detach` leaves and deletes the room, except for a
+session handed off (`SessionPort.handed_off`: a drain's hand-off) and a caller's room: those are left standing
+(`detach_deletes_room`).
 
-A session adopted from a lost replica (`SessionPort.resumed_room`, docs/continuity.md) goes on in that replica's
-room: `attach` joins it again as the same service identity (the server drops the lost participant for the
-duplicate) and takes control from the same controller identity, so the clients in the room keep their connection
-and switch to the new track. (Not for a caller's room yet: `resumed_room` is None there, docs/continuity.md.)
+A session adopted from a lost replica, or handed off by a draining one (`SessionPort.resumed_room`,
+docs/continuity.md), goes on in that replica's room, the service's own or a caller's: `attach` joins it again as the
+same service identity (the server drops the old participant for the duplicate, whether it is a dead replica's still
+listed or a draining replica's not yet gone) and takes control from the same controller identity, so the clients in
+the room keep their connection and switch to the new track. The old participant does not make a caller's room "in
+use" (`holds_another_session`). A hand-off leaves no gap the room's timeouts could close it in: the room is left, not
+deleted, and its clients stay in it (`departure_timeout` counts only once the last participant left; a room the
+server closed meanwhile is made again under the same name).
 
 A caller's room (`SessionPort.caller_room`, a create's `"livekit": {"room": ...}`): the room must exist
 (`RoomNotFoundError`) and hold no other session of this service (`RoomInUseError`); `check_caller_room` says so
@@ -50,11 +56,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from pipeline.clock import Clock
-from transport.base import BindingStatistics, CallerRoom, ReconnectKind, SessionPort, ViewerFigures
+from transport.base import BindingStatistics, CallerRoom, ReconnectKind, ResumedRoom, SessionPort, ViewerFigures
 from transport.errors import (
     CallerTokenError,
     RoomInUseError,
@@ -76,9 +82,25 @@ from transport.livekit.tokens import IssuedToken, ParticipantRole, TokenIssuer, 
 from transport.livekit.webhooks import WebhookHandler
 from transport.session.timers import LoopTimers, Timers
 
-__all__ = ["LiveKitTransport", "LiveKitTransportStatistics"]
+__all__ = ["LiveKitTransport", "LiveKitTransportStatistics", "detach_deletes_room", "holds_another_session"]
 
 logger = logging.getLogger(__name__)
+
+
+def detach_deletes_room(*, callers_room: bool, handed_off: bool) -> bool:
+    """Whether `detach` deletes the session's room after leaving it: only the service's own room of a session that
+    ends for good. A caller's room is the caller's (left standing). A handed-off session goes on in its room with the
+    replica that adopts it, which joins it again as the same service identity: deleting it would disconnect the
+    clients in it (the server's `ROOM_DELETED`), and the room ends when that replica's session does."""
+    return not callers_room and not handed_off
+
+
+def holds_another_session(identities: Iterable[str], own: str | None = None) -> bool:
+    """Whether a room with participants `identities` holds a session of this service other than the one whose
+    service identity is `own`: any replica's service participant (`svc-…`) but `own`. `own` is an adopted session's
+    old participant, still listed while the server has not yet dropped it (a SIGKILLed replica's until its timeout,
+    a draining one's until it left): the adopter joins as that identity, which drops it."""
+    return any(i != own and TokenIssuer.has_role(i, ParticipantRole.SERVICE) for i in identities)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,12 +233,15 @@ class LiveKitTransport:
         # Callers' tokens may name rooms on other servers: a room is known by its server too.
         return room.name if room.url is None else f"{room.url}#{room.name}"
 
-    async def check_caller_room(self, room: CallerRoom | None) -> CallerRoom | None:
+    async def check_caller_room(
+        self, room: CallerRoom | None, *, resumed: ResumedRoom | None = None
+    ) -> CallerRoom | None:
         """The caller's room as the session will join it (None: the service's own room). Raises
         `RoomNotFoundError` when the caller's room does not exist, `RoomInUseError` when a session of this service is
         in it (or joining it) already (with a caller's token: of this replica; the room itself tells at the join), a
         `RoomServiceError` when the server cannot say, and `CallerTokenError` for a caller's token or URL that cannot
-        work, or a create without one on a transport with no project."""
+        work, or a create without one on a transport with no project. `resumed`: an adopted session's room, whose
+        old service participant (`resumed.service_identity`) is its own, not another session."""
         if room is None:
             self._project_tokens()
             return None
@@ -233,7 +258,8 @@ class LiveKitTransport:
         if not await admin.room_exists(room.name):
             raise RoomNotFoundError(room.name)
         participants = await admin.list_participants(room.name)
-        if any(TokenIssuer.has_role(p.identity, ParticipantRole.SERVICE) for p in participants):
+        own = resumed.service_identity if resumed is not None and resumed.room == room.name else None
+        if holds_another_session((p.identity for p in participants), own):
             raise RoomInUseError(room.name)  # a session of another replica is in it
         return room
 
@@ -279,10 +305,18 @@ class LiveKitTransport:
         session_id = port.session_id
         if session_id in self._bindings or session_id in self._attaching:
             raise SessionAlreadyAttachedError(session_id)
-        caller = await self.check_caller_room(port.caller_room)
+        resumed = port.resumed_room
+        caller = await self.check_caller_room(port.caller_room, resumed=resumed)
         caller_token = self._read_caller_token(caller) if caller is not None and caller.with_token else None
         key = self._room_key(caller) if caller is not None else None
-        resumed = port.resumed_room if caller is None else None
+        if caller is not None and resumed is not None and resumed.room != caller.name:
+            logger.warning(
+                "session %s: its old room %s is not the caller's room %s; not joined again",
+                session_id,
+                resumed.room,
+                caller.name,
+            )
+            resumed = None
         self._attaching.add(session_id)
         try:
             if caller is None:
@@ -434,16 +468,27 @@ class LiveKitTransport:
         return event
 
     async def detach(self, session_id: str, reason: str) -> None:
-        """Leave the session's room and delete it, unless it is the caller's (left only). Idempotent; never raises
-        for LiveKit errors (logged, counted: the room's timeouts remove it anyway)."""
+        """Leave the session's room and delete it, unless it is the caller's or the session was handed off to another
+        replica (left only: `detach_deletes_room`). Idempotent; never raises for LiveKit errors (logged, counted: the
+        room's timeouts remove it anyway)."""
         binding = self._bindings.pop(session_id, None)
         if binding is None:
             return
         caller = self._callers.pop(session_id, None)
+        handed_off = binding.port.handed_off
         self._by_room.pop(binding.room_name if caller is None else self._room_key(caller), None)
+        # Closing the binding leaves the room. Handed off, the adopter may have joined as the same identity already
+        # (the server then dropped this participant: `DUPLICATE_IDENTITY`, which the session ignores: it is ending
+        # here); its end publishes no `done` (the session goes on).
         await binding.aclose(reason)
-        if caller is None:
+        if detach_deletes_room(callers_room=caller is not None, handed_off=handed_off):
             await self._delete_room(binding.room_name)
+        elif handed_off:
+            logger.info(
+                "session %s: left LiveKit room %s standing for the replica it was handed to",
+                session_id,
+                binding.room_name,
+            )
         else:
             logger.info("session %s: left the caller's LiveKit room %s (not deleted)", session_id, binding.room_name)
 

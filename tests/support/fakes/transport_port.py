@@ -73,6 +73,7 @@ class FakeSessionPort:
         self._session_id = session_id
         self._caller_room = caller_room
         self.resumed_room_value: ResumedRoom | None = None  # what `resumed_room` says (a test may set it)
+        self.handed_off = False  # what `handed_off` says (a test sets it before the detach of a hand-off)
         self.ends_at_value = ends_at  # what `ends_at` says (a test may change it)
         self._width = width
         self._height = height

@@ -208,7 +208,7 @@ def test_a_session_not_started_by_its_replica_reads_failed_with_the_message() ->
     assert snapshot.error == ("create_failed", "expired")
 
 
-def test_an_adopter_reads_the_room_and_identities_to_join_again_from_the_lost_replicas_published_details() -> None:
+def test_an_adopter_reads_the_room_and_identities_to_join_again_from_the_old_replicas_published_details() -> None:
     details = {
         "kind": "livekit",
         "room": "lingstream-s1",
@@ -219,8 +219,10 @@ def test_an_adopter_reads_the_room_and_identities_to_join_again_from_the_lost_re
     }
     body = json.dumps({"state": "running", "transport": details})
     assert body_resumed_room(body) == ResumedRoom("lingstream-s1", "ctl-s1-abc", "svc-s1-def")
-    caller = json.dumps({"transport": {**details, "room_owner": "caller"}})
+    # A caller's room is joined again too: the adopter goes on in the caller's room, as the same participants.
+    caller = json.dumps({"transport": {**details, "room": "lobby-7", "token": None, "room_owner": "caller"}})
+    assert body_resumed_room(caller) == ResumedRoom("lobby-7", "ctl-s1-abc", "svc-s1-def")
     embedded = json.dumps({"transport": {"kind": "embedded", "offer_url": "/v1/sessions/s1/webrtc"}})
     partial = json.dumps({"transport": {**details, "service_identity": None}})
-    for other in (caller, embedded, partial, json.dumps({"transport": None}), None, "not json"):
+    for other in (embedded, partial, json.dumps({"transport": None}), None, "not json"):
         assert body_resumed_room(other) is None, other

@@ -29,7 +29,7 @@ from transport.livekit.binding import ControllerPresence
 from transport.livekit.config import LiveKitConfig
 from transport.livekit.events import ParticipantLeft, RoomFinished
 from transport.livekit.rooms import RoomConfig
-from transport.livekit.transport import LiveKitTransport
+from transport.livekit.transport import LiveKitTransport, detach_deletes_room, holds_another_session
 from transport.protocol import encode_control
 
 KEY, SECRET = "devkey", "secret-that-is-long-enough-for-hs256-0123456789"
@@ -244,6 +244,49 @@ async def test_detach_leaves_and_deletes_the_room_once(setup: Setup) -> None:
     assert len(setup.server.calls_of("DeleteRoom")) == 1
 
 
+@pytest.mark.parametrize(
+    ("callers_room", "handed_off", "deletes"),
+    [
+        (False, False, True),  # the service's own room, the session over: deleted, as always
+        (False, True, False),  # handed off: the adopter joins it again, its clients are still in it
+        (True, False, False),  # the caller's room is the caller's
+        (True, True, False),
+    ],
+)
+def test_only_the_services_own_room_of_a_session_that_ends_for_good_is_deleted_at_detach(
+    callers_room: bool, handed_off: bool, deletes: bool
+) -> None:
+    assert detach_deletes_room(callers_room=callers_room, handed_off=handed_off) is deletes
+
+
+async def test_a_handed_off_sessions_room_is_left_standing_for_its_adopter(setup: Setup) -> None:
+    port = FakeSessionPort("s1")
+    lost = await setup.transport.attach(port)
+    room = setup.factory.current
+    # The adopter joined as the same identity before this replica left: the server dropped this participant.
+    room.drop("DUPLICATE_IDENTITY")
+    port.handed_off = True
+    await setup.transport.detach("s1", "handed_off")
+    assert room.disconnects == 1
+    assert "lingstream-s1" in setup.server.rooms
+    assert setup.server.calls_of("DeleteRoom") == []
+    assert setup.transport.statistics().sessions == 0
+    # The adopter goes on in it: no second room, the same participants.
+    adopter = LiveKitTransport(setup.transport.config, room_factory=FakeRoomFactory(KEY, SECRET), timers=FakeTimers())
+    await adopter.start()
+    try:
+        resumed = FakeSessionPort("s1")
+        resumed.resumed_room_value = ResumedRoom(
+            str(lost["room"]), str(lost["identity"]), str(lost["service_identity"])
+        )
+        details = await adopter.attach(resumed)
+        assert (details["room"], details["service_identity"]) == (lost["room"], lost["service_identity"])
+        assert list(setup.server.rooms) == ["lingstream-s1"]
+    finally:
+        await adopter.aclose()  # its session ends for good there: the room goes with it
+    assert setup.server.rooms == {}
+
+
 async def test_detach_survives_a_room_already_gone_or_a_failing_server(setup: Setup) -> None:
     await setup.transport.attach(FakeSessionPort("s1"))
     await setup.transport.attach(FakeSessionPort("s2"))
@@ -340,6 +383,58 @@ async def test_a_session_of_another_replica_in_the_callers_room_makes_it_in_use(
     await _refused(setup, "lobby-7", RoomInUseError)
     assert setup.factory.rooms == []  # refused before joining
     assert setup.transport.statistics().sessions == 0
+
+
+def test_a_room_holds_another_session_when_a_service_participant_other_than_its_own_is_in_it() -> None:
+    people = ["user-42", "ctl-s1-abc", "view-s1-2", "agent-7"]
+    assert not holds_another_session(people)
+    assert holds_another_session([*people, "svc-s2-x"])
+    # An adopted session's old participant (a dead or draining replica's, not yet dropped) is its own.
+    assert not holds_another_session([*people, "svc-s1-def"], own="svc-s1-def")
+    assert holds_another_session([*people, "svc-s1-def", "svc-s2-x"], own="svc-s1-def")
+    assert holds_another_session(["svc-s2-x"], own="svc-s1-def")
+
+
+async def test_an_adopted_session_goes_on_in_the_callers_room_as_the_same_participants(setup: Setup) -> None:
+    await _callers_room(setup)
+    lost = await setup.transport.attach(FakeSessionPort("s1", caller_room=CallerRoom("lobby-7")))
+    # The lost replica's participant is still listed (the server drops a dead one only after its timeout).
+    setup.server.participants["lobby-7"] = [str(lost["identity"]), str(lost["service_identity"]), "user-42"]
+    factory = FakeRoomFactory(KEY, SECRET)
+    adopter = LiveKitTransport(setup.transport.config, room_factory=factory, timers=FakeTimers())
+    await adopter.start()
+    try:
+        # Another session of this service into that room is still refused.
+        with pytest.raises(RoomInUseError):
+            await adopter.check_caller_room(CallerRoom("lobby-7"))
+        port = FakeSessionPort("s1", caller_room=CallerRoom("lobby-7"))
+        port.resumed_room_value = ResumedRoom("lobby-7", str(lost["identity"]), str(lost["service_identity"]))
+        details = await adopter.attach(port)
+        assert (details["room"], details["identity"], details["service_identity"], details["room_owner"]) == (
+            "lobby-7",
+            lost["identity"],
+            lost["service_identity"],
+            "caller",
+        )
+        assert _claims(details["token"]).identity == lost["identity"]  # the client's controller, unchanged
+        (_, token, _) = factory.current.connects[0]
+        assert _claims(token).identity == lost["service_identity"]  # the server drops the lost one for it
+        assert adopter.statistics().sessions == 1
+        await adopter.detach("s1", "client_stop")
+    finally:
+        await adopter.aclose()
+    assert "lobby-7" in setup.server.rooms  # left standing at the end, as always
+    assert setup.server.calls_of("DeleteRoom") == []
+    assert setup.server.calls_of("CreateRoom") == []
+
+
+async def test_an_old_room_that_is_not_the_callers_is_not_joined_again(setup: Setup) -> None:
+    await _callers_room(setup)
+    setup.server.participants["lobby-7"] = ["svc-s1-def"]
+    port = FakeSessionPort("s1", caller_room=CallerRoom("lobby-7"))
+    port.resumed_room_value = ResumedRoom("lobby-8", "ctl-s1-abc", "svc-s1-def")
+    with pytest.raises(RoomInUseError):  # that participant is not this session's in this room
+        await setup.transport.attach(port)
 
 
 def _rival_joins_with_us(setup: Setup, ours_ms: int, rival: str, rival_ms: int, *, list_ours: bool = True) -> None:
