@@ -1,21 +1,27 @@
-"""A LiveKit session outlives its replica (issue #33; docs/continuity.md): two real `lingstream serve` replicas on
-one real redis-server and one real `livekit-server`, inside a private network namespace, the reference model on
-threads. A Python client (`tests/support/livekit_client.py` `follow`, a process of its own: never `livekit.rtc` in
-the pytest process) is in the session's room. The replica running the session is SIGKILLed; the other adopts it
-from its Redis checkpoint, joins the same room as the same service participant and publishes; the client, still in
-the room, without a new create nor a new join, switches to the new track and gets frames of the chunks after the
+"""LiveKit sessions outlive their replica and a deploy (issue #33; docs/continuity.md): real `lingstream serve`
+replicas on one real redis-server and one real `livekit-server`, inside a private network namespace, the reference
+model on threads. A Python client (`tests/support/livekit_client.py` `follow`, a process of its own: never
+`livekit.rtc` in the pytest process) is in the session's room. The replica running the session is SIGKILLed, or
+drained with hand-off (SIGTERM, `LINGSTREAM_DRAIN_MODE=hand_off`); another adopts it from its Redis checkpoint, joins
+the same room (the service's own, or the caller's) as the same service participant and publishes; the client, still
+in the room, without a new create nor a new join, switches to the new track and gets frames of the chunks after the
 checkpoint.
 
-Its own module: it composes its own stack (Redis must be up, inside the namespace, before the replicas start)."""
+Its own module: it composes its own stack (Redis must be up, inside the namespace, before the replicas start). One
+namespace, Redis and LiveKit server for the module; each test takes the two oldest live replicas (the first runs the
+session, the second adopts it) and starts only those it lacks: the replica a test killed or drained is replaced by
+one new replica, not a new stack."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +31,7 @@ from redis import Redis
 
 from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
 from tests.support.livekit_server_real import LiveKitServerProcess
-from tests.support.livekit_stack import LiveKitStack, serve_replica
+from tests.support.livekit_stack import LiveKitStack, metric, serve_replica
 from tests.support.netns import HOST_A, PrivateNetwork
 from tests.support.serving import ROOT, free_port
 
@@ -40,6 +46,7 @@ TTL_S = 1.5
 PREFIX = "lingstream:admission:"
 CONFIG = {"width": 128, "height": 96, "chunk_size": 1, "hud": False, "seed": 11}  # the LiveKit tests' size
 CLIENT_S = 150.0
+RECOVERED = "lingstream_sessions_recovered_total"
 
 
 def _until(check: Any, what: str, within: float) -> Any:
@@ -52,26 +59,68 @@ def _until(check: Any, what: str, within: float) -> Any:
     pytest.fail(f"{what}: not within {within} s")
 
 
-@pytest.fixture
-def replicas(tmp_path: Path) -> Iterator[tuple[Redis, LiveKitStack, LiveKitStack]]:
-    with PrivateNetwork(), RedisServer(tmp_path) as redis:
-        server = LiveKitServerProcess(HOST_A, free_port(), free_port(), tmp_path / "livekit-server.log")
+@dataclass
+class Replicas:
+    """The module's Redis and LiveKit server, and its replicas: `pair()` gives the two oldest live ones."""
+
+    raw: Redis
+    server: LiveKitServerProcess
+    workdir: Path
+    settings: dict[str, str]
+    stack: contextlib.ExitStack
+    live: list[tuple[str, LiveKitStack]] = field(default_factory=list)
+    started: int = 0
+
+    def pair(self) -> tuple[tuple[str, LiveKitStack], tuple[str, LiveKitStack]]:
+        self.live = [(name, replica) for name, replica in self.live if replica.process.poll() is None]
+        while len(self.live) < 2:
+            self.started += 1
+            name = f"r{self.started}"
+            log = self.workdir / f"{name}.log"
+            replica = self.stack.enter_context(
+                serve_replica(self.server, log, LINGSTREAM_REPLICA_ID=name, **self.settings)
+            )
+            self.live.append((name, replica))
+        return self.live[0], self.live[1]
+
+    def logs(self) -> str:
+        return "".join(
+            f"--- {log.name}\n{log.read_text(errors='replace')[-6000:]}\n"
+            for log in sorted(self.workdir.glob("r*.log"))
+        )
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    workdir = tmp_path_factory.mktemp("livekit-adoption")
+    with PrivateNetwork(), RedisServer(workdir) as redis:
         settings = {
             "LINGSTREAM_ADMISSION_BACKEND": "redis",
             "LINGSTREAM_REDIS_URL": redis.url,
             "LINGSTREAM_REPLICA_TTL": str(TTL_S),
             "LINGSTREAM_MAX_SESSIONS_PER_WORKER": "1",
+            "LINGSTREAM_DRAIN_MODE": "hand_off",
+            "LINGSTREAM_DRAIN_TIMEOUT": "20",
         }
         raw = Redis.from_url(redis.url)
         with (
-            server,
-            serve_replica(server, tmp_path / "r1.log", LINGSTREAM_REPLICA_ID="r1", **settings) as first,
-            serve_replica(server, tmp_path / "r2.log", LINGSTREAM_REPLICA_ID="r2", **settings) as second,
+            LiveKitServerProcess(HOST_A, free_port(), free_port(), workdir / "livekit-server.log") as server,
+            contextlib.ExitStack() as stack,
         ):
             try:
-                yield raw, first, second
+                yield Replicas(raw, server, workdir, settings, stack)
             finally:
                 raw.close()
+
+
+@contextlib.contextmanager
+def _logs_on_failure(replicas: Replicas) -> Iterator[None]:
+    """The replicas' logs, printed when the test fails (pytest does not throw a test's failure into its fixture)."""
+    try:
+        yield
+    except BaseException:
+        print(replicas.logs())
+        raise
 
 
 def _streaming(replica: LiveKitStack, sid: str) -> dict[str, Any] | None:
@@ -81,25 +130,38 @@ def _streaming(replica: LiveKitStack, sid: str) -> dict[str, Any] | None:
     return transport if body.get("status") == "running" and transport else None
 
 
-def test_a_killed_replicas_livekit_session_is_adopted_into_the_same_room_and_its_client_follows_the_new_track(
-    replicas: tuple[Redis, LiveKitStack, LiveKitStack],
-) -> None:
-    raw, first, second = replicas
-    try:
-        _adopted_under_a_client(raw, first, second)
-    except BaseException:  # pytest does not throw a test's failure into its fixture: the logs are shown here
-        for replica in (first, second):
-            print(f"--- {replica.log.name}\n{replica.output()[-6000:]}")
-        raise
+def _deleted(server: LiveKitServerProcess, room: str) -> bool:
+    """Whether anyone deleted the room through the RoomService (the server logs each call)."""
+    lines = server.log.read_text(errors="replace").splitlines()
+    return any('"method": "DeleteRoom"' in line and f'"room": "{room}"' in line for line in lines)
 
 
-def _adopted_under_a_client(raw: Redis, first: LiveKitStack, second: LiveKitStack) -> None:
+@dataclass
+class Followed:
+    """What a test saw of a session followed across its adoption."""
+
+    sid: str
+    details: dict[str, Any]
+    adopted: dict[str, Any]
+    checkpoint: dict[str, Any]
+    report: dict[str, Any]
+
+
+def _follow_across(
+    replicas: Replicas, old: tuple[str, LiveKitStack], new: tuple[str, LiveKitStack], create: dict[str, Any], how: str
+) -> Followed:
+    """Create a session on `old`, follow it in its room with the Python client, end `old` (`how`: `kill`, SIGKILL;
+    `drain`, SIGTERM with hand-off) and wait until `new` runs it; the client's report once it saw two later chunks
+    and stopped the session."""
+    raw = replicas.raw
+    (old_name, first), (new_name, second) = old, new
     with first.client() as client:
-        created = client.post("/v1/sessions", json={"config": CONFIG})
+        created = client.post("/v1/sessions", json={"config": CONFIG, **create})
         assert created.status_code == 201, created.text
         sid = created.json()["id"]
         details = client.get(f"/v1/sessions/{sid}").json()["transport"]
-    assert raw.hget(f"{PREFIX}t:{sid}", "replica") == b"r1"
+    room_sid = replicas.server.rooms()[details["room"]].sid
+    assert raw.hget(f"{PREFIX}t:{sid}", "replica") == old_name.encode()
     follower = subprocess.Popen(
         [sys.executable, "-m", "tests.support.livekit_client", "follow", first.url, sid],
         cwd=ROOT,
@@ -117,20 +179,33 @@ def _adopted_under_a_client(raw: Redis, first: LiveKitStack, second: LiveKitStac
             _, err = follower.communicate(timeout=10)
             pytest.fail(f"the client did not join: {line}\n{err[-4000:]}")
         _until(lambda: raw.hget(f"{PREFIX}t:{sid}", "ad"), "the session marked adoptable", within=20)
-        killed_at = time.monotonic()
-        first.process.send_signal(signal.SIGKILL)
-        first.process.wait(timeout=10)
-        checkpoint = json.loads(raw.get(f"{PREFIX}ckpt:h:{sid}") or b"{}")
-        follower.stdin.write(f"{killed_at}\n")
+        ended_at = time.monotonic()
+        first.process.send_signal(signal.SIGKILL if how == "kill" else signal.SIGTERM)
+        follower.stdin.write(f"{ended_at}\n")
         follower.stdin.flush()
-        _until(lambda: raw.hget(f"{PREFIX}t:{sid}", "replica") == b"r2", "the session adopted by r2", within=30)
-        adopted = _until(lambda: _streaming(second, sid), "the session running on r2", within=60)
-        # The same room, the same participants: what the client in the room already follows.
-        assert (adopted["room"], adopted["identity"], adopted["service_identity"]) == (
-            details["room"],
-            details["identity"],
-            details["service_identity"],
-        ), (adopted, details)
+        read: dict[str, int] = {}
+
+        def adopted() -> bool:
+            # The checkpoint the adopter goes on from: the last one written before it took the session (its own
+            # first comes only after its first chunk, well after the adoption). The lesser of the one read last
+            # before the adoption and the one read at it: an earlier one only makes the checks weaker.
+            flipped = raw.hget(f"{PREFIX}t:{sid}", "replica") == new_name.encode()
+            next_chunk = json.loads(raw.get(f"{PREFIX}ckpt:h:{sid}") or b"{}").get("next_chunk")
+            if isinstance(next_chunk, int):
+                read["at" if flipped else "before"] = next_chunk
+            return flipped
+
+        _until(adopted, f"the session adopted by {new_name}", within=30)
+        assert read, "no checkpoint was read"
+        checkpoint = {"next_chunk": min(read.values())}
+        running = _until(lambda: _streaming(second, sid), f"the session running on {new_name}", within=60)
+        if how == "drain":
+            # Drained: it exits 0 once its session is handed off (its detach left the room, did not delete it).
+            assert first.process.wait(timeout=30) == 0
+        else:
+            first.process.wait(timeout=10)
+        assert not _deleted(replicas.server, str(details["room"])), "the room was deleted under the session"
+        assert replicas.server.rooms()[details["room"]].sid == room_sid  # the very room, not one made again
         out, err = follower.communicate(timeout=CLIENT_S)
     finally:
         if follower.poll() is None:
@@ -138,22 +213,81 @@ def _adopted_under_a_client(raw: Redis, first: LiveKitStack, second: LiveKitStac
             follower.wait(timeout=10)
     assert follower.returncode == 0, err[-4000:]
     report: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    print(f"follow: {report}")
-    assert report["done_early"] is None, report  # the stream never ended: no new create, no new join
+    print(f"follow ({how}): {report}")
+    return Followed(sid, details, running, checkpoint, report)
+
+
+def _went_on(followed: Followed) -> None:
+    """The client in the room went on with the adopter: the same room and participants, no new create nor join, one
+    track switch, chunks after the checkpoint, never back past it, to the client's own stop."""
+    report, details, adopted, checkpoint = followed.report, followed.details, followed.adopted, followed.checkpoint
+    same = ("room", "identity", "service_identity", "room_owner")
+    assert [adopted[k] for k in same] == [details[k] for k in same], (adopted, details)
+    assert report["done_early"] is None, report  # the stream never ended: no `done` from the old replica
     assert len(report["after"]) >= 2, report
-    # The adopter went on from its checkpoint: the chunks read after the kill (the lost replica's last frames, then
-    # the adopter's) go back, if at all, no further than the checkpoint (one written a chunk before the last the
-    # client saw repeats that chunk), never to chunk 0.
+    # The chunks read after the end (the old replica's last frames, then the adopter's) go back, if at all, no
+    # further than the checkpoint (one written a chunk before the last the client saw repeats that chunk), never to
+    # chunk 0.
     sequence = report["sequence"]
     went_back = [c for i, c in enumerate(sequence) if i and c < max(sequence[:i])]
     assert all(c >= checkpoint["next_chunk"] for c in went_back), (report, checkpoint)
     assert min(report["after"]) >= checkpoint["next_chunk"], (report, checkpoint)
     assert report["track_switches"] >= 1, report  # the adopter's track, in the same room
     assert report["done"] == "client_stop", report
-    with httpx.Client(base_url=second.url, timeout=10.0) as client:
+
+
+def _ended_on(replica: LiveKitStack, sid: str) -> str:
+    with httpx.Client(base_url=replica.url, timeout=10.0) as client:
         ended = client.get(f"/v1/sessions/{sid}").json()
-        metrics = client.get("/metrics").text
     assert ended["status"] == "closed", ended
-    assert 'lingstream_sessions_recovered_total{cause="replica_lost"} 1.0' in metrics
-    print(f"LiveKit: the first frame of a later chunk {report['first_after_s']} s after the kill (TTL {TTL_S} s)")
-    assert "Traceback" not in second.output()
+    assert "Traceback" not in replica.output()
+    return replica.metrics()
+
+
+def test_a_killed_replicas_livekit_session_is_adopted_into_the_same_room_and_its_client_follows_the_new_track(
+    replicas: Replicas,
+) -> None:
+    old, new = replicas.pair()
+    with _logs_on_failure(replicas):
+        followed = _follow_across(replicas, old, new, {}, "kill")
+        _went_on(followed)
+        metrics = _ended_on(new[1], followed.sid)
+    assert metric(metrics, RECOVERED, cause="replica_lost") == 1.0
+    print(
+        f"LiveKit: the first frame of a later chunk {followed.report['first_after_s']} s after the kill (TTL {TTL_S} s)"
+    )
+
+
+def test_a_draining_replica_hands_its_livekit_session_off_and_the_adopter_goes_on_in_the_same_room(
+    replicas: Replicas,
+) -> None:
+    old, new = replicas.pair()
+    (_, first), (_, second) = old, new
+    with _logs_on_failure(replicas):
+        followed = _follow_across(replicas, old, new, {}, "drain")
+        _went_on(followed)
+        # The old replica handed it off: no terminal status of its own (the client saw none: `done_early`), its room
+        # left standing (never deleted nor made again: `_follow_across`), closed only by its client, on the adopter.
+        assert "handed off" in first.output()
+        assert "standing for the replica that it was handed to" in first.output()
+        assert followed.report["sequence"] == sorted(followed.report["sequence"]), followed.report  # never back
+        metrics = _ended_on(second, followed.sid)
+    assert metric(metrics, RECOVERED, cause="replica_draining") == 1.0
+    assert metric(metrics, RECOVERED, cause="replica_lost") == 0.0
+    print(f"LiveKit hand-off: the first frame of a later chunk {followed.report['first_after_s']} s after the SIGTERM")
+
+
+def test_a_killed_replicas_session_in_a_callers_room_is_adopted_into_that_room_which_stands_after_the_stop(
+    replicas: Replicas,
+) -> None:
+    old, new = replicas.pair()
+    assert replicas.server.create_room("lobby-adopt") == 200
+    with _logs_on_failure(replicas):
+        followed = _follow_across(replicas, old, new, {"livekit": {"room": "lobby-adopt"}}, "kill")
+        assert followed.details["room_owner"] == "caller"
+        _went_on(followed)
+        metrics = _ended_on(new[1], followed.sid)
+    assert metric(metrics, RECOVERED, cause="replica_lost") == 1.0
+    assert "lobby-adopt" in replicas.server.rooms()  # the caller's room stands after the session's end
+    assert not _deleted(replicas.server, "lobby-adopt")
+    print(f"LiveKit caller's room: a later chunk {followed.report['first_after_s']} s after the kill (TTL {TTL_S} s)")

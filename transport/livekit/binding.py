@@ -11,7 +11,8 @@ status messages on its own topic. It owns the reconnect rules:
 - the room connection lost for a reason that is not final (`disconnected` with e.g. SIGNAL_CLOSE): rejoin with a
   fresh token as the same identity (a rebind; the session, its pacer and sequence state are untouched);
 - a final reason (room deleted or closed, participant removed, duplicate identity) or the room finishing: the
-  client is gone for good (`SessionPort.client_gone`);
+  client is gone for good (`SessionPort.client_gone`); a duplicate identity is the session's adopter joining as
+  this participant (`replaced`: the room is the adopter's now, the transport does not delete it);
 - the controller leaving: a `reconnect_grace` timer; its return within the grace resumes, expiry ends the session.
   The same applies, with `initial_join_timeout`, to a controller that never joins.
 
@@ -201,6 +202,7 @@ class LiveKitSessionBinding:
         self._generation = 0
         self._sdk_reconnecting = False  # between the SDK's `reconnecting` and `reconnected`
         self._rejoins = 0
+        self._replaced = False
         self._rejoin_failures = 0
         self._sdk_reconnects = 0
         self._departures = 0
@@ -218,6 +220,12 @@ class LiveKitSessionBinding:
     def port(self) -> SessionPort:
         """The session this binding serves."""
         return self._port
+
+    @property
+    def replaced(self) -> bool:
+        """The server dropped this participant for another that joined with its identity (`DUPLICATE_IDENTITY`):
+        the session's adopter (identities are the session's own), which holds the room now."""
+        return self._replaced
 
     @property
     def room_name(self) -> str:
@@ -443,6 +451,8 @@ class LiveKitSessionBinding:
         room.on("disconnected", on_disconnected)
 
     def _on_disconnected(self, reason: str) -> None:
+        if reason == "DUPLICATE_IDENTITY":
+            self._replaced = True
         if self._core.state is not BindingState.LIVE:
             return  # joining (connect() reports it), rejoining already, over or closed
         if reason == "CLIENT_INITIATED":

@@ -6,8 +6,9 @@ service participant (`LiveKitSessionBinding`) and returns what the browser needs
 "status_topic", "room_owner"}`. `join_details` re-mints the controller's token (same identity) for a browser that
 reconnects after its token expired; `viewer_details` mints a watch-only token. `handle_webhook` verifies a LiveKit
 webhook and hands the room event to the session it concerns. `detach` leaves and deletes the room, except for a
-session handed off (`SessionPort.handed_off`: a drain's hand-off) and a caller's room: those are left standing
-(`detach_deletes_room`).
+session handed off (`SessionPort.handed_off`: a drain's hand-off), one whose participant an adopter replaced (a
+replica that stalled past its liveness comes back to find its session adopted) and a caller's room: those are left
+standing (`detach_deletes_room`).
 
 A session adopted from a lost replica, or handed off by a draining one (`SessionPort.resumed_room`,
 docs/continuity.md), goes on in that replica's room, the service's own or a caller's: `attach` joins it again as the
@@ -87,12 +88,14 @@ __all__ = ["LiveKitTransport", "LiveKitTransportStatistics", "detach_deletes_roo
 logger = logging.getLogger(__name__)
 
 
-def detach_deletes_room(*, callers_room: bool, handed_off: bool) -> bool:
+def detach_deletes_room(*, callers_room: bool, handed_off: bool, replaced: bool) -> bool:
     """Whether `detach` deletes the session's room after leaving it: only the service's own room of a session that
     ends for good. A caller's room is the caller's (left standing). A handed-off session goes on in its room with the
     replica that adopts it, which joins it again as the same service identity: deleting it would disconnect the
-    clients in it (the server's `ROOM_DELETED`), and the room ends when that replica's session does."""
-    return not callers_room and not handed_off
+    clients in it (the server's `ROOM_DELETED`), and the room ends when that replica's session does. A binding
+    `replaced` (the server dropped it for its identity joining again) left the room to that participant: the
+    session's adopter, whether this replica handed it off or stalled past its liveness and was reaped meanwhile."""
+    return not callers_room and not handed_off and not replaced
 
 
 def holds_another_session(identities: Iterable[str], own: str | None = None) -> bool:
@@ -481,13 +484,14 @@ class LiveKitTransport:
         # (the server then dropped this participant: `DUPLICATE_IDENTITY`, which the session ignores: it is ending
         # here); its end publishes no `done` (the session goes on).
         await binding.aclose(reason)
-        if detach_deletes_room(callers_room=caller is not None, handed_off=handed_off):
+        if detach_deletes_room(callers_room=caller is not None, handed_off=handed_off, replaced=binding.replaced):
             await self._delete_room(binding.room_name)
-        elif handed_off:
+        elif caller is None:
             logger.info(
-                "session %s: left LiveKit room %s standing for the replica it was handed to",
+                "session %s: left LiveKit room %s standing for the replica that %s",
                 session_id,
                 binding.room_name,
+                "it was handed to" if handed_off else "adopted it (the server dropped this participant for it)",
             )
         else:
             logger.info("session %s: left the caller's LiveKit room %s (not deleted)", session_id, binding.room_name)

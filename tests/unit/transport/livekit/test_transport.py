@@ -245,26 +245,41 @@ async def test_detach_leaves_and_deletes_the_room_once(setup: Setup) -> None:
 
 
 @pytest.mark.parametrize(
-    ("callers_room", "handed_off", "deletes"),
+    ("callers_room", "handed_off", "replaced", "deletes"),
     [
-        (False, False, True),  # the service's own room, the session over: deleted, as always
-        (False, True, False),  # handed off: the adopter joins it again, its clients are still in it
-        (True, False, False),  # the caller's room is the caller's
-        (True, True, False),
+        (False, False, False, True),  # the service's own room, the session over: deleted, as always
+        (False, True, False, False),  # handed off: the adopter joins it again, its clients are still in it
+        (False, False, True, False),  # an adopter took this participant's identity: the room is its now
+        (False, True, True, False),
+        (True, False, False, False),  # the caller's room is the caller's
+        (True, True, False, False),
+        (True, False, True, False),
     ],
 )
 def test_only_the_services_own_room_of_a_session_that_ends_for_good_is_deleted_at_detach(
-    callers_room: bool, handed_off: bool, deletes: bool
+    callers_room: bool, handed_off: bool, replaced: bool, deletes: bool
 ) -> None:
-    assert detach_deletes_room(callers_room=callers_room, handed_off=handed_off) is deletes
+    assert detach_deletes_room(callers_room=callers_room, handed_off=handed_off, replaced=replaced) is deletes
+
+
+async def test_a_participant_replaced_by_its_adopter_leaves_the_room_standing(setup: Setup) -> None:
+    # A replica stalled past its liveness: the session was adopted meanwhile, the adopter joined as the same
+    # identity and the server dropped this participant. The session here ends (its client is gone for it)...
+    port = FakeSessionPort("s1")
+    await setup.transport.attach(port)
+    room = setup.factory.current
+    room.drop("DUPLICATE_IDENTITY")
+    assert port.gone
+    await setup.transport.detach("s1", "client_gone")
+    # ...but the room is the adopter's now: not deleted under it.
+    assert "lingstream-s1" in setup.server.rooms
+    assert setup.server.calls_of("DeleteRoom") == []
 
 
 async def test_a_handed_off_sessions_room_is_left_standing_for_its_adopter(setup: Setup) -> None:
     port = FakeSessionPort("s1")
     lost = await setup.transport.attach(port)
     room = setup.factory.current
-    # The adopter joined as the same identity before this replica left: the server dropped this participant.
-    room.drop("DUPLICATE_IDENTITY")
     port.handed_off = True
     await setup.transport.detach("s1", "handed_off")
     assert room.disconnects == 1
