@@ -271,6 +271,7 @@ def test_a_draining_replica_hands_its_livekit_session_off_and_the_adopter_goes_o
         assert "handed off" in first.output()
         assert "standing for the replica that it was handed to" in first.output()
         assert followed.report["sequence"] == sorted(followed.report["sequence"]), followed.report  # never back
+        assert followed.report["track_switches"] == 1, followed.report  # one switch: the adopter's track
         metrics = _ended_on(second, followed.sid)
     assert metric(metrics, RECOVERED, cause="replica_draining") == 1.0
     assert metric(metrics, RECOVERED, cause="replica_lost") == 0.0
