@@ -90,6 +90,29 @@ async def test_a_session_paused_past_the_longest_pause_is_warned_then_closed_and
         assert metric(text, 'lingstream_sessions{state="paused"}') == 0
 
 
+async def test_a_session_handed_over_paused_goes_on_paused_its_pause_counted_from_its_first_pause() -> None:
+    """What the adopter's runtime does with a session a draining replica handed off paused (docs/continuity.md):
+    once it runs here it moves to paused at once, and its pause deadline is what is left of the longest pause."""
+    timers = FakeTimers()
+    async with running_service(transport=RecordingTransport(), timers=timers, max_pause=60) as svc:
+        first = (await svc.create()).json()["id"]
+        sid = (await svc.create()).json()["id"]  # queued behind it: one slot
+        session = svc.runtime._table[sid]
+        session.handed_over_paused(40.0)  # as `Ownership._adopt` does: 40 s into its pause on the replica it left
+        await svc.client.delete(f"/v1/sessions/{first}")
+        await until(lambda: session.state is SessionState.PAUSED, "the session paused once it runs", every=0)
+        assert (await _status(svc, sid))["status"] == "paused"
+        await until(lambda: [m.state for m in _statuses(svc, sid, StateStatus)][-1:] == ["paused"], "told", every=0)
+        # 20 s left of the longest pause, under the 30 s warning lead: warned at once, closed 20 s on.
+        await until(lambda: len(_statuses(svc, sid, WarningStatus)) == 1, "one warning status", every=0)
+        assert _statuses(svc, sid, WarningStatus)[0].code == "paused_too_long"
+        timers.advance(19.0)
+        assert not session.terminal
+        timers.advance(1.5)
+        body = await _ended(svc, sid)
+        assert (body["status"], body["reason"]) == ("closed", "paused_too_long")
+
+
 async def test_resuming_in_time_cancels_the_pause_deadline() -> None:
     timers = FakeTimers()
     async with running_service(transport=RecordingTransport(), timers=timers, max_pause=60) as svc:
