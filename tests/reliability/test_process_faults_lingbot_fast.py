@@ -1,10 +1,11 @@
 """A LingBot-World-Fast DiT rank killed mid-chunk under Ulysses context parallelism (`processes`, 2 DiT ranks, the
 tiny checkpoint), with the product's recovery budget (issue #33, docs/continuity.md): the session is not failed. It
-moves to `recovering`, the group restarts (forked from the forkserver), the session is re-seeded on it without its
-history (an empty KV cache whose positions continue, the VAE primed) and goes on with the same id: its chunks
-continue with no gap and no repeat, every chunk keeps the contract (4 x chunk_size frames after the first, the
-first frame index continuing), and the frames after the kill are a picture, not the constant that non-finite latents
-decode to. Rank 0 is inside an all-to-all with rank 1 when rank 1 dies, which is where a CP group spends its
+moves to `recovering`, the group restarts (forked from the forkserver), the session is re-seeded on it with its
+history (the clean latents that came back with the frames, replayed into the KV cache on both ranks; the generator
+restored; the VAE primed with them) and goes on with the same id: its chunks continue with no gap and no repeat,
+every chunk keeps the contract (4 x chunk_size frames after the first, the first frame index continuing), and the
+frames after the kill are the frames of an uninterrupted run of the same session (replayed in this process on one
+rank: no jump). Rank 0 is inside an all-to-all with rank 1 when rank 1 dies, which is where a CP group spends its
 collectives."""
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import pytest_asyncio
 
 from admission import ExecutionLease
-from pipeline.bidirectional import ControlState
+from pipeline.bidirectional import ChunkOutput, ControlState
+from pipeline.lingbot.camera import CameraController
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.controls import ControlSnapshot
 from pipeline.lingbot.policy.service import LingBotService
 from service.settings import Settings
 from service.workers import lingbot_fast_options, process_placement, recovery_budget, worker_options
@@ -43,6 +48,7 @@ CALL_TIMEOUT_S = 8.0
 SMALL = {"width": 64, "height": 48, "fps": 16, "chunk_size": 1, "hud": False}
 """12 tokens a latent frame: two ranks split them."""
 STARTED = SPAWN.Event()
+OPTIONS: list[Any] = []  # the LingBotFastOptions the workers were built with (for the uninterrupted replay)
 
 
 def faulty_workers(settings: Settings) -> list[LingBotService]:
@@ -53,6 +59,7 @@ def faulty_workers(settings: Settings) -> list[LingBotService]:
     workers = []
     for options in worker_options(settings):
         inner = LingBotFastFactory(lingbot_fast_options(options))
+        OPTIONS.append(inner.options)
         placement = dataclasses.replace(
             process_placement(options),
             factory=FaultyShardedFactory(STARTED, inner=inner),
@@ -86,6 +93,27 @@ class Harness:
         assert created["status"] == "running", created
         self.transport.ports[created["id"]].push_control(ControlState(1, frozenset({"w"})))  # keep generating
         return str(created["id"])
+
+
+def replay(config: LingBotSessionConfig, chunks: list[ChunkOutput]) -> list[np.ndarray[Any, Any]]:
+    """What the tiny model makes, uninterrupted and on one rank, for these chunks' controls (in this process)."""
+    from pipeline.lingbot.models import LingBotFastWorldModel
+
+    world = LingBotFastWorldModel.load(OPTIONS[0])
+    sid = "replay"
+    world.encoder.create_cache(sid, config)
+    base = world.encoder.encode_reference(sid, None)
+    world.denoiser.create_cache(sid, config, base)
+    world.decoder.create_cache(sid, config)
+    camera = CameraController(config.pose_steps(), config.camera_intrinsics())
+    frames = []
+    for chunk in chunks:
+        if chunk.reset_pose:
+            camera.reset_pose()
+        control = camera.chunk_control(ControlSnapshot.from_keys(0, chunk.keys), chunk.index, config.chunk_size)
+        latent = world.denoiser.denoise_chunk(sid, chunk.index, config.chunk_size, control.camera, prompt=chunk.prompt)
+        frames.append(world.decoder.decode_chunk(sid, chunk.index, latent).numpy())
+    return frames
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -138,5 +166,14 @@ async def test_a_cp_rank_killed_mid_chunk_leaves_its_session_running_from_a_rese
         assert chunk.frames.shape == (4 * chunk_size, SMALL["height"], SMALL["width"], 3), chunk.index
     for chunk in seen[FAULT_CHUNK:]:
         assert int(chunk.frames.max()) > int(chunk.frames.min()), f"chunk {chunk.index} is one constant"
+    config = LingBotSessionConfig.from_mapping({**SMALL, "seed": KILL_ONCE_SEED})
+    expected = replay(config, seen)
+    differences = [
+        float(np.abs(c.frames.astype(np.int32) - e.astype(np.int32)).mean())
+        for c, e in zip(seen, expected, strict=True)
+    ]
+    print(f"mean |frame - uninterrupted| per chunk (the kill in chunk {FAULT_CHUNK}): {differences}")
+    for chunk, frames in zip(seen, expected, strict=True):
+        assert np.array_equal(chunk.frames, frames), f"chunk {chunk.index} differs from the uninterrupted run"
     assert (await harness.app.client.delete(f"/v1/sessions/{sid}")).json()["status"] == "closed"
     print(f"recovery (kill to the re-seeded chunk's frames, in-process): {recovery_s:.2f} s")

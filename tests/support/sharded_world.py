@@ -5,7 +5,8 @@ Spawned ranks import this module by name: it stays light (no service, no test ha
 it there; one created with `STUCK_SEED` makes rank 1 never answer that chunk (rank 0 waits for it in the
 all-gather), which only the worker's call timeout can end. `KILL_ONCE_SEED` is `KILL_SEED` while `started` is not
 set: the group that comes back after the kill runs the chunk (a session re-seeded there goes on, docs/continuity.md).
-The denoiser re-seeds (`ReseedableDenoiser`) when the model it wraps does.
+The denoiser re-seeds (`ReseedableDenoiser`) when the model it wraps does, and passes on its history
+(`HistoricDenoiser`: LingBot-World-Fast's chunk records) when it keeps one.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from pipeline.lingbot.camera import CameraChunk
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.continuity import ResumePoint
 from pipeline.lingbot.errors import ModelSessionError
+from pipeline.lingbot.history import ChunkRecord, HistorySpec
 from pipeline.lingbot.reference.model import ReferenceModelFactory
 from pipeline.lingbot.seam import (
     ChunkDecoder,
     ChunkDenoiser,
+    HistoricDenoiser,
     ModelShard,
     ReferenceEncoder,
     ReseedableDenoiser,
@@ -69,6 +72,15 @@ class FaultyShardedDiT:
             raise ModelSessionError(f"{type(self._inner).__name__} cannot re-seed")
         self._seeds[session_id] = config.seed
         self._inner.reseed_cache(session_id, config, base_latent, resume)
+
+    def history_spec(self, config: LingBotSessionConfig) -> HistorySpec:
+        if not isinstance(self._inner, HistoricDenoiser):
+            raise ModelSessionError(f"{type(self._inner).__name__} keeps no history")
+        return self._inner.history_spec(config)
+
+    def chunk_record(self, session_id: str) -> ChunkRecord | None:
+        """The wrapped model's record of the newest chunk (None: it keeps no history, e.g. the reference model)."""
+        return self._inner.chunk_record(session_id) if isinstance(self._inner, HistoricDenoiser) else None
 
     def release_cache(self, session_id: str) -> None:
         self._seeds.pop(session_id, None)
