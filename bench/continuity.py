@@ -14,13 +14,17 @@ Measures, in one run:
   `kill_to_first_frame_ms_p50` is the same from the kill itself, `group_restart_ms_p50` the part of it until the
   group was ready again (the rest is the re-seed and its first chunk). `sessions_survived` / `sessions_total`: kills
   after which the session ran on (the others failed with `model_failure`).
-- checkpoint_bytes_per_session: the serialised checkpoint of a session without a reference image (the JSON header:
-  config, pose, prompt, counters, stream clock), and checkpoint_image_bytes_832x480 what a reference image adds once
-  (float32 as the session holds it). In the service process the checkpoint holds references: the image is the
-  session's own tensor, never copied.
-- checkpoint_ms_per_chunk: what a chunk boundary costs the session policy (the pose integrated for the chunk and the
-  frozen record built), mean of 2 000, at chunk_size 3; checkpoint_share_of_chunk_period: that over the chunk's
-  media duration at 16 fps (the goal: at most 1 %).
+- checkpoint_bytes_per_session: the serialised checkpoint of a LingBot-World-Fast session at 832x480 without a
+  reference image, its history ring full at the defaults (window 18, sink 6, lookback 4: 10 chunks of clean latents,
+  `history.py`); checkpoint_reference_bytes_per_session the reference model's (no history: the JSON header only);
+  checkpoint_image_bytes_832x480 what a reference image adds once (float32 as the session holds it);
+  checkpoint_history_chunk_bytes_832x480 one chunk of history serialised, what a Redis write adds per chunk (the
+  store writes each chunk once, `service/scaleout/checkpoints.py`). Computed on real objects of those shapes.
+- checkpoint_ms_per_chunk: what a chunk boundary costs the session policy for that session (the pose integrated for
+  the chunk, the chunk's history appended to the ring, the frozen record built), mean of 2 000 (the latents are
+  made before the clock starts: they arrive with the frames); checkpoint_share_of_chunk_period: that over the
+  chunk's media duration at 16 fps (the goal: at most 1 %). checkpoint_history_serialise_ms_832x480: serialising one
+  chunk of history (on the Redis writer's task, never the chunk loop), mean of 50.
 
 - hand_off_recovery_ms_p50 / _p95, rolling_sessions_survived / rolling_sessions_total, replica_loss_recovery_ms_p50 /
   _p95 and replica_ttl_s: real replicas on a real redis-server, a scripted rolling restart (drain hand-off) and
@@ -52,6 +56,7 @@ from pipeline.lingbot.camera import CameraChunk, PoseIntegrator
 from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.continuity import ResumePoint, SessionCheckpoint
 from pipeline.lingbot.controls import ControlSnapshot
+from pipeline.lingbot.history import ChunkHistory, ChunkRecord, HistorySpec, SessionHistory
 from pipeline.lingbot.policy.recovery import RecoveryBudget
 from pipeline.lingbot.policy.service import LingBotService
 from pipeline.lingbot.reference.model import ReferenceDiT, ReferenceWorldModel
@@ -219,14 +224,36 @@ async def stage_fault() -> dict[str, Any]:
     }
 
 
+LINGBOT_FAST_HISTORY = HistorySpec.for_cache(3, 18, 6, 18, 4)
+"""LingBot-World-Fast's history at the defaults (`LingBotFastOptions`: window 18, sink 6, lookback 4)."""
+
+
+def _history_chunks(config: LingBotSessionConfig, count: int) -> list[ChunkHistory]:
+    """`count` chunks of history of `config`'s shapes (random latents, a CPU generator's state: 5 056 bytes)."""
+    from pipeline.lingbot.camera import CameraController
+
+    camera = CameraController(config.pose_steps(), config.camera_intrinsics())
+    generator = torch.Generator().manual_seed(0)
+    state = bytes(generator.get_state().numpy())
+    latent = torch.randn(16, config.chunk_size, config.latent_height, config.latent_width, generator=generator)
+    chunks = []
+    for index in range(count):
+        control = camera.chunk_control(ControlSnapshot.from_keys(7, HELD), index, config.chunk_size).camera
+        chunks.append(ChunkHistory(ChunkRecord(index, control, "a snowy night", state, LINGBOT_FAST_HISTORY), latent))
+    return chunks
+
+
 def checkpoint_cost(rounds: int = 2000) -> dict[str, Any]:
-    config = LingBotSessionConfig.from_mapping({"chunk_size": 3})
+    config = LingBotSessionConfig.from_mapping({"chunk_size": 3, "width": 832, "height": 480})
     camera = PoseIntegrator(config.pose_steps())
     snapshot = ControlSnapshot.from_keys(7, HELD)
+    arriving = _history_chunks(config, rounds)  # as they come back with the frames
+    history = SessionHistory()
     started = time.perf_counter()
     checkpoint = None
     for index in range(rounds):
         camera.chunk_poses(snapshot, first_chunk=index == 0, latent_frames=config.chunk_size)
+        history = history.append(arriving[index])
         checkpoint = SessionCheckpoint(
             session_id="s",
             config=config,
@@ -239,13 +266,24 @@ def checkpoint_cost(rounds: int = 2000) -> dict[str, Any]:
             latest=snapshot,
             frames_emitted=12 * index + 9,
             taken_at=time.monotonic(),
+            history=history,
         )
     per_chunk_ms = (time.perf_counter() - started) / rounds * 1000
     assert checkpoint is not None
+    newest = history.chunks[-1]
+    started = time.perf_counter()
+    for _ in range(50):
+        part = newest.to_bytes()
+    serialise_ms = (time.perf_counter() - started) / 50 * 1000
     chunk_media_ms = 1000 * 4 * config.chunk_size / config.fps
     image = torch.zeros(3, 480, 832)
+    reference = dataclasses.replace(checkpoint, history=SessionHistory())
     return {
         "checkpoint_bytes_per_session": len(checkpoint.to_bytes()),
+        "checkpoint_reference_bytes_per_session": len(reference.to_bytes()),
+        "checkpoint_history_chunks": len(history.chunks),
+        "checkpoint_history_chunk_bytes_832x480": len(part),
+        "checkpoint_history_serialise_ms_832x480": serialise_ms,
         "checkpoint_image_bytes_832x480": image.numel() * image.element_size(),
         "checkpoint_ms_per_chunk": per_chunk_ms,
         "checkpoint_share_of_chunk_period": per_chunk_ms / chunk_media_ms,

@@ -213,12 +213,13 @@ class LingBotFastDenoiser:
         """`HistoricDenoiser`: the chunks a session's history keeps: the sink's chunks and the window's, plus
         `options.history_lookback_chunks` before them (without a window: every chunk the cache can hold)."""
         cache = self._options.cache_config(config.chunk_size)
-        chunk = cache.chunk_frames
-        if cache.window_frames is None:
-            return HistorySpec(0, -(-cache.capacity_frames // chunk))
-        sink = -(-cache.sink // chunk)
-        window = -(-(cache.capacity_frames - cache.sink) // chunk)
-        return HistorySpec(sink, window + self._options.history_lookback_chunks)
+        return HistorySpec.for_cache(
+            cache.chunk_frames,
+            cache.window_frames,
+            cache.sink,
+            cache.capacity_frames,
+            self._options.history_lookback_chunks,
+        )
 
     def chunk_record(self, session_id: str) -> ChunkRecord | None:
         """`HistoricDenoiser`: the newest chunk's record (its camera, prompt and the generator's state after it)."""
