@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
@@ -144,3 +145,22 @@ def test_a_missing_chunk_of_history_or_an_unknown_version_is_refused() -> None:
         SessionCheckpoint.from_parts(json.dumps(header).encode(), None, checkpoint.history_parts())
     with pytest.raises(CheckpointVersionError, match="cut short"):
         SessionCheckpoint.from_bytes(checkpoint.to_bytes()[:-100])
+
+
+def test_a_chunk_of_history_crosses_a_worker_reply_inside_the_pickle_not_in_shared_memory() -> None:
+    """What the worker's reply pickler (`ForkingPickler`, torch's reductions registered) makes of a chunk: the latent
+    and the camera come back equal, as ordinary tensors (a shared-memory segment each cost 15 ms per latent)."""
+    import torch.multiprocessing  # registers torch's reductions, as in a worker
+
+    chunk = _chunks(1)[0]
+    again = ForkingPickler.loads(bytes(ForkingPickler.dumps(chunk)))
+    assert torch.equal(again.latent, chunk.latent)
+    assert not again.latent.is_shared()
+    assert torch.equal(again.record.camera.start, chunk.record.camera.start)
+    assert torch.equal(again.record.camera.relative, chunk.record.camera.relative)
+    assert not again.record.camera.relative.is_shared()
+    assert (again.record.prompt, again.record.generator_state, again.record.spec) == (
+        chunk.record.prompt,
+        chunk.record.generator_state,
+        chunk.record.spec,
+    )
