@@ -278,9 +278,10 @@ def attention_plan(options: WorkerOptions) -> AttentionPlan | None:
 
 def model_start(settings: Settings, workers: Sequence[BidirectionalService]) -> Callable[[], dict[str, object]] | None:
     """What `/readyz` shows of the first lingbot-fast worker's start, as a function it calls: the compile mode, the
-    attention (`attention_plan`) and the warm-up (`LINGSTREAM_WARMUP_CHUNKS`): the chunks run, their resolution and
-    seconds — on threads measured while the worker was built, on processes reported by the DiT group's rank 0 when
-    it became ready (`pipeline.process.ReportsReady`), so null until then. None for the reference model."""
+    attention (`attention_plan`), the decoder (`LINGSTREAM_DECODER`) and the warm-up (`LINGSTREAM_WARMUP_CHUNKS`):
+    the chunks run, their resolution and seconds — on threads measured while the worker was built, on processes
+    reported by the DiT group's rank 0 when it became ready (`pipeline.process.ReportsReady`), so null until then.
+    None for the reference model."""
     options = worker_options(settings)[0]
     plan = attention_plan(options)
     if plan is None:
@@ -300,7 +301,12 @@ def model_start(settings: Settings, workers: Sequence[BidirectionalService]) -> 
                 report = next((item for item in reports if isinstance(item, WarmUp)), None)
             if report is not None:
                 warmup = report.to_mapping()
-        return {"compile": options.compile, "attention": plan.to_mapping(), "warmup": warmup}
+        return {
+            "compile": options.compile,
+            "attention": plan.to_mapping(),
+            "decoder": options.decoder,
+            "warmup": warmup,
+        }
 
     return current
 

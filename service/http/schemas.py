@@ -349,9 +349,12 @@ class ModelAttentionBody(BaseModel):
 
 
 class ModelStartBody(BaseModel):
-    """How the first lingbot-fast worker started: compile mode, attention and warm-up."""
+    """How the first lingbot-fast worker started: compile mode, attention, decoder and warm-up."""
 
     compile: Literal["off", "default", "max"]
+    decoder: Literal["wan", "tiny"] = Field(
+        default="wan", description="The decode stage's decoder (LINGSTREAM_DECODER): the Wan VAE or the tiny one."
+    )
     attention: ModelAttentionBody
     warmup: ModelWarmUpBody
 

@@ -116,6 +116,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="lingbot-fast dtype (default LINGSTREAM_MODEL_DTYPE, else auto: bfloat16 on CUDA, float32 on CPU)",
     )
     parser.add_argument(
+        "--decoder",
+        choices=("wan", "tiny"),
+        default=os.environ.get("LINGSTREAM_DECODER", "wan").strip().lower() or "wan",
+        help="lingbot-fast's decode stage (default LINGSTREAM_DECODER, else wan): the Wan VAE, or the tiny decoder "
+        "from the model directory's tiny_decoder/",
+    )
+    parser.add_argument(
         "--device", default="cpu", metavar="DEV", help="lingbot-fast device: cpu or cuda:N (default cpu)"
     )
     parser.add_argument(
@@ -248,6 +255,8 @@ def _model_from_args(
     if ranks > 1 and args.placement != "processes":
         raise UsageError(f"--denoise-ranks {ranks} needs --placement processes (threads run one rank)")
     if args.model != "lingbot-fast":
+        if args.decoder != "wan":
+            raise UsageError(f"--decoder {args.decoder} chooses lingbot-fast's decoder (--model lingbot-fast)")
         return (_placement(args, None) if args.placement == "processes" else None), None
     if args.model_path is None:
         raise UsageError("--model lingbot-fast needs --model-path DIR (or LINGSTREAM_MODEL_PATH)")
@@ -266,7 +275,9 @@ def _model_from_args(
         raise UsageError(
             f"--model lingbot-fast needs the lingbot extra (pip install 'lingstream[lingbot]'): {exc}"
         ) from None
-    options = LingBotFastOptions(str(args.model_path), dtype=args.model_dtype, denoise_ranks=ranks)
+    options = LingBotFastOptions(
+        str(args.model_path), dtype=args.model_dtype, denoise_ranks=ranks, decoder=args.decoder
+    )
     check = session_limits(options)
     try:
         check(LingBotSessionConfig.from_mapping(request.config))
@@ -274,7 +285,9 @@ def _model_from_args(
         raise UsageError(config_message(exc)) from None
     try:
         if args.placement == "processes":
-            dit = check_model_dir(options.root).dit  # headers only: the group's rule fails here, not in a worker
+            dit = check_model_dir(
+                options.root, decoder=options.decoder
+            ).dit  # headers only: the group's rule fails here, not in a worker
             try:
                 check_parallel(dit, ranks, dit.frame_tokens(PLAN_HEIGHT // 8, PLAN_WIDTH // 8))
             except ModelConfigError as exc:
@@ -313,6 +326,7 @@ def _placement(args: argparse.Namespace, model_path: Path | None) -> ProcessPlac
         model="lingbot-fast" if model_path is not None else "reference",
         model_path=str(model_path) if model_path is not None else None,
         model_dtype=args.model_dtype,
+        decoder=args.decoder,
     )
     return process_placement(options)
 

@@ -1,18 +1,23 @@
 """The real model's plumbing end to end on a tiny random checkpoint: `lingstream tiny-checkpoint DIR` writes it,
 `lingstream serve` with `LINGSTREAM_MODEL=lingbot-fast` streams its frames to the Python client over the embedded
 WebRTC transport, `lingstream generate --model lingbot-fast` writes an MP4, and a broken directory stops the start
-with the problem named. The picture is noise (random weights); sizes, counts and the chunk contract are real."""
+with the problem named. The picture is noise (random weights); sizes, counts and the chunk contract are real. One
+service decodes with the tiny decoder (`LINGSTREAM_DECODER=tiny`, the checkpoint's random `tiny_decoder/`) on the
+`processes` placement, where the decode runs in the DiT group's second call lane beside the next chunk's DiT."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import av
 import httpx
+import numpy.typing as npt
 import pytest
 
 from pipeline.lingbot.config import LingBotSessionConfig
@@ -43,8 +48,24 @@ def test_tiny_checkpoint_refuses_a_directory_that_is_not_empty(checkpoint: Path)
     assert "is not an empty directory" in done.stderr
 
 
-PLACEMENTS = {"threads": ("threads", "1"), "processes": ("processes", "1"), "processes-cp2": ("processes", "2")}
-"""Stage placement and DiT ranks: `processes-cp2` runs the DiT over two gloo ranks (Ulysses context parallelism)."""
+PLACEMENTS = {
+    "threads": ("threads", "1", "wan"),
+    "processes": ("processes", "1", "wan"),
+    "processes-cp2": ("processes", "2", "wan"),
+    "processes-tiny": ("processes", "1", "tiny"),
+}
+"""Stage placement, DiT ranks and decoder: `processes-cp2` runs the DiT over two gloo ranks (Ulysses context
+parallelism); `processes-tiny` decodes with the tiny decoder (`LINGSTREAM_DECODER=tiny`)."""
+
+
+def _decoder(request: pytest.FixtureRequest) -> str:
+    return PLACEMENTS[request.node.callspec.params["service"]][2]
+
+
+def _assert_not_constant(image: npt.NDArray[Any]) -> None:
+    """A decoded frame of random weights is noise, never one flat colour (a NaN or an all-zero latent decodes to
+    one: a float NaN cast to uint8 comes out as a constant)."""
+    assert int(image.max()) > int(image.min()), "a constant frame"
 
 
 @pytest.fixture(scope="module", params=sorted(PLACEMENTS))
@@ -52,9 +73,9 @@ def service(
     checkpoint: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[Served]:
     """The service on the tiny model, its stages on threads or in worker processes (each loading its part), the
-    DiT on one rank or two."""
+    DiT on one rank or two, decoding with the Wan VAE or the tiny decoder."""
     workdir = tmp_path_factory.mktemp("serve")
-    placement, ranks = PLACEMENTS[request.param]
+    placement, ranks, decoder = PLACEMENTS[request.param]
     with serve(
         workdir,
         factory=None,
@@ -64,6 +85,7 @@ def service(
         LINGSTREAM_TORCH_THREADS="1",
         LINGSTREAM_STAGE_PLACEMENT=placement,
         LINGSTREAM_DENOISE_RANKS=ranks,
+        LINGSTREAM_DECODER=decoder,
         LINGSTREAM_ATTENTION="math",
         LINGSTREAM_WARMUP_CHUNKS="1",  # one 832x480 chunk of the tiny model (~7 s on one thread) before ready
         LINGSTREAM_RECORDINGS_DIR=str(workdir / "recordings"),
@@ -85,7 +107,7 @@ def test_readyz_shows_the_memory_estimate_attention_and_warm_up_it_started_with(
     assert memory["model_bytes"] + memory["once_bytes"] + memory["session_bytes"] <= memory["usable_bytes"]
     assert memory["usable_bytes"] < memory["device_bytes"]
     parts = memory["parts"]
-    assert parts["decoder_cache_bytes"] > 0  # the tiny VAE's, measured on meta at 832x480
+    assert parts["decoder_cache_bytes"] > 0  # the tiny VAE's or the tiny decoder's, measured on meta at 832x480
     assert memory["session_bytes"] == parts["attention_cache_bytes"] + parts["decoder_cache_bytes"]
     assert parts["context_bytes"] == 0  # the CPU
     assert memory["once_bytes"] == sum(
@@ -100,6 +122,7 @@ def test_readyz_shows_the_memory_estimate_attention_and_warm_up_it_started_with(
     assert memory["denoise_ranks"] == int(PLACEMENTS[request.node.callspec.params["service"]][1])
     start = body["model_start"]
     assert start["compile"] == "off"
+    assert start["decoder"] == _decoder(request)
     assert start["attention"] == {"backend": "math", "kernel": "sdpa", "sdpa_order": ["math"]}
     warmup = start["warmup"]  # threads: measured while the worker was built; processes: rank 0's ready report
     assert (warmup["chunks"], warmup["resolution"]) == (1, "832x480")
@@ -154,6 +177,7 @@ async def test_serve_streams_the_tiny_models_frames_to_a_client(service: Served)
                 first = await stream.next_frame()  # the first chunk streams before any control
                 assert first is not None
                 assert first.image.shape == (HEIGHT, WIDTH, 3)
+                _assert_not_constant(first.image)
                 await stream.send_keys({"w"})  # a held key keeps chunks coming (idle sessions hold the picture)
                 chunks: dict[int, int] = {}
                 # Four chunks: the second last is complete and comes after the first `stream_base_pts`, from which
@@ -162,6 +186,7 @@ async def test_serve_streams_the_tiny_models_frames_to_a_client(service: Served)
                     frame = await stream.next_frame()
                     assert frame is not None
                     assert frame.image.shape == (HEIGHT, WIDTH, 3)
+                    _assert_not_constant(frame.image)
                     if frame.chunk is not None:
                         chunks[frame.chunk.index] = chunks.get(frame.chunk.index, 0) + 1
                 done = await stream.stop()
@@ -173,11 +198,13 @@ async def test_serve_streams_the_tiny_models_frames_to_a_client(service: Served)
 
 @pytest.mark.timeout(300)
 async def test_what_the_client_was_sent_is_what_one_rank_on_threads_renders(
-    service: Served, checkpoint: Path, tmp_path: Path
+    service: Served, checkpoint: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """The frames a session streams to the Python client on this placement (recorded before the WebRTC encoder, so
-    bit-exact) equal `lingstream generate` on threads, one DiT rank, from the recording's own control trace: the
-    2-rank (Ulysses) service sends the 1-rank frames, and so do the other placements."""
+    bit-exact) equal `lingstream generate` on threads, one DiT rank, with the same decoder, from the recording's own
+    control trace: the 2-rank (Ulysses) service sends the 1-rank frames, and so do the other placements; the tiny
+    decoder's session on processes sends what the tiny decoder renders offline. Its chunks keep the 1 + 4n contract:
+    9 frames, then 12 a chunk."""
     body = {
         "config": {"width": WIDTH, "height": HEIGHT, "fps": 16, "seed": 9},
         "prompt": "a stone bridge",
@@ -211,13 +238,18 @@ async def test_what_the_client_was_sent_is_what_one_rank_on_threads_renders(
     recorded.write_bytes(video.content)
     with av.open(str(recorded)) as container:
         frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    recorded_chunks = [line for line in trace.text.splitlines() if line.startswith("{") and "keys" in json.loads(line)]
+    assert len(recorded_chunks) >= 3
+    assert len(frames) == 9 + 12 * (len(recorded_chunks) - 1)  # chunk 0: 1 + 4 * 2 frames, later ones 4 * 3
+    for image in frames:
+        _assert_not_constant(image)
     replay = tmp_path / "replay.mp4"
     done = await asyncio.to_thread(
         run_lingstream,
         "generate", "--model", "lingbot-fast", "--model-path", str(checkpoint), "--controls",
         str(controls), "--out", str(replay), "--frames", str(len(frames)), "--fps", "16", "--resolution",
         f"{WIDTH}x{HEIGHT}", "--seed", "9", "--threads", "1", "--placement", "threads",
-        "--denoise-ranks", "1", timeout=240,
+        "--denoise-ranks", "1", "--decoder", _decoder(request), timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     assert replay.read_bytes() == video.content

@@ -575,7 +575,7 @@ export interface components {
         };
         /**
          * ModelStartBody
-         * @description How the first lingbot-fast worker started: compile mode, attention and warm-up.
+         * @description How the first lingbot-fast worker started: compile mode, attention, decoder and warm-up.
          */
         ModelStartBody: {
             /**
@@ -583,6 +583,13 @@ export interface components {
              * @enum {string}
              */
             compile: "off" | "default" | "max";
+            /**
+             * Decoder
+             * @description The decode stage's decoder (LINGSTREAM_DECODER): the Wan VAE or the tiny one.
+             * @default wan
+             * @enum {string}
+             */
+            decoder: "wan" | "tiny";
             attention: components["schemas"]["ModelAttentionBody"];
             warmup: components["schemas"]["ModelWarmUpBody"];
         };

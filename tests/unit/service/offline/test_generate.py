@@ -11,6 +11,7 @@ import platform
 import pty
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -503,3 +504,22 @@ def test_generate_runs_the_models_session_check_before_it_writes_anything(tmp_pa
     assert list(tmp_path.iterdir()) == []
     held = request(tmp_path, "held.mp4", chunk_size=2, frame_num=4 * 5 + 1)  # within the limits: generated
     assert asyncio.run(generate(held, check_config=check)).frames == 21
+
+
+def test_the_tiny_decoder_is_lingbot_fasts_and_needs_its_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--decoder tiny` (default: LINGSTREAM_DECODER) on the reference model is a usage error; on lingbot-fast a
+    model directory without the tiny decoder's weights is one too, naming the file, on either placement."""
+    out = tmp_path / "never.mp4"
+    assert main(["--out", str(out), "--decoder", "tiny", "--frames", "13", *SMALL]) == EXIT_USAGE
+    assert "--decoder tiny chooses lingbot-fast's decoder (--model lingbot-fast)" in capsys.readouterr().err
+    models = pytest.importorskip("pipeline.lingbot.models", reason="the lingbot extra is not installed")
+    root = models.write_tiny_model(tmp_path / "model", seed=0)
+    shutil.rmtree(root / models.TINY_DECODER_DIR)
+    argv = ["--out", str(out), "--model", "lingbot-fast", "--model-path", str(root), "--decoder", "tiny"]
+    for placement in ("threads", "processes"):
+        assert main([*argv, "--frames", "9", "--resolution", "64x32", "--placement", placement]) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert f"--model-path {root}: LINGSTREAM_DECODER=tiny needs the tiny decoder's weights at {root}" in err
+    assert not out.exists()
