@@ -68,6 +68,15 @@ chunks after the first):
 - flashdreams_h100_fps, flashdreams_h100_ms_per_chunk: NVIDIA FlashDreams' published figures for the real model on
   one H100 (5.56 fps, 2 157 ms per chunk), printed beside ours for comparison; they are not measured here.
 
+Then the same measurement with the tiny decoder (`LINGSTREAM_DECODER=tiny`, issue #32) in place of the Wan VAE's, on
+the same encoder and DiT, right after the Wan run (a warm-up session, then the measured one):
+
+- lingbot_fast_tiny_decode_ms_p50, lingbot_fast_tiny_chunk_ms_p50: its decode call and the chunk period;
+- lingbot_fast_tiny_over_wan_decode: lingbot_fast_tiny_decode_ms_p50 ÷ lingbot_fast_vae_ms_p50 (the Wan decode of
+  the run before it). With the default tiny random checkpoint that compares the two decoders' plumbing at tiny
+  widths, not their real cost; with `--model-path` a model directory without `tiny_decoder/` skips it and says so
+  (lingbot_fast_tiny_decoder_skipped).
+
 First frames, progressive against whole-chunk decode (issue #16), for the reference model at 416x240 and for the
 LingBot-World-Fast model at `--fast-resolution` (its VAE decode is most of a chunk on a CPU): one session with keys
 held, `realtime=False`, on a service that decodes progressively (the default: the decode stage hands each latent
@@ -134,7 +143,7 @@ from pipeline.metrics import percentile
 from service.workers import WORKER_ENVIRONMENT
 
 if TYPE_CHECKING:  # the lingbot extra (diffusers, transformers): imported where the LingBot-World-Fast half runs
-    from pipeline.lingbot.models import LingBotFastWorldModel
+    from pipeline.lingbot.models import LingBotFastOptions, LingBotFastWorldModel
 
 CONFIG = {"width": 416, "height": 240, "fps": 16, "chunk_size": 3}
 MEDIA_S = 4 * CONFIG["chunk_size"] / CONFIG["fps"]
@@ -482,7 +491,33 @@ def lingbot_fast(
         asyncio.run(fast_session(model, spans, width, height, 2))  # warm-up: first-call costs stay out
         results = asyncio.run(fast_session(model, spans, width, height, max(2, chunks)))
         first = first_frame(model, width, height, max(2, chunks // 2), first_frame_rounds, "lingbot_fast_")
-        return results | asyncio.run(first) | {"lingbot_fast_attention": model.denoiser.dit.attention.name}
+        tiny = tiny_decoder(model, LingBotFastOptions(str(path), dtype=dtype), device, width, height, chunks)
+        wan_ms = results["lingbot_fast_vae_ms_p50"]
+        if "lingbot_fast_tiny_decode_ms_p50" in tiny:
+            tiny["lingbot_fast_tiny_over_wan_decode"] = float(tiny["lingbot_fast_tiny_decode_ms_p50"]) / wan_ms
+        return results | asyncio.run(first) | {"lingbot_fast_attention": model.denoiser.dit.attention.name} | tiny
+
+
+def tiny_decoder(
+    model: LingBotFastWorldModel, options: LingBotFastOptions, device: str, width: int, height: int, chunks: int
+) -> dict[str, float | str]:
+    """The tiny decoder's figures (module docstring): `model`'s encoder and DiT with the tiny decoder from the same
+    model directory, so only the decode differs from the Wan run."""
+    from pipeline.lingbot.models import TINY_DECODER_DIR, LingBotFastDecoder, LingBotFastWorldModel
+    from pipeline.lingbot.models.world import load_streaming_decoder
+
+    weights = options.root / TINY_DECODER_DIR / "model.safetensors"
+    if not weights.is_file():
+        return {"lingbot_fast_tiny_decoder_skipped": f"no tiny decoder weights at {weights}"}
+    decoder = load_streaming_decoder(dataclasses.replace(options, decoder="tiny"), device)
+    tiny = LingBotFastWorldModel(model.encoder, model.denoiser, LingBotFastDecoder(decoder))
+    spans = Spans()
+    asyncio.run(fast_session(tiny, spans, width, height, 2))  # warm-up, as for the Wan run
+    results = asyncio.run(fast_session(tiny, spans, width, height, max(2, chunks)))
+    return {
+        "lingbot_fast_tiny_decode_ms_p50": results["lingbot_fast_vae_ms_p50"],
+        "lingbot_fast_tiny_chunk_ms_p50": results["lingbot_fast_chunk_ms_p50"],
+    }
 
 
 def camera(chunks: int, device: str) -> dict[str, float]:

@@ -87,6 +87,7 @@ FIGURES: dict[str, frozenset[str]] = {
     | {f"lingbot_fast_{key}" for key in ("chunk_ms_p50", "dit_ms_p50", "vae_ms_p50", "rest_ms_p50", "overhead_share")}
     | {"lingbot_fast_fps", "lingbot_fast_first_chunk_s", "flashdreams_h100_fps", "flashdreams_h100_ms_per_chunk"}
     | {"lingbot_fast_attention"}
+    | {"lingbot_fast_tiny_decode_ms_p50", "lingbot_fast_tiny_chunk_ms_p50", "lingbot_fast_tiny_over_wan_decode"}
     | {
         f"{prefix}{key}"
         for prefix in ("", "processes_", "lingbot_fast_")
