@@ -58,22 +58,29 @@ key is pressed (so its first press, not timed, brings the first picture). Skippe
 cannot be made (it needs root) or livekit-server is not installed.
 
 `--quick` runs 1 trial of each at both sizes with the default schedule, whole chunks at the defaults only, and 1 press
-after a 1.5 s rest (a smoke run, about two minutes with LiveKit); the full run 12 and 5 presses after idle, both
-schedules, whole chunks at both sizes. `--idle-only` runs only the presses after idle and the idle CPU (keep-warm on
-and off, both transports). The last line printed is one
-JSON object with every figure. Skipped, with a note and an empty report, without Chromium or Playwright.
+after a 1.5 s rest (a smoke run, about a minute with LiveKit); the full run 12 and 5 presses after idle,
+both schedules, whole chunks at both sizes. With `--quick` the LiveKit part's stack (livekit-server and its two
+services) starts at once, on a thread of its own, beside the embedded part, and its presses wait until the embedded
+part is done (so no two presses overlap; the embedded figures then carry the stack's start-up load, which a smoke run
+may); the full run starts it after the embedded part, on a quiet machine. `--idle-only` runs only the presses after
+idle and the idle CPU (keep-warm on and off, both transports). The last line printed is one JSON object with every
+figure. Skipped, with a note and an empty report, without Chromium or Playwright.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -343,21 +350,28 @@ async def _keepwarm_side_by_side(
     """Presses after idle on two servers at once (`servers`: key prefix -> the service's URL and process id; one at
     keep-warm's default, one with it the other way), alternating which goes first; every rest measures every
     server's idle CPU. A browser per server, so that no page is a background tab (whose video the browser may stop
-    presenting)."""
-    browsers = {
-        prefix: await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS) for prefix in servers
-    }
+    presenting); the browsers start, and their pages open, at the same time (nothing is measured before the first
+    rest)."""
+    launched = await asyncio.gather(
+        *(playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS) for _ in servers),
+        return_exceptions=True,
+    )
     try:
-        return await _alternate(browsers, servers, trials, rest_s, rng)
+        failed = [browser for browser in launched if isinstance(browser, BaseException)]
+        if failed:
+            raise failed[0]
+        return await _alternate(dict(zip(servers, launched, strict=True)), servers, trials, rest_s, rng)
     finally:
-        for browser in browsers.values():
-            await browser.close()
+        for browser in launched:
+            if not isinstance(browser, BaseException):
+                await browser.close()
 
 
 async def _alternate(
     browsers: dict[str, Any], servers: dict[str, tuple[str, int]], trials: int, rest_s: float, rng: random.Random
 ) -> dict[str, float]:
-    pages = {prefix: await _open(browsers[prefix], url, {"chunk_size": 3}) for prefix, (url, _) in servers.items()}
+    opened = [_open(browsers[prefix], url, {"chunk_size": 3}) for prefix, (url, _) in servers.items()]
+    pages = dict(zip(servers, await asyncio.gather(*opened), strict=True))
     pids = {prefix: pid for prefix, (_, pid) in servers.items()}
     presses: dict[str, list[float]] = {prefix: [] for prefix in servers}
     cpu: dict[str, list[float]] = {prefix: [] for prefix in servers}
@@ -394,9 +408,12 @@ def _summary(prefix: str, figures: dict[str, list[float]]) -> dict[str, float]:
     return out
 
 
-async def _livekit(quick: bool, trials: int, rng: random.Random) -> dict[str, float]:
+async def _livekit(
+    quick: bool, trials: int, rng: random.Random, proceed: Callable[[], bool] | None = None
+) -> dict[str, float]:
     """The defaults through LiveKit (`livekit_` keys), then presses after idle side by side with a second service
-    on the same server with keep-warm off (`livekit_keepwarm_off_`); empty, with a note, where the stack cannot run."""
+    on the same server with keep-warm off (`livekit_keepwarm_off_`); empty, with a note, where the stack cannot run.
+    `proceed` (blocking, called once the stack is up): whether to go on to the presses (`_EarlyLiveKit`)."""
     from tests.support.livekit_stack import LiveKitStack, another_replica, livekit_stack
 
     reason = LiveKitStack.skip_reason()
@@ -413,6 +430,8 @@ async def _livekit(quick: bool, trials: int, rng: random.Random) -> dict[str, fl
         livekit_stack(Path(folder), **settings) as stack,
         another_replica(stack, Path(folder), **settings, **KEEPWARM_OFF) as off,
     ):
+        if proceed is not None and not await asyncio.to_thread(proceed):
+            return {}
         async with async_playwright() as playwright:
             if trials:
                 browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -431,10 +450,44 @@ async def _livekit(quick: bool, trials: int, rng: random.Random) -> dict[str, fl
     return results
 
 
+class _EarlyLiveKit:
+    """`--quick`: the LiveKit part started at once on a thread of its own, beside the embedded part. The thread enters
+    the private network namespace with `livekit_stack`, so everything the part starts is born inside it (its
+    services, its Chromium), while the embedded part's servers and browser stay outside. Once the stack is up, the
+    part waits for `result()` (after the embedded part: its presses never overlap the embedded ones, and `rng` is
+    drawn from in the same order as when the parts ran one after the other) or `abandon()` (the embedded part
+    failed: the stack is torn down unused). Either awaits the thread's end, so nothing it started outlives `main`."""
+
+    def __init__(self, trials: int, rng: random.Random) -> None:
+        self._go = threading.Event()
+        self._run = False
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="latency-livekit")
+        self._future = self._executor.submit(asyncio.run, _livekit(True, trials, rng, self._proceed))
+
+    def _proceed(self) -> bool:
+        self._go.wait()
+        return self._run
+
+    async def _finish(self) -> dict[str, float]:
+        self._go.set()
+        try:
+            return await asyncio.wrap_future(self._future)
+        finally:
+            self._executor.shutdown(wait=False)
+
+    async def result(self) -> dict[str, float]:
+        self._run = True
+        return await self._finish()
+
+    async def abandon(self) -> None:
+        try:
+            await self._finish()
+        except Exception as exc:  # the embedded part's failure is the one to report
+            print(f"latency: the LiveKit part, abandoned, failed too: {exc!r}", file=sys.stderr)
+
+
 async def main(quick: bool, idle_only: bool = False) -> dict[str, float]:
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
+    if importlib.util.find_spec("playwright") is None:
         print("latency: skipped (playwright is not installed)", file=sys.stderr)
         return {}
     if not _CHROMIUM_PRESENT:
@@ -443,6 +496,27 @@ async def main(quick: bool, idle_only: bool = False) -> dict[str, float]:
     trials = 1 if quick else 12
     rng = random.Random(16)
     settings = {"LINGSTREAM_TORCH_THREADS": "1", "LINGSTREAM_LOG_LEVEL": "WARNING"}
+    results: dict[str, float] = {}
+    early = _EarlyLiveKit(0 if idle_only else trials, rng) if quick else None
+    try:
+        results |= await _embedded(quick, idle_only, trials, rng, settings)
+    except BaseException:
+        if early is not None:
+            await early.abandon()
+        raise
+    if early is not None:
+        results |= await early.result()
+    else:
+        results |= await _livekit(quick, 0 if idle_only else trials, rng)
+    return results
+
+
+async def _embedded(
+    quick: bool, idle_only: bool, trials: int, rng: random.Random, settings: dict[str, str]
+) -> dict[str, float]:
+    """The embedded transport's figures (the module docstring): three servers side by side, one Chromium."""
+    from playwright.async_api import async_playwright
+
     results: dict[str, float] = {}
     whole_settings = {**settings, "LINGSTREAM_PROGRESSIVE_DECODE": "false"}
     with (
@@ -486,7 +560,6 @@ async def main(quick: bool, idle_only: bool = False) -> dict[str, float]:
         await asyncio.gather(
             *(asyncio.to_thread(process.stop, 30.0) for process in (server, whole, server_on)),
         )
-    results |= await _livekit(quick, 0 if idle_only else trials, rng)
     return results
 
 
@@ -495,7 +568,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke run: 1 trial of each, the default schedule only (about two minutes)",
+        help="a smoke run: 1 trial of each, the default schedule only (about a minute)",
     )
     parser.add_argument(
         "--idle-only",

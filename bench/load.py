@@ -51,7 +51,8 @@ on the last line (one JSON object):
   model worker, over every interval with a fixed set of >= 2 such sessions lasting >= 1 s (time-weighted mean;
   lease_fairness_min is the worst interval); per-session chunk counts come from the `chunk` statuses.
 
-    .venv/bin/python -m bench.load --quick      # ~30 s
+    .venv/bin/python -m bench.load --quick      # ~30 s of churn (~50 s with the start and the wind-down)
+    .venv/bin/python -m bench.load --quick --seconds 12   # the shortest smoke run (tests/bench runs this one)
     .venv/bin/python -m bench.load              # a 5-minute run (--minutes N to change it)
     .venv/bin/python -m bench.load --minutes 12 --warmup 420   # the soak: 5 minutes measured after 7 of warm-up
     .venv/bin/python -m bench.load --quick --tokens --world fake   # client tokens beside keys
@@ -456,7 +457,7 @@ class EventReader:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    duration = 30.0 if args.quick else args.minutes * 60.0
+    duration = args.seconds if args.seconds is not None else 30.0 if args.quick else args.minutes * 60.0
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "serve.log"
         with serve(log, args.world, args.session_history, args.tokens) as server:
@@ -567,7 +568,7 @@ async def drive(load: Load, pid: int, duration: float, args: argparse.Namespace)
         args.rss_trace.write_text(json.dumps([[round(t, 2), round(v, 2)] for t, v in samples]))
     return {
         "world": args.world,
-        "mode": "quick" if args.quick else f"{args.minutes:g}-minute",
+        "mode": "quick" if args.quick else f"{duration / 60:g}-minute",
         "session_history": args.session_history or Settings.model_fields["session_history"].default,
         "duration_s": round(ended_load - began, 1),
         "warmup_s": round(warmup_end - began, 1),
@@ -629,6 +630,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a ~30 s run instead of --minutes")
     parser.add_argument("--minutes", type=float, default=5.0, help="length of the churn run (default 5)")
+    parser.add_argument(
+        "--seconds", type=float, help="length of the churn run in seconds, instead of --minutes or --quick's 30"
+    )
     parser.add_argument("--world", choices=("reference", "fake"), default="reference")
     parser.add_argument("--wave-size", type=int, default=14, help="clients per wave (slots 4 + queue 6 < 14)")
     parser.add_argument("--wave-interval", type=float, default=4.0, help="seconds between waves")
@@ -652,6 +656,8 @@ def main() -> None:
         help="an API key and a token secret: every other client mints a client token and creates with it",
     )
     args = parser.parse_args()
+    if args.seconds is not None and args.seconds <= 0:
+        parser.error(f"--seconds must be positive, got {args.seconds:g}")
     if args.quick:
         args.rss_interval = min(args.rss_interval, 1.0)
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
