@@ -145,6 +145,9 @@ async def test_a_cp_rank_killed_mid_chunk_leaves_its_session_running_from_a_rese
     dit = harness.worker.worker_statistics()["denoise"]
     assert dit.incarnation == 1
 
+    # Chunk 0 reaches the reader first (decoded on the group's second lane while rank 1 hangs in chunk 1), so the
+    # checkpoint is past it and the re-seed replays history; killed earlier, the session would start again at 0.
+    await until(lambda: len(harness.transport.chunks[sid]) >= 1, "chunk 0 before the kill", within=WAIT_S)
     os.kill(dit.pids[1], signal.SIGKILL)
     killed_at = time.monotonic()
 

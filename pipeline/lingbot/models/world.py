@@ -255,7 +255,7 @@ class LingBotFastDenoiser:
                 "re-seeded at chunk %d with %d chunk(s) of history (%s) in %.3f s",
                 start,
                 len(history),
-                "complete" if resume.history is not None and resume.history.complete else "after the ring turned",
+                "complete" if resume.history is not None and resume.history.complete else "incomplete",
                 time.perf_counter() - started,
             )
 
