@@ -28,10 +28,11 @@ from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessi
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.stats import RTCRemoteOutboundRtpStreamStats
 
+from transport.base import StateStatus
 from transport.client.api import ServiceClient
 from transport.client.errors import ConnectError, ControlRefusedError
 from transport.embedded.rtc import ice_host_addresses
-from transport.protocol import control_type, encode_control
+from transport.protocol import control_type, decode_status, encode_control
 
 if TYPE_CHECKING:
     from pipeline.bidirectional import ControlMessage
@@ -48,6 +49,9 @@ _PACKET_INSTEAD = frozenset({1400, 1403, 1501})
 # LiveKit's RPC error when the callee left the room before its answer arrived (the SDK learns of the departure by
 # signalling, which can overtake the answer's data packet): after a `stop`, the session is over, as asked.
 _RECIPIENT_DISCONNECTED = 1503
+KNOWN_WITHIN_S = 3.0
+"""How long a LiveKit link's first control packet waits for the service to show it knows this participant (its
+`state` status on our joining): a packet sent before the service's SDK learnt of its sender is dropped there."""
 _REPORT_POLL_S = 0.5  # how often an embedded link reads its receiver's statistics for the service's RTCP reports
 
 
@@ -226,6 +230,7 @@ class LiveKitLink:
         self._retiring: set[asyncio.Task[None]] = set()  # replaced tracks' readers being closed
         self._track_ready = asyncio.Event()
         self._stamped = False  # a frame with the service's frame id has come: no source placeholder comes after it
+        self._known = asyncio.Event()  # the service told us its state since we joined: it knows us (`send`)
         self._closed = False
         self.track_switches = 0  # video tracks of the service identity that replaced the one read before
 
@@ -278,7 +283,10 @@ class LiveKitLink:
         if packet.topic == self._status_topic:
             participant = packet.participant
             if participant is None or participant.identity == self._service_identity:
-                self._stream.on_status(bytes(packet.data))
+                data = bytes(packet.data)
+                if not self._known.is_set() and isinstance(decode_status(data), StateStatus):
+                    self._known.set()
+                self._stream.on_status(data)
 
     def _on_track(self, track: Any, _publication: Any, participant: Any) -> None:
         """The service identity's video track, read from now on. A later one replaces it: the session was adopted
@@ -321,6 +329,21 @@ class LiveKitLink:
             self._stream.on_link_lost(why)
 
     async def send(self, payload: bytes, *, reliable: bool) -> None:
+        """Publish a control packet to the room. The first waits (up to `KNOWN_WITHIN_S`) until the service has
+        shown that it knows this participant: a packet that reaches the service participant before its SDK has
+        learnt of the sender (the packet takes the data channel, the join notice the signalling connection) comes
+        with no sender there and is dropped as foreign, and the LiveKit SDK does not pass the sender's identity on
+        (docs/livekit.md). The sign is the `state` status the service sends a controller when it sees it join; a
+        service that sends none (it had no state yet) costs the first packet that wait, once."""
+        if not self._known.is_set():
+            try:
+                async with asyncio.timeout(KNOWN_WITHIN_S):
+                    await self._known.wait()
+            except TimeoutError:
+                logger.info(
+                    "no state from %s within %g s of joining; sending anyway", self._service_identity, KNOWN_WITHIN_S
+                )
+                self._known.set()
         await self._room.local_participant.publish_data(payload, reliable=reliable, topic=self._control_topic)
 
     async def command(self, message: ControlMessage) -> str | None:

@@ -197,6 +197,7 @@ class LiveKitSessionBinding:
         )
         self._join_options = RoomJoinOptions(auto_subscribe=False, connect_timeout=config.connect_timeout)
         self._presence = ControllerPresence.EXPECTED
+        self._welcome_due = False  # the controller (re)joined and has not been told the state yet (`_welcome`)
         self._room: Room | None = None
         self._video: LocalVideo | None = None
         self._generation = 0
@@ -481,11 +482,10 @@ class LiveKitSessionBinding:
                 if self._presence is ControllerPresence.AWAY:
                     self._returns += 1
                     logger.info("session %s: the controller is back within the grace", self.session_id)
-                last_state = self._core.last_state
-                if self._presence is not ControllerPresence.PRESENT and last_state is not None:
-                    # A (re)joining client learns where the session is; earlier broadcasts did not reach it.
-                    self._core.reply(last_state)
+                if self._presence is not ControllerPresence.PRESENT:
+                    self._welcome_due = True  # a (re)joining client learns where the session is (`_welcome`)
                 self._presence = ControllerPresence.PRESENT
+                self._welcome()
             case ParticipantLeft(identity=identity) if identity == self._controller:
                 if self._presence is not ControllerPresence.PRESENT:
                     return
@@ -499,6 +499,22 @@ class LiveKitSessionBinding:
                 self._core.start_timer(self._config.reconnect_grace, "the controller left")
             case RoomFinished():
                 self._core.over("the room finished")
+
+    def _welcome(self) -> None:
+        """Tell a (re)joined controller the session's state (earlier broadcasts did not reach it), once this room
+        connection's SDK knows it. A webhook can report the join before the SDK does (measured: 0.74 s ahead on the
+        real server), and a packet the controller sends before the SDK knows it arrives with no sender and is dropped
+        as foreign; the Python client holds its first control packet until this status comes (docs/livekit.md), so
+        it must not come early. Until then it stays due; the SDK's own join event (or a rejoin's reconciliation)
+        sends it."""
+        room = self._room
+        last_state = self._core.last_state
+        if not self._welcome_due or last_state is None or room is None:
+            return
+        if self._controller not in room.remote_identities:
+            return
+        self._welcome_due = False
+        self._core.reply(last_state)
 
     def _reconcile_presence(self) -> None:
         """After a (re)join the SDK reports only later arrivals: read who is in the room now."""
