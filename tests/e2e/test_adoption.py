@@ -371,14 +371,14 @@ async def test_a_rolling_restart_of_three_replicas_hands_three_live_sessions_on_
                 for watch in watches.values():
                     await until(_frames(watch, 3), f"frames of {watch.sid}", within=90)
                 for name in names:
+                    if name == PAUSED:  # its player paused it before the rollout reached its replica
+                        async with ServiceClient(watches[name].door.url, api_key=KEY) as service:
+                            assert (await service.pause(watches[name].sid)).status == "paused"
+                        paused_at = time.monotonic()
                     old, new, watch = replicas[name], spawn(f"{name}-next"), watches[name]
                     async with httpx.AsyncClient(timeout=15.0) as http:
-                        await _ready(http, new)
+                        await _ready(http, new)  # seconds (a replica's start): the pause lasts through it
                     await until(_marked(raw, watch.sid), "marked adoptable", within=10)
-                    if name == PAUSED:  # its player paused it before the rollout reached its replica
-                        async with ServiceClient(watch.door.url, api_key=KEY) as service:
-                            assert (await service.pause(watch.sid)).status == "paused"
-                        paused_at = time.monotonic()
                     watch.door.route([new.port])  # the endpoints: the ready replacement, not the draining pod
                     sigterm_at[name] = time.monotonic()
                     old.process.send_signal(signal.SIGTERM)
@@ -429,7 +429,13 @@ async def _resumed_paused_on(new: Replica, watch: SessionWatch, sigterm_at: floa
         assert watch.frames_after(joined) == 0  # paused: nothing generated since it moved
         logged = re.search(r"goes on paused \(paused ([0-9.]+) s ago", new.output())
         assert logged is not None, new.output()[-4000:]
-        assert float(logged.group(1)) >= sigterm_at - paused_at  # from its first pause, not from its arrival
+        before_sigterm = sigterm_at - paused_at  # the replacement's start: seconds
+        assert before_sigterm > 0.5, before_sigterm
+        # From its first pause, not from its arrival (which would log a fraction of a second); %.1f rounds down.
+        assert float(logged.group(1)) >= before_sigterm - 0.1, (logged.group(0), before_sigterm)
+        print(
+            f"handed off paused: the adopter counts {logged.group(1)} s of pause, {before_sigterm:.2f} s before SIGTERM"
+        )
         assert (await service.resume(watch.sid)).status == "running"
 
 
