@@ -173,9 +173,12 @@ class ChunkTracker:
 
     def awaits_status(self, frame_id: int) -> bool:
         """Whether the frame stamped `frame_id` lies past the newest known chunk's end (its chunk's status is still
-        on its way, or lost); False while the chunk length is not known yet (fewer than two consecutive statuses)."""
-        if not self._ids or self._span is None:
+        on its way, or lost). While the chunk length is not known yet (one status so far), any frame past that chunk's
+        first frame waits: it may be the next chunk's, whose status tells the length."""
+        if not self._ids:
             return False
+        if self._span is None:  # one chunk known, its length not: a frame past its first may be the next chunk's
+            return frame_id > self._ids[-1] and len(self._ids) == 1
         return frame_id >= self._ids[-1] + self._span
 
     def label(self, rtp: int) -> tuple[ChunkStatus | None, bool, int | None]:

@@ -489,7 +489,10 @@ async def test_commands_over_a_command_link_answer_the_state_and_refusals_raise_
 def test_a_frame_past_the_newest_known_chunk_awaits_its_status_instead_of_taking_the_previous_label() -> None:
     tracker = ChunkTracker()
     tracker.status(_id_status(0, 0), 0.0)
-    assert not tracker.awaits_status(9)  # one status: the chunk length is not known yet
+    assert not tracker.awaits_status(0)  # one status: its first frame is its own for sure
+    assert tracker.awaits_status(1)  # the length is not known: frame 1 may be chunk 1's
+    assert tracker.awaits_status(9)
+    assert tracker.label_id(4) == (None, False)  # never the previous chunk's label (a full run saw 20 as chunk 4)
     tracker.status(_id_status(1, 4), 0.0)  # chunks of 4 frames: chunk 1 is frames 4..7
     assert [tracker.awaits_status(i) for i in (4, 7, 8, 11)] == [False, False, True, True]
     assert tracker.label_id(7)[0] == _id_status(1, 4)
