@@ -37,7 +37,12 @@ INDUCTOR_IMPORT_WARNING = "ignore:`torch.jit.script_method` is deprecated:Deprec
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo() -> Iterator[None]:
+    """Each test starts from no compiled code and zeroed counters: `torch._dynamo.reset()` keeps dynamo's `counters`
+    (graphs, graph breaks), which an earlier test in the same worker process has counted into."""
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()
     yield
     torch._dynamo.reset()
 
