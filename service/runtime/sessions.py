@@ -390,13 +390,8 @@ class Session:
     @property
     def paused_for_s(self) -> float | None:
         """How long it has been paused (None: it is not): since its pause here, or, handed off paused, since its
-        pause on the replica it left (`resumes_paused`). Kept through a hand-off (`recovering`) for the adopter."""
+        pause on the replica it left (`handed_over_paused`). Kept through a hand-off (`recovering`) for the adopter."""
         return None if self._paused_since is None else max(0.0, time.monotonic() - self._paused_since)
-
-    @property
-    def resumes_paused(self) -> bool:
-        """Adopted after a hand-off while paused, not yet running: it goes on paused (`paused_for_s` already counts)."""
-        return self._paused_since is not None and self._state is SessionState.ADMITTED
 
     def handed_over_paused(self, paused_for_s: float) -> None:
         """Adopted from a replica that handed it off while paused, `paused_for_s` into its pause: it goes on paused

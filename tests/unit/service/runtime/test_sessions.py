@@ -237,9 +237,10 @@ def test_a_paused_session_is_handed_off_with_how_long_it_has_been_paused_and_its
 
     adopted = _session()
     adopted.handed_over_paused(42.0)  # 42 s into its pause on the replica that handed it off
-    assert not adopted.resumes_paused  # not admitted yet
+    waiting = adopted.paused_for_s
+    assert waiting is not None  # its pause counts before it is admitted here
+    assert waiting >= 42.0
     adopted.move(SessionState.ADMITTED)
-    assert adopted.resumes_paused
     adopted.move(SessionState.RUNNING)
     adopted.move(SessionState.PAUSED)  # the conductor pauses it at once; its pause began 42 s ago, not now
     counted = adopted.paused_for_s
