@@ -26,13 +26,11 @@ import pytest_asyncio
 
 from admission import ExecutionLease
 from pipeline.bidirectional import ChunkOutput, ControlState
-from pipeline.lingbot.camera import CameraController
 from pipeline.lingbot.config import LingBotSessionConfig
-from pipeline.lingbot.controls import ControlSnapshot
 from pipeline.lingbot.policy.service import LingBotService
 from service.settings import Settings
 from service.workers import lingbot_fast_options, process_placement, recovery_budget, worker_options
-from tests.support.reliability import WAIT_S, App, running_app, wait_status
+from tests.support.reliability import WAIT_S, App, replay_uninterrupted, running_app, wait_status
 from tests.support.service_harness import FramesTransport
 from tests.support.sharded_world import FAULT_CHUNK, KILL_ONCE_SEED, FaultyShardedFactory
 from tests.support.waits import until
@@ -99,21 +97,7 @@ def replay(config: LingBotSessionConfig, chunks: list[ChunkOutput]) -> list[np.n
     """What the tiny model makes, uninterrupted and on one rank, for these chunks' controls (in this process)."""
     from pipeline.lingbot.models import LingBotFastWorldModel
 
-    world = LingBotFastWorldModel.load(OPTIONS[0])
-    sid = "replay"
-    world.encoder.create_cache(sid, config)
-    base = world.encoder.encode_reference(sid, None)
-    world.denoiser.create_cache(sid, config, base)
-    world.decoder.create_cache(sid, config)
-    camera = CameraController(config.pose_steps(), config.camera_intrinsics())
-    frames = []
-    for chunk in chunks:
-        if chunk.reset_pose:
-            camera.reset_pose()
-        control = camera.chunk_control(ControlSnapshot.from_keys(0, chunk.keys), chunk.index, config.chunk_size)
-        latent = world.denoiser.denoise_chunk(sid, chunk.index, config.chunk_size, control.camera, prompt=chunk.prompt)
-        frames.append(world.decoder.decode_chunk(sid, chunk.index, latent).numpy())
-    return frames
+    return replay_uninterrupted(LingBotFastWorldModel.load(OPTIONS[0]), config, chunks)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

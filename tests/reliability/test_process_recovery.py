@@ -19,19 +19,16 @@ from typing import Any
 import numpy as np
 import pytest
 import pytest_asyncio
-import torch
 
 from admission import ExecutionLease
 from pipeline.bidirectional import ChunkOutput, ControlState
-from pipeline.lingbot.camera import CameraController
 from pipeline.lingbot.config import LingBotSessionConfig
-from pipeline.lingbot.controls import ControlSnapshot
 from pipeline.lingbot.policy.recovery import RecoveryBudget
 from pipeline.lingbot.policy.service import LingBotService
 from pipeline.lingbot.reference.model import ReferenceWorldModel
 from service.settings import Settings
 from service.workers import process_placement, worker_options
-from tests.support.reliability import WAIT_S, running_app, samples, total, wait_status
+from tests.support.reliability import WAIT_S, replay_uninterrupted, running_app, samples, total, wait_status
 from tests.support.service_harness import FramesTransport
 from tests.support.sharded_world import FAULT_CHUNK, KILL_ONCE_SEED, FaultyShardedFactory
 from tests.support.waits import until
@@ -66,22 +63,7 @@ def recovering_workers(settings: Settings) -> list[LingBotService]:
 
 def replay(config: LingBotSessionConfig, chunks: list[ChunkOutput]) -> list[np.ndarray[Any, Any]]:
     """What the reference model makes, uninterrupted, for these chunks' controls (stage by stage, in one thread)."""
-    model = ReferenceWorldModel("cpu")
-    sid = "replay"
-    model.encoder.create_cache(sid, config)
-    base = model.encoder.encode_reference(sid, None)
-    model.denoiser.create_cache(sid, config, base)
-    model.decoder.create_cache(sid, config)
-    camera = CameraController(config.pose_steps(), config.camera_intrinsics())
-    frames = []
-    for chunk in chunks:
-        if chunk.reset_pose:
-            camera.reset_pose()
-        control = camera.chunk_control(ControlSnapshot.from_keys(0, chunk.keys), chunk.index, config.chunk_size)
-        latent = model.denoiser.denoise_chunk(sid, chunk.index, config.chunk_size, control.camera, prompt=chunk.prompt)
-        decoded: torch.Tensor = model.decoder.decode_chunk(sid, chunk.index, latent)
-        frames.append(decoded.numpy())
-    return frames
+    return replay_uninterrupted(ReferenceWorldModel("cpu"), config, chunks)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -17,9 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import numpy as np
 from fastapi import FastAPI
 
-from pipeline.bidirectional import BidirectionalService
+from pipeline.bidirectional import BidirectionalService, ChunkOutput
+from pipeline.lingbot.camera import CameraController
+from pipeline.lingbot.config import LingBotSessionConfig
+from pipeline.lingbot.controls import ControlSnapshot
+from pipeline.lingbot.seam import WorldModel
 from service.app import create_app, runtime_of
 from service.runtime.runtime import ServiceRuntime
 from service.settings import Settings, load_settings
@@ -208,3 +213,24 @@ class Events:
             while not self.ended:
                 self._changed.clear()
                 await self._changed.wait()
+
+
+def replay_uninterrupted(
+    world: WorldModel, config: LingBotSessionConfig, chunks: Sequence[ChunkOutput]
+) -> list[np.ndarray[Any, Any]]:
+    """What `world` makes for these chunks' controls (keys, prompt, pose resets) as one uninterrupted session, stage by
+    stage in this process: what a session that survived a fault must have streamed."""
+    sid = "replay"
+    world.encoder.create_cache(sid, config)
+    base = world.encoder.encode_reference(sid, None)
+    world.denoiser.create_cache(sid, config, base)
+    world.decoder.create_cache(sid, config)
+    camera = CameraController(config.pose_steps(), config.camera_intrinsics())
+    frames = []
+    for chunk in chunks:
+        if chunk.reset_pose:
+            camera.reset_pose()
+        control = camera.chunk_control(ControlSnapshot.from_keys(0, chunk.keys), chunk.index, config.chunk_size)
+        latent = world.denoiser.denoise_chunk(sid, chunk.index, config.chunk_size, control.camera, prompt=chunk.prompt)
+        frames.append(world.decoder.decode_chunk(sid, chunk.index, latent).numpy())
+    return frames
