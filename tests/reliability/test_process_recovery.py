@@ -92,6 +92,9 @@ async def test_a_rank_killed_mid_chunk_leaves_its_session_running_with_the_frame
     sid = str(created["id"])
     transport.ports[sid].push_control(ControlState(1, HELD))
     assert await asyncio.to_thread(STARTED.wait, 60), "rank 1 never reached the faulty chunk"
+    # Killed before chunk 0 reached the reader, the checkpoint still says chunk 0 and the session merely restarts:
+    # equal frames would then prove no re-seed. Wait for it, so the re-seed goes on from a later chunk.
+    await until(lambda: len(transport.chunks[sid]) >= 1, "chunk 0 before the kill", within=WAIT_S)
     worker: LingBotService = running.workers[0]
     dit = worker.worker_statistics()["denoise"]
     assert dit.incarnation == 1
