@@ -115,12 +115,24 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
 
 @contextlib.contextmanager
 def _logs_on_failure(replicas: Replicas) -> Iterator[None]:
-    """The replicas' logs, printed when the test fails (pytest does not throw a test's failure into its fixture)."""
+    """The replicas' logs, printed when the test fails (pytest does not throw a test's failure into its fixture); and
+    the sessions a failed test left stopped, so that the module's next test finds free slots (one per replica)."""
     try:
         yield
     except BaseException:
         print(replicas.logs())
+        _stop_all(replicas)
         raise
+
+
+def _stop_all(replicas: Replicas) -> None:
+    for _, replica in replicas.live:
+        if replica.process.poll() is not None:
+            continue
+        with contextlib.suppress(httpx.HTTPError), httpx.Client(base_url=replica.url, timeout=10.0) as client:
+            for body in client.get("/v1/sessions").json()["sessions"]:
+                if body["status"] in ("queued", "admitted", "running", "paused", "recovering"):
+                    client.delete(f"/v1/sessions/{body['id']}")
 
 
 def _streaming(replica: LiveKitStack, sid: str) -> dict[str, Any] | None:
@@ -163,7 +175,8 @@ def _follow_across(
     room_sid = replicas.server.rooms()[details["room"]].sid
     assert raw.hget(f"{PREFIX}t:{sid}", "replica") == old_name.encode()
     follower = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.livekit_client", "follow", first.url, sid],
+        # `--`: a session id may begin with "-" (url-safe base64), which argparse would take for an option
+        [sys.executable, "-m", "tests.support.livekit_client", "follow", "--", first.url, sid],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

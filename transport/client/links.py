@@ -97,6 +97,7 @@ class EmbeddedLink:
         self._channel: RTCDataChannel | None = None
         self._reader: asyncio.Task[None] | None = None
         self._reports: asyncio.Task[None] | None = None
+        self._ice: list[Any] = []  # aioice connections of the peer connection's ICE transports
         self._closed = False
 
     @classmethod
@@ -130,6 +131,8 @@ class EmbeddedLink:
         channel.on("close", lambda: self._lost("the data channel closed"))
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_state)
+        # Every ICE connection the offer gathers on (before the answer's BUNDLE group leaves one unused)
+        self._ice = _ice_connections(pc)
         with ice_host_addresses(host_addresses):
             await pc.setLocalDescription(await pc.createOffer())
         local = pc.localDescription
@@ -193,13 +196,40 @@ class EmbeddedLink:
         self._closed = True
         reader, self._reader = self._reader, None
         reports, self._reports = self._reports, None
-        if reports is not None:
-            reports.cancel()
-            await asyncio.gather(reports, return_exceptions=True)
-        await self._pc.close()
+        try:
+            if reports is not None:
+                reports.cancel()
+                await asyncio.gather(reports, return_exceptions=True)
+            await self._pc.close()
+        finally:
+            # What the peer connection's close did not reach, because it was cut short (cancelled: the stream's
+            # close bound) or never had it: the UDP sockets are closed here, not left to the garbage collector.
+            _close_sockets(self._ice)
         if reader is not None:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
+
+
+def _ice_connections(pc: RTCPeerConnection) -> list[Any]:
+    """The aioice connections under `pc`'s ICE transports (media and data), each once."""
+    transports = [transceiver.receiver.transport for transceiver in pc.getTransceivers()]
+    if pc.sctp is not None:
+        transports.append(pc.sctp.transport)
+    connections: list[Any] = []
+    for dtls in transports:
+        connection = getattr(dtls.transport, "_connection", None)  # aiortc's RTCIceTransport keeps its aioice one
+        if connection is not None and all(connection is not known for known in connections):
+            connections.append(connection)
+    return connections
+
+
+def _close_sockets(connections: Sequence[Any]) -> None:
+    """Close the UDP transports the aioice `connections` still hold (synchronous, idempotent)."""
+    for connection in connections:
+        for protocol in list(getattr(connection, "_protocols", ())):
+            transport = getattr(protocol, "transport", None)
+            if transport is not None and not transport.is_closing():
+                transport.close()
 
 
 def is_source_placeholder(image: np.ndarray, frame_id: int | None, *, stamped: bool) -> bool:

@@ -51,8 +51,9 @@ spent with `done` reading `connection lost: ...` and an `error` status `reconnec
 `statistics().reconnects` counts the connections taken again.
 
 Cancellation: `aclose()` closes the link (peer connection or room) and cancels and awaits its reader tasks, within
-`close_timeout` seconds whatever state the link is in (a wedged peer connection is abandoned with a warning, not
-waited for); frames still buffered stay readable until drained.
+`close_timeout` seconds whatever state the link is in (a wedged peer connection's close is cut short with a warning,
+its sockets closed all the same; a lost link the reconnect was closing is waited for as long); frames still buffered
+stay readable until drained.
 """
 
 from __future__ import annotations
@@ -180,6 +181,7 @@ class LiveStream:
         self._service: ServiceClient | None = None
         self._rejoin: Rejoin | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Future[None]] = set()  # links being closed (`_close_link`)
         self._wake = asyncio.Event()
         self._held_keys: ControlState | None = None  # the newest snapshot sent or held (sent again after a rejoin)
         self._held: deque[ControlMessage] = deque(maxlen=_HELD_CONTROLS)
@@ -315,16 +317,25 @@ class LiveStream:
 
     async def _drop_link(self) -> None:
         link, self._link = self._link, None
-        if link is None:
-            return
+        if link is not None:
+            await self._close_link(link, "the lost connection")
+
+    async def _close_link(self, link: Link, what: str) -> None:
+        """Close `link` within `close_timeout`. The close runs as a task of its own: cancelling the caller (`aclose`
+        cancels the watcher, which may be dropping a lost link) does not cut it short, and `aclose` waits for it;
+        a close cut short would leave the peer connection's sockets to the garbage collector. A close still running
+        after the bound is cancelled (a link frees what it holds when cancelled) and logged."""
+        task = asyncio.ensure_future(link.aclose())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
         try:
             async with asyncio.timeout(self._close_timeout):
-                await link.aclose()
+                await asyncio.shield(task)
         except TimeoutError:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
             logger.warning(
-                "session %s: the lost connection did not close within %g s; abandoned",
-                self.info.id,
-                self._close_timeout,
+                "session %s: %s did not close within %g s; cut short", self.info.id, what, self._close_timeout
             )
 
     async def _join_again(self, reconnector: Reconnector, latest: SessionInfo) -> None:
@@ -548,9 +559,10 @@ class LiveStream:
         )
 
     async def aclose(self) -> None:
-        """Close the link within `close_timeout` seconds, whatever its state: a link still closing then is
-        abandoned (logged), not waited for. A stream closed before its `done` reads `done` as closed by the
-        client. Idempotent."""
+        """Close the link within `close_timeout` seconds, whatever its state: a link still closing then is cut
+        short (logged; an embedded link still closes its sockets), not waited for; a lost link the reconnect was
+        closing is waited for as long. A stream closed before its `done` reads `done` as closed by the client.
+        Idempotent."""
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             watcher.cancel()
@@ -560,15 +572,13 @@ class LiveStream:
         link, self._link = self._link, None
         try:
             if link is not None:
-                try:
-                    async with asyncio.timeout(self._close_timeout):
-                        await link.aclose()
-                except TimeoutError:
-                    logger.warning(
-                        "session %s: the connection did not close within %g s; abandoned",
-                        self.info.id,
-                        self._close_timeout,
-                    )
+                await self._close_link(link, "the connection")
+            closing = list(self._closing)  # a lost link the cancelled watcher was closing
+            if closing:
+                _, pending = await asyncio.wait(closing, timeout=self._close_timeout)
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*closing, return_exceptions=True)
         finally:
             if self.done is None:
                 self.done = DoneStatus("connection closed by the client")

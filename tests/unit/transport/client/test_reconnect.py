@@ -362,8 +362,10 @@ class _AnsweringService:
 
     def __init__(self) -> None:
         self.pc = RTCPeerConnection()
+        self.offer = ""
 
     async def answer_offer(self, _url: str, sdp: str, *, within: float | None = None) -> str:
+        self.offer = sdp
         self.pc.addTrack(_IdleTrack())
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         await self.pc.setLocalDescription(await self.pc.createAnswer())
@@ -407,4 +409,79 @@ async def test_an_embedded_link_hears_the_services_sender_reports_while_no_frame
         assert stream.frames <= 3  # while the video sent three frames at most
     finally:
         await link.aclose()
+        await service.pc.close()
+
+
+class _SlowClosingLink(FakeLink):
+    """A link whose close takes a while (a peer connection's teardown on a loaded machine) and says if it finished."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closing = asyncio.Event()
+        self.finished = False
+
+    async def aclose(self) -> None:
+        self.closing.set()
+        await asyncio.sleep(0.3)
+        self.closed = self.finished = True
+
+
+async def test_a_lost_link_the_reconnect_is_closing_is_closed_to_the_end_by_the_streams_close() -> None:
+    # The session ended while its connection was lost: the watcher drops the link and is cancelled by the user's
+    # aclose() right then. The link's close must run to its end (a peer connection's close cut short leaves its
+    # sockets to the garbage collector: the unclosed aiortc UDP sockets full runs saw).
+    stream = LiveStream(SessionInfo.from_body(_body("running")))
+    link = _SlowClosingLink()
+    stream.attach_link(link)
+
+    async def rejoin(_stream: LiveStream, _latest: SessionInfo) -> FakeLink:
+        raise AssertionError("an ended session is not joined")
+
+    stream.reconnect_with(FAST, FakeService(_body("closed", "client_stop")), rejoin)  # type: ignore[arg-type]
+    stream.on_link_lost("the data channel closed")
+    async with asyncio.timeout(5):
+        await link.closing.wait()
+    assert not link.finished
+    async with asyncio.timeout(5):
+        await stream.aclose()
+    assert link.finished
+
+
+def _bound_udp_ports() -> set[int]:
+    """The local ports of this network namespace's UDP sockets bound to 127.0.0.1 (`/proc/net/udp`)."""
+    ports: set[int] = set()
+    for line in Path("/proc/self/net/udp").read_text().splitlines()[1:]:
+        address, port = line.split()[1].split(":")
+        if address == "0100007F":
+            ports.add(int(port, 16))
+    return ports
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 5, 8])
+async def test_an_embedded_links_close_cut_short_still_closes_its_udp_sockets(steps: int) -> None:
+    # The stream's close bound cancels a link's close that takes too long; aiortc's close cancelled part-way leaves
+    # the ICE sockets open (the service still up: a service's close would have ended the link's transports). Cut
+    # after `steps` turns of the loop (in the sender/receiver stops, the SCTP and DTLS teardown, ...; 1-5 leak without
+    # the link's own socket close, 8 finds the close done), the link still closes every socket of its own: the ports
+    # its offer's candidates name are no longer bound.
+    service = _AnsweringService()
+    link = await EmbeddedLink.open(
+        service,  # type: ignore[arg-type]
+        _CountingStream(),  # type: ignore[arg-type]
+        {"offer_url": "/v1/sessions/s1/webrtc"},
+        host_addresses=("127.0.0.1",),
+        within=10.0,
+    )
+    try:
+        offered = {int(port) for port in re.findall(r"a=candidate:\S+ \d+ udp \d+ 127\.0\.0\.1 (\d+)", service.offer)}
+        held = offered & _bound_udp_ports()  # the candidate of the transport the answer's BUNDLE kept
+        assert held
+        closing = asyncio.ensure_future(link.aclose())
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        closing.cancel()
+        await asyncio.gather(closing, return_exceptions=True)
+        await asyncio.sleep(0)  # a closed datagram transport lets its socket go on the next turn
+        assert not held & _bound_udp_ports()
+    finally:
         await service.pc.close()
