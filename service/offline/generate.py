@@ -99,7 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         choices=("reference", "lingbot-fast"),
-        default=os.environ.get("LINGSTREAM_MODEL", "reference").strip().lower() or "reference",
+        default=_word_environment("LINGSTREAM_MODEL", "reference"),
         help="the world model (default LINGSTREAM_MODEL, else reference)",
     )
     parser.add_argument(
@@ -112,13 +112,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-dtype",
         choices=("auto", "float32", "bfloat16", "float16"),
-        default=os.environ.get("LINGSTREAM_MODEL_DTYPE", "auto").strip().lower() or "auto",
+        default=_word_environment("LINGSTREAM_MODEL_DTYPE", "auto"),
         help="lingbot-fast dtype (default LINGSTREAM_MODEL_DTYPE, else auto: bfloat16 on CUDA, float32 on CPU)",
     )
     parser.add_argument(
         "--decoder",
         choices=("wan", "tiny"),
-        default=os.environ.get("LINGSTREAM_DECODER", "wan").strip().lower() or "wan",
+        default=_word_environment("LINGSTREAM_DECODER", "wan"),
         help="lingbot-fast's decode stage (default LINGSTREAM_DECODER, else wan): the Wan VAE, or the tiny decoder "
         "from the model directory's tiny_decoder/",
     )
@@ -128,7 +128,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--placement",
         choices=("threads", "processes"),
-        default=os.environ.get("LINGSTREAM_STAGE_PLACEMENT", "threads").strip().lower() or "threads",
+        default=_word_environment("LINGSTREAM_STAGE_PLACEMENT", "threads"),
         help="where the stages run, as `lingstream serve` places them (default LINGSTREAM_STAGE_PLACEMENT, else "
         "threads)",
     )
@@ -140,6 +140,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ranks of the DiT group with --placement processes (default LINGSTREAM_DENOISE_RANKS, else 1; on CUDA "
         "one GPU each, from --device's on)",
     )
+
+
+def _word_environment(name: str, default: str) -> str:
+    """A choice from the environment as `lingstream serve` reads it (trimmed, lower case); `default` when unset."""
+    return os.environ.get(name, default).strip().lower() or default
 
 
 def _int_environment(name: str, default: int) -> int:
