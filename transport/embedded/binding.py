@@ -312,7 +312,9 @@ class EmbeddedSessionBinding:
         self._track_dropped += peer.track.dropped
         peer.track.dropped = 0
         try:
-            await peer.pc.close()
+            # Shielded, as a viewer's: a close cancelled part-way (the binding's caller cancelled) would stop aiortc
+            # before its ICE transports and leave their UDP sockets to the garbage collector.
+            await asyncio.shield(peer.pc.close())
         except Exception:
             logger.warning("session %s: closing a peer connection failed", self.session_id, exc_info=True)
 
