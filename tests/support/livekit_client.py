@@ -24,7 +24,9 @@ Scenarios:
   the monotonic time its replica was killed (CLOCK_MONOTONIC is the machine's, shared by processes). It reads on, on
   the same stream, until frames of two later chunks arrived after that time (or `_FOLLOW_S` passed), then stops the
   session by RPC. Reports the chunks before and after, the first frame after the kill (`first_after_s`), the link's
-  `track_switches` (the adopter's new track) and `done`.
+  `track_switches` (the adopter's new track) and `done`; and, to diagnose a label that goes back, every frame and
+  chunk status from 1 s before the kill (`frames_around`: seconds after the kill, frame id, chunk, repeat;
+  `statuses_around`: seconds after the kill, index, first frame id).
 - `publish`: try to publish a video track for 3 s (`published`, or the `error`).
 - `churn`: join and leave again `--times` times, each with a fresh room (`joins`: how many joins succeeded).
 - `hold`: join, print `{"joined": true}` (or the report with the SDK's `error`) at once, stay in the room until
@@ -259,18 +261,29 @@ async def _churn(url: str, token: str, times: int) -> dict[str, Any]:
 
 
 async def _follow(service_url: str, session_id: str) -> dict[str, Any]:
+    from transport.base import ChunkStatus, StatusMessage
     from transport.client import LiveKitLink, ServiceClient, connect
 
     report: dict[str, Any] = {"scenario": "follow"}
     arrivals: list[tuple[float, int, bool]] = []  # (received_at, chunk index, repeat)
+    trace: list[tuple[float, int | None, int | None, bool]] = []  # every frame: (received_at, id, chunk, repeat)
+    statuses: list[tuple[float, int, int | None]] = []  # every chunk status: (received_at, index, first_frame_id)
     arrived = asyncio.Event()
     async with ServiceClient(service_url) as service:
         stream = await connect(service, await service.get(session_id))
         link = stream.link
         assert isinstance(link, LiveKitLink)
 
+        def on_status(message: StatusMessage) -> None:
+            if isinstance(message, ChunkStatus):
+                statuses.append((time.monotonic(), message.index, message.first_frame_id))
+
+        stream.add_status_listener(on_status)
+
         async def read() -> None:
             async for frame in stream.frames():
+                chunk = None if frame.chunk is None else frame.chunk.index
+                trace.append((frame.received_at, frame.frame_id, chunk, frame.repeat))
                 if frame.chunk is not None:
                     arrivals.append((frame.received_at, frame.chunk.index, frame.repeat))
                     arrived.set()
@@ -312,6 +325,16 @@ async def _follow(service_url: str, session_id: str) -> dict[str, Any]:
             report["after"] = sorted({c for _, c in after})
             report["first_after_s"] = None if not after else round(after[0][0] - killed_at, 3)
             report["track_switches"] = link.track_switches
+            # Around the kill, to diagnose labels that go back: frames as (s after the kill, frame id, chunk, repeat)
+            # and chunk statuses as (s after the kill, index, first frame id), from 1 s before it, 80 at most.
+            report["frames_around"] = [
+                (round(at - killed_at, 3), frame_id, chunk, repeat)
+                for at, frame_id, chunk, repeat in trace
+                if at > killed_at - 1.0
+            ][:80]
+            report["statuses_around"] = [
+                (round(at - killed_at, 3), index, first) for at, index, first in statuses if at > killed_at - 1.0
+            ][:40]
             report["done_early"] = None if stream.done is None else stream.done.reason
             holder.cancel()
             async with asyncio.timeout(_WAIT_S):

@@ -51,7 +51,10 @@ class ChunkTracker:
     says, so a reader can wait for that status a moment rather than take the previous chunk's label.
 
     Without RTP timestamps or frame ids (LiveKit without frame metadata), `frame(None, at)` gives each status, in
-    order, to the next frame that arrives.
+    order, to the next frame that arrives. Not once a frame with an id came: the service stamps every frame, so one
+    without is none of the session's (a new track's source placeholder, issue #33) and is labelled None; given the
+    statuses in order, it took the oldest waiting one (statuses are queued for that mode whatever the frames carry),
+    and a follower's labels went back to a chunk it had left.
     """
 
     __slots__ = (
@@ -145,6 +148,8 @@ class ChunkTracker:
                 if self._offset is None and self._recent_statuses:
                     self._fit()
             return None, False
+        if self._newest_id is not None:
+            return None, False  # frames carry ids here (class docstring): this one is none of the session's
         if self._pending:
             self._current, self._fresh = self._pending.popleft(), True
         first, self._fresh = self._fresh, False

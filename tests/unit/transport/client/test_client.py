@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -33,7 +35,7 @@ from transport.client import (
     default_ice_addresses,
     error_classes,
 )
-from transport.client.links import is_source_placeholder
+from transport.client.links import LiveKitLink, is_source_placeholder
 from transport.protocol import decode_control, encode_status
 from transport.session.pacing import REPEAT_PTS_OFFSET, PacedFrame, PacingConfig, PacingCore, SendFrame, frame_pts
 
@@ -528,13 +530,88 @@ async def test_a_livekit_reader_waits_a_moment_for_the_status_its_frame_overtook
     await stream.aclose()
 
 
-def test_only_the_sdks_black_placeholders_before_the_first_stamped_frame_are_skipped_on_livekit() -> None:
+def test_the_sdks_placeholders_are_skipped_on_livekit_black_before_the_first_stamped_frame_and_any_after() -> None:
     black = np.zeros((4, 6, 3), np.uint8)
     picture = black.copy()
     picture[1, 2, 0] = 1
     # before any frame with the service's id: a black frame without one is the native source's placeholder
     assert is_source_placeholder(black, None, stamped=False)
-    # anything else is the session's: a stamped black frame, a picture without an id, any frame after a stamped one
+    # a stamped frame is the session's, and so is a picture without an id from a service that stamps nothing
     assert not is_source_placeholder(black, 0, stamped=False)
     assert not is_source_placeholder(picture, None, stamped=False)
-    assert not is_source_placeholder(black, None, stamped=True)
+    # once stamped frames came, any frame without an id is a source's placeholder (an adopter's new source, #33)
+    assert is_source_placeholder(black, None, stamped=True)
+    assert is_source_placeholder(picture, None, stamped=True)
+    assert not is_source_placeholder(black, 7, stamped=True)
+
+
+def test_a_frame_without_an_id_on_a_stream_of_stamped_frames_takes_no_waiting_status() -> None:
+    """The interleaving of a SIGKILLed replica's last frames and its adopter's new track (issue #33, a full run's
+    follower read `sequence [2, 1, 2, 5]`): the adopter's source sent placeholders (no frame id) before its first
+    capture; labelled by arrival, they took the oldest statuses queued for that mode, chunks 1 and 2 again."""
+    tracker = ChunkTracker(fps=25.0)
+    tracker.status(_id_status(1, 1), 0.0)  # chunks of 4 frames from frame 1 (chunk 0 was frame 0 alone)
+    tracker.status(_id_status(2, 5), 0.0)
+    labels: list[int | None] = []
+    for frame_id in (1, 2, 3, 4, 5, 6):  # the old replica's frames, the last two after the kill
+        tracker.frame_id(frame_id)
+        chunk, _ = tracker.label_id(frame_id)
+        labels.append(None if chunk is None else chunk.index)
+    for _ in range(3):  # the adopter's placeholders
+        chunk, first = tracker.frame(None, 1.0)
+        assert (chunk, first) == (None, False)
+        labels.append(None)
+    tracker.status(_id_status(5, 17), 2.0)  # the adopter goes on from chunk 5 (the old one had generated 3 and 4)
+    for frame_id in (17, 18):
+        assert not tracker.frame_id(frame_id)
+        chunk, _ = tracker.label_id(frame_id)
+        labels.append(None if chunk is None else chunk.index)
+    assert labels == [1, 1, 1, 1, 2, 2, None, None, None, 5, 5]
+    known = [label for label in labels if label is not None]
+    assert known == sorted(known)  # never back
+
+
+def test_without_frame_ids_statuses_still_label_frames_by_arrival() -> None:
+    tracker = ChunkTracker()
+    tracker.status(_id_status(1, 1), 0.0)
+    tracker.status(_id_status(2, 5), 0.0)
+    assert tracker.frame(None, 0.1)[0] == _id_status(1, 1)  # a service that stamps no frames: arrival order
+    assert tracker.frame(None, 0.2)[0] == _id_status(2, 5)
+
+
+class _Metadata:
+    def __init__(self, frame_id: int | None) -> None:
+        self.frame_id = frame_id
+
+    def HasField(self, name: str) -> bool:  # the protobuf message's method
+        return name == "frame_id" and self.frame_id is not None
+
+
+class _Event:
+    """What `rtc.VideoStream` yields: `frame` (RGB24 bytes, width, height) and `metadata` (the frame id)."""
+
+    def __init__(self, level: int, frame_id: int | None) -> None:
+        self.frame = SimpleNamespace(data=bytes([level]) * (4 * 6 * 3), width=6, height=4)
+        self.metadata = _Metadata(frame_id)
+
+
+async def _video(events: list[_Event]) -> AsyncIterator[_Event]:
+    for event in events:
+        yield event
+
+
+async def test_a_new_tracks_placeholders_are_skipped_after_the_old_tracks_stamped_frames() -> None:
+    """An adopter's new track comes from a new `VideoSource`, which sends placeholders before its first capture, and
+    the subscriber may read them on the old track's stream (the server can carry the new track on the same
+    transceiver): the link skips every frame without an id once stamped frames came (issue #33). Read through
+    `LiveKitLink._read` with the SDK's stream stood in for (`livekit.rtc` never loads in pytest)."""
+    stream = LiveStream(_info())
+    stream.attach_link(RecordingLink())
+    link = LiveKitLink.__new__(LiveKitLink)  # only the reader: no room, no SDK
+    link._stream, link._stamped = stream, False
+    placeholder = _Event(0, None)
+    await link._read(_video([placeholder, _Event(9, 4), _Event(0, 5), placeholder, _Event(3, None)]))  # old track
+    await link._read(_video([placeholder, placeholder, _Event(7, 17)]))  # the new track
+    stream.on_status(encode_status(DoneStatus("closed")))
+    frames = [frame async for frame in stream.frames()]
+    assert [frame.frame_id for frame in frames] == [4, 5, 17]
