@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -211,6 +212,8 @@ def _follow_across(
         _until(adopted, f"the session adopted by {new_name}", within=30)
         assert read, "no checkpoint was read"
         checkpoint = {"next_chunk": min(read.values())}
+        follower.stdin.write(f"{checkpoint['next_chunk']}\n")  # the follower waits for the adopter's chunks from it
+        follower.stdin.flush()
         running = _until(lambda: _streaming(second, sid), f"the session running on {new_name}", within=60)
         if how == "drain":
             # Drained: it exits 0 once its session is handed off (its detach left the room, did not delete it).
@@ -238,13 +241,15 @@ def _went_on(followed: Followed) -> None:
     assert [adopted[k] for k in same] == [details[k] for k in same], (adopted, details)
     assert report["done_early"] is None, report  # the stream never ended: no `done` from the old replica
     assert len(report["after"]) >= 2, report
-    # The chunks read after the end (the old replica's last frames, then the adopter's) go back, if at all, no
-    # further than the checkpoint (one written a chunk before the last the client saw repeats that chunk), never to
-    # chunk 0.
-    sequence = report["sequence"]
-    went_back = [c for i, c in enumerate(sequence) if i and c < max(sequence[:i])]
-    assert all(c >= checkpoint["next_chunk"] for c in went_back), (report, checkpoint)
-    assert min(report["after"]) >= checkpoint["next_chunk"], (report, checkpoint)
+    # The chunks read after the end: the old replica's last frames, in flight at the kill (`tail`: before the
+    # checkpoint, continuing what the client saw, never going back), then the adopter's from the checkpoint on, which
+    # go back, if at all, no further than the checkpoint (one written a chunk before the last the client saw repeats
+    # that chunk), never to chunk 0.
+    sequence, next_chunk = report["sequence"], checkpoint["next_chunk"]
+    tail = sequence[: next((i for i, c in enumerate(sequence) if c >= next_chunk), len(sequence))]
+    assert tail == sorted(tail), (report, checkpoint)
+    assert all(c >= max(report["before"]) for c in tail), (report, checkpoint)
+    assert all(c >= next_chunk for c in sequence[len(tail) :]), (report, checkpoint)
     assert report["track_switches"] >= 1, report  # the adopter's track, in the same room
     assert report["done"] == "client_stop", report
 
@@ -305,3 +310,99 @@ def test_a_killed_replicas_session_in_a_callers_room_is_adopted_into_that_room_w
     assert "lobby-adopt" in replicas.server.rooms()  # the caller's room stands after the session's end
     assert not _deleted(replicas.server, "lobby-adopt")
     print(f"LiveKit caller's room: a later chunk {followed.report['first_after_s']} s after the kill (TTL {TTL_S} s)")
+
+
+def test_a_draining_replica_hands_a_paused_livekit_session_off_paused_and_its_client_resumes_it_in_the_same_room(
+    replicas: Replicas,
+) -> None:
+    """A paused session handed off on LiveKit (docs/continuity.md, "A paused session is handed off paused"): its
+    client in the room is told `paused` again by the adopter, never `running`, and no frame is generated until it
+    resumes; the adopter counts the pause from its first pause; resumed, it plays chunks after the checkpoint in the
+    same room, on the adopter's track, to the client's own stop."""
+    (_, first), (new_name, second) = replicas.pair()
+    raw = replicas.raw
+    with _logs_on_failure(replicas):
+        with first.client() as client:
+            created = client.post("/v1/sessions", json={"config": CONFIG})
+            assert created.status_code == 201, created.text
+            sid = created.json()["id"]
+            details = client.get(f"/v1/sessions/{sid}").json()["transport"]
+        room_sid = replicas.server.rooms()[details["room"]].sid
+        client_process = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.livekit_client", "paused", "--", first.url, sid],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert client_process.stdout is not None
+            assert client_process.stdin is not None
+
+            def told(line: str) -> None:
+                client_process.stdin.write(line + "\n")  # type: ignore[union-attr]
+                client_process.stdin.flush()  # type: ignore[union-attr]
+
+            paused = json.loads(client_process.stdout.readline() or "{}")
+            assert paused.get("paused") == "paused", paused
+            _until(lambda: raw.hget(f"{PREFIX}t:{sid}", "ad"), "the session marked adoptable", within=20)
+            # The pause lasts a second before the SIGTERM, so that a pause counted from the adopter's arrival (a
+            # fraction of a second) cannot pass for one counted from the first pause.
+            time.sleep(max(0.0, paused["paused_at"] + 1.0 - time.monotonic()))
+            drained_at = time.monotonic()
+            first.process.send_signal(signal.SIGTERM)
+            told(str(drained_at))
+            read: dict[str, int] = {}
+
+            def adopted() -> bool:
+                flipped = raw.hget(f"{PREFIX}t:{sid}", "replica") == new_name.encode()
+                next_chunk = json.loads(raw.get(f"{PREFIX}ckpt:h:{sid}") or b"{}").get("next_chunk")
+                if isinstance(next_chunk, int):
+                    read["at" if flipped else "before"] = next_chunk
+                return flipped
+
+            _until(adopted, f"the session adopted by {new_name}", within=30)
+            next_chunk = min(read.values())
+            told(str(next_chunk))
+            assert json.loads(client_process.stdout.readline() or "{}") == {"told_paused": True}
+            with second.client() as client:
+                body = _until(
+                    lambda: (b := client.get(f"/v1/sessions/{sid}").json())["status"] == "paused" and b,
+                    f"the session paused on {new_name}",
+                    within=30,
+                )
+            assert {k: body["transport"][k] for k in ("room", "identity")} == {
+                k: details[k] for k in ("room", "identity")
+            }
+            assert first.process.wait(timeout=30) == 0  # handed off, it exits 0
+            assert "handed off" in first.output()
+            logged = re.search(r"goes on paused \(paused ([0-9.]+) s ago", second.output())
+            assert logged is not None, second.output()[-4000:]
+            before_sigterm = drained_at - paused["paused_at"]
+            # From its first pause, not from its arrival; %.1f rounds down.
+            assert float(logged.group(1)) >= before_sigterm - 0.1, (logged.group(0), before_sigterm)
+            assert not _deleted(replicas.server, str(details["room"])), "the room was deleted under the session"
+            assert replicas.server.rooms()[details["room"]].sid == room_sid  # the very room, not one made again
+            told("resume")
+            out, err = client_process.communicate(timeout=CLIENT_S)
+        finally:
+            if client_process.poll() is None:
+                client_process.kill()
+                client_process.wait(timeout=10)
+        assert client_process.returncode == 0, err[-4000:]
+        report: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        print(f"paused hand-off: {report}; the adopter counts {logged.group(1)} s of pause ({before_sigterm:.2f} s)")
+        assert report["generated_while_paused"] == [], report  # paused on both: nothing generated, repeats only
+        assert "running" not in report["states_while_paused"], report  # told paused, never running, until resumed
+        assert report["states_while_paused"][-1] == "paused", report
+        assert report["resumed"] == "running", report
+        assert report["done_early"] is None, report
+        assert report["errors"] == [], report
+        assert len(report["after"]) >= 2, report
+        assert min(report["sequence"]) >= next_chunk, (report, next_chunk)  # after the checkpoint, never back
+        assert report["sequence"] == sorted(report["sequence"]), report
+        assert report["track_switches"] >= 1, report  # the adopter's track, in the same room
+        assert report["done"] == "client_stop", report
+        metrics = _ended_on(second, sid)
+    assert metric(metrics, RECOVERED, cause="replica_draining") == 1.0

@@ -21,12 +21,23 @@ Scenarios:
   frame's index there).
 - `follow URL=service-url TOKEN=session-id`: the Python client (`transport.client.connect` over LiveKit) joins the
   session, holds `w` (sent every 0.5 s), prints `{"joined": true}` once a frame is in, then reads a line from stdin:
-  the monotonic time its replica was killed (CLOCK_MONOTONIC is the machine's, shared by processes). It reads on, on
-  the same stream, until frames of two later chunks arrived after that time (or `_FOLLOW_S` passed), then stops the
-  session by RPC. Reports the chunks before and after, the first frame after the kill (`first_after_s`), the link's
+  the monotonic time its replica was killed (CLOCK_MONOTONIC is the machine's, shared by processes), then another:
+  the checkpoint's `next_chunk` the adopter goes on from. It reads on, on the same stream, until frames of two chunks
+  from the checkpoint on arrived after the kill (or `_FOLLOW_S` passed), then stops the session by RPC. Reports the
+  chunks before the kill, after it from the checkpoint on (`after`: the adopter's), after it before the checkpoint
+  (`tail`: the old replica's last frames, in flight at the kill), the `sequence` after the kill, the first frame of
+  the adopter's chunks after the kill (`first_after_s`), the link's
   `track_switches` (the adopter's new track) and `done`; and, to diagnose a label that goes back, every frame and
   chunk status from 1 s before the kill (`frames_around`: seconds after the kill, frame id, chunk, repeat;
   `statuses_around`: seconds after the kill, index, first frame id).
+- `paused URL=service-url TOKEN=session-id`: the Python client joins the session, holds `w` as `follow` does, pauses
+  it by RPC once a labelled frame is in and prints `{"paused": state, "paused_at": monotonic time}`; then reads from
+  stdin the time its replica was drained and the checkpoint's `next_chunk`, waits for a `paused` state status that
+  came after the drain (the adopter's; prints `{"told_paused": true}`), reads one more line (the test checked the
+  adopter) and resumes by RPC; once frames of two chunks from the checkpoint on came, stops the session by RPC.
+  Reports the frames that were no repeat between the drain and the resume (`generated_while_paused`: s after the
+  drain, frame id, chunk), the states told in that time, the RPC's answer to the resume (`resumed`), the chunks
+  after it (`sequence`, `after`), `track_switches`, the `error` codes and `done`.
 - `publish`: try to publish a video track for 3 s (`published`, or the `error`).
 - `churn`: join and leave again `--times` times, each with a fresh room (`joins`: how many joins succeeded).
 - `hold`: join, print `{"joined": true}` (or the report with the SDK's `error`) at once, stay in the room until
@@ -53,6 +64,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import httpx
@@ -306,11 +318,14 @@ async def _follow(service_url: str, session_id: str) -> dict[str, Any]:
                 return report
             report["joined"] = True
             print(json.dumps({"joined": True}), flush=True)
-            killed_at = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
-            last = max(c for at, c, _ in arrivals if at <= killed_at)
+            loop = asyncio.get_running_loop()
+            killed_at = float(await loop.run_in_executor(None, sys.stdin.readline))
+            # The checkpoint's next chunk, once the test saw the adoption: the adopter goes on from it, and the old
+            # replica's last frames, in flight at the kill, arrive after it with earlier chunks (the tail).
+            next_chunk = int(await loop.run_in_executor(None, sys.stdin.readline))
 
-            def new_chunks() -> list[tuple[float, int]]:  # later than any before the kill: the adopter's
-                return [(at, c) for at, c, r in arrivals if at > killed_at and not r and c > last]
+            def new_chunks() -> list[tuple[float, int]]:  # the adopter's: from the checkpoint on
+                return [(at, c) for at, c, r in arrivals if at > killed_at and not r and c >= next_chunk]
 
             deadline = time.monotonic() + _FOLLOW_S
             while len({c for _, c in new_chunks()}) < 2 and time.monotonic() < deadline:
@@ -323,6 +338,7 @@ async def _follow(service_url: str, session_id: str) -> dict[str, Any]:
             sequence = [c for at, c, r in arrivals if at > killed_at and not r]
             report["sequence"] = [c for i, c in enumerate(sequence) if i == 0 or c != sequence[i - 1]]
             report["after"] = sorted({c for _, c in after})
+            report["tail"] = sorted({c for c in sequence if c < next_chunk})
             report["first_after_s"] = None if not after else round(after[0][0] - killed_at, 3)
             report["track_switches"] = link.track_switches
             # Around the kill, to diagnose labels that go back: frames as (s after the kill, frame id, chunk, repeat)
@@ -339,6 +355,95 @@ async def _follow(service_url: str, session_id: str) -> dict[str, Any]:
             holder.cancel()
             async with asyncio.timeout(_WAIT_S):
                 report["done"] = (await stream.stop()).reason
+        finally:
+            holder.cancel()
+            await asyncio.gather(holder, return_exceptions=True)
+            await stream.aclose()
+            await asyncio.gather(reader, return_exceptions=True)
+    return report
+
+
+async def _paused(service_url: str, session_id: str) -> dict[str, Any]:
+    from transport.base import StateStatus, StatusMessage
+    from transport.client import LiveKitLink, ServiceClient, connect
+
+    report: dict[str, Any] = {"scenario": "paused"}
+    frames: list[tuple[float, int | None, int | None, bool]] = []  # (received_at, frame id, chunk, repeat)
+    states: list[tuple[float, str]] = []  # (received_at, state) of every `state` status
+    arrived, told = asyncio.Event(), asyncio.Event()
+    async with ServiceClient(service_url) as service:
+        stream = await connect(service, await service.get(session_id))
+        link = stream.link
+        assert isinstance(link, LiveKitLink)
+
+        def on_status(message: StatusMessage) -> None:
+            if isinstance(message, StateStatus):
+                states.append((time.monotonic(), message.state))
+                told.set()
+
+        stream.add_status_listener(on_status)
+
+        async def read() -> None:
+            async for frame in stream.frames():
+                chunk = None if frame.chunk is None else frame.chunk.index
+                frames.append((frame.received_at, frame.frame_id, chunk, frame.repeat))
+                arrived.set()
+
+        async def hold() -> None:
+            while True:  # as a page does: the held keys again every half second (paused, they generate nothing)
+                await stream.send_keys(["w"])
+                await asyncio.sleep(0.5)
+
+        def line() -> Awaitable[str]:
+            return asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+
+        reader = asyncio.create_task(read())
+        holder = asyncio.create_task(hold())
+        try:
+            async with asyncio.timeout(_WAIT_S):
+                while not any(chunk is not None for _, _, chunk, _ in frames):
+                    arrived.clear()
+                    await arrived.wait()
+                paused = await stream.pause()
+            print(json.dumps({"paused": paused, "paused_at": time.monotonic()}), flush=True)
+            drained_at = float(await line())
+            next_chunk = int(await line())  # the checkpoint the adopter goes on from, once the test saw the adoption
+            async with asyncio.timeout(_FOLLOW_S):  # the adopter tells the client in the room its state: paused
+                while not any(at > drained_at and state == "paused" for at, state in states):
+                    told.clear()
+                    await told.wait()
+            print(json.dumps({"told_paused": True}), flush=True)
+            await line()  # the test checked the adopter: resume
+            resumed_at = time.monotonic()
+            report["resumed"] = await stream.resume()
+            ids_before = [frame_id for at, frame_id, _, _ in frames if at <= drained_at and frame_id is not None]
+
+            def after() -> set[int]:
+                return {c for at, _, c, r in frames if at > resumed_at and not r and c is not None and c >= next_chunk}
+
+            async with asyncio.timeout(_FOLLOW_S):
+                while len(after()) < 2:
+                    arrived.clear()
+                    await arrived.wait()
+            # Frames generated between the drain and the resume: any that is no repeat (paused, none may come).
+            report["generated_while_paused"] = [
+                (round(at - drained_at, 3), frame_id, chunk)
+                for at, frame_id, chunk, repeat in frames
+                if drained_at < at < resumed_at and not repeat
+            ]
+            report["newest_id_before"] = max(ids_before, default=None)
+            report["states_while_paused"] = [state for at, state in states if drained_at < at < resumed_at]
+            sequence = [c for at, _, c, r in frames if at > resumed_at and not r and c is not None]
+            report["sequence"] = [c for i, c in enumerate(sequence) if i == 0 or c != sequence[i - 1]]
+            report["after"] = sorted(after())
+            report["track_switches"] = link.track_switches
+            report["errors"] = [error.code for error in stream.errors]
+            report["done_early"] = None if stream.done is None else stream.done.reason
+            holder.cancel()
+            async with asyncio.timeout(_WAIT_S):
+                report["done"] = (await stream.stop()).reason
+        except TimeoutError:
+            report |= {"error": "timed out", "states": [state for _, state in states], "frames": frames[-20:]}
         finally:
             holder.cancel()
             await asyncio.gather(holder, return_exceptions=True)
@@ -426,6 +531,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         return await _labels(args.url, args.token)
     if args.scenario == "follow":
         return await _follow(args.url, args.token)
+    if args.scenario == "paused":
+        return await _paused(args.url, args.token)
     room = rtc.Room()
     statuses = _Statuses(args.topic_status)
     room.on("data_received", statuses.on_data)
@@ -468,7 +575,19 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "scenario",
-        choices=["join", "control", "foreign", "publish", "hold", "churn", "labels", "watch", "viewer", "follow"],
+        choices=[
+            "join",
+            "control",
+            "foreign",
+            "publish",
+            "hold",
+            "churn",
+            "labels",
+            "watch",
+            "viewer",
+            "follow",
+            "paused",
+        ],
     )
     parser.add_argument("--service", help="foreign, viewer: the service participant's identity")
     parser.add_argument("--state", action="append", default=[], help="viewer: the states to wait for, in order")
