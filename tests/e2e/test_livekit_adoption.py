@@ -5,7 +5,8 @@ model on threads. A Python client (`tests/support/livekit_client.py` `follow`, a
 drained with hand-off (SIGTERM, `LINGSTREAM_DRAIN_MODE=hand_off`); another adopts it from its Redis checkpoint, joins
 the same room (the service's own, or the caller's) as the same service participant and publishes; the client, still
 in the room, without a new create nor a new join, switches to the new track and gets frames of the chunks after the
-checkpoint.
+checkpoint. A session paused when its replica is drained goes on paused on the adopter, for the Python client
+(`livekit_client.py` `paused`) and for a page in Chromium (through a front door), and plays again once resumed.
 
 Its own module: it composes its own stack (Redis must be up, inside the namespace, before the replicas start). One
 namespace, Redis and LiveKit server for the module; each test takes the two oldest live replicas (the first runs the
@@ -21,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,10 @@ import httpx
 import pytest
 from redis import Redis
 
+from tests.support.browser.chromium import BROWSER_SKIPS, launch_chromium
+from tests.support.browser.pages import start_session, wait_frames
 from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.support.front_door import ThreadedFrontDoor
 from tests.support.livekit_server_real import LiveKitServerProcess
 from tests.support.livekit_stack import LiveKitStack, metric, serve_replica
 from tests.support.netns import HOST_A, PrivateNetwork
@@ -405,4 +409,118 @@ def test_a_draining_replica_hands_a_paused_livekit_session_off_paused_and_its_cl
         assert report["track_switches"] >= 1, report  # the adopter's track, in the same room
         assert report["done"] == "client_stop", report
         metrics = _ended_on(second, sid)
+    assert metric(metrics, RECOVERED, cause="replica_draining") == 1.0
+
+
+def _in_chromium(test: Callable[..., None]) -> Callable[..., None]:
+    for mark in (pytest.mark.browser, *BROWSER_SKIPS):
+        test = mark(test)
+    return test
+
+
+@_in_chromium
+def test_a_page_follows_its_livekit_session_handed_off_paused_shows_it_paused_and_resumes_it(
+    replicas: Replicas,
+) -> None:
+    """The page (Chromium, through one address in front of the replicas: `ThreadedFrontDoor`, as a Kubernetes
+    Service) holds `w` and pauses its session; the replica running it is drained with hand-off. The page stays in the
+    room with the adopter, shows `paused` (its button offers Resume), generates nothing, shows no error and makes no
+    new session; its Resume plays chunks from the checkpoint on; its Stop ends the session on the adopter."""
+    (old_name, first), (new_name, second) = replicas.pair()
+    raw = replicas.raw
+    errors: list[str] = []
+
+    def port(replica: LiveKitStack) -> int:
+        return int(replica.url.rsplit(":", 1)[1])
+
+    with (
+        _logs_on_failure(replicas),
+        ThreadedFrontDoor([port(first)], host=HOST_A) as door,
+        launch_chromium() as browser,
+    ):
+        page = browser.new_context().new_page()
+        page.set_default_timeout(45_000)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(door.url)
+        page.wait_for_function("window.lingstream !== undefined")
+        start_session(page, CONFIG["width"], CONFIG["height"])
+        wait_frames(page, 5)
+        assert page.evaluate("window.lingstream.transport") == "livekit"
+        sid = page.evaluate("window.lingstream.sessionId")
+        assert raw.hget(f"{PREFIX}t:{sid}", "replica") == old_name.encode()
+        page.focus("#stage")
+        page.keyboard.down(
+            "w"
+        )  # held through the hand-off (the page resends it every 250 ms): paused, it moves nothing
+        page.wait_for_function("window.lingstream.chunks.some((c) => c.keys.includes('w'))", polling=100)
+        page.click("#pause")
+        page.wait_for_function("window.lingstream.state === 'paused'", polling=100)
+        _until(lambda: raw.hget(f"{PREFIX}t:{sid}", "ad"), "the session marked adoptable", within=20)
+        page.evaluate(
+            """() => { window.seenStates = [];
+               window.lingstream.session.on("state", ({ state }) => window.seenStates.push(state)); }"""
+        )
+        at_drain = {"chunks": len(page.evaluate("window.lingstream.chunks"))}
+        door.route([port(second)])  # the Service's endpoints: the draining pod leaves them
+        first.process.send_signal(signal.SIGTERM)
+        read: dict[str, int] = {}
+
+        def adopted() -> bool:
+            flipped = raw.hget(f"{PREFIX}t:{sid}", "replica") == new_name.encode()
+            next_chunk = json.loads(raw.get(f"{PREFIX}ckpt:h:{sid}") or b"{}").get("next_chunk")
+            if isinstance(next_chunk, int):
+                read["at" if flipped else "before"] = next_chunk
+            return flipped
+
+        _until(adopted, f"the session adopted by {new_name}", within=30)
+        next_chunk = min(read.values())
+        assert first.process.wait(timeout=30) == 0  # handed off, it exits 0
+        with second.client() as client:
+            _until(lambda: client.get(f"/v1/sessions/{sid}").json()["status"] == "paused", "paused there", 30)
+        seen = (
+            "() => ({ states: window.seenStates, state: window.lingstream.state,"
+            " errors: window.lingstream.session.errors, connection: window.lingstream.connection })"
+        )
+        try:
+            # Told by the adopter: `recovering` while it moved, then `paused` again; never `running`.
+            page.wait_for_function(
+                "window.seenStates.includes('recovering') && window.lingstream.state === 'paused'", polling=100
+            )
+        except Exception:
+            print(f"the page saw: {page.evaluate(seen)}")
+            raise
+        assert page.inner_text("#pause") == "Resume"
+        assert page.is_enabled("#pause")
+        saw = page.evaluate(seen)
+        assert "running" not in saw["states"], saw
+        # Paused: no chunk generated (each comes with its status). Not counted by frames: the page matches only some
+        # presented frames to their ids, and the old replica's last frames may still be presented after the SIGTERM
+        # (the Python client's `paused` scenario checks every frame's id).
+        assert len(page.evaluate("window.lingstream.chunks")) == at_drain["chunks"], saw
+        page.click("#pause")  # Resume
+        try:
+            page.wait_for_function(
+                """([count, chunk]) => window.lingstream.state === "running"
+                   && window.lingstream.chunks.length >= count + 2 && window.lingstream.lastChunk.index >= chunk + 1""",
+                arg=[at_drain["chunks"], next_chunk],
+                polling=100,
+            )
+        except Exception:
+            print(f"the page saw: {page.evaluate(seen)}")
+            raise
+        after = [c["index"] for c in page.evaluate("window.lingstream.chunks")[at_drain["chunks"] :]]
+        assert after == sorted(after), after
+        assert min(after) >= next_chunk, (after, next_chunk)  # from the checkpoint on
+        page.keyboard.up("w")
+        assert page.evaluate("window.lingstream.sessionId") == sid
+        assert page.evaluate("window.lingstream.session.errors") == []
+        assert not page.evaluate("document.getElementById('message').classList.contains('error')")
+        with second.client() as client:
+            live = [b["id"] for b in client.get("/v1/sessions").json()["sessions"] if b["status"] != "closed"]
+        assert live == [sid], live  # the page made no new session
+        page.click("#stop")
+        page.wait_for_function("window.lingstream.done === 'client_stop'", polling=100)
+        print(f"page, paused hand-off: states {page.evaluate('window.seenStates')}, chunks after the resume {after}")
+    assert errors == []
+    metrics = _ended_on(second, sid)
     assert metric(metrics, RECOVERED, cause="replica_draining") == 1.0

@@ -27,11 +27,13 @@ _PIPE_BYTES = 1 << 16
 
 
 class FrontDoor:
-    """Forwards each connection to the first of `ports` (on 127.0.0.1) that accepts it. `connections[port]` counts
-    the connections each replica got. Use as an async context manager; closing ends every forwarded connection."""
+    """Forwards each connection to the first of `ports` (on `host`, 127.0.0.1 unless told) that accepts it.
+    `connections[port]` counts the connections each replica got. Use as an async context manager; closing ends every
+    forwarded connection."""
 
-    def __init__(self, ports: Sequence[int]) -> None:
+    def __init__(self, ports: Sequence[int], *, host: str = "127.0.0.1") -> None:
         self._ports = tuple(ports)
+        self._host = host
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
         self.connections: dict[int, int] = dict.fromkeys(self._ports, 0)
@@ -69,7 +71,7 @@ class FrontDoor:
         upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         for port in self._ports:
             with contextlib.suppress(OSError):
-                upstream = await asyncio.open_connection("127.0.0.1", port)
+                upstream = await asyncio.open_connection(self._host, port)
                 self.connections[port] += 1
                 break
         if upstream is None:  # no replica accepts: the client sees its connection closed, as behind a balancer
@@ -101,8 +103,8 @@ async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> Non
 class ThreadedFrontDoor:
     """A `FrontDoor` on its own event loop and thread, for synchronous tests: `with ThreadedFrontDoor(ports)`."""
 
-    def __init__(self, ports: Sequence[int]) -> None:
-        self._door = FrontDoor(ports)
+    def __init__(self, ports: Sequence[int], *, host: str = "127.0.0.1") -> None:
+        self._door = FrontDoor(ports, host=host)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="front-door", daemon=True)
 
@@ -113,6 +115,13 @@ class ThreadedFrontDoor:
     @property
     def connections(self) -> dict[int, int]:
         return self._door.connections
+
+    def route(self, ports: Sequence[int]) -> None:
+        """`FrontDoor.route`, on the door's own loop (done when this returns)."""
+        asyncio.run_coroutine_threadsafe(self._route(ports), self._loop).result(timeout=10)
+
+    async def _route(self, ports: Sequence[int]) -> None:
+        self._door.route(ports)
 
     def __enter__(self) -> ThreadedFrontDoor:
         self._thread.start()
