@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from admission import AdmissionError, Clock
 from pipeline.bidirectional import BidirectionalService
 from pipeline.errors import PipelineError
-from service.config_records import ServiceConfig
+from service.config_records import ServiceConfig, SharedAdmissionConfig
 from service.errors import (
     ErrorSpec,
     QueueFullError,
@@ -50,9 +50,11 @@ from service.runtime.recording_objects import RecordingObjects
 from service.runtime.recordings import WriterFactory
 from service.runtime.runtime import RuntimeTuning, ServiceRuntime, SessionEvents
 from service.scaleout.backend import RedisAdmissionBackend
+from service.scaleout.forwarding import Forwarder
 from service.scaleout.recording_catalog import RedisRecordingCatalog
 from service.settings import Settings
 from service.storage import Credentials, ObjectStoreConfig, S3Client
+from service.telemetry.forward_series import forward_results
 from service.telemetry.otel import Telemetry, TelemetryMiddleware
 from service.telemetry.webhook_series import webhook_results
 from service.tokens import MemoryTokenStore, TokenCodec, TokenPolicy, TokenStore
@@ -155,6 +157,7 @@ def create_app(
     memory = model_memory(settings) if factory is build_workers else None
     start = model_start(settings, workers) if factory is build_workers else None
     objects, catalog = _recording_storage(settings, config)
+    forwarder: Forwarder | None = None
     if config.shared_admission is None:
         runtime = ServiceRuntime(
             config,
@@ -172,6 +175,7 @@ def create_app(
     else:
         redis_url = settings.redis_url.get_secret_value() if settings.redis_url is not None else ""
         backend = RedisAdmissionBackend(redis_url, config.shared_admission, config.admission, clock=clock)
+        forwarder = _forwarder(config.shared_admission, backend, telemetry)
         runtime = ServiceRuntime(
             config,
             workers,
@@ -202,6 +206,8 @@ def create_app(
                 if webhooks is not None:  # after the sessions ended: their last events get a moment to go out
                     await webhooks.dispatcher.aclose(grace_s=_WEBHOOK_GRACE_S)
             finally:
+                if forwarder is not None:
+                    await forwarder.aclose()
                 await authenticator.store.aclose()
                 await telemetry.aclose()
 
@@ -223,6 +229,7 @@ def create_app(
     app.state.model_start = start
     app.state.telemetry = telemetry
     app.state.transport = transport
+    app.state.forwarder = forwarder
     app.state.authenticator = authenticator
     _install_error_handlers(app)
     app.include_router(v1_router)
@@ -261,6 +268,19 @@ def create_app(
         )
     app.add_middleware(TelemetryMiddleware, telemetry=telemetry)  # added last: outermost, so every answer counts
     return app
+
+
+def _forwarder(shared: SharedAdmissionConfig, backend: RedisAdmissionBackend, telemetry: Telemetry) -> Forwarder | None:
+    """The forwarder of transport routes to the replica that runs the session, when this replica advertises an
+    address (the others then do too, in a deployment configured alike); without one those routes answer 409."""
+    if shared.replica_url is None:
+        logger.info(
+            "LINGSTREAM_REPLICA_URL is not set: a transport route (WebRTC offer, viewers) of a session another replica "
+            "runs answers 409 session_on_other_replica here instead of being forwarded"
+        )
+        return None
+    logger.info("replica address for the other replicas: %s (transport routes are forwarded)", shared.replica_url)
+    return Forwarder(shared.replica_id, backend, on_result=forward_results(telemetry.meter))
 
 
 def _authenticator(settings: Settings, config: ServiceConfig, wall_clock: Callable[[], float]) -> Authenticator:

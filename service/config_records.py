@@ -42,11 +42,13 @@ class RequestLimits:
 
 @dataclass(frozen=True, slots=True)
 class SharedAdmissionConfig:
-    """The redis backend's identity for this process: `replica_id` (unique per process) and how long its slots
-    outlive its silence (`replica_ttl_s`; it heartbeats every third of it)."""
+    """The redis backend's identity for this process: `replica_id` (unique per process), how long its slots
+    outlive its silence (`replica_ttl_s`; it heartbeats every third of it) and its address for the other replicas
+    (`replica_url`, None: none; they forward its sessions' transport routes there)."""
 
     replica_id: str
     replica_ttl_s: float
+    replica_url: str | None = None
 
 
 def default_replica_id() -> str:
@@ -138,7 +140,9 @@ class ServiceConfig:
             shared_admission=None
             if settings.admission_backend != "redis"
             else SharedAdmissionConfig(
-                replica_id=settings.replica_id or default_replica_id(), replica_ttl_s=settings.replica_ttl
+                replica_id=settings.replica_id or default_replica_id(),
+                replica_ttl_s=settings.replica_ttl,
+                replica_url=settings.replica_url,
             ),
             session_history=settings.session_history,
             recordings=None

@@ -261,10 +261,14 @@ class SessionElsewhereError(ServiceError):
     """A route bound to the transport of the replica that runs the session (the WebRTC offer, viewer tokens) was
     sent to another replica; `replica` names the one that runs it (also in the `Lingstream-Replica` header)."""
 
-    def __init__(self, session_id: str, replica: str) -> None:
+    def __init__(self, session_id: str, replica: str, *, detail: str | None = None) -> None:
         super().__init__(
-            f"session {session_id!r} runs on replica {replica!r}; its transport endpoints answer only there: send "
-            "this request to that replica (every other session route works on any replica)"
+            f"session {session_id!r} runs on replica {replica!r}; "
+            + (
+                detail
+                or "its transport endpoints answer only there: send this request to that replica (every other "
+                "session route works on any replica)"
+            )
         )
         self.session_id = session_id
         self.replica = replica

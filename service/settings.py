@@ -307,6 +307,12 @@ class Settings(BaseSettings):
     replica_ttl: float = Field(
         default=10.0, ge=0.3, le=3600, description="Seconds a silent replica keeps its slots (redis backend)."
     )
+    replica_url: str | None = Field(
+        default=None,
+        description="This replica's base URL that the other replicas reach (redis backend), e.g. "
+        "http://10.0.3.7:8000: they forward the transport routes of the sessions it runs to it; unset: they answer "
+        "409 session_on_other_replica.",
+    )
     max_request_bytes: int = Field(default=16 * _MIB, ge=1024, le=1024 * _MIB, description="Largest request body.")
     max_image_bytes: int = Field(default=10 * _MIB, ge=1, le=512 * _MIB, description="Largest reference image.")
     max_image_pixels: int = Field(default=16 * _MIB, ge=1, le=1 << 30, description="Most pixels of a reference image.")
@@ -599,6 +605,15 @@ class Settings(BaseSettings):
             raise ValueError("must be 1-200 letters, digits or . _ : - (unique per process, e.g. the pod name)")
         return value.strip()
 
+    @field_validator("replica_url")
+    @classmethod
+    def _check_replica_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        from service.scaleout.forwarding import check_replica_url  # one rule, where the addresses are read
+
+        return check_replica_url(value.strip())
+
     @field_validator("livekit_url", "livekit_client_url")
     @classmethod
     def _check_livekit_url(cls, value: str | None) -> str | None:
@@ -631,6 +646,10 @@ class Settings(BaseSettings):
                 )
             if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
                 raise ValueError("LINGSTREAM_REDIS_URL must be a redis://, rediss:// or unix:// URL")
+        elif self.replica_url is not None:
+            raise ValueError(
+                "LINGSTREAM_REPLICA_URL needs LINGSTREAM_ADMISSION_BACKEND=redis (one replica forwards nothing)"
+            )
         if self.token_secret is None and self.token_secret_previous is not None:
             raise ValueError("LINGSTREAM_TOKEN_SECRET_PREVIOUS needs LINGSTREAM_TOKEN_SECRET (the secret that signs)")
         self._check_recordings_s3()

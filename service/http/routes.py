@@ -12,7 +12,11 @@ The transport routes: `POST /v1/sessions/{id}/webrtc` (the embedded transport's 
 session to a new peer connection), `POST /v1/sessions/{id}/viewers` (one more viewer: LiveKit, a subscribe-only
 token; embedded, a viewer credential and the watch URL; 429 beyond `MAX_VIEWERS`), `POST /v1/sessions/{id}/watch`
 (the embedded transport's viewer offer, authenticated by the viewer credential instead of an API key) and
-`POST /v1/livekit/webhook` (LiveKit's signed webhooks: the signature is the authentication, no API key).
+`POST /v1/livekit/webhook` (LiveKit's signed webhooks: the signature is the authentication, no API key). With the
+redis backend the first three act on the replica that runs the session: on another one, `lookup_here` raises
+`SessionElsewhereError`, and the route forwards the request to the owner's advertised address and returns its answer
+(`service.scaleout.forwarding`; the viewer's offer asks the registry for the owner first, having no key) or answers
+409 `session_on_other_replica`.
 
 Credentials (`service.http.access`): an API key, or a token (issue #35). A create takes a key or a client token
 (origin → body → the token's bounds → a create counted against the token, given back when the session takes no
@@ -51,6 +55,7 @@ from service.errors import (
     OriginNotAllowedError,
     PromptTooLargeError,
     RecordingNotFoundError,
+    SessionElsewhereError,
     SessionNotStreamingError,
     TokenExhaustedError,
     TransportFeatureError,
@@ -84,6 +89,7 @@ from service.runtime.images import decode_image
 from service.runtime.recording_catalog import parse_cursor
 from service.runtime.runtime import ServiceRuntime
 from service.runtime.sessions import SessionSnapshot, SessionState
+from service.scaleout.forwarding import ForwardedRoute, Forwarder, was_forwarded
 from service.tokens import ClientGrant, Need, origin_allowed
 from service.usage.query import parse_since
 from service.webhooks.targets import WebhookTargets
@@ -491,9 +497,12 @@ def _require_streaming(snapshot: SessionSnapshot) -> None:
 )
 async def answer_webrtc_offer(
     session_id: str, request: Request, owner: ControlsSession, runtime: Runtime, transport: ActiveTransport
-) -> WebrtcAnswer:
+) -> WebrtcAnswer | Response:
     bind_session_id(session_id)
-    snapshot = await runtime.lookup_here(owner, session_id)
+    try:
+        snapshot = await runtime.lookup_here(owner, session_id)
+    except SessionElsewhereError as elsewhere:
+        return await _forwarded(request, ForwardedRoute.OFFER, elsewhere)
     if not isinstance(transport, AnswersOffers):
         if transport is not None:  # (LiveKit: its clients join a room instead)
             raise _conflict("this service streams through LiveKit: join the room named in the session's transport")
@@ -531,7 +540,7 @@ async def add_viewer(
     caller: AnyCaller,
     runtime: Runtime,
     transport: ActiveTransport,
-) -> dict[str, Any]:
+) -> dict[str, Any] | Response:
     bind_session_id(session_id)
     wanted = await _viewer_request(request)
     if wanted.share:
@@ -540,7 +549,10 @@ async def add_viewer(
         if not isinstance(transport, IssuesViewers):
             raise TransportFeatureError("viewers need a transport (LiveKit or embedded WebRTC)")
         return share_link(request, owner, snapshot)
-    snapshot = await runtime.lookup_here(owner, session_id)
+    try:
+        snapshot = await runtime.lookup_here(owner, session_id)
+    except SessionElsewhereError as elsewhere:
+        return await _forwarded(request, ForwardedRoute.VIEWERS, elsewhere)
     if not isinstance(transport, IssuesViewers):
         raise TransportFeatureError("viewers need a transport (LiveKit or embedded WebRTC)")
     _require_streaming(snapshot)
@@ -563,8 +575,16 @@ async def answer_watch_offer(
     runtime: Runtime,
     transport: ActiveTransport,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
-) -> WebrtcAnswer:
+) -> WebrtcAnswer | Response:
     bind_session_id(session_id)
+    forwarder = _forwarder(request)
+    if forwarder is not None and not runtime.runs_here(session_id) and not was_forwarded(request.headers.items()):
+        # The credential is good only on the replica that minted it, the owner: it checks it. (Not forwarded, or
+        # forwarded already: answered here as without forwarding, which reveals nothing without a credential.)
+        replica = await forwarder.runs_on(session_id)
+        if replica is not None:
+            with contextlib.suppress(SessionElsewhereError):
+                return await _forwarded(request, ForwardedRoute.WATCH, SessionElsewhereError(session_id, replica))
     token = _viewer_token(request.headers.get("authorization"))
     if not isinstance(transport, AnswersViewerOffers):
         raise ViewerTokenInvalidError(
@@ -579,6 +599,28 @@ async def answer_watch_offer(
     if kind != "answer":  # pragma: no cover - aiortc always answers an offer with an answer
         raise _conflict(f"the transport answered with an SDP of type {kind!r}")
     return WebrtcAnswer(sdp=sdp, type="answer")
+
+
+def _forwarder(request: Request) -> Forwarder | None:
+    forwarder: Forwarder | None = getattr(request.app.state, "forwarder", None)
+    return forwarder
+
+
+async def _forwarded(request: Request, route: ForwardedRoute, elsewhere: SessionElsewhereError) -> Response:
+    """The answer of the replica that runs the session to this request (`service.scaleout.forwarding`); raises
+    `elsewhere` (409 `session_on_other_replica`) when this replica forwards nothing, or this request cannot be."""
+    forwarder = _forwarder(request)
+    if forwarder is None:
+        raise elsewhere
+    answer = await forwarder.forward(
+        route,
+        elsewhere,
+        method=request.method,
+        headers=request.headers.items(),
+        query=request.url.query,
+        body=await request.body(),
+    )
+    return Response(answer.body, status_code=answer.status, headers=dict(answer.headers))
 
 
 async def _viewer_request(request: Request) -> AddViewerRequest:

@@ -129,7 +129,8 @@ class RedisAdmission:
     pass. `finished_ttl_s` is how long finished tickets stay readable; `payload_ttl_s` how long a payload outlives
     admission; `events_maxlen` bounds the event stream (overflow: trim the oldest); `backoff_s` is the reconnect
     back-off (first, max); `call_timeout_s` bounds every Redis call; `connect_timeout_s` bounds opening a connection of
-    the client made from a URL (a caller's own client keeps its own).
+    the client made from a URL (a caller's own client keeps its own). `replica_url` is this replica's address for the
+    other replicas (`replica_url(...)` reads it there), kept in Redis with its liveness key.
     """
 
     def __init__(
@@ -148,6 +149,7 @@ class RedisAdmission:
         backoff_s: tuple[float, float] = (0.05, 2.0),
         call_timeout_s: float = 5.0,
         connect_timeout_s: float = 2.0,
+        replica_url: str | None = None,
     ) -> None:
         interval = replica_ttl_s / 3 if heartbeat_interval_s is None else heartbeat_interval_s
         if not replica_id or any(ch.isspace() for ch in replica_id):
@@ -200,6 +202,7 @@ class RedisAdmission:
             interval_s=interval,
             backoff_s=backoff_s,
             block_ms=block_ms,
+            replica_url=replica_url,
         )
         self._tasks = TaskSet(f"redis-admission-{replica_id}")
 
@@ -506,6 +509,20 @@ class RedisAdmission:
             self._link.lost_contact(exc)
             return ()
         return tuple(decode_view(decode_fields(flat)) for flat in reply.result)
+
+    async def replica_url(self, replica_id: str) -> str | None:
+        """The address `replica_id` advertises to the other replicas (its `replica_url`), read now: None when it
+        advertises none or its liveness lapsed (the address is kept with the liveness key, the same TTL). Raises
+        `AdmissionUnavailableError` while Redis is unreachable."""
+        self._link.require_started()
+        try:
+            raw = await self._link.timed(self._link.redis.get(f"{self._link.prefix}url:{replica_id}"))
+        except UNAVAILABLE as exc:
+            self._link.lost_contact(exc)
+            raise AdmissionUnavailableError(UNAVAILABLE_MESSAGE) from exc
+        if raw is None:
+            return None
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
 
     async def tick(self) -> None:
         """One maintenance pass now (what the background task does every `heartbeat_interval_s`): heartbeat,

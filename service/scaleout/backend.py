@@ -17,7 +17,9 @@ session the runtime keeps no record of:
   (`service.scaleout.registry`), checking the owner fingerprint in constant time. DELETE elsewhere becomes
   `request_close`, and pause/resume `request_pause`, which reach the owner's listeners;
 - **transport routes** (the WebRTC offer, viewer tokens) need the replica that runs the session: elsewhere they
-  answer 409 `session_on_other_replica` naming it (with LiveKit, browsers talk to LiveKit, not to a replica);
+  raise `SessionElsewhereError` naming it, which the routes forward to that replica's advertised address
+  (`service.scaleout.forwarding`; this backend is its `ReplicaDirectory`) or answer with 409
+  `session_on_other_replica` (with LiveKit, browsers talk to LiveKit, not to a replica);
 - a session created here but admitted elsewhere, and every session still queued here when the replica drains,
   is *handed over*: forgotten by the runtime, it lives on in the registry and the global queue;
 - **outages**: while Redis is unreachable the backend is not `available` (the runtime is then not ready and
@@ -148,7 +150,13 @@ class RedisAdmissionBackend:
     ) -> None:
         self._replica = shared.replica_id
         self._admission = RedisAdmission(
-            redis, shared.replica_id, config, clock=clock, prefix=prefix, replica_ttl_s=shared.replica_ttl_s
+            redis,
+            shared.replica_id,
+            config,
+            clock=clock,
+            prefix=prefix,
+            replica_ttl_s=shared.replica_ttl_s,
+            replica_url=shared.replica_url,
         )
         self._refresh_s = shared.replica_ttl_s / 3
         self._host: AdmissionHost | None = None
@@ -412,6 +420,26 @@ class RedisAdmissionBackend:
         if view.state is TicketState.ADMITTED and view.replica is not None and view.replica != self._replica:
             raise SessionElsewhereError(session_id, view.replica)
         return remote_snapshot(view)
+
+    async def replica_url(self, replica_id: str) -> str | None:
+        """The address `replica_id` advertises to the other replicas while it is alive (`ReplicaDirectory`);
+        `AdmissionUnavailableError` while Redis is unreachable."""
+        if not self._admission.available:
+            raise AdmissionUnavailableError(_UNAVAILABLE_MESSAGE)
+        return await self._admission.replica_url(replica_id)
+
+    async def runs_on(self, session_id: str) -> str | None:
+        """The other replica that runs `session_id` now, whoever owns it (`ReplicaDirectory`: a viewer's offer has no
+        key to look it up with); None when this replica runs it, nobody does, it is unknown, or Redis is unreachable."""
+        if not self._admission.available:
+            return None
+        try:
+            view = await self._admission.get(session_id)
+        except (UnknownTicketError, AdmissionUnavailableError, AdmissionClosedError):
+            return None
+        if view.state is TicketState.ADMITTED and view.replica is not None and view.replica != self._replica:
+            return view.replica
+        return None
 
     async def sessions_of(self, owner: str) -> Sequence[SessionSnapshot]:
         """The owner's live sessions on every replica (none while Redis is unreachable)."""

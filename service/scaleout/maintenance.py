@@ -34,7 +34,8 @@ class Maintenance:
     `once()` is one pass now (what `start` and `tick` call); `forever()`, `read_events_forever()` and
     `follow_positions_forever()` are the loops. `interval_s` paces the pass, `replica_ttl_ms` is the liveness TTL,
     `backoff_s` the reconnect back-off (first, max), `block_ms` how long one stream read waits. `positions_dirty` is
-    the event the mirror sets when queue positions need reading.
+    the event the mirror sets when queue positions need reading. `replica_url` is this replica's address for the
+    other replicas (None: none), kept with its liveness key by every pass.
     """
 
     def __init__(
@@ -48,8 +49,10 @@ class Maintenance:
         interval_s: float,
         backoff_s: tuple[float, float],
         block_ms: int,
+        replica_url: str | None = None,
     ) -> None:
         self._link = link
+        self._url = replica_url or ""
         self._mirror = mirror
         self._config = config
         self._positions_dirty = positions_dirty
@@ -79,7 +82,7 @@ class Maintenance:
             newest: Any = await link.timed(link.redis.xrevrange(self._stream_key, count=1))
             self._stream_from = newest[0][0] if newest else "0-0"
         await self._replay_deferred()
-        args: list[str | int] = [self._ttl_ms, self._epoch or "", secrets.token_hex(8)]
+        args: list[str | int] = [self._ttl_ms, self._epoch or "", secrets.token_hex(8), self._url]
         for view in self._mirror.held_views():  # re-asserted (and re-created if Redis lost its data)
             admitted_ms = round((view.admitted_at if view.admitted_at is not None else view.created_at) * 1000)
             args += [view.ticket_id, view.worker or 0, view.owner, round(view.created_at * 1000), admitted_ms]
@@ -91,7 +94,7 @@ class Maintenance:
             logger.warning(
                 "redis admission %s: Redis lost its data; re-asserted %d slot(s)",
                 link.replica_id,
-                (len(args) - 3) // 6,
+                (len(args) - 4) // 6,
             )
             self._reader_reset = True
             self._audit_at = link.clock.now() + self._ttl_ms / 1000  # once every live replica re-asserted

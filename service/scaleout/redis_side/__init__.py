@@ -24,6 +24,8 @@ tag such as `{lingstream}:admission:` keeps them in one Redis Cluster slot):
     P held:<replica>   hash    ticket id -> worker index: the slots a replica holds (counts are derived, never
                                stored, so they cannot drift from the tickets)
     P replica:<id>     string  liveness, SET with PX = replica TTL by the replica's heartbeat
+    P url:<id>         string  the replica's address for the other replicas (`LINGSTREAM_REPLICA_URL`: where they
+                               forward its sessions' transport routes), SET with the liveness key, the same TTL
     P replicas         hash    replica id -> "workers|slots per worker|health mask|draining|reserved per worker|
                                generation" (a replica's newest info wins, whatever order its calls land in)
     P watch            string  when continuous watching began (SET NX, PX = replica TTL, refreshed by every

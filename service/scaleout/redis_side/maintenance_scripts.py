@@ -12,16 +12,19 @@ from types import MappingProxyType
 
 __all__ = ["MAINTENANCE_SCRIPTS"]
 
-# maintain: ARGV[7] replica TTL ms, [8] the epoch BY last saw ("" at first), [9] a fresh epoch token, then 6 per
-# ticket BY believes it holds: id, worker, owner, created ms, admitted ms, version.
-# Refreshes BY's liveness key and info, expires due tickets, reaps every replica whose liveness key is gone,
-# re-asserts BY's slots (re-creating them if Redis lost its data), then admits the head onto BY while it has room.
+# maintain: ARGV[7] replica TTL ms, [8] the epoch BY last saw ("" at first), [9] a fresh epoch token, [10] BY's
+# address for the other replicas ("" none), then 6 per ticket BY believes it holds: id, worker, owner, created ms,
+# admitted ms, version.
+# Refreshes BY's liveness key, its address (the same TTL: it exists exactly while BY is alive) and info, expires
+# due tickets, reaps every replica whose liveness key is gone, re-asserts BY's slots (re-creating them if Redis
+# lost its data), then admits the head onto BY while it has room.
 # Result: {existed (BY's key had not lapsed), epoch, reaped replica ids, lost tickets (BY's sessions that were
 # reaped or forgotten), unknown tickets (held by BY in Redis but not in BY's list), next deadline in ms or -1,
 # reaped tickets (the sessions of the replicas this call reaped, each reported by this call only)}.
 _MAINTAIN = r"""
 local existed = alive(BY)
 redis.call('SET', rkey(BY), NOW, 'PX', ARGV[7])
+if ARGV[10] ~= '' then redis.call('SET', ukey(BY), ARGV[10], 'PX', ARGV[7]) else redis.call('DEL', ukey(BY)) end
 redis.call('HSET', SEEN, BY, NOW)
 sync_info()
 local epoch = redis.call('GET', EPOCH)
@@ -44,7 +47,7 @@ if NOW - tonumber(redis.call('GET', WATCH)) >= tonumber(ARGV[7]) then
   end
 end
 local lost, unknown, mine, counts = {}, {}, {}, loads(BY, ME.n)
-for i = 10, #ARGV, 6 do
+for i = 11, #ARGV, 6 do
   local id, w = ARGV[i], ARGV[i + 1]
   local key, wi = tkey(id), tonumber(ARGV[i + 1]) + 1
   mine[id] = true
@@ -108,7 +111,7 @@ return reply('ok', cancelled)
 _DEREGISTER = r"""
 expire_due()
 reap(BY)
-redis.call('DEL', rkey(BY))
+redis.call('DEL', rkey(BY), ukey(BY))
 return reply('ok', {})
 """
 

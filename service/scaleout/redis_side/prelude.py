@@ -27,6 +27,7 @@ local function tkey(id) return P .. 't:' .. id end
 local function pkey(id) return P .. 'p:' .. id end
 local function hkey(r) return P .. 'held:' .. r end
 local function rkey(r) return P .. 'replica:' .. r end
+local function ukey(r) return P .. 'url:' .. r end
 local function alive(r) return redis.call('EXISTS', rkey(r)) == 1 end
 local function kqkey(owner) return P .. 'kq:' .. owner end
 local function krkey(owner) return P .. 'kr:' .. owner end

@@ -145,6 +145,9 @@ INVALID = [
     ("LINGSTREAM_WARMUP_CHUNKS", "2", "LINGSTREAM_ATTENTION and LINGSTREAM_WARMUP_CHUNKS are for the lingbot-fast"),
     ("LINGSTREAM_DECODER", "taehv", "LINGSTREAM_DECODER"),
     ("LINGSTREAM_DECODER", "tiny", "LINGSTREAM_DECODER=tiny chooses lingbot-fast's decoder"),
+    ("LINGSTREAM_REPLICA_URL", "10.0.3.7:8000", "LINGSTREAM_REPLICA_URL"),
+    ("LINGSTREAM_REPLICA_URL", "http://10.0.3.7:8000/v1", "LINGSTREAM_REPLICA_URL"),
+    ("LINGSTREAM_REPLICA_URL", "http://10.0.3.7:8000", "LINGSTREAM_REPLICA_URL needs LINGSTREAM_ADMISSION_BACKEND"),
     ("LIVEKIT_URL", "ftp://lk.example", "LIVEKIT_URL"),
     ("LIVEKIT_URL", "wss://lk.example", "LIVEKIT_API_KEY"),
 ]
@@ -301,3 +304,15 @@ def test_expandable_segments_are_set_for_cuda_threads_workers_unless_the_environ
     assert allocator_environment([gpu, processes], {}) == {}  # latents cross groups by CUDA IPC
     assert allocator_environment([gpu], {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}) == {}
     assert allocator_environment([gpu], {"PYTORCH_ALLOC_CONF": "expandable_segments:False"}) == {}
+
+
+def test_the_replica_url_is_this_replicas_address_for_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LINGSTREAM_ADMISSION_BACKEND", "redis")
+    monkeypatch.setenv("LINGSTREAM_REDIS_URL", "redis://redis:6379/0")
+    shared = ServiceConfig.from_settings(load_settings()).shared_admission
+    assert shared is not None
+    assert shared.replica_url is None  # unset: transport routes of sessions run elsewhere answer 409
+    monkeypatch.setenv("LINGSTREAM_REPLICA_URL", " http://10.0.3.7:8000/ ")
+    shared = ServiceConfig.from_settings(load_settings()).shared_admission
+    assert shared is not None
+    assert shared.replica_url == "http://10.0.3.7:8000"

@@ -29,6 +29,7 @@ from service.scaleout.admission import (
 )
 from service.scaleout.redis_side.mirror import ReplicaMirror
 from tests.support.redis_cluster import PREFIX, TTL, Cluster, EventLog, read_snapshot
+from tests.support.waits import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -569,3 +570,31 @@ def test_a_lost_session_keeps_its_slot_reserved_until_the_service_releases_it() 
     assert mirror.end_zombie("x") is not None
     assert mirror.info() == "1|1|1|0|0|3"
     assert wakes == ["m"]
+
+
+# ----------------------------------------------------------------------------------------------- replica address
+
+
+async def test_a_replica_address_lives_exactly_as_long_as_its_liveness(cluster: Cluster) -> None:
+    a = await cluster.add("a", replica_url="http://10.0.3.7:8000")
+    b = await cluster.add("b")  # advertises none
+    c = await cluster.add("c", replica_url="http://10.0.3.9:8000")
+    assert await b.replica_url("a") == "http://10.0.3.7:8000"
+    assert await a.replica_url("b") is None
+    assert await a.replica_url("nobody") is None
+    # Kept with the liveness key, the same TTL: the address goes when the liveness does.
+    url_ttl = await cluster.raw.pttl(f"{PREFIX}url:a")
+    assert 0 < url_ttl <= TTL * 1000
+    assert abs(url_ttl - await cluster.raw.pttl(f"{PREFIX}replica:a")) < 200
+    await a.aclose()  # leaves: its address is removed with its registration
+    del cluster.replicas["a"]
+    assert await b.replica_url("a") is None
+    await c.aclose(deregister=False)  # SIGKILL: the heartbeats stop; the address lapses with the liveness key
+    del cluster.replicas["c"]
+
+    async def lapsed() -> bool:
+        return not await cluster.raw.exists(f"{PREFIX}replica:c")
+
+    await until(lapsed, "c's liveness key to lapse", within=TTL * 3, every=0.05)  # a real TTL in Redis
+    assert await b.replica_url("c") is None
+    await cluster.check()
