@@ -741,6 +741,24 @@ def test_redis_backend_sets_the_replica_ttl_and_leaves_each_process_its_own_repl
         chart.validate_schema({"admission": {**REDIS, "replicaTtl": 0}})
 
 
+def test_redis_pods_advertise_their_address_so_the_others_forward_transport_routes(chart: Any) -> None:
+    docs = render(chart, {"replicaCount": 3, "admission": REDIS})
+    env = env_of(docs)
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    port = main_container(docs)["ports"][0]["containerPort"]
+    assert env["LINGSTREAM_REPLICA_URL"]["value"] == f"http://$(POD_IP):{port}"
+    names = [entry["name"] for entry in main_container(docs)["env"]]
+    assert names.index("POD_IP") < names.index("LINGSTREAM_REPLICA_URL")  # $(POD_IP) expands only from earlier ones
+    assert "LINGSTREAM_REPLICA_URL" not in only(docs, "ConfigMap")["data"]
+    # Off on request (then transport routes of sessions run elsewhere answer 409), and without redis.
+    off = env_of(render(chart, {"admission": {**REDIS, "forwardTransportRoutes": False}}))
+    assert "LINGSTREAM_REPLICA_URL" not in off
+    assert "POD_IP" not in off
+    assert "LINGSTREAM_REPLICA_URL" not in env_of(render(chart, {}))
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"admission": {**REDIS, "forwardTransportRoutes": "yes"}})
+
+
 # --- the values schema ---------------------------------------------------------------------------------------------
 
 
