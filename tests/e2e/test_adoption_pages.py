@@ -4,14 +4,18 @@ private network namespace with no way out; the reference model (deterministic: p
 
 A replica runs one transport (`service/transports.py`: no router transport serves both kinds side by side), so the
 pages' sessions cannot share a replica, and a replica of one kind cannot adopt a session of the other. The layout is
-two deployments on one redis-server, each its own admission pool: database 0, three LiveKit replicas (the issue's
-three: the owner killed, two survivors race to adopt, exactly one does); database 1, two embedded ones (the page's
-WebRTC offer must reach the replica that runs its session, and a front door over three would send it to whichever
-survivor accepts first, the adopter or not: docs/continuity.md). Each pool is reached through one address in front
-of its replicas (`tests/support/front_door.py`, as a Kubernetes Service). Each page's session runs on the first
-replica of its pool; both are SIGKILLed at the same moment, and a survivor of each pool adopts its session from the
-Redis checkpoint. Nothing is done by hand after the kill: page A stays in its room (the same participant) and
-follows the adopter's new track, page B rejoins through its front door with the same session id.
+two deployments on one redis-server, each its own admission pool of the issue's three replicas: database 0, three
+LiveKit replicas (the owner killed, two survivors race to adopt, exactly one does); database 1, three embedded ones
+that advertise their addresses (`LINGSTREAM_REPLICA_URL`): the page's WebRTC offer reaches whichever survivor its
+front door picks, which forwards it to the adopter (`service/scaleout/forwarding.py`). Each pool is reached through
+one address in front of its replicas (`tests/support/front_door.py`, as a Kubernetes Service without affinity: each
+connection to the first replica that accepts it). Each page's session runs on the first replica of its pool; both
+are SIGKILLed at the same moment, and a survivor of each pool adopts its session from the Redis checkpoint. In the
+embedded pool the survivor the front door picks (`e2`) is kept from adopting (a paused session of its own holds its
+one slot), so the adopter is `e3` and every offer of the page after the kill is forwarded: the case that left the
+page `recovering` before forwarding existed. Nothing is done by hand after the kill: page A stays in its room (the
+same participant) and follows the adopter's new track, page B rejoins through its front door with the same session
+id.
 
 For both pages: the same session id (no new create; each pool lists only it), no error shown, frames and chunks after
 the kill, the chunk indices never going back past the checkpoint's `next_chunk`, the adopter's metrics counting one
@@ -53,7 +57,7 @@ from tests.support.lingbot import close_session, generate_chunk, gray, open_sess
 from tests.support.livekit_server_real import LiveKitServerProcess
 from tests.support.livekit_stack import LiveKitStack, metric
 from tests.support.netns import HOST_A, PrivateNetwork
-from tests.support.serving import Replica, free_port, spawn_replica, wait_until_ready
+from tests.support.serving import OWN_URL, Replica, free_port, spawn_replica, wait_until_ready
 
 if TYPE_CHECKING:  # playwright is a dev extra; BROWSER_SKIPS skips the module without it
     from playwright.sync_api import Browser, Page
@@ -75,6 +79,7 @@ WIDTH, HEIGHT, SEED = 128, 96, 5
 STARTUP_S = 90.0
 WAIT_MS = 45_000
 RECOVERED = "lingstream_sessions_recovered_total"
+FORWARDED = "lingstream_forwarded_requests_total"
 # The id of the video track the page plays: a new one on a new peer connection (embedded). Not on LiveKit: the page's
 # subscriber connection may carry the adopter's track on the transceiver the lost one used, the same track object
 # (seen: the same id in 1 run of 5).
@@ -123,7 +128,7 @@ class Seen:
 
 @pytest.fixture
 def pools(tmp_path: Path) -> Iterator[tuple[Pool, Pool, LiveKitServerProcess, Browser]]:
-    """The namespace, one redis-server, the real livekit-server, five replicas (three on LiveKit, two embedded;
+    """The namespace, one redis-server, the real livekit-server, six replicas (three on LiveKit, three embedded;
     started at once, then waited for), two front doors and Chromium; on a failure every replica's output is
     printed."""
     with PrivateNetwork(), RedisServer(tmp_path) as server:
@@ -147,10 +152,8 @@ def pools(tmp_path: Path) -> Iterator[tuple[Pool, Pool, LiveKitServerProcess, Br
                 return replicas[-1]
 
             on_lk = tuple(spawn(f"lk{n}", server.url, **on_livekit) for n in (1, 2, 3))
-            # Two: the page's offer must reach the replica that runs its session (others answer 409
-            # `session_on_other_replica`), and a front door in front of three would send it to whichever survivor
-            # accepts first, the adopter or not (docs/continuity.md: measured so, the page stuck on the 409s).
-            embedded = tuple(spawn(f"e{n}", embedded_url) for n in (1, 2))
+            # Each advertises its address: the survivor the front door picks forwards the page's offer to the adopter.
+            embedded = tuple(spawn(f"e{n}", embedded_url, LINGSTREAM_REPLICA_URL=OWN_URL) for n in (1, 2, 3))
             try:
                 for replica in replicas:
                     wait_until_ready(replica.url, replica.process, replica.output, within_s=STARTUP_S)
@@ -215,6 +218,10 @@ def test_both_pages_keep_playing_the_same_picture_through_the_loss_of_their_repl
     livekit, embedded, server, browser = pools
     errors: list[str] = []
     pages = {pool.kind: _open(browser, pool, errors) for pool in (livekit, embedded)}
+    # The embedded survivor the front door picks (the first that accepts) holds its one slot with a paused session of
+    # its own, so it cannot adopt the page's: the other survivor does, and the page's offers reach it only forwarded.
+    picked, adopter_to_be = embedded.replicas[1], embedded.replicas[2]
+    filler = _paused_session(picked)
     seen: dict[str, Seen] = {}
     for pool in (livekit, embedded):
         page = pages[pool.kind]
@@ -272,13 +279,15 @@ def test_both_pages_keep_playing_the_same_picture_through_the_loss_of_their_repl
         # Frames presented after the kill: at least a chunk's (12 at chunk size 3) beyond those it had.
         assert page.evaluate("window.lingstream.frames") >= mark.frames_at_kill + 12, pool.kind
         listed = httpx.get(f"{pool.door.url}/v1/sessions", timeout=10).json()["sessions"]
-        assert [body["id"] for body in listed] == [mark.sid], f"{pool.kind}: the page created no other session"
-        # Exactly one survivor adopted it: the session's slot is held there, the other survivor holds none.
+        others = {filler} if pool is embedded else set()
+        assert {body["id"] for body in listed} == {mark.sid, *others}, f"{pool.kind}: the page created no other session"
+        # Exactly one survivor adopted it: the session's slot is held there, the other survivor holds none of it.
         adopter = pool.owner(mark.sid)
         assert adopter is not pool.first, pool.kind
         for replica in pool.replicas[1:]:
             held = pool.redis.hgetall(f"{PREFIX}held:{replica.name}")
-            assert set(held) == ({mark.sid.encode()} if replica is adopter else set()), (replica.name, held)
+            mine = {mark.sid.encode()} if replica is adopter else ({filler.encode()} if replica is picked else set())
+            assert set(held) == mine, (replica.name, held)
             recovered = metric(httpx.get(f"{replica.url}/metrics", timeout=10).text, RECOVERED, cause="replica_lost")
             assert recovered == (1.0 if replica is adopter else 0.0), (replica.name, recovered)
         _, chunks = grabs[pool.kind]
@@ -295,6 +304,16 @@ def test_both_pages_keep_playing_the_same_picture_through_the_loss_of_their_repl
     assert seen["livekit"].page.evaluate("window.lingstream.generation") == seen["livekit"].generation_at_kill
     assert seen["embedded"].page.evaluate("window.lingstream.generation") > seen["embedded"].generation_at_kill
     assert seen["embedded"].page.evaluate(VIDEO_TRACK_JS) != seen["embedded"].track_at_kill
+    # Page B's new peer connection is the adopter's, reached through the survivor its front door picked, which
+    # forwarded the offer (the answer of every forwarded request counted there; the adopter forwarded nothing).
+    assert adopters["embedded"] == adopter_to_be.name
+    forwarded = {
+        replica.name: metric(httpx.get(f"{replica.url}/metrics", timeout=10).text, FORWARDED, route="webrtc")
+        for replica in (picked, adopter_to_be)
+    }
+    answered = metric(httpx.get(f"{picked.url}/metrics", timeout=10).text, FORWARDED, outcome="answered")
+    assert answered >= 1, forwarded
+    assert forwarded[adopter_to_be.name] == 0, forwarded
 
     # The picture: what each page shows now is the uninterrupted render's frame at its chunk.
     figures: dict[str, dict[str, float]] = {}
@@ -314,11 +333,29 @@ def test_both_pages_keep_playing_the_same_picture_through_the_loss_of_their_repl
     print(
         f"frames of a later chunk after the kill (TTL {TTL_S} s): LiveKit {recovered_s['livekit']:.2f} s, "
         f"embedded {recovered_s['embedded']:.2f} s; the picture against the reference (mean |grey| difference): "
-        f"{figures}; adopted by {adopters}"
+        f"{figures}; adopted by {adopters}; requests forwarded by {picked.name}: {forwarded}"
     )
     for pool in (livekit, embedded):
         for replica in pool.replicas[1:]:
             assert "Traceback" not in replica.output(), replica.name
+
+
+def _status_is(url: str, status: str) -> bool:
+    body = httpx.get(url, timeout=10).json()
+    return bool(body["status"] == status)
+
+
+def _paused_session(replica: Replica) -> str:
+    """A session created on `replica` itself (admitted there at once, onto its one slot), then paused: it holds the
+    slot and generates nothing."""
+    created = httpx.post(f"{replica.url}/v1/sessions", json={"config": {"width": 64, "height": 48}}, timeout=30)
+    assert created.status_code == 201, created.text
+    sid: str = created.json()["id"]
+    running = functools.partial(_status_is, f"{replica.url}/v1/sessions/{sid}", "running")
+    _until(running, "the filler session to run", 30)
+    paused = httpx.post(f"{replica.url}/v1/sessions/{sid}/pause", timeout=30)
+    assert (paused.status_code, paused.json()["status"]) == (200, "paused"), paused.text
+    return sid
 
 
 def _what_it_saw(page: Page) -> dict[str, Any]:

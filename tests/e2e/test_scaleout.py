@@ -21,12 +21,16 @@ from typing import Any
 
 import httpx
 import pytest
+from aiortc import RTCSessionDescription
 from redis.asyncio import Redis
 
 from service.settings import load_settings
 from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
-from tests.support.serving import Replica, spawn_replica
+from tests.support.fakes.webrtc_client import BrowserPeer
+from tests.support.livekit_stack import metric
+from tests.support.serving import OWN_URL, Replica, spawn_replica
 from tests.support.waits import until
+from transport.protocol import ProtocolError
 
 pytestmark = [
     pytest.mark.slow,
@@ -143,10 +147,16 @@ def _stop(replica: Replica) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _cluster(tmp_path: Path, **settings: str) -> AsyncIterator[Cluster]:
+async def _cluster(tmp_path: Path, *, advertise: str = "", **settings: str) -> AsyncIterator[Cluster]:
+    """The three replicas; those `advertise` names (comma-separated) set their `LINGSTREAM_REPLICA_URL` (they forward
+    transport routes, and are forwarded to)."""
     with RedisServer(tmp_path) as server:
         raw = Redis.from_url(server.url)
-        replicas = [_start(tmp_path, name, server.url, settings) for name in NAMES]
+        own = {"LINGSTREAM_REPLICA_URL": OWN_URL}
+        replicas = [
+            _start(tmp_path, name, server.url, settings | (own if name in advertise.split(",") else {}))
+            for name in NAMES
+        ]
         try:
             async with httpx.AsyncClient(timeout=15.0) as client:
                 cluster = Cluster(server, raw, client, {replica.name: replica for replica in replicas})
@@ -205,7 +215,7 @@ async def test_creates_spread_over_replicas_are_admitted_in_global_arrival_order
 
 
 async def test_get_list_delete_and_events_work_on_any_replica(tmp_path: Path) -> None:
-    async with _cluster(tmp_path, LINGSTREAM_API_KEYS=f"{KEY_A},{KEY_B}") as cluster:
+    async with _cluster(tmp_path, advertise="r1,r2", LINGSTREAM_API_KEYS=f"{KEY_A},{KEY_B}") as cluster:
         running = await _fill(cluster, KEY_A)
         session = running["r1"]
         here = await cluster.status("r1", session, KEY_A)
@@ -220,18 +230,49 @@ async def test_get_list_delete_and_events_work_on_any_replica(tmp_path: Path) ->
         other = (await cluster.client.get(cluster.url("r3", "/v1/sessions"), headers=_auth(KEY_B))).json()
         assert other["sessions"] == []
 
-        # Transport routes answer only on the replica that runs the session, and say which one that is.
+        # Transport routes act on the transport of the replica that runs the session. One without an address for
+        # the others (r3: no LINGSTREAM_REPLICA_URL) answers 409 and says which replica that is.
         offer = {"sdp": "v=0", "type": "offer"}
-        elsewhere = await cluster.client.post(
-            cluster.url("r2", f"/v1/sessions/{session}/webrtc"), json=offer, headers=_auth(KEY_A)
-        )
+        webrtc = f"/v1/sessions/{session}/webrtc"
+        elsewhere = await cluster.client.post(cluster.url("r3", webrtc), json=offer, headers=_auth(KEY_A))
         assert elsewhere.status_code == 409
         assert elsewhere.json()["error"]["code"] == "session_on_other_replica"
         assert elsewhere.headers["Lingstream-Replica"] == "r1"
-        owner = await cluster.client.post(
-            cluster.url("r1", f"/v1/sessions/{session}/webrtc"), json=offer, headers=_auth(KEY_A)
-        )
+        owner = await cluster.client.post(cluster.url("r1", webrtc), json=offer, headers=_auth(KEY_A))
         assert owner.status_code == 422  # the owner's transport reads the offer (and refuses this one)
+        # One with an address (r2) forwards it to the owner's (r1), and returns the owner's answer: the refusal ...
+        forwarded = await cluster.client.post(cluster.url("r2", webrtc), json=offer, headers=_auth(KEY_A))
+        assert (forwarded.status_code, forwarded.json()) == (422, owner.json())
+        assert forwarded.headers["Lingstream-Forwarded-To"] == "r1"
+        # ... and the answer to a real offer, after which the media flows between the client and r1 directly.
+        await _connect_through(cluster, "r2", session)
+        # One hop only: a request some replica forwarded already gets a 409 from a replica that does not run the
+        # session (ownership may have just moved; the client retries), and the owner's answer from the owner.
+        again = {**_auth(KEY_A), "Lingstream-Forwarded-By": "r3"}
+        looped = await cluster.client.post(cluster.url("r2", webrtc), json=offer, headers=again)
+        assert (looped.status_code, looped.json()["error"]["code"]) == (409, "session_on_other_replica")
+        assert (await cluster.client.post(cluster.url("r1", webrtc), json=offer, headers=again)).status_code == 422
+        # An owner that advertises no address (r3): 409 as without forwarding, which says a retry may succeed.
+        unadvertised = f"/v1/sessions/{running['r3']}/webrtc"
+        refused = await cluster.client.post(cluster.url("r2", unadvertised), json=offer, headers=_auth(KEY_A))
+        assert (refused.status_code, refused.headers["Lingstream-Replica"]) == (409, "r3")
+        assert "advertises no address" in refused.json()["error"]["message"]
+        # Viewers: the details minted by the owner's transport, through r2; the viewer's offer through r2 reaches the
+        # owner, which checks the credential (a wrong one: 401 from r1).
+        viewer = await cluster.client.post(cluster.url("r2", f"/v1/sessions/{session}/viewers"), headers=_auth(KEY_A))
+        assert (viewer.status_code, viewer.headers["Lingstream-Forwarded-To"]) == (201, "r1"), viewer.text
+        watch = cluster.url("r2", viewer.json()["offer_url"])
+        wrong = await cluster.client.post(watch, json=offer, headers={"Authorization": "Bearer not-a-credential"})
+        assert (wrong.status_code, wrong.headers["Lingstream-Forwarded-To"]) == (401, "r1")
+        good = {"Authorization": f"Bearer {viewer.json()['viewer_token']}"}
+        watched = await cluster.client.post(watch, json=offer, headers=good)
+        assert (watched.status_code, watched.headers["Lingstream-Forwarded-To"]) == (422, "r1")  # its bogus offer
+        counted = (await cluster.client.get(cluster.url("r2", "/metrics"))).text
+        assert _forwards(counted, "webrtc", "answered") == 2
+        assert _forwards(counted, "webrtc", "loop") == 1
+        assert _forwards(counted, "webrtc", "no_url") == 1
+        assert _forwards(counted, "viewers", "answered") == 1
+        assert _forwards(counted, "watch", "answered") == 2
 
         # A queued session followed on a replica that neither created nor runs it.
         waiting = (await cluster.create("r1", KEY_A)).json()
@@ -263,6 +304,30 @@ async def test_get_list_delete_and_events_work_on_any_replica(tmp_path: Path) ->
         assert events["running"][-1]["status"] == "closed"
         closed = await cluster.status("r3", running["r2"], KEY_A)
         assert (closed["status"], closed["reason"]) == ("closed", "client_deleted")
+
+
+async def _connect_through(cluster: Cluster, name: str, session: str) -> None:
+    """A controller's real WebRTC offer sent to replica `name`: the answer comes back, the control channel opens and
+    a status and a frame arrive (from the replica that runs the session: its ICE candidates are in the answer)."""
+    peer = BrowserPeer()
+    try:
+        answered = await cluster.client.post(
+            cluster.url(name, f"/v1/sessions/{session}/webrtc"),
+            json={"sdp": await peer.offer(), "type": "offer"},
+            headers=_auth(KEY_A),
+        )
+        assert answered.status_code == 200, answered.text
+        await peer.pc.setRemoteDescription(RTCSessionDescription(**answered.json()))
+        async with asyncio.timeout(15):
+            await peer.opened.wait()
+        assert not isinstance(await peer.next_status(), ProtocolError)
+        await peer.next_frame()
+    finally:
+        await peer.close()
+
+
+def _forwards(metrics: str, route: str, outcome: str) -> float:
+    return metric(metrics, "lingstream_forwarded_requests_total", route=route, outcome=outcome)
 
 
 async def test_pause_and_resume_on_any_replica_reach_the_one_that_runs_the_session(tmp_path: Path) -> None:

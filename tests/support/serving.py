@@ -70,6 +70,11 @@ class Replica:
         return self.log.read_text(errors="replace")
 
 
+OWN_URL = "http://127.0.0.1:{port}"
+"""`spawn_replica(..., LINGSTREAM_REPLICA_URL=OWN_URL)`: the replica advertises its own loopback address to the
+others (they forward its sessions' transport routes to it)."""
+
+
 def spawn_replica(
     log: Path,
     *,
@@ -80,7 +85,8 @@ def spawn_replica(
 ) -> tuple[subprocess.Popen[bytes], int]:
     """A `lingstream serve` replica on the Redis backend with one paced fake-world slot (`worker_factory` None: the
     service's own workers, the reference model by default), its output in `log`, not waited for; `settings` add to
-    or override its environment (`LINGSTREAM_REPLICA_TTL=...`). Returns it and its port."""
+    or override its environment (`LINGSTREAM_REPLICA_TTL=...`; `LINGSTREAM_REPLICA_URL=OWN_URL`, the replica's
+    address for the others, its own port filled in). Returns it and its port."""
     port = free_port()
     defaults = {
         "LINGSTREAM_HOST": "127.0.0.1",
@@ -90,6 +96,8 @@ def spawn_replica(
         "LINGSTREAM_NUM_WORKERS": "1",
         "LINGSTREAM_MAX_SESSIONS_PER_WORKER": "1",
     }
+    if "LINGSTREAM_REPLICA_URL" in settings:
+        settings["LINGSTREAM_REPLICA_URL"] = settings["LINGSTREAM_REPLICA_URL"].format(port=port)
     env = environment(**(defaults | settings))
     command = [*lingstream(), "serve", "--port", str(port)]
     if worker_factory is not None:
