@@ -46,6 +46,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -163,6 +164,9 @@ class RedisAdmissionBackend:
         self._unsubscribe: list[Callable[[], None]] = []
         self._tasks = TaskSet("shared-admission")
         self._followers: dict[str, set[asyncio.Event]] = {}
+        # The open event streams of sessions followed through the registry; a draining replica ends them (weak: a
+        # stream closed by its response goes with it).
+        self._streams: weakref.WeakSet[RegistryStream] = weakref.WeakSet()
         self._beating: set[str] = set()
         self._stopped_admitting = False
         self._shared_statistics: SharedAdmissionStatistics | None = None
@@ -214,9 +218,22 @@ class RedisAdmissionBackend:
         if not self._stopped_admitting:
             self._stopped_admitting = True
             self._spawn(self._admission.drain(), name="shared-admission-drain")
+            self._end_streams()
         if self._host is not None:
             for session in self._host.queued():
                 self._hand_over(self._host, session, "this replica stops admitting")
+
+    def _end_streams(self) -> None:
+        """End the event streams of sessions queued anywhere or run by another replica: their clients follow them
+        again through a replica that stays (a page after the stream's `retry`). Left open, the stream of a session
+        that goes on elsewhere never ends, and the server's shutdown waited for it (`timeout_graceful_shutdown`,
+        10 s) and then cancelled it with a traceback: a page's stream, opened here while its session was orphaned,
+        outlived the session's adoption here and its hand-off on (issue #33)."""
+        streams = list(self._streams)
+        for stream in streams:
+            stream.close()
+        if streams:
+            logger.info("draining: ended %d event stream(s) of sessions followed through the registry", len(streams))
 
     async def aclose(self) -> None:
         """Every runner has ended: let the writers publish the final statuses and give the slots back (bounded),
@@ -456,6 +473,10 @@ class RedisAdmissionBackend:
         view = await self._visible_view(owner, session_id)
         stream = RegistryStream(self._admission.get, view, follow=self._follow_ticket)
         self.heartbeat(session_id)
+        if self._stopped_admitting:
+            stream.close()  # draining: the first snapshot, then the client follows through a replica that stays
+        else:
+            self._streams.add(stream)
         return remote_snapshot(view), stream
 
     async def delete(self, owner: str, session_id: str, mode: CloseMode) -> SessionSnapshot:

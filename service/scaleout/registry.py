@@ -304,7 +304,9 @@ class RegistryStream:
     Ordering: snapshots in the order read; each carries a sequence one above the previous (the SSE id).
     Backpressure: none needed, one pending wake at most (a flag, not a queue). Cancellation: cancelling a pending
     `__anext__` loses nothing (the wake is kept for the next call). While Redis is unreachable no events come and
-    the stream waits. `follow(ticket_id, wake)` registers the wake and returns its unregister.
+    the stream waits. `follow(ticket_id, wake)` registers the wake and returns its unregister. `close()` ends it,
+    a pending `__anext__` included (StopAsyncIteration, without another read): the SSE response that reads it ends,
+    and its client follows the session again through another replica (a draining one closes them all).
     """
 
     def __init__(
@@ -338,6 +340,8 @@ class RegistryStream:
                 raise StopAsyncIteration
             await self._wake.wait()
             self._wake.clear()
+            if self._closed:
+                raise StopAsyncIteration  # closed while waiting (the replica drains): nothing more is read
             try:
                 view = await self._read(self._id)
             except asyncio.CancelledError:

@@ -20,6 +20,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -35,6 +36,9 @@ from tests.support.waits import until
 from tests.support.watching import SessionWatch, rejoined_at, watch_session
 from transport.base import StateStatus
 from transport.client import LiveStream, ReconnectPolicy, ServiceClient, connect
+
+if TYPE_CHECKING:  # playwright is a dev extra; BROWSER_SKIPS skips the page's test without it
+    from playwright.sync_api import Page
 
 pytestmark = [
     pytest.mark.slow,
@@ -235,23 +239,34 @@ def test_the_page_rejoins_by_itself_when_its_replica_is_killed(tmp_path: Path) -
     replica, or the orphan is on no transport yet), which a page must ride out: a second session fills the survivor's
     one slot meanwhile, and the test frees it once the page's connection line shows the refusal. Without that order
     the page's loss detection (Chromium notices a dead peer after some seconds) could outlast the adoption and the
-    refusal path would go untried."""
+    refusal path would go untried.
+
+    Then the page pauses the session and its new replica is drained with hand-off (SIGTERM, as a rolling restart's
+    next step, the front door's endpoints moved to a third replica): the page rejoins the adopter, shows `paused`
+    (never `running`, Resume offered), gets no chunk, and its Resume plays chunks from the checkpoint on."""
     with RedisServer(tmp_path) as server:
         raw = redis.Redis.from_url(server.url)
         replicas: dict[str, Replica] = {}
+
+        def spawn(name: str) -> Replica:
+            log = tmp_path / f"{name}.log"
+            process, port = spawn_replica(
+                log,
+                redis_url=server.url,
+                replica_id=name,
+                worker_factory=None,
+                LINGSTREAM_REPLICA_TTL=str(PAGE_TTL_S),
+                LINGSTREAM_TORCH_THREADS="1",
+                LINGSTREAM_DRAIN_MODE="hand_off",
+                LINGSTREAM_DRAIN_TIMEOUT="40",
+            )
+            replicas[name] = Replica(name, process, port, log)
+            return replicas[name]
+
         try:
             with _reaped(replicas):
                 for name in ("r1", "r2"):
-                    log = tmp_path / f"{name}.log"
-                    process, port = spawn_replica(
-                        log,
-                        redis_url=server.url,
-                        replica_id=name,
-                        worker_factory=None,
-                        LINGSTREAM_REPLICA_TTL=str(PAGE_TTL_S),
-                        LINGSTREAM_TORCH_THREADS="1",
-                    )
-                    replicas[name] = Replica(name, process, port, log)
+                    spawn(name)
                 for replica in replicas.values():
                     wait_until_ready(replica.url, replica.process, replica.output, within_s=STARTUP_S)
                 first, second = replicas["r1"], replicas["r2"]
@@ -326,17 +341,96 @@ def test_the_page_rejoins_by_itself_when_its_replica_is_killed(tmp_path: Path) -
                     page_lines_refused = page.evaluate(
                         "window.seenLines.filter((line) => line.startsWith('offer refused')).length"
                     )
+                    shown_s, exited_s = _paused_page_handed_off(page, raw, door, second, spawn("r3"), sid)
                     page.click("#stop")
                     page.wait_for_function("window.lingstream.done === 'client_stop'")
                     assert page_errors == []
                 refused = page_lines_refused
                 print(
                     f"the page played again {rejoined_s:.2f} s after the kill (TTL {PAGE_TTL_S} s; {refused} refused "
-                    f"tries before the survivor had room); routed {door.connections}"
+                    f"tries before the survivor had room); routed {door.connections}; handed off paused, shown "
+                    f"paused again on the adopter {shown_s:.2f} s after the SIGTERM (the old replica exited after "
+                    f"{exited_s:.2f} s)"
                 )
                 assert "Traceback" not in second.output()
+                assert "Traceback" not in replicas["r3"].output()
         finally:
             raw.close()
+
+
+def _paused_page_handed_off(
+    page: Page, raw: redis.Redis, door: ThreadedFrontDoor, old: Replica, new: Replica, sid: str
+) -> tuple[float, float]:
+    """The page holds `w` and pauses its session on `old`; `new` (just spawned) becomes the front door's endpoint and
+    `old` is drained with hand-off. The page rejoins the session on `new` by itself and shows it `paused` (told by the
+    adopter; never `running`), no chunk comes; its Resume plays chunks from the checkpoint on. How long after the
+    SIGTERM the page showed `paused` again, and `old` exited."""
+    page.focus("#stage")
+    page.keyboard.down("w")  # resent every 250 ms while held: paused, it generates nothing; resumed, chunks flow
+    page.click("#pause")
+    page.wait_for_function("window.lingstream.state === 'paused'", polling=100)
+    wait_until_ready(new.url, new.process, new.output, within_s=STARTUP_S)  # seconds: the pause lasts through it
+    deadline = time.monotonic() + 15
+    while not raw.hget(f"{PREFIX}t:{sid}", "ad"):
+        assert time.monotonic() < deadline, "the session was not marked adoptable on its adopter"
+        time.sleep(0.05)  # polling Redis against a deadline
+    page.evaluate("() => { window.seenStates = []; }")
+    page.evaluate(
+        """() => { window.timeline = []; const t0 = performance.now();
+           const at = () => Math.round(performance.now() - t0); const s = window.lingstream.session;
+           s.on("state", ({ state }) => window.timeline.push([at(), "state", state]));
+           s.on("snapshot", (snap) => window.timeline.push([at(), "snapshot", snap.status]));
+           s.on("connection", ({ text }) => window.timeline.push([at(), "connection", text])); }"""
+    )
+    chunks = len(page.evaluate("window.lingstream.chunks"))
+    generation = page.evaluate("window.lingstream.generation")
+    door.route([new.port])  # the Service's endpoints: the ready replacement, not the draining pod
+    drained_at = time.monotonic()
+    old.process.send_signal(signal.SIGTERM)
+    seen = "() => ({ states: seenStates, timeline: window.timeline, errors: window.lingstream.session.errors })"
+    try:
+        page.wait_for_function(
+            """(generation) => window.seenStates.includes('recovering') && window.lingstream.state === 'paused'
+               && window.lingstream.generation > generation""",
+            arg=generation,
+            polling=100,
+        )
+    except Exception:
+        print(f"the page saw: {page.evaluate(seen)}; Redis: {raw.hgetall(f'{PREFIX}t:{sid}')}")
+        raise
+    shown_s = time.monotonic() - drained_at
+    assert old.process.wait(timeout=60) == 0, old.output()[-4000:]
+    exited_s = time.monotonic() - drained_at
+    # The page's event stream, opened on `old` while the session was orphaned, ends with the drain: the server's
+    # shutdown neither waits for it nor cancels it (it did, 10 s and a traceback, before `_end_streams`).
+    assert "timeout graceful shutdown exceeded" not in old.output(), old.output()[-4000:]
+    assert raw.hget(f"{PREFIX}t:{sid}", "replica") == new.name.encode()
+    next_chunk = json.loads(raw.get(f"{PREFIX}ckpt:h:{sid}") or b"{}")["next_chunk"]
+    assert page.inner_text("#pause") == "Resume"
+    assert page.is_enabled("#pause")
+    saw = page.evaluate(seen)
+    assert "running" not in saw["states"], saw  # told paused by the adopter, never running
+    assert len(page.evaluate("window.lingstream.chunks")) == chunks, saw  # paused: no chunk generated
+    assert httpx.get(f"{new.url}/v1/sessions/{sid}", timeout=10).json()["status"] == "paused"
+    assert "goes on paused" in new.output()
+    page.click("#pause")  # Resume
+    page.wait_for_function(
+        """([count, chunk]) => window.lingstream.state === "running"
+           && window.lingstream.chunks.length >= count + 2 && window.lingstream.lastChunk.index >= chunk + 1""",
+        arg=[chunks, next_chunk],
+        polling=100,
+    )
+    page.keyboard.up("w")
+    after = [c["index"] for c in page.evaluate("window.lingstream.chunks")[chunks:]]
+    assert after == sorted(after), after
+    assert min(after) >= next_chunk, (after, next_chunk)  # from the checkpoint on
+    assert page.evaluate("window.lingstream.sessionId") == sid
+    assert page.evaluate("window.lingstream.session.errors") == []
+    assert not page.evaluate("document.getElementById('message').classList.contains('error')")
+    metrics = httpx.get(f"{new.url}/metrics", timeout=10).text
+    assert 'lingstream_sessions_recovered_total{cause="replica_draining"} 1.0' in metrics
+    print(f"handed off paused: the page's timeline (ms after the SIGTERM) {page.evaluate('window.timeline')[:16]}")
+    return shown_s, exited_s
 
 
 async def test_a_rolling_restart_of_three_replicas_hands_three_live_sessions_on_and_ends_none(

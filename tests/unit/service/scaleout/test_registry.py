@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 
 import pytest
 
@@ -14,6 +16,7 @@ from service.runtime.sessions import SessionSnapshot, SessionState
 from service.scaleout.redis_side.records import SharedTicketView
 from service.scaleout.registry import (
     CreatePayload,
+    RegistryStream,
     body_resumed_room,
     decode_payload,
     encode_body,
@@ -226,3 +229,28 @@ def test_an_adopter_reads_the_room_and_identities_to_join_again_from_the_old_rep
     partial = json.dumps({"transport": {**details, "service_identity": None}})
     for other in (embedded, partial, json.dumps({"transport": None}), None, "not json"):
         assert body_resumed_room(other) is None, other
+
+
+async def test_a_registry_stream_closed_while_it_waits_ends_without_reading_again() -> None:
+    """A draining replica closes the event streams it serves of sessions elsewhere (`RedisBackend.stop_admitting`):
+    the one waiting for a change ends at once, the SSE response with it, and its client follows the session through
+    another replica (issue #33: left open, the replica's shutdown waited 10 s for it and logged a traceback)."""
+    reads: list[str] = []
+    unfollowed: list[str] = []
+
+    async def read(ticket_id: str) -> SharedTicketView:
+        reads.append(ticket_id)
+        return _view(TicketState.ADMITTED, status="paused")
+
+    def follow(ticket_id: str, wake: asyncio.Event) -> Callable[[], None]:
+        return lambda: unfollowed.append(ticket_id)
+
+    stream = RegistryStream(read, _view(TicketState.ADMITTED, status="running"), follow=follow)
+    waiting = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)  # it waits for a wake
+    assert not waiting.done()
+    stream.close()
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(waiting, 1.0)
+    assert reads == []  # nothing read after the close
+    assert unfollowed == ["s1"]  # and the ticket no longer followed
