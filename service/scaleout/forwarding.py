@@ -31,6 +31,7 @@ cancels the request in flight.
 from __future__ import annotations
 
 import enum
+import ipaddress
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -126,8 +127,10 @@ ResultHook = Callable[[ForwardedRoute, ForwardOutcome], None]
 
 def check_replica_url(value: str) -> str:
     """A replica's base URL as the others may use it: `http://` or `https://`, a host, no credentials, no query or
-    fragment, no path beyond `/`; returned without a trailing slash. `ValueError` otherwise (the setting's message)."""
-    parts = urlsplit(value)
+    fragment, no path beyond `/`; returned without a trailing slash. `ValueError` otherwise (the setting's message).
+    An IPv6 host written without brackets (`http://fd00::7:8000`, what the chart's `http://$(POD_IP):<port>` gives
+    on an IPv6 pod) is read as address and port, and returned bracketed."""
+    parts = urlsplit(_bracket_ipv6(value))
     try:
         host = parts.hostname if parts.port is not None or not parts.netloc.endswith(":") else None
     except ValueError:  # a port that is not a number
@@ -139,6 +142,20 @@ def check_replica_url(value: str) -> str:
     if parts.query or parts.fragment or parts.path not in ("", "/"):
         raise ValueError(f"must be the service's base URL, without a path, query or fragment, got {value!r}")
     return f"{parts.scheme}://{parts.netloc}"
+
+
+def _bracket_ipv6(value: str) -> str:
+    """`scheme://<IPv6 address>:<port>[/]` with the brackets the address needs; any other value as it is."""
+    scheme, sep, rest = value.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if not sep or "[" in netloc or "@" in netloc or netloc.count(":") < 2:
+        return value
+    host, _, port = netloc.rpartition(":")
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return value
+    return f"{scheme}://[{host}]:{port}{slash}{path}"
 
 
 def request_headers(headers: Iterable[tuple[str, str]], forwarded_by: str) -> dict[str, str]:

@@ -292,6 +292,9 @@ def test_header_filters_keep_only_the_allowed_ones() -> None:
         ("http://10.0.3.7:8000/", "http://10.0.3.7:8000"),
         ("https://pod-a.lingstream.svc:8443", "https://pod-a.lingstream.svc:8443"),
         ("http://[fd00::7]:8000", "http://[fd00::7]:8000"),
+        # the chart's http://$(POD_IP):<port> on an IPv6 pod: bracketed here
+        ("http://fd00::7:8000", "http://[fd00::7]:8000"),
+        ("http://2001:db8:0:1::a:8000/", "http://[2001:db8:0:1::a]:8000"),
     ],
 )
 def test_replica_urls_that_are_accepted(value: str, expected: str) -> None:
@@ -310,6 +313,8 @@ def test_replica_urls_that_are_accepted(value: str, expected: str) -> None:
         "http://10.0.3.7:8000/v1",
         "http://10.0.3.7:8000?x=1",
         "http://10.0.3.7:8000#x",
+        "http://fd00::zz:8000",
+        "http://fd00::7:port",
     ],
 )
 def test_replica_urls_that_are_refused(value: str) -> None:
