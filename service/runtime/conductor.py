@@ -267,9 +267,9 @@ class SessionConductor:
         self._observer.enter_session(session)
 
     def _running(self, session: Session) -> None:
-        """The runner moved the session to RUNNING: a session handed over paused goes on paused (its worker created
-        it paused; its pause's deadline counts from its first pause); a service that drains (now, or since it was
-        admitted) says so; its time limit starts."""
+        """The runner moved the session to RUNNING: a session handed over paused (handed off paused, or its replica
+        lost while it was paused) goes on paused (its worker created it paused; its pause's deadline counts from its
+        first pause); a service that drains (now, or since it was admitted) says so; its time limit starts."""
         self._deadlines.running(session)
         self._events.session_event(session, SessionEventKind.RUNNING)
         paused_for = session.paused_for_s
@@ -277,7 +277,7 @@ class SessionConductor:
             left = max(0.0, self._max_pause_s - paused_for)
             session.move(
                 SessionState.PAUSED,
-                detail=f"paused (handed over from a draining replica); it closes unless resumed within {left:.0f} s",
+                detail=f"paused (it goes on from another replica); it closes unless resumed within {left:.0f} s",
             )
             logger.info("session %s goes on paused (paused %.1f s ago, on the replica it left)", session.id, paused_for)
             self._events.session_event(session, SessionEventKind.PAUSED)

@@ -394,8 +394,9 @@ class Session:
         return None if self._paused_since is None else max(0.0, time.monotonic() - self._paused_since)
 
     def handed_over_paused(self, paused_for_s: float) -> None:
-        """Adopted from a replica that handed it off while paused, `paused_for_s` into its pause: it goes on paused
-        here, its pause's deadline counted from its first pause (before it is admitted and run here)."""
+        """Adopted from a replica that handed it off, or was lost, while it was paused, `paused_for_s` into its pause:
+        it goes on paused here, its pause's deadline counted from its first pause (before it is admitted and run
+        here)."""
         self._paused_since = time.monotonic() - max(0.0, paused_for_s)
 
     @property

@@ -457,12 +457,23 @@ class RedisAdmission:
         return await self._tickets.request_pause(ticket_id, paused)
 
     async def publish_status(
-        self, ticket_id: str, status: str, *, reason: str | None = None, body: str | None = None
+        self,
+        ticket_id: str,
+        status: str,
+        *,
+        reason: str | None = None,
+        body: str | None = None,
+        paused_for_s: float | None = None,
     ) -> SharedTicketView:
         """The owner records the session's status (running, draining, closed, failed ...), its reason and
         optionally a JSON body in the registry, for GETs on other replicas; listeners everywhere get STATUS.
-        A session reaped as lost keeps its failure. Raises `NotTicketOwnerError` on a non-owner."""
-        return await self._tickets.publish_status(ticket_id, status, reason=reason, body=body)
+        `paused_for_s`: the session is paused, since that long ago; the ticket keeps when its pause began
+        (`SharedTicketView.paused_at`, the Redis clock) until a status without it, so that, if this replica is lost,
+        its adopter goes on paused (as after a paused `hand_off`). A session reaped as lost keeps its failure.
+        Raises `NotTicketOwnerError` on a non-owner."""
+        return await self._tickets.publish_status(
+            ticket_id, status, reason=reason, body=body, paused_for_s=paused_for_s
+        )
 
     async def list_tickets(
         self,

@@ -222,6 +222,7 @@ class Ownership:
                     snapshot.state.value,
                     reason=snapshot.reason,
                     body=encode_body(snapshot, webhook_url=owned.session.webhook_url),
+                    paused_for_s=_paused_for(owned.session),
                 )
             except NotTicketOwnerError as exc:
                 logger.warning("session %s: its status cannot be published: %s", snapshot.id, exc)
@@ -324,6 +325,14 @@ class Ownership:
         await self.release_now(session_id)
 
 
+def _paused_for(session: Session) -> float | None:
+    """How long the session has been paused, as its status write records it in its ticket (None: not paused). Its
+    pause counts while it is paused, handed off paused (`recovering`), adopted paused and not yet moved to paused
+    again, or closing from a pause; it ends with a resume or the session's end. Read with the snapshot it is written
+    with (no await between): the ticket's `paused` and its status always agree."""
+    return None if session.terminal else session.paused_for_s
+
+
 def adoption_down_s(view: SharedTicketView, began: float) -> float:
     """How long the adopted session has been without a replica: from its lost replica's last heartbeat (or, handed
     off, from its hand-off: `orphaned_at`) to the adoption (both on the Redis server's clock), plus the time since the
@@ -335,8 +344,8 @@ def adoption_down_s(view: SharedTicketView, began: float) -> float:
 
 
 def adoption_paused_s(view: SharedTicketView, began: float) -> float | None:
-    """How long the adopted session has been paused, if it was handed off paused (`paused_at`): from its pause to
-    the adoption (both on the Redis server's clock) plus the time since the adopted event reached this replica
+    """How long the adopted session has been paused, if it was handed off, or lost, paused (`paused_at`): from its
+    pause to the adoption (both on the Redis server's clock) plus the time since the adopted event reached this replica
     (`began`, monotonic). None: it was not paused."""
     if view.paused_at is None:
         return None

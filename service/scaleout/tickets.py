@@ -182,9 +182,16 @@ class TicketCalls:
         return reply.code, _ok(ticket_id, reply)
 
     async def publish_status(
-        self, ticket_id: str, status: str, *, reason: str | None = None, body: str | None = None
+        self,
+        ticket_id: str,
+        status: str,
+        *,
+        reason: str | None = None,
+        body: str | None = None,
+        paused_for_s: float | None = None,
     ) -> SharedTicketView:
-        args = (ticket_id, status, reason or "", *((1, body) if body is not None else (0, "")))
+        paused = "" if paused_for_s is None else str(max(0, round(paused_for_s * 1000)))
+        args = (ticket_id, status, reason or "", *((1, body) if body is not None else (0, "")), paused)
         reply = await self._link.call("publish_status", *args)
         if reply.code == "elsewhere":
             raise NotTicketOwnerError(ticket_id, decode_view(decode_fields(reply.result)).replica)

@@ -210,6 +210,8 @@ class Snapshot:
         for tid, fields in self.tickets.items():
             finished = fields["state"] not in ("queued", "admitted")
             assert (self.ttls[tid] > 0) == finished, f"{tid} ({fields['state']}) has TTL {self.ttls[tid]}"
+            # a pause (issue #33) is an admitted session's only: it never outlives the session, nor precedes it
+            assert "paused" not in fields or fields["state"] == "admitted", f"{tid} ({fields['state']}) is paused"
         assert len(admitted) <= sum(workers * per for workers, per in shapes.values())
 
 

@@ -186,6 +186,7 @@ local function finish(id, state, reason, at)
   end
   redis.call('ZREM', LIVE, id)
   redis.call('DEL', pkey(id))
+  redis.call('HDEL', tkey(id), 'paused')  -- a finished session is paused no more
   redis.call('HSET', tkey(id), 'state', state, 'reason', reason, 'ended', at)
 end
 
@@ -274,8 +275,8 @@ local function is_orphan(id) return redis.call('ZSCORE', ORPHANS, id) ~= false e
 -- adopted first) for a replica to adopt it: its state stays admitted, its replica r until then. `why` is its status
 -- reason meanwhile (replica_lost; replica_draining: r handed it off), also kept as `why`, which its adopter reads
 -- (with `orphaned`: both outlive the adoption, unlike the status its adopter then publishes). `paused`: the
--- session was paused when r handed it off, since that time (ms, this clock), kept as `paused` for its adopter, which
--- goes on paused with the pause's deadline counted from there; nil (a running session, a reaped one): no `paused`.
+-- session was paused when r handed it off or was lost, since that time (ms, this clock), kept as `paused` for its
+-- adopter, which goes on paused with the pause's deadline counted from there; nil (a running session): no `paused`.
 local function orphan(id, r, why, paused)
   redis.call('HDEL', hkey(r), id)
   redis.call('ZADD', ORPHANS, redis.call('HGET', tkey(id), 'seq'), id)
@@ -301,7 +302,8 @@ local function end_orphan(id, failure)
 end
 
 -- Every slot replica r holds is reclaimed; r leaves the registry. A session r marked adoptable (`ad`) whose
--- checkpoint and payload exist becomes an orphan (unless r leaves by itself), any other is marked failed. Their
+-- checkpoint and payload exist becomes an orphan (unless r leaves by itself), paused if the last status r published
+-- of it was paused (its `paused`: its adopter goes on paused), any other is marked failed. Their
 -- running time counts up to r's last heartbeat (the last moment it was known alive, kept as the ticket's `seen`;
 -- now when r leaves by itself). This is one of the two places a session is declared lost with its replica (the
 -- other: an orphan no replica adopted, in `adopt`): each failed ticket is added to REAPED once (the script is
@@ -311,13 +313,13 @@ local function reap(r)
   local seen = tonumber(redis.call('HGET', SEEN, r)) or NOW
   if r == BY then seen = NOW end
   for _, id in ipairs(redis.call('HKEYS', hkey(r))) do
-    local f = redis.call('HMGET', tkey(id), 'state', 'ad')
+    local f = redis.call('HMGET', tkey(id), 'state', 'ad', 'paused')
     if f[1] == 'admitted' then
       redis.call('HSET', tkey(id), 'seen', math.min(seen, NOW))
       local whole = redis.call('EXISTS', CKPT .. id) == 1 and redis.call('EXISTS', pkey(id)) == 1
       if r ~= BY and f[2] == '1' and whole then
         usage_run(id, math.min(seen, NOW))
-        orphan(id, r, 'replica_lost')
+        orphan(id, r, 'replica_lost', f[3] or nil)
       else
         release_slot(id, r, 'replica_lost: ' .. r, nil, math.min(seen, NOW))
         REAPED[#REAPED + 1] = snapshot(id)

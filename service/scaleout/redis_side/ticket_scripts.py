@@ -168,8 +168,11 @@ return reply('ok', snapshot(id))
 """
 
 # publish_status: ARGV[7] id, [8] session status, [9] status reason ("": none), [10] "1" if a body follows, [11]
-# body. The registry part of a ticket, written only by its owner replica (also after release); a session the
-# reaper marked lost keeps its failure. Codes: ok, unknown, elsewhere.
+# body, [12] how long the session has been paused (ms; "" or absent: it is not paused). The registry part of a
+# ticket, written only by its owner replica (also after release); a session the reaper marked lost keeps its failure.
+# A paused session's pause start is kept on this clock as `paused` (written with each status while it is paused,
+# deleted with the first that is not), so that the reaper orphans it paused if its owner is lost (`reap`); the last
+# status Redis holds wins. Codes: ok, unknown, elsewhere.
 _PUBLISH_STATUS = r"""
 local id = ARGV[7]
 local key = tkey(id)
@@ -183,6 +186,12 @@ else
   redis.call('HSET', key, 'status_reason', ARGV[9])
 end
 if ARGV[10] == '1' then redis.call('HSET', key, 'body', ARGV[11]) end
+local paused_ms = tonumber(ARGV[12] or '')
+if paused_ms then
+  redis.call('HSET', key, 'paused', NOW - math.max(0, math.floor(paused_ms)))
+else
+  redis.call('HDEL', key, 'paused')
+end
 emit('status', id)
 return reply('ok', snapshot(id))
 """

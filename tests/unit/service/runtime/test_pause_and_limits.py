@@ -113,6 +113,25 @@ async def test_a_session_handed_over_paused_goes_on_paused_its_pause_counted_fro
         assert (body["status"], body["reason"]) == ("closed", "paused_too_long")
 
 
+async def test_a_session_handed_over_paused_past_the_longest_pause_ends_paused_too_long_at_once() -> None:
+    """Adopted 70 s into its pause (its replica lost while it was paused: the reaper kept the pause in its ticket,
+    `test_redis_adoption.py::test_a_pause_older_than_the_longest_pause_reaches_the_adopter_whole`), past the longest
+    pause of 60 s: its deadline is due at once (0 s left): warned, then closed `paused_too_long`."""
+    timers = FakeTimers()
+    async with running_service(transport=RecordingTransport(), timers=timers, max_pause=60) as svc:
+        first = (await svc.create()).json()["id"]
+        sid = (await svc.create()).json()["id"]  # queued behind it: one slot
+        session = svc.runtime._table[sid]
+        session.handed_over_paused(70.0)
+        await svc.client.delete(f"/v1/sessions/{first}")
+        await until(lambda: session.state is SessionState.PAUSED, "the session paused once it runs", every=0)
+        timers.advance(0.0)  # what is left of its pause: nothing
+        body = await _ended(svc, sid)
+        assert (body["status"], body["reason"]) == ("closed", "paused_too_long")
+        assert _statuses(svc, sid, WarningStatus)[0].code == "paused_too_long"
+        assert _ended_by(await _scrape(svc), "paused_too_long") == 1
+
+
 async def test_resuming_in_time_cancels_the_pause_deadline() -> None:
     timers = FakeTimers()
     async with running_service(transport=RecordingTransport(), timers=timers, max_pause=60) as svc:

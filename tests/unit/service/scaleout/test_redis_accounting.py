@@ -34,6 +34,8 @@ from service.scaleout.admission import (
 )
 from service.scaleout.backend import RedisAdmissionBackend
 from tests.support.fakes.redis_server import RedisServer
+from tests.support.fakes.transport_timers import FakeTimers
+from tests.support.service_harness import running_service
 from tests.support.waits import until
 
 pytestmark = pytest.mark.timeout(60)
@@ -467,6 +469,44 @@ async def test_pause_and_resume_requests_reach_the_owner_from_another_replica(
         assert (await other.request_pause("run-1", True))[0] == "ok"  # finished: a no-op
     finally:
         await other.aclose()
+
+
+async def test_the_owner_keeps_a_sessions_pause_in_its_ticket_from_pause_to_resume(redis_server: RedisServer) -> None:
+    """A service on the redis backend (the owner): its status write of a pause keeps when the pause began in the
+    session's ticket (the Redis clock, `paused`: what the reaper orphans it with if this replica is lost, issue #33),
+    the same instant in every later write while paused; the resume's write deletes it; none is left at the end."""
+    raw = Redis.from_url(redis_server.url)
+    try:
+        async with running_service(admission_backend="redis", redis_url=redis_server.url, timers=FakeTimers()) as svc:
+            sid = (await svc.create()).json()["id"]
+            (key,) = await raw.keys(f"*t:{sid}")
+
+            async def paused() -> int | None:
+                value = await raw.hget(key, "paused")
+                return None if value is None else int(value)
+
+            assert await paused() is None
+            seconds, micros = await raw.time()
+            assert (await svc.client.post(f"/v1/sessions/{sid}/pause")).json()["status"] == "paused"
+            await until(lambda: _status_is(raw, key, b"paused"), "the pause written")
+            began = await paused()
+            assert began is not None
+            assert abs(began - (seconds * 1000 + micros // 1000)) < 2000  # the pause's start, on the Redis clock
+            assert (await svc.client.post(f"/v1/sessions/{sid}/resume")).json()["status"] == "running"
+            await until(lambda: _status_is(raw, key, b"running"), "the resume written")
+            assert await paused() is None
+            assert (await svc.client.post(f"/v1/sessions/{sid}/pause")).status_code == 200
+            await until(lambda: _status_is(raw, key, b"paused"), "the second pause written")
+            assert (await paused() or 0) >= began  # a new pause, counted from itself
+            await svc.client.delete(f"/v1/sessions/{sid}")
+            await until(lambda: _status_is(raw, key, b"closed"), "the end written")
+            assert await paused() is None
+    finally:
+        await raw.aclose()
+
+
+async def _status_is(raw: Redis, key: bytes | str, status: bytes) -> bool:
+    return bool(await raw.hget(key, "status") == status)
 
 
 async def test_the_overview_carries_each_workers_health(replica: RedisAdmission) -> None:

@@ -9,6 +9,7 @@ session. Every step keeps the admission invariants (`Cluster.check`), orphans in
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from admission import AdmissionConfig, TicketState
 from service.errors import AdmissionUnavailableError
 from service.scaleout.admission import NotTicketOwnerError, RedisAdmission, SharedEventKind, SharedTicketView
+from service.scaleout.ownership import adoption_paused_s
 from tests.support.redis_cluster import PREFIX, Cluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -315,7 +317,7 @@ async def test_a_session_handed_off_paused_carries_when_its_pause_began_to_its_a
 ) -> None:
     """`hand_off(..., paused_for_s=)` keeps the pause's start on the Redis clock (`paused_at`): the adopter reads it
     from the adopt reply and from the adopted event, counts the pause from there; a later orphaning of the session
-    (running, or reaped) drops it."""
+    running drops it; reaped, it keeps what the last status held (its adopter had not resumed it: still paused)."""
     a = await cluster.add("a")
     await a.create("k", ticket_id="x")
     await _checkpointed(cluster, a, "x")
@@ -336,12 +338,110 @@ async def test_a_session_handed_off_paused_carries_when_its_pause_began_to_its_a
     assert await b.hand_off("x") == "ok"
     adopted, _ = await c.adopt(30.0, 4)
     assert [(v.ticket_id, v.paused_at) for v in adopted] == [("x", None)]
-    # Paused again on c, handed off again, and its adopter d dies before rebuilding it: reaped, it is not paused.
+    # Paused again on c, handed off again, and its adopter d dies before rebuilding it: reaped, it is still paused,
+    # from the same instant (d never published a resume).
     d = await cluster.add("d")
     assert await c.hand_off("x", paused_for_s=1.0) == "ok"
     adopted, _ = await d.adopt(30.0, 4)
-    assert adopted[0].paused_at is not None
+    paused_at = adopted[0].paused_at
+    assert paused_at is not None
     await _lose(cluster, "d")
     await _orphaned(cluster, c, "x")
-    assert (await c.get("x")).paused_at is None
+    assert (await c.get("x")).paused_at == paused_at
+    await cluster.check()
+
+
+async def _reaped_after(cluster: Cluster, statuses: list[tuple[str, float | None]]) -> tuple[SharedTicketView, ...]:
+    """Session x created on replica a and checkpointed, a publishes `statuses` (status, paused_for_s) in order, then
+    a is lost (SIGKILL) and x orphaned: the ticket as it waits for an adopter, then as b adopts it (the reply) and
+    as b's listeners hear it (the adopted event)."""
+    a = await cluster.add("a")
+    await a.create("k", ticket_id="x")
+    await _checkpointed(cluster, a, "x")
+    for status, paused_for_s in statuses:
+        await a.publish_status("x", status, paused_for_s=paused_for_s)
+    b = await cluster.add("b")
+    await _lose(cluster, "a")
+    await _orphaned(cluster, b, "x")
+    orphan = await b.get("x")
+    await cluster.check()
+    adopted, _ = await b.adopt(30.0, 4)
+    assert [v.ticket_id for v in adopted] == ["x"]
+    told = (await cluster.logs["b"].wait_for(SharedEventKind.ADOPTED, "x")).ticket
+    await cluster.check()
+    return orphan, adopted[0], told
+
+
+async def test_a_session_paused_when_its_replica_is_lost_is_orphaned_and_adopted_paused_from_its_first_pause(
+    cluster: Cluster,
+) -> None:
+    """The owner's status write of a paused session keeps its pause's start in the ticket (`paused`, the Redis clock);
+    the reaper orphans it with it (not only a hand-off does), and its adopter reads it from the adopt reply and the
+    adopted event and counts the pause from there (`adoption_paused_s`): 12.5 s before the pause was written, plus
+    the time to the adoption. A resume that never reached Redis (lost with the replica) changes nothing: the last
+    status Redis holds wins."""
+    orphan, adopted, told = await _reaped_after(cluster, [("running", None), ("paused", 12.5)])
+    assert (orphan.status, orphan.status_reason, orphan.orphan_reason) == ("recovering", "replica_lost", "replica_lost")
+    paused_at, orphaned_at = orphan.paused_at, orphan.orphaned_at
+    assert paused_at is not None
+    assert orphaned_at is not None
+    assert orphaned_at - paused_at >= 12.5 - 0.002  # paused 12.5 s before the write, then the reap
+    assert adopted.paused_at == told.paused_at == paused_at
+    assert adopted.adopted_at is not None
+    paused_for = adoption_paused_s(adopted, time.monotonic())
+    assert paused_for == pytest.approx(adopted.adopted_at - paused_at, abs=0.05)  # from the first pause
+    assert adopted.adopted_at - paused_at >= 12.5 - 0.002
+
+
+async def test_a_session_paused_then_resumed_before_its_replica_is_lost_is_adopted_running(cluster: Cluster) -> None:
+    """A resume's status write deletes the pause: reaped after it, the session is an orphan that is not paused, and
+    its adopter runs it."""
+    orphan, adopted, told = await _reaped_after(cluster, [("paused", 3.0), ("running", None)])
+    assert (orphan.status, orphan.paused_at) == ("recovering", None)
+    assert (adopted.paused_at, told.paused_at) == (None, None)
+    assert adoption_paused_s(adopted, time.monotonic()) is None
+
+
+async def test_a_pause_older_than_the_longest_pause_reaches_the_adopter_whole(cluster: Cluster) -> None:
+    """Paused 70 s before its replica is lost: its adopter counts at least 70 s of pause, which past
+    LINGSTREAM_MAX_PAUSE (60 s in the runtime's test) ends it `paused_too_long` at once there
+    (`test_pause_and_limits.py::test_a_session_handed_over_paused_past_the_longest_pause_ends_paused_too_long_at_once`)."""
+    _, adopted, _ = await _reaped_after(cluster, [("paused", 70.0)])
+    paused_for = adoption_paused_s(adopted, time.monotonic())
+    assert paused_for is not None
+    assert paused_for >= 70.0 - 0.002
+
+
+async def test_the_pause_in_a_ticket_ends_with_a_resume_the_sessions_end_and_a_stale_owners_writes(
+    cluster: Cluster,
+) -> None:
+    """`paused` is written with a paused status only, by the owner only: a status written without it deletes it, a
+    released ticket keeps none (`Snapshot.check` holds every ticket to it), and a stale owner (reaped, its session
+    orphaned) cannot resume the orphan."""
+    a = await cluster.add("a")
+    await a.create("k", ticket_id="x")
+    await a.publish_status("x", "paused", paused_for_s=0.0)
+    assert (await a.get("x")).paused_at is not None
+    await a.publish_status("x", "running")  # a status without a pause: the pause is gone with it
+    assert (await a.get("x")).paused_at is None
+    await a.publish_status("x", "paused", paused_for_s=2.0)
+    await cluster.check()
+    await a.release("x")
+    ended = await a.get("x")
+    assert (ended.state, ended.paused_at) == (TicketState.RELEASED, None)
+    await cluster.check()
+
+    # A replica stalled past its TTL while its session was paused: reaped, the orphan stays paused whatever the
+    # stale owner, back, writes of it (refused: the session is no longer its).
+    s = await cluster.add("s", replica_ttl_s=60.0, heartbeat_interval_s=30.0)
+    await s.create("k", ticket_id="y")
+    await _checkpointed(cluster, s, "y")
+    await s.publish_status("y", "paused", paused_for_s=1.0)
+    await cluster.raw.delete(f"{PREFIX}replica:s")
+    await _orphaned(cluster, a, "y")
+    before = await a.get("y")
+    assert before.paused_at is not None
+    with pytest.raises(NotTicketOwnerError):
+        await s.publish_status("y", "running")  # its resume, too late
+    assert (await a.get("y")).paused_at == before.paused_at
     await cluster.check()
