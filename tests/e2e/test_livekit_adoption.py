@@ -5,8 +5,8 @@ model on threads. A Python client (`tests/support/livekit_client.py` `follow`, a
 drained with hand-off (SIGTERM, `LINGSTREAM_DRAIN_MODE=hand_off`); another adopts it from its Redis checkpoint, joins
 the same room (the service's own, or the caller's) as the same service participant and publishes; the client, still
 in the room, without a new create nor a new join, switches to the new track and gets frames of the chunks after the
-checkpoint. A session paused when its replica is drained goes on paused on the adopter, for the Python client
-(`livekit_client.py` `paused`) and for a page in Chromium (through a front door), and plays again once resumed.
+checkpoint. A session paused when its replica is drained (or killed) goes on paused on the adopter, for the Python
+client (`livekit_client.py` `paused`) and for a page in Chromium (through a front door), and plays again once resumed.
 
 Its own module: it composes its own stack (Redis must be up, inside the namespace, before the replicas start). One
 namespace, Redis and LiveKit server for the module; each test takes the two oldest live replicas (the first runs the
@@ -323,6 +323,22 @@ def test_a_draining_replica_hands_a_paused_livekit_session_off_paused_and_its_cl
     client in the room is told `paused` again by the adopter, never `running`, and no frame is generated until it
     resumes; the adopter counts the pause from its first pause; resumed, it plays chunks after the checkpoint in the
     same room, on the adopter's track, to the client's own stop."""
+    _paused_across(replicas, "drain")
+
+
+def test_a_killed_replicas_paused_livekit_session_is_adopted_paused_and_its_client_resumes_it_in_the_same_room(
+    replicas: Replicas,
+) -> None:
+    """The same with the replica SIGKILLed (docs/continuity.md, "A paused session whose replica dies is adopted
+    paused"): the pause its owner wrote with its status reaches the adopter through the reaper; the client is told
+    `paused` by the adopter, never `running`, nothing is generated until it resumes (the kill's TTL and the adoption
+    included), the pause counts from the first pause, and the resume plays from the checkpoint on."""
+    _paused_across(replicas, "kill")
+
+
+def _paused_across(replicas: Replicas, how: str) -> None:
+    """Pause a session on the older replica, end that replica (`how`: `drain`, SIGTERM with hand-off; `kill`,
+    SIGKILL) a second into the pause, and follow the session, paused, to the adopter, then resume it there."""
     (_, first), (new_name, second) = replicas.pair()
     raw = replicas.raw
     with _logs_on_failure(replicas):
@@ -355,7 +371,7 @@ def test_a_draining_replica_hands_a_paused_livekit_session_off_paused_and_its_cl
             # fraction of a second) cannot pass for one counted from the first pause.
             time.sleep(max(0.0, paused["paused_at"] + 1.0 - time.monotonic()))
             drained_at = time.monotonic()
-            first.process.send_signal(signal.SIGTERM)
+            first.process.send_signal(signal.SIGKILL if how == "kill" else signal.SIGTERM)
             told(str(drained_at))
             read: dict[str, int] = {}
 
@@ -379,8 +395,11 @@ def test_a_draining_replica_hands_a_paused_livekit_session_off_paused_and_its_cl
             assert {k: body["transport"][k] for k in ("room", "identity")} == {
                 k: details[k] for k in ("room", "identity")
             }
-            assert first.process.wait(timeout=30) == 0  # handed off, it exits 0
-            assert "handed off" in first.output()
+            if how == "drain":
+                assert first.process.wait(timeout=30) == 0  # handed off, it exits 0
+                assert "handed off" in first.output()
+            else:
+                assert first.process.wait(timeout=10) == -signal.SIGKILL
             logged = re.search(r"goes on paused \(paused ([0-9.]+) s ago", second.output())
             assert logged is not None, second.output()[-4000:]
             before_sigterm = drained_at - paused["paused_at"]
@@ -396,7 +415,7 @@ def test_a_draining_replica_hands_a_paused_livekit_session_off_paused_and_its_cl
                 client_process.wait(timeout=10)
         assert client_process.returncode == 0, err[-4000:]
         report: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-        print(f"paused hand-off: {report}; the adopter counts {logged.group(1)} s of pause ({before_sigterm:.2f} s)")
+        print(f"paused {how}: {report}; the adopter counts {logged.group(1)} s of pause ({before_sigterm:.2f} s)")
         assert report["generated_while_paused"] == [], report  # paused on both: nothing generated, repeats only
         assert "running" not in report["states_while_paused"], report  # told paused, never running, until resumed
         assert report["states_while_paused"][-1] == "paused", report
@@ -409,7 +428,7 @@ def test_a_draining_replica_hands_a_paused_livekit_session_off_paused_and_its_cl
         assert report["track_switches"] >= 1, report  # the adopter's track, in the same room
         assert report["done"] == "client_stop", report
         metrics = _ended_on(second, sid)
-    assert metric(metrics, RECOVERED, cause="replica_draining") == 1.0
+    assert metric(metrics, RECOVERED, cause="replica_lost" if how == "kill" else "replica_draining") == 1.0
 
 
 def _in_chromium(test: Callable[..., None]) -> Callable[..., None]:
