@@ -189,6 +189,9 @@ class _Port:
     def client_gone(self, reason: str) -> None:
         return None
 
+    def delivered(self, chunk_index: int) -> None:
+        return None
+
     async def chunks(self) -> AsyncIterator[ChunkOutput]:
         pool = _chunks(self.width, self.height, CHUNK)
         start = time.monotonic()

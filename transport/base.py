@@ -46,6 +46,7 @@ __all__ = [
     "ReceivesWebhooks",
     "ReconnectKind",
     "RenewsJoinDetails",
+    "ReportsDelivery",
     "ResumedRoom",
     "SessionPort",
     "StateStatus",
@@ -250,6 +251,12 @@ class SessionPort(Protocol):
         """The controlling client left for good (grace expired or an "over" disconnect): close the session."""
         ...
 
+    def delivered(self, chunk_index: int) -> None:
+        """Every frame of the chunks up to `chunk_index` left the transport's pacer (sent, or dropped late: the
+        client's clock moved past them); called in chunk order, each index at most once, by a transport that
+        `ReportsDelivery`. The service then publishes the checkpoint a successor goes on from (docs/continuity.md)."""
+        ...
+
 
 class ReconnectKind(enum.Enum):
     """How a client's connection came back to its session (the `kind` label of the service's reconnect counter)."""
@@ -337,6 +344,16 @@ class Transport(Protocol):
 
 
 # -- capabilities: what some transports can do beyond `Transport` (the routes ask with isinstance)
+
+
+@runtime_checkable
+class ReportsDelivery(Protocol):
+    """Paces each session's frames and says when a chunk's frames left the pacer (`SessionPort.delivered`): the
+    service holds each chunk's checkpoint until then, so a successor goes on from what the client was sent (LiveKit
+    and embedded; a transport without it gets every checkpoint published as its chunk is generated)."""
+
+    @property
+    def reports_delivery(self) -> bool: ...
 
 
 @runtime_checkable

@@ -92,7 +92,8 @@ class SessionCheckpoint:
 
     @property
     def resume_point(self) -> ResumePoint:
-        return ResumePoint(self.next_chunk, self.pose, self.history if self.history.chunks else None)
+        history = self.history.before(self.next_chunk)  # never a chunk the session goes on to generate again
+        return ResumePoint(self.next_chunk, self.pose, history if history.chunks else None)
 
     def state_bytes(self) -> int:
         """Bytes this checkpoint holds beyond the session's own objects (the image is shared with the session and

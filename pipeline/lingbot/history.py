@@ -204,6 +204,14 @@ class SessionHistory:
             expected -= 1
         return torch.cat(run[::-1], dim=1) if run else None
 
+    def before(self, chunk_index: int) -> SessionHistory:
+        """The chunks before `chunk_index` only: what a re-seed at `chunk_index` replays. A checkpoint held until
+        its chunk was delivered (docs/continuity.md) holds none newer; a store that kept newer latents (written
+        before the client saw their chunks) must not feed them to a session that goes on from an earlier chunk."""
+        if not self.chunks or self.chunks[-1].chunk_index < chunk_index:
+            return self
+        return SessionHistory(tuple(c for c in self.chunks if c.chunk_index < chunk_index))
+
     def indices(self) -> tuple[int, ...]:
         return tuple(c.chunk_index for c in self.chunks)
 

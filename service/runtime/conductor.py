@@ -20,7 +20,7 @@ import contextvars
 import logging
 
 from admission import AdmissionEvent, AdmissionEventKind
-from pipeline.bidirectional import CheckpointingService, ChunkOutput, CloseMode, RecoveryNotice
+from pipeline.bidirectional import ChunkOutput, CloseMode, PortableCheckpoint, RecoveryNotice
 from service.logs import bind_session_id, session_context
 from service.runtime.backend import AdmissionBackend
 from service.runtime.health import WorkerHealth
@@ -107,6 +107,7 @@ class SessionConductor:
                 ended=self.ended,
                 set_paused=self.set_paused,
                 generated=self._generated,
+                save_checkpoint=self._save_checkpoint,
             ),
             recordings=recordings,
         )
@@ -288,12 +289,12 @@ class SessionConductor:
     def _generated(self, session: Session, chunk: ChunkOutput) -> None:
         frames = chunk.frames.shape[0] if chunk.frames.ndim == 4 else 1
         self._backend.record_chunk(session, int(frames))
-        worker = self._workers[session.worker if session.worker is not None else 0]
-        if isinstance(worker, CheckpointingService):
-            checkpoint = worker.checkpoint(session.id)
-            if checkpoint is not None:
-                self._backend.save_checkpoint(session, checkpoint, resumable=worker.resumable)
         self._events.generated(session, int(frames))
+
+    def _save_checkpoint(self, session: Session, checkpoint: PortableCheckpoint, resumable: bool) -> None:
+        """What a successor goes on from: the session after the last chunk its client was sent (the runner holds
+        each chunk's checkpoint until the transport delivered it, `service.runtime.delivery`)."""
+        self._backend.save_checkpoint(session, checkpoint, resumable=resumable)
 
     def ended(self, session: Session) -> None:
         """The session reached its final state (its runner finished it, or it left the queue). One handed off

@@ -42,6 +42,8 @@ class LiveSessionPort:
       with the error table's code; other messages go to the worker while the session runs or is paused (also while
       the service drains, until the session's close is requested) and are dropped (counted) otherwise.
     - `client_gone()`: closes the session with cancel.
+    - `delivered()`: the transport's pacer let the chunks up to one go (`delivered`, given by the runner: their
+      checkpoints are published for a successor, `service.runtime.delivery`).
     """
 
     def __init__(
@@ -50,11 +52,14 @@ class LiveSessionPort:
         worker: BidirectionalService,
         request_close: CloseRequest,
         set_paused: PauseRequest,
+        *,
+        delivered: Callable[[int], None] = lambda _chunk_index: None,
     ) -> None:
         self._session = session
         self._worker = worker
         self._request_close = request_close
         self._set_paused = set_paused
+        self._delivered = delivered
         self.dropped_controls = 0
 
     @property
@@ -132,3 +137,6 @@ class LiveSessionPort:
     def client_gone(self, reason: str) -> None:
         logger.info("session %s: client gone (%s); closing", self._session.id, reason)
         self._request_close(self._session, CloseMode.CANCEL, f"client_gone: {reason}")
+
+    def delivered(self, chunk_index: int) -> None:
+        self._delivered(chunk_index)

@@ -20,13 +20,23 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from pipeline.bidirectional import BidirectionalService, ChunkItem, ChunkOutput, ChunkPart, CloseMode, SessionSummary
+from pipeline.bidirectional import (
+    BidirectionalService,
+    CheckpointingService,
+    ChunkItem,
+    ChunkOutput,
+    ChunkPart,
+    CloseMode,
+    PortableCheckpoint,
+    SessionSummary,
+)
 from service.errors import lookup
+from service.runtime.delivery import SessionDelivery
 from service.runtime.port import LiveSessionPort
 from service.runtime.recordings import RecordingStore, SessionRecording
 from service.runtime.records import RuntimeTuning, SessionObserver
 from service.runtime.sessions import Session, SessionState
-from transport.base import ErrorStatus, Transport
+from transport.base import ErrorStatus, ReportsDelivery, Transport
 from transport.errors import CallerTokenError, CallerTokenRefusedError, RoomInUseError, RoomNotFoundError
 
 __all__ = ["RunnerCallbacks", "SessionRunner"]
@@ -46,7 +56,10 @@ class RunnerCallbacks:
       detached);
     - `set_paused(session, paused)`: a `pause` (True) or `resume` (False) from the client's control channel; raises
       a `ServiceError` when the session cannot (the port answers the client with its code);
-    - `generated(session, chunk)`: the session's model worker produced `chunk` (usage metering counts it).
+    - `generated(session, chunk)`: the session's model worker produced `chunk` (usage metering counts it);
+    - `save_checkpoint(session, checkpoint, resumable)`: `checkpoint` is what a successor goes on from now (the
+      session after the last chunk the transport delivered, `service.runtime.delivery`); `resumable`: the worker
+      goes on from its checkpoints.
     """
 
     request_close: Callable[[Session, CloseMode, str], None]
@@ -55,6 +68,7 @@ class RunnerCallbacks:
     ended: Callable[[Session], None]
     set_paused: Callable[[Session, bool], None]
     generated: Callable[[Session, ChunkOutput], None] = lambda _session, _chunk: None
+    save_checkpoint: Callable[[Session, PortableCheckpoint, bool], None] = lambda _session, _checkpoint, _r: None
 
 
 class SessionRunner:
@@ -90,7 +104,8 @@ class SessionRunner:
         """The admitted session's whole life on `worker`. Cancellation (shutdown) still publishes a final status,
         gives the slot back and detaches the transport in `finally`."""
         request_close = self._callbacks.request_close
-        port = LiveSessionPort(session, worker, request_close, self._callbacks.set_paused)
+        delivery = self._delivery(session, worker)
+        port = LiveSessionPort(session, worker, request_close, self._callbacks.set_paused, delivered=delivery.delivered)
         attached = False
         reader: asyncio.Task[None] | None = None
         recording: SessionRecording | None = None
@@ -107,7 +122,7 @@ class SessionRunner:
             if not session.close_requested.is_set():
                 recording = self._record(session)
                 reader = asyncio.create_task(
-                    self._read_outputs(session, worker, recording), name=f"outputs-{session.id}"
+                    self._read_outputs(session, worker, delivery, recording), name=f"outputs-{session.id}"
                 )
                 if self._transport is not None:
                     try:
@@ -135,8 +150,12 @@ class SessionRunner:
                 reader = None
             if recording is not None:
                 recording.finish()  # every chunk is in: finalised off this task, after the session's end
+            if session.handing_off:
+                await self._deliver_first(session, delivery)
+            delivery.close()  # nothing published after its end here (its release deletes what was)
             self._finish(session, summary)
         finally:
+            delivery.close()
             if reader is not None:
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
@@ -150,6 +169,39 @@ class SessionRunner:
                     await self._transport.detach(session.id, session.reason or session.state.value)
                 except Exception:
                     logger.exception("session %s: the transport failed to detach it", session.id)
+
+    def _delivery(self, session: Session, worker: BidirectionalService) -> SessionDelivery:
+        """The session's checkpoints, each published once the transport delivered its chunk (at once when the
+        transport reports no delivery)."""
+        resumable = isinstance(worker, CheckpointingService) and worker.resumable
+        transport = self._transport
+        tracks = transport.reports_delivery if isinstance(transport, ReportsDelivery) else False
+
+        def publish(checkpoint: PortableCheckpoint) -> None:
+            if not session.terminal:
+                self._callbacks.save_checkpoint(session, checkpoint, resumable)
+
+        return SessionDelivery(publish, tracks_delivery=tracks)
+
+    async def _deliver_first(self, session: Session, delivery: SessionDelivery) -> None:
+        """A session handed off has stopped on its worker: the transport sends what was generated (the client keeps
+        playing), at most `hand_off_deliver_s`, so that its last checkpoint, the one its adopter goes on from, is the
+        last chunk's (docs/continuity.md, "Hand-off on drain")."""
+        started = asyncio.get_running_loop().time()
+        settled = await delivery.wait_settled(self._tuning.hand_off_deliver_s)
+        waited = asyncio.get_running_loop().time() - started
+        through = delivery.ledger.delivered_through
+        if settled:
+            logger.info(
+                "session %s: hand-off after its chunks were sent (through %d, %.2f s)", session.id, through, waited
+            )
+        else:
+            logger.warning(
+                "session %s: hand-off after %.1f s with chunks unsent (through %d): the adopter generates them again",
+                session.id,
+                waited,
+                through,
+            )
 
     def _finish(self, session: Session, summary: SessionSummary | None, *, reason: str | None = None) -> None:
         """The admitted session is over: final state and status, then its slot goes back (exactly once)."""
@@ -227,7 +279,11 @@ class SessionRunner:
         return recording
 
     async def _read_outputs(
-        self, session: Session, worker: BidirectionalService, recording: SessionRecording | None = None
+        self,
+        session: Session,
+        worker: BidirectionalService,
+        delivery: SessionDelivery,
+        recording: SessionRecording | None = None,
     ) -> None:
         """The session's single output reader: fans chunks out (the recording gets each one, never waiting); its end
         or failure closes the session. A chunk's parts (progressive decode) go to the transport only, ahead of the
@@ -243,6 +299,10 @@ class SessionRunner:
                 if recording is not None:
                     recording.offer(chunk)
                 self._callbacks.generated(session, chunk)
+                if isinstance(worker, CheckpointingService):
+                    checkpoint = worker.checkpoint(session.id)  # the session after this chunk: held until it is sent
+                    if checkpoint is not None:
+                        delivery.generated(checkpoint)
                 self._observer.chunk(session, chunk)
         except asyncio.CancelledError:
             raise

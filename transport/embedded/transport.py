@@ -90,6 +90,11 @@ class EmbeddedTransport:
         return "embedded"
 
     @property
+    def reports_delivery(self) -> bool:
+        """Its bindings say when each chunk's frames left the pacer (`transport.base.ReportsDelivery`)."""
+        return True
+
+    @property
     def config(self) -> EmbeddedConfig:
         return self._config
 

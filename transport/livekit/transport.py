@@ -167,6 +167,11 @@ class LiveKitTransport:
         return "livekit"
 
     @property
+    def reports_delivery(self) -> bool:
+        """Its bindings say when each chunk's frames left the pacer (`transport.base.ReportsDelivery`)."""
+        return True
+
+    @property
     def config(self) -> LiveKitConfig:
         return self._config
 

@@ -83,6 +83,7 @@ class FakeSessionPort:
         self.controls: list[ControlMessage] = []
         self._control_changed = asyncio.Event()
         self.gone: list[str] = []
+        self.deliveries: list[int] = []  # every `delivered` report, in order
         self.gone_event = asyncio.Event()
         self.chunks_opened = 0
         self.status_opened = 0
@@ -144,6 +145,9 @@ class FakeSessionPort:
     def client_gone(self, reason: str) -> None:
         self.gone.append(reason)
         self.gone_event.set()
+
+    def delivered(self, chunk_index: int) -> None:
+        self.deliveries.append(chunk_index)
 
     def emit_chunk(self, chunk: ChunkItem) -> None:
         self._chunks.put_nowait(chunk)

@@ -5,6 +5,7 @@ one; a chunk the header lists but the parts lack, or an unknown version, is refu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from multiprocessing.reduction import ForkingPickler
@@ -88,6 +89,21 @@ def test_the_decoder_prime_is_the_newest_run_of_consecutive_chunks_before_the_st
     assert prime is not None
     assert prime.shape[1] == 9
     assert history.prime(3) is None  # the history does not reach chunk 2
+
+
+def test_a_re_seed_replays_no_chunk_at_or_after_the_one_it_goes_on_from() -> None:
+    """A checkpoint that goes on from an earlier chunk than the newest latents it holds (a store that wrote them
+    before the client saw their chunks) replays the chunks before it only, and the decoder's prime ends there."""
+    history = _history(4)  # chunks 0-3 (sink 2, recent 3: all held)
+    assert _checkpoint(history).resume_point.history is history  # the usual case: nothing newer, nothing copied
+    earlier = dataclasses.replace(_checkpoint(history), next_chunk=2)
+    resumed = earlier.resume_point.history
+    assert resumed is not None
+    assert resumed.indices() == (0, 1)
+    prime = resumed.prime(2)
+    assert prime is not None
+    assert torch.equal(prime, torch.cat([c.latent for c in history.chunks[:2]], dim=1))
+    assert dataclasses.replace(_checkpoint(history), next_chunk=0).resume_point.history is None
 
 
 @pytest.mark.parametrize("image", [None, torch.rand(3, 32, 64)], ids=["no-image", "image"])

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from admission import AdmissionEvent
-from pipeline.bidirectional import ChunkOutput, CloseMode
+from pipeline.bidirectional import ChunkOutput, CloseMode, PortableCheckpoint
 from service.runtime.config_view import config_view
+from service.runtime.records import RuntimeTuning
 from service.runtime.runner import RunnerCallbacks, SessionRunner
 from service.runtime.sessions import Session, SessionBuffers, SessionState
 from tests.support.fakes.world import FakeWorld
@@ -105,3 +107,93 @@ async def test_a_cancelled_runner_finishes_the_session_for_shutdown_and_still_de
     assert world.close_calls == [("s2", CloseMode.CANCEL)]
     assert world.live == 0
     assert transport.detached == [("s2", "shutdown")]
+
+
+# -- the checkpoint a successor goes on from: the last chunk the transport delivered (issue #33)
+
+
+class _PacingTransport(RecordingTransport):
+    """A transport that reports deliveries (`ReportsDelivery`); the test says when a chunk was delivered."""
+
+    @property
+    def reports_delivery(self) -> bool:
+        return True
+
+
+def _saving(owner: _Owner, saved: list[int]) -> RunnerCallbacks:
+    def save(session: Session, checkpoint: PortableCheckpoint, resumable: bool) -> None:
+        saved.append(checkpoint.next_chunk)
+        owner.calls.append(("save_checkpoint", str(checkpoint.next_chunk)))
+
+    return dataclasses.replace(owner.callbacks(), save_checkpoint=save)
+
+
+async def _running(
+    transport: RecordingTransport, saved: list[int], tuning: RuntimeTuning = FAST
+) -> tuple[FakeWorld, Session, _Owner, _Observer, asyncio.Task[None]]:
+    world = FakeWorld()  # a `CheckpointingService`: its checkpoint goes on after the last chunk the reader took
+    await world.start()
+    owner, observer = _Owner(), _Observer()
+    runner = SessionRunner(transport, tuning, observer, _saving(owner, saved))
+    session = _admitted(world, "s1")
+    task = asyncio.create_task(runner.run(session, world))
+    await until(lambda: session.state is SessionState.RUNNING, "the session to run", every=0)
+    return world, session, owner, observer, task
+
+
+async def test_a_chunks_checkpoint_is_saved_once_the_transport_delivered_it_and_never_after_the_close() -> None:
+    transport, saved = _PacingTransport(), list[int]()
+    world, session, _, observer, task = await _running(transport, saved)
+    world.emit("s1", 2)
+    await until(lambda: len(observer.chunks) == 2, "two chunks read", every=0)
+    assert saved == []  # generated, not yet sent: a successor would skip them
+    port = transport.ports["s1"]
+    port.delivered(0)
+    assert saved == [1]
+    port.client_gone("test")  # closed with chunk 1 still in the pacer
+    await asyncio.wait_for(task, 5)
+    port.delivered(1)  # the pacer lets it go after the end: no stale checkpoint after the release
+    assert saved == [1]
+    assert session.state is SessionState.CLOSED
+
+
+async def test_a_transport_without_delivery_reports_gets_each_checkpoint_as_its_chunk_is_generated() -> None:
+    transport, saved = RecordingTransport(), list[int]()
+    world, _, _, observer, task = await _running(transport, saved)
+    world.emit("s1", 2)
+    await until(lambda: len(observer.chunks) == 2, "two chunks read", every=0)
+    assert saved == [1, 2]
+    transport.ports["s1"].client_gone("test")
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_handed_off_session_lets_its_chunks_out_first_and_hands_off_after_the_last_ones_checkpoint() -> None:
+    transport, saved = _PacingTransport(), list[int]()
+    world, session, owner, observer, task = await _running(transport, saved)
+    world.emit("s1", 3)
+    await until(lambda: len(observer.chunks) == 3, "three chunks read", every=0)
+    port = transport.ports["s1"]
+    port.delivered(0)
+    assert session.hand_off("draining")
+    await until(lambda: world.close_calls == [("s1", CloseMode.CANCEL)], "the worker to stop it", every=0)
+    await asyncio.sleep(0.05)
+    assert not task.done()  # waiting for chunks 1 and 2 to go out; the transport is still attached
+    assert transport.detached == []
+    port.delivered(2)
+    await asyncio.wait_for(task, 5)
+    assert saved == [1, 3]  # the adopter goes on after chunk 2, the last one the client was sent
+    names = [name for name, _ in owner.calls]
+    assert names.index("release_slot") > names.index("save_checkpoint")  # the hand-off reads the last one
+    assert transport.detached == [("s1", "handed_off")]
+
+
+async def test_a_hand_off_waits_for_the_delivery_only_so_long_then_goes_on_from_what_was_sent() -> None:
+    transport, saved = _PacingTransport(), list[int]()
+    tuning = dataclasses.replace(FAST, hand_off_deliver_s=0.05)
+    world, session, _, observer, task = await _running(transport, saved, tuning)
+    world.emit("s1", 2)
+    await until(lambda: len(observer.chunks) == 2, "two chunks read", every=0)
+    transport.ports["s1"].delivered(0)
+    assert session.hand_off("draining")
+    await asyncio.wait_for(task, 5)  # chunk 1 never went out (a stuck pacer): the adopter generates it again
+    assert saved == [1]

@@ -16,6 +16,7 @@ from pipeline.bidirectional import ChunkOutput, ChunkPart
 from pipeline.clock import MonotonicClock
 from tests.support.fakes.transport_port import FakeSessionPort, make_chunk
 from tests.support.fakes.transport_timers import FakeTimers
+from tests.support.waits import until
 from transport.base import ChunkStatus, DoneStatus, ErrorStatus, StateStatus, StatusMessage
 from transport.protocol import ProtocolError, decode_status
 from transport.session.binding import (
@@ -452,3 +453,13 @@ async def test_a_chunks_first_part_is_paced_before_the_chunk_comes_and_its_statu
     assert rig.core.statistics().pacer.frames_in == 6
     (status,) = await rig.link.wait_sent(1)
     assert status == ChunkStatus(0, 3, ("w",), {}, first_frame_pts=round(frames[0].media_index * 90000 / 50.0))
+
+
+async def test_the_port_is_told_each_chunk_whose_frames_all_left_the_pacer_sent_or_not(rig: Rig) -> None:
+    rig.frames.accept.extend([False, False, True])  # no connection at first: the client's clock moves on anyway
+    rig.core.start_serving()
+    rig.port.emit_chunk(make_chunk(0, first_frame_index=0, count=2, width=32, height=24, fps=50.0))
+    rig.port.emit_chunk(make_chunk(1, first_frame_index=2, count=2, width=32, height=24, fps=50.0))
+    await rig.frames.wait_frames(4)
+    await until(lambda: rig.port.deliveries == [0, 1], "both chunks reported delivered")
+    assert rig.core.statistics().frames_unsent == 2
