@@ -1,7 +1,8 @@
 """`SessionRunner`: the life of one admitted session on its model worker, run as that session's own task.
 
 `run(session, worker)` creates the session on its model worker, starts its single output reader (which fans chunks
-out and asks for the close when generation ends or fails), attaches the transport, waits for a close request, closes
+out and asks for the close when generation ends or fails), attaches the transport (an adopted session's reader starts
+after it: its first chunks are the ones its client has not seen), waits for a close request, closes
 the session on the worker (drain, escalated to cancel on request; a best-effort cancel-close when it stopped early),
 stops the reader, finishes the session (final state and status, the admission slot back exactly once) and detaches
 the transport. Cancellation (shutdown) runs the same cleanup in `finally`.
@@ -121,9 +122,12 @@ class SessionRunner:
                 return
             if not session.close_requested.is_set():
                 recording = self._record(session)
-                reader = asyncio.create_task(
-                    self._read_outputs(session, worker, delivery, recording), name=f"outputs-{session.id}"
-                )
+                # An adopted session's first chunks are the ones its client has not seen (the checkpoint's
+                # `next_chunk` on): its reader starts once the transport took the session, so that none is published
+                # before the transport listens (the worker's queue holds them: its generation waits meanwhile).
+                read_after_attach = session.prepared.resume is not None and self._transport is not None
+                if not read_after_attach:
+                    reader = self._start_reader(session, worker, delivery, recording)
                 if self._transport is not None:
                     try:
                         session.attached(await self._transport.attach(port))
@@ -139,6 +143,8 @@ class SessionRunner:
                         logger.exception("session %s: the transport could not attach it", session.id)
                         session.record_failure("transport_failed", f"the transport could not attach: {exc}")
                         session.request_close(CloseMode.CANCEL, "transport_failed")
+                if read_after_attach:
+                    reader = self._start_reader(session, worker, delivery, recording)
                 if session.state is SessionState.ADMITTED:
                     session.move(SessionState.RUNNING)
                     self._callbacks.running(session)
@@ -169,6 +175,16 @@ class SessionRunner:
                     await self._transport.detach(session.id, session.reason or session.state.value)
                 except Exception:
                     logger.exception("session %s: the transport failed to detach it", session.id)
+
+    def _start_reader(
+        self,
+        session: Session,
+        worker: BidirectionalService,
+        delivery: SessionDelivery,
+        recording: SessionRecording | None,
+    ) -> asyncio.Task[None]:
+        reader = self._read_outputs(session, worker, delivery, recording)
+        return asyncio.create_task(reader, name=f"outputs-{session.id}")
 
     def _delivery(self, session: Session, worker: BidirectionalService) -> SessionDelivery:
         """The session's checkpoints, each published once the transport delivered its chunk (at once when the

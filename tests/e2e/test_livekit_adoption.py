@@ -215,7 +215,7 @@ def _follow_across(
 
         _until(adopted, f"the session adopted by {new_name}", within=30)
         assert read, "no checkpoint was read"
-        checkpoint = {"next_chunk": min(read.values())}
+        checkpoint = {"next_chunk": min(read.values()), "at_adoption": read.get("at")}
         follower.stdin.write(f"{checkpoint['next_chunk']}\n")  # the follower waits for the adopter's chunks from it
         follower.stdin.flush()
         running = _until(lambda: _streaming(second, sid), f"the session running on {new_name}", within=60)
@@ -237,9 +237,44 @@ def _follow_across(
     return Followed(sid, details, running, checkpoint, report)
 
 
-def _went_on(followed: Followed) -> None:
+def skipped_and_repeated(before: list[int], sequence: list[int]) -> tuple[int, int]:
+    """Across the end of the old replica: how many chunks the client never saw (the sequence jumped past them) and
+    how far back it went at most (a chunk seen, partly or whole, generated again), from the chunks it saw before
+    and the chunks it read after, in order."""
+    newest = max(before) if before else -1
+    skipped = back = 0
+    for chunk in sequence:
+        if chunk > newest + 1:
+            skipped += chunk - newest - 1
+        back = max(back, newest - chunk)
+        newest = max(newest, chunk)
+    return skipped, back
+
+
+def unaccounted_frames(report: dict[str, Any]) -> int:
+    """Frames of the session's video (by frame id: the stream clock the adopter continues) after the newest the client
+    had before the end that it never got, less the frames it got without an id (the first frames of a new track may
+    come without LiveKit's frame metadata: they can be counted, not named) between the ids around each gap."""
+    previous, unnamed, short = report["last_id_before"], 0, 0
+    if previous is None:
+        return 0
+    for frame_id in report["ids_after"]:
+        if frame_id is None:
+            unnamed += 1
+        elif frame_id > previous:
+            short += max(0, frame_id - previous - 1 - unnamed)
+            previous, unnamed = frame_id, 0
+    return short
+
+
+FRAMES_PER_CHUNK = 4  # CONFIG's chunk_size 1: one latent frame, four video frames (chunk 0: one)
+
+
+def _went_on(followed: Followed, *, switch_loss: bool = False) -> None:
     """The client in the room went on with the adopter: the same room and participants, no new create nor join, one
-    track switch, chunks after the checkpoint, never back past it, to the client's own stop."""
+    track switch, chunks after the checkpoint, never back past it, no chunk skipped (by label and by frame id), to the
+    client's own stop. `switch_loss`: the first frames of the adopter's track may not reach the client (after a
+    hand-off, below): fewer than three chunks' frames and at most two chunk labels short, never the old replica's."""
     report, details, adopted, checkpoint = followed.report, followed.details, followed.adopted, followed.checkpoint
     same = ("room", "identity", "service_identity", "room_owner")
     assert [adopted[k] for k in same] == [details[k] for k in same], (adopted, details)
@@ -254,6 +289,23 @@ def _went_on(followed: Followed) -> None:
     assert tail == sorted(tail), (report, checkpoint)
     assert all(c >= max(report["before"]) for c in tail), (report, checkpoint)
     assert all(c >= next_chunk for c in sequence[len(tail) :]), (report, checkpoint)
+    # The adopter goes on from the last chunk the old replica's pacer let go (docs/continuity.md, "What the client
+    # was sent"), so the frames after the end (the old replica's last, then the adopter's) skip none: every frame id
+    # the stream clock went through came. Before, the adopter went on after the last chunk generated and the two
+    # chunks the old pacer held were lost: 8 frames, `sequence` [1, 4, 5].
+    short = unaccounted_frames(report)
+    skipped, back = skipped_and_repeated(report["before"], sequence)
+    if switch_loss:
+        # After a hand-off the adopter's first frames go out some 0.3 s after the client's last one, and the first
+        # of them did not reach the client over the real server: 7 frames short in each of 4 runs (ids [2, 3, 11, 12,
+        # 13]: the new track's start, measured; not understood yet, docs/continuity.md); before this change 15 (the
+        # two chunks the old pacer held, 8 frames, and the same 7).
+        assert short < 3 * FRAMES_PER_CHUNK, (report, checkpoint)
+        assert skipped <= 2, (report, checkpoint)
+    else:
+        assert short == 0, (report, checkpoint)
+        assert skipped == 0, (report, checkpoint)
+    assert back <= 1, (report, checkpoint)  # a chunk whose frames were on their way is generated again at most
     assert report["track_switches"] >= 1, report  # the adopter's track, in the same room
     assert report["done"] == "client_stop", report
 
@@ -287,7 +339,11 @@ def test_a_draining_replica_hands_its_livekit_session_off_and_the_adopter_goes_o
     (_, first), (_, second) = old, new
     with _logs_on_failure(replicas):
         followed = _follow_across(replicas, old, new, {}, "drain")
-        _went_on(followed)
+        _went_on(followed, switch_loss=True)
+        # It delivered first: its last checkpoint, the adopter's, is the one of the last chunk it sent.
+        through = re.search(r"hand-off after its chunks were sent \(through (\d+),", first.output())
+        assert through is not None, "the old replica did not let its generated chunks out before the hand-off"
+        assert followed.checkpoint["at_adoption"] == int(through.group(1)) + 1, (through.group(0), followed.checkpoint)
         # The old replica handed it off: no terminal status of its own (the client saw none: `done_early`), its room
         # left standing (never deleted nor made again: `_follow_across`), closed only by its client, on the adopter.
         assert "handed off" in first.output()

@@ -26,9 +26,10 @@ Scenarios:
   from the checkpoint on arrived after the kill (or `_FOLLOW_S` passed), then stops the session by RPC. Reports the
   chunks before the kill, after it from the checkpoint on (`after`: the adopter's), after it before the checkpoint
   (`tail`: the old replica's last frames, in flight at the kill), the `sequence` after the kill, the first frame of
-  the adopter's chunks after the kill (`first_after_s`), the link's
-  `track_switches` (the adopter's new track) and `done`; and, to diagnose a label that goes back, every frame and
-  chunk status from 1 s before the kill (`frames_around`: seconds after the kill, frame id, chunk, repeat;
+  the adopter's chunks after the kill (`first_after_s`), the link's `track_switches` (the adopter's new track) and
+  `done`; the frame ids: the newest before the kill and every generated frame's after it (`ids_after`, None for a
+  frame that came without one; the SDK's black placeholders left out); and, to diagnose a label that goes back, every
+  frame and chunk status from 1 s before the kill (`frames_around`: seconds after the kill, frame id, chunk, repeat;
   `statuses_around`: seconds after the kill, index, first frame id).
 - `paused URL=service-url TOKEN=session-id`: the Python client joins the session, holds `w` as `follow` does, pauses
   it by RPC once a labelled frame is in and prints `{"paused": state, "paused_at": monotonic time}`; then reads from
@@ -280,6 +281,7 @@ async def _follow(service_url: str, session_id: str) -> dict[str, Any]:
     arrivals: list[tuple[float, int, bool]] = []  # (received_at, chunk index, repeat)
     trace: list[tuple[float, int | None, int | None, bool]] = []  # every frame: (received_at, id, chunk, repeat)
     statuses: list[tuple[float, int, int | None]] = []  # every chunk status: (received_at, index, first_frame_id)
+    ids: list[tuple[float, int | None]] = []  # (received_at, frame id) of every generated frame, not the placeholders
     arrived = asyncio.Event()
     async with ServiceClient(service_url) as service:
         stream = await connect(service, await service.get(session_id))
@@ -296,6 +298,8 @@ async def _follow(service_url: str, session_id: str) -> dict[str, Any]:
             async for frame in stream.frames():
                 chunk = None if frame.chunk is None else frame.chunk.index
                 trace.append((frame.received_at, frame.frame_id, chunk, frame.repeat))
+                if not frame.repeat and (frame.frame_id is not None or frame.image.any()):
+                    ids.append((frame.received_at, frame.frame_id))  # not the SDK's black placeholder frames
                 if frame.chunk is not None:
                     arrivals.append((frame.received_at, frame.chunk.index, frame.repeat))
                     arrived.set()
@@ -341,6 +345,10 @@ async def _follow(service_url: str, session_id: str) -> dict[str, Any]:
             report["tail"] = sorted({c for c in sequence if c < next_chunk})
             report["first_after_s"] = None if not after else round(after[0][0] - killed_at, 3)
             report["track_switches"] = link.track_switches
+            # Frame ids (the session's stream clock, continued by the adopter) around the kill: None for a frame that
+            # came without one (a new track's first frames may lack LiveKit's frame metadata, docs/continuity.md).
+            report["last_id_before"] = max((i for at, i in ids if at <= killed_at and i is not None), default=None)
+            report["ids_after"] = [i for at, i in ids if at > killed_at]
             # Around the kill, to diagnose labels that go back: frames as (s after the kill, frame id, chunk, repeat)
             # and chunk statuses as (s after the kill, index, first frame id), from 1 s before it, 80 at most.
             report["frames_around"] = [

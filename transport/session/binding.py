@@ -25,6 +25,7 @@ from pipeline.bidirectional import ChunkItem, ChunkOutput, ChunkPart
 from pipeline.clock import Clock, MonotonicClock
 from transport.base import ChunkStatus, DoneStatus, SessionPort, StateStatus, StatusMessage
 from transport.session.control import ControlIntake, ControlStatistics
+from transport.session.delivery import DeliveryWatermark
 from transport.session.outbox import (
     Outbound,
     OutboxStatistics,
@@ -297,6 +298,7 @@ class BindingCore:
         self._held: deque[ChunkStatus] = deque()
         self._fed_through = -1
         self._paced_first: OrderedDict[int, int] = OrderedDict()  # chunk index -> its first paced frame's pts
+        self._delivery = DeliveryWatermark()  # how far the pacer got, told to the port (`SessionPort.delivered`)
 
     @property
     def session_id(self) -> str:
@@ -379,6 +381,18 @@ class BindingCore:
             if frames is not None:
                 self._pacer.push_chunk(frames)
             self._fed_through = max(self._fed_through, item.index)
+            if isinstance(item, ChunkOutput):
+                count = item.frames.shape[0] if item.frames.ndim == 4 else 1
+                self._delivered(self._delivery.fed(item.index, item.first_frame_index + count - 1))
+
+    def _delivered(self, through: int | None) -> None:
+        """Tell the session its chunks up to `through` left the pacer (None: nothing new)."""
+        if through is None:
+            return
+        try:
+            self._port.delivered(through)
+        except Exception:
+            logger.exception("session %s: delivered(%d) failed", self.session_id, through)
 
     def _sink(self, frame: PacedFrame) -> None:
         if frame.repeat:
@@ -390,6 +404,8 @@ class BindingCore:
             self._frames_delivered += 1
         else:
             self._frames_unsent += 1
+        # Sent or not (no connection: the client's clock moves on all the same), the frame left the pacer.
+        self._delivered(self._delivery.released(frame.chunk_index, frame.frame_index))
         # A held chunk status goes out with its first frame, stamped with that frame's presentation timestamp.
         pts = frame_pts(frame, self._port.fps)
         if frame.chunk_index not in self._paced_first:
