@@ -6,11 +6,14 @@ session slot each, and the Python client with its own reconnect behind one front
 - A scripted rolling restart, as a Deployment with `maxSurge: 1` rolls: three replicas, three sessions live; each
   replica in turn gets its replacement (ready), then SIGTERM: it hands its session to the replacement. Per hand-off,
   the gap at the client (the last frame over the lost connection to the first over the joined one):
-  `hand_off_recovery_ms_p50/p95`; `rolling_sessions_survived` / `rolling_sessions_total`: sessions still streaming
+  `hand_off_recovery_ms_p50/p95`, and the chunks the client never got across each hand-off (the last chunk over the
+  lost connection to the first over the joined one), summed: `hand_off_chunks_skipped`; `rolling_sessions_survived`
+  / `rolling_sessions_total`: sessions still streaming
   after the restart with their own id, stopped by their client (`client_stop`).
 - Replica loss, `kills` times: a spare replica started, then the replica that runs a session SIGKILLed; the spare
   adopts it once the reaper saw the dead replica's liveness lapse (`REPLICA_TTL_S`). The same gap at the client:
-  `replica_loss_recovery_ms_p50/p95` (goal: at most the replica TTL + 5 s; `replica_ttl_s` is reported with it).
+  `replica_loss_recovery_ms_p50/p95` (goal: at most the replica TTL + 5 s; `replica_ttl_s` is reported with it),
+  and `replica_loss_chunks_skipped` as for a hand-off.
 """
 
 from __future__ import annotations
@@ -87,13 +90,17 @@ async def replica_figures(kills: int) -> dict[str, Any]:
             losses = [await _replica_loss(deployment, n) for n in range(kills)]
         finally:
             deployment.close()
+    hand_off_gaps = [gap for gap, _ in hand_offs]
+    loss_gaps = [gap for gap, _ in losses]
     return {
-        "hand_off_recovery_ms_p50": _ms(percentile(hand_offs, 50)),
-        "hand_off_recovery_ms_p95": _ms(percentile(hand_offs, 95)),
+        "hand_off_recovery_ms_p50": _ms(percentile(hand_off_gaps, 50)),
+        "hand_off_recovery_ms_p95": _ms(percentile(hand_off_gaps, 95)),
+        "hand_off_chunks_skipped": sum(skipped for _, skipped in hand_offs),
         "rolling_sessions_survived": survived,
         "rolling_sessions_total": total,
-        "replica_loss_recovery_ms_p50": _ms(percentile(losses, 50)),
-        "replica_loss_recovery_ms_p95": _ms(percentile(losses, 95)),
+        "replica_loss_recovery_ms_p50": _ms(percentile(loss_gaps, 50)),
+        "replica_loss_recovery_ms_p95": _ms(percentile(loss_gaps, 95)),
+        "replica_loss_chunks_skipped": sum(skipped for _, skipped in losses),
         "replica_ttl_s": REPLICA_TTL_S,
     }
 
@@ -103,11 +110,11 @@ async def _session(door: FrontDoor) -> str:
         return (await service.create(config=CONFIG)).id
 
 
-async def _rolling_restart(deployment: _Deployment) -> tuple[list[float], int, int]:
+async def _rolling_restart(deployment: _Deployment) -> tuple[list[tuple[float, int]], int, int]:
     names = ("r1", "r2", "r3")
     for name in names:
         await deployment.start(name)
-    gaps: list[float] = []
+    gaps: list[tuple[float, int]] = []
     async with contextlib.AsyncExitStack() as doors:
         watches: dict[str, SessionWatch] = {}
         for name in names:  # each replica's one slot: the session created through it runs there
@@ -127,7 +134,7 @@ async def _rolling_restart(deployment: _Deployment) -> tuple[list[float], int, i
             with contextlib.suppress(TimeoutError):
                 await until(watch.streaming_again(sent), f"{watch.sid} again", within=60)
             with contextlib.suppress(ValueError):
-                gaps.append(watch.gap(sent))
+                gaps.append((watch.gap(sent), _skipped(watch, sent)))
         for watch in watches.values():
             watch.stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -137,7 +144,7 @@ async def _rolling_restart(deployment: _Deployment) -> tuple[list[float], int, i
     return gaps, survived, len(watches)
 
 
-async def _replica_loss(deployment: _Deployment, n: int) -> float:
+async def _replica_loss(deployment: _Deployment, n: int) -> tuple[float, int]:
     owner = await deployment.start(f"k{n}")
     async with FrontDoor([owner.port]) as door:
         watch = SessionWatch(await _session(door), door)
@@ -150,7 +157,7 @@ async def _replica_loss(deployment: _Deployment, n: int) -> float:
             killed = time.monotonic()
             owner.process.send_signal(signal.SIGKILL)
             await until(watch.streaming_again(killed), f"{watch.sid} adopted", within=REPLICA_TTL_S + 60)
-            return watch.gap(killed)
+            return watch.gap(killed), _skipped(watch, killed)
         finally:
             watch.stop.set()
             await asyncio.gather(task, return_exceptions=True)
@@ -160,6 +167,15 @@ async def _replica_loss(deployment: _Deployment, n: int) -> float:
 
 def _frames(watch: SessionWatch, count: int) -> Callable[[], bool]:
     return lambda: len(watch.frames) >= count
+
+
+def _skipped(watch: SessionWatch, after: float) -> int:
+    """Chunks the client never got around its first rejoin after `after`: between the last chunk over the connection
+    it lost and the first over the one it joined (a repeat counts 0)."""
+    at = watch.rejoined_at(after)
+    before = max((c for t, c in watch.frames if t <= at and c >= 0), default=-1)
+    first = next((c for t, c in watch.frames if t > at and c >= 0), before + 1)
+    return max(0, first - before - 1)
 
 
 def _survived(watch: SessionWatch) -> bool:

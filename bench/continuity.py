@@ -11,7 +11,9 @@ Measures, in one run:
   session holding keys; the DiT group's rank is SIGKILLed at a random moment while the session streams, `--kills`
   times (one session each). The time from the last frame the session's transport port received before the kill to
   the first it received after it (the frames a binding paces out; no WebRTC hop in between), per kill.
-  `kill_to_first_frame_ms_p50` is the same from the kill itself, `group_restart_ms_p50` the part of it until the
+  `kill_to_first_frame_ms_p50` is the same from the kill itself, `worker_loss_chunks_skipped` the chunks the port
+  never handed over across the kills, summed (goal 0: the re-seed goes on from the chunk after the last one handed
+  to the reader, and what the reader took is still paced out), `group_restart_ms_p50` the part of it until the
   group was ready again (the rest is the re-seed and its first chunk). `sessions_survived` / `sessions_total`: kills
   after which the session ran on (the others failed with `model_failure`).
 - checkpoint_bytes_per_session: the serialised checkpoint of a LingBot-World-Fast session at 832x480 without a
@@ -28,7 +30,9 @@ Measures, in one run:
 
 - hand_off_recovery_ms_p50 / _p95, rolling_sessions_survived / rolling_sessions_total, replica_loss_recovery_ms_p50 /
   _p95 and replica_ttl_s: real replicas on a real redis-server, a scripted rolling restart (drain hand-off) and
-  `--replica-kills` SIGKILLed replicas, measured at the Python client (`bench/_replicas.py` says how). `--quick`
+  `--replica-kills` SIGKILLed replicas, measured at the Python client (`bench/_replicas.py` says how), with
+  hand_off_chunks_skipped / replica_loss_chunks_skipped: the chunks the client never got across each recovery, summed
+  (goal 0). `--quick`
   starts no replica: these are null.
 
 The last line printed is one JSON object with every figure.
@@ -82,22 +86,34 @@ def workers(settings: Settings) -> list[LingBotService]:
 
 
 class FrameTimes(RecordingTransport):
-    """Records when the session's port hands each frame-carrying item (a chunk's part, or a whole chunk) over."""
+    """Records when the session's port hands each frame-carrying item (a chunk's part, or a whole chunk) over, and
+    its chunk index."""
 
     def __init__(self) -> None:
         super().__init__()
         self.frames: dict[str, list[float]] = {}
+        self.chunks: dict[str, list[int]] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     async def attach(self, port: SessionPort) -> Mapping[str, object]:
         self.frames[port.session_id] = []
+        self.chunks[port.session_id] = []
         self._tasks.append(asyncio.create_task(self._read(port)))
         return await super().attach(port)
 
     async def _read(self, port: SessionPort) -> None:
-        _item: ChunkItem
-        async for _item in port.chunks():
+        item: ChunkItem
+        async for item in port.chunks():
             self.frames[port.session_id].append(time.monotonic())
+            self.chunks[port.session_id].append(item.index)
+
+    def skipped(self, session_id: str, at: float) -> int:
+        """Chunks the session's port never handed over across the moment `at`: between the last chunk before it and
+        the first after it (0: the recovery went on from the chunk after the last one handed over, or repeated it)."""
+        times, chunks = self.frames[session_id], self.chunks[session_id]
+        before = max((c for t, c in zip(times, chunks, strict=True) if t <= at), default=-1)
+        after = next(c for t, c in zip(times, chunks, strict=True) if t > at)
+        return max(0, after - before - 1)
 
     async def aclose(self) -> None:
         for task in self._tasks:
@@ -116,25 +132,27 @@ async def worker_loss(kills: int, rng: random.Random) -> dict[str, Any]:
         "recovery_attempts": 3,
         "recovery_timeout": 120,
     }
-    outcomes: list[tuple[float, float, float, bool] | None] = []
+    outcomes: list[tuple[float, float, float, bool, int] | None] = []
     async with running_app(workers, transport=transport, **overrides) as app:
         for _ in range(kills):
             outcomes.append(await one_kill(app, transport, rng))
     done = [outcome for outcome in outcomes if outcome is not None]
     return {
-        "recovery_ms_p50": _ms(percentile([gap for gap, _, _, _ in done], 50)),
-        "recovery_ms_p95": _ms(percentile([gap for gap, _, _, _ in done], 95)),
-        "kill_to_first_frame_ms_p50": _ms(percentile([after for _, after, _, _ in done], 50)),
-        "group_restart_ms_p50": _ms(percentile([restart for _, _, restart, _ in done], 50)),
-        "sessions_survived": sum(running for _, _, _, running in done),
+        "recovery_ms_p50": _ms(percentile([gap for gap, _, _, _, _ in done], 50)),
+        "recovery_ms_p95": _ms(percentile([gap for gap, _, _, _, _ in done], 95)),
+        "kill_to_first_frame_ms_p50": _ms(percentile([after for _, after, _, _, _ in done], 50)),
+        "group_restart_ms_p50": _ms(percentile([restart for _, _, restart, _, _ in done], 50)),
+        "worker_loss_chunks_skipped": sum(skipped for _, _, _, _, skipped in done),
+        "sessions_survived": sum(running for _, _, _, running, _ in done),
         "sessions_total": kills,
         "load_average_1m": os.getloadavg()[0],
     }
 
 
-async def one_kill(app: App, transport: FrameTimes, rng: random.Random) -> tuple[float, float, float, bool] | None:
+async def one_kill(app: App, transport: FrameTimes, rng: random.Random) -> tuple[float, float, float, bool, int] | None:
     """One session, its DiT group killed while it streams: (last frame before to first after, kill to first frame
-    after, kill to the group ready again, whether the session still runs); None when no frame came after."""
+    after, kill to the group ready again, whether the session still runs, chunks skipped across the kill); None when
+    no frame came after."""
     worker: LingBotService = app.workers[0]
     created = (await app.create({"config": CONFIG})).json()
     sid = str(created["id"])
@@ -159,9 +177,10 @@ async def one_kill(app: App, transport: FrameTimes, rng: random.Random) -> tuple
         return None
     first_after = next(at for at in frames if at > killed)
     running = (await app.get(sid))["status"] == "running"
+    skipped = transport.skipped(sid, killed)
     await app.client.delete(f"/v1/sessions/{sid}")
     await wait_status(app, sid, "closed", "failed", within=60)
-    return first_after - last_before, first_after - killed, restart, running
+    return first_after - last_before, first_after - killed, restart, running, skipped
 
 
 class _RaisesOnce:
@@ -212,12 +231,14 @@ async def stage_fault() -> dict[str, Any]:
         last_before = max(at for at in frames if at <= failed_at)
         first_after = next(at for at in frames if at > failed_at)
         running = (await app.get(sid))["status"] == "running"
+        skipped = transport.skipped(sid, failed_at)
         await app.client.delete(f"/v1/sessions/{sid}")
     return {
         "recovery_ms_p50": _ms(first_after - last_before),
         "recovery_ms_p95": _ms(first_after - last_before),
         "kill_to_first_frame_ms_p50": _ms(first_after - failed_at),
         "group_restart_ms_p50": None,
+        "worker_loss_chunks_skipped": skipped,
         "sessions_survived": int(running),
         "sessions_total": 1,
         "load_average_1m": os.getloadavg()[0],
@@ -294,10 +315,12 @@ _NO_REPLICAS: dict[str, Any] = dict.fromkeys(
     (
         "hand_off_recovery_ms_p50",
         "hand_off_recovery_ms_p95",
+        "hand_off_chunks_skipped",
         "rolling_sessions_survived",
         "rolling_sessions_total",
         "replica_loss_recovery_ms_p50",
         "replica_loss_recovery_ms_p95",
+        "replica_loss_chunks_skipped",
         "replica_ttl_s",
     )
 )
