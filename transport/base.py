@@ -54,6 +54,7 @@ __all__ = [
     "Transport",
     "TransportStatistics",
     "ViewerFigures",
+    "WaitsForClient",
     "WarningStatus",
 ]
 
@@ -354,6 +355,18 @@ class ReportsDelivery(Protocol):
 
     @property
     def reports_delivery(self) -> bool: ...
+
+
+@runtime_checkable
+class WaitsForClient(Protocol):
+    """Can say when a session's client has connected (the embedded transport: its first peer connection): an adopted
+    session's generation waits for it (bounded), so that the chunks its client has not seen are not sent to nobody
+    while the client reconnects (docs/continuity.md)."""
+
+    async def client_connected(self, session_id: str) -> None:
+        """Return once the attached session's client has connected (at once if it has);
+        `SessionNotAttachedError` for a session not attached here."""
+        ...
 
 
 @runtime_checkable

@@ -62,6 +62,8 @@ class RuntimeTuning:
       this often whether another replica has room for the ones still here, until half the drain timeout passed.
     - `hand_off_deliver_s`: a session handed off first lets the transport send the chunks already generated, at most
       this long, so that its adopter goes on after the last chunk the client was sent (docs/continuity.md).
+    - `resume_client_wait_s`: an adopted session on a transport whose client reconnects (embedded) reads its first
+      chunk once its client is back, waiting at most this long (its generation waits meanwhile).
     - `recording_queue_bytes`: how far (bytes of frames) a session's recording may fall behind its stream before it
       is dropped (`recording_overrun`; the stream goes on).
     """
@@ -76,6 +78,7 @@ class RuntimeTuning:
     admission_tick_s: float = 0.5
     hand_off_retry_s: float = 0.5
     hand_off_deliver_s: float = 3.0
+    resume_client_wait_s: float = 10.0
     recording_queue_bytes: int = 128 * 1024 * 1024
     buffers: SessionBuffers = dataclasses.field(default_factory=SessionBuffers)
 

@@ -37,7 +37,7 @@ from service.runtime.port import LiveSessionPort
 from service.runtime.recordings import RecordingStore, SessionRecording
 from service.runtime.records import RuntimeTuning, SessionObserver
 from service.runtime.sessions import Session, SessionState
-from transport.base import ErrorStatus, ReportsDelivery, Transport
+from transport.base import ErrorStatus, ReportsDelivery, Transport, WaitsForClient
 from transport.errors import CallerTokenError, CallerTokenRefusedError, RoomInUseError, RoomNotFoundError
 
 __all__ = ["RunnerCallbacks", "SessionRunner"]
@@ -143,11 +143,12 @@ class SessionRunner:
                         logger.exception("session %s: the transport could not attach it", session.id)
                         session.record_failure("transport_failed", f"the transport could not attach: {exc}")
                         session.request_close(CloseMode.CANCEL, "transport_failed")
-                if read_after_attach:
-                    reader = self._start_reader(session, worker, delivery, recording)
                 if session.state is SessionState.ADMITTED:
                     session.move(SessionState.RUNNING)
                     self._callbacks.running(session)
+                if read_after_attach:
+                    await self._client_back(session)
+                    reader = self._start_reader(session, worker, delivery, recording)
             await session.close_requested.wait()
             summary = await self._close_on_worker(session, worker)
             on_worker = False
@@ -175,6 +176,30 @@ class SessionRunner:
                     await self._transport.detach(session.id, session.reason or session.state.value)
                 except Exception:
                     logger.exception("session %s: the transport failed to detach it", session.id)
+
+    async def _client_back(self, session: Session) -> None:
+        """An adopted session on a transport whose client reconnects (the embedded one) waits for its client, at most
+        `resume_client_wait_s`, before its first chunk is read: the worker's queue holds the chunks after the
+        checkpoint (its generation waits), so they are sent once the client is there instead of to nobody."""
+        transport: object = self._transport  # a capability beyond `Transport` (the routes ask the same way)
+        if not isinstance(transport, WaitsForClient):
+            return
+        started = asyncio.get_running_loop().time()
+        connected = asyncio.ensure_future(transport.client_connected(session.id))
+        closing = asyncio.ensure_future(session.close_requested.wait())
+        try:
+            await asyncio.wait(
+                {connected, closing}, timeout=self._tuning.resume_client_wait_s, return_when="FIRST_COMPLETED"
+            )
+        finally:
+            for task in (connected, closing):
+                task.cancel()
+            await asyncio.gather(connected, closing, return_exceptions=True)
+        waited = asyncio.get_running_loop().time() - started
+        if connected.done() and not connected.cancelled() and connected.exception() is None:
+            logger.info("session %s: its client is back %.2f s after the adoption; generating on", session.id, waited)
+        elif not session.close_requested.is_set():
+            logger.warning("session %s: its client is not back after %.1f s; generating on", session.id, waited)
 
     def _start_reader(
         self,

@@ -146,6 +146,7 @@ class EmbeddedSessionBinding:
         self._generation = 0
         self._answer_lock = asyncio.Lock()
         self._channel_open = asyncio.Event()
+        self._ever_connected = asyncio.Event()  # a peer connection of this binding connected once: `wait_connected`
         self._presence = PeerPresence.EXPECTED
         self._greeted: object | None = None  # the data channel that was sent the current state first
         self._offers = 0
@@ -284,6 +285,11 @@ class EmbeddedSessionBinding:
             self._peer_returns += 1
             logger.info("session %s: the client is back within the grace", self.session_id)
         self._presence = PeerPresence.CONNECTED
+        self._ever_connected.set()
+
+    async def wait_connected(self) -> None:
+        """Return once a peer connection of this binding has connected (at once if one has)."""
+        await self._ever_connected.wait()
 
     def _lost(self, peer: _Peer, state: str) -> None:
         self._channel_open.clear()

@@ -209,6 +209,10 @@ class EmbeddedTransport:
             raise SessionNotAttachedError(session_id)
         return binding
 
+    async def client_connected(self, session_id: str) -> None:
+        """`transport.base.WaitsForClient`: once the session's client has connected a peer connection."""
+        await self.binding(session_id).wait_connected()
+
     def session_statistics(self, session_id: str) -> EmbeddedBindingStatistics:
         return self.binding(session_id).statistics()
 

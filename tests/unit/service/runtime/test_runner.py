@@ -55,8 +55,10 @@ class _Owner:
         session.request_close(mode, reason)
 
 
-def _admitted(world: FakeWorld, session_id: str) -> Session:
+def _admitted(world: FakeWorld, session_id: str, *, resume: bool = False) -> Session:
     prepared = world.prepare({"fps": 10}, None)
+    if resume:  # adopted: it goes on from a checkpoint (the fake world ignores what)
+        prepared = dataclasses.replace(prepared, resume=object())
     session = Session(session_id, "owner", prepared, config_view(prepared.config), SessionBuffers())
     session.admitted(0)
     return session
@@ -197,3 +199,45 @@ async def test_a_hand_off_waits_for_the_delivery_only_so_long_then_goes_on_from_
     assert session.hand_off("draining")
     await asyncio.wait_for(task, 5)  # chunk 1 never went out (a stuck pacer): the adopter generates it again
     assert saved == [1]
+
+
+class _ReconnectingTransport(_PacingTransport):
+    """A transport whose client comes back when the test says (`WaitsForClient`, as the embedded one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.connected = asyncio.Event()
+
+    async def client_connected(self, session_id: str) -> None:
+        await self.connected.wait()
+
+
+async def test_an_adopted_sessions_chunks_are_read_once_its_client_is_back_and_none_before() -> None:
+    world = FakeWorld()
+    await world.start()
+    transport, owner, observer = _ReconnectingTransport(), _Owner(), _Observer()
+    runner = SessionRunner(transport, FAST, observer, owner.callbacks())
+    session = _admitted(world, "s1", resume=True)
+    task = asyncio.create_task(runner.run(session, world))
+    await until(lambda: session.state is SessionState.RUNNING, "the session to run", every=0)
+    world.emit("s1", 1)  # the chunk after the checkpoint: its client is not back yet
+    await asyncio.sleep(0.05)
+    assert observer.chunks == []  # held by the worker, not sent to nobody
+    transport.connected.set()
+    await until(lambda: observer.chunks == [0], "the chunk read once the client is back", every=0)
+    transport.ports["s1"].client_gone("test")
+    await asyncio.wait_for(task, 5)
+
+
+async def test_an_adopted_session_whose_client_does_not_come_back_goes_on_after_the_bound() -> None:
+    world = FakeWorld()
+    await world.start()
+    transport, owner, observer = _ReconnectingTransport(), _Owner(), _Observer()
+    runner = SessionRunner(transport, dataclasses.replace(FAST, resume_client_wait_s=0.05), observer, owner.callbacks())
+    session = _admitted(world, "s1", resume=True)
+    task = asyncio.create_task(runner.run(session, world))
+    await until(lambda: session.state is SessionState.RUNNING, "the session to run", every=0)
+    world.emit("s1", 1)
+    await until(lambda: observer.chunks == [0], "the chunk read after the bound", every=0)
+    transport.ports["s1"].client_gone("test")
+    await asyncio.wait_for(task, 5)
