@@ -13,7 +13,8 @@ session slot each, and the Python client with its own reconnect behind one front
 - Replica loss, `kills` times: a spare replica started, then the replica that runs a session SIGKILLed; the spare
   adopts it once the reaper saw the dead replica's liveness lapse (`REPLICA_TTL_S`). The same gap at the client:
   `replica_loss_recovery_ms_p50/p95` (goal: at most the replica TTL + 5 s; `replica_ttl_s` is reported with it),
-  and `replica_loss_chunks_skipped` as for a hand-off.
+  and `replica_loss_chunks_skipped` as for a hand-off. `*_unlabelled_frames`: frames over the joined connection
+  before its first labelled one (they may be the skipped chunks' own: see `_skipped`).
 """
 
 from __future__ import annotations
@@ -95,12 +96,14 @@ async def replica_figures(kills: int) -> dict[str, Any]:
     return {
         "hand_off_recovery_ms_p50": _ms(percentile(hand_off_gaps, 50)),
         "hand_off_recovery_ms_p95": _ms(percentile(hand_off_gaps, 95)),
-        "hand_off_chunks_skipped": sum(skipped for _, skipped in hand_offs),
+        "hand_off_chunks_skipped": sum(skipped for _, (skipped, _) in hand_offs),
+        "hand_off_unlabelled_frames": sum(unlabelled for _, (_, unlabelled) in hand_offs),
         "rolling_sessions_survived": survived,
         "rolling_sessions_total": total,
         "replica_loss_recovery_ms_p50": _ms(percentile(loss_gaps, 50)),
         "replica_loss_recovery_ms_p95": _ms(percentile(loss_gaps, 95)),
-        "replica_loss_chunks_skipped": sum(skipped for _, skipped in losses),
+        "replica_loss_chunks_skipped": sum(skipped for _, (skipped, _) in losses),
+        "replica_loss_unlabelled_frames": sum(unlabelled for _, (_, unlabelled) in losses),
         "replica_ttl_s": REPLICA_TTL_S,
     }
 
@@ -110,11 +113,11 @@ async def _session(door: FrontDoor) -> str:
         return (await service.create(config=CONFIG)).id
 
 
-async def _rolling_restart(deployment: _Deployment) -> tuple[list[tuple[float, int]], int, int]:
+async def _rolling_restart(deployment: _Deployment) -> tuple[list[tuple[float, tuple[int, int]]], int, int]:
     names = ("r1", "r2", "r3")
     for name in names:
         await deployment.start(name)
-    gaps: list[tuple[float, int]] = []
+    gaps: list[tuple[float, tuple[int, int]]] = []
     async with contextlib.AsyncExitStack() as doors:
         watches: dict[str, SessionWatch] = {}
         for name in names:  # each replica's one slot: the session created through it runs there
@@ -144,7 +147,7 @@ async def _rolling_restart(deployment: _Deployment) -> tuple[list[tuple[float, i
     return gaps, survived, len(watches)
 
 
-async def _replica_loss(deployment: _Deployment, n: int) -> tuple[float, int]:
+async def _replica_loss(deployment: _Deployment, n: int) -> tuple[float, tuple[int, int]]:
     owner = await deployment.start(f"k{n}")
     async with FrontDoor([owner.port]) as door:
         watch = SessionWatch(await _session(door), door)
@@ -169,13 +172,17 @@ def _frames(watch: SessionWatch, count: int) -> Callable[[], bool]:
     return lambda: len(watch.frames) >= count
 
 
-def _skipped(watch: SessionWatch, after: float) -> int:
+def _skipped(watch: SessionWatch, after: float) -> tuple[int, int]:
     """Chunks the client never got around its first rejoin after `after`: between the last chunk over the connection
-    it lost and the first over the one it joined (a repeat counts 0)."""
+    it lost and the first labelled one over the one it joined (a repeat counts 0); and the frames over the joined
+    connection that came before that one without a chunk label (the client labels an embedded frame once it knows
+    the new connection's RTP offset: such frames may be the "skipped" chunks' own)."""
     at = watch.rejoined_at(after)
     before = max((c for t, c in watch.frames if t <= at and c >= 0), default=-1)
     first = next((c for t, c in watch.frames if t > at and c >= 0), before + 1)
-    return max(0, first - before - 1)
+    first_at = next((t for t, c in watch.frames if t > at and c >= 0), float("inf"))
+    unlabelled = sum(1 for t, c in watch.frames if at < t < first_at and c < 0)
+    return max(0, first - before - 1), unlabelled
 
 
 def _survived(watch: SessionWatch) -> bool:

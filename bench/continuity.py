@@ -316,11 +316,13 @@ _NO_REPLICAS: dict[str, Any] = dict.fromkeys(
         "hand_off_recovery_ms_p50",
         "hand_off_recovery_ms_p95",
         "hand_off_chunks_skipped",
+        "hand_off_unlabelled_frames",
         "rolling_sessions_survived",
         "rolling_sessions_total",
         "replica_loss_recovery_ms_p50",
         "replica_loss_recovery_ms_p95",
         "replica_loss_chunks_skipped",
+        "replica_loss_unlabelled_frames",
         "replica_ttl_s",
     )
 )
