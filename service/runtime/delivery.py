@@ -7,11 +7,11 @@ skip the chunks generated and never sent: the player's picture would jump by the
 reads is the one of the last chunk whose frames left the transport's pacer (sent, or dropped late: the client's clock
 moved on), and the ones of the chunks still in flight are held here until then.
 
-`DeliveryLedger` is the pure core (no awaits, no clock): `generated` holds a chunk's checkpoint, `delivered` says how
-far the pacer got and returns the checkpoint to publish, `close` ends it (nothing is published after). A transport
-that does not pace (none, or a test's) reports no delivery: the ledger is told so and publishes each checkpoint at
-once, as before. `SessionDelivery` is the thin shell a runner holds for one session: it publishes what the ledger
-says, and lets a hand-off wait until what was generated has been delivered.
+`DeliveryLedger` is the pure core (no awaits, no clock): `read` notes a chunk handed to the transport, `generated`
+holds a checkpoint, `delivered` says how far the pacer got and returns the checkpoint to publish, `close` ends it
+(nothing is published after). A transport that does not pace (none, or a test's) reports no delivery: the ledger is
+told so and publishes each checkpoint at once, as before. `SessionDelivery` is the thin shell a runner holds for one
+session: it publishes what the ledger says, and lets a hand-off wait until every chunk read has been delivered.
 
 Bounded: at most `HELD_CHECKPOINTS` checkpoints are held per session (the pipeline's look-ahead is one or two chunks:
 the session's chunk broadcast holds two, the pacer's ring 32 frames); past that the oldest is dropped (counted as
@@ -70,6 +70,7 @@ class DeliveryLedger:
         self._bound = bound
         self._held: deque[PortableCheckpoint] = deque()
         self._through = -1
+        self._read = -1  # the newest chunk the reader took (its frames went to the transport)
         self._published = 0
         self._superseded = 0
         self._overflowed = 0
@@ -77,12 +78,17 @@ class DeliveryLedger:
 
     @property
     def settled(self) -> bool:
-        """Every checkpoint generated so far was published (or dropped): nothing waits for a delivery."""
-        return not self._held
+        """Every chunk read so far was delivered (a worker's checkpoints may run ahead of what its reader took: the
+        ones of chunks never read, dropped by a cancel, are not waited for), or the ledger is closed."""
+        return self._closed or not self._tracks or self._through >= self._read
 
     @property
     def delivered_through(self) -> int:
         return self._through
+
+    def read(self, chunk_index: int) -> None:
+        """The reader took chunk `chunk_index` and handed it to the transport: `settled` waits for its delivery."""
+        self._read = max(self._read, chunk_index)
 
     def generated(self, checkpoint: PortableCheckpoint) -> PortableCheckpoint | None:
         """A chunk was generated and `checkpoint` describes the session after it: the checkpoint to publish now (its
@@ -146,6 +152,10 @@ class SessionDelivery:
     @property
     def ledger(self) -> DeliveryLedger:
         return self._ledger
+
+    def read(self, chunk_index: int) -> None:
+        self._ledger.read(chunk_index)
+        self._note()
 
     def generated(self, checkpoint: PortableCheckpoint) -> None:
         ready = self._ledger.generated(checkpoint)

@@ -340,6 +340,7 @@ class SessionRunner:
                 if recording is not None:
                     recording.offer(chunk)
                 self._callbacks.generated(session, chunk)
+                delivery.read(chunk.index)
                 if isinstance(worker, CheckpointingService):
                     checkpoint = worker.checkpoint(session.id)  # the session after this chunk: held until it is sent
                     if checkpoint is not None:

@@ -38,7 +38,10 @@ def after(chunk: int) -> _Checkpoint:
 
 def test_a_chunks_checkpoint_is_published_only_once_its_frames_were_delivered() -> None:
     ledger = DeliveryLedger(tracks_delivery=True)
+    assert ledger.settled
+    ledger.read(0)
     assert ledger.generated(after(0)) is None
+    ledger.read(1)
     assert ledger.generated(after(1)) is None  # two chunks in flight: nothing a successor may go on from yet
     assert not ledger.settled
     assert ledger.delivered(0) == after(0)
@@ -46,7 +49,7 @@ def test_a_chunks_checkpoint_is_published_only_once_its_frames_were_delivered() 
     assert ledger.generated(after(2)) is None
     assert ledger.delivered(1) == after(1)
     assert ledger.delivered(2) == after(2)
-    assert ledger.settled
+    assert ledger.settled  # every chunk read was delivered
     stats = ledger.statistics()
     assert (stats.delivered_through, stats.held, stats.published, stats.superseded) == (2, 0, 3, 0)
 
@@ -102,12 +105,27 @@ def test_after_close_nothing_is_published_not_even_a_chunk_delivered_later() -> 
     assert quiet.generated(after(0)) is None
 
 
+def test_checkpoints_that_ran_ahead_of_the_reader_are_not_waited_for() -> None:
+    """A worker's checkpoint may describe chunks its reader has not taken yet (they wait in its queue); a hand-off's
+    cancel drops those: settled once every chunk read was delivered, the last published one the last read's."""
+    ledger = DeliveryLedger(tracks_delivery=True)
+    ledger.read(0)
+    ledger.generated(after(0))
+    ledger.read(1)
+    ledger.generated(after(3))  # taken when chunk 1 was read: chunks 2 and 3 were queued already
+    assert ledger.delivered(0) == after(0)
+    assert not ledger.settled
+    assert ledger.delivered(1) is None  # after(3) still waits for chunk 3, which nobody will read now
+    assert ledger.settled
+
+
 def test_a_paused_session_publishes_its_chunks_in_flight_as_they_go_out() -> None:
     """Pause generates nothing new; the chunks generated before it are still paced out, and their checkpoints go."""
     ledger = DeliveryLedger(tracks_delivery=True)
-    ledger.generated(after(6))
-    ledger.generated(after(7))
-    # paused here: no more `generated`
+    for chunk in (6, 7):
+        ledger.read(chunk)
+        ledger.generated(after(chunk))
+    # paused here: nothing more is read
     assert ledger.delivered(6) == after(6)
     assert ledger.delivered(7) == after(7)
     assert ledger.settled
@@ -117,8 +135,9 @@ async def test_session_delivery_publishes_in_order_and_a_hand_off_waits_until_it
     published: list[int] = []
     delivery = SessionDelivery(lambda checkpoint: published.append(checkpoint.next_chunk), tracks_delivery=True)
     assert await delivery.wait_settled(0.01)  # nothing in flight
-    delivery.generated(after(0))
-    delivery.generated(after(1))
+    for chunk in (0, 1):
+        delivery.read(chunk)
+        delivery.generated(after(chunk))
     assert not await delivery.wait_settled(0.01)
     waiter = asyncio.create_task(delivery.wait_settled(5))
     delivery.delivered(0)
@@ -127,6 +146,7 @@ async def test_session_delivery_publishes_in_order_and_a_hand_off_waits_until_it
     delivery.delivered(1)
     assert await waiter
     assert published == [1, 2]
+    delivery.read(2)
     delivery.generated(after(2))
     delivery.close()
     delivery.delivered(2)
