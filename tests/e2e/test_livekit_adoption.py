@@ -219,6 +219,8 @@ def _follow_across(
         follower.stdin.write(f"{checkpoint['next_chunk']}\n")  # the follower waits for the adopter's chunks from it
         follower.stdin.flush()
         running = _until(lambda: _streaming(second, sid), f"the session running on {new_name}", within=60)
+        follower.stdin.write("\n")  # the follower may stop the session once it has two of the adopter's chunks
+        follower.stdin.flush()
         if how == "drain":
             # Drained: it exits 0 once its session is handed off (its detach left the room, did not delete it).
             assert first.process.wait(timeout=30) == 0

@@ -23,7 +23,8 @@ Scenarios:
   session, holds `w` (sent every 0.5 s), prints `{"joined": true}` once a frame is in, then reads a line from stdin:
   the monotonic time its replica was killed (CLOCK_MONOTONIC is the machine's, shared by processes), then another:
   the checkpoint's `next_chunk` the adopter goes on from. It reads on, on the same stream, until frames of two chunks
-  from the checkpoint on arrived after the kill (or `_FOLLOW_S` passed), then stops the session by RPC. Reports the
+  from the checkpoint on arrived after the kill (or `_FOLLOW_S` passed) and a third line came (the test saw the
+  adopter run the session), then stops the session by RPC. Reports the
   chunks before the kill, after it from the checkpoint on (`after`: the adopter's), after it before the checkpoint
   (`tail`: the old replica's last frames, in flight at the kill), the `sequence` after the kill, the first frame of
   the adopter's chunks after the kill (`first_after_s`), the link's `track_switches` (the adopter's new track) and
@@ -337,6 +338,9 @@ async def _follow(service_url: str, session_id: str) -> dict[str, Any]:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                         await arrived.wait()
+            # A third line once the test read the session `running` on its adopter: only then is it stopped (the
+            # adopter's first chunks come at once, they waited for its attach; a stop before that read ended it first).
+            await loop.run_in_executor(None, sys.stdin.readline)
             after = new_chunks()
             report["before"] = sorted({c for at, c, _ in arrivals if at <= killed_at})
             sequence = [c for at, c, r in arrivals if at > killed_at and not r]
