@@ -234,7 +234,11 @@ class SessionRunner:
         through = delivery.ledger.delivered_through
         if settled:
             logger.info(
-                "session %s: hand-off after its chunks were sent (through %d, %.2f s)", session.id, through, waited
+                "session %s: hand-off after its chunks were sent (through %d, %.2f s; %s)",
+                session.id,
+                through,
+                waited,
+                self._pacer_figures(session),
             )
         else:
             logger.warning(
@@ -243,6 +247,20 @@ class SessionRunner:
                 waited,
                 through,
             )
+
+    def _pacer_figures(self, session: Session) -> str:
+        """The binding's pacer and track counters, for the hand-off's log line (what the client may have missed)."""
+        if self._transport is None:
+            return "no transport"
+        try:
+            stats = self._transport.binding_statistics(session.id)
+        except Exception as exc:  # a transport that lost the session meanwhile: the figures are only for the log
+            return f"no binding figures: {exc!r}"
+        pacer = stats.pacer
+        return (
+            f"pacer sent {pacer.frames_sent}, dropped late {pacer.dropped_late}, overflow {pacer.dropped_overflow}, "
+            f"pending {pacer.pending}; unsent {stats.frames_unsent}; track dropped {stats.track_dropped}"
+        )
 
     def _finish(self, session: Session, summary: SessionSummary | None, *, reason: str | None = None) -> None:
         """The admitted session is over: final state and status, then its slot goes back (exactly once)."""
