@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.browser.chromium import CHROMIUM
-from tests.support.fakes.redis_server import REDIS_SERVER
+from tests.support.fakes.redis_server import NEEDS_REDIS_SERVER
 from tests.support.livekit_stack import LiveKitStack
 from tests.support.seaweedfs import WEED
 
@@ -267,9 +267,7 @@ LATENCY_LIVEKIT_FIGURES = frozenset(
 )
 
 _MARKS: dict[str, list[pytest.MarkDecorator]] = {
-    "scaleout": [
-        pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not on PATH (scripts/setup.sh installs it)")
-    ],
+    "scaleout": [NEEDS_REDIS_SERVER],
     "transport_frames": [pytest.mark.browser],
     "latency": [pytest.mark.browser],
     "recording_upload": [

@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 
 from tests.support.browser.chromium import BROWSER_SKIPS, launch_chromium
 from tests.support.browser.pages import start_session, wait_frames
-from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.support.fakes.redis_server import NEEDS_REDIS_SERVER, RedisServer
 from tests.support.front_door import FrontDoor, ThreadedFrontDoor
 from tests.support.serving import Replica, spawn_replica, wait_until_ready
 from tests.support.waits import until
@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # playwright is a dev extra; BROWSER_SKIPS skips the page's t
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(400),
-    pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not on PATH (scripts/setup.sh installs it)"),
+    NEEDS_REDIS_SERVER,
 ]
 
 TTL_S = 1.5

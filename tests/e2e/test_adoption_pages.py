@@ -51,7 +51,7 @@ from pipeline.lingbot.reference.model import ReferenceWorldModel
 from tests.support.browser.chromium import BROWSER_SKIPS, launch_chromium
 from tests.support.browser.livekit_pages import session_of
 from tests.support.browser.pages import SETTLED_JS, grab, start_session, wait_frames
-from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.support.fakes.redis_server import NEEDS_REDIS_SERVER, RedisServer
 from tests.support.front_door import ThreadedFrontDoor
 from tests.support.lingbot import close_session, generate_chunk, gray, open_session
 from tests.support.livekit_server_real import LiveKitServerProcess
@@ -68,7 +68,7 @@ pytestmark = [
     pytest.mark.timeout(300),
     *BROWSER_SKIPS,
     pytest.mark.skipif(LiveKitStack.skip_reason() is not None, reason=str(LiveKitStack.skip_reason())),
-    pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not on PATH (scripts/setup.sh installs it)"),
+    NEEDS_REDIS_SERVER,
 ]
 
 # A replica's liveness lapses after TTL_S; with 5 replicas, Chromium and the LiveKit server on 2 shared cores, a

@@ -33,7 +33,7 @@ from redis import Redis
 
 from tests.support.browser.chromium import BROWSER_SKIPS, launch_chromium
 from tests.support.browser.pages import start_session, wait_frames
-from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.support.fakes.redis_server import NEEDS_REDIS_SERVER, RedisServer
 from tests.support.front_door import ThreadedFrontDoor
 from tests.support.livekit_server_real import LiveKitServerProcess
 from tests.support.livekit_stack import LiveKitStack, metric, serve_replica
@@ -44,7 +44,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(240),
     pytest.mark.skipif(LiveKitStack.skip_reason() is not None, reason=str(LiveKitStack.skip_reason())),
-    pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not on PATH (scripts/setup.sh installs it)"),
+    NEEDS_REDIS_SERVER,
 ]
 
 TTL_S = 1.5

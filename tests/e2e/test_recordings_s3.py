@@ -34,7 +34,7 @@ from service.runtime.recording_objects import RecordingObjects
 from service.runtime.recordings import RECORDING_FAILED, RecordingConfig, RecordingState, RecordingStore
 from service.storage import Credentials, ObjectStoreConfig, ObjectStoreError, S3Client
 from tests.support.fakes.recording_writers import RawWriter
-from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.support.fakes.redis_server import NEEDS_REDIS_SERVER, RedisServer
 from tests.support.seaweedfs import WEED, SeaweedS3
 from tests.support.serving import spawn_replica
 from tests.support.waits import until
@@ -244,7 +244,7 @@ def _auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not on PATH (scripts/setup.sh installs it)")
+@NEEDS_REDIS_SERVER
 async def test_a_recording_made_on_one_replica_is_served_by_another_through_the_bucket(
     s3: SeaweedS3, tmp_path: Path
 ) -> None:

@@ -25,7 +25,7 @@ from aiortc import RTCSessionDescription
 from redis.asyncio import Redis
 
 from service.settings import load_settings
-from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.support.fakes.redis_server import NEEDS_REDIS_SERVER, RedisServer
 from tests.support.fakes.webrtc_client import BrowserPeer
 from tests.support.livekit_stack import metric
 from tests.support.serving import OWN_URL, Replica, spawn_replica
@@ -35,7 +35,7 @@ from transport.protocol import ProtocolError
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(60),
-    pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not on PATH (scripts/setup.sh installs it)"),
+    NEEDS_REDIS_SERVER,
 ]
 
 NAMES = ("r1", "r2", "r3")

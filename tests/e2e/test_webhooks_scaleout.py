@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.fakes.redis_server import REDIS_SERVER, RedisServer
+from tests.support.fakes.redis_server import NEEDS_REDIS_SERVER, RedisServer
 from tests.support.serving import spawn_replica
 from tests.support.waits import until
 from tests.support.webhook_receiver import webhook_receiver
@@ -28,7 +28,7 @@ from transport.client import SIGNATURE_HEADER, verify_webhook
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(180),
-    pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not on PATH (scripts/setup.sh installs it)"),
+    NEEDS_REDIS_SERVER,
 ]
 
 SECRET = "whsec-e2e-0123456789"

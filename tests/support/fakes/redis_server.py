@@ -23,9 +23,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import pytest
+
 __all__ = ["REDIS_SERVER", "RedisServer"]
 
 REDIS_SERVER = shutil.which("redis-server")
+# The mark of a test module or test that starts a redis-server.
+NEEDS_REDIS_SERVER = pytest.mark.skipif(
+    REDIS_SERVER is None, reason="redis-server is not on PATH (scripts/setup.sh installs it)"
+)
 """The `redis-server` binary on PATH, or None (tests that need it skip with that reason)."""
 
 
