@@ -32,7 +32,7 @@ from tests.support.browser.pages import start_session, wait_frames
 from tests.support.fakes.redis_server import NEEDS_REDIS_SERVER, RedisServer
 from tests.support.front_door import FrontDoor, ThreadedFrontDoor
 from tests.support.serving import Replica, spawn_replica, wait_until_ready
-from tests.support.waits import until
+from tests.support.waits import until, until_sync
 from tests.support.watching import SessionWatch, rejoined_at, watch_session
 from transport.base import StateStatus
 from transport.client import LiveStream, ReconnectPolicy, ServiceClient, connect
@@ -318,9 +318,13 @@ def test_the_page_rejoins_by_itself_when_its_replica_is_killed(tmp_path: Path) -
                     assert cancelled.status_code == 200, cancelled.text
                     try:
                         page.wait_for_function(
+                            # A chunk status on the new connection: the adopter generated and sent a chunk (the
+                            # frame count alone also grows with its track's keep-warm repeats before its first
+                            # chunk, and the last status may be the lost replica's chunk at the checkpoint).
                             """([frames, chunk, generation]) => window.lingstream.state === "running"
                                && window.lingstream.generation > generation && window.lingstream.frames > frames + 10
-                               && window.lingstream.lastChunk !== null && window.lingstream.lastChunk.index >= chunk""",
+                               && window.lingstream.chunks.some((c) => c.generation > generation
+                                                                        && c.index >= chunk)""",
                             arg=[frames_at_kill, resume_at, generation],
                             timeout=45_000,
                         )
@@ -335,8 +339,13 @@ def test_the_page_rejoins_by_itself_when_its_replica_is_killed(tmp_path: Path) -
                     assert page.evaluate("window.lingstream.ended") is False
                     listed = httpx.get(f"{door.url}/v1/sessions", timeout=10).json()["sessions"]
                     assert sorted(body["id"] for body in listed) == sorted([sid, blocker]), "the page created no other"
-                    metrics = httpx.get(f"{second.url}/metrics", timeout=10).text
-                    assert 'lingstream_sessions_recovered_total{cause="replica_lost"} 1.0' in metrics
+                    until_sync(
+                        lambda: (
+                            'lingstream_sessions_recovered_total{cause="replica_lost"} 1.0'
+                            in httpx.get(f"{second.url}/metrics", timeout=10).text
+                        ),
+                        "the adopter counted the recovery",
+                    )
 
                     page_lines_refused = page.evaluate(
                         "window.seenLines.filter((line) => line.startsWith('offer refused')).length"
