@@ -94,7 +94,12 @@ from service.scaleout.admission import (
     SharedEventKind,
     SharedTicketView,
 )
-from service.scaleout.checkpoints import CheckpointWriter, CheckpointWriterStatistics, RedisCheckpointStore
+from service.scaleout.checkpoints import (
+    CheckpointStoreError,
+    CheckpointWriter,
+    CheckpointWriterStatistics,
+    RedisCheckpointStore,
+)
 from service.scaleout.ownership import CALL_ERRORS, Ownership, spawn_unless_closed
 from service.scaleout.registry import (
     RegistryStream,
@@ -210,6 +215,7 @@ class RedisAdmissionBackend:
         self._tasks.spawn(self._flush_usage_forever(), name="usage-flush")
         self._tasks.spawn(self._checkpoint_writer.run(), name="checkpoint-writer")
         self._tasks.spawn(self._adopt_forever(), name="adoption")
+        self._tasks.spawn(self._keep_checkpoints_forever(), name="checkpoint-keep-alive")
         logger.info("shared admission: replica %s (liveness TTL %g s)", self._replica, self._refresh_s * 3)
 
     def stop_admitting(self) -> None:
@@ -365,6 +371,21 @@ class RedisAdmissionBackend:
         except CALL_ERRORS as exc:
             logger.debug("session %s: marking it adoptable failed (next checkpoint): %r", session_id, exc)
             self._marked.discard(session_id)
+
+    async def _keep_checkpoints_forever(self) -> None:
+        """Every heartbeat interval: the checkpoints of the sessions held here live another TTL. A session writes one
+        per chunk; a paused one writes none, and without this its checkpoint lapsed after three replica TTLs, so a
+        drain could not hand it off (`no_checkpoint`, measured: a rolling restart's paused session waited out the
+        drain) nor another replica adopt it after this one died."""
+        while True:
+            await asyncio.sleep(self._refresh_s)
+            held = set(self._resumable)
+            if not held or not self._admission.available:
+                continue
+            try:
+                await self._checkpoints.touch(held)
+            except CheckpointStoreError as exc:
+                logger.debug("keeping checkpoints alive failed (next beat): %s", exc)
 
     async def _adopt_forever(self) -> None:
         """Every heartbeat interval, and at once when a session is orphaned: adopt what this replica has room for

@@ -12,7 +12,8 @@ keeps them in the admission's Redis Cluster slot and its scripts can see whether
                                it first appears, and deleted when the checkpoint no longer lists it
 
 All three expire `ttl_s` after the last write (`SET ... PX`, `PEXPIRE` of the image and the history with each
-header), so a session whose replica died leaves its checkpoint readable for that long and then nothing; `delete`
+header) or the last `touch` (the owning replica's keep-alive of the sessions it holds, for those that make no
+chunk: paused), so a session whose replica died leaves its checkpoint readable for that long and then nothing; `delete`
 drops them at the session's end. One MULTI per write: a reader sees a header with the image and the history chunks
 it lists, or nothing of that write. Which sessions' images and history chunks this store already wrote is
 remembered in the process (a replica writes its own sessions only), so a chunk boundary writes the header and the
@@ -28,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -75,6 +76,7 @@ class RedisCheckpointStore:
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._prefix = prefix
         self._with_image: set[str] = set()
+        self._written: set[str] = set()  # the sessions whose checkpoint this store wrote and did not delete
         self._history: dict[str, frozenset[int]] = {}  # the history chunks written per session
 
     @property
@@ -110,6 +112,7 @@ class RedisCheckpointStore:
             raise CheckpointStoreError(f"checkpoint of session {sid!r} not written: {exc}") from exc
         if image is not None:
             self._with_image.add(sid)
+        self._written.add(sid)
         self._history[sid] = indices
         return len(header) + (len(image) if image is not None else 0) + sum(len(part) for part in new.values())
 
@@ -135,9 +138,27 @@ class RedisCheckpointStore:
             logger.warning("session %s: its checkpoint cannot be read back: %s", session_id, exc)
             return None
 
+    async def touch(self, session_ids: Iterable[str]) -> None:
+        """Let the checkpoints this store wrote of `session_ids` live `ttl_s` more (one pipeline, no data moved): a
+        session that makes no chunk (paused) writes no checkpoint, and its keys must not lapse while its replica
+        still holds it, or a hand-off or an adoption would find none (`no_checkpoint`). Keys already gone stay gone
+        (`PEXPIRE` of a missing key is a no-op), so a touch never brings back a deleted checkpoint."""
+        ids = [sid for sid in session_ids if sid in self._written]
+        if not ids:
+            return
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for sid in ids:
+                    for key in (*self._keys(sid), self._history_key(sid)):
+                        pipe.pexpire(key, self._ttl_ms)
+                await pipe.execute()
+        except RedisError as exc:
+            raise CheckpointStoreError(f"checkpoints of {len(ids)} session(s) not kept alive: {exc}") from exc
+
     async def delete(self, session_id: str) -> None:
         """Drop the session's checkpoint (at its end); an unknown id is a no-op."""
         self._with_image.discard(session_id)
+        self._written.discard(session_id)
         self._history.pop(session_id, None)
         try:
             await self._redis.delete(*self._keys(session_id), self._history_key(session_id))

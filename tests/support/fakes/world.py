@@ -127,6 +127,7 @@ class FakeWorld:
         self.frame_size = frame_size
         self.fail_creates = False
         self.hold_drain_closes = False
+        self.resumable_checkpoints = False  # `resumable`
         self.prepare_threads: list[str] = []
         self.created: list[str] = []
         self.close_calls: list[tuple[str, CloseMode]] = []
@@ -231,8 +232,9 @@ class FakeWorld:
 
     @property
     def resumable(self) -> bool:
-        """Its checkpoints are for the wiring's tests: no session goes on from one, so none is adopted."""
-        return False
+        """Its checkpoints are for the wiring's tests: no session goes on from one, so none is adopted (unless a test
+        says they are, `resumable_checkpoints`, to see the service treat them as a real model's)."""
+        return self.resumable_checkpoints
 
     def checkpoint(self, session_id: str) -> FakeCheckpoint | None:
         """`CheckpointingService`: the session at its last chunk handed to the reader (its prompt and control seq;

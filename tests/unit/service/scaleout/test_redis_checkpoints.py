@@ -85,6 +85,29 @@ async def test_both_keys_expire_together_after_the_last_write(redis_server: Redi
         await store.aclose()
 
 
+async def test_a_touch_keeps_a_checkpoint_alive_without_writing_and_never_brings_one_back(
+    redis_server: RedisServer,
+) -> None:
+    store = RedisCheckpointStore(redis_server.url, ttl_s=0.4, prefix="test:touch:")
+    try:
+        await store.put(_checkpoint(1, torch.rand(3, 48, 64)))
+        for _ in range(5):  # 1 s, two and a half TTLs, with no write: a paused session's
+            await asyncio.sleep(0.2)
+            await store.touch(["s1", "never-written"])
+        kept = await store.get("s1")
+        assert kept is not None
+        assert kept.next_chunk == 1
+        assert await store._redis.exists("test:touch:h:never-written") == 0
+        await asyncio.sleep(0.6)  # no touch: it lapses as before
+        assert await store.get("s1") is None
+        await store.put(_checkpoint(2, torch.rand(3, 48, 64)))
+        await store.delete("s1")
+        await store.touch(["s1"])  # a touch after the end is nothing: not this store's any more, and keys gone
+        assert await store._redis.exists("test:touch:h:s1", "test:touch:i:s1", "test:touch:c:s1") == 0
+    finally:
+        await store.aclose()
+
+
 async def test_a_header_without_its_image_reads_as_none(redis_server: RedisServer) -> None:
     store = RedisCheckpointStore(redis_server.url, ttl_s=30, prefix="test:lost:")
     try:
@@ -218,6 +241,27 @@ async def test_a_replica_on_the_redis_backend_writes_its_sessions_checkpoints_an
         assert backend.checkpoint_statistics().writes >= 1
         assert (await svc.client.delete(f"/v1/sessions/{sid}")).json()["status"] == "closed"
         await until(lambda: _gone(header()), "the checkpoint deleted after the release")
+
+
+async def test_a_replica_keeps_the_checkpoint_of_a_session_that_makes_no_chunk(redis_server: RedisServer) -> None:
+    """A paused session writes no checkpoint; its replica keeps the last one alive while it holds the session, so a
+    drain can still hand it off and another replica adopt it (it lapsed after three replica TTLs: a rolling restart's
+    paused session could not be handed off)."""
+    async with running_service(
+        admission_backend="redis", redis_url=redis_server.url, queue_heartbeat_timeout=None, replica_ttl=0.6
+    ) as svc:
+        backend = svc.runtime.backend
+        assert isinstance(backend, RedisAdmissionBackend)
+        store = backend.checkpoints
+        svc.world.resumable_checkpoints = True  # as a real model's: the service keeps them for an adopter
+        sid = (await svc.create({"prompt": "a snowy night"})).json()["id"]
+        header_key = f"{store.prefix}h:{sid}"
+        svc.world.emit(sid, 2)
+        await until(lambda: store._redis.exists(header_key), "the first checkpoint in Redis")
+        assert 0 < await store._redis.pttl(header_key) <= 3 * 600  # three replica TTLs
+        await asyncio.sleep(4 * 3 * 0.6)  # four checkpoint TTLs without a chunk
+        assert await store._redis.exists(header_key) == 1
+        assert (await svc.client.delete(f"/v1/sessions/{sid}")).json()["status"] == "closed"
 
 
 async def _next_chunk(header: Coroutine[Any, Any, dict[str, object] | None], chunk: int) -> bool:
