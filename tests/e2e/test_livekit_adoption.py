@@ -164,6 +164,29 @@ class Followed:
     report: dict[str, Any]
 
 
+def _created_with_client(
+    replicas: Replicas, replica: LiveKitStack, create: dict[str, Any], scenario: str
+) -> tuple[str, dict[str, Any], str, subprocess.Popen[str]]:
+    """A session created on `replica` (201) and the Python client `scenario` of tests/support/livekit_client.py
+    started in its room, talking over stdin/stdout: (id, transport details, the room's server sid, the process)."""
+    with replica.client() as client:
+        created = client.post("/v1/sessions", json={"config": CONFIG, **create})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        details = client.get(f"/v1/sessions/{sid}").json()["transport"]
+    room_sid = replicas.server.rooms()[details["room"]].sid
+    process = subprocess.Popen(
+        # `--`: a session id may begin with "-" (url-safe base64), which argparse would take for an option
+        [sys.executable, "-m", "tests.support.livekit_client", scenario, "--", replica.url, sid],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return sid, details, room_sid, process
+
+
 def _follow_across(
     replicas: Replicas, old: tuple[str, LiveKitStack], new: tuple[str, LiveKitStack], create: dict[str, Any], how: str
 ) -> Followed:
@@ -172,22 +195,8 @@ def _follow_across(
     and stopped the session."""
     raw = replicas.raw
     (old_name, first), (new_name, second) = old, new
-    with first.client() as client:
-        created = client.post("/v1/sessions", json={"config": CONFIG, **create})
-        assert created.status_code == 201, created.text
-        sid = created.json()["id"]
-        details = client.get(f"/v1/sessions/{sid}").json()["transport"]
-    room_sid = replicas.server.rooms()[details["room"]].sid
+    sid, details, room_sid, follower = _created_with_client(replicas, first, create, "follow")
     assert raw.hget(f"{PREFIX}t:{sid}", "replica") == old_name.encode()
-    follower = subprocess.Popen(
-        # `--`: a session id may begin with "-" (url-safe base64), which argparse would take for an option
-        [sys.executable, "-m", "tests.support.livekit_client", "follow", "--", first.url, sid],
-        cwd=ROOT,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
     try:
         assert follower.stdout is not None
         assert follower.stdin is not None
@@ -411,20 +420,7 @@ def _paused_across(replicas: Replicas, how: str) -> None:
     (_, first), (new_name, second) = replicas.pair()
     raw = replicas.raw
     with _logs_on_failure(replicas):
-        with first.client() as client:
-            created = client.post("/v1/sessions", json={"config": CONFIG})
-            assert created.status_code == 201, created.text
-            sid = created.json()["id"]
-            details = client.get(f"/v1/sessions/{sid}").json()["transport"]
-        room_sid = replicas.server.rooms()[details["room"]].sid
-        client_process = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.livekit_client", "paused", "--", first.url, sid],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        sid, details, room_sid, client_process = _created_with_client(replicas, first, {}, "paused")
         try:
             assert client_process.stdout is not None
             assert client_process.stdin is not None
