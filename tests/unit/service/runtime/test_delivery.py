@@ -4,36 +4,16 @@ last chunk the client was sent, not the last one generated; issue #33)."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 import pytest
 
 from service.runtime.delivery import HELD_CHECKPOINTS, DeliveryLedger, SessionDelivery
+from tests.support.fakes.world import FakeCheckpoint
 
 
-@dataclass(frozen=True, slots=True)
-class _Checkpoint:
-    """A `PortableCheckpoint` that only says which chunk it goes on from."""
-
-    next_chunk: int
-    session_id: str = "s1"
-
-    def header_bytes(self) -> bytes:
-        return b"%d" % self.next_chunk
-
-    def image_data(self) -> bytes | None:
-        return None
-
-    def history_indices(self) -> tuple[int, ...]:
-        return ()
-
-    def history_part(self, chunk_index: int) -> bytes:
-        raise KeyError(chunk_index)
-
-
-def after(chunk: int) -> _Checkpoint:
+def after(chunk: int) -> FakeCheckpoint:
     """The checkpoint taken when `chunk` was generated: it goes on from the next one."""
-    return _Checkpoint(chunk + 1)
+    return FakeCheckpoint("s1", chunk + 1, "", 0)
 
 
 def test_a_chunks_checkpoint_is_published_only_once_its_frames_were_delivered() -> None:
