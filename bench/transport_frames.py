@@ -50,6 +50,7 @@ from transport.base import CallerRoom, ResumedRoom, StatusMessage
 from transport.embedded.config import EmbeddedConfig
 from transport.embedded.rtc import ice_host_addresses
 from transport.embedded.transport import EmbeddedTransport
+from transport.livekit.ffi_exit import exit_process
 from transport.livekit.room import LiveKitVideo
 from transport.session.pacing import FramePacer, PacedFrame, PacingConfig
 
@@ -370,3 +371,4 @@ if __name__ == "__main__":
     args = parser.parse_args()
     started = time.perf_counter()
     report(asyncio.run(main(args.quick)), started)
+    exit_process(0)  # not Python's finalization, which the LiveKit FFI's threads can abort (ffi_exit.py)
