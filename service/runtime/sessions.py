@@ -437,6 +437,11 @@ class Session:
     def move(self, new: SessionState, *, reason: str | None = None, detail: str | None = None) -> None:
         """Change state (checked against the table) and publish it; a terminal state also ends every stream."""
         require_transition(self.id, self.state, new)
+        # Handed over paused (`handed_over_paused`), it passes through RUNNING unseen: its runner's `running` callback
+        # moves it on to PAUSED at once (`Conductor._running`), and a client told `running` in between would show it
+        # playing for a moment (a page after a paused hand-off saw `admitted, running, paused`: once in three under
+        # load, when its room was joined before the session ran).
+        unseen = new is SessionState.RUNNING and self._state is SessionState.ADMITTED and self._paused_since is not None
         if new is SessionState.PAUSED and self._paused_since is None:
             self._paused_since = time.monotonic()
         elif new is SessionState.RUNNING and self._state is SessionState.PAUSED:
@@ -446,13 +451,13 @@ class Session:
             self._reason = reason
         if new is not SessionState.QUEUED:
             self._position = None
-        if not (self._handing_off and new in TERMINAL_STATES):  # its end here is not the session's: not published
+        if not (self._handing_off and new in TERMINAL_STATES) and not unseen:  # its end here is not the session's
             self._publish_snapshot()
         if new is SessionState.RUNNING:
             self.settled.set()
         if new in TERMINAL_STATES:
             self._end()
-        else:
+        elif not unseen:
             self.statuses.publish(StateStatus(new.value, detail))
 
     def warn(self, status: WarningStatus | None) -> None:

@@ -99,10 +99,18 @@ async def test_a_session_handed_over_paused_goes_on_paused_its_pause_counted_fro
         sid = (await svc.create()).json()["id"]  # queued behind it: one slot
         session = svc.runtime._table[sid]
         session.handed_over_paused(40.0)  # as `Ownership._adopt` does: 40 s into its pause on the replica it left
-        await svc.client.delete(f"/v1/sessions/{first}")
-        await until(lambda: session.state is SessionState.PAUSED, "the session paused once it runs", every=0)
+        # A listener from before it runs (a LiveKit binding that joined its room early): never told `running` on
+        # its way to paused, which a page would show as playing for a moment.
+        with session.statuses.subscribe() as early:
+            await svc.client.delete(f"/v1/sessions/{first}")
+            await until(lambda: session.state is SessionState.PAUSED, "the session paused once it runs", every=0)
+            told = [await anext(early)]
+            while told[-1].state != "paused":
+                told.append(await anext(early))
+            assert [status.state for status in told] == ["admitted", "paused"], told
         assert (await _status(svc, sid))["status"] == "paused"
         await until(lambda: [m.state for m in _statuses(svc, sid, StateStatus)][-1:] == ["paused"], "told", every=0)
+        assert "running" not in [m.state for m in _statuses(svc, sid, StateStatus)]
         # 20 s left of the longest pause, under the 30 s warning lead: warned at once, closed 20 s on.
         await until(lambda: len(_statuses(svc, sid, WarningStatus)) == 1, "one warning status", every=0)
         assert _statuses(svc, sid, WarningStatus)[0].code == "paused_too_long"
