@@ -215,7 +215,10 @@ _PAGE_STATE_JS = """
   state: window.lingstream.state,
   connection: window.lingstream.connection,
   frames: window.lingstream.frames,
-  chunks: window.lingstream.chunks.length,
+  chunks: window.lingstream.chunks.map((chunk) => [chunk.index, chunk.keys]),
+  watcher: window.__latency
+    ? { frames: window.__latency.frames, lit: window.__latency.lit, armed: window.__latency.armed }
+    : null,
   message: document.getElementById("message").innerText,
   video: {
     subscribed: document.getElementById("video").srcObject !== null,
