@@ -23,7 +23,7 @@ import struct
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -37,16 +37,23 @@ if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
 
 __all__ = [
+    "ATTENTION_CHOICES",
     "DEFAULT_MAX_DURATION_S",
     "DEFAULT_MAX_IMAGE_BYTES",
     "DEFAULT_MAX_IMAGE_PIXELS",
     "SCHEDULES",
     "SPATIAL_COMPRESSION",
+    "AttentionChoice",
     "ImageHeader",
     "LingBotSessionConfig",
     "decode_reference_image",
     "probe_image_header",
 ]
+
+AttentionChoice = Literal["auto", "cudnn", "flash", "efficient", "math", "fa3", "sage"]
+"""lingbot-fast's attention kernels (`pipeline.lingbot.models.attention` runs them): here, without torch, for the
+command lines that offer them."""
+ATTENTION_CHOICES: tuple[str, ...] = get_args(AttentionChoice)
 
 DEFAULT_MAX_DURATION_S = 600.0
 DEFAULT_MAX_IMAGE_BYTES = 10 * 1024 * 1024

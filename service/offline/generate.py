@@ -27,7 +27,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pipeline.bidirectional import check_prompt
-from pipeline.lingbot.config import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS, LingBotSessionConfig
+from pipeline.lingbot.config import (
+    ATTENTION_CHOICES,
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    LingBotSessionConfig,
+)
 from pipeline.lingbot.errors import SessionConfigError
 from pipeline.lingbot.graph.actors import ProcessPlacement
 from pipeline.lingbot.seam import WorldModel
@@ -121,6 +126,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=_word_environment("LINGSTREAM_DECODER", "wan"),
         help="lingbot-fast's decode stage (default LINGSTREAM_DECODER, else wan): the Wan VAE, or the tiny decoder "
         "from the model directory's tiny_decoder/",
+    )
+    parser.add_argument(
+        "--attention",
+        choices=ATTENTION_CHOICES,
+        default=_word_environment("LINGSTREAM_ATTENTION", "auto"),
+        help="lingbot-fast's attention kernel (default LINGSTREAM_ATTENTION, else auto). A replay is bit-exact only "
+        "with the kernel the session ran: on the CPU, auto's flash kernel and math differ in the last bits",
     )
     parser.add_argument(
         "--device", default="cpu", metavar="DEV", help="lingbot-fast device: cpu or cuda:N (default cpu)"
@@ -281,7 +293,11 @@ def _model_from_args(
             f"--model lingbot-fast needs the lingbot extra (pip install 'lingstream[lingbot]'): {exc}"
         ) from None
     options = LingBotFastOptions(
-        str(args.model_path), dtype=args.model_dtype, denoise_ranks=ranks, decoder=args.decoder
+        str(args.model_path),
+        dtype=args.model_dtype,
+        denoise_ranks=ranks,
+        decoder=args.decoder,
+        attention=args.attention,
     )
     check = session_limits(options)
     try:
@@ -331,6 +347,7 @@ def _placement(args: argparse.Namespace, model_path: Path | None) -> ProcessPlac
         model="lingbot-fast" if model_path is not None else "reference",
         model_path=str(model_path) if model_path is not None else None,
         model_dtype=args.model_dtype,
+        attention=args.attention,
         decoder=args.decoder,
     )
     return process_placement(options)

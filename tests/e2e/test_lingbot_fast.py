@@ -250,7 +250,7 @@ async def test_what_the_client_was_sent_is_what_one_rank_on_threads_renders(
         "generate", "--model", "lingbot-fast", "--model-path", str(checkpoint), "--controls",
         str(controls), "--out", str(replay), "--frames", str(len(frames)), "--fps", "16", "--resolution",
         f"{WIDTH}x{HEIGHT}", "--seed", "9", "--threads", "1", "--placement", "threads",
-        "--denoise-ranks", "1", "--decoder", _decoder(request), timeout=240,
+        "--denoise-ranks", "1", "--decoder", _decoder(request), "--attention", "math", timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     if replay.read_bytes() != video.content:

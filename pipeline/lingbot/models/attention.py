@@ -25,12 +25,13 @@ import contextlib
 import importlib.util
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from pipeline.lingbot.config import ATTENTION_CHOICES, AttentionChoice
 from pipeline.lingbot.models.errors import ModelConfigError
 
 __all__ = [
@@ -43,8 +44,6 @@ __all__ = [
     "select_attention",
 ]
 
-AttentionChoice = Literal["auto", "cudnn", "flash", "efficient", "math", "fa3", "sage"]
-ATTENTION_CHOICES: tuple[str, ...] = get_args(AttentionChoice)
 
 _FA3_MODULE = "flash_attn_interface"
 _SAGE_MODULE = "sageattention"

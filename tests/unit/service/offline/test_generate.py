@@ -36,6 +36,7 @@ from service.offline.generate import (
     GenerationError,
     Progress,
     UsageError,
+    _model_from_args,
     add_arguments,
     generate,
     main,
@@ -523,3 +524,34 @@ def test_the_tiny_decoder_is_lingbot_fasts_and_needs_its_weights(
         err = capsys.readouterr().err
         assert f"--model-path {root}: LINGSTREAM_DECODER=tiny needs the tiny decoder's weights at {root}" in err
     assert not out.exists()
+
+
+def test_the_attention_kernel_is_the_services_setting_unless_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--attention` (default: LINGSTREAM_ATTENTION, else auto) is the kernel the loaded DiT runs: a replay is
+    bit-exact only with the kernel its session ran (on the CPU, auto's flash kernel and math differ in the last bits:
+    docs/generate.md). An unknown kernel is a usage error."""
+    models = pytest.importorskip("pipeline.lingbot.models", reason="the lingbot extra is not installed")
+    root = models.write_tiny_model(tmp_path / "model", seed=0)
+    req = request(tmp_path, "unused.mp4", width=64, height=32, chunk_size=3, frame_num=9)
+
+    def kernel(*argv: str) -> str:
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        args = parser.parse_args(["--out", "x.mp4", "--model", "lingbot-fast", "--model-path", str(root), *argv])
+        world, _ = _model_from_args(args, req)
+        assert isinstance(world, models.LingBotFastWorldModel)
+        plan = world.denoiser.dit.attention
+        return f"{plan.name} {','.join(plan.sdpa_order)}"
+
+    monkeypatch.delenv("LINGSTREAM_ATTENTION", raising=False)
+    assert kernel() == "sdpa "  # PyTorch's own choice on the CPU
+    assert kernel("--attention", "math") == "math math"
+    monkeypatch.setenv("LINGSTREAM_ATTENTION", "math")
+    assert kernel() == "math math"
+    assert kernel("--attention", "auto") == "sdpa "
+    with pytest.raises(SystemExit) as refused:
+        kernel("--attention", "fastest")
+    assert refused.value.code == 2
+    assert "argument --attention: invalid choice: 'fastest'" in capsys.readouterr().err
