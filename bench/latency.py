@@ -216,6 +216,7 @@ _PAGE_STATE_JS = """
   connection: window.lingstream.connection,
   frames: window.lingstream.frames,
   chunks: window.lingstream.chunks.map((chunk) => [chunk.index, chunk.keys]),
+  lastSent: window.lingstream.lastSent,
   watcher: window.__latency
     ? { frames: window.__latency.frames, lit: window.__latency.lit, armed: window.__latency.armed }
     : null,
@@ -258,6 +259,13 @@ async def _open(browser: Any, url: str, config: dict[str, Any], query: str = "")
         await page.wait_for_function("document.getElementById('video').srcObject !== null", polling=100)
     except Exception as exc:
         raise RuntimeError(f"the page got no video track: {await page.evaluate(_PAGE_STATE_JS)}") from exc
+    # The controls are live once the page sent its first control state (on its link's open). A key pressed before
+    # that is dropped by the page, and a key held by Playwright sends no repeats: that press never comes (seen in
+    # CI, where the data channel opened after the video track: two chunks, no picture of the press in 15 s).
+    try:
+        await page.wait_for_function("window.lingstream.lastSent !== null", polling=100)
+    except Exception as exc:
+        raise RuntimeError(f"the page's controls never went live: {await page.evaluate(_PAGE_STATE_JS)}") from exc
     await page.evaluate(_WATCH_JS, hud_pixels(("w", "d")))
     await page.focus("#stage")
     # A first press and release so that the stream is up and the watcher has seen frames.

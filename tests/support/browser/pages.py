@@ -118,7 +118,14 @@ def start_session(page: Page, width: int, height: int, *, image: Path | None = N
 
 
 def wait_frames(page: Page, count: int = 1) -> None:
-    page.wait_for_function("(n) => window.lingstream.frames >= n", arg=count)
+    """`count` frames presented, and on a controller's page its controls live (the first control state sent, on its
+    link's open): a key pressed before that is dropped by the page, and Playwright's held key repeats nothing (the
+    data channel can open after the video flows on a loaded machine: bench.latency lost its first press so in CI)."""
+    page.wait_for_function(
+        """(n) => window.lingstream.frames >= n
+           && (window.lingstream.role !== "controller" || window.lingstream.lastSent !== null)""",
+        arg=count,
+    )
 
 
 def grab(page: Page, gap: int = 0, *, wait: bool = True) -> tuple[np.ndarray, np.ndarray]:
