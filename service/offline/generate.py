@@ -56,6 +56,7 @@ __all__ = [
     "add_arguments",
     "generate",
     "main",
+    "model_from_args",
     "run",
 ]
 
@@ -171,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         request = _request_from_args(args)
         if args.report is not None:
             check_output_path(args.report, None, "--report")
-        model, check_config = _model_from_args(args, request)
+        model, check_config = model_from_args(args, request)
         progress = bar.update if bar is not None else None
         result = asyncio.run(_generate_until_sigint(request, progress, model, check_config))
     except UsageError as exc:
@@ -258,7 +259,7 @@ def _read_image(path: Path) -> bytes:
         raise UsageError(f"--image: cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _model_from_args(
+def model_from_args(
     args: argparse.Namespace, request: GenerateRequest
 ) -> tuple[WorldModel | ProcessPlacement | None, Callable[[LingBotSessionConfig], None] | None]:
     """None for the reference model on threads (`generate`'s default); LingBot-World-Fast loaded from `--model-path`,

@@ -36,10 +36,10 @@ from service.offline.generate import (
     GenerationError,
     Progress,
     UsageError,
-    _model_from_args,
     add_arguments,
     generate,
     main,
+    model_from_args,
     run,
 )
 from service.offline.mp4 import read_cpu_flags, x264_params
@@ -540,7 +540,7 @@ def test_the_attention_kernel_is_the_services_setting_unless_given(
         parser = argparse.ArgumentParser()
         add_arguments(parser)
         args = parser.parse_args(["--out", "x.mp4", "--model", "lingbot-fast", "--model-path", str(root), *argv])
-        world, _ = _model_from_args(args, req)
+        world, _ = model_from_args(args, req)
         assert isinstance(world, models.LingBotFastWorldModel)
         plan = world.denoiser.dit.attention
         return f"{plan.name} {','.join(plan.sdpa_order)}"
