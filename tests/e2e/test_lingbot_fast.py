@@ -8,6 +8,7 @@ service decodes with the tiny decoder (`LINGSTREAM_DECODER=tiny`, the checkpoint
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import shutil
 import time
@@ -25,6 +26,7 @@ from pipeline.lingbot.config import LingBotSessionConfig
 from pipeline.lingbot.errors import SessionConfigError
 from tests.support.serving import STARTUP_DEADLINE_S, Served, run_lingstream, serve, wait_until_ready
 from tests.support.tiny_model import write_tiny_checkpoint
+from transport.base import ChunkStatus, StatusMessage
 from transport.client import ServiceClient, SessionInfo, connect
 
 pytest.importorskip("diffusers", reason="the lingbot extra (diffusers) is not installed")
@@ -174,6 +176,13 @@ async def test_serve_streams_the_tiny_models_frames_to_a_client(service: Served)
         assert info.status == "running"
         async with asyncio.timeout(WAIT_S):
             stream = await connect(client, info)
+            told: dict[int, int | None] = {}  # chunk index -> its first frame's index in the session's video
+
+            def on_status(message: StatusMessage) -> None:
+                if isinstance(message, ChunkStatus):
+                    told.setdefault(message.index, message.first_frame_id)
+
+            stream.add_status_listener(on_status)
             async with stream:
                 first = await stream.next_frame()  # the first chunk streams before any control
                 assert first is not None
@@ -193,8 +202,14 @@ async def test_serve_streams_the_tiny_models_frames_to_a_client(service: Served)
                 done = await stream.stop()
         assert done.reason == "client_stop"
         assert stream.errors == []
-        complete = sorted(chunks)[-2]
-        assert chunks[complete] > 9  # a later chunk decodes to 12 frames (loopback WebRTC may drop one under load)
+        # The chunks' sizes as the service sent them (1 + 4 * 2 frames, then 4 * 3), from the statuses' first frame
+        # ids: counting received frames cannot tell, loopback WebRTC drops some under load (3 of a chunk's 12, once).
+        assert sorted(told) == list(range(len(told))), told
+        assert len(told) >= 4, told
+        ids = [told[index] for index in sorted(told)]
+        assert ids[0] == 0, told
+        sizes = [int(b or 0) - int(a or 0) for a, b in itertools.pairwise(ids)]
+        assert sizes == [9] + [12] * (len(sizes) - 1), told
 
 
 @pytest.mark.timeout(300)
