@@ -389,11 +389,26 @@ async def test_concurrent_creates_over_replicas_never_exceed_the_slots_and_leak_
 
         watcher = asyncio.create_task(watch_slots())
         answers = await asyncio.gather(*(cluster.create(NAMES[index % 3]) for index in range(30)))
-        codes = sorted(answer.status_code for answer in answers)
-        assert codes == [201] * 3 + [202] * 27
-        positions = sorted(answer.json()["queue_position"] for answer in answers if answer.status_code == 202)
-        assert positions == list(range(1, 28))
+        codes = [answer.status_code for answer in answers]
+        # A create is admitted at once only if nobody waits (docs/scale-out.md, one global FIFO): the first to
+        # reach Redis always is; a replica's first create that reaches Redis after another replica queued one
+        # queues behind it and its free slot goes to the head. So one to three creates answer 201 (CI saw two).
+        assert 1 <= codes.count(201) <= 3, codes
+        assert codes.count(201) + codes.count(202) == 30, codes
         sessions = [answer.json()["id"] for answer in answers]
+
+        async def slots_taken() -> bool:
+            return sorted(len(slots) for slots in (await cluster.held()).values()) == [1, 1, 1]
+
+        await _poll(slots_taken, "every replica's slot to be taken")
+        bodies = await asyncio.gather(*(cluster.status(NAMES[0], session) for session in sessions))
+        waiting = [body for body in bodies if body["status"] == "queued"]
+        assert sorted(body["queue_position"] for body in waiting) == list(range(1, 28))
+        for answer, body in zip(answers, bodies, strict=True):
+            if answer.status_code == 201:
+                assert body["status"] != "queued", body
+            elif body["status"] == "queued":  # FIFO: nobody overtook it since its answer
+                assert body["queue_position"] <= answer.json()["queue_position"], (answer.json(), body)
         ends = await asyncio.gather(
             *(cluster.delete(NAMES[(index + 1) % 3], session, mode="cancel") for index, session in enumerate(sessions))
         )
