@@ -178,9 +178,11 @@ class SessionRunner:
                     logger.exception("session %s: the transport failed to detach it", session.id)
 
     async def _client_back(self, session: Session) -> None:
-        """An adopted session on a transport whose client reconnects (the embedded one) waits for its client, at most
-        `resume_client_wait_s`, before its first chunk is read: the worker's queue holds the chunks after the
-        checkpoint (its generation waits), so they are sent once the client is there instead of to nobody."""
+        """An adopted session on a transport that can say when its client is back waits for it, at most
+        `resume_client_wait_s`, before its first chunk is read: the embedded transport's client reconnects, a LiveKit
+        client (which stayed in the room) subscribes to the adopter's new track. The worker's queue holds the chunks
+        after the checkpoint (its generation waits), so they are sent once the client is there instead of to
+        nobody."""
         transport: object = self._transport  # a capability beyond `Transport` (the routes ask the same way)
         if not isinstance(transport, WaitsForClient):
             return
@@ -346,13 +348,20 @@ class SessionRunner:
     ) -> None:
         """The session's single output reader: fans chunks out (the recording gets each one, never waiting); its end
         or failure closes the session. A chunk's parts (progressive decode) go to the transport only, ahead of the
-        chunk: the chunk itself, whole, is what the status, the recording and the counters see."""
+        chunk: the chunk itself, whole, is what the status, the recording and the counters see.
+
+        One item per step of the event loop: the worker's outputs come at once when several wait (an adopted
+        session's first chunks, held until its client was back or its binding attached; any chunks generated while
+        the loop was busy), and a subscriber's buffer holds two items (`SessionBuffers.chunks`, the oldest dropped),
+        so the transport's feed, waiting on it, takes each before the next is published. Published back to back, a
+        hand-off's adopter lost its first chunk before the pacer ever saw it (docs/continuity.md)."""
         request_close = self._callbacks.request_close
         iterator: AsyncIterator[ChunkItem] = worker.outputs(session.id, parts=True)
         try:
             async for chunk in iterator:
                 if isinstance(chunk, ChunkPart):
                     session.publish_part(chunk)
+                    await asyncio.sleep(0)  # the subscribers take it (above)
                     continue
                 session.publish_chunk(chunk)
                 if recording is not None:
@@ -364,6 +373,7 @@ class SessionRunner:
                     if checkpoint is not None:
                         delivery.generated(checkpoint)
                 self._observer.chunk(session, chunk)
+                await asyncio.sleep(0)  # the subscribers take it (above), after its bookkeeping
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -294,10 +294,10 @@ def frame_gaps(report: dict[str, Any]) -> list[tuple[int, int]]:
 FRAMES_PER_CHUNK = 4  # CONFIG's chunk_size 1: one latent frame, four video frames (chunk 0: one)
 
 
-def _went_on(followed: Followed) -> None:
+def _went_on(followed: Followed, *, max_short: int = 2 * 16) -> None:
     """The client in the room went on with the adopter: the same room and participants, no new create nor join, one
     track switch, chunks after the checkpoint, never back past it, to the client's own stop; the frames the client
-    never got are at most one run at the start of the adopter's track (the LiveKit track start, below)."""
+    never got are at most one run at the start of the adopter's track, at most `max_short` frames (below)."""
     report, details, adopted, checkpoint = followed.report, followed.details, followed.adopted, followed.checkpoint
     same = ("room", "identity", "service_identity", "room_owner")
     assert [adopted[k] for k in same] == [details[k] for k in same], (adopted, details)
@@ -318,17 +318,14 @@ def _went_on(followed: Followed) -> None:
     # chunks the old pacer held were lost: 8 frames, `sequence` [1, 4, 5].
     short = unaccounted_frames(report)
     skipped, back = skipped_and_repeated(report["before"], sequence)
-    # The first frames of the adopter's new track may not reach the client over the real server: after a hand-off
-    # (the adopter's first frames go out some 0.3 s after the client's last one) 7 frames short in each of 4 runs
-    # alone (ids [2, 3, 11, 12, 13]), 19 once in a full run on 2 loaded cores (ids [2, 3, 23]); after a kill none in
-    # most runs and 7 in two module runs in a row (ids [5, 13]: the adopter's chunks 2 and 3, sent at once at its
-    # start). Not understood yet (docs/continuity.md). Before the delivery ledger the two chunks the old pacer held
-    # were lost as well (8 frames more). What the recovery decides is exact (the adopter's first chunk follows the
-    # old replica's last sent one: the checkpoint checks above, the drain test's `through`); what the track start
-    # loses is one run of frames at the start of the new track, nothing after it, under two seconds of video.
+    # What the recovery decides is exact (the adopter's first chunk follows the old replica's last sent one: the
+    # checkpoint checks above, the drain test's `through`). What may still be lost is one run of frames at the start
+    # of the adopter's track (docs/continuity.md, "The hand-off's remaining loss, found"): after a hand-off, 4 to 8
+    # frames in every run before its three fixes, now none in most runs and the adopter's first frame in some (a
+    # race in the SDK's source), 7 once; after a kill, also the old replica's frames in flight at the SIGKILL.
     gaps = frame_gaps(report)
     assert len(gaps) <= 1, (gaps, report, checkpoint)
-    assert short <= 2 * 16, (report, checkpoint)  # the sessions' default 16 fps
+    assert short <= max_short, (report, checkpoint)
     assert skipped <= 2 * 16 // FRAMES_PER_CHUNK, (report, checkpoint)
     assert back <= 1, (report, checkpoint)  # a chunk whose frames were on their way is generated again at most
     assert report["track_switches"] >= 1, report  # the adopter's track, in the same room
@@ -364,7 +361,7 @@ def test_a_draining_replica_hands_its_livekit_session_off_and_the_adopter_goes_o
     (_, first), (_, second) = old, new
     with _logs_on_failure(replicas):
         followed = _follow_across(replicas, old, new, {}, "drain")
-        _went_on(followed)
+        _went_on(followed, max_short=16)  # one second at 16 fps: the 7 seen once, with room for a loaded machine
         # It delivered first: its last checkpoint, the adopter's, is the one of the last chunk it sent.
         through = re.search(r"hand-off after its chunks were sent \(through (\d+),", first.output())
         assert through is not None, "the old replica did not let its generated chunks out before the hand-off"

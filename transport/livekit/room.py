@@ -54,6 +54,7 @@ RoomEventName = Literal[
     "reconnected",  # callback()
     "disconnected",  # callback(reason: str), a livekit DisconnectReason name such as "ROOM_DELETED"
     "connection_state_changed",  # callback(state: RoomConnectionState)
+    "local_track_subscribed",  # callback(track_sid: str): the first subscription to a track we published
 ]
 
 OVER_DISCONNECT_REASONS: frozenset[str] = frozenset(
@@ -334,6 +335,9 @@ class LiveKitRoom:
         def on_state(state: int) -> None:
             self._emit("connection_state_changed", _state_from_sdk(state))
 
+        def on_local_track_subscribed(track: rtc.Track) -> None:
+            self._emit("local_track_subscribed", track.sid)
+
         self._room.on("participant_connected", on_connected)
         self._room.on("participant_disconnected", on_disconnected)
         self._room.on("data_received", on_data)
@@ -341,6 +345,7 @@ class LiveKitRoom:
         self._room.on("reconnected", on_reconnected)
         self._room.on("disconnected", on_room_disconnected)
         self._room.on("connection_state_changed", on_state)
+        self._room.on("local_track_subscribed", on_local_track_subscribed)
 
     @property
     def sdk_room(self) -> rtc.Room:

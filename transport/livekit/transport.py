@@ -402,6 +402,13 @@ class LiveKitTransport:
         attributes went out with the join, so a rival joining after us sees ours)."""
         return not any(SESSION_ID_ATTRIBUTE in attributes for attributes in binding.remote_attributes().values())
 
+    async def client_connected(self, session_id: str) -> None:
+        """`transport.base.WaitsForClient`: once someone in the session's room subscribed to its video track (its
+        controller, which stayed in the room while the session was adopted, or a viewer) and the subscriber is ready
+        for it (`LiveKitSessionBinding.wait_subscribed`). An adopted session's first chunks wait for it (at most
+        `RuntimeTuning.resume_client_wait_s`) instead of going out while nobody receives the new track."""
+        await self._binding(session_id).wait_subscribed()
+
     def _binding(self, session_id: str) -> LiveKitSessionBinding:
         binding = self._bindings.get(session_id)
         if binding is None:

@@ -49,12 +49,14 @@ class FakeVideo:
         self.width = width
         self.height = height
         self.frames: list[PacedFrame] = []
+        self.captured_at: list[float] = []  # time.monotonic() of each capture
         self.closed = False
         self._arrived = asyncio.Event()
 
     def capture(self, frame: PacedFrame) -> None:
         assert not self.closed, "capture after aclose"
         self.frames.append(frame)
+        self.captured_at.append(time.monotonic())
         self._arrived.set()
 
     async def wait_frames(self, count: int) -> list[PacedFrame]:
@@ -87,6 +89,7 @@ class FakeLocalParticipant:
         if self._room.fail_publish:
             raise RuntimeError("publish refused (scripted)")
         self._room.published.append((video, options))
+        self._room.subscribe_if_watched()
         if self._room.factory.drop_during_publish > 0:
             self._room.factory.drop_during_publish -= 1
             self._room.drop("SIGNAL_CLOSE")
@@ -125,6 +128,7 @@ class FakeRoom:
         self.remote: set[str] = set()
         self.connects: list[tuple[str, str, RoomJoinOptions]] = []
         self.disconnects = 0
+        self.disconnected_at: float | None = None  # time.monotonic() of the last disconnect
         self.published: list[tuple[LocalVideo, VideoPublishOptions]] = []
         self.data: asyncio.Queue[SentData] = asyncio.Queue()
         self.videos: list[LocalVideo] = []
@@ -136,6 +140,7 @@ class FakeRoom:
         self.attributes: dict[str, str] = {}  # the local participant's, as the server has them
         self.attribute_updates: list[dict[str, str]] = []  # every set_attributes call, in order
         self.kind = ""  # the joining token's participant kind
+        self.subscribed_tracks = 0  # how many of `published` someone subscribed to (`subscribe_if_watched`)
 
     # Room protocol
     @property
@@ -178,6 +183,7 @@ class FakeRoom:
 
     async def disconnect(self) -> None:
         self.disconnects += 1
+        self.disconnected_at = time.monotonic()
         if self.state is not RoomConnectionState.DISCONNECTED:
             self.state = RoomConnectionState.DISCONNECTED
             self.emit("disconnected", "CLIENT_INITIATED")  # the SDK reports our own leave too
@@ -196,6 +202,14 @@ class FakeRoom:
         self.remote.add(identity)
         self._factory.present.add(identity)
         self.emit("participant_connected", identity)
+        self.subscribe_if_watched()
+
+    def subscribe_if_watched(self) -> None:
+        """As the server with auto-subscribing participants: the first subscription to our published track, once
+        a track is published and someone else is in the room (`local_track_subscribed`, once per track)."""
+        if self.published and self.remote and len(self.published) > self.subscribed_tracks:
+            self.subscribed_tracks = len(self.published)
+            self.emit("local_track_subscribed", f"TR_fake{len(self.published)}")
 
     def participant_leaves(self, identity: str) -> None:
         self.remote.discard(identity)

@@ -241,3 +241,35 @@ async def test_an_adopted_session_whose_client_does_not_come_back_goes_on_after_
     await until(lambda: observer.chunks == [0], "the chunk read after the bound", every=0)
     transport.ports["s1"].client_gone("test")
     await asyncio.wait_for(task, 5)
+
+
+async def test_chunks_read_at_once_reach_a_waiting_subscriber_every_one_whatever_its_two_item_buffer() -> None:
+    """Several chunks waiting on the worker are read at once (here an adopted session's, held until its client came
+    back; a hand-off's adopter lost its first chunk this way): a subscriber waiting on the session's chunks, as the
+    transport's feed does, gets each, none dropped for a buffer of two (`SessionBuffers.chunks`)."""
+    world = FakeWorld()
+    await world.start()
+    transport, owner, observer = _ReconnectingTransport(), _Owner(), _Observer()
+    runner = SessionRunner(transport, FAST, observer, owner.callbacks())
+    session = _admitted(world, "s1", resume=True)
+    assert SessionBuffers().chunks == 2
+    got: list[int] = []
+    subscription = session.chunks.subscribe()
+
+    async def feed() -> None:
+        async for item in subscription:
+            got.append(item.index)
+
+    reader = asyncio.create_task(feed())
+    task = asyncio.create_task(runner.run(session, world))
+    await until(lambda: session.state is SessionState.RUNNING, "the session to run", every=0)
+    world.emit("s1", 4)  # all waiting on the worker when its client is back
+    transport.connected.set()
+    await until(lambda: observer.chunks == [0, 1, 2, 3], "the four chunks read", every=0)
+    await until(lambda: len(got) + subscription.dropped == 4, "the subscriber to take or drop each", every=0)
+    assert got == [0, 1, 2, 3]
+    assert subscription.dropped == 0
+    transport.ports["s1"].client_gone("test")
+    await asyncio.wait_for(task, 5)
+    subscription.close()
+    await asyncio.wait_for(reader, 5)

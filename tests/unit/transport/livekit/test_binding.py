@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -16,7 +18,13 @@ from tests.support.fakes.transport_port import FakeSessionPort, make_chunk
 from tests.support.fakes.transport_timers import FakeTimers
 from transport.base import ChunkStatus, DoneStatus, StateStatus
 from transport.errors import ControlRejectedError, RoomJoinError
-from transport.livekit.binding import BindingState, ControllerPresence, LiveKitSessionBinding
+from transport.livekit.binding import (
+    LAST_FRAME_LINGER_S,
+    SUBSCRIBED_SETTLE_S,
+    BindingState,
+    ControllerPresence,
+    LiveKitSessionBinding,
+)
 from transport.livekit.config import LiveKitConfig
 from transport.livekit.events import ParticipantJoined, ParticipantLeft, RoomFinished
 from transport.livekit.room import RpcFailure
@@ -543,7 +551,47 @@ async def test_controller_gone_during_a_rejoin_starts_the_grace() -> None:
         await harness.binding.aclose()
 
 
+# -- an adopter's first frames -------------------------------------------------------------------------------------
+
+
+async def test_waits_for_a_subscription_to_the_track_of_its_current_connection(h: Harness) -> None:
+    """An adopted session's first frames wait for this (`client_connected`): frames captured before anyone
+    subscribed to the new track go to nobody."""
+    waiting = asyncio.create_task(h.binding.wait_subscribed())
+    await asyncio.sleep(SUBSCRIBED_SETTLE_S + 0.05)
+    assert not waiting.done()  # published, and nobody in the room to subscribe to it
+    h.room.participant_joins(h.controller)  # the server: the controller subscribed (auto-subscribe)
+    subscribed = time.monotonic()
+    await asyncio.wait_for(waiting, 5)
+    assert time.monotonic() - subscribed >= SUBSCRIBED_SETTLE_S * 0.9  # and the subscriber had time to be ready
+    # A new connection publishes a new track: a subscription to the old one, late, says nothing of it.
+    old = h.room
+    old.participant_leaves(h.controller)
+    old.drop("SIGNAL_CLOSE")
+    await h.factory.wait_publishes(2)
+    waiting = asyncio.create_task(h.binding.wait_subscribed())
+    old.emit("local_track_subscribed", "TR_old")
+    await asyncio.sleep(SUBSCRIBED_SETTLE_S + 0.05)
+    assert not waiting.done()
+    h.room.participant_joins(h.controller)
+    await asyncio.wait_for(waiting, 5)
+
+
 # -- closing -------------------------------------------------------------------------------------------------------
+
+
+async def test_close_keeps_the_room_a_moment_after_the_last_frame_so_that_it_goes_out() -> None:
+    """Left at once, the last frame given to the source came to the client black and without its frame id (the
+    real server, a hand-off's last frame): the room is left `LAST_FRAME_LINGER_S` after it at the earliest."""
+    harness = _make()
+    await harness.binding.start()
+    port = harness.port
+    port.emit_chunk(make_chunk(0, first_frame_index=0, count=2, width=port.width, height=port.height))
+    await harness.video.wait_frames(2)
+    await harness.binding.aclose("handed_off")
+    assert harness.room.disconnected_at is not None
+    assert harness.room.disconnected_at - harness.video.captured_at[-1] >= LAST_FRAME_LINGER_S
+    assert len(harness.video.frames) == 2  # nothing captured while it waited: the pacer had stopped
 
 
 async def test_close_leaves_the_room_and_is_idempotent() -> None:

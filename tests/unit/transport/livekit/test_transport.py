@@ -3,6 +3,7 @@ binding on scripted rooms, webhooks signed for real."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ from pipeline.bidirectional import ControlState
 from tests.support.fakes.livekit import FakeRoomFactory, FakeRoomService, TwirpCall, sign_webhook, webhook_body
 from tests.support.fakes.transport_port import FakeSessionPort
 from tests.support.fakes.transport_timers import FakeTimers
-from transport.base import CallerRoom, ReconnectKind, ResumedRoom
+from transport.base import CallerRoom, ReconnectKind, ResumedRoom, WaitsForClient
 from transport.errors import (
     RoomInUseError,
     RoomJoinError,
@@ -25,7 +26,7 @@ from transport.errors import (
     TransportClosedError,
     WebhookError,
 )
-from transport.livekit.binding import ControllerPresence
+from transport.livekit.binding import SUBSCRIBED_SETTLE_S, ControllerPresence
 from transport.livekit.config import LiveKitConfig
 from transport.livekit.events import ParticipantLeft, RoomFinished
 from transport.livekit.rooms import RoomConfig
@@ -109,6 +110,16 @@ async def test_an_adopted_session_joins_its_lost_replicas_room_again_as_the_same
         assert list(setup.server.rooms) == ["lingstream-s1"]  # no second room
         (_, token, _) = factory.current.connects[0]
         assert _claims(token).identity == lost["service_identity"]  # the server drops the lost one for it
+        # Its client is back once the controller, still in the room, subscribed to the adopter's new track: the
+        # session's first chunks wait for that (`WaitsForClient`), not to be sent to nobody.
+        assert isinstance(adopter, WaitsForClient)
+        back = asyncio.create_task(adopter.client_connected("s1"))
+        await asyncio.sleep(SUBSCRIBED_SETTLE_S + 0.05)
+        assert not back.done()
+        factory.current.participant_joins(str(lost["identity"]))
+        await asyncio.wait_for(back, 5)
+        with pytest.raises(SessionNotAttachedError):
+            await adopter.client_connected("s2")
     finally:
         await adopter.aclose()
 
