@@ -128,7 +128,7 @@ class LiveSessionPort:
     async def status(self) -> AsyncIterator[StatusMessage]:
         with self._session.statuses.subscribe() as subscription:
             if not self._session.terminal:
-                yield StateStatus(self._session.state.value)
+                yield StateStatus(_told_state(self._session))
                 if self._session.warning is not None:
                     yield self._session.warning
             async for message in subscription:
@@ -140,3 +140,13 @@ class LiveSessionPort:
 
     def delivered(self, chunk_index: int) -> None:
         self._delivered(chunk_index)
+
+
+def _told_state(session: Session) -> str:
+    """The state a transport that subscribes tells its client first. An adopted session (it goes on from a
+    checkpoint: `prepared.resume`) is ADMITTED on its adopter only until the transport attached it, moments later:
+    its client, which followed it there, is told it is still `recovering` (a page after a hand-off read `recovering,
+    admitted, running` and showed a fresh start between), and `running` (or `paused`) once it runs."""
+    if session.state is SessionState.ADMITTED and session.prepared.resume is not None:
+        return SessionState.RECOVERING.value
+    return session.state.value

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+from collections.abc import AsyncGenerator
+from typing import cast
 
 from admission import AdmissionEvent
 from pipeline.bidirectional import ChunkOutput, CloseMode, PortableCheckpoint
 from service.runtime.config_view import config_view
+from service.runtime.port import LiveSessionPort
 from service.runtime.records import RuntimeTuning
 from service.runtime.runner import RunnerCallbacks, SessionRunner
 from service.runtime.sessions import Session, SessionBuffers, SessionState
 from tests.support.fakes.world import FakeWorld
 from tests.support.service_harness import FAST, RecordingTransport
 from tests.support.waits import until
-from transport.base import DoneStatus
+from transport.base import DoneStatus, StateStatus, StatusMessage
 
 
 class _Observer:
@@ -273,3 +277,19 @@ async def test_chunks_read_at_once_reach_a_waiting_subscriber_every_one_whatever
     await asyncio.wait_for(task, 5)
     subscription.close()
     await asyncio.wait_for(reader, 5)
+
+
+async def test_an_adopted_session_is_told_recovering_until_it_runs_a_new_one_admitted() -> None:
+    """A transport that subscribes while the session is ADMITTED (a LiveKit binding joins its room during the attach)
+    tells its client the state first: for an adopted session that client followed it from its lost replica, and it is
+    still recovering, not freshly admitted."""
+    world = FakeWorld()
+    await world.start()
+    for resume, first in ((True, "recovering"), (False, "admitted")):
+        session = _admitted(world, f"s-{resume}", resume=resume)
+        port = LiveSessionPort(session, world, lambda *_: None, lambda *_: None)
+        statuses = cast(AsyncGenerator[StatusMessage, None], port.status())  # an async generator: closed below
+        async with contextlib.aclosing(statuses):
+            assert await anext(statuses) == StateStatus(first)
+            session.move(SessionState.RUNNING)
+            assert await anext(statuses) == StateStatus("running")
