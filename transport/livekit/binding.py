@@ -90,7 +90,7 @@ _MAX_REJOIN_BACKOFF = 5.0
 SUBSCRIBED_SETTLE_S = 0.2
 """After the server said someone subscribed to the track (`wait_subscribed`), how long the subscriber takes to be
 ready for its media. Measured (docs/continuity.md, the drain hand-off over the real server): the client's own
-`track_subscribed` came 8-36 ms after the server's word; with no wait the adopter's first frame was lost 1 run in
+`track_subscribed` came 6-36 ms after the server's word; with no wait the adopter's first frame was lost 1 run in
 7, with 0.1 s none in 4, with 0.2 s none in 6 (and later 4 in 24, each time an SDK placeholder frame sent within
 12 ms of it: a race in the SDK's source this wait cannot help)."""
 
