@@ -263,6 +263,8 @@ def test_both_pages_keep_playing_the_same_picture_through_the_loss_of_their_repl
             )
         except Exception:
             print(f"{pool.kind} page: {_what_it_saw(mark.page)}; Redis: {pool.redis.hgetall(f'{PREFIX}t:{mark.sid}')}")
+            for replica in pool.replicas:  # the adopter's log says where the session stands
+                print(f"--- {replica.name}\n{replica.output()[-6000:]}")
             raise
         recovered_s[pool.kind] = time.monotonic() - killed_at
     adopters = {pool.kind: pool.owner(seen[pool.kind].sid).name for pool in (livekit, embedded)}
